@@ -1,0 +1,401 @@
+//! Kubernetes objects -> model, for one IP family, with upstream's filtering.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+use crate::names::{is_dns_label, is_dns_subdomain, is_port_name};
+use crate::types::*;
+
+/// Upper bounds that no real cluster reaches; past them an object is treated as
+/// hostile and skipped rather than allowed to blow up rule sets.
+pub const MAX_PORTS_PER_SERVICE: usize = 1000;
+pub const MAX_ENDPOINTS_PER_SLICE: usize = 10_000;
+pub const MAX_PORTS_PER_SLICE: usize = 1000;
+pub const MAX_IPS_PER_FIELD: usize = 1000;
+
+/// Why an object was skipped. Names the object and the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{kind} {namespace}/{name}: {reason}")]
+pub struct ConvertError {
+    pub kind: &'static str,
+    pub namespace: String,
+    pub name: String,
+    pub reason: String,
+}
+
+fn err(kind: &'static str, ns: &str, name: &str, reason: impl Into<String>) -> ConvertError {
+    ConvertError {
+        kind,
+        namespace: ns.to_string(),
+        name: name.to_string(),
+        reason: reason.into(),
+    }
+}
+
+pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
+pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// Converts one Service into its service ports for `family`.
+///
+/// `Ok(vec![])` means "ignored like upstream" (headless, ExternalName, no cluster
+/// IP of this family, owned by another service proxy). `Err` means invalid: the
+/// caller skips it, logs and counts it. `warnings` collects per-field problems
+/// that only drop the bad value (an unparsable externalIP, say).
+pub fn convert_service(
+    svc: &Service,
+    family: IpFamily,
+    service_proxy_name: Option<&str>,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<ServicePort>, ConvertError> {
+    let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
+    let name = svc.metadata.name.as_deref().unwrap_or("");
+    let e = |r: String| err("Service", ns, name, r);
+    if !is_dns_label(ns) {
+        return Err(e("namespace is not a valid DNS label".into()));
+    }
+    if !is_dns_label(name) {
+        return Err(e("name is not a valid DNS label".into()));
+    }
+    if let Some(labels) = &svc.metadata.labels {
+        if let Some(owner) = labels.get(SERVICE_PROXY_NAME_LABEL) {
+            if Some(owner.as_str()) != service_proxy_name {
+                return Ok(vec![]);
+            }
+        }
+    }
+    let Some(spec) = &svc.spec else {
+        return Ok(vec![]);
+    };
+    if spec.type_.as_deref() == Some("ExternalName") {
+        return Ok(vec![]);
+    }
+    let primary = spec.cluster_ip.as_deref().unwrap_or("");
+    if primary.is_empty() || primary == "None" {
+        return Ok(vec![]);
+    }
+    // clusterIPs holds both families on dual-stack Services; clusterIP is its first.
+    let mut ips: Vec<&str> = spec
+        .cluster_ips
+        .as_ref()
+        .map(|v| v.iter().map(|s| s.as_str()).collect())
+        .unwrap_or_default();
+    if ips.is_empty() {
+        ips.push(primary);
+    }
+    let mut cluster_ip = None;
+    for s in &ips {
+        let ip: IpAddr = s
+            .parse()
+            .map_err(|_| e(format!("spec.clusterIPs: {s:?} is not an IP address")))?;
+        if family.matches(&ip) && cluster_ip.is_none() {
+            cluster_ip = Some(ip);
+        }
+    }
+    let Some(cluster_ip) = cluster_ip else {
+        return Ok(vec![]);
+    };
+
+    let ports = spec.ports.as_deref().unwrap_or(&[]);
+    if ports.len() > MAX_PORTS_PER_SERVICE {
+        return Err(e(format!(
+            "spec.ports has {} entries, more than the limit of {MAX_PORTS_PER_SERVICE}",
+            ports.len()
+        )));
+    }
+
+    let parse_ips = |field: &str, list: &[String], warnings: &mut Vec<String>| -> Vec<IpAddr> {
+        let mut out = Vec::new();
+        for s in list.iter().take(MAX_IPS_PER_FIELD) {
+            match s.trim().parse::<IpAddr>() {
+                Ok(ip) if family.matches(&ip) => {
+                    if !out.contains(&ip) {
+                        out.push(ip)
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => warnings.push(format!(
+                    "Service {ns}/{name}: {field}: {s:?} is not an IP address, ignored"
+                )),
+            }
+        }
+        out
+    };
+    let external_ips = parse_ips(
+        "spec.externalIPs",
+        spec.external_ips.as_deref().unwrap_or(&[]),
+        warnings,
+    );
+    let mut lb_strings = Vec::new();
+    if spec.type_.as_deref() == Some("LoadBalancer") {
+        if let Some(ingress) = svc
+            .status
+            .as_ref()
+            .and_then(|s| s.load_balancer.as_ref())
+            .and_then(|lb| lb.ingress.as_ref())
+        {
+            for ing in ingress {
+                let vip = ing.ip_mode.as_deref().is_none_or(|m| m == "VIP");
+                if let (Some(ip), true) = (&ing.ip, vip) {
+                    if !ip.is_empty() {
+                        lb_strings.push(ip.clone());
+                    }
+                }
+            }
+        }
+    }
+    let load_balancer_ips = parse_ips("status.loadBalancer.ingress", &lb_strings, warnings);
+    let mut load_balancer_source_ranges = Vec::new();
+    for s in spec
+        .load_balancer_source_ranges
+        .as_deref()
+        .unwrap_or(&[])
+        .iter()
+        .take(MAX_IPS_PER_FIELD)
+    {
+        match s.trim().parse::<IpNet>() {
+            Ok(net) => {
+                let fam_ok = match family {
+                    IpFamily::V4 => matches!(net, IpNet::V4(_)),
+                    IpFamily::V6 => matches!(net, IpNet::V6(_)),
+                };
+                if fam_ok {
+                    load_balancer_source_ranges.push(net.trunc());
+                }
+            }
+            Err(_) => warnings.push(format!(
+                "Service {ns}/{name}: spec.loadBalancerSourceRanges: {s:?} is not a CIDR, ignored"
+            )),
+        }
+    }
+    if load_balancer_ips.is_empty() {
+        // Source ranges only guard LoadBalancer IPs.
+        load_balancer_source_ranges.clear();
+    }
+
+    let session_affinity_timeout = if spec.session_affinity.as_deref() == Some("ClientIP") {
+        let t = spec
+            .session_affinity_config
+            .as_ref()
+            .and_then(|c| c.client_ip.as_ref())
+            .and_then(|c| c.timeout_seconds)
+            .unwrap_or(10800);
+        if !(1..=86400).contains(&t) {
+            return Err(e(format!(
+                "spec.sessionAffinityConfig.clientIP.timeoutSeconds: {t} is outside 1..86400"
+            )));
+        }
+        Some(t as u32)
+    } else {
+        None
+    };
+    let traffic_distribution = match spec.traffic_distribution.as_deref() {
+        Some("PreferClose") => Some(TrafficDistribution::PreferClose),
+        Some("PreferSameZone") => Some(TrafficDistribution::PreferSameZone),
+        Some("PreferSameNode") => Some(TrafficDistribution::PreferSameNode),
+        _ => None,
+    };
+    let is_lb = spec.type_.as_deref() == Some("LoadBalancer");
+    let hc = spec.health_check_node_port.unwrap_or(0);
+    if !(0..=65535).contains(&hc) {
+        return Err(e(format!("spec.healthCheckNodePort: {hc} is out of range")));
+    }
+
+    let mut out = Vec::with_capacity(ports.len());
+    let mut seen = BTreeSet::new();
+    for (i, p) in ports.iter().enumerate() {
+        let pname = p.name.as_deref().unwrap_or("");
+        if !is_port_name(pname) {
+            return Err(e(format!("spec.ports[{i}].name {pname:?} is not a valid port name")));
+        }
+        let protocol = Protocol::parse(p.protocol.as_deref()).ok_or_else(|| {
+            e(format!(
+                "spec.ports[{i}].protocol {:?} is not TCP, UDP or SCTP",
+                p.protocol.as_deref().unwrap_or("")
+            ))
+        })?;
+        if !(1..=65535).contains(&p.port) {
+            return Err(e(format!("spec.ports[{i}].port {} is out of range", p.port)));
+        }
+        let node_port = p.node_port.unwrap_or(0);
+        if !(0..=65535).contains(&node_port) {
+            return Err(e(format!("spec.ports[{i}].nodePort {node_port} is out of range")));
+        }
+        // Duplicate (name, protocol) would make two rules fight for one key.
+        if !seen.insert((pname.to_string(), protocol)) {
+            return Err(e(format!(
+                "spec.ports[{i}]: duplicate port name {pname:?} for {protocol}"
+            )));
+        }
+        let node_port = if matches!(spec.type_.as_deref(), Some("NodePort") | Some("LoadBalancer"))
+        {
+            node_port as u16
+        } else {
+            0
+        };
+        let mut sp = ServicePort {
+            name: ServicePortName::new(ns, name, pname, protocol),
+            cluster_ip,
+            port: p.port as u16,
+            protocol,
+            node_port,
+            external_ips: external_ips.clone(),
+            load_balancer_ips: load_balancer_ips.clone(),
+            load_balancer_source_ranges: load_balancer_source_ranges.clone(),
+            session_affinity_timeout,
+            external_policy_local: false,
+            internal_policy_local: spec.internal_traffic_policy.as_deref() == Some("Local"),
+            health_check_node_port: 0,
+            traffic_distribution,
+        };
+        sp.external_policy_local =
+            spec.external_traffic_policy.as_deref() == Some("Local") && sp.externally_accessible();
+        if is_lb && sp.external_policy_local {
+            sp.health_check_node_port = hc as u16;
+        }
+        out.push(sp);
+    }
+    Ok(out)
+}
+
+/// Endpoints of one EndpointSlice, per (port name, protocol).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SliceEndpoints {
+    pub service: Option<ServiceName>,
+    pub ports: Vec<((String, Protocol), Vec<Endpoint>)>,
+}
+
+/// Converts one EndpointSlice for `family`. Slices of other address types (and
+/// FQDN) convert to no ports; a slice without the `kubernetes.io/service-name`
+/// label has no service and is ignored, as upstream.
+pub fn convert_endpoint_slice(
+    slice: &EndpointSlice,
+    family: IpFamily,
+    node_name: &str,
+    warnings: &mut Vec<String>,
+) -> Result<SliceEndpoints, ConvertError> {
+    let ns = slice.metadata.namespace.as_deref().unwrap_or("default");
+    let name = slice.metadata.name.as_deref().unwrap_or("");
+    let e = |r: String| err("EndpointSlice", ns, name, r);
+    if !is_dns_label(ns) {
+        return Err(e("namespace is not a valid DNS label".into()));
+    }
+    if !is_dns_subdomain(name) {
+        return Err(e("name is not a valid DNS subdomain".into()));
+    }
+    let labels = slice.metadata.labels.as_ref();
+    let Some(svc_name) = labels.and_then(|l| l.get(SERVICE_NAME_LABEL)) else {
+        return Ok(SliceEndpoints::default());
+    };
+    if labels.is_some_and(|l| l.contains_key(HEADLESS_LABEL)) {
+        return Ok(SliceEndpoints::default());
+    }
+    if !is_dns_label(svc_name) {
+        return Err(e(format!(
+            "label {SERVICE_NAME_LABEL}={svc_name:?} is not a valid Service name"
+        )));
+    }
+    let service = Some(ServiceName::new(ns, svc_name.as_str()));
+    if slice.address_type != family.address_type() {
+        return Ok(SliceEndpoints {
+            service,
+            ports: vec![],
+        });
+    }
+    if slice.endpoints.len() > MAX_ENDPOINTS_PER_SLICE {
+        return Err(e(format!(
+            "{} endpoints, more than the limit of {MAX_ENDPOINTS_PER_SLICE}",
+            slice.endpoints.len()
+        )));
+    }
+    let ports = slice.ports.as_deref().unwrap_or(&[]);
+    if ports.len() > MAX_PORTS_PER_SLICE {
+        return Err(e(format!(
+            "{} ports, more than the limit of {MAX_PORTS_PER_SLICE}",
+            ports.len()
+        )));
+    }
+
+    // Parse the endpoints once; they are shared by every port of the slice.
+    let mut parsed: Vec<(IpAddr, &k8s_openapi::api::discovery::v1::Endpoint)> = Vec::new();
+    for (i, ep) in slice.endpoints.iter().enumerate() {
+        // Upstream only uses the first address of an endpoint.
+        let Some(addr) = ep.addresses.first() else {
+            continue;
+        };
+        match addr.parse::<IpAddr>() {
+            Ok(ip) if family.matches(&ip) => parsed.push((ip, ep)),
+            Ok(_) => warnings.push(format!(
+                "EndpointSlice {ns}/{name}: endpoints[{i}]: {addr} is not {family}, ignored"
+            )),
+            Err(_) => warnings.push(format!(
+                "EndpointSlice {ns}/{name}: endpoints[{i}]: {addr:?} is not an IP address, ignored"
+            )),
+        }
+    }
+
+    let mut out = Vec::new();
+    for (i, p) in ports.iter().enumerate() {
+        let Some(port) = p.port else {
+            warnings.push(format!(
+                "EndpointSlice {ns}/{name}: ports[{i}] has no port number, ignored"
+            ));
+            continue;
+        };
+        if !(1..=65535).contains(&port) {
+            warnings.push(format!(
+                "EndpointSlice {ns}/{name}: ports[{i}].port {port} is out of range, ignored"
+            ));
+            continue;
+        }
+        let pname = p.name.clone().unwrap_or_default();
+        if !is_port_name(&pname) {
+            return Err(e(format!("ports[{i}].name {pname:?} is not a valid port name")));
+        }
+        let Some(protocol) = Protocol::parse(p.protocol.as_deref()) else {
+            warnings.push(format!(
+                "EndpointSlice {ns}/{name}: ports[{i}].protocol {:?} is not supported, ignored",
+                p.protocol
+            ));
+            continue;
+        };
+        let mut eps: Vec<Endpoint> = Vec::with_capacity(parsed.len());
+        for (ip, ep) in &parsed {
+            let cond = ep.conditions.as_ref();
+            let ready = cond.and_then(|c| c.ready).unwrap_or(true);
+            let serving = cond.and_then(|c| c.serving).unwrap_or(ready);
+            let terminating = cond.and_then(|c| c.terminating).unwrap_or(false);
+            let is_local = ep.node_name.as_deref() == Some(node_name) && !node_name.is_empty();
+            let hints = ep.hints.as_ref();
+            let zone_hints = hints
+                .and_then(|h| h.for_zones.as_ref())
+                .map(|z| z.iter().map(|z| z.name.clone()).collect())
+                .unwrap_or_default();
+            let node_hints = hints
+                .and_then(|h| h.for_nodes.as_ref())
+                .map(|z| z.iter().map(|z| z.name.clone()).collect())
+                .unwrap_or_default();
+            eps.push(Endpoint {
+                ip: *ip,
+                port: port as u16,
+                is_local,
+                ready,
+                serving,
+                terminating,
+                node_name: ep.node_name.clone(),
+                zone: ep.zone.clone(),
+                zone_hints,
+                node_hints,
+            });
+        }
+        out.push(((pname, protocol), eps));
+    }
+    Ok(SliceEndpoints {
+        service,
+        ports: out,
+    })
+}

@@ -1,0 +1,123 @@
+//! The one trait every proxy mode implements, and the settings they share.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+use crate::tracker::ProxyState;
+use crate::types::{IpFamily, ServicePortName};
+
+/// How "traffic from inside the cluster" is recognised (--detect-local-mode).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum LocalDetector {
+    /// Nothing is known to be local: no short-circuit for pods.
+    #[default]
+    None,
+    /// Source inside these CIDRs (--cluster-cidr, or the node's podCIDR).
+    Cidrs(Vec<IpNet>),
+    /// Packets arriving on this bridge interface.
+    BridgeInterface(String),
+    /// Packets arriving on interfaces whose name starts with this.
+    InterfaceNamePrefix(String),
+}
+
+/// Settings a dataplane needs beyond the model, for one IP family.
+#[derive(Clone, Debug)]
+pub struct ProxierConfig {
+    pub family: IpFamily,
+    pub masquerade_all: bool,
+    /// Bit of the packet mark used to tag packets for SNAT (default 14 -> 0x4000).
+    pub masquerade_bit: u8,
+    pub local_detector: LocalDetector,
+    /// --nodeport-addresses for this family; empty means every local address.
+    pub nodeport_addresses: Vec<IpNet>,
+    /// NodePorts answered on 127.0.0.1 too (upstream iptables "route_localnet"
+    /// behaviour; off by default here as in nftables mode).
+    pub localhost_nodeports: bool,
+    /// This node's IPs of this family (for NodePorts when the address list is
+    /// "primary", and for documentation in rules).
+    pub node_ips: Vec<IpAddr>,
+    /// Service CIDRs, when known: traffic to unallocated ClusterIPs there is dropped.
+    pub service_cidrs: Vec<IpNet>,
+}
+
+impl ProxierConfig {
+    pub fn new(family: IpFamily) -> Self {
+        ProxierConfig {
+            family,
+            masquerade_all: false,
+            masquerade_bit: 14,
+            local_detector: LocalDetector::None,
+            nodeport_addresses: Vec::new(),
+            localhost_nodeports: false,
+            node_ips: Vec::new(),
+            service_cidrs: Vec::new(),
+        }
+    }
+    pub fn masquerade_mark(&self) -> u32 {
+        1u32 << self.masquerade_bit
+    }
+}
+
+/// What one sync did, for metrics and the benchmark.
+#[derive(Clone, Debug, Default)]
+pub struct SyncReport {
+    /// The whole ruleset was rewritten (not only changed services).
+    pub full: bool,
+    /// Bytes handed to the kernel or the tool (script length, netlink batch size).
+    pub bytes: usize,
+    /// Commands / messages in the transaction.
+    pub ops: usize,
+    pub render: Duration,
+    pub apply: Duration,
+    /// Service ports that have no local endpoint although eTP/iTP=Local needs one
+    /// (kubeproxy_sync_proxy_rules_no_local_endpoints_total), (internal, external).
+    pub no_local_endpoints: (u64, u64),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DataplaneError {
+    #[error("{tool} failed: {message}")]
+    Apply { tool: String, message: String },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+/// A proxy mode. The sync loop owns one per IP family and calls it from one
+/// thread; implementations keep whatever they last programmed so that a partial
+/// sync sends only the difference.
+pub trait Dataplane: Send {
+    /// "nftables", "iptables", ...
+    fn mode(&self) -> &'static str;
+
+    /// Programs `state`. `changed` lists the service ports whose service or
+    /// endpoints changed since the previous call; with `full` (or when the previous
+    /// sync failed) everything is rewritten. On error the rules in force must be
+    /// the previous ones: the sync loop retries with `full` set.
+    fn sync(
+        &mut self,
+        state: &ProxyState,
+        changed: &BTreeSet<ServicePortName>,
+        full: bool,
+    ) -> Result<SyncReport, DataplaneError>;
+
+    /// The exact ruleset a full sync of `state` would install (--dry-run).
+    fn render(&self, state: &ProxyState) -> String;
+
+    /// True when our rules are missing or were flushed by someone else since the
+    /// last sync (the canary). Cheap: must not list the whole ruleset.
+    fn rules_lost(&mut self) -> bool {
+        false
+    }
+
+    /// Removes everything this mode installed, and nothing else.
+    fn cleanup(&mut self) -> Result<(), DataplaneError>;
+}

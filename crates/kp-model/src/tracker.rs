@@ -1,0 +1,483 @@
+//! Change tracking: objects come in one at a time, a sync takes one [`ChangeSet`].
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+use crate::convert::{convert_endpoint_slice, convert_service, ConvertError, SliceEndpoints};
+use crate::topology::categorize_endpoints;
+use crate::types::*;
+
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+/// Set by the EndpointSlice controller: when the change that produced this slice
+/// happened. Used for kubeproxy_network_programming_duration_seconds.
+pub const TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+
+#[derive(Clone, Debug)]
+pub struct TrackerConfig {
+    pub family: IpFamily,
+    /// This node's name (--hostname-override or the host name).
+    pub node_name: String,
+    /// Services labelled service.kubernetes.io/service-proxy-name are ours only
+    /// when the label equals this.
+    pub service_proxy_name: Option<String>,
+}
+
+/// What the dataplanes program: every service port of one family and its endpoints.
+#[derive(Clone, Debug)]
+pub struct ProxyState {
+    pub family: IpFamily,
+    pub node: NodeInfo,
+    pub services: BTreeMap<ServicePortName, Arc<ServicePort>>,
+    /// All endpoints from the slices, merged and de-duplicated; use
+    /// [`categorize_endpoints`] to pick the ones traffic goes to.
+    pub endpoints: HashMap<ServicePortName, Arc<Vec<Endpoint>>>,
+}
+
+impl ProxyState {
+    pub fn new(family: IpFamily, node: NodeInfo) -> Self {
+        ProxyState {
+            family,
+            node,
+            services: BTreeMap::new(),
+            endpoints: HashMap::new(),
+        }
+    }
+    pub fn endpoints_of(&self, name: &ServicePortName) -> &[Endpoint] {
+        self.endpoints.get(name).map(|v| v.as_slice()).unwrap_or(&[])
+    }
+}
+
+/// A filter for UDP conntrack entries that would keep sending packets to where
+/// they no longer belong. Every set field must match.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StaleConntrack {
+    pub protocol: Protocol,
+    /// Original destination IP (a service IP); None for NodePorts (any node IP).
+    pub orig_dst: Option<IpAddr>,
+    pub orig_dport: u16,
+    /// Reply source (the endpoint the entry was DNATed to); None for all.
+    pub reply_src: Option<IpAddr>,
+}
+
+/// The result of one [`ChangeTracker::take_changes`].
+#[derive(Clone, Debug, Default)]
+pub struct ChangeSet {
+    /// Service ports whose service or endpoints changed, including deleted ones.
+    pub changed: BTreeSet<ServicePortName>,
+    /// Conntrack entries to delete once the new rules are in place.
+    pub stale: BTreeSet<StaleConntrack>,
+    /// When the changes in this set happened (trigger-time annotation, or when
+    /// we saw the object): sync end minus these is the programming latency.
+    pub trigger_times: Vec<SystemTime>,
+    pub service_changes: u64,
+    pub endpoint_changes: u64,
+}
+
+/// An object that was skipped: the error names it and the field.
+#[derive(Clone, Debug)]
+pub struct Rejected(pub ConvertError);
+
+/// Collects object updates and turns them into one [`ChangeSet`] per sync.
+pub struct ChangeTracker {
+    cfg: TrackerConfig,
+    services: HashMap<ServiceName, Vec<Arc<ServicePort>>>,
+    /// Service -> slice name -> converted slice.
+    slices: HashMap<ServiceName, BTreeMap<String, SliceEndpoints>>,
+    /// (namespace, slice name) -> the service it belongs to.
+    slice_owner: HashMap<(String, String), ServiceName>,
+    dirty: HashSet<ServiceName>,
+    triggers: Vec<SystemTime>,
+    service_changes: u64,
+    endpoint_changes: u64,
+    state: ProxyState,
+}
+
+fn usable(e: &Endpoint) -> bool {
+    e.ready || e.serving
+}
+
+impl ChangeTracker {
+    pub fn new(cfg: TrackerConfig) -> Self {
+        let node = NodeInfo {
+            name: cfg.node_name.clone(),
+            zone: None,
+        };
+        let state = ProxyState::new(cfg.family, node);
+        ChangeTracker {
+            cfg,
+            services: HashMap::new(),
+            slices: HashMap::new(),
+            slice_owner: HashMap::new(),
+            dirty: HashSet::new(),
+            triggers: Vec::new(),
+            service_changes: 0,
+            endpoint_changes: 0,
+            state,
+        }
+    }
+
+    pub fn family(&self) -> IpFamily {
+        self.cfg.family
+    }
+
+    /// The state as of the last [`Self::take_changes`].
+    pub fn state(&self) -> &ProxyState {
+        &self.state
+    }
+
+    /// Changes not yet taken.
+    pub fn pending(&self) -> usize {
+        self.dirty.len()
+    }
+
+    /// Adds or replaces a Service. On error the previous version (if any) stays.
+    /// Returns warnings about fields that were dropped.
+    pub fn update_service(&mut self, svc: &Service, now: SystemTime) -> Result<Vec<String>, Rejected> {
+        let mut warnings = Vec::new();
+        let ports = convert_service(
+            svc,
+            self.cfg.family,
+            self.cfg.service_proxy_name.as_deref(),
+            &mut warnings,
+        )
+        .map_err(Rejected)?;
+        let name = ServiceName::new(
+            svc.metadata.namespace.as_deref().unwrap_or("default"),
+            svc.metadata.name.as_deref().unwrap_or(""),
+        );
+        let ports: Vec<Arc<ServicePort>> = ports.into_iter().map(Arc::new).collect();
+        let changed = match self.services.get(&name) {
+            Some(old) => *old != ports,
+            None => !ports.is_empty(),
+        };
+        if ports.is_empty() {
+            self.services.remove(&name);
+        } else {
+            self.services.insert(name.clone(), ports);
+        }
+        if changed {
+            self.service_changes += 1;
+            self.triggers.push(now);
+            self.dirty.insert(name);
+        }
+        Ok(warnings)
+    }
+
+    pub fn delete_service(&mut self, namespace: &str, name: &str, now: SystemTime) {
+        let key = ServiceName::new(namespace, name);
+        if self.services.remove(&key).is_some() {
+            self.service_changes += 1;
+            self.triggers.push(now);
+            self.dirty.insert(key);
+        }
+    }
+
+    /// Adds or replaces an EndpointSlice. On error the previous version stays.
+    pub fn update_endpoint_slice(
+        &mut self,
+        slice: &EndpointSlice,
+        now: SystemTime,
+    ) -> Result<Vec<String>, Rejected> {
+        let mut warnings = Vec::new();
+        let conv = convert_endpoint_slice(slice, self.cfg.family, &self.cfg.node_name, &mut warnings)
+            .map_err(Rejected)?;
+        let ns = slice.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+        let sname = slice.metadata.name.clone().unwrap_or_default();
+        let key = (ns, sname.clone());
+        let trigger = slice
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(TRIGGER_TIME_ANNOTATION))
+            .and_then(|t| parse_rfc3339(t))
+            .unwrap_or(now);
+        // A slice may have moved to another service (label change): drop it there.
+        if let Some(old_owner) = self.slice_owner.get(&key).cloned() {
+            if Some(&old_owner) != conv.service.as_ref() {
+                self.remove_slice(&key, &old_owner);
+                self.triggers.push(trigger);
+            }
+        }
+        let Some(svc) = conv.service.clone() else {
+            return Ok(warnings);
+        };
+        let entry = self.slices.entry(svc.clone()).or_default();
+        if entry.get(&sname) != Some(&conv) {
+            entry.insert(sname, conv);
+            self.slice_owner.insert(key, svc.clone());
+            self.endpoint_changes += 1;
+            self.triggers.push(trigger);
+            self.dirty.insert(svc);
+        }
+        Ok(warnings)
+    }
+
+    pub fn delete_endpoint_slice(&mut self, namespace: &str, name: &str, now: SystemTime) {
+        let key = (namespace.to_string(), name.to_string());
+        if let Some(owner) = self.slice_owner.get(&key).cloned() {
+            self.remove_slice(&key, &owner);
+            self.triggers.push(now);
+        }
+    }
+
+    fn remove_slice(&mut self, key: &(String, String), owner: &ServiceName) {
+        self.slice_owner.remove(key);
+        if let Some(m) = self.slices.get_mut(owner) {
+            m.remove(&key.1);
+            if m.is_empty() {
+                self.slices.remove(owner);
+            }
+        }
+        self.endpoint_changes += 1;
+        self.dirty.insert(owner.clone());
+    }
+
+    /// Records this node's labels. A zone change re-evaluates every service
+    /// (topology hints depend on it).
+    pub fn update_node(&mut self, node: &Node) {
+        if node.metadata.name.as_deref() != Some(self.cfg.node_name.as_str()) {
+            return;
+        }
+        let zone = node
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(ZONE_LABEL))
+            .cloned();
+        if zone != self.state.node.zone {
+            self.state.node.zone = zone;
+            let all: Vec<ServiceName> = self.services.keys().cloned().collect();
+            self.dirty.extend(all);
+        }
+    }
+
+    /// Merged endpoints of one service port across all slices of its service.
+    fn merged_endpoints(&self, spn: &ServicePortName) -> Vec<Endpoint> {
+        let mut out: Vec<Endpoint> = Vec::new();
+        let mut index: HashMap<(IpAddr, u16), usize> = HashMap::new();
+        if let Some(slices) = self.slices.get(&spn.service) {
+            for slice in slices.values() {
+                for ((pname, proto), eps) in &slice.ports {
+                    if *pname != spn.port || *proto != spn.protocol {
+                        continue;
+                    }
+                    for ep in eps {
+                        match index.get(&(ep.ip, ep.port)) {
+                            // Favour the local copy when two slices disagree.
+                            Some(&i) => {
+                                if ep.is_local && !out[i].is_local {
+                                    out[i] = ep.clone();
+                                }
+                            }
+                            None => {
+                                index.insert((ep.ip, ep.port), out.len());
+                                out.push(ep.clone());
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Applies everything since the last call to the state and reports it.
+    pub fn take_changes(&mut self) -> ChangeSet {
+        let mut cs = ChangeSet {
+            trigger_times: std::mem::take(&mut self.triggers),
+            service_changes: std::mem::take(&mut self.service_changes),
+            endpoint_changes: std::mem::take(&mut self.endpoint_changes),
+            ..Default::default()
+        };
+        let dirty: Vec<ServiceName> = self.dirty.drain().collect();
+        for svc in dirty {
+            // Old ports of this service.
+            let old_names: Vec<ServicePortName> = self
+                .state
+                .services
+                .range(
+                    ServicePortName {
+                        service: svc.clone(),
+                        port: String::new(),
+                        protocol: Protocol::Tcp,
+                    }..,
+                )
+                .take_while(|(k, _)| k.service == svc)
+                .map(|(k, _)| k.clone())
+                .collect();
+            let new_ports: Vec<Arc<ServicePort>> =
+                self.services.get(&svc).cloned().unwrap_or_default();
+            let new_names: BTreeSet<&ServicePortName> = new_ports.iter().map(|p| &p.name).collect();
+
+            for old in &old_names {
+                if !new_names.contains(old) {
+                    let old_port = self.state.services.remove(old);
+                    let old_eps = self.state.endpoints.remove(old);
+                    if let Some(op) = old_port {
+                        stale_for_removed_port(&op, &mut cs.stale);
+                        let _ = old_eps;
+                    }
+                    cs.changed.insert(old.clone());
+                }
+            }
+            for port in new_ports {
+                let eps = self.merged_endpoints(&port.name);
+                let old_port = self.state.services.get(&port.name).cloned();
+                let old_eps = self.state.endpoints.get(&port.name).cloned();
+                let port_changed = old_port.as_ref() != Some(&port);
+                let eps_changed = old_eps.as_deref().map(|v| v.as_slice()) != Some(eps.as_slice())
+                    && !(old_eps.is_none() && eps.is_empty());
+                if !port_changed && !eps_changed {
+                    continue;
+                }
+                if port.protocol == Protocol::Udp {
+                    if let Some(op) = &old_port {
+                        if port_changed {
+                            stale_for_changed_port(op, &port, &mut cs.stale);
+                        }
+                        let old_slice = old_eps.as_deref().map(|v| v.as_slice()).unwrap_or(&[]);
+                        stale_for_endpoints(op, &port, old_slice, &eps, &self.state.node, &mut cs.stale);
+                    }
+                }
+                cs.changed.insert(port.name.clone());
+                if eps.is_empty() {
+                    self.state.endpoints.remove(&port.name);
+                } else {
+                    self.state.endpoints.insert(port.name.clone(), Arc::new(eps));
+                }
+                self.state.services.insert(port.name.clone(), port);
+            }
+        }
+        cs
+    }
+}
+
+fn push_all_ips(sp: &ServicePort, reply_src: Option<IpAddr>, out: &mut BTreeSet<StaleConntrack>) {
+    for ip in sp.all_ips() {
+        out.insert(StaleConntrack {
+            protocol: sp.protocol,
+            orig_dst: Some(*ip),
+            orig_dport: sp.port,
+            reply_src,
+        });
+    }
+    if sp.node_port != 0 {
+        out.insert(StaleConntrack {
+            protocol: sp.protocol,
+            orig_dst: None,
+            orig_dport: sp.node_port,
+            reply_src,
+        });
+    }
+}
+
+fn stale_for_removed_port(sp: &ServicePort, out: &mut BTreeSet<StaleConntrack>) {
+    if sp.protocol == Protocol::Udp {
+        push_all_ips(sp, None, out);
+    }
+}
+
+/// A UDP port whose addresses changed: entries to addresses it no longer has are stale.
+fn stale_for_changed_port(old: &ServicePort, new: &ServicePort, out: &mut BTreeSet<StaleConntrack>) {
+    let new_ips: HashSet<(IpAddr, u16)> = new.all_ips().map(|ip| (*ip, new.port)).collect();
+    for ip in old.all_ips() {
+        if !new_ips.contains(&(*ip, old.port)) {
+            out.insert(StaleConntrack {
+                protocol: old.protocol,
+                orig_dst: Some(*ip),
+                orig_dport: old.port,
+                reply_src: None,
+            });
+        }
+    }
+    if old.node_port != 0 && old.node_port != new.node_port {
+        out.insert(StaleConntrack {
+            protocol: old.protocol,
+            orig_dst: None,
+            orig_dport: old.node_port,
+            reply_src: None,
+        });
+    }
+}
+
+/// Endpoints that were usable and are no longer: flows DNATed to them are stale.
+/// A port that goes from no usable endpoint to some: flows that were not NATed
+/// (sent while it had none) are stale.
+fn stale_for_endpoints(
+    old: &ServicePort,
+    new: &ServicePort,
+    old_eps: &[Endpoint],
+    new_eps: &[Endpoint],
+    node: &NodeInfo,
+    out: &mut BTreeSet<StaleConntrack>,
+) {
+    let old_reach: Vec<&Endpoint> = categorize_endpoints(old_eps, old, node).all_reachable;
+    let new_reach: Vec<&Endpoint> = categorize_endpoints(new_eps, new, node).all_reachable;
+    let new_set: HashSet<(IpAddr, u16)> = new_reach
+        .iter()
+        .filter(|e| usable(e))
+        .map(|e| (e.ip, e.port))
+        .collect();
+    for ep in old_reach.iter().filter(|e| usable(e)) {
+        if !new_set.contains(&(ep.ip, ep.port)) {
+            push_all_ips(old, Some(ep.ip), out);
+        }
+    }
+    if old_reach.is_empty() && !new_reach.is_empty() {
+        push_all_ips(new, None, out);
+    }
+}
+
+/// Parses the RFC 3339 timestamps Kubernetes writes (`2024-01-02T03:04:05Z`,
+/// optionally with fractional seconds). Anything else is None.
+pub fn parse_rfc3339(s: &str) -> Option<SystemTime> {
+    let b = s.as_bytes();
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[13] != b':' || b[16] != b':' {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| -> Option<i64> { s.get(r)?.parse().ok() };
+    let (y, mo, d, h, mi, se) = (num(0..4)?, num(5..7)?, num(8..10)?, num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || se > 60 {
+        return None;
+    }
+    let mut rest = &s[19..];
+    let mut nanos: u32 = 0;
+    if let Some(frac) = rest.strip_prefix('.') {
+        let digits: String = frac.chars().take_while(|c| c.is_ascii_digit()).collect();
+        rest = &frac[digits.len()..];
+        let mut padded = digits.clone();
+        padded.truncate(9);
+        while padded.len() < 9 {
+            padded.push('0');
+        }
+        nanos = padded.parse().ok()?;
+    }
+    let offset_secs: i64 = match rest {
+        "Z" | "z" => 0,
+        r if r.len() == 6 && (r.starts_with('+') || r.starts_with('-')) => {
+            let oh: i64 = r.get(1..3)?.parse().ok()?;
+            let om: i64 = r.get(4..6)?.parse().ok()?;
+            let sign = if r.starts_with('-') { -1 } else { 1 };
+            sign * (oh * 3600 + om * 60)
+        }
+        _ => return None,
+    };
+    // Days from civil (Howard Hinnant's algorithm).
+    let y2 = if mo <= 2 { y - 1 } else { y };
+    let era = y2.div_euclid(400);
+    let yoe = y2 - era * 400;
+    let mp = (mo + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146097 + doe - 719468;
+    let secs = days * 86400 + h * 3600 + mi * 60 + se - offset_secs;
+    if secs < 0 {
+        return None;
+    }
+    Some(SystemTime::UNIX_EPOCH + std::time::Duration::new(secs as u64, nanos))
+}

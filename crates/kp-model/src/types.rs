@@ -1,0 +1,231 @@
+use std::collections::BTreeSet;
+use std::fmt;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+/// IP family a proxier instance serves (upstream runs one proxier per family).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum IpFamily {
+    V4,
+    V6,
+}
+
+impl IpFamily {
+    pub fn of(ip: &IpAddr) -> IpFamily {
+        match ip {
+            IpAddr::V4(_) => IpFamily::V4,
+            IpAddr::V6(_) => IpFamily::V6,
+        }
+    }
+    pub fn matches(self, ip: &IpAddr) -> bool {
+        IpFamily::of(ip) == self
+    }
+    /// The EndpointSlice addressType of this family.
+    pub fn address_type(self) -> &'static str {
+        match self {
+            IpFamily::V4 => "IPv4",
+            IpFamily::V6 => "IPv6",
+        }
+    }
+}
+
+impl fmt::Display for IpFamily {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            IpFamily::V4 => "IPv4",
+            IpFamily::V6 => "IPv6",
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl Protocol {
+    pub fn parse(s: Option<&str>) -> Option<Protocol> {
+        match s.unwrap_or("TCP") {
+            "TCP" => Some(Protocol::Tcp),
+            "UDP" => Some(Protocol::Udp),
+            "SCTP" => Some(Protocol::Sctp),
+            _ => None,
+        }
+    }
+    /// Kubernetes spelling ("TCP").
+    pub fn as_k8s(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
+            Protocol::Sctp => "SCTP",
+        }
+    }
+    /// Lower-case spelling used by nft and iptables ("tcp").
+    pub fn as_lower(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+            Protocol::Sctp => "sctp",
+        }
+    }
+    /// IANA protocol number.
+    pub fn number(self) -> u8 {
+        match self {
+            Protocol::Tcp => 6,
+            Protocol::Udp => 17,
+            Protocol::Sctp => 132,
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_k8s())
+    }
+}
+
+/// Namespace and name of a Service.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceName {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ServiceName {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        ServiceName {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for ServiceName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// One port of one Service: `namespace/name:portName` plus protocol, as upstream's
+/// ServicePortName. Displayed as upstream does (`ns/name:port`, or `ns/name` for an
+/// unnamed port); [`ServicePortName::key`] adds the protocol.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServicePortName {
+    pub service: ServiceName,
+    pub port: String,
+    pub protocol: Protocol,
+}
+
+impl ServicePortName {
+    pub fn new(namespace: &str, name: &str, port: &str, protocol: Protocol) -> Self {
+        ServicePortName {
+            service: ServiceName::new(namespace, name),
+            port: port.to_string(),
+            protocol,
+        }
+    }
+    /// `namespace/name:portName/PROTOCOL`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self, self.protocol)
+    }
+}
+
+impl fmt::Display for ServicePortName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.port.is_empty() {
+            write!(f, "{}", self.service)
+        } else {
+            write!(f, "{}:{}", self.service, self.port)
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TrafficDistribution {
+    PreferClose,
+    PreferSameZone,
+    PreferSameNode,
+}
+
+/// Everything a dataplane needs to know about one port of one Service, for one
+/// IP family. Built by [`crate::convert_service`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServicePort {
+    pub name: ServicePortName,
+    pub cluster_ip: IpAddr,
+    pub port: u16,
+    pub protocol: Protocol,
+    /// 0 when the Service has no NodePort.
+    pub node_port: u16,
+    pub external_ips: Vec<IpAddr>,
+    /// LoadBalancer ingress IPs with ipMode VIP (or unset); ipMode Proxy ones are
+    /// left to the load balancer, as upstream does.
+    pub load_balancer_ips: Vec<IpAddr>,
+    pub load_balancer_source_ranges: Vec<IpNet>,
+    /// sessionAffinity ClientIP timeout in seconds; None when affinity is off.
+    pub session_affinity_timeout: Option<u32>,
+    /// externalTrafficPolicy Local (only set when the Service is reachable
+    /// from outside, as upstream).
+    pub external_policy_local: bool,
+    pub internal_policy_local: bool,
+    /// 0 when none.
+    pub health_check_node_port: u16,
+    pub traffic_distribution: Option<TrafficDistribution>,
+}
+
+impl ServicePort {
+    /// NodePort, externalIPs or LoadBalancer IPs present.
+    pub fn externally_accessible(&self) -> bool {
+        self.node_port != 0 || !self.external_ips.is_empty() || !self.load_balancer_ips.is_empty()
+    }
+    /// Cluster endpoints are needed for internal Cluster traffic, and for external
+    /// traffic even with eTP=Local (short-circuit of pod and node traffic).
+    pub fn uses_cluster_endpoints(&self) -> bool {
+        !self.internal_policy_local || self.externally_accessible()
+    }
+    pub fn uses_local_endpoints(&self) -> bool {
+        self.internal_policy_local || (self.external_policy_local && self.externally_accessible())
+    }
+    /// Every IP this service port answers on (cluster, external, LB).
+    pub fn all_ips(&self) -> impl Iterator<Item = &IpAddr> {
+        std::iter::once(&self.cluster_ip)
+            .chain(self.external_ips.iter())
+            .chain(self.load_balancer_ips.iter())
+    }
+}
+
+/// One endpoint of one service port, as upstream's BaseEndpointInfo.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    pub ip: IpAddr,
+    pub port: u16,
+    pub is_local: bool,
+    pub ready: bool,
+    pub serving: bool,
+    pub terminating: bool,
+    pub node_name: Option<String>,
+    pub zone: Option<String>,
+    pub zone_hints: BTreeSet<String>,
+    pub node_hints: BTreeSet<String>,
+}
+
+impl Endpoint {
+    /// `ip:port` (`[ip]:port` for IPv6), the identity used to de-duplicate.
+    pub fn addr_string(&self) -> String {
+        std::net::SocketAddr::new(self.ip, self.port).to_string()
+    }
+    pub fn socket_addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::new(self.ip, self.port)
+    }
+}
+
+/// What this node looks like to the model.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeInfo {
+    pub name: String,
+    /// topology.kubernetes.io/zone label.
+    pub zone: Option<String>,
+}

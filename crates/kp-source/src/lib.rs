@@ -1,0 +1,28 @@
+//! Sources of Services, EndpointSlices and this node's Node object.
+//!
+//! Every source sends [`SourceEvent`]s on a tokio mpsc channel; the sync loop
+//! feeds them to the model's change tracker. A source never flushes anything by
+//! itself: after a relist it sends deletions only for objects that really went away.
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+/// One change seen by a source.
+#[derive(Debug, Clone)]
+pub enum SourceEvent {
+    ServiceApplied(Box<Service>),
+    ServiceDeleted { namespace: String, name: String },
+    SliceApplied(Box<EndpointSlice>),
+    SliceDeleted { namespace: String, name: String },
+    NodeApplied(Box<Node>),
+    /// Services and EndpointSlices have both been listed once: the first sync may
+    /// run (upstream waits for both informers to sync).
+    Synced,
+    /// The source lost its connection (API server unreachable, watch error);
+    /// the last programmed rules stay in place.
+    Disconnected(String),
+    /// The source is connected again.
+    Reconnected,
+    /// A manifest document or object that could not be parsed: skipped.
+    Invalid(String),
+}
