@@ -1,0 +1,88 @@
+//! How a transaction reaches the kernel.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use kp_model::{DataplaneError, IpFamily};
+
+/// Applies one nft transaction atomically. The `nft` program is the first cut;
+/// a netlink backend implements the same trait.
+pub trait NftBackend: Send {
+    /// Applies the script as one transaction: all of it or none of it.
+    fn apply(&mut self, script: &str) -> Result<(), DataplaneError>;
+    /// Whether our table exists (canary: `nft flush ruleset` removes it).
+    fn table_exists(&mut self, family: IpFamily, table: &str) -> Result<bool, DataplaneError>;
+}
+
+/// Runs `nft -f -`.
+#[derive(Clone, Debug)]
+pub struct NftCli {
+    pub program: String,
+}
+
+impl Default for NftCli {
+    fn default() -> Self {
+        NftCli {
+            program: "nft".into(),
+        }
+    }
+}
+
+impl NftBackend for NftCli {
+    fn apply(&mut self, script: &str) -> Result<(), DataplaneError> {
+        let mut child = Command::new(&self.program)
+            .args(["-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| DataplaneError::Io {
+                what: format!("starting {}", self.program),
+                source: e,
+            })?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin
+                .write_all(script.as_bytes())
+                .map_err(|e| DataplaneError::Io {
+                    what: format!("writing the ruleset to {}", self.program),
+                    source: e,
+                })?;
+        }
+        let out = child.wait_with_output().map_err(|e| DataplaneError::Io {
+            what: format!("waiting for {}", self.program),
+            source: e,
+        })?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            // nft repeats every failing line; the first few say what went wrong.
+            let msg: Vec<&str> = stderr.lines().take(6).collect();
+            Err(DataplaneError::Apply {
+                tool: format!("{} -f", self.program),
+                message: format!("{} ({})", msg.join(" | "), out.status),
+            })
+        }
+    }
+
+    fn table_exists(&mut self, family: IpFamily, table: &str) -> Result<bool, DataplaneError> {
+        let fam = crate::render::family_kw(family);
+        let out = Command::new(&self.program)
+            .args(["list", "tables", fam])
+            .output()
+            .map_err(|e| DataplaneError::Io {
+                what: format!("running {} list tables", self.program),
+                source: e,
+            })?;
+        if !out.status.success() {
+            return Err(DataplaneError::Apply {
+                tool: format!("{} list tables", self.program),
+                message: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            });
+        }
+        let want = format!("table {fam} {table}");
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .any(|l| l.trim() == want))
+    }
+}

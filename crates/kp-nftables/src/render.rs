@@ -1,0 +1,552 @@
+//! Model -> nftables objects, per service port. Pure: no I/O.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+
+use kp_model::{
+    categorize_endpoints, chain_hash, Endpoint, IpFamily, NodeInfo, Protocol, ProxierConfig,
+    ServicePort,
+};
+
+use crate::rule::{local_match, quote, Rule, Verdict, MARK_MASQ_CHAIN};
+
+/// Our table, one per family (`ip` and `ip6`). Not upstream's `kube-proxy`, so
+/// that the two never fight over one table during a migration.
+pub const TABLE_NAME: &str = "kube-proxy-rs";
+
+pub const REJECT_CHAIN: &str = "reject-chain";
+pub const MAP_SERVICE_IPS: &str = "service-ips";
+pub const MAP_SERVICE_NODEPORTS: &str = "service-nodeports";
+pub const MAP_NO_EP_SERVICES: &str = "no-endpoint-services";
+pub const MAP_NO_EP_NODEPORTS: &str = "no-endpoint-nodeports";
+pub const MAP_FIREWALL_IPS: &str = "firewall-ips";
+pub const SET_CLUSTER_IPS: &str = "cluster-ips";
+pub const SET_NODEPORT_IPS: &str = "nodeport-ips";
+pub const SET_HAIRPIN: &str = "hairpin";
+
+/// Key of a map or set element.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ElemKey {
+    IpProtoPort(IpAddr, Protocol, u16),
+    ProtoPort(Protocol, u16),
+    Ip(IpAddr),
+    /// `saddr . daddr` of the hairpin set: both the endpoint's IP.
+    IpPair(IpAddr),
+}
+
+impl ElemKey {
+    pub fn text(&self) -> String {
+        match self {
+            ElemKey::IpProtoPort(ip, p, port) => format!("{ip} . {} . {port}", p.as_lower()),
+            ElemKey::ProtoPort(p, port) => format!("{} . {port}", p.as_lower()),
+            ElemKey::Ip(ip) => ip.to_string(),
+            ElemKey::IpPair(ip) => format!("{ip} . {ip}"),
+        }
+    }
+}
+
+/// One element of one of the table's global sets or maps.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Element {
+    pub map: &'static str,
+    pub key: ElemKey,
+    /// None for set elements.
+    pub verdict: Option<Verdict>,
+}
+
+impl Element {
+    pub fn text(&self) -> String {
+        match &self.verdict {
+            Some(v) => format!("{} : {}", self.key.text(), v.text()),
+            None => self.key.text(),
+        }
+    }
+}
+
+/// Everything one service port owns in the table.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServiceObjects {
+    /// Chain name -> its rules, in order.
+    pub chains: Vec<(String, Vec<Rule>)>,
+    /// Affinity sets (name, timeout seconds).
+    pub affinity_sets: Vec<(String, u32)>,
+    pub elements: Vec<Element>,
+    /// eTP/iTP Local with no local endpoint (internal, external).
+    pub no_local: (bool, bool),
+}
+
+fn proto_name(p: Protocol) -> &'static str {
+    p.as_lower()
+}
+
+/// Readable, unique, nft-safe chain suffix, upstream style:
+/// `HASH8-namespace/name/proto/port`.
+fn chain_base(sp: &ServicePort) -> String {
+    let h = chain_hash(&format!("{}{}", sp.name, proto_name(sp.protocol)));
+    format!(
+        "{}-{}/{}/{}/{}",
+        &h[..8],
+        sp.name.service.namespace,
+        sp.name.service.name,
+        proto_name(sp.protocol),
+        sp.name.port
+    )
+}
+
+fn endpoint_chain_base(sp: &ServicePort, ep: &Endpoint) -> String {
+    let epstr = ep.addr_string();
+    let h = chain_hash(&format!("{}{}{}", sp.name, proto_name(sp.protocol), epstr));
+    let ipname = ep.ip.to_string().replace(':', ".");
+    format!(
+        "{}-{}/{}/{}/{}__{}/{}",
+        &h[..8],
+        sp.name.service.namespace,
+        sp.name.service.name,
+        proto_name(sp.protocol),
+        sp.name.port,
+        ipname,
+        ep.port
+    )
+}
+
+/// Rules that pick an endpoint among `eps` and DNAT to it.
+fn selection(
+    sp: &ServicePort,
+    eps: &[&Endpoint],
+    chains: &mut Vec<(String, Vec<Rule>)>,
+    sets: &mut Vec<(String, u32)>,
+) -> Vec<Rule> {
+    match sp.session_affinity_timeout {
+        None => vec![Rule::NumgenDnat {
+            protocol: sp.protocol,
+            endpoints: eps.iter().map(|e| e.socket_addr()).collect(),
+        }],
+        Some(timeout) => {
+            // Affinity needs to know which endpoint a client got: one chain and one
+            // timeout set per endpoint, as upstream.
+            let mut rules = Vec::new();
+            let mut targets = Vec::new();
+            for ep in eps {
+                let base = endpoint_chain_base(sp, ep);
+                let chain = format!("endpoint-{base}");
+                // The timeout is part of the name: a set cannot change its timeout in
+                // place, and a new name lets one transaction swap it.
+                let set = format!("affinity-{timeout}-{base}");
+                if !chains.iter().any(|(c, _)| *c == chain) {
+                    chains.push((
+                        chain.clone(),
+                        vec![
+                            Rule::AffinityUpdate { set: set.clone() },
+                            Rule::Dnat {
+                                protocol: sp.protocol,
+                                endpoint: SocketAddr::new(ep.ip, ep.port),
+                            },
+                        ],
+                    ));
+                    sets.push((set.clone(), timeout));
+                }
+                rules.push(Rule::AffinityCheck {
+                    set,
+                    target: chain.clone(),
+                });
+                targets.push(chain);
+            }
+            rules.push(Rule::NumgenGoto { targets });
+            rules
+        }
+    }
+}
+
+/// Renders one service port. Mirrors upstream's nftables syncProxyRules, with
+/// endpoints chosen inside one `numgen ... map` DNAT rule instead of a chain
+/// per endpoint (except for session affinity, which needs per-endpoint state).
+pub fn render_service(
+    sp: &ServicePort,
+    endpoints: &[Endpoint],
+    cfg: &ProxierConfig,
+    node: &NodeInfo,
+) -> ServiceObjects {
+    let cat = categorize_endpoints(endpoints, sp, node);
+    let base = chain_base(sp);
+    let svc_chain = format!("service-{base}");
+    let local_chain = format!("local-{base}");
+    let ext_chain = format!("external-{base}");
+    let fw_chain = format!("firewall-{base}");
+    let mut out = ServiceObjects::default();
+    let mut ep_chains: Vec<(String, Vec<Rule>)> = Vec::new();
+
+    let internal_eps = if sp.internal_policy_local {
+        &cat.local
+    } else {
+        &cat.cluster
+    };
+    let external_eps = if sp.external_policy_local {
+        &cat.local
+    } else {
+        &cat.cluster
+    };
+    let internal_chain = if sp.internal_policy_local {
+        &local_chain
+    } else {
+        &svc_chain
+    };
+    out.no_local = (
+        sp.internal_policy_local && cat.local.is_empty(),
+        sp.external_policy_local && cat.local.is_empty(),
+    );
+
+    let masq_rule = Rule::MarkMasqUnlessLocal {
+        ip: sp.cluster_ip,
+        protocol: sp.protocol,
+        port: sp.port,
+        detector: cfg.local_detector.clone(),
+        masquerade_all: cfg.masquerade_all,
+    };
+    if !cat.cluster.is_empty() {
+        let mut rules = Vec::new();
+        if !sp.internal_policy_local {
+            rules.push(masq_rule.clone());
+        }
+        rules.extend(selection(
+            sp,
+            &cat.cluster,
+            &mut ep_chains,
+            &mut out.affinity_sets,
+        ));
+        out.chains.push((svc_chain.clone(), rules));
+    }
+    if sp.uses_local_endpoints() && !cat.local.is_empty() {
+        let mut rules = Vec::new();
+        if sp.internal_policy_local {
+            rules.push(masq_rule);
+        }
+        rules.extend(selection(
+            sp,
+            &cat.local,
+            &mut ep_chains,
+            &mut out.affinity_sets,
+        ));
+        out.chains.push((local_chain.clone(), rules));
+    }
+
+    let has_external = sp.externally_accessible() && !external_eps.is_empty();
+    if has_external {
+        let mut rules = Vec::new();
+        if sp.external_policy_local {
+            if !cat.cluster.is_empty() {
+                rules.push(Rule::GotoIfFromCluster {
+                    detector: cfg.local_detector.clone(),
+                    target: svc_chain.clone(),
+                });
+                rules.push(Rule::NodeLocalToCluster {
+                    target: svc_chain.clone(),
+                });
+            }
+            rules.push(Rule::Verdict {
+                verdict: Verdict::Goto(local_chain.clone()),
+                comment: "local endpoints only".into(),
+            });
+        } else {
+            rules.push(Rule::MarkMasq);
+            rules.push(Rule::Verdict {
+                verdict: Verdict::Goto(svc_chain.clone()),
+                comment: "cluster endpoints".into(),
+            });
+        }
+        out.chains.push((ext_chain.clone(), rules));
+    }
+    out.chains.extend(ep_chains);
+
+    // Where traffic with no usable endpoint goes: reject when the service has
+    // none anywhere, drop when it has some but not for this traffic's policy.
+    let no_ep_verdict = if cat.has_any {
+        Verdict::Drop
+    } else {
+        Verdict::Goto(REJECT_CHAIN.into())
+    };
+    let key = |ip: IpAddr| ElemKey::IpProtoPort(ip, sp.protocol, sp.port);
+
+    out.elements.push(Element {
+        map: SET_CLUSTER_IPS,
+        key: ElemKey::Ip(sp.cluster_ip),
+        verdict: None,
+    });
+    if internal_eps.is_empty() {
+        out.elements.push(Element {
+            map: MAP_NO_EP_SERVICES,
+            key: key(sp.cluster_ip),
+            verdict: Some(no_ep_verdict.clone()),
+        });
+    } else {
+        out.elements.push(Element {
+            map: MAP_SERVICE_IPS,
+            key: key(sp.cluster_ip),
+            verdict: Some(Verdict::Goto(internal_chain.clone())),
+        });
+    }
+    let external_ips: BTreeSet<IpAddr> = sp
+        .external_ips
+        .iter()
+        .chain(sp.load_balancer_ips.iter())
+        .copied()
+        .filter(|ip| *ip != sp.cluster_ip)
+        .collect();
+    for ip in &external_ips {
+        if has_external {
+            out.elements.push(Element {
+                map: MAP_SERVICE_IPS,
+                key: key(*ip),
+                verdict: Some(Verdict::Goto(ext_chain.clone())),
+            });
+        } else {
+            out.elements.push(Element {
+                map: MAP_NO_EP_SERVICES,
+                key: key(*ip),
+                verdict: Some(no_ep_verdict.clone()),
+            });
+        }
+    }
+    if sp.node_port != 0 {
+        let k = ElemKey::ProtoPort(sp.protocol, sp.node_port);
+        if has_external {
+            out.elements.push(Element {
+                map: MAP_SERVICE_NODEPORTS,
+                key: k,
+                verdict: Some(Verdict::Goto(ext_chain.clone())),
+            });
+        } else {
+            out.elements.push(Element {
+                map: MAP_NO_EP_NODEPORTS,
+                key: k,
+                verdict: Some(no_ep_verdict.clone()),
+            });
+        }
+    }
+    if !sp.load_balancer_source_ranges.is_empty() && !sp.load_balancer_ips.is_empty() {
+        out.chains.push((
+            fw_chain.clone(),
+            vec![Rule::DropUnlessSource {
+                ranges: sp.load_balancer_source_ranges.clone(),
+            }],
+        ));
+        for ip in &sp.load_balancer_ips {
+            out.elements.push(Element {
+                map: MAP_FIREWALL_IPS,
+                key: key(*ip),
+                verdict: Some(Verdict::Goto(fw_chain.clone())),
+            });
+        }
+    }
+    let mut hp: Vec<IpAddr> = cat
+        .all_reachable
+        .iter()
+        .filter(|e| e.is_local)
+        .map(|e| e.ip)
+        .collect();
+    hp.sort();
+    hp.dedup();
+    out.elements.extend(hp.into_iter().map(|ip| Element {
+        map: SET_HAIRPIN,
+        key: ElemKey::IpPair(ip),
+        verdict: None,
+    }));
+    out
+}
+
+/// The fixed part of the table: base chains hooked into netfilter, helper
+/// chains, and the global sets and maps the per-service objects fill.
+pub struct Skeleton {
+    pub family: IpFamily,
+    /// (name, declaration inside `{ }` or empty for a regular chain, rules).
+    pub chains: Vec<(&'static str, String, Vec<String>)>,
+    /// (name, declaration).
+    pub sets: Vec<(&'static str, String)>,
+    /// Static elements of `nodeport-ips`.
+    pub nodeport_ips: Vec<IpAddr>,
+}
+
+impl Skeleton {
+    pub fn new(cfg: &ProxierConfig) -> Skeleton {
+        let fam = cfg.family;
+        let (ip, addr_t, lo) = match fam {
+            IpFamily::V4 => ("ip", "ipv4_addr", "127.0.0.0/8"),
+            IpFamily::V6 => ("ip6", "ipv6_addr", "::1"),
+        };
+        let mark = format!("0x{:x}", cfg.masquerade_mark());
+        let base = |hook: &str, ty: &str, prio: i32| {
+            format!("type {ty} hook {hook} priority {prio} ; policy accept ;")
+        };
+        let nodeport_match = if cfg.nodeport_addresses.is_empty() {
+            format!("fib daddr type local {ip} daddr != {lo}")
+        } else {
+            format!("{ip} daddr @{SET_NODEPORT_IPS}")
+        };
+        let nodeport_ips: Vec<IpAddr> = cfg
+            .node_ips
+            .iter()
+            .filter(|a| cfg.nodeport_addresses.iter().any(|n| n.contains(*a)))
+            .copied()
+            .collect();
+        let mut services_rules = vec![format!(
+            "{ip} daddr . meta l4proto . th dport vmap @{MAP_SERVICE_IPS}"
+        )];
+        services_rules.push(format!(
+            "{nodeport_match} meta l4proto . th dport vmap @{MAP_SERVICE_NODEPORTS}"
+        ));
+        let mut cluster_check = vec![format!(
+            "{ip} daddr @{SET_CLUSTER_IPS} reject comment \"reject traffic to invalid ports of ClusterIPs\""
+        )];
+        for cidr in cfg.service_cidrs.iter().filter(|n| {
+            matches!(
+                (fam, n),
+                (IpFamily::V4, ipnet::IpNet::V4(_)) | (IpFamily::V6, ipnet::IpNet::V6(_))
+            )
+        }) {
+            cluster_check.push(format!(
+                "{ip} daddr {cidr} drop comment \"drop traffic to unallocated ClusterIPs\""
+            ));
+        }
+        let _ = local_match; // detectors are used per service
+        let chains = vec![
+            (
+                "filter-prerouting",
+                base("prerouting", "filter", -110),
+                vec!["ct state new jump firewall-check".to_string()],
+            ),
+            (
+                "filter-input",
+                base("input", "filter", -110),
+                vec![
+                    "ct state new jump nodeport-endpoints-check".to_string(),
+                    "ct state new jump service-endpoints-check".to_string(),
+                ],
+            ),
+            (
+                "filter-forward",
+                base("forward", "filter", -110),
+                vec![
+                    // Out-of-window TCP packets marked INVALID would otherwise be
+                    // forwarded un-NATed and reset the connection (upstream's
+                    // conntrack e2e "invalid state" case).
+                    "ct state invalid drop".to_string(),
+                    "ct state new jump service-endpoints-check".to_string(),
+                    "ct state new jump cluster-ips-check".to_string(),
+                ],
+            ),
+            (
+                "filter-output",
+                base("output", "filter", -110),
+                vec![
+                    "ct state new jump service-endpoints-check".to_string(),
+                    "ct state new jump firewall-check".to_string(),
+                ],
+            ),
+            (
+                "filter-output-post-dnat",
+                base("output", "filter", -90),
+                vec!["ct state new jump cluster-ips-check".to_string()],
+            ),
+            (
+                "nat-prerouting",
+                base("prerouting", "nat", -100),
+                vec!["jump services".to_string()],
+            ),
+            (
+                "nat-output",
+                base("output", "nat", -100),
+                vec!["jump services".to_string()],
+            ),
+            (
+                "nat-postrouting",
+                base("postrouting", "nat", 100),
+                vec!["jump masquerading".to_string()],
+            ),
+            (
+                MARK_MASQ_CHAIN,
+                String::new(),
+                vec![format!("meta mark set meta mark or {mark}")],
+            ),
+            (
+                "masquerading",
+                String::new(),
+                vec![
+                    format!(
+                        "{ip} saddr . {ip} daddr @{SET_HAIRPIN} masquerade fully-random comment \"hairpin: a pod reached itself through a Service\""
+                    ),
+                    format!("meta mark and {mark} == 0 return"),
+                    format!("meta mark set meta mark xor {mark}"),
+                    "masquerade fully-random".to_string(),
+                ],
+            ),
+            ("services", String::new(), services_rules),
+            (
+                "firewall-check",
+                String::new(),
+                vec![format!(
+                    "{ip} daddr . meta l4proto . th dport vmap @{MAP_FIREWALL_IPS}"
+                )],
+            ),
+            (REJECT_CHAIN, String::new(), vec!["reject".to_string()]),
+            (
+                "service-endpoints-check",
+                String::new(),
+                vec![format!(
+                    "{ip} daddr . meta l4proto . th dport vmap @{MAP_NO_EP_SERVICES}"
+                )],
+            ),
+            (
+                "nodeport-endpoints-check",
+                String::new(),
+                vec![format!(
+                    "{nodeport_match} meta l4proto . th dport vmap @{MAP_NO_EP_NODEPORTS}"
+                )],
+            ),
+            ("cluster-ips-check", String::new(), cluster_check),
+        ];
+        let ipp = format!("type {addr_t} . inet_proto . inet_service : verdict ;");
+        let sets = vec![
+            (SET_CLUSTER_IPS, format!("type {addr_t} ;")),
+            (SET_NODEPORT_IPS, format!("type {addr_t} ;")),
+            (SET_HAIRPIN, format!("type {addr_t} . {addr_t} ;")),
+            (MAP_SERVICE_IPS, ipp.clone()),
+            (
+                MAP_SERVICE_NODEPORTS,
+                "type inet_proto . inet_service : verdict ;".to_string(),
+            ),
+            (MAP_NO_EP_SERVICES, ipp.clone()),
+            (
+                MAP_NO_EP_NODEPORTS,
+                "type inet_proto . inet_service : verdict ;".to_string(),
+            ),
+            (MAP_FIREWALL_IPS, ipp),
+        ];
+        Skeleton {
+            family: fam,
+            chains,
+            sets,
+            nodeport_ips,
+        }
+    }
+
+    pub fn is_map(name: &str) -> bool {
+        matches!(
+            name,
+            MAP_SERVICE_IPS
+                | MAP_SERVICE_NODEPORTS
+                | MAP_NO_EP_SERVICES
+                | MAP_NO_EP_NODEPORTS
+                | MAP_FIREWALL_IPS
+        )
+    }
+}
+
+pub(crate) fn family_kw(f: IpFamily) -> &'static str {
+    match f {
+        IpFamily::V4 => "ip",
+        IpFamily::V6 => "ip6",
+    }
+}
+
+pub(crate) fn comment(s: &str) -> String {
+    quote(s)
+}

@@ -1,0 +1,85 @@
+// Shared by the nftables tests: build model state from JSON objects.
+#![allow(dead_code)]
+
+use std::time::SystemTime;
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kp_model::{ChangeSet, ChangeTracker, IpFamily, TrackerConfig};
+use serde_json::{json, Value};
+
+pub fn tracker(family: IpFamily) -> ChangeTracker {
+    ChangeTracker::new(TrackerConfig {
+        family,
+        node_name: "node1".into(),
+        service_proxy_name: None,
+    })
+}
+
+pub fn svc(v: Value) -> Service {
+    serde_json::from_value(v).unwrap()
+}
+
+pub fn slice(v: Value) -> EndpointSlice {
+    serde_json::from_value(v).unwrap()
+}
+
+pub fn apply(t: &mut ChangeTracker, objs: &[Value]) -> ChangeSet {
+    for o in objs {
+        match o["kind"].as_str() {
+            Some("Service") => {
+                t.update_service(&svc(o.clone()), SystemTime::now())
+                    .unwrap();
+            }
+            Some("EndpointSlice") => {
+                t.update_endpoint_slice(&slice(o.clone()), SystemTime::now())
+                    .unwrap();
+            }
+            k => panic!("unexpected kind {k:?}"),
+        }
+    }
+    t.take_changes()
+}
+
+/// A Service with one TCP port 80 -> 8080.
+pub fn service(name: &str, ip: &str, extra: Value) -> Value {
+    let mut s = json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"namespace": "default", "name": name},
+        "spec": {"clusterIP": ip, "clusterIPs": [ip], "type": "ClusterIP",
+                 "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}]}
+    });
+    if let (Some(spec), Some(extra)) = (s["spec"].as_object_mut(), extra.as_object()) {
+        for (k, v) in extra {
+            spec.insert(k.clone(), v.clone());
+        }
+    }
+    s
+}
+
+/// An EndpointSlice for `svc` with (ip, node, ready, serving, terminating).
+pub fn endpoints(svc: &str, eps: &[(&str, &str, bool, bool, bool)]) -> Value {
+    let family = if eps.first().is_some_and(|e| e.0.contains(':')) {
+        "IPv6"
+    } else {
+        "IPv4"
+    };
+    json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"namespace": "default", "name": format!("{svc}-abc"),
+                     "labels": {"kubernetes.io/service-name": svc}},
+        "addressType": family,
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        "endpoints": eps.iter().map(|(ip, node, r, s, t)| json!({
+            "addresses": [ip], "nodeName": node,
+            "conditions": {"ready": r, "serving": s, "terminating": t}
+        })).collect::<Vec<_>>()
+    })
+}
+
+pub fn ready(
+    ip: &'static str,
+    node: &'static str,
+) -> (&'static str, &'static str, bool, bool, bool) {
+    (ip, node, true, true, false)
+}

@@ -1,0 +1,240 @@
+//! Rendered rules for each kind of Service, checked against the layout in
+//! docs/nftables.md and, where root is available, by `nft -c` in a throwaway
+//! network namespace.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::process::Command;
+
+use common::*;
+use kp_model::{Dataplane, IpFamily, LocalDetector, ProxierConfig};
+use kp_nftables::{NftBackend, NftablesProxier};
+use serde_json::json;
+
+/// Records scripts instead of applying them.
+#[derive(Default, Clone)]
+struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl NftBackend for Recorder {
+    fn apply(&mut self, script: &str) -> Result<(), kp_model::DataplaneError> {
+        self.0.lock().unwrap().push(script.to_string());
+        Ok(())
+    }
+    fn table_exists(&mut self, _: IpFamily, _: &str) -> Result<bool, kp_model::DataplaneError> {
+        Ok(true)
+    }
+}
+
+fn cfg() -> ProxierConfig {
+    let mut c = ProxierConfig::new(IpFamily::V4);
+    c.local_detector = LocalDetector::Cidrs(vec!["10.244.0.0/16".parse().unwrap()]);
+    c
+}
+
+fn all_kinds() -> Vec<serde_json::Value> {
+    vec![
+        service("plain", "10.96.0.10", json!({})),
+        endpoints(
+            "plain",
+            &[ready("10.244.1.2", "node1"), ready("10.244.2.2", "node2")],
+        ),
+        service("noeps", "10.96.0.11", json!({})),
+        service(
+            "np",
+            "10.96.0.12",
+            json!({"type": "NodePort", "ports": [{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30080}]}),
+        ),
+        endpoints("np", &[ready("10.244.2.3", "node2")]),
+        service(
+            "local",
+            "10.96.0.13",
+            json!({"type": "LoadBalancer", "externalTrafficPolicy": "Local", "healthCheckNodePort": 32000,
+            "loadBalancerSourceRanges": ["203.0.113.0/24"],
+            "ports": [{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30081}]}),
+        ),
+        endpoints(
+            "local",
+            &[ready("10.244.1.4", "node1"), ready("10.244.2.4", "node2")],
+        ),
+        service(
+            "aff",
+            "10.96.0.14",
+            json!({"sessionAffinity": "ClientIP", "externalIPs": ["198.51.100.7"]}),
+        ),
+        endpoints(
+            "aff",
+            &[ready("10.244.1.5", "node1"), ready("10.244.2.5", "node2")],
+        ),
+        service(
+            "itp",
+            "10.96.0.15",
+            json!({"internalTrafficPolicy": "Local"}),
+        ),
+        endpoints("itp", &[ready("10.244.2.6", "node2")]),
+    ]
+}
+
+#[test]
+fn each_kind_of_service_renders_its_layout() {
+    let mut t = tracker(IpFamily::V4);
+    let mut objs = all_kinds();
+    // LoadBalancer ingress lives in status.
+    objs[5]["status"] = json!({"loadBalancer": {"ingress": [{"ip": "198.51.100.1"}]}});
+    apply(&mut t, &objs);
+    let rec = Recorder::default();
+    let p = NftablesProxier::new(cfg(), Box::new(rec.clone()));
+    let text = p.render(t.state());
+
+    // ClusterIP with two endpoints: one numgen DNAT rule, masquerade for off-cluster sources.
+    assert!(
+        text.contains("10.96.0.10 . tcp . 80 : goto service-"),
+        "{text}"
+    );
+    assert!(text.contains(
+        "ip daddr 10.96.0.10 tcp dport 80 ip saddr != 10.244.0.0/16 jump mark-for-masquerade"
+    ));
+    assert!(text.contains("dnat ip addr . port to numgen random mod 2 map { 0 : 10.244.1.2 . 8080, 1 : 10.244.2.2 . 8080 }"));
+    // No endpoints: reject.
+    assert!(text.contains("10.96.0.11 . tcp . 80 : goto reject-chain"));
+    // NodePort: goes through the external chain, which masquerades.
+    assert!(text.contains("tcp . 30080 : goto external-"));
+    // eTP=Local LoadBalancer: local endpoint only, short-circuit for pods and the node, firewall.
+    assert!(text.contains("local endpoints only"));
+    assert!(text.contains("ip saddr 10.244.0.0/16 goto service-"));
+    assert!(text.contains("dnat ip to 10.244.1.4:8080"));
+    assert!(text.contains("198.51.100.1 . tcp . 80 : goto firewall-"));
+    assert!(text.contains("ip saddr != { 203.0.113.0/24 } drop"));
+    // Affinity: per-endpoint chains and sets.
+    assert!(text.contains("flags dynamic,timeout ; timeout 10800s"));
+    assert!(text.contains("update @affinity-10800-"));
+    assert!(text.contains("198.51.100.7 . tcp . 80 : goto external-"));
+    // iTP=Local with no local endpoint: dropped, not rejected (endpoints exist elsewhere).
+    assert!(text.contains("10.96.0.15 . tcp . 80 : drop"));
+    // Hairpin set holds local endpoints.
+    assert!(text.contains("10.244.1.2 . 10.244.1.2"));
+}
+
+#[test]
+fn partial_sync_touches_only_the_changed_service() {
+    let mut t = tracker(IpFamily::V4);
+    apply(&mut t, &all_kinds());
+    let rec = Recorder::default();
+    let mut p = NftablesProxier::new(cfg(), Box::new(rec.clone()));
+    let st = t.state().clone();
+    let r = p.sync(&st, &BTreeSet::new(), false).unwrap();
+    assert!(r.full);
+    // Replace one endpoint of "plain".
+    let cs = apply(
+        &mut t,
+        &[endpoints(
+            "plain",
+            &[ready("10.244.1.2", "node1"), ready("10.244.2.9", "node2")],
+        )],
+    );
+    assert_eq!(cs.changed.len(), 1);
+    let r = p.sync(t.state(), &cs.changed, false).unwrap();
+    assert!(!r.full);
+    let scripts = rec.0.lock().unwrap();
+    let last = scripts.last().unwrap();
+    assert!(
+        last.contains("flush chain ip kube-proxy-rs service-"),
+        "{last}"
+    );
+    assert!(last.contains("10.244.2.9 . 8080"));
+    assert!(
+        !last.contains("10.96.0.12"),
+        "other services untouched: {last}"
+    );
+    assert!(!last.contains("flush table"));
+    // Delete a service: its chain goes and its elements are removed.
+    drop(scripts);
+    let cs = {
+        t.delete_service("default", "np", std::time::SystemTime::now());
+        t.take_changes()
+    };
+    p.sync(t.state(), &cs.changed, false).unwrap();
+    let scripts = rec.0.lock().unwrap();
+    let last = scripts.last().unwrap();
+    assert!(
+        last.contains(
+            "delete element ip kube-proxy-rs service-nodeports { tcp . 30080 : goto external-"
+        ),
+        "{last}"
+    );
+    assert!(last.contains("delete chain ip kube-proxy-rs external-"));
+    assert!(last.contains("delete element ip kube-proxy-rs cluster-ips { 10.96.0.12 }"));
+}
+
+/// `nft -c` in a private namespace accepts the rendered ruleset, then the
+/// real apply and a partial update succeed.
+#[test]
+fn kernel_accepts_full_and_partial_ruleset() {
+    let ns = format!("kpnftr{}", std::process::id());
+    assert!(Command::new("ip")
+        .args(["netns", "add", &ns])
+        .status()
+        .unwrap()
+        .success());
+    struct Guard(String);
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+        }
+    }
+    let _g = Guard(ns.clone());
+    let wrap = format!("#!/bin/sh\nexec ip netns exec {ns} nft \"$@\"\n");
+    let wrap_path = format!("/tmp/kp-nft-wrap-{ns}");
+    std::fs::write(&wrap_path, wrap).unwrap();
+    Command::new("chmod")
+        .args(["+x", &wrap_path])
+        .status()
+        .unwrap();
+    let cli = kp_nftables::NftCli {
+        program: wrap_path.clone(),
+    };
+    let mut t = tracker(IpFamily::V4);
+    let mut objs = all_kinds();
+    objs[5]["status"] = json!({"loadBalancer": {"ingress": [{"ip": "198.51.100.1"}]}});
+    apply(&mut t, &objs);
+    let mut p = NftablesProxier::new(cfg(), Box::new(cli));
+    p.sync(t.state(), &BTreeSet::new(), false)
+        .expect("full sync");
+    let cs = apply(
+        &mut t,
+        &[
+            endpoints("plain", &[ready("10.244.2.9", "node2")]),
+            endpoints("aff", &[ready("10.244.1.5", "node1")]),
+        ],
+    );
+    p.sync(t.state(), &cs.changed, false).expect("partial sync");
+    // Full resync over an existing table keeps working.
+    p.sync(t.state(), &BTreeSet::new(), true)
+        .expect("full resync");
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &ns,
+            "nft",
+            "list",
+            "table",
+            "ip",
+            "kube-proxy-rs",
+        ])
+        .output()
+        .unwrap();
+    let listing = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        listing.contains("10.244.2.9 . 8080") || listing.contains("10.244.2.9:8080"),
+        "{listing}"
+    );
+    assert!(!listing.contains("10.244.2.2"), "{listing}");
+    p.cleanup().unwrap();
+    let out = Command::new("ip")
+        .args(["netns", "exec", &ns, "nft", "list", "ruleset"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).trim().is_empty());
+    let _ = std::fs::remove_file(&wrap_path);
+}
