@@ -4,16 +4,53 @@
 //! feeds them to the model's change tracker. A source never flushes anything by
 //! itself: after a relist it sends deletions only for objects that really went away.
 
+use std::path::PathBuf;
+
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+pub mod api;
+pub mod manifest;
+
+pub use api::{run_api_source, ApiSourceOptions, DEFAULT_LABEL_SELECTOR};
+pub use manifest::{load_dir, run_manifest_source, Loaded, ObjectKey};
+
+/// Why a source could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// The manifest directory could not be listed.
+    #[error("cannot read manifest directory {path}: {source}")]
+    ReadDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A manifest file could not be read.
+    #[error("cannot read manifest file {path}: {source}")]
+    ReadFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The merged API watch streams ended, which kube-runtime watchers never do
+    /// on their own.
+    #[error("API watch streams ended unexpectedly")]
+    WatchEnded,
+}
 
 /// One change seen by a source.
 #[derive(Debug, Clone)]
 pub enum SourceEvent {
     ServiceApplied(Box<Service>),
-    ServiceDeleted { namespace: String, name: String },
+    ServiceDeleted {
+        namespace: String,
+        name: String,
+    },
     SliceApplied(Box<EndpointSlice>),
-    SliceDeleted { namespace: String, name: String },
+    SliceDeleted {
+        namespace: String,
+        name: String,
+    },
     NodeApplied(Box<Node>),
     /// Services and EndpointSlices have both been listed once: the first sync may
     /// run (upstream waits for both informers to sync).

@@ -1,0 +1,383 @@
+//! The API source: kube-runtime watchers for Services, EndpointSlices and this
+//! node's Node, merged into one channel of [`SourceEvent`]s.
+//!
+//! Relists never flush: the keys seen during a relist are compared with the
+//! keys known before, and only the missing ones are sent as deleted. A watcher
+//! error is reported once as `Disconnected`; `Reconnected` follows when a
+//! watcher delivers data again or, if nothing changed meanwhile, when a probe
+//! list of all three resources succeeds (a resumed watch that has nothing to
+//! say produces no event at all).
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use futures::stream::{BoxStream, SelectAll};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, ListParams};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Client, ResourceExt};
+use tokio::sync::mpsc::{self, Sender};
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+use crate::{SourceError, SourceEvent};
+
+/// The selector upstream kube-proxy applies to Services and EndpointSlices:
+/// skip objects owned by another proxy and headless Services.
+pub const DEFAULT_LABEL_SELECTOR: &str =
+    "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
+
+/// How often a disconnected source checks whether the API answers again.
+const PROBE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// What to watch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiSourceOptions {
+    /// This node's name: only this Node is watched.
+    pub node_name: String,
+    /// Label selector for Services and EndpointSlices (the binary passes
+    /// [`DEFAULT_LABEL_SELECTOR`]).
+    pub label_selector: Option<String>,
+}
+
+/// Which watcher an event came from.
+enum Item {
+    Service(Box<Result<Event<Service>, watcher::Error>>),
+    Slice(Box<Result<Event<EndpointSlice>, watcher::Error>>),
+    Node(Box<Result<Event<Node>, watcher::Error>>),
+}
+
+/// Per-resource bookkeeping of the keys the consumer knows about.
+#[derive(Default)]
+struct Known {
+    keys: HashSet<(String, String)>,
+    /// Keys seen since the current relist began (None when not relisting).
+    relist: Option<HashSet<(String, String)>>,
+    listed_once: bool,
+}
+
+impl Known {
+    fn key<K: ResourceExt>(obj: &K) -> (String, String) {
+        (obj.namespace().unwrap_or_default(), obj.name_any())
+    }
+
+    fn init(&mut self) {
+        self.relist = Some(HashSet::new());
+    }
+
+    fn applied(&mut self, key: (String, String)) {
+        if let Some(seen) = &mut self.relist {
+            seen.insert(key.clone());
+        }
+        self.keys.insert(key);
+    }
+
+    fn deleted(&mut self, key: &(String, String)) {
+        self.keys.remove(key);
+    }
+
+    /// Ends a relist; returns the keys that went away meanwhile.
+    fn init_done(&mut self) -> Vec<(String, String)> {
+        self.listed_once = true;
+        let Some(seen) = self.relist.take() else {
+            return Vec::new();
+        };
+        let mut gone: Vec<_> = self.keys.difference(&seen).cloned().collect();
+        gone.sort();
+        self.keys = seen;
+        gone
+    }
+}
+
+/// Turns one watcher event into source events, keeping `known` up to date.
+fn translate<K: ResourceExt + Clone>(
+    ev: Event<K>,
+    known: &mut Known,
+    applied: impl Fn(K) -> SourceEvent,
+    deleted: impl Fn(String, String) -> Option<SourceEvent>,
+) -> Vec<SourceEvent> {
+    match ev {
+        Event::Init => {
+            known.init();
+            Vec::new()
+        }
+        Event::InitApply(obj) | Event::Apply(obj) => {
+            known.applied(Known::key(&obj));
+            vec![applied(obj)]
+        }
+        Event::Delete(obj) => {
+            let key = Known::key(&obj);
+            known.deleted(&key);
+            deleted(key.0, key.1).into_iter().collect()
+        }
+        Event::InitDone => known
+            .init_done()
+            .into_iter()
+            .filter_map(|(ns, name)| deleted(ns, name))
+            .collect(),
+    }
+}
+
+/// True for events that prove the API server answered (Init is produced
+/// locally before any request).
+fn is_data<K>(ev: &Event<K>) -> bool {
+    !matches!(ev, Event::Init)
+}
+
+/// A watcher error worth reporting as a disconnection. 410 Gone is the normal
+/// "history compacted, relist" signal and the watcher relists at once.
+fn is_disconnect(err: &watcher::Error) -> bool {
+    !matches!(err, watcher::Error::WatchError(status) if status.code == 410)
+}
+
+struct Conn {
+    connected: bool,
+    probe: Option<JoinHandle<()>>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let Some(p) = self.probe.take() {
+            p.abort();
+        }
+    }
+}
+
+/// Lists each watched resource (one item) until all three answer.
+async fn probe(client: Client, opts: ApiSourceOptions, ok: Sender<()>) {
+    let mut lp = ListParams::default().limit(1);
+    if let Some(sel) = &opts.label_selector {
+        lp = lp.labels(sel);
+    }
+    let node_lp = ListParams::default()
+        .fields(&format!("metadata.name={}", opts.node_name))
+        .limit(1);
+    let services: Api<Service> = Api::all(client.clone());
+    let slices: Api<EndpointSlice> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(client);
+    loop {
+        tokio::time::sleep(PROBE_INTERVAL).await;
+        let result = async {
+            services.list_metadata(&lp).await?;
+            slices.list_metadata(&lp).await?;
+            nodes.list_metadata(&node_lp).await?;
+            Ok::<_, kube::Error>(())
+        }
+        .await;
+        match result {
+            Ok(()) => {
+                let _ = ok.send(()).await;
+                return;
+            }
+            Err(e) => debug!("API probe failed: {e}"),
+        }
+    }
+}
+
+/// Watches Services and EndpointSlices (with `opts.label_selector`) and the
+/// Node named `opts.node_name`, sending [`SourceEvent`]s on `tx`: every object
+/// as applied, `Synced` once both Services and EndpointSlices were listed,
+/// deletions (including those found by relists), and `Disconnected` /
+/// `Reconnected` around outages. Retries with kube-runtime's default backoff
+/// and relists after 410 Gone. Returns `Ok(())` when `tx` is closed.
+pub async fn run_api_source(
+    client: Client,
+    opts: ApiSourceOptions,
+    tx: Sender<SourceEvent>,
+) -> Result<(), SourceError> {
+    let mut cfg = watcher::Config::default();
+    if let Some(sel) = &opts.label_selector {
+        cfg = cfg.labels(sel);
+    }
+    let node_cfg = watcher::Config::default().fields(&format!("metadata.name={}", opts.node_name));
+
+    let services = watcher::watcher(Api::<Service>::all(client.clone()), cfg.clone())
+        .default_backoff()
+        .map(|r| Item::Service(Box::new(r)))
+        .boxed();
+    let slices = watcher::watcher(Api::<EndpointSlice>::all(client.clone()), cfg)
+        .default_backoff()
+        .map(|r| Item::Slice(Box::new(r)))
+        .boxed();
+    let nodes = watcher::watcher(Api::<Node>::all(client.clone()), node_cfg)
+        .default_backoff()
+        .map(|r| Item::Node(Box::new(r)))
+        .boxed();
+    let mut merged: SelectAll<BoxStream<'static, Item>> =
+        futures::stream::select_all([services, slices, nodes]);
+
+    let mut svc_known = Known::default();
+    let mut slice_known = Known::default();
+    let mut node_known = Known::default();
+    let mut synced = false;
+    let mut conn = Conn {
+        connected: true,
+        probe: None,
+    };
+    let (probe_tx, mut probe_rx) = mpsc::channel::<()>(1);
+
+    info!(node = %opts.node_name, selector = ?opts.label_selector, "watching the API server");
+    loop {
+        let item = tokio::select! {
+            _ = tx.closed() => return Ok(()),
+            Some(()) = probe_rx.recv() => {
+                conn.probe = None;
+                if !conn.connected {
+                    conn.connected = true;
+                    info!("API server reachable again");
+                    if tx.send(SourceEvent::Reconnected).await.is_err() {
+                        return Ok(());
+                    }
+                }
+                continue;
+            }
+            item = merged.next() => match item {
+                Some(item) => item,
+                None => return Err(SourceError::WatchEnded),
+            },
+        };
+        let (resource, outcome) = match item {
+            Item::Service(r) => (
+                "services",
+                (*r).map(|ev| {
+                    let data = is_data(&ev);
+                    let out = translate(
+                        ev,
+                        &mut svc_known,
+                        |s| SourceEvent::ServiceApplied(Box::new(s)),
+                        |namespace, name| Some(SourceEvent::ServiceDeleted { namespace, name }),
+                    );
+                    (data, out)
+                }),
+            ),
+            Item::Slice(r) => (
+                "endpointslices",
+                (*r).map(|ev| {
+                    let data = is_data(&ev);
+                    let out = translate(
+                        ev,
+                        &mut slice_known,
+                        |s| SourceEvent::SliceApplied(Box::new(s)),
+                        |namespace, name| Some(SourceEvent::SliceDeleted { namespace, name }),
+                    );
+                    (data, out)
+                }),
+            ),
+            Item::Node(r) => (
+                "nodes",
+                (*r).map(|ev| {
+                    let data = is_data(&ev);
+                    // SourceEvent has no node deletion: the model keeps the
+                    // last labels it saw, as upstream does when its Node goes.
+                    let out = translate(
+                        ev,
+                        &mut node_known,
+                        |n| SourceEvent::NodeApplied(Box::new(n)),
+                        |_, name| {
+                            warn!(node = %name, "this node's Node object was deleted");
+                            None
+                        },
+                    );
+                    (data, out)
+                }),
+            ),
+        };
+        let mut out = Vec::new();
+        match outcome {
+            Ok((data, events)) => {
+                if data && !conn.connected {
+                    conn.connected = true;
+                    if let Some(p) = conn.probe.take() {
+                        p.abort();
+                    }
+                    info!(resource, "API watch delivering again");
+                    out.push(SourceEvent::Reconnected);
+                }
+                out.extend(events);
+                if !synced && svc_known.listed_once && slice_known.listed_once {
+                    synced = true;
+                    out.push(SourceEvent::Synced);
+                }
+            }
+            Err(err) if !is_disconnect(&err) => {
+                debug!(resource, "watch history expired, relisting: {err}");
+            }
+            Err(err) => {
+                if conn.connected {
+                    conn.connected = false;
+                    warn!(
+                        resource,
+                        "API watch failed, keeping the current rules: {err}"
+                    );
+                    out.push(SourceEvent::Disconnected(format!("{resource}: {err}")));
+                    if conn.probe.is_none() {
+                        conn.probe = Some(tokio::spawn(probe(
+                            client.clone(),
+                            opts.clone(),
+                            probe_tx.clone(),
+                        )));
+                    }
+                } else {
+                    debug!(resource, "API watch still failing: {err}");
+                }
+            }
+        }
+        for e in out {
+            if tx.send(e).await.is_err() {
+                return Ok(());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn svc(ns: &str, name: &str) -> Service {
+        let mut s = Service::default();
+        s.metadata.namespace = Some(ns.into());
+        s.metadata.name = Some(name.into());
+        s
+    }
+
+    fn names(evs: &[SourceEvent]) -> Vec<String> {
+        evs.iter()
+            .map(|e| match e {
+                SourceEvent::ServiceApplied(s) => format!("+{}", s.name_any()),
+                SourceEvent::ServiceDeleted { name, .. } => format!("-{name}"),
+                other => format!("{other:?}"),
+            })
+            .collect()
+    }
+
+    fn run(known: &mut Known, ev: Event<Service>) -> Vec<String> {
+        names(&translate(
+            ev,
+            known,
+            |s| SourceEvent::ServiceApplied(Box::new(s)),
+            |namespace, name| Some(SourceEvent::ServiceDeleted { namespace, name }),
+        ))
+    }
+
+    #[test]
+    fn relist_deletes_only_missing_keys() {
+        let mut k = Known::default();
+        assert!(run(&mut k, Event::Init).is_empty());
+        assert_eq!(run(&mut k, Event::InitApply(svc("a", "x"))), ["+x"]);
+        assert_eq!(run(&mut k, Event::InitApply(svc("a", "y"))), ["+y"]);
+        assert!(run(&mut k, Event::InitDone).is_empty());
+        assert!(k.listed_once);
+        assert_eq!(run(&mut k, Event::Apply(svc("a", "z"))), ["+z"]);
+        // Relist: y is gone, x and z remain.
+        run(&mut k, Event::Init);
+        run(&mut k, Event::InitApply(svc("a", "x")));
+        run(&mut k, Event::InitApply(svc("a", "z")));
+        assert_eq!(run(&mut k, Event::InitDone), ["-y"]);
+        assert_eq!(run(&mut k, Event::Delete(svc("a", "x"))), ["-x"]);
+        assert_eq!(k.keys.len(), 1);
+    }
+}

@@ -1,0 +1,442 @@
+//! The manifest source: Services, EndpointSlices and Nodes read from a
+//! directory of YAML and JSON files, re-read when the directory changes.
+//!
+//! Accepted layouts, mixed freely: multi-document YAML (`---`), `kind: List`
+//! with `items` (what `kubectl get svc,endpointslices -A -o yaml` writes), and
+//! single objects. Objects of other kinds (or other API groups, such as a
+//! Knative `Service`) are ignored. A broken document or object is reported as
+//! [`SourceEvent::Invalid`] and skipped; the rest of the file still loads.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde_json::Value;
+use tokio::sync::mpsc::Sender;
+use tracing::{debug, info, warn};
+
+use crate::{SourceError, SourceEvent};
+
+/// Namespace and name of a namespaced object.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+/// Everything one read of the manifest directory produced.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Loaded {
+    pub services: BTreeMap<ObjectKey, Service>,
+    pub slices: BTreeMap<ObjectKey, EndpointSlice>,
+    /// Nodes by name (every Node found; the consumer picks its own).
+    pub nodes: BTreeMap<String, Node>,
+    /// One message per skipped document or object, naming file, document and error.
+    pub invalid: Vec<String>,
+}
+
+fn is_manifest_file(path: &Path) -> bool {
+    let hidden = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_none_or(|n| n.starts_with('.'));
+    let ext_ok = matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("yaml" | "yml" | "json")
+    );
+    !hidden && ext_ok
+}
+
+/// Manifest files of `dir` in sorted order (editor temporaries and other
+/// extensions are skipped; subdirectories are not descended into).
+fn manifest_files(dir: &Path) -> Result<Vec<PathBuf>, SourceError> {
+    let rd = std::fs::read_dir(dir).map_err(|source| SourceError::ReadDir {
+        path: dir.to_owned(),
+        source,
+    })?;
+    let mut files = Vec::new();
+    for entry in rd {
+        let entry = entry.map_err(|source| SourceError::ReadDir {
+            path: dir.to_owned(),
+            source,
+        })?;
+        let path = entry.path();
+        // Follows symlinks, so a ConfigMap-style `..data` link layout works.
+        if path.is_file() && is_manifest_file(&path) {
+            files.push(path);
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// Reads every manifest file of `dir` (sorted by name; a later duplicate of the
+/// same kind/namespace/name wins). Fails only when the directory or a file
+/// cannot be read; parse problems land in [`Loaded::invalid`].
+pub fn load_dir(dir: &Path) -> Result<Loaded, SourceError> {
+    let mut out = Loaded::default();
+    for path in manifest_files(dir)? {
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            // Removed between listing and reading: it is simply gone.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(source) => return Err(SourceError::ReadFile { path, source }),
+        };
+        load_text(&path, &text, &mut out);
+    }
+    Ok(out)
+}
+
+fn load_text(path: &Path, text: &str, out: &mut Loaded) {
+    let file = path.display().to_string();
+    let is_json = path.extension().and_then(|e| e.to_str()) == Some("json");
+    if is_json {
+        match serde_json::from_str::<Value>(text) {
+            Ok(v) => load_value(v, &format!("{file} document 1"), out),
+            Err(e) => out.invalid.push(format!("{file} document 1: {e}")),
+        }
+        return;
+    }
+    for (i, doc) in split_yaml_documents(text).iter().enumerate() {
+        let origin = format!("{file} document {}", i + 1);
+        match serde_saphyr::from_str::<Value>(doc) {
+            // A document of only comments.
+            Ok(Value::Null) => {}
+            Ok(v) => load_value(v, &origin, out),
+            Err(e) => out.invalid.push(format!("{origin}: {e}")),
+        }
+    }
+}
+
+/// Splits a YAML stream at document markers, so one broken document does not
+/// take the others down (the parser's multi-document API is all or nothing).
+/// A line starting with `---` or `...` at column 0 is always a marker: it ends
+/// even a block scalar.
+fn split_yaml_documents(text: &str) -> Vec<String> {
+    let mut docs = Vec::new();
+    let mut cur = String::new();
+    let mut has_content = false;
+    let mut flush = |cur: &mut String, has_content: &mut bool| {
+        if *has_content {
+            docs.push(std::mem::take(cur));
+        } else {
+            cur.clear();
+        }
+        *has_content = false;
+    };
+    for line in text.split_inclusive('\n') {
+        let bare = line.trim_end_matches(['\n', '\r']);
+        let is_marker = |m: &str| {
+            bare.strip_prefix(m)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with([' ', '\t']))
+        };
+        if is_marker("---") {
+            flush(&mut cur, &mut has_content);
+            // `--- value` puts content on the marker line.
+            let rest = bare[3..].trim();
+            if !rest.is_empty() && !rest.starts_with('#') {
+                cur.push_str(rest);
+                cur.push('\n');
+                has_content = true;
+            }
+        } else if is_marker("...") {
+            flush(&mut cur, &mut has_content);
+        } else if cur.is_empty() && !has_content && bare.starts_with('%') {
+            // A directive (%YAML, %TAG) before the document marker.
+        } else {
+            let t = bare.trim_start();
+            if !t.is_empty() && !t.starts_with('#') {
+                has_content = true;
+            }
+            cur.push_str(line);
+        }
+    }
+    flush(&mut cur, &mut has_content);
+    docs
+}
+
+fn load_value(mut v: Value, origin: &str, out: &mut Loaded) {
+    let Some(obj) = v.as_object_mut() else {
+        out.invalid
+            .push(format!("{origin}: not a Kubernetes object (not a mapping)"));
+        return;
+    };
+    let kind = obj
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let api_version = obj
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let kind = kind.as_str();
+    if kind.is_empty() {
+        out.invalid
+            .push(format!("{origin}: not a Kubernetes object (no kind)"));
+        return;
+    }
+    match (api_version.as_str(), kind) {
+        ("v1", "List" | "ServiceList" | "NodeList")
+        | ("discovery.k8s.io/v1", "EndpointSliceList") => {
+            match obj.remove("items") {
+                Some(Value::Array(items)) => {
+                    for (i, item) in items.into_iter().enumerate() {
+                        load_value(item, &format!("{origin} item {}", i + 1), out);
+                    }
+                }
+                // `items: null` or missing is an empty list.
+                None | Some(Value::Null) => {}
+                Some(_) => out
+                    .invalid
+                    .push(format!("{origin}: {kind} items is not a sequence")),
+            }
+        }
+        ("v1", "Service") => {
+            if let Some(mut svc) = decode::<Service>(v, origin, kind, out) {
+                if let Some(key) = namespaced_key(&mut svc.metadata, origin, kind, out) {
+                    out.services.insert(key, svc);
+                }
+            }
+        }
+        ("discovery.k8s.io/v1", "EndpointSlice") => {
+            if let Some(mut slice) = decode::<EndpointSlice>(v, origin, kind, out) {
+                if let Some(key) = namespaced_key(&mut slice.metadata, origin, kind, out) {
+                    out.slices.insert(key, slice);
+                }
+            }
+        }
+        ("v1", "Node") => {
+            if let Some(mut node) = decode::<Node>(v, origin, kind, out) {
+                node.metadata.namespace = None;
+                match node.metadata.name.clone().filter(|n| !n.is_empty()) {
+                    Some(name) => {
+                        out.nodes.insert(name, node);
+                    }
+                    None => out
+                        .invalid
+                        .push(format!("{origin}: Node has no metadata.name")),
+                }
+            }
+        }
+        ("", "Service" | "EndpointSlice" | "Node") => {
+            out.invalid
+                .push(format!("{origin}: {kind} without apiVersion"));
+        }
+        _ => debug!(%origin, api_version, kind, "ignoring manifest object of another kind"),
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(
+    v: Value,
+    origin: &str,
+    kind: &str,
+    out: &mut Loaded,
+) -> Option<T> {
+    match serde_json::from_value::<T>(v) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            out.invalid.push(format!("{origin}: invalid {kind}: {e}"));
+            None
+        }
+    }
+}
+
+/// The object's key; a missing namespace means "default" and is filled in so
+/// consumers see the same namespace as the key.
+fn namespaced_key(
+    meta: &mut ObjectMeta,
+    origin: &str,
+    kind: &str,
+    out: &mut Loaded,
+) -> Option<ObjectKey> {
+    let Some(name) = meta.name.clone().filter(|n| !n.is_empty()) else {
+        out.invalid
+            .push(format!("{origin}: {kind} has no metadata.name"));
+        return None;
+    };
+    let namespace = meta
+        .namespace
+        .clone()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "default".to_owned());
+    meta.namespace = Some(namespace.clone());
+    Some(ObjectKey { namespace, name })
+}
+
+/// What identifies a version of the directory's contents without reading it.
+type Fingerprint = BTreeMap<PathBuf, (Option<SystemTime>, u64)>;
+
+fn fingerprint(dir: &Path) -> Result<Fingerprint, SourceError> {
+    let mut fp = Fingerprint::new();
+    for path in manifest_files(dir)? {
+        match std::fs::metadata(&path) {
+            Ok(md) => {
+                fp.insert(path, (md.modified().ok(), md.len()));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => return Err(SourceError::ReadFile { path, source }),
+        }
+    }
+    Ok(fp)
+}
+
+/// The events that turn `old` into `new`: Applied for new or changed objects,
+/// Deleted for gone ones, Invalid for problems not already reported.
+fn diff(old: &Loaded, new: &Loaded) -> Vec<SourceEvent> {
+    let mut ev = Vec::new();
+    let reported: BTreeSet<&String> = old.invalid.iter().collect();
+    for msg in &new.invalid {
+        if !reported.contains(msg) {
+            ev.push(SourceEvent::Invalid(msg.clone()));
+        }
+    }
+    for (name, node) in &new.nodes {
+        if old.nodes.get(name) != Some(node) {
+            ev.push(SourceEvent::NodeApplied(Box::new(node.clone())));
+        }
+    }
+    for name in old.nodes.keys() {
+        if !new.nodes.contains_key(name) {
+            // The sync loop has no use for a Node deletion: it keeps the last labels.
+            debug!(node = %name, "Node removed from manifests");
+        }
+    }
+    for (key, svc) in &new.services {
+        if old.services.get(key) != Some(svc) {
+            ev.push(SourceEvent::ServiceApplied(Box::new(svc.clone())));
+        }
+    }
+    for (key, slice) in &new.slices {
+        if old.slices.get(key) != Some(slice) {
+            ev.push(SourceEvent::SliceApplied(Box::new(slice.clone())));
+        }
+    }
+    for key in old.slices.keys() {
+        if !new.slices.contains_key(key) {
+            ev.push(SourceEvent::SliceDeleted {
+                namespace: key.namespace.clone(),
+                name: key.name.clone(),
+            });
+        }
+    }
+    for key in old.services.keys() {
+        if !new.services.contains_key(key) {
+            ev.push(SourceEvent::ServiceDeleted {
+                namespace: key.namespace.clone(),
+                name: key.name.clone(),
+            });
+        }
+    }
+    ev
+}
+
+async fn send_all(tx: &Sender<SourceEvent>, events: Vec<SourceEvent>) -> bool {
+    for e in events {
+        if tx.send(e).await.is_err() {
+            return false;
+        }
+    }
+    true
+}
+
+/// Loads `dir`, sends every object as `*Applied` (after any `Invalid`), then
+/// `Synced`; afterwards checks the directory every `poll` and, when a file's
+/// name, mtime or size changed, re-reads it and sends only the difference.
+///
+/// Fails if the directory cannot be read at start; later read errors are logged
+/// and retried at the next poll. Returns `Ok(())` when `tx` is closed.
+pub async fn run_manifest_source(
+    dir: PathBuf,
+    poll: Duration,
+    tx: Sender<SourceEvent>,
+) -> Result<(), SourceError> {
+    // The fingerprint is taken before reading so a write racing the read is
+    // seen as a change at the next poll.
+    let mut fp = fingerprint(&dir)?;
+    let mut current = load_dir(&dir)?;
+    info!(
+        dir = %dir.display(),
+        services = current.services.len(),
+        endpoint_slices = current.slices.len(),
+        nodes = current.nodes.len(),
+        invalid = current.invalid.len(),
+        "manifests loaded"
+    );
+    let mut initial = diff(&Loaded::default(), &current);
+    initial.push(SourceEvent::Synced);
+    if !send_all(&tx, initial).await {
+        return Ok(());
+    }
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            _ = tx.closed() => return Ok(()),
+            _ = tokio::time::sleep(poll) => {}
+        }
+        let reread = fingerprint(&dir).and_then(|new_fp| {
+            if new_fp == fp {
+                return Ok(None);
+            }
+            load_dir(&dir).map(|l| Some((new_fp, l)))
+        });
+        match reread {
+            Ok(None) => {}
+            Ok(Some((new_fp, loaded))) => {
+                fp = new_fp;
+                let events = diff(&current, &loaded);
+                debug!(changes = events.len(), "manifest directory changed");
+                current = loaded;
+                if !send_all(&tx, events).await {
+                    return Ok(());
+                }
+            }
+            Err(e) => {
+                // Keep the last good state: deleting everything because of a
+                // transient error would cut traffic.
+                if !failing {
+                    warn!("manifest re-read failed, keeping the last state: {e}");
+                }
+                failing = true;
+                continue;
+            }
+        }
+        if failing {
+            info!(dir = %dir.display(), "manifest directory readable again");
+            failing = false;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_documents_at_markers_only() {
+        let text = "# leading comment\n---\na: 1\n---\n# only a comment\n---\nb: |\n  text\n  --- not a marker\n...\n--- {c: 3}\n";
+        let docs = split_yaml_documents(text);
+        assert_eq!(
+            docs,
+            vec![
+                "a: 1\n".to_owned(),
+                "b: |\n  text\n  --- not a marker\n".to_owned(),
+                "{c: 3}\n".to_owned(),
+            ]
+        );
+    }
+
+    #[test]
+    fn document_without_markers_is_one_document() {
+        assert_eq!(
+            split_yaml_documents("a: 1\nb: 2"),
+            vec!["a: 1\nb: 2".to_owned()]
+        );
+        assert!(split_yaml_documents("").is_empty());
+        assert!(split_yaml_documents("---\n---\n").is_empty());
+    }
+}
