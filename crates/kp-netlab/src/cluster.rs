@@ -1,0 +1,636 @@
+//! The namespace topology: LAN bridge, nodes, pods and an external client.
+
+use std::collections::hash_map::DefaultHasher;
+use std::ffi::OsStr;
+use std::hash::{Hash, Hasher};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::Path;
+use std::process::Output;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+
+use crate::netns::{exec_in, exec_ok_in, ip, ip_in, netns_exists, sysctl_in};
+use crate::process::{kill_and_reap, ProcGuard, SharedChild};
+use crate::server::{serve, ServeSpec, ServerGuard};
+use crate::LabError;
+
+/// IPv4 service (ClusterIP) range the lab is laid out for.
+pub const SERVICE_CIDR_V4: &str = "10.96.0.0/16";
+/// IPv6 service (ClusterIP) range the lab is laid out for.
+pub const SERVICE_CIDR_V6: &str = "fd00:96::/108";
+/// Prefix of the node-side name of every pod veth (`kpv2`, `kpv3`, ...), for
+/// interface-name based local-traffic detection.
+pub const POD_VETH_PREFIX: &str = "kpv";
+/// Address of the node side of every pod veth: the pods' IPv4 gateway.
+pub const POD_GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
+/// Link-local address of the node side of every pod veth: the pods' IPv6 gateway.
+pub const POD_GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
+
+const MAX_NODES: usize = 200;
+const FIRST_POD_HOST: u8 = 2;
+const LAST_POD_HOST: u8 = 254;
+
+/// Options of [`Cluster::new`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterOpts {
+    /// Number of node namespaces (1..=200); default 2.
+    pub nodes: usize,
+}
+
+impl Default for ClusterOpts {
+    fn default() -> Self {
+        ClusterOpts { nodes: 2 }
+    }
+}
+
+impl ClusterOpts {
+    /// Default options with `nodes` nodes.
+    pub fn with_nodes(nodes: usize) -> ClusterOpts {
+        ClusterOpts { nodes }
+    }
+}
+
+/// A pod: a namespace attached to one node by a veth pair.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pod {
+    name: String,
+    node: usize,
+    ns: String,
+    ip: Ipv4Addr,
+    ip6: Ipv6Addr,
+    host_veth: String,
+}
+
+impl Pod {
+    /// Pod name given to [`Cluster::add_pod`].
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// Node (1-based) the pod runs on.
+    pub fn node(&self) -> usize {
+        self.node
+    }
+    /// Namespace of the pod.
+    pub fn ns(&self) -> &str {
+        &self.ns
+    }
+    /// IPv4 pod IP (10.244.NODE.x).
+    pub fn ip(&self) -> IpAddr {
+        IpAddr::V4(self.ip)
+    }
+    /// IPv6 pod IP (fd00:244:NODE::x).
+    pub fn ip6(&self) -> IpAddr {
+        IpAddr::V6(self.ip6)
+    }
+    /// `ip():port`.
+    pub fn addr(&self, port: u16) -> SocketAddr {
+        SocketAddr::new(self.ip(), port)
+    }
+    /// `[ip6()]:port`.
+    pub fn addr6(&self, port: u16) -> SocketAddr {
+        SocketAddr::new(self.ip6(), port)
+    }
+    /// Name of the node-side veth interface (starts with [`POD_VETH_PREFIX`]).
+    pub fn host_veth(&self) -> &str {
+        &self.host_veth
+    }
+}
+
+#[derive(Default)]
+struct State {
+    /// Every namespace created so far, in creation order.
+    namespaces: Vec<String>,
+    pods: Vec<Pod>,
+    procs: Vec<SharedChild>,
+}
+
+/// A lab cluster of network namespaces; everything is torn down on drop.
+/// See the crate documentation for the topology.
+pub struct Cluster {
+    test_name: String,
+    prefix: String,
+    lan_ns: String,
+    client_ns: String,
+    node_ns: Vec<String>,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("test_name", &self.test_name)
+            .field("prefix", &self.prefix)
+            .field("nodes", &self.node_ns.len())
+            .finish()
+    }
+}
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+fn new_prefix() -> String {
+    let mut h = DefaultHasher::new();
+    std::process::id().hash(&mut h);
+    COUNTER.fetch_add(1, Ordering::SeqCst).hash(&mut h);
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default()
+        .hash(&mut h);
+    std::thread::current().id().hash(&mut h);
+    format!("kp{:06x}", h.finish() & 0xff_ffff)
+}
+
+fn node_ip_v4(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 100, 0, (10 + i) as u8)
+}
+
+fn node_ip_v6(i: usize) -> Ipv6Addr {
+    // fd00:100::11 for node 1: same digits as 10.100.0.11.
+    Ipv6Addr::new(0xfd00, 0x100, 0, 0, 0, 0, 0, 0x10 + i as u16)
+}
+
+/// Parses decimal digits as if they were hex, so that IPv6 addresses read
+/// like their IPv4 twins (node 12 -> group `12`, i.e. 0x12).
+fn dec_as_hex(n: usize) -> u16 {
+    u16::from_str_radix(&n.to_string(), 16).unwrap_or(0)
+}
+
+fn pod_ip_v4(node: usize, host: u8) -> Ipv4Addr {
+    Ipv4Addr::new(10, 244, node as u8, host)
+}
+
+fn pod_ip_v6(node: usize, host: u8) -> Ipv6Addr {
+    Ipv6Addr::new(
+        0xfd00,
+        0x244,
+        dec_as_hex(node),
+        0,
+        0,
+        0,
+        0,
+        dec_as_hex(host.into()),
+    )
+}
+
+const CLIENT_V4: Ipv4Addr = Ipv4Addr::new(10, 100, 0, 100);
+const CLIENT_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x100, 0, 0, 0, 0, 0, 0x100);
+
+fn check_pod_name(name: &str) -> Result<(), LabError> {
+    let ok = !name.is_empty()
+        && name.len() <= 40
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.');
+    if ok {
+        Ok(())
+    } else {
+        Err(LabError::InvalidName {
+            kind: "pod",
+            name: name.to_string(),
+            why: "use 1-40 characters from [A-Za-z0-9._-]",
+        })
+    }
+}
+
+impl Cluster {
+    /// Builds the lab. `test_name` only labels logs; namespace names use a
+    /// fresh random prefix, so parallel tests never collide. On error every
+    /// namespace created so far is removed again.
+    pub fn new(test_name: &str, opts: ClusterOpts) -> Result<Cluster, LabError> {
+        if opts.nodes == 0 || opts.nodes > MAX_NODES {
+            return Err(LabError::Options(format!(
+                "nodes must be within 1..={MAX_NODES}, got {}",
+                opts.nodes
+            )));
+        }
+        let mut prefix = new_prefix();
+        // Another process may hold the same prefix; 24 random bits make a
+        // repeat collision practically impossible.
+        for _ in 0..8 {
+            if !netns_exists(&format!("{prefix}-lan")) {
+                break;
+            }
+            prefix = new_prefix();
+        }
+        let cluster = Cluster {
+            test_name: test_name.to_string(),
+            lan_ns: format!("{prefix}-lan"),
+            client_ns: format!("{prefix}-client"),
+            node_ns: (1..=opts.nodes)
+                .map(|i| format!("{prefix}-node{i}"))
+                .collect(),
+            prefix,
+            state: Mutex::new(State::default()),
+        };
+        tracing::info!(test = test_name, prefix = %cluster.prefix, nodes = opts.nodes, "building netlab cluster");
+        // On error, dropping `cluster` removes whatever was built.
+        cluster.build()?;
+        Ok(cluster)
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Poison only means a panic elsewhere; the bookkeeping stays valid.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn add_netns(&self, ns: &str, sysctls: &[(&str, &str)]) -> Result<(), LabError> {
+        ip(&["netns", "add", ns])?;
+        self.state().namespaces.push(ns.to_string());
+        // Settings that must precede interface creation: `default.*` is
+        // copied into every interface created later in this namespace.
+        let mut all: Vec<(&str, &str)> = vec![
+            ("net.ipv6.conf.all.accept_dad", "0"),
+            ("net.ipv6.conf.default.accept_dad", "0"),
+        ];
+        all.extend_from_slice(sysctls);
+        sysctl_in(ns, &all)?;
+        ip_in(ns, &["link", "set", "lo", "up"])?;
+        Ok(())
+    }
+
+    /// Attaches namespace `ns` to the LAN bridge as `eth0` with the given addresses.
+    fn attach_to_lan(
+        &self,
+        ns: &str,
+        lan_port: &str,
+        v4: Ipv4Addr,
+        v6: Ipv6Addr,
+    ) -> Result<(), LabError> {
+        let lan = self.lan_ns.as_str();
+        ip_in(
+            lan,
+            &[
+                "link", "add", lan_port, "type", "veth", "peer", "name", "eth0", "netns", ns,
+            ],
+        )?;
+        ip_in(lan, &["link", "set", lan_port, "master", "br0", "up"])?;
+        ip_in(ns, &["addr", "add", &format!("{v4}/24"), "dev", "eth0"])?;
+        ip_in(
+            ns,
+            &["addr", "add", &format!("{v6}/64"), "dev", "eth0", "nodad"],
+        )?;
+        ip_in(ns, &["link", "set", "eth0", "up"])?;
+        Ok(())
+    }
+
+    fn build(&self) -> Result<(), LabError> {
+        let lan = self.lan_ns.clone();
+        // The LAN is a pure L2 switch: no addresses, no forwarding.
+        self.add_netns(&lan, &[])?;
+        ip_in(
+            &lan,
+            &[
+                "link",
+                "add",
+                "br0",
+                "type",
+                "bridge",
+                "mcast_snooping",
+                "0",
+            ],
+        )?;
+        ip_in(&lan, &["link", "set", "br0", "up"])?;
+
+        let forwarding = [
+            ("net.ipv4.ip_forward", "1"),
+            ("net.ipv6.conf.all.forwarding", "1"),
+        ];
+        for i in 1..=self.node_ns.len() {
+            let ns = self.node_ns[i - 1].clone();
+            self.add_netns(&ns, &forwarding)?;
+            self.attach_to_lan(&ns, &format!("n{i}"), node_ip_v4(i), node_ip_v6(i))?;
+            // Default routes out of eth0 make every destination (ClusterIPs,
+            // external IPs) routable from the node, so locally generated
+            // packets reach the netfilter OUTPUT hooks and then get DNATed.
+            ip_in(&ns, &["route", "add", "default", "dev", "eth0"])?;
+            ip_in(&ns, &["-6", "route", "add", "default", "dev", "eth0"])?;
+        }
+        for i in 1..=self.node_ns.len() {
+            for j in (1..=self.node_ns.len()).filter(|&j| j != i) {
+                let ns = &self.node_ns[i - 1];
+                ip_in(
+                    ns,
+                    &[
+                        "route",
+                        "add",
+                        &self.pod_cidr(j).to_string(),
+                        "via",
+                        &node_ip_v4(j).to_string(),
+                    ],
+                )?;
+                ip_in(
+                    ns,
+                    &[
+                        "-6",
+                        "route",
+                        "add",
+                        &self.pod_cidr6(j).to_string(),
+                        "via",
+                        &node_ip_v6(j).to_string(),
+                    ],
+                )?;
+            }
+        }
+
+        let client = self.client_ns.clone();
+        self.add_netns(&client, &[])?;
+        self.attach_to_lan(&client, "c0", CLIENT_V4, CLIENT_V6)?;
+        Ok(())
+    }
+
+    /// Adds pod `name` on node `node` (1-based): a namespace whose `eth0`
+    /// is a veth to the node, pod IPs 10.244.NODE.x/32 and fd00:244:NODE::x/128
+    /// (x = 2, 3, ... in creation order), default routes via the node.
+    pub fn add_pod(&self, node: usize, name: &str) -> Result<Pod, LabError> {
+        self.check_node(node)?;
+        check_pod_name(name)?;
+        let ns = format!("{}-pod-{name}", self.prefix);
+        let host = {
+            let st = self.state();
+            if st.pods.iter().any(|p| p.name == name) {
+                return Err(LabError::InvalidName {
+                    kind: "pod",
+                    name: name.to_string(),
+                    why: "a pod with this name already exists in the cluster",
+                });
+            }
+            let used = st.pods.iter().filter(|p| p.node == node).count();
+            u8::try_from(usize::from(FIRST_POD_HOST) + used)
+                .ok()
+                .filter(|h| *h <= LAST_POD_HOST)
+                .ok_or(LabError::PodsExhausted { node })?
+        };
+        let pod = Pod {
+            name: name.to_string(),
+            node,
+            ns: ns.clone(),
+            ip: pod_ip_v4(node, host),
+            ip6: pod_ip_v6(node, host),
+            host_veth: format!("{POD_VETH_PREFIX}{host}"),
+        };
+        // Reserve the address before the slow part; a failed pod keeps its
+        // slot, which is harmless.
+        self.state().pods.push(pod.clone());
+
+        let node_ns = self.node_ns[node - 1].as_str();
+        let veth = pod.host_veth.as_str();
+        self.add_netns(&ns, &[])?;
+        ip_in(
+            node_ns,
+            &[
+                "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", &ns,
+            ],
+        )?;
+        // Link scope keeps 169.254.1.1 out of source-address selection
+        // (notably MASQUERADE), so the node's LAN IP is used instead.
+        ip_in(
+            node_ns,
+            &[
+                "addr",
+                "add",
+                &format!("{POD_GATEWAY_V4}/32"),
+                "dev",
+                veth,
+                "scope",
+                "link",
+            ],
+        )?;
+        ip_in(
+            node_ns,
+            &[
+                "-6",
+                "addr",
+                "add",
+                &format!("{POD_GATEWAY_V6}/64"),
+                "dev",
+                veth,
+                "nodad",
+            ],
+        )?;
+        ip_in(node_ns, &["link", "set", veth, "up"])?;
+        let (nv4, nv6) = (node_ip_v4(node).to_string(), node_ip_v6(node).to_string());
+        ip_in(
+            node_ns,
+            &[
+                "route",
+                "add",
+                &format!("{}/32", pod.ip),
+                "dev",
+                veth,
+                "src",
+                &nv4,
+            ],
+        )?;
+        ip_in(
+            node_ns,
+            &[
+                "-6",
+                "route",
+                "add",
+                &format!("{}/128", pod.ip6),
+                "dev",
+                veth,
+                "src",
+                &nv6,
+            ],
+        )?;
+
+        ip_in(
+            &ns,
+            &["addr", "add", &format!("{}/32", pod.ip), "dev", "eth0"],
+        )?;
+        ip_in(
+            &ns,
+            &[
+                "addr",
+                "add",
+                &format!("{}/128", pod.ip6),
+                "dev",
+                "eth0",
+                "nodad",
+            ],
+        )?;
+        ip_in(&ns, &["link", "set", "eth0", "up"])?;
+        let gw4 = POD_GATEWAY_V4.to_string();
+        let gw6 = POD_GATEWAY_V6.to_string();
+        ip_in(
+            &ns,
+            &[
+                "route", "add", "default", "via", &gw4, "dev", "eth0", "onlink",
+            ],
+        )?;
+        ip_in(
+            &ns,
+            &["-6", "route", "add", "default", "via", &gw6, "dev", "eth0"],
+        )?;
+        tracing::debug!(pod = name, node, ns = %ns, ip = %pod.ip, ip6 = %pod.ip6, "pod added");
+        Ok(pod)
+    }
+
+    /// Adds a route in the external client towards `dest` (an external IP,
+    /// a LoadBalancer IP, a service CIDR...) via node `node`'s LAN address.
+    pub fn client_route_via(&self, dest: IpNet, node: usize) -> Result<(), LabError> {
+        self.check_node(node)?;
+        let via = match dest {
+            IpNet::V4(_) => node_ip_v4(node).to_string(),
+            IpNet::V6(_) => node_ip_v6(node).to_string(),
+        };
+        ip_in(
+            &self.client_ns,
+            &["route", "replace", &dest.to_string(), "via", &via],
+        )?;
+        Ok(())
+    }
+
+    /// Starts `program args...` inside `ns`, stdout and stderr appended to
+    /// `log`. The program is SIGKILLed when the guard or the cluster drops.
+    pub fn spawn(
+        &self,
+        ns: &str,
+        program: &Path,
+        args: &[String],
+        log: &Path,
+    ) -> Result<ProcGuard, LabError> {
+        let (guard, shared) = ProcGuard::spawn(ns, program, args, log)?;
+        let mut st = self.state();
+        // Forget children that are already gone so long tests do not pile up handles.
+        st.procs
+            .retain(|c| matches!(c.lock().map(|mut c| c.try_wait()), Ok(Ok(None))));
+        st.procs.push(shared);
+        Ok(guard)
+    }
+
+    /// Runs a command inside `ns` (`ip netns exec`) and returns its output
+    /// whatever the exit status.
+    pub fn exec<S: AsRef<OsStr>>(&self, ns: &str, argv: &[S]) -> Result<Output, LabError> {
+        exec_in(ns, argv)
+    }
+
+    /// Runs a command inside `ns`; its stdout on success, else an error
+    /// carrying the command line, status and stderr.
+    pub fn exec_ok<S: AsRef<OsStr>>(&self, ns: &str, argv: &[S]) -> Result<String, LabError> {
+        exec_ok_in(ns, argv)
+    }
+
+    /// Starts an echo server in `ns`; see [`ServeSpec`].
+    pub fn serve(&self, ns: &str, name: &str, spec: ServeSpec) -> Result<ServerGuard, LabError> {
+        serve(ns, name, spec)
+    }
+
+    fn check_node(&self, node: usize) -> Result<(), LabError> {
+        if node == 0 || node > self.node_ns.len() {
+            return Err(LabError::NoSuchNode {
+                node,
+                nodes: self.node_ns.len(),
+            });
+        }
+        Ok(())
+    }
+
+    fn node_index(&self, node: usize) -> usize {
+        assert!(
+            node >= 1 && node <= self.node_ns.len(),
+            "node {node} does not exist (the cluster has nodes 1..={})",
+            self.node_ns.len()
+        );
+        node - 1
+    }
+
+    /// Label given to [`Cluster::new`].
+    pub fn test_name(&self) -> &str {
+        &self.test_name
+    }
+    /// The unique prefix of every namespace of this cluster.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+    /// Number of nodes.
+    pub fn nodes(&self) -> usize {
+        self.node_ns.len()
+    }
+    /// Namespace of node `i` (1-based). Panics if there is no such node.
+    pub fn node_ns(&self, i: usize) -> &str {
+        &self.node_ns[self.node_index(i)]
+    }
+    /// LAN IPv4 of node `i`: 10.100.0.(10+i). Panics if there is no such node.
+    pub fn node_ip(&self, i: usize) -> IpAddr {
+        IpAddr::V4(node_ip_v4(self.node_index(i) + 1))
+    }
+    /// LAN IPv6 of node `i`: fd00:100::(0x10+i). Panics if there is no such node.
+    pub fn node_ip6(&self, i: usize) -> IpAddr {
+        IpAddr::V6(node_ip_v6(self.node_index(i) + 1))
+    }
+    /// Namespace of the external client.
+    pub fn client_ns(&self) -> &str {
+        &self.client_ns
+    }
+    /// Namespace holding the LAN bridge `br0`.
+    pub fn lan_ns(&self) -> &str {
+        &self.lan_ns
+    }
+    /// External client IPv4: 10.100.0.100.
+    pub fn client_ip(&self) -> IpAddr {
+        IpAddr::V4(CLIENT_V4)
+    }
+    /// External client IPv6: fd00:100::100.
+    pub fn client_ip6(&self) -> IpAddr {
+        IpAddr::V6(CLIENT_V6)
+    }
+    /// IPv4 pod CIDR of node `i`: 10.244.i.0/24. Panics if there is no such node.
+    pub fn pod_cidr(&self, i: usize) -> IpNet {
+        let i = self.node_index(i) + 1;
+        IpNet::V4(Ipv4Net::new_assert(Ipv4Addr::new(10, 244, i as u8, 0), 24))
+    }
+    /// IPv6 pod CIDR of node `i`: fd00:244:i::/64. Panics if there is no such node.
+    pub fn pod_cidr6(&self, i: usize) -> IpNet {
+        let i = self.node_index(i) + 1;
+        let net = Ipv6Addr::new(0xfd00, 0x244, dec_as_hex(i), 0, 0, 0, 0, 0);
+        IpNet::V6(Ipv6Net::new_assert(net, 64))
+    }
+    /// Whole IPv4 cluster (pod) CIDR: 10.244.0.0/16.
+    pub fn cluster_cidr(&self) -> IpNet {
+        IpNet::V4(Ipv4Net::new_assert(Ipv4Addr::new(10, 244, 0, 0), 16))
+    }
+    /// Whole IPv6 cluster (pod) CIDR: fd00:244::/48.
+    pub fn cluster_cidr6(&self) -> IpNet {
+        let net = Ipv6Addr::new(0xfd00, 0x244, 0, 0, 0, 0, 0, 0);
+        IpNet::V6(Ipv6Net::new_assert(net, 48))
+    }
+    /// IPv4 LAN: 10.100.0.0/24.
+    pub fn lan_cidr(&self) -> IpNet {
+        IpNet::V4(Ipv4Net::new_assert(Ipv4Addr::new(10, 100, 0, 0), 24))
+    }
+    /// IPv6 LAN: fd00:100::/64.
+    pub fn lan_cidr6(&self) -> IpNet {
+        let net = Ipv6Addr::new(0xfd00, 0x100, 0, 0, 0, 0, 0, 0);
+        IpNet::V6(Ipv6Net::new_assert(net, 64))
+    }
+    /// Pods added so far.
+    pub fn pods(&self) -> Vec<Pod> {
+        self.state().pods.clone()
+    }
+    /// Every namespace this cluster created (LAN, nodes, client, pods).
+    pub fn all_namespaces(&self) -> Vec<String> {
+        self.state().namespaces.clone()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let st = std::mem::take(&mut *self.state());
+        // Processes first: they may hold sockets that keep namespaces alive.
+        for child in &st.procs {
+            kill_and_reap(child);
+        }
+        // Reverse order: pods, then the client and nodes, the LAN last.
+        for ns in st.namespaces.iter().rev() {
+            if let Err(e) = ip(&["netns", "del", ns]) {
+                tracing::warn!(ns = %ns, error = %e, "could not delete lab namespace");
+            }
+        }
+        tracing::debug!(test = %self.test_name, prefix = %self.prefix, "netlab cluster removed");
+    }
+}
