@@ -210,7 +210,9 @@ pub fn convert_service(
     for (i, p) in ports.iter().enumerate() {
         let pname = p.name.as_deref().unwrap_or("");
         if !is_port_name(pname) {
-            return Err(e(format!("spec.ports[{i}].name {pname:?} is not a valid port name")));
+            return Err(e(format!(
+                "spec.ports[{i}].name {pname:?} is not a valid port name"
+            )));
         }
         let protocol = Protocol::parse(p.protocol.as_deref()).ok_or_else(|| {
             e(format!(
@@ -219,11 +221,16 @@ pub fn convert_service(
             ))
         })?;
         if !(1..=65535).contains(&p.port) {
-            return Err(e(format!("spec.ports[{i}].port {} is out of range", p.port)));
+            return Err(e(format!(
+                "spec.ports[{i}].port {} is out of range",
+                p.port
+            )));
         }
         let node_port = p.node_port.unwrap_or(0);
         if !(0..=65535).contains(&node_port) {
-            return Err(e(format!("spec.ports[{i}].nodePort {node_port} is out of range")));
+            return Err(e(format!(
+                "spec.ports[{i}].nodePort {node_port} is out of range"
+            )));
         }
         // Duplicate (name, protocol) would make two rules fight for one key.
         if !seen.insert((pname.to_string(), protocol)) {
@@ -231,8 +238,10 @@ pub fn convert_service(
                 "spec.ports[{i}]: duplicate port name {pname:?} for {protocol}"
             )));
         }
-        let node_port = if matches!(spec.type_.as_deref(), Some("NodePort") | Some("LoadBalancer"))
-        {
+        let node_port = if matches!(
+            spec.type_.as_deref(),
+            Some("NodePort") | Some("LoadBalancer")
+        ) {
             node_port as u16
         } else {
             0
@@ -252,9 +261,12 @@ pub fn convert_service(
             health_check_node_port: 0,
             traffic_distribution,
         };
-        sp.external_policy_local =
-            spec.external_traffic_policy.as_deref() == Some("Local") && sp.externally_accessible();
-        if is_lb && sp.external_policy_local {
+        let etp_local = spec.external_traffic_policy.as_deref() == Some("Local");
+        sp.external_policy_local = etp_local && sp.externally_accessible();
+        // As upstream's NeedsHealthCheck: every LoadBalancer with eTP=Local, even
+        // before it has an ingress IP (the cloud LB probes nodes while it is
+        // being provisioned) and without allocated NodePorts.
+        if is_lb && etp_local {
             sp.health_check_node_port = hc as u16;
         }
         out.push(sp);
@@ -354,7 +366,9 @@ pub fn convert_endpoint_slice(
         }
         let pname = p.name.clone().unwrap_or_default();
         if !is_port_name(&pname) {
-            return Err(e(format!("ports[{i}].name {pname:?} is not a valid port name")));
+            return Err(e(format!(
+                "ports[{i}].name {pname:?} is not a valid port name"
+            )));
         }
         let Some(protocol) = Protocol::parse(p.protocol.as_deref()) else {
             warnings.push(format!(

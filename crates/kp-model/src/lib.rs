@@ -13,11 +13,11 @@ mod topology;
 mod tracker;
 mod types;
 
-pub use dataplane::{Dataplane, DataplaneError, LocalDetector, ProxierConfig, SyncReport};
 pub use convert::{convert_endpoint_slice, convert_service, ConvertError, SliceEndpoints};
+pub use dataplane::{Dataplane, DataplaneError, LocalDetector, ProxierConfig, SyncReport};
 pub use names::{chain_hash, is_dns_label, is_port_name};
 pub use topology::{categorize_endpoints, Categorized};
-pub use tracker::{parse_rfc3339, 
-    ChangeSet, ChangeTracker, ProxyState, Rejected, StaleConntrack, TrackerConfig,
+pub use tracker::{
+    parse_rfc3339, ChangeSet, ChangeTracker, ProxyState, Rejected, StaleConntrack, TrackerConfig,
 };
 pub use types::*;

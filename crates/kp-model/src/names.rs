@@ -52,7 +52,9 @@ mod tests {
     fn hash_matches_upstream_shape() {
         let h = chain_hash("default/web:httptcp");
         assert_eq!(h.len(), 16);
-        assert!(h.chars().all(|c| c.is_ascii_uppercase() || ('2'..='7').contains(&c)));
+        assert!(h
+            .chars()
+            .all(|c| c.is_ascii_uppercase() || ('2'..='7').contains(&c)));
         assert_ne!(h, chain_hash("default/web:httpudp"));
     }
 
@@ -60,7 +62,10 @@ mod tests {
     fn upstream_known_hash() {
         // From the seed's iptables dump: KUBE-SVC for default/kubernetes:https tcp
         // is KUBE-SVC-NPX46M4PTMTKRN6Y on every cluster.
-        assert_eq!(chain_hash("default/kubernetes:httpstcp"), "NPX46M4PTMTKRN6Y");
+        assert_eq!(
+            chain_hash("default/kubernetes:httpstcp"),
+            "NPX46M4PTMTKRN6Y"
+        );
     }
 
     #[test]

@@ -48,7 +48,10 @@ impl ProxyState {
         }
     }
     pub fn endpoints_of(&self, name: &ServicePortName) -> &[Endpoint] {
-        self.endpoints.get(name).map(|v| v.as_slice()).unwrap_or(&[])
+        self.endpoints
+            .get(name)
+            .map(|v| v.as_slice())
+            .unwrap_or(&[])
     }
 }
 
@@ -91,6 +94,9 @@ pub struct ChangeTracker {
     /// (namespace, slice name) -> the service it belongs to.
     slice_owner: HashMap<(String, String), ServiceName>,
     dirty: HashSet<ServiceName>,
+    /// This node's zone changed: topology may pick other endpoints for every
+    /// service, so the next sync reports all of them even if unchanged.
+    node_changed: bool,
     triggers: Vec<SystemTime>,
     service_changes: u64,
     endpoint_changes: u64,
@@ -114,6 +120,7 @@ impl ChangeTracker {
             slices: HashMap::new(),
             slice_owner: HashMap::new(),
             dirty: HashSet::new(),
+            node_changed: false,
             triggers: Vec::new(),
             service_changes: 0,
             endpoint_changes: 0,
@@ -137,7 +144,11 @@ impl ChangeTracker {
 
     /// Adds or replaces a Service. On error the previous version (if any) stays.
     /// Returns warnings about fields that were dropped.
-    pub fn update_service(&mut self, svc: &Service, now: SystemTime) -> Result<Vec<String>, Rejected> {
+    pub fn update_service(
+        &mut self,
+        svc: &Service,
+        now: SystemTime,
+    ) -> Result<Vec<String>, Rejected> {
         let mut warnings = Vec::new();
         let ports = convert_service(
             svc,
@@ -184,9 +195,14 @@ impl ChangeTracker {
         now: SystemTime,
     ) -> Result<Vec<String>, Rejected> {
         let mut warnings = Vec::new();
-        let conv = convert_endpoint_slice(slice, self.cfg.family, &self.cfg.node_name, &mut warnings)
-            .map_err(Rejected)?;
-        let ns = slice.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+        let conv =
+            convert_endpoint_slice(slice, self.cfg.family, &self.cfg.node_name, &mut warnings)
+                .map_err(Rejected)?;
+        let ns = slice
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
         let sname = slice.metadata.name.clone().unwrap_or_default();
         let key = (ns, sname.clone());
         let trigger = slice
@@ -251,6 +267,7 @@ impl ChangeTracker {
             .cloned();
         if zone != self.state.node.zone {
             self.state.node.zone = zone;
+            self.node_changed = true;
             let all: Vec<ServiceName> = self.services.keys().cloned().collect();
             self.dirty.extend(all);
         }
@@ -268,9 +285,16 @@ impl ChangeTracker {
                     }
                     for ep in eps {
                         match index.get(&(ep.ip, ep.port)) {
-                            // Favour the local copy when two slices disagree.
+                            // Two slices disagree: favour a non-terminating copy
+                            // (an IP reused by a new pod while the old one
+                            // terminates, as upstream), then the local copy.
                             Some(&i) => {
-                                if ep.is_local && !out[i].is_local {
+                                let cur = &out[i];
+                                let better = (cur.terminating && !ep.terminating)
+                                    || (cur.terminating == ep.terminating
+                                        && ep.is_local
+                                        && !cur.is_local);
+                                if better {
                                     out[i] = ep.clone();
                                 }
                             }
@@ -294,6 +318,7 @@ impl ChangeTracker {
             endpoint_changes: std::mem::take(&mut self.endpoint_changes),
             ..Default::default()
         };
+        let node_changed = std::mem::take(&mut self.node_changed);
         let dirty: Vec<ServiceName> = self.dirty.drain().collect();
         for svc in dirty {
             // Old ports of this service.
@@ -332,7 +357,7 @@ impl ChangeTracker {
                 let port_changed = old_port.as_ref() != Some(&port);
                 let eps_changed = old_eps.as_deref().map(|v| v.as_slice()) != Some(eps.as_slice())
                     && !(old_eps.is_none() && eps.is_empty());
-                if !port_changed && !eps_changed {
+                if !port_changed && !eps_changed && !node_changed {
                     continue;
                 }
                 if port.protocol == Protocol::Udp {
@@ -341,14 +366,32 @@ impl ChangeTracker {
                             stale_for_changed_port(op, &port, &mut cs.stale);
                         }
                         let old_slice = old_eps.as_deref().map(|v| v.as_slice()).unwrap_or(&[]);
-                        stale_for_endpoints(op, &port, old_slice, &eps, &self.state.node, &mut cs.stale);
+                        stale_for_endpoints(
+                            op,
+                            &port,
+                            old_slice,
+                            &eps,
+                            &self.state.node,
+                            &mut cs.stale,
+                        );
+                    } else if !categorize_endpoints(&eps, &port, &self.state.node)
+                        .all_reachable
+                        .is_empty()
+                    {
+                        // A new port that has endpoints at once: packets sent to
+                        // its IPs before it existed may have left conntrack
+                        // entries that bypass the new DNAT (upstream flushes
+                        // "newly active" UDP services too).
+                        push_all_ips(&port, None, &mut cs.stale);
                     }
                 }
                 cs.changed.insert(port.name.clone());
                 if eps.is_empty() {
                     self.state.endpoints.remove(&port.name);
                 } else {
-                    self.state.endpoints.insert(port.name.clone(), Arc::new(eps));
+                    self.state
+                        .endpoints
+                        .insert(port.name.clone(), Arc::new(eps));
                 }
                 self.state.services.insert(port.name.clone(), port);
             }
@@ -383,7 +426,11 @@ fn stale_for_removed_port(sp: &ServicePort, out: &mut BTreeSet<StaleConntrack>) 
 }
 
 /// A UDP port whose addresses changed: entries to addresses it no longer has are stale.
-fn stale_for_changed_port(old: &ServicePort, new: &ServicePort, out: &mut BTreeSet<StaleConntrack>) {
+fn stale_for_changed_port(
+    old: &ServicePort,
+    new: &ServicePort,
+    out: &mut BTreeSet<StaleConntrack>,
+) {
     let new_ips: HashSet<(IpAddr, u16)> = new.all_ips().map(|ip| (*ip, new.port)).collect();
     for ip in old.all_ips() {
         if !new_ips.contains(&(*ip, old.port)) {
@@ -437,11 +484,24 @@ fn stale_for_endpoints(
 /// optionally with fractional seconds). Anything else is None.
 pub fn parse_rfc3339(s: &str) -> Option<SystemTime> {
     let b = s.as_bytes();
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[13] != b':' || b[16] != b':' {
+    if b.len() < 20
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || b[10] != b'T'
+        || b[13] != b':'
+        || b[16] != b':'
+    {
         return None;
     }
     let num = |r: std::ops::Range<usize>| -> Option<i64> { s.get(r)?.parse().ok() };
-    let (y, mo, d, h, mi, se) = (num(0..4)?, num(5..7)?, num(8..10)?, num(11..13)?, num(14..16)?, num(17..19)?);
+    let (y, mo, d, h, mi, se) = (
+        num(0..4)?,
+        num(5..7)?,
+        num(8..10)?,
+        num(11..13)?,
+        num(14..16)?,
+        num(17..19)?,
+    );
     if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || se > 60 {
         return None;
     }
