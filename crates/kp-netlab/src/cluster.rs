@@ -30,6 +30,8 @@ pub const POD_GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
 pub const POD_GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
 
 const MAX_NODES: usize = 200;
+/// Present when br_netfilter is loaded; its sysctls are per namespace.
+const BRIDGE_NF_SYSCTL: &str = "/proc/sys/net/bridge/bridge-nf-call-iptables";
 const FIRST_POD_HOST: u8 = 2;
 const LAST_POD_HOST: u8 = 254;
 
@@ -244,6 +246,10 @@ impl Cluster {
         let mut all: Vec<(&str, &str)> = vec![
             ("net.ipv6.conf.all.accept_dad", "0"),
             ("net.ipv6.conf.default.accept_dad", "0"),
+            // No ICMP error rate limiting: tests that expect a reject must
+            // not see a timeout because an earlier test step used the budget.
+            ("net.ipv4.icmp_ratelimit", "0"),
+            ("net.ipv6.icmp.ratelimit", "0"),
         ];
         all.extend_from_slice(sysctls);
         sysctl_in(ns, &all)?;
@@ -278,8 +284,18 @@ impl Cluster {
 
     fn build(&self) -> Result<(), LabError> {
         let lan = self.lan_ns.clone();
-        // The LAN is a pure L2 switch: no addresses, no forwarding.
-        self.add_netns(&lan, &[])?;
+        // The LAN is a pure L2 switch: no addresses, no forwarding, and (if
+        // br_netfilter is loaded) no netfilter on bridged frames.
+        let bridge_nf: &[(&str, &str)] = if Path::new(BRIDGE_NF_SYSCTL).exists() {
+            &[
+                ("net.bridge.bridge-nf-call-iptables", "0"),
+                ("net.bridge.bridge-nf-call-ip6tables", "0"),
+                ("net.bridge.bridge-nf-call-arptables", "0"),
+            ]
+        } else {
+            &[]
+        };
+        self.add_netns(&lan, bridge_nf)?;
         ip_in(
             &lan,
             &[

@@ -174,6 +174,7 @@ fn bind_sockets(
             if ip.is_ipv6() {
                 sock::set_v6only(&fd).map_err(io_err(what.clone()))?;
             }
+            sock::enable_pktinfo(&fd, ip.is_ipv6()).map_err(io_err(what.clone()))?;
             sock::bind(&fd, &addr).map_err(io_err(what.clone()))?;
             let s = UdpSocket::from(fd);
             s.set_read_timeout(Some(STOP_POLL)).map_err(io_err(what))?;
@@ -269,23 +270,46 @@ fn handle_conn(stream: TcpStream, peer: SocketAddr, name: &str) -> std::io::Resu
 fn udp_loop(sock: UdpSocket, name: &str, shared: &Shared) {
     let mut buf = [0u8; 2048];
     while !shared.stop.load(Ordering::SeqCst) {
-        match sock.recv_from(&mut buf) {
-            Ok((_, peer)) => {
+        match sock::recv_with_dst(sock.as_raw_fd(), &mut buf) {
+            Ok((_, peer, dst)) => {
                 // Count before answering so a client that got its reply
                 // always sees itself counted.
                 shared.udp_requests.fetch_add(1, Ordering::SeqCst);
                 let reply = format!("{name} {} {}", peer.ip(), peer.port());
-                if let Err(e) = sock.send_to(reply.as_bytes(), peer) {
+                if let Err(e) = udp_reply(&sock, reply.as_bytes(), &peer, dst) {
                     tracing::debug!(error = %e, %peer, "echo UDP reply failed");
                 }
             }
             Err(e)
                 if matches!(
                     e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        | std::io::ErrorKind::Interrupted
                 ) => {}
             // ICMP errors from earlier replies surface here; keep serving.
             Err(e) => tracing::debug!(error = %e, "echo UDP receive error"),
         }
+    }
+}
+
+/// Answers from the address the request was sent to, like a well-behaved
+/// UDP server on a multi-address host: a wildcard socket would otherwise
+/// pick the route's preferred source, which a connected client drops.
+fn udp_reply(
+    sock: &UdpSocket,
+    msg: &[u8],
+    peer: &SocketAddr,
+    dst: Option<IpAddr>,
+) -> std::io::Result<usize> {
+    match dst {
+        Some(dst) if !dst.is_multicast() && dst != IpAddr::V4(Ipv4Addr::BROADCAST) => {
+            match sock::send_from(sock.as_raw_fd(), msg, peer, dst) {
+                Ok(n) => Ok(n),
+                // e.g. a subnet broadcast address cannot be a source.
+                Err(_) => sock.send_to(msg, peer),
+            }
+        }
+        _ => sock.send_to(msg, peer),
     }
 }

@@ -184,3 +184,169 @@ pub(crate) fn connect_timeout(
     }
     set_nonblocking(raw, false)
 }
+
+/// Asks the kernel to report each datagram's destination address
+/// (`IP_PKTINFO` / `IPV6_RECVPKTINFO`).
+pub(crate) fn enable_pktinfo(fd: &OwnedFd, v6: bool) -> io::Result<()> {
+    if v6 {
+        setsockopt_int(
+            fd.as_raw_fd(),
+            libc::IPPROTO_IPV6,
+            libc::IPV6_RECVPKTINFO,
+            1,
+        )
+    } else {
+        setsockopt_int(fd.as_raw_fd(), libc::IPPROTO_IP, libc::IP_PKTINFO, 1)
+    }
+}
+
+fn from_raw_addr(storage: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match libc::c_int::from(storage.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let sin: libc::sockaddr_in =
+                unsafe { std::ptr::read((storage as *const libc::sockaddr_storage).cast()) };
+            let ip = std::net::Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
+            Some(SocketAddr::new(ip.into(), u16::from_be(sin.sin_port)))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let sin6: libc::sockaddr_in6 =
+                unsafe { std::ptr::read((storage as *const libc::sockaddr_storage).cast()) };
+            let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            Some(SocketAddr::V6(std::net::SocketAddrV6::new(
+                ip,
+                u16::from_be(sin6.sin6_port),
+                sin6.sin6_flowinfo,
+                sin6.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+/// Control-message buffer, u64-aligned as cmsghdr requires.
+type CmsgBuf = [u64; 16];
+
+/// Receives one datagram; returns its length, sender and (if pktinfo is
+/// enabled) the destination address it was sent to.
+pub(crate) fn recv_with_dst(
+    fd: RawFd,
+    buf: &mut [u8],
+) -> io::Result<(usize, SocketAddr, Option<std::net::IpAddr>)> {
+    // SAFETY: zeroed sockaddr_storage / msghdr are valid initial values.
+    let mut storage: libc::sockaddr_storage = unsafe { zeroed() };
+    let mut control: CmsgBuf = [0; 16];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: as above.
+    let mut msg: libc::msghdr = unsafe { zeroed() };
+    msg.msg_name = (&mut storage as *mut libc::sockaddr_storage).cast();
+    msg.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = size_of::<CmsgBuf>() as _;
+    // SAFETY: every pointer in msg refers to live buffers of the stated sizes.
+    let n = unsafe { libc::recvmsg(fd, &mut msg, 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let peer = from_raw_addr(&storage).ok_or_else(|| {
+        io::Error::new(io::ErrorKind::InvalidData, "datagram without an IP sender")
+    })?;
+    let mut dst = None;
+    // SAFETY: CMSG_* walk the control buffer the kernel just filled in,
+    // bounded by msg_controllen; the payload types match level/type.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            let (level, ty) = ((*cmsg).cmsg_level, (*cmsg).cmsg_type);
+            if level == libc::IPPROTO_IP && ty == libc::IP_PKTINFO {
+                let info: libc::in_pktinfo = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast());
+                dst = Some(std::net::Ipv4Addr::from(info.ipi_addr.s_addr.to_ne_bytes()).into());
+            } else if level == libc::IPPROTO_IPV6 && ty == libc::IPV6_PKTINFO {
+                let info: libc::in6_pktinfo =
+                    std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast());
+                dst = Some(std::net::Ipv6Addr::from(info.ipi6_addr.s6_addr).into());
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    Ok((n as usize, peer, dst))
+}
+
+/// Sends `buf` to `peer` with source address `src` (via a pktinfo control
+/// message), so a reply leaves from the address the request was sent to.
+pub(crate) fn send_from(
+    fd: RawFd,
+    buf: &[u8],
+    peer: &SocketAddr,
+    src: std::net::IpAddr,
+) -> io::Result<usize> {
+    let (storage, len) = raw_addr(peer);
+    let mut control: CmsgBuf = [0; 16];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: zeroed msghdr is a valid initial value.
+    let mut msg: libc::msghdr = unsafe { zeroed() };
+    msg.msg_name = (&storage as *const libc::sockaddr_storage) as *mut libc::c_void;
+    msg.msg_namelen = len;
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    // SAFETY: CMSG_SPACE/CMSG_LEN are pure size computations; the header and
+    // payload are written inside `control`, which is larger than CMSG_SPACE
+    // of either pktinfo struct.
+    unsafe {
+        let (level, ty, data_len) = match src {
+            std::net::IpAddr::V4(_) => (
+                libc::IPPROTO_IP,
+                libc::IP_PKTINFO,
+                size_of::<libc::in_pktinfo>(),
+            ),
+            std::net::IpAddr::V6(_) => (
+                libc::IPPROTO_IPV6,
+                libc::IPV6_PKTINFO,
+                size_of::<libc::in6_pktinfo>(),
+            ),
+        };
+        msg.msg_controllen = libc::CMSG_SPACE(data_len as u32) as _;
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = level;
+        (*cmsg).cmsg_type = ty;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(data_len as u32) as _;
+        match src {
+            std::net::IpAddr::V4(ip) => {
+                let info = libc::in_pktinfo {
+                    ipi_ifindex: 0,
+                    ipi_spec_dst: libc::in_addr {
+                        s_addr: u32::from_ne_bytes(ip.octets()),
+                    },
+                    ipi_addr: libc::in_addr { s_addr: 0 },
+                };
+                std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast(), info);
+            }
+            std::net::IpAddr::V6(ip) => {
+                let info = libc::in6_pktinfo {
+                    ipi6_addr: libc::in6_addr {
+                        s6_addr: ip.octets(),
+                    },
+                    ipi6_ifindex: 0,
+                };
+                std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast(), info);
+            }
+        }
+    }
+    // SAFETY: msg points at live buffers of the stated sizes.
+    let n = unsafe { libc::sendmsg(fd, &msg, 0) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}

@@ -148,6 +148,13 @@ fn closed_ports_are_refused_and_stopped_servers_free_their_ports() {
     assert_eq!(udp_ask(from, p[2].addr(7000), T), Err(ConnError::Refused));
     assert_eq!(udp_ask(from, p[2].addr6(7000), T), Err(ConnError::Refused));
 
+    // ICMP errors are not rate limited inside the lab, so every attempt
+    // gets its reject.
+    for _ in 0..20 {
+        assert_eq!(udp_ask(from, p[3].addr(7001), T), Err(ConnError::Refused));
+        assert_eq!(udp_ask(from, p[3].addr6(7001), T), Err(ConnError::Refused));
+    }
+
     let srv = c.serve(p[2].ns(), "tmp", ServeSpec::both(&[7000])).unwrap();
     assert!(tcp_hello(from, p[2].addr(7000), T).is_ok());
     assert!(udp_ask(from, p[2].addr(7000), T).is_ok());
@@ -261,6 +268,31 @@ fn source_binding_and_in_netns() {
     )
     .unwrap();
     assert_eq!(r.peer.ip(), "10.100.0.211".parse::<IpAddr>().unwrap());
+
+    // A UDP server answers from the address it was asked on, even when that
+    // is not the namespace's preferred source (the connected client would
+    // drop anything else).
+    let _n = c
+        .serve(c.node_ns(1), "node1", ServeSpec::udp(&[6001]))
+        .unwrap();
+    let secondary: SocketAddr = "10.100.0.211:6001".parse().unwrap();
+    let r = udp_ask(p[2].ns(), secondary, T).unwrap();
+    assert_eq!(r.server, "node1");
+    c.exec_ok(
+        c.node_ns(1),
+        &[
+            "ip",
+            "addr",
+            "add",
+            "fd00:100::211/64",
+            "dev",
+            "eth0",
+            "nodad",
+        ],
+    )
+    .unwrap();
+    let r = udp_ask(c.client_ns(), "[fd00:100::211]:6001".parse().unwrap(), T).unwrap();
+    assert_eq!(r.peer.ip(), c.client_ip6());
 
     // Binding a pod IP works only inside that pod's namespace.
     let pod_ip = p[0].ip();
