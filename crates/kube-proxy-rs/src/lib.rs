@@ -2,6 +2,8 @@
 //! servers and metrics. `main.rs` wires them together.
 
 pub mod config;
+pub mod conntrack;
 pub mod healthcheck;
 pub mod metrics;
 pub mod server;
+pub mod sync;

@@ -1,1 +1,315 @@
-fn main() {}
+//! kube-proxy-rs: the binary. Flags and config (upstream's), a source, one
+//! proxier per IP family, the sync loop and the HTTP servers.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use kp_model::{ChangeTracker, Dataplane, IpFamily, TrackerConfig};
+use kp_source::SourceEvent;
+use kube_proxy_rs::config::{self, ConfigError, ProxyConfig, ProxyMode};
+use kube_proxy_rs::conntrack::ConntrackCli;
+use kube_proxy_rs::healthcheck::ServiceHealthServer;
+use kube_proxy_rs::metrics::Metrics;
+use kube_proxy_rs::server::{self, HealthState};
+use kube_proxy_rs::sync::{FamilyProxier, SyncLoop};
+
+const FAMILIES: [IpFamily; 2] = [IpFamily::V4, IpFamily::V6];
+
+fn main() {
+    let cfg = match config::load(std::env::args_os()) {
+        Ok(c) => c,
+        Err(ConfigError::Cli(e)) => e.exit(),
+        Err(e) => {
+            eprintln!("kube-proxy-rs: {e}");
+            std::process::exit(1);
+        }
+    };
+    init_logging(&cfg);
+    if let Err(e) = run(cfg) {
+        tracing::error!("{e:#}");
+        eprintln!("kube-proxy-rs: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn init_logging(cfg: &ProxyConfig) {
+    use tracing_subscriber::EnvFilter;
+    let level = match cfg.verbosity {
+        0..=2 => "info",
+        3..=4 => "debug",
+        _ => "trace",
+    };
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(format!("{level},kube=warn,hyper=warn,tower=warn")));
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if cfg.log_json {
+        b.json().init();
+    } else {
+        b.init();
+    }
+}
+
+/// This host's addresses (no loopback, no link-local), for NodePorts and
+/// health-check ports when the Node object does not tell.
+fn local_addresses() -> Vec<IpAddr> {
+    let mut out = Vec::new();
+    // SAFETY: getifaddrs fills a linked list we walk read-only and free once.
+    unsafe {
+        let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
+        if libc::getifaddrs(&mut ifap) != 0 {
+            return out;
+        }
+        let mut cur = ifap;
+        while !cur.is_null() {
+            let sa = (*cur).ifa_addr;
+            if !sa.is_null() {
+                match (*sa).sa_family as i32 {
+                    libc::AF_INET => {
+                        let sin = &*(sa as *const libc::sockaddr_in);
+                        out.push(IpAddr::from(u32::from_be(sin.sin_addr.s_addr).to_be_bytes()));
+                    }
+                    libc::AF_INET6 => {
+                        let sin6 = &*(sa as *const libc::sockaddr_in6);
+                        out.push(IpAddr::from(sin6.sin6_addr.s6_addr));
+                    }
+                    _ => {}
+                }
+            }
+            cur = (*cur).ifa_next;
+        }
+        libc::freeifaddrs(ifap);
+    }
+    out.retain(|ip| match ip {
+        IpAddr::V4(v) => !v.is_loopback() && !v.is_link_local() && !v.is_unspecified(),
+        IpAddr::V6(v) => {
+            !v.is_loopback() && !v.is_unspecified() && (v.segments()[0] & 0xffc0) != 0xfe80
+        }
+    });
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn make_dataplane(cfg: &ProxyConfig, family: IpFamily, node_ips: &[IpAddr]) -> Result<Box<dyn Dataplane>> {
+    let pc = cfg.proxier_config(family, node_ips, &[]);
+    match cfg.mode {
+        ProxyMode::Nftables => Ok(Box::new(kp_nftables::NftablesProxier::new(
+            pc,
+            Box::new(kp_nftables::NftCli::default()),
+        ))),
+        other => bail!(
+            "proxy mode {:?} is not implemented yet in this build; use --proxy-mode=nftables",
+            other.as_str()
+        ),
+    }
+}
+
+fn make_trackers(cfg: &ProxyConfig) -> Vec<ChangeTracker> {
+    FAMILIES
+        .iter()
+        .map(|f| {
+            ChangeTracker::new(TrackerConfig {
+                family: *f,
+                node_name: cfg.hostname.clone(),
+                service_proxy_name: cfg.service_proxy_name.clone(),
+            })
+        })
+        .collect()
+}
+
+async fn kube_client(cfg: &ProxyConfig) -> Result<kube::Client> {
+    let kc = if let Some(path) = &cfg.kubeconfig {
+        let kubeconfig = kube::config::Kubeconfig::read_from(path)
+            .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+        let mut c = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .with_context(|| format!("loading kubeconfig {}", path.display()))?;
+        if let Some(m) = &cfg.master {
+            c.cluster_url = m.parse().with_context(|| format!("--master {m:?}"))?;
+        }
+        c
+    } else if let Some(m) = &cfg.master {
+        kube::Config::new(m.parse().with_context(|| format!("--master {m:?}"))?)
+    } else {
+        kube::Config::infer()
+            .await
+            .context("no --kubeconfig, --master or --manifests given, and not running in a cluster")?
+    };
+    kube::Client::try_from(kc).context("building the API client")
+}
+
+/// Starts the configured source; events arrive on the returned channel.
+async fn start_source(cfg: &ProxyConfig) -> Result<tokio::sync::mpsc::Receiver<SourceEvent>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(4096);
+    if let Some(dir) = cfg.manifests.clone() {
+        if !dir.is_dir() {
+            bail!("--manifests {}: not a directory", dir.display());
+        }
+        tracing::info!(dir = %dir.display(), "reading Services and EndpointSlices from manifests");
+        tokio::spawn(async move {
+            if let Err(e) = kp_source::manifest::run_manifest_source(dir, Duration::from_millis(250), tx).await {
+                tracing::error!("manifest source stopped: {e}");
+            }
+        });
+    } else {
+        let client = kube_client(cfg).await?;
+        let opts = kp_source::api::ApiSourceOptions {
+            node_name: cfg.hostname.clone(),
+            label_selector: Some(kp_source::api::DEFAULT_LABEL_SELECTOR.to_string()),
+        };
+        tokio::spawn(async move {
+            if let Err(e) = kp_source::api::run_api_source(client, opts, tx).await {
+                tracing::error!("API source stopped: {e}");
+            }
+        });
+    }
+    Ok(rx)
+}
+
+fn run(cfg: ProxyConfig) -> Result<()> {
+    if let Some(path) = &cfg.write_config_to {
+        cfg.write_config(path)?;
+        tracing::info!(path = %path.display(), "wrote the configuration");
+        return Ok(());
+    }
+    let node_ips = local_addresses();
+    let mut dataplanes = Vec::new();
+    for f in FAMILIES {
+        dataplanes.push(make_dataplane(&cfg, f, &node_ips)?);
+    }
+    if cfg.cleanup {
+        let mut failed = false;
+        for dp in &mut dataplanes {
+            if let Err(e) = dp.cleanup() {
+                tracing::error!(mode = dp.mode(), "cleanup failed: {e}");
+                failed = true;
+            }
+        }
+        if failed {
+            bail!("cleanup failed");
+        }
+        tracing::info!("removed every rule kube-proxy-rs installed");
+        return Ok(());
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(serve(cfg, dataplanes, node_ips))
+}
+
+async fn serve(cfg: ProxyConfig, dataplanes: Vec<Box<dyn Dataplane>>, node_ips: Vec<IpAddr>) -> Result<()> {
+    let mut rx = start_source(&cfg).await?;
+
+    if cfg.dry_run {
+        let mut trackers = make_trackers(&cfg);
+        let now = std::time::SystemTime::now();
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                SourceEvent::Synced => break,
+                SourceEvent::ServiceApplied(s) => trackers.iter_mut().for_each(|t| {
+                    if let Err(e) = t.update_service(&s, now) {
+                        tracing::warn!("skipping invalid Service: {}", e.0);
+                    }
+                }),
+                SourceEvent::SliceApplied(s) => trackers.iter_mut().for_each(|t| {
+                    if let Err(e) = t.update_endpoint_slice(&s, now) {
+                        tracing::warn!("skipping invalid EndpointSlice: {}", e.0);
+                    }
+                }),
+                SourceEvent::NodeApplied(n) => trackers.iter_mut().for_each(|t| t.update_node(&n)),
+                SourceEvent::Invalid(m) => tracing::warn!("skipping invalid object: {m}"),
+                _ => {}
+            }
+        }
+        for (t, dp) in trackers.iter_mut().zip(dataplanes.iter()) {
+            t.take_changes();
+            if t.state().services.is_empty() {
+                continue;
+            }
+            print!("{}", dp.render(t.state()));
+        }
+        return Ok(());
+    }
+
+    let metrics = Metrics::new();
+    let health = Arc::new(HealthState::new(&FAMILIES, cfg.sync_period * 2));
+    if let Some(addr) = cfg.healthz_bind_address {
+        let (h, m) = (health.clone(), metrics.clone());
+        tokio::spawn(async move {
+            if let Err(e) = server::serve_health(addr, h, m).await {
+                tracing::error!("healthz server: {e}");
+            }
+        });
+    }
+    if let Some(addr) = cfg.metrics_bind_address {
+        let m = metrics.clone();
+        let mode = cfg.mode.as_str();
+        let configz = cfg.to_configuration_json();
+        tokio::spawn(async move {
+            if let Err(e) = server::serve_metrics(addr, m, mode, configz).await {
+                tracing::error!("metrics server: {e}");
+            }
+        });
+    }
+    let hc_ips: Vec<IpAddr> = if cfg.bind_address.is_unspecified() {
+        Vec::new()
+    } else {
+        vec![cfg.bind_address]
+    };
+    let _ = &node_ips;
+    let hcs = ServiceHealthServer::new(hc_ips, health.clone(), tokio::runtime::Handle::current());
+
+    let families: Vec<FamilyProxier> = make_trackers(&cfg)
+        .into_iter()
+        .zip(dataplanes)
+        .map(|(t, d)| FamilyProxier::new(t, d))
+        .collect();
+    let sync = SyncLoop {
+        families,
+        min_sync_period: cfg.min_sync_period,
+        sync_period: cfg.sync_period,
+        metrics,
+        health,
+        conntrack: Box::new(ConntrackCli),
+        on_synced: Box::new(move |d| {
+            hcs.sync_services(&d.ports);
+            hcs.sync_endpoints(&d.local_endpoints);
+        }),
+    };
+    let (std_tx, std_rx) = std::sync::mpsc::channel();
+    let sync_thread = std::thread::Builder::new()
+        .name("sync".into())
+        .spawn(move || sync.run(std_rx))
+        .context("starting the sync thread")?;
+    tracing::info!(mode = cfg.mode.as_str(), node = %cfg.hostname, "kube-proxy-rs started");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    loop {
+        tokio::select! {
+            ev = rx.recv() => match ev {
+                Some(ev) => {
+                    if std_tx.send(ev).is_err() {
+                        bail!("the sync loop stopped");
+                    }
+                }
+                None => {
+                    drop(std_tx);
+                    let _ = sync_thread.join();
+                    bail!("the source stopped");
+                }
+            },
+            _ = tokio::signal::ctrl_c() => break,
+            _ = term.recv() => break,
+        }
+    }
+    // Rules stay in place on exit, as upstream: traffic keeps flowing while we
+    // restart.
+    tracing::info!("shutting down; programmed rules stay in place");
+    Ok(())
+}

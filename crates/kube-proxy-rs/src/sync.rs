@@ -1,0 +1,332 @@
+//! The sync loop: source events -> change trackers -> dataplanes, with
+//! upstream's BoundedFrequencyRunner pacing (at most one sync per minSyncPeriod
+//! with a burst of 2, a full resync every syncPeriod, backoff after failures).
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use kp_model::{
+    categorize_endpoints, ChangeTracker, Dataplane, IpFamily, ServiceName, ServicePortName,
+    StaleConntrack,
+};
+use kp_source::SourceEvent;
+
+use crate::conntrack::Conntrack;
+use crate::metrics::Metrics;
+use crate::server::HealthState;
+
+/// Token bucket of upstream's BoundedFrequencyRunner.
+pub struct Pacer {
+    min_interval: Duration,
+    burst: u32,
+    tokens: f64,
+    last: Instant,
+}
+
+impl Pacer {
+    pub fn new(min_interval: Duration, burst: u32) -> Self {
+        Pacer {
+            min_interval,
+            burst: burst.max(1),
+            tokens: burst.max(1) as f64,
+            last: Instant::now(),
+        }
+    }
+
+    fn refill(&mut self, now: Instant) {
+        if self.min_interval.is_zero() {
+            self.tokens = self.burst as f64;
+        } else {
+            let add = now.duration_since(self.last).as_secs_f64() / self.min_interval.as_secs_f64();
+            self.tokens = (self.tokens + add).min(self.burst as f64);
+        }
+        self.last = now;
+    }
+
+    /// When a sync may run (now or later).
+    pub fn ready_at(&mut self, now: Instant) -> Instant {
+        self.refill(now);
+        if self.tokens >= 1.0 {
+            now
+        } else {
+            now + self.min_interval.mul_f64(1.0 - self.tokens)
+        }
+    }
+
+    /// Takes a token for a sync that runs now.
+    pub fn take(&mut self, now: Instant) {
+        self.refill(now);
+        self.tokens = (self.tokens - 1.0).max(0.0);
+    }
+}
+
+/// Per-Service health-check data the sync loop publishes after each sync:
+/// healthCheckNodePort per Service and its local ready endpoint count.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct HealthCheckData {
+    pub ports: HashMap<ServiceName, u16>,
+    pub local_endpoints: HashMap<ServiceName, usize>,
+}
+
+/// One IP family: its tracker and its dataplane.
+pub struct FamilyProxier {
+    pub tracker: ChangeTracker,
+    pub dataplane: Box<dyn Dataplane>,
+    /// Service ports changed since the last successful sync.
+    pending: BTreeSet<ServicePortName>,
+    stale: BTreeSet<StaleConntrack>,
+    triggers: Vec<SystemTime>,
+    needs_full: bool,
+    failures: u32,
+}
+
+impl FamilyProxier {
+    pub fn new(tracker: ChangeTracker, dataplane: Box<dyn Dataplane>) -> Self {
+        FamilyProxier {
+            tracker,
+            dataplane,
+            pending: BTreeSet::new(),
+            stale: BTreeSet::new(),
+            triggers: Vec::new(),
+            needs_full: true,
+            failures: 0,
+        }
+    }
+    pub fn family(&self) -> IpFamily {
+        self.tracker.family()
+    }
+}
+
+pub struct SyncLoop {
+    pub families: Vec<FamilyProxier>,
+    pub min_sync_period: Duration,
+    pub sync_period: Duration,
+    pub metrics: Metrics,
+    pub health: Arc<HealthState>,
+    pub conntrack: Box<dyn Conntrack>,
+    /// Receives health-check data after every sync.
+    pub on_synced: Box<dyn FnMut(HealthCheckData) + Send>,
+}
+
+impl SyncLoop {
+    fn apply_event(&mut self, ev: SourceEvent) -> bool {
+        let now = SystemTime::now();
+        let mut changed = false;
+        match ev {
+            SourceEvent::ServiceApplied(svc) => {
+                for f in &mut self.families {
+                    let before = f.tracker.pending();
+                    match f.tracker.update_service(&svc, now) {
+                        Ok(warnings) => {
+                            for w in warnings {
+                                tracing::warn!("{w}");
+                            }
+                        }
+                        Err(rej) => {
+                            tracing::warn!(error = %rej.0, "skipping invalid Service");
+                            self.metrics.inc_invalid("Service");
+                        }
+                    }
+                    changed |= f.tracker.pending() != before;
+                }
+            }
+            SourceEvent::ServiceDeleted { namespace, name } => {
+                for f in &mut self.families {
+                    f.tracker.delete_service(&namespace, &name, now);
+                }
+                changed = true;
+            }
+            SourceEvent::SliceApplied(slice) => {
+                for f in &mut self.families {
+                    let before = f.tracker.pending();
+                    match f.tracker.update_endpoint_slice(&slice, now) {
+                        Ok(warnings) => {
+                            for w in warnings {
+                                tracing::warn!("{w}");
+                            }
+                        }
+                        Err(rej) => {
+                            tracing::warn!(error = %rej.0, "skipping invalid EndpointSlice");
+                            self.metrics.inc_invalid("EndpointSlice");
+                        }
+                    }
+                    changed |= f.tracker.pending() != before;
+                }
+            }
+            SourceEvent::SliceDeleted { namespace, name } => {
+                for f in &mut self.families {
+                    f.tracker.delete_endpoint_slice(&namespace, &name, now);
+                }
+                changed = true;
+            }
+            SourceEvent::NodeApplied(node) => {
+                for f in &mut self.families {
+                    f.tracker.update_node(&node);
+                }
+                changed = true;
+            }
+            SourceEvent::Invalid(msg) => {
+                tracing::warn!("skipping invalid object: {msg}");
+                self.metrics.inc_invalid("Manifest");
+            }
+            SourceEvent::Disconnected(why) => {
+                tracing::warn!("source disconnected, keeping the programmed rules: {why}");
+            }
+            SourceEvent::Reconnected => tracing::info!("source reconnected"),
+            SourceEvent::Synced => {}
+        }
+        if changed {
+            for f in &self.families {
+                self.health.queued_update(f.family());
+                self.metrics.set_queued(f.family());
+            }
+        }
+        changed
+    }
+
+    /// Takes changes from every tracker and programs them. Returns false if
+    /// any family failed (the caller retries with backoff).
+    pub fn sync_once(&mut self, force_full: bool) -> bool {
+        let mut ok = true;
+        let mut hc = HealthCheckData::default();
+        for f in &mut self.families {
+            let fam = f.family();
+            let cs = f.tracker.take_changes();
+            self.metrics.add_changes(cs.service_changes, cs.endpoint_changes);
+            f.pending.extend(cs.changed);
+            f.stale.extend(cs.stale);
+            f.triggers.extend(cs.trigger_times);
+            if f.dataplane.rules_lost() {
+                tracing::warn!(family = %fam, "our rules were removed behind our back; full resync");
+                self.metrics.inc_rules_lost(fam);
+                f.needs_full = true;
+            }
+            let full = force_full || f.needs_full;
+            let t0 = Instant::now();
+            let state = f.tracker.state();
+            match f.dataplane.sync(state, &f.pending, full) {
+                Ok(report) => {
+                    let secs = t0.elapsed().as_secs_f64();
+                    tracing::info!(
+                        family = %fam, full = report.full, services = state.services.len(),
+                        changed = f.pending.len(), ops = report.ops, bytes = report.bytes,
+                        render_ms = report.render.as_millis() as u64, apply_ms = report.apply.as_millis() as u64,
+                        "synced rules"
+                    );
+                    self.metrics.observe_sync_report(fam, &report, secs);
+                    let now = SystemTime::now();
+                    for t in f.triggers.drain(..) {
+                        if let Ok(d) = now.duration_since(t) {
+                            self.metrics.observe_programming_latency(fam, d.as_secs_f64());
+                        }
+                    }
+                    f.pending.clear();
+                    f.needs_full = false;
+                    f.failures = 0;
+                    self.health.updated(fam);
+                    if !f.stale.is_empty() {
+                        let t = Instant::now();
+                        let stale: Vec<StaleConntrack> = std::mem::take(&mut f.stale).into_iter().collect();
+                        let deleted = self.conntrack.delete(fam, &stale);
+                        self.metrics
+                            .observe_conntrack_reconcile(fam, t.elapsed().as_secs_f64(), deleted);
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(family = %fam, error = %e, "sync failed; previous rules stay in place, retrying");
+                    self.metrics.inc_sync_failure(fam, f.dataplane.mode());
+                    self.metrics.inc_sync_retry(fam);
+                    f.needs_full = true;
+                    f.failures += 1;
+                    ok = false;
+                }
+            }
+            let state = f.tracker.state();
+            for (name, sp) in &state.services {
+                if sp.health_check_node_port != 0 {
+                    hc.ports.insert(name.service.clone(), sp.health_check_node_port);
+                    let eps = state.endpoints_of(name);
+                    let cat = categorize_endpoints(eps, sp, &state.node);
+                    let n = cat.local.iter().filter(|e| e.ready).count();
+                    hc.local_endpoints.insert(name.service.clone(), n);
+                }
+            }
+        }
+        (self.on_synced)(hc);
+        ok
+    }
+
+    /// Runs until the event channel closes. The first sync waits for `Synced`.
+    pub fn run(mut self, rx: Receiver<SourceEvent>) {
+        let mut pacer = Pacer::new(self.min_sync_period, 2);
+        let mut synced = false;
+        let mut dirty = false;
+        let mut next_full = Instant::now() + self.sync_period;
+        let mut retry_at: Option<Instant> = None;
+        let mut failures: u32 = 0;
+        loop {
+            let now = Instant::now();
+            // When the next sync may run.
+            let mut deadline = next_full;
+            if synced && (dirty || retry_at.is_some()) {
+                let mut at = pacer.ready_at(now);
+                if let Some(r) = retry_at {
+                    at = at.max(r);
+                }
+                deadline = deadline.min(at);
+            }
+            let timeout = deadline.saturating_duration_since(now);
+            match rx.recv_timeout(timeout) {
+                Ok(ev) => {
+                    let is_synced = matches!(ev, SourceEvent::Synced);
+                    dirty |= self.apply_event(ev);
+                    if is_synced && !synced {
+                        synced = true;
+                        dirty = true;
+                        tracing::info!("sources synced; running the first sync");
+                    }
+                    // Drain what is already queued before syncing.
+                    while let Ok(ev) = rx.try_recv() {
+                        let is_synced = matches!(ev, SourceEvent::Synced);
+                        dirty |= self.apply_event(ev);
+                        if is_synced && !synced {
+                            synced = true;
+                            dirty = true;
+                        }
+                    }
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    tracing::info!("source closed; sync loop stops");
+                    return;
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            if !synced {
+                next_full = Instant::now() + self.sync_period;
+                continue;
+            }
+            let now = Instant::now();
+            let full = now >= next_full;
+            if !(full || dirty || retry_at.is_some_and(|r| now >= r)) {
+                continue;
+            }
+            pacer.take(now);
+            if self.sync_once(full) {
+                failures = 0;
+                retry_at = None;
+            } else {
+                failures += 1;
+                // 1s, 2s, 4s ... capped at the sync period.
+                let backoff = Duration::from_secs(1u64 << failures.min(6)).min(self.sync_period);
+                retry_at = Some(Instant::now() + backoff);
+            }
+            dirty = false;
+            if full {
+                next_full = Instant::now() + self.sync_period;
+            }
+        }
+    }
+}
