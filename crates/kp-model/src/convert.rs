@@ -36,6 +36,40 @@ fn err(kind: &'static str, ns: &str, name: &str, reason: impl Into<String>) -> C
     }
 }
 
+/// Parses an IP as upstream's ParseIPSloppy: IPv4 octets with leading zeros
+/// ("010.0.0.1") are read as decimal. API servers before 1.34 accept and store
+/// such values, and upstream proxies them rather than ignoring the object.
+fn parse_ip_sloppy(s: &str) -> Option<IpAddr> {
+    if let Ok(ip) = s.parse() {
+        return Some(ip);
+    }
+    let mut octets = [0u8; 4];
+    let mut parts = s.split('.');
+    for o in octets.iter_mut() {
+        let p = parts.next()?;
+        if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        *o = p.parse().ok()?;
+    }
+    if parts.next().is_some() {
+        return None;
+    }
+    Some(IpAddr::from(octets))
+}
+
+/// CIDR counterpart of [`parse_ip_sloppy`] (upstream's ParseCIDRSloppy).
+fn parse_cidr_sloppy(s: &str) -> Option<IpNet> {
+    if let Ok(net) = s.parse() {
+        return Some(net);
+    }
+    let (addr, len) = s.split_once('/')?;
+    if len.is_empty() || !len.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    IpNet::new(parse_ip_sloppy(addr)?, len.parse().ok()?).ok()
+}
+
 pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
 pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -89,9 +123,8 @@ pub fn convert_service(
     }
     let mut cluster_ip = None;
     for s in &ips {
-        let ip: IpAddr = s
-            .parse()
-            .map_err(|_| e(format!("spec.clusterIPs: {s:?} is not an IP address")))?;
+        let ip: IpAddr = parse_ip_sloppy(s)
+            .ok_or_else(|| e(format!("spec.clusterIPs: {s:?} is not an IP address")))?;
         if family.matches(&ip) && cluster_ip.is_none() {
             cluster_ip = Some(ip);
         }
@@ -111,7 +144,7 @@ pub fn convert_service(
     let parse_ips = |field: &str, list: &[String], warnings: &mut Vec<String>| -> Vec<IpAddr> {
         let mut out = Vec::new();
         for s in list.iter().take(MAX_IPS_PER_FIELD) {
-            match s.trim().parse::<IpAddr>() {
+            match parse_ip_sloppy(s.trim()).ok_or(()) {
                 Ok(ip) if family.matches(&ip) => {
                     if !out.contains(&ip) {
                         out.push(ip)
@@ -157,7 +190,7 @@ pub fn convert_service(
         .iter()
         .take(MAX_IPS_PER_FIELD)
     {
-        match s.trim().parse::<IpNet>() {
+        match parse_cidr_sloppy(s.trim()).ok_or(()) {
             Ok(net) => {
                 let fam_ok = match family {
                     IpFamily::V4 => matches!(net, IpNet::V4(_)),
@@ -339,7 +372,7 @@ pub fn convert_endpoint_slice(
         let Some(addr) = ep.addresses.first() else {
             continue;
         };
-        match addr.parse::<IpAddr>() {
+        match parse_ip_sloppy(addr).ok_or(()) {
             Ok(ip) if family.matches(&ip) => parsed.push((ip, ep)),
             Ok(_) => warnings.push(format!(
                 "EndpointSlice {ns}/{name}: endpoints[{i}]: {addr} is not {family}, ignored"

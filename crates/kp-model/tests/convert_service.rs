@@ -617,3 +617,47 @@ fn rejection_is_per_family_independent_of_warnings() {
     assert_eq!(w.len(), 1);
     assert!(w[0].contains("1.2.3.999"));
 }
+
+#[test]
+fn leading_zero_ipv4_is_read_as_decimal_like_upstream() {
+    // Upstream parses with ParseIPSloppy; older API servers store such values.
+    let s = lb_service(
+        json!({
+            "clusterIP": "172.030.000.043", "clusterIPs": ["172.030.000.043"],
+            "ipFamilies": ["IPv4"],
+            "externalIPs": ["001.002.003.004"],
+            "loadBalancerSourceRanges": ["010.001.002.003/16"],
+        }),
+        json!([{"ip": "005.006.007.008"}]),
+    );
+    let mut w = Vec::new();
+    let sp = convert_service(&s, IpFamily::V4, None, &mut w).unwrap();
+    assert!(w.is_empty(), "{w:?}");
+    assert_eq!(sp[0].cluster_ip, ip("172.30.0.43"));
+    assert_eq!(sp[0].external_ips, vec![ip("1.2.3.4")]);
+    assert_eq!(sp[0].load_balancer_ips, vec![ip("5.6.7.8")]);
+    assert_eq!(sp[0].load_balancer_source_ranges, vec![net("10.1.0.0/16")]);
+    // Not IPs, sloppy or not.
+    for bad in [
+        "1.2.3.4.5",
+        "1.2.3",
+        "256.0.0.1",
+        "0x10.0.0.1",
+        "1..2.3",
+        "+1.2.3.4",
+        "1.2.3.4/8",
+    ] {
+        let s = svc_spec(json!({"clusterIP": bad, "ports": p80()}));
+        assert!(conv(&s, IpFamily::V4).is_err(), "{bad}");
+    }
+    for bad in ["010.0.0.0/", "010.0.0.0/+8", "010.0.0.0/33", "010.0.0/8"] {
+        let s = lb_service(
+            json!({"loadBalancerSourceRanges": [bad]}),
+            json!([{"ip": "1.2.3.4"}]),
+        );
+        let mut w = Vec::new();
+        let sp = convert_service(&s, IpFamily::V4, None, &mut w).unwrap();
+        assert!(sp[0].load_balancer_source_ranges.is_empty(), "{bad}");
+        assert_eq!(w.len(), 1, "{bad}: {w:?}");
+    }
+}

@@ -353,3 +353,11 @@ fn oversized_and_invalid_slices_rejected() {
     }));
     assert!(convert_endpoint_slice(&s, IpFamily::V4, NODE, &mut w).is_ok());
 }
+
+#[test]
+fn leading_zero_endpoint_address_is_read_as_decimal() {
+    let s = svc1_slice("IPv4", json!([{"addresses": ["010.180.000.001"]}]), p80());
+    let (r, w) = conv(&s, IpFamily::V4);
+    assert!(w.is_empty(), "{w:?}");
+    assert_eq!(only_port(&r)[0].ip, ip("10.180.0.1"));
+}
