@@ -21,6 +21,8 @@ use crate::LabError;
 pub const SERVICE_CIDR_V4: &str = "10.96.0.0/16";
 /// IPv6 service (ClusterIP) range the lab is laid out for.
 pub const SERVICE_CIDR_V6: &str = "fd00:96::/108";
+/// Name of the LAN interface in every node and in the external client.
+pub const LAN_IFACE: &str = "eth0";
 /// Prefix of the node-side name of every pod veth (`kpv2`, `kpv3`, ...), for
 /// interface-name based local-traffic detection.
 pub const POD_VETH_PREFIX: &str = "kpv";
@@ -269,16 +271,23 @@ impl Cluster {
         ip_in(
             lan,
             &[
-                "link", "add", lan_port, "type", "veth", "peer", "name", "eth0", "netns", ns,
+                "link", "add", lan_port, "type", "veth", "peer", "name", LAN_IFACE, "netns", ns,
             ],
         )?;
         ip_in(lan, &["link", "set", lan_port, "master", "br0", "up"])?;
-        ip_in(ns, &["addr", "add", &format!("{v4}/24"), "dev", "eth0"])?;
+        ip_in(ns, &["addr", "add", &format!("{v4}/24"), "dev", LAN_IFACE])?;
         ip_in(
             ns,
-            &["addr", "add", &format!("{v6}/64"), "dev", "eth0", "nodad"],
+            &[
+                "addr",
+                "add",
+                &format!("{v6}/64"),
+                "dev",
+                LAN_IFACE,
+                "nodad",
+            ],
         )?;
-        ip_in(ns, &["link", "set", "eth0", "up"])?;
+        ip_in(ns, &["link", "set", LAN_IFACE, "up"])?;
         Ok(())
     }
 
@@ -321,8 +330,8 @@ impl Cluster {
             // Default routes out of eth0 make every destination (ClusterIPs,
             // external IPs) routable from the node, so locally generated
             // packets reach the netfilter OUTPUT hooks and then get DNATed.
-            ip_in(&ns, &["route", "add", "default", "dev", "eth0"])?;
-            ip_in(&ns, &["-6", "route", "add", "default", "dev", "eth0"])?;
+            ip_in(&ns, &["route", "add", "default", "dev", LAN_IFACE])?;
+            ip_in(&ns, &["-6", "route", "add", "default", "dev", LAN_IFACE])?;
         }
         for i in 1..=self.node_ns.len() {
             for j in (1..=self.node_ns.len()).filter(|&j| j != i) {

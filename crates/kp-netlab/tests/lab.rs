@@ -324,6 +324,17 @@ fn source_binding_and_in_netns() {
     assert!(matches!(err, LabError::Command { .. }), "{err}");
 }
 
+#[test]
+fn handles_can_move_between_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<Cluster>();
+    send_sync::<kp_netlab::ServerGuard>();
+    send_sync::<kp_netlab::ProcGuard>();
+    send_sync::<kp_netlab::UdpSession>();
+    send::<kp_netlab::HeldConn>();
+}
+
 fn pid_alive(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
