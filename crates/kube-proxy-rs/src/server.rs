@@ -1,1 +1,460 @@
+//! The proxy's own HTTP servers: /healthz and /livez (default :10256), and
+//! /metrics, /proxyMode, /configz and /healthz (default 127.0.0.1:10249).
+//!
+//! [`HealthState`] follows upstream's ProxyHealthServer: each IP family's
+//! proxier reports when an update was queued and when rules were last
+//! programmed; the proxy is unhealthy while some family has had an update
+//! pending for longer than the health timeout (2 × syncPeriod upstream).
 
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use kp_model::IpFamily;
+use tokio::net::TcpListener;
+
+use crate::metrics::{Metrics, OPENMETRICS_CONTENT_TYPE, PROMETHEUS_CONTENT_TYPE};
+
+/// Taint the Cluster Autoscaler puts on a node it is about to delete.
+pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what} server stopped: {source}")]
+    Serve {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Where "now" comes from; tests inject a [`ManualClock`].
+pub trait Clock: Send + Sync + 'static {
+    fn now(&self) -> SystemTime;
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> SystemTime {
+        SystemTime::now()
+    }
+}
+
+/// A clock that only moves when told to.
+#[derive(Debug)]
+pub struct ManualClock {
+    now: Mutex<SystemTime>,
+}
+
+impl ManualClock {
+    pub fn new(start: SystemTime) -> Self {
+        ManualClock {
+            now: Mutex::new(start),
+        }
+    }
+    pub fn advance(&self, d: Duration) {
+        let mut now = self.now.lock().unwrap_or_else(|p| p.into_inner());
+        *now += d;
+    }
+    pub fn set(&self, t: SystemTime) {
+        *self.now.lock().unwrap_or_else(|p| p.into_inner()) = t;
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> SystemTime {
+        *self.now.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[derive(Debug)]
+struct HealthInner {
+    last_updated: HashMap<IpFamily, SystemTime>,
+    oldest_pending: HashMap<IpFamily, SystemTime>,
+    node_eligible: bool,
+}
+
+/// The proxy's health, shared between the sync loop and the HTTP servers.
+pub struct HealthState {
+    clock: Arc<dyn Clock>,
+    health_timeout: Duration,
+    inner: Mutex<HealthInner>,
+}
+
+impl std::fmt::Debug for HealthState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HealthState")
+            .field("health_timeout", &self.health_timeout)
+            .field("inner", &*self.lock())
+            .finish()
+    }
+}
+
+/// What /healthz or /livez reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HealthReport {
+    pub healthy: bool,
+    pub last_updated: SystemTime,
+    pub current_time: SystemTime,
+    pub node_eligible: bool,
+}
+
+impl HealthState {
+    /// `families` are the proxiers that will run; each counts as updated now,
+    /// as upstream's SyncLoop marks itself updated when it starts, so a proxier
+    /// that never completes a sync turns unhealthy once an update has waited
+    /// `health_timeout`.
+    pub fn new(families: &[IpFamily], health_timeout: Duration) -> Self {
+        Self::with_clock(families, health_timeout, Arc::new(SystemClock))
+    }
+
+    pub fn with_clock(
+        families: &[IpFamily],
+        health_timeout: Duration,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        let now = clock.now();
+        HealthState {
+            clock,
+            health_timeout,
+            inner: Mutex::new(HealthInner {
+                last_updated: families.iter().map(|f| (*f, now)).collect(),
+                oldest_pending: HashMap::new(),
+                // Eligible until a Node event says otherwise, as upstream.
+                node_eligible: true,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HealthInner> {
+        // A panic while holding this lock cannot leave the maps inconsistent.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn health_timeout(&self) -> Duration {
+        self.health_timeout
+    }
+
+    /// A change for `family` arrived that is not programmed yet. Only the
+    /// oldest pending one counts.
+    pub fn queued_update(&self, family: IpFamily) {
+        let now = self.clock.now();
+        self.lock().oldest_pending.entry(family).or_insert(now);
+    }
+
+    /// `family`'s rules now reflect every change queued so far.
+    pub fn updated(&self, family: IpFamily) {
+        let now = self.clock.now();
+        let mut g = self.lock();
+        g.oldest_pending.remove(&family);
+        g.last_updated.insert(family, now);
+    }
+
+    /// False when the Node is being deleted or carries [`TO_BE_DELETED_TAINT`];
+    /// only /healthz looks at it.
+    pub fn set_node_eligible(&self, eligible: bool) {
+        self.lock().node_eligible = eligible;
+    }
+
+    pub fn node_eligible(&self) -> bool {
+        self.lock().node_eligible
+    }
+
+    /// The proxy's own health, ignoring the Node (upstream's IsHealthy; what
+    /// /livez and the service health checks use).
+    pub fn is_healthy(&self) -> bool {
+        self.check().0
+    }
+
+    /// (healthy, lastUpdated, now), upstream's isHealthy.
+    fn check(&self) -> (bool, SystemTime, SystemTime) {
+        let g = self.lock();
+        let now = self.clock.now();
+        let mut last = UNIX_EPOCH;
+        let mut families: Vec<_> = g.last_updated.iter().collect();
+        families.sort_by_key(|(f, _)| **f);
+        for (family, updated) in families {
+            if *updated > last {
+                last = *updated;
+            }
+            let Some(pending) = g.oldest_pending.get(family) else {
+                continue;
+            };
+            let waited = now.duration_since(*pending).unwrap_or(Duration::ZERO);
+            if waited < self.health_timeout {
+                continue;
+            }
+            return (false, *updated, now);
+        }
+        (true, last, now)
+    }
+
+    /// What /healthz answers: the proxy is healthy and the Node eligible.
+    pub fn healthz(&self) -> HealthReport {
+        let node_eligible = self.node_eligible();
+        let (healthy, last, now) = self.check();
+        let healthy = healthy && node_eligible;
+        HealthReport {
+            healthy,
+            // Upstream reports "now" while healthy, for compatibility.
+            last_updated: if healthy { now } else { last },
+            current_time: now,
+            node_eligible,
+        }
+    }
+
+    /// What /livez answers: the proxy's health only.
+    pub fn livez(&self) -> HealthReport {
+        let node_eligible = self.node_eligible();
+        let (healthy, last, now) = self.check();
+        HealthReport {
+            healthy,
+            last_updated: if healthy { now } else { last },
+            current_time: now,
+            node_eligible,
+        }
+    }
+}
+
+/// RFC 3339 in UTC with the fraction trimmed ("2024-05-01T12:00:00.5Z").
+pub fn format_rfc3339(t: SystemTime) -> String {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
+    let secs = d.as_secs();
+    let nanos = d.subsec_nanos();
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let (hh, mm, ss) = (rem / 3600, (rem / 60) % 60, rem % 60);
+    // Howard Hinnant's days-to-civil.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let mut out = format!("{year:04}-{month:02}-{day:02}T{hh:02}:{mm:02}:{ss:02}");
+    if nanos != 0 {
+        let frac = format!("{nanos:09}");
+        out.push('.');
+        out.push_str(frac.trim_end_matches('0'));
+    }
+    out.push('Z');
+    out
+}
+
+fn json_response(status: StatusCode, body: serde_json::Value) -> Response {
+    let mut resp = (status, body.to_string()).into_response();
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    resp
+}
+
+#[derive(Clone)]
+struct HealthApp {
+    state: Arc<HealthState>,
+    metrics: Metrics,
+}
+
+async fn healthz_handler(State(app): State<HealthApp>) -> Response {
+    let r = app.state.healthz();
+    let status = if r.healthy {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    app.metrics.inc_healthz(status.as_u16());
+    json_response(
+        status,
+        serde_json::json!({
+            "lastUpdated": format_rfc3339(r.last_updated),
+            "currentTime": format_rfc3339(r.current_time),
+            "nodeEligible": r.node_eligible,
+        }),
+    )
+}
+
+async fn livez_handler(State(app): State<HealthApp>) -> Response {
+    let r = app.state.livez();
+    let status = if r.healthy {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    app.metrics.inc_livez(status.as_u16());
+    json_response(
+        status,
+        serde_json::json!({
+            "lastUpdated": format_rfc3339(r.last_updated),
+            "currentTime": format_rfc3339(r.current_time),
+        }),
+    )
+}
+
+/// The /healthz + /livez router.
+pub fn health_router(state: Arc<HealthState>, metrics: Metrics) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz_handler))
+        .route("/livez", get(livez_handler))
+        .with_state(HealthApp { state, metrics })
+}
+
+#[derive(Clone)]
+struct MetricsApp {
+    metrics: Metrics,
+    mode: &'static str,
+    configz: Arc<String>,
+}
+
+async fn metrics_handler(State(app): State<MetricsApp>, headers: HeaderMap) -> Response {
+    let openmetrics = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("application/openmetrics-text"));
+    let (body, ctype) = if openmetrics {
+        (app.metrics.encode_openmetrics(), OPENMETRICS_CONTENT_TYPE)
+    } else {
+        (app.metrics.encode(), PROMETHEUS_CONTENT_TYPE)
+    };
+    ([(header::CONTENT_TYPE, ctype)], body).into_response()
+}
+
+async fn proxy_mode_handler(State(app): State<MetricsApp>) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        app.mode,
+    )
+        .into_response()
+}
+
+async fn configz_handler(State(app): State<MetricsApp>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        app.configz.as_str().to_string(),
+    )
+        .into_response()
+}
+
+async fn ping_handler() -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], "ok").into_response()
+}
+
+/// The /metrics, /proxyMode, /configz, /healthz router. `configz` is the
+/// effective KubeProxyConfiguration (see
+/// [`crate::config::ProxyConfig::to_configuration_json`]); it is served as
+/// `{"kubeproxy.config.k8s.io": configz}` like upstream.
+pub fn metrics_router(metrics: Metrics, mode: &'static str, configz: serde_json::Value) -> Router {
+    let body = serde_json::json!({ "kubeproxy.config.k8s.io": configz }).to_string();
+    Router::new()
+        .route("/metrics", get(metrics_handler))
+        .route("/proxyMode", get(proxy_mode_handler))
+        .route("/configz", get(configz_handler))
+        // Like upstream's metrics server: a plain liveness ping.
+        .route("/healthz", get(ping_handler))
+        .with_state(MetricsApp {
+            metrics,
+            mode,
+            configz: Arc::new(body),
+        })
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServerError::Bind { addr, source })
+}
+
+/// Serves /healthz and /livez on `addr` until the task is dropped.
+pub async fn serve_health(
+    addr: SocketAddr,
+    state: Arc<HealthState>,
+    metrics: Metrics,
+) -> Result<(), ServerError> {
+    let listener = bind(addr).await?;
+    serve_health_on(listener, state, metrics).await
+}
+
+/// As [`serve_health`], on a listener the caller bound (tests bind port 0).
+pub async fn serve_health_on(
+    listener: TcpListener,
+    state: Arc<HealthState>,
+    metrics: Metrics,
+) -> Result<(), ServerError> {
+    if let Ok(a) = listener.local_addr() {
+        tracing::info!(address = %a, "serving /healthz and /livez");
+    }
+    axum::serve(listener, health_router(state, metrics))
+        .await
+        .map_err(|source| ServerError::Serve {
+            what: "healthz",
+            source,
+        })
+}
+
+/// Serves /metrics, /proxyMode, /configz and /healthz on `addr`.
+pub async fn serve_metrics(
+    addr: SocketAddr,
+    metrics: Metrics,
+    mode: &'static str,
+    configz: serde_json::Value,
+) -> Result<(), ServerError> {
+    let listener = bind(addr).await?;
+    serve_metrics_on(listener, metrics, mode, configz).await
+}
+
+/// As [`serve_metrics`], on a listener the caller bound.
+pub async fn serve_metrics_on(
+    listener: TcpListener,
+    metrics: Metrics,
+    mode: &'static str,
+    configz: serde_json::Value,
+) -> Result<(), ServerError> {
+    if let Ok(a) = listener.local_addr() {
+        tracing::info!(address = %a, "serving /metrics, /proxyMode, /configz");
+    }
+    axum::serve(listener, metrics_router(metrics, mode, configz))
+        .await
+        .map_err(|source| ServerError::Serve {
+            what: "metrics",
+            source,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339() {
+        assert_eq!(format_rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00Z");
+        let t = UNIX_EPOCH + Duration::new(1_709_210_096, 500_000_000);
+        assert_eq!(format_rfc3339(t), "2024-02-29T12:34:56.5Z");
+        let t = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
+        assert_eq!(format_rfc3339(t), "2000-02-29T00:00:00Z");
+    }
+}

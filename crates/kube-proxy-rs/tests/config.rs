@@ -1,0 +1,751 @@
+//! Flags, the KubeProxyConfiguration file, and how they combine.
+
+use std::ffi::OsString;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use kp_model::{IpFamily, LocalDetector};
+use kube_proxy_rs::config::{
+    format_go_duration, load, parse_go_duration, ConfigError, DetectLocalMode, ProxyConfig,
+    ProxyMode,
+};
+
+fn args(list: &[&str]) -> Vec<OsString> {
+    std::iter::once("kube-proxy")
+        .chain(list.iter().copied())
+        .map(OsString::from)
+        .collect()
+}
+
+/// A temp dir removed on drop, unique per test.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(format!(
+            "kpr-config-{tag}-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    fn write(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.0.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn load_file(tag: &str, yaml: &str, extra: &[&str]) -> Result<ProxyConfig, ConfigError> {
+    let dir = TempDir::new(tag);
+    let path = dir.write("config.yaml", yaml);
+    let mut a = vec!["--config", path.to_str().unwrap()];
+    a.extend_from_slice(extra);
+    load(args(&a))
+}
+
+fn net(s: &str) -> IpNet {
+    s.parse().unwrap()
+}
+
+/// What `kubeadm init` puts in the kube-proxy ConfigMap (config.conf).
+const KUBEADM_CONFIG: &str = r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
+bindAddress: 0.0.0.0
+bindAddressHardFail: false
+clientConnection:
+  acceptContentTypes: ""
+  burst: 0
+  contentType: ""
+  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf
+  qps: 0
+clusterCIDR: 10.244.0.0/16,fd00:10:244::/56
+configSyncPeriod: 0s
+conntrack:
+  maxPerCore: null
+  min: null
+  tcpBeLiberal: false
+  tcpCloseWaitTimeout: null
+  tcpEstablishedTimeout: null
+  udpStreamTimeout: 0s
+  udpTimeout: 0s
+detectLocal:
+  bridgeInterface: ""
+  interfaceNamePrefix: ""
+detectLocalMode: ""
+enableProfiling: false
+healthzBindAddress: ""
+hostnameOverride: ""
+iptables:
+  localhostNodePorts: null
+  masqueradeAll: false
+  masqueradeBit: null
+  minSyncPeriod: 0s
+  syncPeriod: 0s
+ipvs:
+  excludeCIDRs: null
+  minSyncPeriod: 0s
+  scheduler: ""
+  strictARP: false
+  syncPeriod: 0s
+  tcpFinTimeout: 0s
+  tcpTimeout: 0s
+  udpTimeout: 0s
+kind: KubeProxyConfiguration
+logging:
+  flushFrequency: 0
+  options:
+    json:
+      infoBufferSize: "0"
+    text:
+      infoBufferSize: "0"
+  verbosity: 0
+metricsBindAddress: ""
+mode: ""
+nftables:
+  masqueradeAll: false
+  masqueradeBit: null
+  minSyncPeriod: 0s
+  syncPeriod: 0s
+nodePortAddresses: null
+oomScoreAdj: null
+portRange: ""
+showHiddenMetricsForVersion: ""
+winkernel:
+  enableDSR: false
+  forwardHealthCheckVip: false
+  networkName: ""
+  rootHnsEndpointName: ""
+  sourceVip: ""
+"#;
+
+#[test]
+fn defaults_match_upstream() {
+    let c = load(args(&["--hostname-override", "Node-A "])).unwrap();
+    assert_eq!(c.mode, ProxyMode::Nftables);
+    assert_eq!(c.hostname, "node-a");
+    assert_eq!(c.bind_address, "0.0.0.0".parse::<IpAddr>().unwrap());
+    assert_eq!(
+        c.healthz_bind_address,
+        Some("0.0.0.0:10256".parse::<SocketAddr>().unwrap())
+    );
+    assert_eq!(
+        c.metrics_bind_address,
+        Some("127.0.0.1:10249".parse::<SocketAddr>().unwrap())
+    );
+    assert!(c.cluster_cidrs.is_empty());
+    assert_eq!(c.detect_local_mode, DetectLocalMode::ClusterCidr);
+    assert!(c.nodeport_addresses.is_empty());
+    assert!(c.nodeport_primary, "nftables mode defaults to primary");
+    assert!(!c.masquerade_all);
+    assert_eq!(c.masquerade_bit, 14);
+    assert_eq!(c.sync_period, Duration::from_secs(30));
+    assert_eq!(c.min_sync_period, Duration::from_secs(1));
+    assert!(c.localhost_nodeports);
+    assert_eq!(c.config_sync_period, Duration::from_secs(900));
+    assert_eq!(c.kubeconfig, None);
+    assert_eq!(c.master, None);
+    assert_eq!(c.conntrack.max_per_core, 32768);
+    assert_eq!(c.conntrack.min, 131072);
+    assert_eq!(
+        c.conntrack.tcp_established_timeout,
+        Duration::from_secs(86400)
+    );
+    assert_eq!(
+        c.conntrack.tcp_close_wait_timeout,
+        Duration::from_secs(3600)
+    );
+    assert_eq!(c.ipvs.sync_period, Duration::from_secs(30));
+    assert_eq!(c.ipvs.min_sync_period, Duration::ZERO);
+    assert_eq!(c.oom_score_adj, -999);
+    assert_eq!(c.client.qps, 5.0);
+    assert_eq!(c.client.burst, 10);
+    assert_eq!(c.verbosity, 0);
+    assert!(!c.log_json && !c.dry_run && !c.cleanup);
+    assert_eq!(c.service_proxy_name, None);
+    assert_eq!(c.local_detector(IpFamily::V4), LocalDetector::None);
+}
+
+#[test]
+fn hostname_defaults_to_the_machines() {
+    let c = load(args(&[])).unwrap();
+    let expect = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap()
+        .trim()
+        .to_lowercase();
+    assert_eq!(c.hostname, expect);
+}
+
+#[test]
+fn iptables_mode_serves_nodeports_on_all_addresses() {
+    let c = load(args(&[
+        "--proxy-mode",
+        "iptables",
+        "--hostname-override",
+        "n",
+    ]))
+    .unwrap();
+    assert_eq!(c.mode, ProxyMode::Iptables);
+    assert_eq!(c.mode.as_str(), "iptables");
+    assert!(!c.nodeport_primary);
+    assert!(c.nodeport_addresses.is_empty());
+    for m in ["ipvs", "userspace", "nftables"] {
+        let c = load(args(&["--proxy-mode", m, "--hostname-override", "n"])).unwrap();
+        assert_eq!(c.mode.as_str(), m);
+    }
+    let err = load(args(&["--proxy-mode", "kernelspace"])).unwrap_err();
+    assert!(matches!(err, ConfigError::Cli(_)), "{err}");
+}
+
+#[test]
+fn kubeadm_configmap_loads() {
+    let c = load_file("kubeadm", KUBEADM_CONFIG, &["--hostname-override", "n1"]).unwrap();
+    assert_eq!(c.mode, ProxyMode::Nftables);
+    assert_eq!(
+        c.kubeconfig,
+        Some(PathBuf::from("/var/lib/kube-proxy/kubeconfig.conf"))
+    );
+    assert_eq!(
+        c.cluster_cidrs,
+        vec![net("10.244.0.0/16"), net("fd00:10:244::/56")]
+    );
+    // Zero values in the file take upstream's defaults.
+    assert_eq!(c.sync_period, Duration::from_secs(30));
+    assert_eq!(c.min_sync_period, Duration::from_secs(1));
+    assert_eq!(c.config_sync_period, Duration::from_secs(900));
+    assert_eq!(c.masquerade_bit, 14);
+    assert_eq!(
+        c.healthz_bind_address,
+        Some("0.0.0.0:10256".parse::<SocketAddr>().unwrap())
+    );
+    assert_eq!(
+        c.metrics_bind_address,
+        Some("127.0.0.1:10249".parse::<SocketAddr>().unwrap())
+    );
+    assert_eq!(c.conntrack.max_per_core, 32768);
+    assert_eq!(c.client.content_type, "application/vnd.kubernetes.protobuf");
+    assert_eq!(
+        c.local_detector(IpFamily::V4),
+        LocalDetector::Cidrs(vec![net("10.244.0.0/16")])
+    );
+    assert_eq!(
+        c.local_detector(IpFamily::V6),
+        LocalDetector::Cidrs(vec![net("fd00:10:244::/56")])
+    );
+}
+
+#[test]
+fn file_values_are_used_and_flags_override_only_when_given() {
+    let yaml = r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: iptables
+clusterCIDR: 10.1.0.0/16
+metricsBindAddress: 0.0.0.0:10249
+hostnameOverride: from-file
+iptables:
+  masqueradeBit: 12
+  masqueradeAll: true
+  syncPeriod: 10s
+  minSyncPeriod: 2s
+  localhostNodePorts: false
+nodePortAddresses: [192.0.2.0/24]
+configSyncPeriod: 5m
+logging:
+  format: json
+  verbosity: 3
+featureGates:
+  SomeGate: true
+"#;
+    // No flags: the file wins over flag defaults.
+    let c = load_file("nogiven", yaml, &[]).unwrap();
+    assert_eq!(c.mode, ProxyMode::Iptables);
+    assert_eq!(c.hostname, "from-file");
+    assert_eq!(c.cluster_cidrs, vec![net("10.1.0.0/16")]);
+    assert_eq!(
+        c.metrics_bind_address,
+        Some("0.0.0.0:10249".parse::<SocketAddr>().unwrap())
+    );
+    assert_eq!(c.masquerade_bit, 12);
+    assert!(c.masquerade_all);
+    assert_eq!(c.sync_period, Duration::from_secs(10));
+    assert_eq!(c.min_sync_period, Duration::from_secs(2));
+    assert!(!c.localhost_nodeports);
+    assert_eq!(c.nodeport_addresses, vec![net("192.0.2.0/24")]);
+    assert!(!c.nodeport_primary);
+    assert_eq!(c.config_sync_period, Duration::from_secs(300));
+    assert!(c.log_json);
+    assert_eq!(c.verbosity, 3);
+    assert_eq!(c.feature_gates.get("SomeGate"), Some(&true));
+
+    // Given flags override; the others leave the file alone.
+    let c = load_file(
+        "given",
+        yaml,
+        &[
+            "--cluster-cidr",
+            "10.2.0.0/16",
+            "--iptables-masquerade-bit=5",
+            "--masquerade-all=false",
+            "--proxy-mode",
+            "nftables",
+            "-v",
+            "5",
+            "--log-format",
+            "text",
+            "--iptables-min-sync-period",
+            "500ms",
+        ],
+    )
+    .unwrap();
+    assert_eq!(c.mode, ProxyMode::Nftables);
+    assert_eq!(c.cluster_cidrs, vec![net("10.2.0.0/16")]);
+    assert_eq!(c.masquerade_bit, 5);
+    assert!(!c.masquerade_all);
+    assert_eq!(c.min_sync_period, Duration::from_millis(500));
+    // nftables mode falls back to the file's iptables syncPeriod.
+    assert_eq!(c.sync_period, Duration::from_secs(10));
+    assert_eq!(c.verbosity, 5);
+    assert!(!c.log_json);
+    assert_eq!(c.hostname, "from-file");
+    assert_eq!(
+        c.metrics_bind_address,
+        Some("0.0.0.0:10249".parse::<SocketAddr>().unwrap())
+    );
+}
+
+fn expect_invalid(tag: &str, yaml_body: &str, needles: &[&str]) {
+    let yaml = format!(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n{yaml_body}"
+    );
+    let err = load_file(tag, &yaml, &["--hostname-override", "n"]).unwrap_err();
+    let msg = err.to_string();
+    for n in needles {
+        assert!(msg.contains(n), "error {msg:?} should contain {n:?}");
+    }
+}
+
+#[test]
+fn unknown_fields_are_errors_naming_the_field() {
+    expect_invalid("unk1", "bogusField: 1\n", &["bogusField"]);
+    expect_invalid(
+        "unk2",
+        "iptables:\n  fooBar: true\n",
+        &["iptables", "fooBar"],
+    );
+    expect_invalid(
+        "unk3",
+        "conntrack:\n  maxPerCore: 1\n  tcpTimeout: 1s\n",
+        &["conntrack", "tcpTimeout"],
+    );
+}
+
+#[test]
+fn bad_values_are_errors_naming_the_field() {
+    expect_invalid(
+        "bit",
+        "iptables:\n  masqueradeBit: 40\n",
+        &["iptables.masqueradeBit: 40 is not in 0..=31"],
+    );
+    expect_invalid(
+        "nftbit",
+        "nftables:\n  masqueradeBit: -1\n",
+        &["nftables.masqueradeBit: -1 is not in 0..=31"],
+    );
+    expect_invalid(
+        "bittype",
+        "iptables:\n  masqueradeBit: lots\n",
+        &["iptables.masqueradeBit"],
+    );
+    expect_invalid(
+        "cidr",
+        "clusterCIDR: 10.0.0.0/33\n",
+        &["clusterCIDR", "10.0.0.0/33"],
+    );
+    expect_invalid(
+        "cidr2",
+        "clusterCIDR: 10.0.0.0/16,10.1.0.0/16\n",
+        &["clusterCIDR", "one CIDR per IP family"],
+    );
+    expect_invalid(
+        "npa",
+        "nodePortAddresses: [10.0.0.0/8, nonsense]\n",
+        &["nodePortAddresses[1]", "nonsense"],
+    );
+    expect_invalid(
+        "dur",
+        "iptables:\n  syncPeriod: 5 minutes\n",
+        &["iptables.syncPeriod"],
+    );
+    expect_invalid("dur2", "configSyncPeriod: 10\n", &["configSyncPeriod"]);
+    expect_invalid("mode", "mode: kernelspace\n", &["mode", "kernelspace"]);
+    expect_invalid(
+        "detect",
+        "detectLocalMode: BridgeInterface\n",
+        &["detectLocal.bridgeInterface"],
+    );
+    expect_invalid("bind", "bindAddress: not-an-ip\n", &["bindAddress"]);
+    expect_invalid(
+        "healthz",
+        "healthzBindAddress: localhost:x\n",
+        &["healthzBindAddress"],
+    );
+    expect_invalid("oom", "oomScoreAdj: 5000\n", &["oomScoreAdj"]);
+
+    let err = load_file(
+        "kind",
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeletConfiguration\n",
+        &[],
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("kind"), "{err}");
+    let err = load_file("apiv", "kind: KubeProxyConfiguration\n", &[]).unwrap_err();
+    assert!(err.to_string().contains("apiVersion"), "{err}");
+}
+
+#[test]
+fn bad_flags_are_errors() {
+    for bad in [
+        vec!["--iptables-sync-period", "5 minutes"],
+        vec!["--bind-address", "nope"],
+        vec!["--no-such-flag"],
+    ] {
+        let err = load(args(&bad)).unwrap_err();
+        assert!(matches!(err, ConfigError::Cli(_)), "{bad:?}: {err}");
+    }
+    let err = load(args(&[
+        "--iptables-masquerade-bit",
+        "32",
+        "--hostname-override",
+        "n",
+    ]))
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("masqueradeBit: 32 is not in 0..=31"),
+        "{err}"
+    );
+    let err = load(args(&[
+        "--cluster-cidr",
+        "10.0.0.0/8,garbage",
+        "--hostname-override",
+        "n",
+    ]))
+    .unwrap_err();
+    assert!(err.to_string().contains("clusterCIDR"), "{err}");
+    match load(args(&["--help"])).unwrap_err() {
+        ConfigError::Cli(e) => assert_eq!(e.kind(), clap::error::ErrorKind::DisplayHelp),
+        other => panic!("{other}"),
+    }
+}
+
+#[test]
+fn bool_flags_take_go_syntax() {
+    let c = load(args(&["--masquerade-all", "--hostname-override", "n"])).unwrap();
+    assert!(c.masquerade_all);
+    let c = load(args(&["--masquerade-all=true", "--hostname-override", "n"])).unwrap();
+    assert!(c.masquerade_all);
+    let c = load(args(&[
+        "--iptables-localhost-nodeports=false",
+        "--hostname-override",
+        "n",
+    ]))
+    .unwrap();
+    assert!(!c.localhost_nodeports);
+    let c = load(args(&[
+        "--cleanup",
+        "--dry-run",
+        "--hostname-override",
+        "n",
+    ]))
+    .unwrap();
+    assert!(c.cleanup && c.dry_run);
+}
+
+#[test]
+fn empty_bind_address_flag_disables_the_server() {
+    let c = load(args(&[
+        "--healthz-bind-address=",
+        "--metrics-bind-address",
+        "",
+        "--hostname-override",
+        "n",
+    ]))
+    .unwrap();
+    assert_eq!(c.healthz_bind_address, None);
+    assert_eq!(c.metrics_bind_address, None);
+    // A bare IP takes the default port; IPv6 bindAddress moves the defaults.
+    let c = load(args(&[
+        "--healthz-bind-address",
+        "127.0.0.1",
+        "--bind-address",
+        "::",
+        "--hostname-override",
+        "n",
+    ]))
+    .unwrap();
+    assert_eq!(
+        c.healthz_bind_address,
+        Some("127.0.0.1:10256".parse::<SocketAddr>().unwrap())
+    );
+    assert_eq!(
+        c.metrics_bind_address,
+        Some("[::1]:10249".parse::<SocketAddr>().unwrap())
+    );
+}
+
+#[test]
+fn our_flags_and_accepted_upstream_flags() {
+    let c = load(args(&[
+        "--manifests",
+        "/srv/manifests",
+        "--service-proxy-name",
+        "mine",
+        "--master",
+        "https://127.0.0.1:6443",
+        "--kubeconfig",
+        "/etc/kp.conf",
+        "--oom-score-adj",
+        "-500",
+        "--feature-gates",
+        "A=true,B=false",
+        "--conntrack-max-per-core",
+        "0",
+        "--conntrack-tcp-timeout-established",
+        "12h",
+        "--ipvs-scheduler",
+        "rr",
+        "--ipvs-exclude-cidrs",
+        "10.0.0.0/8,fd00::/8",
+        "--ipvs-strict-arp",
+        "--ipvs-tcp-timeout",
+        "900s",
+        "--config-sync-period",
+        "1h2m3s",
+        "--logging-format",
+        "json",
+        "--hostname-override",
+        "n",
+    ]))
+    .unwrap();
+    assert_eq!(c.manifests, Some(PathBuf::from("/srv/manifests")));
+    assert_eq!(c.service_proxy_name.as_deref(), Some("mine"));
+    assert_eq!(c.master.as_deref(), Some("https://127.0.0.1:6443"));
+    assert_eq!(c.kubeconfig, Some(PathBuf::from("/etc/kp.conf")));
+    assert_eq!(c.oom_score_adj, -500);
+    assert_eq!(c.feature_gates.get("A"), Some(&true));
+    assert_eq!(c.feature_gates.get("B"), Some(&false));
+    assert_eq!(c.conntrack.max_per_core, 0);
+    assert_eq!(
+        c.conntrack.tcp_established_timeout,
+        Duration::from_secs(43200)
+    );
+    assert_eq!(c.ipvs.scheduler, "rr");
+    assert_eq!(
+        c.ipvs.exclude_cidrs,
+        vec![net("10.0.0.0/8"), net("fd00::/8")]
+    );
+    assert!(c.ipvs.strict_arp);
+    assert_eq!(c.ipvs.tcp_timeout, Duration::from_secs(900));
+    assert_eq!(c.config_sync_period, Duration::from_secs(3723));
+    assert!(c.log_json);
+}
+
+#[test]
+fn local_detector_modes() {
+    let c = load(args(&[
+        "--cluster-cidr",
+        "10.0.0.0/16",
+        "--hostname-override",
+        "n",
+    ]))
+    .unwrap();
+    assert_eq!(
+        c.local_detector(IpFamily::V4),
+        LocalDetector::Cidrs(vec![net("10.0.0.0/16")])
+    );
+    assert_eq!(c.local_detector(IpFamily::V6), LocalDetector::None);
+
+    let c = load(args(&[
+        "--detect-local-mode",
+        "NodeCIDR",
+        "--hostname-override",
+        "n",
+    ]))
+    .unwrap();
+    let pods = [net("10.0.5.0/24"), net("fd00:5::/64")];
+    assert_eq!(
+        c.local_detector_with_pod_cidrs(IpFamily::V6, &pods),
+        LocalDetector::Cidrs(vec![net("fd00:5::/64")])
+    );
+    assert_eq!(c.local_detector(IpFamily::V4), LocalDetector::None);
+
+    let c = load(args(&[
+        "--detect-local-mode",
+        "BridgeInterface",
+        "--pod-bridge-interface",
+        "cbr0",
+        "--hostname-override",
+        "n",
+    ]))
+    .unwrap();
+    assert_eq!(
+        c.local_detector(IpFamily::V4),
+        LocalDetector::BridgeInterface("cbr0".into())
+    );
+    let c = load(args(&[
+        "--detect-local-mode",
+        "InterfaceNamePrefix",
+        "--pod-interface-name-prefix",
+        "veth",
+        "--hostname-override",
+        "n",
+    ]))
+    .unwrap();
+    assert_eq!(
+        c.local_detector(IpFamily::V6),
+        LocalDetector::InterfaceNamePrefix("veth".into())
+    );
+    let err = load(args(&[
+        "--detect-local-mode",
+        "InterfaceNamePrefix",
+        "--hostname-override",
+        "n",
+    ]))
+    .unwrap_err();
+    assert!(err.to_string().contains("interfaceNamePrefix"), "{err}");
+}
+
+#[test]
+fn nodeport_addresses_per_family() {
+    let c = load(args(&[
+        "--nodeport-addresses",
+        "primary,10.0.0.0/8",
+        "--hostname-override",
+        "n",
+    ]))
+    .unwrap();
+    assert!(c.nodeport_primary);
+    assert_eq!(c.nodeport_addresses, vec![net("10.0.0.0/8")]);
+    let ips: Vec<IpAddr> = vec!["172.16.0.5".parse().unwrap(), "fd00::5".parse().unwrap()];
+    let pc = c.proxier_config(IpFamily::V4, &ips, &[]);
+    assert_eq!(
+        pc.nodeport_addresses,
+        vec![net("10.0.0.0/8"), net("172.16.0.5/32")]
+    );
+    assert_eq!(pc.node_ips, vec![ips[0]]);
+    assert_eq!(pc.masquerade_bit, 14);
+    assert!(
+        !pc.localhost_nodeports,
+        "only iptables mode serves localhost"
+    );
+    let pc6 = c.proxier_config(IpFamily::V6, &ips, &[]);
+    assert_eq!(pc6.nodeport_addresses, vec![net("fd00::5/128")]);
+
+    let c = load(args(&[
+        "--nodeport-addresses",
+        "all",
+        "--hostname-override",
+        "n",
+    ]))
+    .unwrap();
+    assert!(c.nodeport_addresses_for(IpFamily::V4, &ips).is_empty());
+    let c = load(args(&[
+        "--nodeport-addresses",
+        "10.0.0.0/8",
+        "--proxy-mode",
+        "iptables",
+        "--hostname-override",
+        "n",
+    ]))
+    .unwrap();
+    // No CIDR of the family means every address, as upstream.
+    assert!(c.nodeport_addresses_for(IpFamily::V6, &ips).is_empty());
+    assert!(
+        c.proxier_config(IpFamily::V4, &ips, &[])
+            .localhost_nodeports
+    );
+}
+
+#[test]
+fn write_config_round_trips() {
+    let dir = TempDir::new("roundtrip");
+    let out = dir.0.join("written.yaml");
+    let first = load(args(&[
+        "--proxy-mode",
+        "iptables",
+        "--cluster-cidr",
+        "10.244.0.0/16,fd00:10:244::/56",
+        "--hostname-override",
+        "node-7",
+        "--iptables-sync-period",
+        "45s",
+        "--iptables-masquerade-bit",
+        "9",
+        "--nodeport-addresses",
+        "primary,192.0.2.0/24",
+        "--kubeconfig",
+        "/etc/kp/kubeconfig",
+        "--conntrack-min",
+        "1000",
+        "--feature-gates",
+        "X=true",
+        "-v",
+        "4",
+        "--log-format",
+        "json",
+        "--write-config-to",
+        out.to_str().unwrap(),
+    ]))
+    .unwrap();
+    assert_eq!(first.write_config_to.as_deref(), Some(out.as_path()));
+    first.write_config(&out).unwrap();
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(text.contains("kind: KubeProxyConfiguration"), "{text}");
+    assert!(text.contains("kubeproxy.config.k8s.io/v1alpha1"), "{text}");
+    assert!(text.contains("clusterCIDR"), "{text}");
+
+    let mut second = load(args(&["--config", out.to_str().unwrap()])).unwrap();
+    assert_eq!(second.config_file.as_deref(), Some(out.as_path()));
+    second.config_file = None;
+    let mut first = first;
+    first.write_config_to = None;
+    assert_eq!(first, second);
+    assert_eq!(second.sync_period, Duration::from_secs(45));
+    assert_eq!(second.masquerade_bit, 9);
+
+    // The JSON form (for /configz) has the same content.
+    let json = second.to_configuration_json();
+    assert_eq!(json["mode"], "iptables");
+    assert_eq!(json["iptables"]["syncPeriod"], "45s");
+    assert_eq!(json["clusterCIDR"], "10.244.0.0/16,fd00:10:244::/56");
+}
+
+#[test]
+fn go_duration_cases() {
+    for (s, d) in [
+        ("30s", Duration::from_secs(30)),
+        ("1m0s", Duration::from_secs(60)),
+        ("15m", Duration::from_secs(900)),
+        ("500ms", Duration::from_millis(500)),
+        ("1h2m3s", Duration::from_secs(3723)),
+        ("1.25s", Duration::from_millis(1250)),
+        ("0", Duration::ZERO),
+    ] {
+        assert_eq!(parse_go_duration(s).unwrap(), d, "{s}");
+    }
+    for bad in ["", "30", "1d", "1m-1s", "-5s", "m"] {
+        assert!(parse_go_duration(bad).is_err(), "{bad}");
+    }
+    assert_eq!(format_go_duration(Duration::from_secs(900)), "15m0s");
+    assert_eq!(format_go_duration(Duration::from_secs(30)), "30s");
+    assert_eq!(format_go_duration(Duration::from_millis(1500)), "1.5s");
+}
