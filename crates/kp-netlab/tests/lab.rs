@@ -422,3 +422,53 @@ fn namespaces_are_removed_on_drop_and_on_panic() {
         "left over: {names:?}"
     );
 }
+
+#[test]
+fn service_traffic_reaches_node_netfilter_hooks() {
+    // A hand-written DNAT + masquerade ruleset stands in for a proxy: it
+    // proves that pod and node traffic to ClusterIPs passes the node's
+    // prerouting/output hooks and that masquerading picks the node IP (not
+    // the link-local pod gateway).
+    let (c, p) = two_by_two("hooks");
+    let _b = c
+        .serve(p[1].ns(), "srv-b", ServeSpec::both(&[8080]))
+        .unwrap();
+    let rules = format!(
+        "table inet lab {{
+           chain pre {{ type nat hook prerouting priority dstnat; policy accept;
+             ip daddr 10.96.0.10 tcp dport 80 dnat ip to {b4}:8080
+             ip6 daddr fd00:96::a udp dport 80 dnat ip6 to [{b6}]:8080
+           }}
+           chain out {{ type nat hook output priority -100; policy accept;
+             ip daddr 10.96.0.10 tcp dport 80 dnat ip to {b4}:8080
+           }}
+           chain post {{ type nat hook postrouting priority srcnat; policy accept;
+             ip daddr {b4} masquerade
+             ip6 daddr {b6} masquerade
+           }}
+         }}",
+        b4 = p[1].ip(),
+        b6 = p[1].ip6()
+    );
+    let file = std::env::temp_dir().join(format!("{}-hooks.nft", c.prefix()));
+    std::fs::write(&file, rules).unwrap();
+    c.exec_ok(c.node_ns(1), &["nft", "-f", file.to_str().unwrap()])
+        .unwrap();
+    std::fs::remove_file(&file).unwrap();
+
+    let vip4: SocketAddr = "10.96.0.10:80".parse().unwrap();
+    let vip6: SocketAddr = "[fd00:96::a]:80".parse().unwrap();
+    // Hairpin-like: pod a (node 1) -> VIP -> pod b (node 1), masqueraded.
+    let r = tcp_hello(p[0].ns(), vip4, T).unwrap();
+    assert_eq!((r.server.as_str(), r.peer.ip()), ("srv-b", c.node_ip(1)));
+    let r = udp_ask(p[0].ns(), vip6, T).unwrap();
+    assert_eq!((r.server.as_str(), r.peer.ip()), ("srv-b", c.node_ip6(1)));
+    // Remote pod c (node 2) -> VIP is handled by node 2, which has no rules.
+    assert_eq!(
+        tcp_hello(p[2].ns(), vip4, Duration::from_millis(500)),
+        Err(ConnError::Timeout)
+    );
+    // The node itself (output hook).
+    let r = tcp_hello(c.node_ns(1), vip4, T).unwrap();
+    assert_eq!((r.server.as_str(), r.peer.ip()), ("srv-b", c.node_ip(1)));
+}
