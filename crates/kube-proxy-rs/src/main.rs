@@ -42,7 +42,7 @@ fn init_logging(cfg: &ProxyConfig) {
         _ => "trace",
     };
     let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(format!("{level},kube=warn,hyper=warn,tower=warn")));
+        .unwrap_or_else(|_| EnvFilter::new(format!("{level},kube_client=warn,kube_runtime=warn,hyper=warn,hyper_util=warn,tower=warn,rustls=warn")));
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -70,7 +70,9 @@ fn local_addresses() -> Vec<IpAddr> {
                 match (*sa).sa_family as i32 {
                     libc::AF_INET => {
                         let sin = &*(sa as *const libc::sockaddr_in);
-                        out.push(IpAddr::from(u32::from_be(sin.sin_addr.s_addr).to_be_bytes()));
+                        out.push(IpAddr::from(
+                            u32::from_be(sin.sin_addr.s_addr).to_be_bytes(),
+                        ));
                     }
                     libc::AF_INET6 => {
                         let sin6 = &*(sa as *const libc::sockaddr_in6);
@@ -94,7 +96,11 @@ fn local_addresses() -> Vec<IpAddr> {
     out
 }
 
-fn make_dataplane(cfg: &ProxyConfig, family: IpFamily, node_ips: &[IpAddr]) -> Result<Box<dyn Dataplane>> {
+fn make_dataplane(
+    cfg: &ProxyConfig,
+    family: IpFamily,
+    node_ips: &[IpAddr],
+) -> Result<Box<dyn Dataplane>> {
     let pc = cfg.proxier_config(family, node_ips, &[]);
     match cfg.mode {
         ProxyMode::Nftables => Ok(Box::new(kp_nftables::NftablesProxier::new(
@@ -135,9 +141,9 @@ async fn kube_client(cfg: &ProxyConfig) -> Result<kube::Client> {
     } else if let Some(m) = &cfg.master {
         kube::Config::new(m.parse().with_context(|| format!("--master {m:?}"))?)
     } else {
-        kube::Config::infer()
-            .await
-            .context("no --kubeconfig, --master or --manifests given, and not running in a cluster")?
+        kube::Config::infer().await.context(
+            "no --kubeconfig, --master or --manifests given, and not running in a cluster",
+        )?
     };
     kube::Client::try_from(kc).context("building the API client")
 }
@@ -151,7 +157,9 @@ async fn start_source(cfg: &ProxyConfig) -> Result<tokio::sync::mpsc::Receiver<S
         }
         tracing::info!(dir = %dir.display(), "reading Services and EndpointSlices from manifests");
         tokio::spawn(async move {
-            if let Err(e) = kp_source::manifest::run_manifest_source(dir, Duration::from_millis(250), tx).await {
+            if let Err(e) =
+                kp_source::manifest::run_manifest_source(dir, Duration::from_millis(250), tx).await
+            {
                 tracing::error!("manifest source stopped: {e}");
             }
         });
@@ -203,7 +211,11 @@ fn run(cfg: ProxyConfig) -> Result<()> {
     rt.block_on(serve(cfg, dataplanes, node_ips))
 }
 
-async fn serve(cfg: ProxyConfig, dataplanes: Vec<Box<dyn Dataplane>>, node_ips: Vec<IpAddr>) -> Result<()> {
+async fn serve(
+    cfg: ProxyConfig,
+    dataplanes: Vec<Box<dyn Dataplane>>,
+    node_ips: Vec<IpAddr>,
+) -> Result<()> {
     let mut rx = start_source(&cfg).await?;
 
     if cfg.dry_run {

@@ -194,7 +194,8 @@ impl SyncLoop {
         for f in &mut self.families {
             let fam = f.family();
             let cs = f.tracker.take_changes();
-            self.metrics.add_changes(cs.service_changes, cs.endpoint_changes);
+            self.metrics
+                .add_changes(cs.service_changes, cs.endpoint_changes);
             f.pending.extend(cs.changed);
             f.stale.extend(cs.stale);
             f.triggers.extend(cs.trigger_times);
@@ -219,7 +220,8 @@ impl SyncLoop {
                     let now = SystemTime::now();
                     for t in f.triggers.drain(..) {
                         if let Ok(d) = now.duration_since(t) {
-                            self.metrics.observe_programming_latency(fam, d.as_secs_f64());
+                            self.metrics
+                                .observe_programming_latency(fam, d.as_secs_f64());
                         }
                     }
                     f.pending.clear();
@@ -228,10 +230,14 @@ impl SyncLoop {
                     self.health.updated(fam);
                     if !f.stale.is_empty() {
                         let t = Instant::now();
-                        let stale: Vec<StaleConntrack> = std::mem::take(&mut f.stale).into_iter().collect();
+                        let stale: Vec<StaleConntrack> =
+                            std::mem::take(&mut f.stale).into_iter().collect();
                         let deleted = self.conntrack.delete(fam, &stale);
-                        self.metrics
-                            .observe_conntrack_reconcile(fam, t.elapsed().as_secs_f64(), deleted);
+                        self.metrics.observe_conntrack_reconcile(
+                            fam,
+                            t.elapsed().as_secs_f64(),
+                            deleted,
+                        );
                     }
                 }
                 Err(e) => {
@@ -246,7 +252,8 @@ impl SyncLoop {
             let state = f.tracker.state();
             for (name, sp) in &state.services {
                 if sp.health_check_node_port != 0 {
-                    hc.ports.insert(name.service.clone(), sp.health_check_node_port);
+                    hc.ports
+                        .insert(name.service.clone(), sp.health_check_node_port);
                     let eps = state.endpoints_of(name);
                     let cat = categorize_endpoints(eps, sp, &state.node);
                     let n = cat.local.iter().filter(|e| e.ready).count();

@@ -1,0 +1,756 @@
+//! The real-kernel conformance suite, shared by every proxy mode.
+//!
+//! Each case builds a small cluster of network namespaces (kp-netlab), runs
+//! kube-proxy-rs in each node namespace fed from a manifest directory, and
+//! connects through the kernel. A mode's test file calls every case with its
+//! mode name, so iptables (or ipvs) runs exactly the same checks.
+
+#![allow(dead_code)]
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use kp_netlab::{
+    tcp_hello, tcp_hello_from, tcp_hello_many, tcp_hold, udp_ask, udp_session, wait_until, Cluster,
+    ClusterOpts, ConnError, Pod, ProcGuard, Reply, ServeSpec, ServerGuard,
+};
+use serde_json::{json, Value};
+
+pub const T: Duration = Duration::from_secs(2);
+/// How long a rule change may take to show (one sync, with slack for CI).
+pub const SYNC_WAIT: Duration = Duration::from_secs(20);
+pub const POLL: Duration = Duration::from_millis(100);
+
+/// A test cluster with kube-proxy-rs on every node.
+pub struct Env {
+    pub cluster: Cluster,
+    pub mode: String,
+    pub dir: PathBuf,
+    pub logs: PathBuf,
+    proxies: Vec<Option<ProcGuard>>,
+    servers: Vec<ServerGuard>,
+}
+
+impl Env {
+    pub fn new(test: &str, mode: &str) -> Env {
+        let cluster = Cluster::new(test, ClusterOpts::with_nodes(2)).expect("building the lab");
+        let dir = std::env::temp_dir().join(format!("{}-manifests", cluster.prefix()));
+        let logs = std::env::temp_dir().join(format!("{}-logs", cluster.prefix()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::create_dir_all(&logs).unwrap();
+        Env {
+            cluster,
+            mode: mode.to_string(),
+            dir,
+            logs,
+            proxies: vec![None, None, None],
+            servers: Vec::new(),
+        }
+    }
+
+    pub fn binary() -> PathBuf {
+        PathBuf::from(env!("CARGO_BIN_EXE_kube-proxy-rs"))
+    }
+
+    /// Writes an object (atomically: the proxy polls the directory).
+    pub fn put(&self, file: &str, obj: &Value) {
+        let tmp = self.dir.join(format!(".{file}.tmp"));
+        std::fs::write(&tmp, serde_json::to_vec_pretty(obj).unwrap()).unwrap();
+        std::fs::rename(&tmp, self.dir.join(format!("{file}.json"))).unwrap();
+    }
+
+    pub fn remove(&self, file: &str) {
+        let _ = std::fs::remove_file(self.dir.join(format!("{file}.json")));
+    }
+
+    pub fn proxy_args(&self, node: usize, extra: &[&str]) -> Vec<String> {
+        let mut a: Vec<String> = vec![
+            format!("--proxy-mode={}", self.mode),
+            format!("--manifests={}", self.dir.display()),
+            format!("--hostname-override=node{node}"),
+            format!(
+                "--cluster-cidr={},{}",
+                self.cluster.cluster_cidr(),
+                self.cluster.cluster_cidr6()
+            ),
+            "--iptables-min-sync-period=100ms".into(),
+            "--iptables-sync-period=10s".into(),
+            "--metrics-bind-address=127.0.0.1:10249".into(),
+            "--healthz-bind-address=0.0.0.0:10256".into(),
+            "-v=4".into(),
+        ];
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    }
+
+    /// Starts kube-proxy-rs in node `node`'s namespace.
+    pub fn start(&mut self, node: usize, extra: &[&str]) {
+        let args = self.proxy_args(node, extra);
+        let log = self.logs.join(format!("node{node}.log"));
+        let g = self
+            .cluster
+            .spawn(self.cluster.node_ns(node), &Env::binary(), &args, &log)
+            .expect("starting kube-proxy-rs");
+        self.proxies[node] = Some(g);
+    }
+
+    pub fn start_all(&mut self) {
+        self.start(1, &[]);
+        self.start(2, &[]);
+    }
+
+    pub fn kill(&mut self, node: usize) {
+        if let Some(p) = self.proxies[node].take() {
+            p.kill_hard();
+        }
+    }
+
+    pub fn log(&self, node: usize) -> String {
+        std::fs::read_to_string(self.logs.join(format!("node{node}.log"))).unwrap_or_default()
+    }
+
+    /// Runs a command in node `node`'s namespace; its stdout.
+    pub fn on_node(&self, node: usize, argv: &[&str]) -> String {
+        let out = self.cluster.exec(self.cluster.node_ns(node), argv).unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn pod(&mut self, node: usize, name: &str) -> Pod {
+        let p = self.cluster.add_pod(node, name).expect("adding a pod");
+        let s = self
+            .cluster
+            .serve(p.ns(), name, ServeSpec::both(&[8080]))
+            .expect("starting the echo server");
+        self.servers.push(s);
+        p
+    }
+
+    /// Waits until `f` holds, or fails the test with the proxies' logs.
+    pub fn wait(&self, what: &str, f: impl FnMut() -> bool) {
+        if !wait_until(SYNC_WAIT, POLL, f) {
+            panic!(
+                "timed out waiting for {what}\n--- node1 log (tail) ---\n{}\n--- node2 log (tail) ---\n{}\n--- node1 ruleset ---\n{}",
+                tail(&self.log(1)),
+                tail(&self.log(2)),
+                self.on_node(1, &["nft", "list", "ruleset"])
+            );
+        }
+    }
+
+    /// Waits until a TCP connection from `ns` to `addr` is answered.
+    pub fn wait_tcp(&self, ns: &str, addr: SocketAddr) -> Reply {
+        let mut last = None;
+        self.wait(&format!("TCP {addr} from {ns}"), || {
+            last = tcp_hello(ns, addr, T).ok();
+            last.is_some()
+        });
+        last.unwrap()
+    }
+
+    pub fn metrics(&self, node: usize) -> String {
+        http_get(
+            self.cluster.node_ns(node),
+            "127.0.0.1:10249".parse().unwrap(),
+            "/metrics",
+        )
+        .map(|(_, b)| b)
+        .unwrap_or_default()
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        for p in self.proxies.iter_mut().flatten() {
+            p.kill_hard();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.logs);
+        }
+    }
+}
+
+fn tail(s: &str) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+/// Minimal HTTP/1.0 GET from inside a namespace: (status, body).
+pub fn http_get(ns: &str, addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let path = path.to_string();
+    kp_netlab::in_netns(ns, move || -> Option<(u16, String)> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect_timeout(&addr, T).ok()?;
+        s.set_read_timeout(Some(T)).ok()?;
+        write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
+        let mut buf = String::new();
+        s.read_to_string(&mut buf).ok()?;
+        let status = buf.split_whitespace().nth(1)?.parse().ok()?;
+        let body = buf.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+        Some((status, body))
+    })
+    .ok()
+    .flatten()
+}
+
+pub fn sa(ip: &str, port: u16) -> SocketAddr {
+    SocketAddr::new(ip.parse().unwrap(), port)
+}
+
+/// A Service with TCP port 80 "http" and UDP port 53 "dns", both to 8080.
+pub fn service(name: &str, cluster_ips: &[&str], spec: Value) -> Value {
+    let mut s = json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"namespace": "default", "name": name},
+        "spec": {
+            "type": "ClusterIP",
+            "clusterIP": cluster_ips[0], "clusterIPs": cluster_ips,
+            "ports": [
+                {"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080},
+                {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 8080}
+            ]
+        }
+    });
+    if let (Some(o), Some(extra)) = (s["spec"].as_object_mut(), spec.as_object()) {
+        for (k, v) in extra {
+            o.insert(k.clone(), v.clone());
+        }
+    }
+    s
+}
+
+pub fn with_status(mut svc: Value, lb_ips: &[&str]) -> Value {
+    svc["status"] = json!({"loadBalancer": {"ingress": lb_ips.iter().map(|ip| json!({"ip": ip})).collect::<Vec<_>>()}});
+    svc
+}
+
+/// Endpoint conditions.
+#[derive(Clone, Copy)]
+pub enum Cond {
+    Ready,
+    Terminating,
+    NotReady,
+}
+
+/// An EndpointSlice for `svc` listing `pods` (with conditions).
+pub fn slice(svc: &str, suffix: &str, family: &str, pods: &[(&Pod, Cond)]) -> Value {
+    let eps: Vec<Value> = pods
+        .iter()
+        .map(|(p, c)| {
+            let ip: IpAddr = if family == "IPv6" { p.ip6() } else { p.ip() };
+            let (r, s, t) = match c {
+                Cond::Ready => (true, true, false),
+                Cond::Terminating => (false, true, true),
+                Cond::NotReady => (false, false, false),
+            };
+            json!({
+                "addresses": [ip.to_string()],
+                "nodeName": format!("node{}", p.node()),
+                "conditions": {"ready": r, "serving": s, "terminating": t}
+            })
+        })
+        .collect();
+    json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"namespace": "default", "name": format!("{svc}-{suffix}"),
+                     "labels": {"kubernetes.io/service-name": svc}},
+        "addressType": family,
+        "ports": [
+            {"name": "http", "port": 8080, "protocol": "TCP"},
+            {"name": "dns", "port": 8080, "protocol": "UDP"}
+        ],
+        "endpoints": eps
+    })
+}
+
+pub fn ready<'a>(pods: &[&'a Pod]) -> Vec<(&'a Pod, Cond)> {
+    pods.iter().map(|p| (*p, Cond::Ready)).collect()
+}
+
+fn count_by_server(
+    replies: &[Result<Reply, ConnError>],
+) -> std::collections::BTreeMap<String, usize> {
+    let mut m = std::collections::BTreeMap::new();
+    for r in replies.iter().flatten() {
+        *m.entry(r.server.clone()).or_default() += 1;
+    }
+    m
+}
+
+// ---------------------------------------------------------------------------
+// The cases
+// ---------------------------------------------------------------------------
+
+/// Case 1: ClusterIP TCP and UDP from a pod, from the node itself and from another
+/// node; three endpoints share 300 connections fairly.
+pub fn clusterip(mode: &str) {
+    let mut env = Env::new("clusterip", mode);
+    let a = env.pod(1, "a");
+    let b = env.pod(1, "b");
+    let c = env.pod(2, "c");
+    let client = env.pod(1, "client");
+    env.put("svc", &service("web", &["10.96.0.10"], json!({})));
+    env.put("eps", &slice("web", "1", "IPv4", &ready(&[&a, &b, &c])));
+    env.start_all();
+    let vip = sa("10.96.0.10", 80);
+    env.wait_tcp(client.ns(), vip);
+    let replies = tcp_hello_many(client.ns(), vip, 300, T);
+    let failed = replies.iter().filter(|r| r.is_err()).count();
+    assert_eq!(
+        failed,
+        0,
+        "failed connections: {:?}",
+        replies.iter().find(|r| r.is_err())
+    );
+    let counts = count_by_server(&replies);
+    for name in ["a", "b", "c"] {
+        let n = counts.get(name).copied().unwrap_or(0);
+        assert!(
+            n >= 60,
+            "endpoint {name} got {n} of 300 connections: {counts:?}"
+        );
+    }
+    // The client pod's own IP is seen (pod-to-service traffic is not SNATed).
+    let r = tcp_hello(client.ns(), vip, T).unwrap();
+    assert_eq!(r.peer.ip(), client.ip());
+    // From the node itself and from the other node.
+    env.wait_tcp(env.cluster.node_ns(1), vip);
+    env.wait_tcp(env.cluster.node_ns(2), vip);
+    // UDP from a pod and from the other node.
+    let dns = sa("10.96.0.10", 53);
+    env.wait("UDP from a pod", || udp_ask(client.ns(), dns, T).is_ok());
+    env.wait("UDP from node2", || {
+        udp_ask(env.cluster.node_ns(2), dns, T).is_ok()
+    });
+}
+
+/// Case 2: NodePort from the external client to each node; --nodeport-addresses
+/// limits which addresses answer.
+pub fn nodeport(mode: &str) {
+    let mut env = Env::new("nodeport", mode);
+    let a = env.pod(1, "a");
+    let c = env.pod(2, "c");
+    let svc = service(
+        "np",
+        &["10.96.0.20"],
+        json!({"type": "NodePort", "ports": [
+            {"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080, "nodePort": 30080},
+            {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 8080, "nodePort": 30053}]}),
+    );
+    env.put("svc", &svc);
+    env.put("eps", &slice("np", "1", "IPv4", &ready(&[&a, &c])));
+    // A second address on node1 that NodePorts must not answer on.
+    env.cluster
+        .exec_ok(
+            env.cluster.node_ns(1),
+            &["ip", "addr", "add", "10.100.0.51/24", "dev", "eth0"],
+        )
+        .unwrap();
+    env.start(1, &["--nodeport-addresses=10.100.0.11/32"]);
+    env.start(2, &[]);
+    let cl = env.cluster.client_ns().to_string();
+    env.wait_tcp(&cl, sa("10.100.0.11", 30080));
+    env.wait_tcp(&cl, sa("10.100.0.12", 30080));
+    env.wait("UDP NodePort", || {
+        udp_ask(&cl, sa("10.100.0.12", 30053), T).is_ok()
+    });
+    let denied = tcp_hello(&cl, sa("10.100.0.51", 30080), T);
+    assert!(
+        denied.is_err(),
+        "NodePort answered on an address outside --nodeport-addresses: {denied:?}"
+    );
+}
+
+/// Case 3: externalIPs and a LoadBalancer IP; loadBalancerSourceRanges lets the
+/// allowed client in and keeps the other out.
+pub fn external_and_lb(mode: &str) {
+    let mut env = Env::new("extlb", mode);
+    let a = env.pod(1, "a");
+    let svc = with_status(
+        service(
+            "lb",
+            &["10.96.0.30"],
+            json!({"type": "LoadBalancer", "externalIPs": ["203.0.113.10"],
+                   "loadBalancerSourceRanges": ["10.100.0.100/32"],
+                   "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080, "nodePort": 30081}]}),
+        ),
+        &["203.0.113.20"],
+    );
+    env.put("svc", &svc);
+    env.put("eps", &slice("lb", "1", "IPv4", &ready(&[&a])));
+    let cl = env.cluster.client_ns().to_string();
+    env.cluster
+        .exec_ok(
+            &cl,
+            &["ip", "addr", "add", "10.100.0.101/24", "dev", "eth0"],
+        )
+        .unwrap();
+    env.cluster
+        .client_route_via("203.0.113.0/24".parse().unwrap(), 1)
+        .unwrap();
+    env.start_all();
+    env.wait_tcp(&cl, sa("203.0.113.10", 80));
+    let allowed: IpAddr = "10.100.0.100".parse().unwrap();
+    let denied: IpAddr = "10.100.0.101".parse().unwrap();
+    env.wait("allowed client through the LB IP", || {
+        tcp_hello_from(&cl, Some(allowed), sa("203.0.113.20", 80), T).is_ok()
+    });
+    let r = tcp_hello_from(&cl, Some(denied), sa("203.0.113.20", 80), T);
+    assert!(
+        r.is_err(),
+        "a source outside loadBalancerSourceRanges got in: {r:?}"
+    );
+    // The external IP has no source ranges: the second client may use it.
+    assert!(tcp_hello_from(&cl, Some(denied), sa("203.0.113.10", 80), T).is_ok());
+}
+
+/// Case 4: sessionAffinity ClientIP: a client sticks to one endpoint.
+pub fn session_affinity(mode: &str) {
+    let mut env = Env::new("affinity", mode);
+    let a = env.pod(1, "a");
+    let b = env.pod(1, "b");
+    let c = env.pod(2, "c");
+    let client = env.pod(1, "client");
+    let client2 = env.pod(2, "client2");
+    env.put(
+        "svc",
+        &service(
+            "aff",
+            &["10.96.0.40"],
+            json!({"sessionAffinity": "ClientIP",
+        "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 600}}}),
+        ),
+    );
+    env.put("eps", &slice("aff", "1", "IPv4", &ready(&[&a, &b, &c])));
+    env.start_all();
+    let vip = sa("10.96.0.40", 80);
+    env.wait_tcp(client.ns(), vip);
+    for ns in [client.ns(), client2.ns()] {
+        let replies = tcp_hello_many(ns, vip, 50, T);
+        let counts = count_by_server(&replies);
+        assert_eq!(counts.len(), 1, "client {ns} was spread over {counts:?}");
+        assert_eq!(counts.values().sum::<usize>(), 50);
+    }
+}
+
+/// Case 5: No endpoints: refused at once; an endpoint makes it work within a sync.
+pub fn no_endpoints(mode: &str) {
+    let mut env = Env::new("noeps", mode);
+    let a = env.pod(1, "a");
+    let client = env.pod(1, "client");
+    env.put("svc", &service("empty", &["10.96.0.50"], json!({})));
+    env.start_all();
+    let vip = sa("10.96.0.50", 80);
+    env.wait("the service to be rejected", || {
+        matches!(tcp_hello(client.ns(), vip, T), Err(ConnError::Refused))
+    });
+    let t0 = std::time::Instant::now();
+    let r = tcp_hello(client.ns(), vip, Duration::from_secs(5));
+    assert!(matches!(r, Err(ConnError::Refused)), "{r:?}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "refusal was not immediate"
+    );
+    env.put("eps", &slice("empty", "1", "IPv4", &ready(&[&a])));
+    env.wait_tcp(client.ns(), vip);
+}
+
+/// Case 6: externalTrafficPolicy=Local: client IP preserved, no local endpoint =>
+/// dropped, health check node port 200/503.
+pub fn external_policy_local(mode: &str) {
+    let mut env = Env::new("etplocal", mode);
+    let a = env.pod(1, "a");
+    let svc = service(
+        "loc",
+        &["10.96.0.60"],
+        json!({"type": "LoadBalancer", "externalTrafficPolicy": "Local", "healthCheckNodePort": 32100,
+               "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080, "nodePort": 30060}]}),
+    );
+    env.put("svc", &svc);
+    env.put("eps", &slice("loc", "1", "IPv4", &ready(&[&a])));
+    env.start_all();
+    let cl = env.cluster.client_ns().to_string();
+    let r = env.wait_tcp(&cl, sa("10.100.0.11", 30060));
+    assert_eq!(r.server, "a");
+    assert_eq!(
+        r.peer.ip(),
+        env.cluster.client_ip(),
+        "source IP was not preserved"
+    );
+    let r = tcp_hello(&cl, sa("10.100.0.12", 30060), T);
+    assert!(r.is_err(), "node without local endpoint answered: {r:?}");
+    env.wait("health check 200 on node1", || {
+        http_get(&cl, sa("10.100.0.11", 32100), "/")
+            .is_some_and(|(s, b)| s == 200 && b.contains("\"localEndpoints\":1"))
+    });
+    env.wait("health check 503 on node2", || {
+        http_get(&cl, sa("10.100.0.12", 32100), "/").is_some_and(|(s, _)| s == 503)
+    });
+}
+
+/// Case 7: internalTrafficPolicy=Local: pods reach only endpoints on their node.
+pub fn internal_policy_local(mode: &str) {
+    let mut env = Env::new("itplocal", mode);
+    let a = env.pod(1, "a");
+    let c = env.pod(2, "c");
+    let client1 = env.pod(1, "client1");
+    let client2 = env.pod(2, "client2");
+    env.put(
+        "svc",
+        &service(
+            "itp",
+            &["10.96.0.70"],
+            json!({"internalTrafficPolicy": "Local"}),
+        ),
+    );
+    env.put("eps", &slice("itp", "1", "IPv4", &ready(&[&a, &c])));
+    env.start_all();
+    let vip = sa("10.96.0.70", 80);
+    env.wait_tcp(client1.ns(), vip);
+    env.wait_tcp(client2.ns(), vip);
+    let c1 = count_by_server(&tcp_hello_many(client1.ns(), vip, 30, T));
+    let c2 = count_by_server(&tcp_hello_many(client2.ns(), vip, 30, T));
+    assert_eq!(c1.keys().collect::<Vec<_>>(), vec!["a"], "{c1:?}");
+    assert_eq!(c2.keys().collect::<Vec<_>>(), vec!["c"], "{c2:?}");
+}
+
+/// Case 8: Masquerade for external traffic to an endpoint on another node, and
+/// hairpin: a pod reaching itself through its Service.
+pub fn masquerade_and_hairpin(mode: &str) {
+    let mut env = Env::new("masq", mode);
+    let c = env.pod(2, "c");
+    let a = env.pod(1, "a");
+    let svc = service(
+        "m",
+        &["10.96.0.80"],
+        json!({"type": "NodePort", "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080, "nodePort": 30070}]}),
+    );
+    env.put("svc", &svc);
+    env.put("eps", &slice("m", "1", "IPv4", &ready(&[&c])));
+    env.put("svc2", &service("self", &["10.96.0.81"], json!({})));
+    env.put("eps2", &slice("self", "1", "IPv4", &ready(&[&a])));
+    env.start_all();
+    let cl = env.cluster.client_ns().to_string();
+    let r = env.wait_tcp(&cl, sa("10.100.0.11", 30070));
+    assert_eq!(r.server, "c");
+    assert_ne!(
+        r.peer.ip(),
+        env.cluster.client_ip(),
+        "external traffic to another node was not SNATed"
+    );
+    let r = env.wait_tcp(a.ns(), sa("10.96.0.81", 80));
+    assert_eq!(r.server, "a", "hairpin reached the wrong pod");
+}
+
+/// Case 9: Terminating endpoints are used only when no endpoint is ready.
+pub fn terminating_fallback(mode: &str) {
+    let mut env = Env::new("terminating", mode);
+    let a = env.pod(1, "a");
+    let c = env.pod(2, "c");
+    let client = env.pod(1, "client");
+    env.put("svc", &service("t", &["10.96.0.90"], json!({})));
+    env.put(
+        "eps",
+        &slice(
+            "t",
+            "1",
+            "IPv4",
+            &[(&a, Cond::Terminating), (&c, Cond::Ready)],
+        ),
+    );
+    env.start_all();
+    let vip = sa("10.96.0.90", 80);
+    env.wait_tcp(client.ns(), vip);
+    let counts = count_by_server(&tcp_hello_many(client.ns(), vip, 30, T));
+    assert_eq!(counts.keys().collect::<Vec<_>>(), vec!["c"], "{counts:?}");
+    env.put(
+        "eps",
+        &slice(
+            "t",
+            "1",
+            "IPv4",
+            &[(&a, Cond::Terminating), (&c, Cond::NotReady)],
+        ),
+    );
+    env.wait("the terminating endpoint to take over", || {
+        tcp_hello(client.ns(), vip, T).is_ok_and(|r| r.server == "a")
+    });
+}
+
+/// Case 10: Removing an endpoint: new connections never reach it, and a UDP flow
+/// moves to the new endpoint (stale conntrack entries deleted).
+pub fn endpoint_removal(mode: &str) {
+    let mut env = Env::new("removal", mode);
+    let a = env.pod(1, "a");
+    let c = env.pod(2, "c");
+    let client = env.pod(1, "client");
+    env.put("svc", &service("r", &["10.96.0.100"], json!({})));
+    env.put("eps", &slice("r", "1", "IPv4", &ready(&[&a])));
+    env.start_all();
+    let dns = sa("10.96.0.100", 53);
+    env.wait("UDP to a", || udp_ask(client.ns(), dns, T).is_ok());
+    let session = udp_session(client.ns(), dns).unwrap();
+    assert_eq!(session.ask(T).unwrap().server, "a");
+    env.put("eps", &slice("r", "1", "IPv4", &ready(&[&c])));
+    env.wait("the UDP flow to move to c", || {
+        session.ask(T).is_ok_and(|r| r.server == "c")
+    });
+    let counts = count_by_server(&tcp_hello_many(client.ns(), sa("10.96.0.100", 80), 30, T));
+    assert_eq!(counts.keys().collect::<Vec<_>>(), vec!["c"], "{counts:?}");
+}
+
+/// Case 11: Deleting a Service removes its rules; --cleanup removes the table.
+pub fn delete_and_cleanup(mode: &str) {
+    let mut env = Env::new("cleanup", mode);
+    let a = env.pod(1, "a");
+    let client = env.pod(1, "client");
+    env.put("svc", &service("gone", &["10.96.0.110"], json!({})));
+    env.put("eps", &slice("gone", "1", "IPv4", &ready(&[&a])));
+    env.start(1, &[]);
+    env.wait_tcp(client.ns(), sa("10.96.0.110", 80));
+    assert!(env
+        .on_node(1, &["nft", "list", "ruleset"])
+        .contains("default/gone"));
+    env.remove("svc");
+    env.remove("eps");
+    env.wait("the service's rules to go", || {
+        !env.on_node(1, &["nft", "list", "ruleset"])
+            .contains("default/gone")
+    });
+    assert!(tcp_hello(client.ns(), sa("10.96.0.110", 80), T).is_err());
+    env.kill(1);
+    let args = env.proxy_args(1, &["--cleanup"]);
+    let out = env
+        .cluster
+        .exec(
+            env.cluster.node_ns(1),
+            &std::iter::once(Env::binary().display().to_string())
+                .chain(args)
+                .collect::<Vec<_>>(),
+        )
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "--cleanup failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!env
+        .on_node(1, &["nft", "list", "ruleset"])
+        .contains("kube-proxy-rs"));
+}
+
+/// Case 12: SIGKILL and restart keep an open connection through a ClusterIP.
+pub fn restart_keeps_connections(mode: &str) {
+    let mut env = Env::new("restart", mode);
+    let c = env.pod(2, "c");
+    let client = env.pod(1, "client");
+    env.put("svc", &service("keep", &["10.96.0.120"], json!({})));
+    env.put("eps", &slice("keep", "1", "IPv4", &ready(&[&c])));
+    env.start_all();
+    let vip = sa("10.96.0.120", 80);
+    env.wait_tcp(client.ns(), vip);
+    let mut held = tcp_hold(client.ns(), vip, T).unwrap();
+    assert_eq!(held.exchange("one", T).unwrap(), "c one");
+    let syncs_before = env.log(1).matches("synced rules").count();
+    env.kill(1);
+    assert_eq!(held.exchange("two", T).unwrap(), "c two");
+    env.start(1, &[]);
+    env.wait("the restarted proxy to sync", || {
+        env.log(1).matches("synced rules").count() > syncs_before
+    });
+    assert_eq!(held.exchange("three", T).unwrap(), "c three");
+    assert!(tcp_hello(client.ns(), vip, T).is_ok());
+}
+
+/// Case 13: IPv6 ClusterIP on a dual-stack Service.
+pub fn ipv6_clusterip(mode: &str) {
+    let mut env = Env::new("ipv6", mode);
+    let a = env.pod(1, "a");
+    let c = env.pod(2, "c");
+    let client = env.pod(1, "client");
+    env.put(
+        "svc",
+        &service(
+            "v6",
+            &["10.96.0.130", "fd00:96::130"],
+            json!({"ipFamilyPolicy": "PreferDualStack"}),
+        ),
+    );
+    env.put("eps4", &slice("v6", "v4", "IPv4", &ready(&[&a, &c])));
+    env.put("eps6", &slice("v6", "v6", "IPv6", &ready(&[&a, &c])));
+    env.start_all();
+    let r = env.wait_tcp(client.ns(), sa("fd00:96::130", 80));
+    assert!(r.server == "a" || r.server == "c");
+    env.wait("both endpoints over IPv6", || {
+        let counts = count_by_server(&tcp_hello_many(client.ns(), sa("fd00:96::130", 80), 20, T));
+        counts.len() == 2
+    });
+    env.wait_tcp(client.ns(), sa("10.96.0.130", 80));
+    env.wait("UDP over IPv6", || {
+        udp_ask(client.ns(), sa("fd00:96::130", 53), T).is_ok()
+    });
+}
+
+/// Case 14: A NodePort is never reachable on 127.0.0.1 from another host
+/// (CVE-2020-8558), and not on the node's own loopback in this mode.
+pub fn localhost_nodeport(mode: &str) {
+    let mut env = Env::new("localhost", mode);
+    let a = env.pod(1, "a");
+    let svc = service(
+        "lo",
+        &["10.96.0.140"],
+        json!({"type": "NodePort", "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080, "nodePort": 30140}]}),
+    );
+    env.put("svc", &svc);
+    env.put("eps", &slice("lo", "1", "IPv4", &ready(&[&a])));
+    env.start(1, &[]);
+    let cl = env.cluster.client_ns().to_string();
+    env.wait_tcp(&cl, sa("10.100.0.11", 30140));
+    // The attacker routes 127.0.0.1 to node1: drop its own loopback route for it.
+    let _ = env.cluster.exec(
+        &cl,
+        &[
+            "ip",
+            "route",
+            "del",
+            "127.0.0.0/8",
+            "dev",
+            "lo",
+            "table",
+            "local",
+        ],
+    );
+    let _ = env.cluster.exec(
+        &cl,
+        &[
+            "ip",
+            "route",
+            "del",
+            "local",
+            "127.0.0.1",
+            "dev",
+            "lo",
+            "table",
+            "local",
+        ],
+    );
+    env.cluster
+        .exec_ok(
+            &cl,
+            &["ip", "route", "add", "127.0.0.1/32", "via", "10.100.0.11"],
+        )
+        .unwrap();
+    let r = tcp_hello(&cl, sa("127.0.0.1", 30140), T);
+    assert!(
+        r.is_err(),
+        "NodePort reached on 127.0.0.1 from another host: {r:?}"
+    );
+    if mode == "nftables" {
+        let r = tcp_hello(env.cluster.node_ns(1), sa("127.0.0.1", 30140), T);
+        assert!(
+            r.is_err(),
+            "nftables mode answered a NodePort on localhost: {r:?}"
+        );
+    }
+}
