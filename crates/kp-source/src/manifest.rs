@@ -100,13 +100,17 @@ fn load_text(path: &Path, text: &str, out: &mut Loaded) {
         }
         return;
     }
-    for (i, doc) in split_yaml_documents(text).iter().enumerate() {
+    for (i, (first_line, doc)) in split_yaml_documents(text).iter().enumerate() {
         let origin = format!("{file} document {}", i + 1);
         match serde_saphyr::from_str::<Value>(doc) {
             // A document of only comments.
             Ok(Value::Null) => {}
             Ok(v) => load_value(v, &origin, out),
-            Err(e) => out.invalid.push(format!("{origin}: {e}")),
+            // Positions in the parser's message count from the document's start.
+            Err(e) => out.invalid.push(format!(
+                "{origin} (starting at line {first_line}): {}",
+                e.without_snippet()
+            )),
         }
     }
 }
@@ -114,27 +118,34 @@ fn load_text(path: &Path, text: &str, out: &mut Loaded) {
 /// Splits a YAML stream at document markers, so one broken document does not
 /// take the others down (the parser's multi-document API is all or nothing).
 /// A line starting with `---` or `...` at column 0 is always a marker: it ends
-/// even a block scalar.
-fn split_yaml_documents(text: &str) -> Vec<String> {
+/// even a block scalar. Returns each non-empty document with the 1-based file
+/// line its text starts on.
+fn split_yaml_documents(text: &str) -> Vec<(usize, String)> {
     let mut docs = Vec::new();
     let mut cur = String::new();
+    let mut start = 1;
     let mut has_content = false;
-    let mut flush = |cur: &mut String, has_content: &mut bool| {
+    let mut flush = |cur: &mut String, start: usize, has_content: &mut bool| {
         if *has_content {
-            docs.push(std::mem::take(cur));
+            docs.push((start, std::mem::take(cur)));
         } else {
             cur.clear();
         }
         *has_content = false;
     };
-    for line in text.split_inclusive('\n') {
+    for (idx, line) in text.split_inclusive('\n').enumerate() {
+        let lineno = idx + 1;
+        if cur.is_empty() {
+            start = lineno;
+        }
         let bare = line.trim_end_matches(['\n', '\r']);
         let is_marker = |m: &str| {
             bare.strip_prefix(m)
                 .is_some_and(|rest| rest.is_empty() || rest.starts_with([' ', '\t']))
         };
         if is_marker("---") {
-            flush(&mut cur, &mut has_content);
+            flush(&mut cur, start, &mut has_content);
+            start = lineno;
             // `--- value` puts content on the marker line.
             let rest = bare[3..].trim();
             if !rest.is_empty() && !rest.starts_with('#') {
@@ -143,7 +154,7 @@ fn split_yaml_documents(text: &str) -> Vec<String> {
                 has_content = true;
             }
         } else if is_marker("...") {
-            flush(&mut cur, &mut has_content);
+            flush(&mut cur, start, &mut has_content);
         } else if cur.is_empty() && !has_content && bare.starts_with('%') {
             // A directive (%YAML, %TAG) before the document marker.
         } else {
@@ -154,7 +165,7 @@ fn split_yaml_documents(text: &str) -> Vec<String> {
             cur.push_str(line);
         }
     }
-    flush(&mut cur, &mut has_content);
+    flush(&mut cur, start, &mut has_content);
     docs
 }
 
@@ -423,9 +434,9 @@ mod tests {
         assert_eq!(
             docs,
             vec![
-                "a: 1\n".to_owned(),
-                "b: |\n  text\n  --- not a marker\n".to_owned(),
-                "{c: 3}\n".to_owned(),
+                (3, "a: 1\n".to_owned()),
+                (7, "b: |\n  text\n  --- not a marker\n".to_owned()),
+                (11, "{c: 3}\n".to_owned()),
             ]
         );
     }
@@ -434,7 +445,7 @@ mod tests {
     fn document_without_markers_is_one_document() {
         assert_eq!(
             split_yaml_documents("a: 1\nb: 2"),
-            vec!["a: 1\nb: 2".to_owned()]
+            vec![(1, "a: 1\nb: 2".to_owned())]
         );
         assert!(split_yaml_documents("").is_empty());
         assert!(split_yaml_documents("---\n---\n").is_empty());

@@ -1037,7 +1037,7 @@ fn start_watch(
         }
         rx
     };
-    let mut tick = tokio::time::interval(BOOKMARK_INTERVAL);
+    let mut tick = tokio::time::interval_at(Instant::now() + BOOKMARK_INTERVAL, BOOKMARK_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let ctx = WatchCtx {
         state: state.clone(),
