@@ -619,7 +619,7 @@ impl ApiServer {
         }
     }
 
-    /// Forgets all history: a watch or exact list from any resourceVersion
+    /// Forgets all history: a watch, exact or paginated list from any resourceVersion
     /// handed out before this call gets 410 Expired (the resourceVersion is
     /// advanced past every earlier one, as other writes would in a real cluster).
     pub fn compact(&self) {
@@ -931,13 +931,13 @@ fn list(
 ) -> Result<Response<Body>, Status> {
     let rv = parse_rv(q)?;
     let store = state.lock();
-    // Only an exact-match list needs history; "not older than" (the default
-    // for a non-zero resourceVersion) and "any" (0) are served from now.
+    // A list that must be served at exactly that version needs history: an
+    // Exact match, or a paginated list (the real server reads etcd at that
+    // revision then). "Not older than" and "any" (0) are served from now.
     if let Some(rv) = rv {
-        if q.get("resourceVersionMatch").map(String::as_str) == Some("Exact")
-            && rv != 0
-            && rv < store.compacted
-        {
+        let exact = q.get("resourceVersionMatch").map(String::as_str) == Some("Exact");
+        let paged = q.get("limit").is_some_and(|l| l != "0");
+        if (exact || paged) && rv != 0 && rv < store.compacted {
             return Err(Status::expired(rv, store.compacted));
         }
     }
