@@ -1,0 +1,75 @@
+//! Synthetic clusters for benchmarks and scale tests.
+
+use serde_json::{json, Value};
+
+/// One Service and its EndpointSlice, in the shape of the API objects.
+pub struct Synthetic {
+    pub services: Vec<Value>,
+    pub slices: Vec<Value>,
+}
+
+fn ip4(base: u32, i: u32) -> String {
+    let v = base + i;
+    format!("{}.{}.{}.{}", v >> 24, (v >> 16) & 255, (v >> 8) & 255, v & 255)
+}
+
+/// `n` Services with `m` endpoints each: mostly ClusterIP; every 10th a
+/// NodePort, every 20th a LoadBalancer with eTP=Local, every 20th with session
+/// affinity, every 10th with a second (UDP) port. Endpoints are spread over
+/// node1..node4.
+pub fn cluster(n: u32, m: u32) -> Synthetic {
+    let mut services = Vec::with_capacity(n as usize);
+    let mut slices = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        let name = format!("svc-{i}");
+        let cip = ip4(0x0a60_0000, i + 10); // 10.96.0.10 + i
+        let mut ports = vec![json!({"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080})];
+        let multi = i % 10 == 3;
+        if multi {
+            ports.push(json!({"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 8053}));
+        }
+        let mut spec = json!({"clusterIP": cip, "clusterIPs": [cip], "type": "ClusterIP", "ports": ports});
+        let mut status = json!({});
+        if i % 10 == 1 {
+            spec["type"] = json!("NodePort");
+            spec["ports"][0]["nodePort"] = json!(30000 + (i % 2700));
+        }
+        if i % 20 == 5 {
+            spec["type"] = json!("LoadBalancer");
+            spec["externalTrafficPolicy"] = json!("Local");
+            spec["healthCheckNodePort"] = json!(32700 + (i % 60));
+            spec["ports"][0]["nodePort"] = json!(30000 + (i % 2700));
+            status = json!({"loadBalancer": {"ingress": [{"ip": ip4(0xcb00_7100, i % 250)}]}});
+        }
+        if i % 20 == 7 {
+            spec["sessionAffinity"] = json!("ClientIP");
+        }
+        services.push(json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"namespace": "bench", "name": name}, "spec": spec, "status": status}));
+        slices.push(slice(i, m, 0, multi));
+    }
+    Synthetic { services, slices }
+}
+
+/// The EndpointSlice of Service `i` with `m` endpoints; `generation` shifts
+/// the addresses so that each generation replaces one endpoint.
+pub fn slice(i: u32, m: u32, generation: u32, multi: bool) -> Value {
+    let mut ports = vec![json!({"name": "http", "port": 8080, "protocol": "TCP"})];
+    if multi {
+        ports.push(json!({"name": "dns", "port": 8053, "protocol": "UDP"}));
+    }
+    let eps: Vec<Value> = (0..m)
+        .map(|j| {
+            // 10.128.0.0/9: unique per (service, endpoint); the last endpoint
+            // moves with each generation.
+            let k = if j + 1 == m { j + generation * m } else { j };
+            json!({"addresses": [ip4(0x0a80_0000, i * 64 + (k % 64))],
+                   "nodeName": format!("node{}", j % 4 + 1),
+                   "conditions": {"ready": true}})
+        })
+        .collect();
+    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"namespace": "bench", "name": format!("svc-{i}-x"),
+                     "labels": {"kubernetes.io/service-name": format!("svc-{i}")}},
+        "addressType": "IPv4", "ports": ports, "endpoints": eps})
+}
