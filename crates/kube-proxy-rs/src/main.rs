@@ -107,6 +107,10 @@ fn make_dataplane(
             pc,
             Box::new(kp_nftables::NftCli::default()),
         ))),
+        ProxyMode::Iptables => Ok(Box::new(kp_iptables::IptablesProxier::new(
+            pc,
+            Box::new(kp_iptables::IptablesCli::auto(family)),
+        ))),
         other => bail!(
             "proxy mode {:?} is not implemented yet in this build; use --proxy-mode=nftables",
             other.as_str()

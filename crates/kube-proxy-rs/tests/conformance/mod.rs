@@ -133,7 +133,7 @@ impl Env {
                 "timed out waiting for {what}\n--- node1 log (tail) ---\n{}\n--- node2 log (tail) ---\n{}\n--- node1 ruleset ---\n{}",
                 tail(&self.log(1)),
                 tail(&self.log(2)),
-                self.on_node(1, &["nft", "list", "ruleset"])
+                self.ruleset(1)
             );
         }
     }
@@ -146,6 +146,26 @@ impl Env {
             last.is_some()
         });
         last.unwrap()
+    }
+
+    /// Node `node`'s rules as this mode's tools list them: `nft list ruleset`,
+    /// or `iptables-save` + `ip6tables-save` in iptables mode.
+    pub fn ruleset(&self, node: usize) -> String {
+        match self.mode.as_str() {
+            "iptables" => {
+                self.on_node(node, &["iptables-save"]) + &self.on_node(node, &["ip6tables-save"])
+            }
+            _ => self.on_node(node, &["nft", "list", "ruleset"]),
+        }
+    }
+
+    /// A string present in [`Env::ruleset`] exactly while this mode's rules
+    /// are installed (our table name, or our chains' prefix).
+    pub fn rules_marker(&self) -> &'static str {
+        match self.mode.as_str() {
+            "iptables" => "KUBE-",
+            _ => "kube-proxy-rs",
+        }
     }
 
     pub fn metrics(&self, node: usize) -> String {
@@ -609,14 +629,11 @@ pub fn delete_and_cleanup(mode: &str) {
     env.put("eps", &slice("gone", "1", "IPv4", &ready(&[&a])));
     env.start(1, &[]);
     env.wait_tcp(client.ns(), sa("10.96.0.110", 80));
-    assert!(env
-        .on_node(1, &["nft", "list", "ruleset"])
-        .contains("default/gone"));
+    assert!(env.ruleset(1).contains("default/gone"));
     env.remove("svc");
     env.remove("eps");
     env.wait("the service's rules to go", || {
-        !env.on_node(1, &["nft", "list", "ruleset"])
-            .contains("default/gone")
+        !env.ruleset(1).contains("default/gone")
     });
     assert!(tcp_hello(client.ns(), sa("10.96.0.110", 80), T).is_err());
     env.kill(1);
@@ -635,9 +652,11 @@ pub fn delete_and_cleanup(mode: &str) {
         "--cleanup failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(!env
-        .on_node(1, &["nft", "list", "ruleset"])
-        .contains("kube-proxy-rs"));
+    let rules = env.ruleset(1);
+    assert!(
+        !rules.contains(env.rules_marker()),
+        "--cleanup left rules behind:\n{rules}"
+    );
 }
 
 /// Case 12: SIGKILL and restart keep an open connection through a ClusterIP.

@@ -1,0 +1,298 @@
+//! How rules reach the kernel: the iptables programs.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use kp_model::{DataplaneError, IpFamily};
+
+/// What the proxier needs from iptables. The CLI is the implementation; tests
+/// may record calls instead.
+pub trait IptablesBackend: Send {
+    /// `iptables-restore --noflush --wait` with `input` on stdin: every table
+    /// in it is committed, or (per table) nothing is.
+    fn restore(&mut self, input: &str) -> Result<(), DataplaneError>;
+    /// Names of the chains in `table` (from `iptables-save -t TABLE`).
+    fn chains(&mut self, table: &str) -> Result<Vec<String>, DataplaneError>;
+    /// Whether `chain` exists in `table` (`iptables -S CHAIN`; cheap).
+    fn chain_exists(&mut self, table: &str, chain: &str) -> Result<bool, DataplaneError>;
+    /// `iptables -C`: whether the rule is in `chain`.
+    fn rule_exists(
+        &mut self,
+        table: &str,
+        chain: &str,
+        args: &[String],
+    ) -> Result<bool, DataplaneError>;
+    /// `iptables -I CHAIN 1`.
+    fn insert_rule(
+        &mut self,
+        table: &str,
+        chain: &str,
+        args: &[String],
+    ) -> Result<(), DataplaneError>;
+    /// `iptables -D`.
+    fn delete_rule(
+        &mut self,
+        table: &str,
+        chain: &str,
+        args: &[String],
+    ) -> Result<(), DataplaneError>;
+}
+
+/// Which iptables implementation the programs talk to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Variant {
+    /// iptables-nft: iptables syntax, nf_tables in the kernel.
+    Nft,
+    /// iptables-legacy: the x_tables kernel API.
+    Legacy,
+}
+
+impl Variant {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Variant::Nft => "nft",
+            Variant::Legacy => "legacy",
+        }
+    }
+}
+
+fn base(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::V4 => "iptables",
+        IpFamily::V6 => "ip6tables",
+    }
+}
+
+/// (KUBE-* lines, rule lines) in the output of `{prog}-save`, or None when the
+/// program is missing or fails.
+fn count_rules(prog: &str) -> Option<(usize, usize)> {
+    let out = Command::new(prog).stderr(Stdio::null()).output().ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut kube = 0;
+    let mut rules = 0;
+    for l in text.lines() {
+        if l.starts_with("-A ") {
+            rules += 1;
+        }
+        if l.starts_with(":KUBE-") || l.starts_with("-A KUBE-") {
+            kube += 1;
+        }
+    }
+    Some((kube, rules))
+}
+
+/// Picks the variant like upstream: the one that already holds Kubernetes
+/// chains, else the one with more rules, else nft (Debian's default
+/// `iptables` is the nft one).
+pub fn detect_variant(family: IpFamily) -> Variant {
+    let b = base(family);
+    let nft = count_rules(&format!("{b}-nft-save"));
+    let legacy = count_rules(&format!("{b}-legacy-save"));
+    match (nft, legacy) {
+        (None, Some(_)) => Variant::Legacy,
+        (Some((nk, nr)), Some((lk, lr))) if lk > nk || (lk == nk && lr > nr) => Variant::Legacy,
+        _ => Variant::Nft,
+    }
+}
+
+/// Runs the iptables programs. Names are configurable so that tests can point
+/// at wrappers; [`IptablesCli::auto`] picks them on first use.
+#[derive(Clone, Debug)]
+pub struct IptablesCli {
+    family: IpFamily,
+    programs: Option<Programs>,
+}
+
+#[derive(Clone, Debug)]
+struct Programs {
+    iptables: String,
+    restore: String,
+    save: String,
+}
+
+impl IptablesCli {
+    /// Detects the variant ([`detect_variant`]) when first needed, so that
+    /// --dry-run never runs anything.
+    pub fn auto(family: IpFamily) -> Self {
+        IptablesCli {
+            family,
+            programs: None,
+        }
+    }
+
+    /// The programs of one variant (`iptables-nft`, `iptables-nft-restore`, ...).
+    pub fn variant(family: IpFamily, v: Variant) -> Self {
+        let b = format!("{}-{}", base(family), v.as_str());
+        Self::with_programs(family, &b, &format!("{b}-restore"), &format!("{b}-save"))
+    }
+
+    /// Explicit program names.
+    pub fn with_programs(family: IpFamily, iptables: &str, restore: &str, save: &str) -> Self {
+        IptablesCli {
+            family,
+            programs: Some(Programs {
+                iptables: iptables.into(),
+                restore: restore.into(),
+                save: save.into(),
+            }),
+        }
+    }
+
+    fn programs(&mut self) -> &Programs {
+        let family = self.family;
+        self.programs.get_or_insert_with(|| {
+            let v = detect_variant(family);
+            tracing::info!(family = %family, variant = v.as_str(), "using iptables backend");
+            let b = format!("{}-{}", base(family), v.as_str());
+            Programs {
+                iptables: b.clone(),
+                restore: format!("{b}-restore"),
+                save: format!("{b}-save"),
+            }
+        })
+    }
+
+    fn run(&mut self, args: &[&str]) -> Result<std::process::Output, DataplaneError> {
+        let prog = self.programs().iptables.clone();
+        Command::new(&prog)
+            .arg("-w")
+            .args(args)
+            .output()
+            .map_err(|e| DataplaneError::Io {
+                what: format!("running {prog}"),
+                source: e,
+            })
+    }
+
+    fn rule_cmd(
+        &mut self,
+        op: &str,
+        table: &str,
+        chain: &str,
+        args: &[String],
+    ) -> Result<std::process::Output, DataplaneError> {
+        let mut argv: Vec<&str> = vec!["-t", table, op, chain];
+        if op == "-I" {
+            argv.push("1");
+        }
+        argv.extend(args.iter().map(|s| s.as_str()));
+        self.run(&argv)
+    }
+}
+
+fn failure(tool: String, out: &std::process::Output) -> DataplaneError {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let msg: Vec<&str> = stderr.lines().take(6).collect();
+    DataplaneError::Apply {
+        tool,
+        message: format!("{} ({})", msg.join(" | "), out.status),
+    }
+}
+
+impl IptablesBackend for IptablesCli {
+    fn restore(&mut self, input: &str) -> Result<(), DataplaneError> {
+        let prog = self.programs().restore.clone();
+        let mut child = Command::new(&prog)
+            .args(["--noflush", "--wait"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| DataplaneError::Io {
+                what: format!("starting {prog}"),
+                source: e,
+            })?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin
+                .write_all(input.as_bytes())
+                .map_err(|e| DataplaneError::Io {
+                    what: format!("writing the rules to {prog}"),
+                    source: e,
+                })?;
+        }
+        let out = child.wait_with_output().map_err(|e| DataplaneError::Io {
+            what: format!("waiting for {prog}"),
+            source: e,
+        })?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(failure(format!("{prog} --noflush"), &out))
+        }
+    }
+
+    fn chains(&mut self, table: &str) -> Result<Vec<String>, DataplaneError> {
+        let prog = self.programs().save.clone();
+        let out = Command::new(&prog)
+            .args(["-t", table])
+            .output()
+            .map_err(|e| DataplaneError::Io {
+                what: format!("running {prog} -t {table}"),
+                source: e,
+            })?;
+        if !out.status.success() {
+            return Err(failure(format!("{prog} -t {table}"), &out));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.strip_prefix(':'))
+            .filter_map(|l| l.split_whitespace().next())
+            .map(String::from)
+            .collect())
+    }
+
+    fn chain_exists(&mut self, table: &str, chain: &str) -> Result<bool, DataplaneError> {
+        // A missing chain (or table) is exit status 1; anything else is an error.
+        let out = self.run(&["-t", table, "-S", chain])?;
+        match out.status.code() {
+            Some(0) => Ok(true),
+            Some(1) => Ok(false),
+            _ => Err(failure(format!("iptables -t {table} -S {chain}"), &out)),
+        }
+    }
+
+    fn rule_exists(
+        &mut self,
+        table: &str,
+        chain: &str,
+        args: &[String],
+    ) -> Result<bool, DataplaneError> {
+        let out = self.rule_cmd("-C", table, chain, args)?;
+        match out.status.code() {
+            Some(0) => Ok(true),
+            Some(1) => Ok(false),
+            _ => Err(failure(format!("iptables -t {table} -C {chain}"), &out)),
+        }
+    }
+
+    fn insert_rule(
+        &mut self,
+        table: &str,
+        chain: &str,
+        args: &[String],
+    ) -> Result<(), DataplaneError> {
+        let out = self.rule_cmd("-I", table, chain, args)?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(failure(format!("iptables -t {table} -I {chain}"), &out))
+        }
+    }
+
+    fn delete_rule(
+        &mut self,
+        table: &str,
+        chain: &str,
+        args: &[String],
+    ) -> Result<(), DataplaneError> {
+        let out = self.rule_cmd("-D", table, chain, args)?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(failure(format!("iptables -t {table} -D {chain}"), &out))
+        }
+    }
+}

@@ -1,0 +1,20 @@
+//! The iptables dataplane.
+//!
+//! [`render_service`] turns one service port into upstream kube-proxy's chains
+//! and rules (KUBE-SVC-*, KUBE-SEP-*, ... plus its lines in the shared
+//! KUBE-SERVICES / KUBE-NODEPORTS / filter chains); [`IptablesProxier`]
+//! remembers what it programmed and, after a first full sync, rewrites only
+//! the chains of changed services (upstream's MinimizeIPTablesRestore), through
+//! `iptables-restore --noflush`. The layout is described in docs/iptables.md.
+
+mod backend;
+mod proxier;
+mod render;
+
+pub use backend::{detect_variant, IptablesBackend, IptablesCli, Variant};
+pub use proxier::IptablesProxier;
+pub use render::{
+    is_our_chain, jumps, probability, render_service, sep_chain, svc_chain, Jump, ServiceRules,
+    Skeleton, CANARY_CHAIN, EXTERNAL_CHAIN, FIREWALL_CHAIN, FORWARD_CHAIN, MARK_MASQ_CHAIN,
+    NODEPORTS_CHAIN, POSTROUTING_CHAIN, SERVICES_CHAIN,
+};

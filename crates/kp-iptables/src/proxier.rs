@@ -1,0 +1,362 @@
+//! The iptables proxier: remembers what it programmed, rewrites only the chains
+//! of changed services (upstream's MinimizeIPTablesRestore).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write;
+use std::time::Instant;
+
+use kp_model::{
+    Dataplane, DataplaneError, IpFamily, ProxierConfig, ProxyState, ServicePortName, SyncReport,
+};
+
+use crate::backend::IptablesBackend;
+use crate::render::{
+    is_our_chain, jumps, render_service, ServiceRules, Skeleton, CANARY_CHAIN, FILTER_CHAINS,
+    MANGLE_CHAINS, NAT_CHAINS,
+};
+
+const ROUTE_LOCALNET: &str = "/proc/sys/net/ipv4/conf/all/route_localnet";
+
+pub struct IptablesProxier {
+    cfg: ProxierConfig,
+    skeleton: Skeleton,
+    backend: Box<dyn IptablesBackend>,
+    /// None until the first successful sync, and after a failed one: the next
+    /// sync is then a full one.
+    programmed: Option<BTreeMap<ServicePortName, ServiceRules>>,
+    /// Set route_localnet when localhost NodePorts are on (upstream does it at
+    /// start; off for proxiers in tests that must not touch sysctls).
+    manage_route_localnet: bool,
+}
+
+/// One iptables-restore input being built.
+struct Restore {
+    text: String,
+    lines: usize,
+}
+
+impl Restore {
+    fn line(&mut self, l: &str) {
+        self.text.push_str(l);
+        self.text.push('\n');
+        self.lines += 1;
+    }
+}
+
+impl IptablesProxier {
+    pub fn new(cfg: ProxierConfig, backend: Box<dyn IptablesBackend>) -> Self {
+        let skeleton = Skeleton::new(&cfg);
+        let manage_route_localnet = cfg.localhost_nodeports && cfg.family == IpFamily::V4;
+        IptablesProxier {
+            cfg,
+            skeleton,
+            backend,
+            programmed: None,
+            manage_route_localnet,
+        }
+    }
+
+    /// Whether to set net.ipv4.conf.all.route_localnet=1 (in the network
+    /// namespace we run in) when localhost NodePorts are enabled. On by default
+    /// then, as upstream.
+    pub fn with_route_localnet(mut self, manage: bool) -> Self {
+        self.manage_route_localnet = manage;
+        self
+    }
+
+    fn render_all(&self, state: &ProxyState) -> BTreeMap<ServicePortName, ServiceRules> {
+        state
+            .services
+            .iter()
+            .map(|(name, sp)| {
+                (
+                    name.clone(),
+                    render_service(sp, state.endpoints_of(name), &self.cfg, &state.node),
+                )
+            })
+            .collect()
+    }
+
+    /// The restore input. Top-level chains are always rewritten; of the
+    /// per-service chains only those in `write` are; `delete` are removed.
+    fn script(
+        &self,
+        services: &BTreeMap<ServicePortName, ServiceRules>,
+        write: &BTreeSet<&str>,
+        delete: &BTreeSet<String>,
+        with_canary: bool,
+    ) -> Restore {
+        let mut r = Restore {
+            text: String::new(),
+            lines: 0,
+        };
+        if with_canary {
+            r.line("*mangle");
+            for c in MANGLE_CHAINS {
+                r.line(&format!(":{c} - [0:0]"));
+            }
+            r.line("COMMIT");
+        }
+
+        r.line("*filter");
+        for c in FILTER_CHAINS {
+            r.line(&format!(":{c} - [0:0]"));
+        }
+        let all = || services.values();
+        for l in all().flat_map(|s| &s.filter_services) {
+            r.line(l);
+        }
+        for l in all().flat_map(|s| &s.filter_external) {
+            r.line(l);
+        }
+        for l in self.skeleton.forward_rules() {
+            r.line(&l);
+        }
+        for l in all().flat_map(|s| &s.filter_nodeports) {
+            r.line(l);
+        }
+        for l in &self.skeleton.firewall_head {
+            r.line(l);
+        }
+        for l in all().flat_map(|s| &s.filter_firewall) {
+            r.line(l);
+        }
+        r.line("COMMIT");
+
+        r.line("*nat");
+        for c in NAT_CHAINS {
+            r.line(&format!(":{c} - [0:0]"));
+        }
+        for s in all() {
+            for (c, _) in &s.nat_chains {
+                if write.contains(c.as_str()) {
+                    r.line(&format!(":{c} - [0:0]"));
+                }
+            }
+        }
+        // Declaring a chain flushes it; a stale chain must be empty to go.
+        for c in delete {
+            r.line(&format!(":{c} - [0:0]"));
+        }
+        for l in self.skeleton.nat_static() {
+            r.line(&l);
+        }
+        for l in all().flat_map(|s| &s.nat_services) {
+            r.line(l);
+        }
+        for l in &self.skeleton.nodeport_jumps {
+            r.line(l);
+        }
+        for l in all().flat_map(|s| &s.nat_nodeports) {
+            r.line(l);
+        }
+        for s in all() {
+            for (c, rules) in &s.nat_chains {
+                if write.contains(c.as_str()) {
+                    for l in rules {
+                        r.line(l);
+                    }
+                }
+            }
+        }
+        for c in delete {
+            r.line(&format!("-X {c}"));
+        }
+        r.line("COMMIT");
+        r
+    }
+
+    fn ensure_jumps(&mut self) -> Result<(), DataplaneError> {
+        for j in jumps() {
+            if !self.backend.rule_exists(j.table, j.from, &j.args)? {
+                self.backend.insert_rule(j.table, j.from, &j.args)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn ensure_route_localnet(&self) {
+        if !self.manage_route_localnet {
+            return;
+        }
+        let cur = std::fs::read_to_string(ROUTE_LOCALNET).unwrap_or_default();
+        if cur.trim() == "1" {
+            return;
+        }
+        tracing::info!(
+            "setting route_localnet=1 to allow NodePorts on localhost; disable \
+             --iptables-localhost-nodeports or set --nodeport-addresses to avoid it"
+        );
+        if let Err(e) = std::fs::write(ROUTE_LOCALNET, "1") {
+            tracing::warn!(error = %e, path = ROUTE_LOCALNET, "cannot enable localhost NodePorts");
+        }
+    }
+
+    fn full_sync(
+        &mut self,
+        state: &ProxyState,
+    ) -> Result<(BTreeMap<ServicePortName, ServiceRules>, Restore), DataplaneError> {
+        let services = self.render_all(state);
+        let write: BTreeSet<&str> = services.values().flat_map(|s| s.chain_names()).collect();
+        // Per-service chains left over from a previous run (or removed by a
+        // sync whose partial write failed): found in the kernel, like upstream.
+        let delete: BTreeSet<String> = self
+            .backend
+            .chains("nat")?
+            .into_iter()
+            .filter(|c| is_our_chain("nat", c) && !NAT_CHAINS.contains(&c.as_str()))
+            .filter(|c| !write.contains(c.as_str()))
+            .collect();
+        let r = self.script(&services, &write, &delete, true);
+        Ok((services, r))
+    }
+
+    fn partial_sync(
+        &self,
+        state: &ProxyState,
+        changed: &BTreeSet<ServicePortName>,
+        mut services: BTreeMap<ServicePortName, ServiceRules>,
+    ) -> (BTreeMap<ServicePortName, ServiceRules>, Restore) {
+        let mut write_owned: BTreeSet<String> = BTreeSet::new();
+        let mut delete: BTreeSet<String> = BTreeSet::new();
+        for name in changed {
+            let new = state
+                .services
+                .get(name)
+                .map(|sp| render_service(sp, state.endpoints_of(name), &self.cfg, &state.node));
+            let old = match &new {
+                Some(n) => services.insert(name.clone(), n.clone()),
+                None => services.remove(name),
+            };
+            let empty = ServiceRules::default();
+            let o = old.as_ref().unwrap_or(&empty);
+            let n = new.as_ref().unwrap_or(&empty);
+            for (c, rules) in &n.nat_chains {
+                if o.nat_chains.iter().find(|(oc, _)| oc == c).map(|(_, r)| r) != Some(rules) {
+                    write_owned.insert(c.clone());
+                }
+            }
+            for (c, _) in &o.nat_chains {
+                if !n.nat_chains.iter().any(|(nc, _)| nc == c) {
+                    delete.insert(c.clone());
+                }
+            }
+        }
+        let write: BTreeSet<&str> = write_owned.iter().map(|s| s.as_str()).collect();
+        let r = self.script(&services, &write, &delete, false);
+        (services, r)
+    }
+}
+
+impl Dataplane for IptablesProxier {
+    fn mode(&self) -> &'static str {
+        "iptables"
+    }
+
+    fn sync(
+        &mut self,
+        state: &ProxyState,
+        changed: &BTreeSet<ServicePortName>,
+        full: bool,
+    ) -> Result<SyncReport, DataplaneError> {
+        let t0 = Instant::now();
+        let is_full = full || self.programmed.is_none();
+        let prev = self.programmed.take();
+        let built = match prev {
+            Some(prev) if !is_full => Ok(self.partial_sync(state, changed, prev)),
+            _ => self.full_sync(state),
+        };
+        // On any error `programmed` stays None: the retry is a full sync.
+        let (services, restore) = built?;
+        let render = t0.elapsed();
+        let t1 = Instant::now();
+        if is_full {
+            self.ensure_route_localnet();
+        }
+        self.backend.restore(&restore.text)?;
+        if is_full {
+            self.ensure_jumps()?;
+        }
+        let mut report = SyncReport {
+            full: is_full,
+            bytes: restore.text.len(),
+            ops: restore.lines,
+            render,
+            apply: t1.elapsed(),
+            ..Default::default()
+        };
+        for s in services.values() {
+            report.no_local_endpoints.0 += s.no_local.0 as u64;
+            report.no_local_endpoints.1 += s.no_local.1 as u64;
+        }
+        self.programmed = Some(services);
+        Ok(report)
+    }
+
+    fn render(&self, state: &ProxyState) -> String {
+        let services = self.render_all(state);
+        let write: BTreeSet<&str> = services.values().flat_map(|s| s.chain_names()).collect();
+        let mut out = self.script(&services, &write, &BTreeSet::new(), true).text;
+        // Not part of the restore input: what a full sync also ensures.
+        out.push_str("# jumps ensured in builtin chains:\n");
+        for j in jumps() {
+            let _ = writeln!(out, "# -t {} -A {} {}", j.table, j.from, j.args.join(" "));
+        }
+        out
+    }
+
+    fn rules_lost(&mut self) -> bool {
+        if self.programmed.is_none() {
+            return false;
+        }
+        match self.backend.chain_exists("mangle", CANARY_CHAIN) {
+            Ok(true) => false,
+            Ok(false) => {
+                self.programmed = None;
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "iptables canary check failed");
+                false
+            }
+        }
+    }
+
+    fn cleanup(&mut self) -> Result<(), DataplaneError> {
+        self.programmed = None;
+        // Jumps first: a referenced chain cannot be deleted. A rule may have
+        // been added more than once (by hand, or a crashed older version).
+        for j in jumps() {
+            for _ in 0..16 {
+                match self.backend.rule_exists(j.table, j.from, &j.args) {
+                    Ok(true) => self.backend.delete_rule(j.table, j.from, &j.args)?,
+                    _ => break,
+                }
+            }
+        }
+        let mut input = String::new();
+        for table in ["mangle", "filter", "nat"] {
+            let ours: Vec<String> = self
+                .backend
+                .chains(table)?
+                .into_iter()
+                .filter(|c| is_our_chain(table, c))
+                .collect();
+            if ours.is_empty() {
+                continue;
+            }
+            let _ = writeln!(input, "*{table}");
+            for c in &ours {
+                let _ = writeln!(input, ":{c} - [0:0]");
+            }
+            for c in &ours {
+                let _ = writeln!(input, "-X {c}");
+            }
+            let _ = writeln!(input, "COMMIT");
+        }
+        if input.is_empty() {
+            return Ok(());
+        }
+        self.backend.restore(&input)
+    }
+}

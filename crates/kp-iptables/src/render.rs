@@ -1,0 +1,630 @@
+//! Model -> iptables-restore lines, per service port. Pure: no I/O.
+//!
+//! Follows upstream's pkg/proxy/iptables/proxier.go syncProxyRules: the same
+//! chain names (so tools and people that know kube-proxy find their way), the
+//! same rule order and comments.
+
+use std::collections::BTreeSet;
+use std::fmt::Write;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use kp_model::{
+    categorize_endpoints, chain_hash, Endpoint, IpFamily, LocalDetector, NodeInfo, ProxierConfig,
+    ServicePort,
+};
+
+pub const SERVICES_CHAIN: &str = "KUBE-SERVICES";
+pub const EXTERNAL_CHAIN: &str = "KUBE-EXTERNAL-SERVICES";
+pub const NODEPORTS_CHAIN: &str = "KUBE-NODEPORTS";
+pub const POSTROUTING_CHAIN: &str = "KUBE-POSTROUTING";
+pub const MARK_MASQ_CHAIN: &str = "KUBE-MARK-MASQ";
+pub const FORWARD_CHAIN: &str = "KUBE-FORWARD";
+pub const FIREWALL_CHAIN: &str = "KUBE-PROXY-FIREWALL";
+pub const CANARY_CHAIN: &str = "KUBE-PROXY-CANARY";
+
+/// Prefixes of the per-service and per-endpoint chains (all in nat).
+pub const SERVICE_CHAIN_PREFIXES: [&str; 5] = [
+    "KUBE-SVC-",
+    "KUBE-SVL-",
+    "KUBE-EXT-",
+    "KUBE-FW-",
+    "KUBE-SEP-",
+];
+
+/// Our fixed chains per table; the per-service ones are recognised by prefix.
+pub const NAT_CHAINS: [&str; 4] = [
+    SERVICES_CHAIN,
+    NODEPORTS_CHAIN,
+    POSTROUTING_CHAIN,
+    MARK_MASQ_CHAIN,
+];
+pub const FILTER_CHAINS: [&str; 5] = [
+    SERVICES_CHAIN,
+    EXTERNAL_CHAIN,
+    FORWARD_CHAIN,
+    NODEPORTS_CHAIN,
+    FIREWALL_CHAIN,
+];
+pub const MANGLE_CHAINS: [&str; 1] = [CANARY_CHAIN];
+
+/// True for a chain this dataplane creates in `table` (and so may delete).
+pub fn is_our_chain(table: &str, chain: &str) -> bool {
+    match table {
+        "nat" => {
+            NAT_CHAINS.contains(&chain)
+                || SERVICE_CHAIN_PREFIXES.iter().any(|p| chain.starts_with(p))
+        }
+        "filter" => FILTER_CHAINS.contains(&chain),
+        "mangle" => MANGLE_CHAINS.contains(&chain),
+        _ => false,
+    }
+}
+
+/// A jump from a builtin chain into one of ours (upstream's iptablesJumpChains).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Jump {
+    pub table: &'static str,
+    pub from: &'static str,
+    /// Rule arguments after the chain name, as passed to `iptables -C/-I/-D`.
+    pub args: Vec<String>,
+}
+
+fn jump(table: &'static str, from: &'static str, to: &str, comment: &str, new_only: bool) -> Jump {
+    let mut args = Vec::new();
+    if new_only {
+        args.extend(["-m", "conntrack", "--ctstate", "NEW"].map(String::from));
+    }
+    args.extend(["-m", "comment", "--comment", comment, "-j", to].map(String::from));
+    Jump { table, from, args }
+}
+
+/// Every jump we install, in upstream's order.
+pub fn jumps() -> Vec<Jump> {
+    let ext = "kubernetes externally-visible service portals";
+    let portals = "kubernetes service portals";
+    let fw = "kubernetes load balancer firewall";
+    vec![
+        jump("filter", "INPUT", EXTERNAL_CHAIN, ext, true),
+        jump("filter", "FORWARD", EXTERNAL_CHAIN, ext, true),
+        jump(
+            "filter",
+            "INPUT",
+            NODEPORTS_CHAIN,
+            "kubernetes health check service ports",
+            false,
+        ),
+        jump("filter", "FORWARD", SERVICES_CHAIN, portals, true),
+        jump("filter", "OUTPUT", SERVICES_CHAIN, portals, true),
+        jump(
+            "filter",
+            "FORWARD",
+            FORWARD_CHAIN,
+            "kubernetes forwarding rules",
+            false,
+        ),
+        jump("filter", "INPUT", FIREWALL_CHAIN, fw, true),
+        jump("filter", "OUTPUT", FIREWALL_CHAIN, fw, true),
+        jump("filter", "FORWARD", FIREWALL_CHAIN, fw, true),
+        jump("nat", "OUTPUT", SERVICES_CHAIN, portals, false),
+        jump("nat", "PREROUTING", SERVICES_CHAIN, portals, false),
+        jump(
+            "nat",
+            "POSTROUTING",
+            POSTROUTING_CHAIN,
+            "kubernetes postrouting rules",
+            false,
+        ),
+    ]
+}
+
+/// Everything one service port contributes to the ruleset. Lines are complete
+/// iptables-restore rule lines (`-A CHAIN ...`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServiceRules {
+    /// nat chains this service port owns (KUBE-SVC/SVL/EXT/FW/SEP), with rules.
+    pub nat_chains: Vec<(String, Vec<String>)>,
+    /// Its lines in nat KUBE-SERVICES.
+    pub nat_services: Vec<String>,
+    /// Its lines in nat KUBE-NODEPORTS.
+    pub nat_nodeports: Vec<String>,
+    /// filter KUBE-SERVICES (no endpoints for the cluster IP).
+    pub filter_services: Vec<String>,
+    /// filter KUBE-EXTERNAL-SERVICES (no endpoints for external traffic).
+    pub filter_external: Vec<String>,
+    /// filter KUBE-PROXY-FIREWALL (loadBalancerSourceRanges).
+    pub filter_firewall: Vec<String>,
+    /// filter KUBE-NODEPORTS (health check node port accepted).
+    pub filter_nodeports: Vec<String>,
+    /// eTP/iTP Local with no local endpoint (internal, external).
+    pub no_local: (bool, bool),
+}
+
+impl ServiceRules {
+    pub fn chain_names(&self) -> impl Iterator<Item = &str> {
+        self.nat_chains.iter().map(|(c, _)| c.as_str())
+    }
+}
+
+/// `KUBE-SVC-` + upstream's hash of `servicePortName + protocol`.
+pub fn svc_chain(sp: &ServicePort) -> String {
+    format!("KUBE-SVC-{}", port_hash(sp))
+}
+
+fn port_hash(sp: &ServicePort) -> String {
+    chain_hash(&format!("{}{}", sp.name, sp.protocol.as_lower()))
+}
+
+/// `KUBE-SEP-` + upstream's hash of `servicePortName + protocol + endpoint`.
+pub fn sep_chain(sp: &ServicePort, ep: &Endpoint) -> String {
+    format!(
+        "KUBE-SEP-{}",
+        chain_hash(&format!(
+            "{}{}{}",
+            sp.name,
+            sp.protocol.as_lower(),
+            ep.addr_string()
+        ))
+    )
+}
+
+/// `-m comment --comment "..."`. Names reaching here are validated DNS labels;
+/// anything that could end the quoted string or the line is dropped anyway.
+pub fn comment(text: &str) -> String {
+    let clean: String = text
+        .chars()
+        .filter(|c| (c.is_ascii_graphic() || *c == ' ') && !matches!(c, '"' | '\\'))
+        .take(240)
+        .collect();
+    format!("-m comment --comment \"{clean}\"")
+}
+
+fn host(ip: &IpAddr) -> String {
+    match ip {
+        IpAddr::V4(_) => format!("{ip}/32"),
+        IpAddr::V6(_) => format!("{ip}/128"),
+    }
+}
+
+fn same_family(fam: IpFamily, n: &IpNet) -> bool {
+    matches!(
+        (fam, n),
+        (IpFamily::V4, IpNet::V4(_)) | (IpFamily::V6, IpNet::V6(_))
+    )
+}
+
+/// The match for "from inside the cluster" (`negate`: from outside); None when
+/// the detector knows nothing. iptables cannot OR CIDRs in one `-s`, so like
+/// upstream only the first CIDR of the family counts.
+pub fn local_match(fam: IpFamily, d: &LocalDetector, negate: bool) -> Option<String> {
+    let not = if negate { "! " } else { "" };
+    match d {
+        LocalDetector::None => None,
+        LocalDetector::Cidrs(c) => c
+            .iter()
+            .find(|n| same_family(fam, n))
+            .map(|n| format!("{not}-s {n}")),
+        LocalDetector::BridgeInterface(i) => Some(format!("{not}-i {i}")),
+        LocalDetector::InterfaceNamePrefix(p) => Some(format!("{not}-i {p}+")),
+    }
+}
+
+/// Upstream's probability formatting (`%0.10f` of 1/n).
+pub fn probability(n: usize) -> String {
+    format!("{:.10}", 1.0 / n as f64)
+}
+
+/// Renders one service port, as upstream's syncProxyRules loop body.
+pub fn render_service(
+    sp: &ServicePort,
+    endpoints: &[Endpoint],
+    cfg: &ProxierConfig,
+    node: &NodeInfo,
+) -> ServiceRules {
+    let fam = cfg.family;
+    let cat = categorize_endpoints(endpoints, sp, node);
+    let hash = port_hash(sp);
+    let svc = format!("KUBE-SVC-{hash}");
+    let svl = format!("KUBE-SVL-{hash}");
+    let ext = format!("KUBE-EXT-{hash}");
+    let fw = format!("KUBE-FW-{hash}");
+    let name = sp.name.to_string();
+    let proto = sp.protocol.as_lower();
+    let pmatch = format!("-m {proto} -p {proto}");
+    let mut out = ServiceRules::default();
+
+    let internal_eps = if sp.internal_policy_local {
+        &cat.local
+    } else {
+        &cat.cluster
+    };
+    let external_eps = if sp.external_policy_local {
+        &cat.local
+    } else {
+        &cat.cluster
+    };
+    let internal_chain = if sp.internal_policy_local { &svl } else { &svc };
+    let external_policy_chain = if sp.external_policy_local { &svl } else { &svc };
+    out.no_local = (
+        sp.internal_policy_local && cat.local.is_empty(),
+        sp.external_policy_local && cat.local.is_empty(),
+    );
+    let has_internal = !internal_eps.is_empty();
+    let has_external = sp.externally_accessible() && !external_eps.is_empty();
+
+    // Per-endpoint chains, for every endpoint either policy may pick.
+    let mut seps: Vec<(String, Vec<String>)> = Vec::new();
+    for ep in &cat.all_reachable {
+        let chain = sep_chain(sp, ep);
+        if seps.iter().any(|(c, _)| *c == chain) {
+            continue;
+        }
+        let c = comment(&name);
+        let mut rules = vec![format!(
+            "-A {chain} {c} -s {} -j {MARK_MASQ_CHAIN}",
+            host(&ep.ip)
+        )];
+        let affinity = if sp.session_affinity_timeout.is_some() {
+            format!(" -m recent --name {chain} --set")
+        } else {
+            String::new()
+        };
+        rules.push(format!(
+            "-A {chain} {c}{affinity} {pmatch} -j DNAT --to-destination {}",
+            ep.addr_string()
+        ));
+        seps.push((chain, rules));
+    }
+
+    // The endpoint-selection rules of a SVC or SVL chain.
+    let selection = |chain: &str, eps: &[&Endpoint], rules: &mut Vec<String>| {
+        if let Some(timeout) = sp.session_affinity_timeout {
+            for ep in eps {
+                let sep = sep_chain(sp, ep);
+                rules.push(format!(
+                    "-A {chain} {} -m recent --name {sep} --rcheck --seconds {timeout} --reap -j {sep}",
+                    comment(&format!("{name} -> {}", ep.addr_string()))
+                ));
+            }
+        }
+        let n = eps.len();
+        for (i, ep) in eps.iter().enumerate() {
+            let mut r = format!(
+                "-A {chain} {}",
+                comment(&format!("{name} -> {}", ep.addr_string()))
+            );
+            if i + 1 < n {
+                let _ = write!(
+                    r,
+                    " -m statistic --mode random --probability {}",
+                    probability(n - i)
+                );
+            }
+            let _ = write!(r, " -j {}", sep_chain(sp, ep));
+            rules.push(r);
+        }
+    };
+
+    let cluster_args = format!(
+        "{} {pmatch} -d {} --dport {}",
+        comment(&format!("{name} cluster IP")),
+        host(&sp.cluster_ip),
+        sp.port
+    );
+    // Masquerade off-cluster traffic to the cluster IP: it may have been routed
+    // here from outside and leave for another node.
+    let masq = if cfg.masquerade_all {
+        Some(format!("{cluster_args} -j {MARK_MASQ_CHAIN}"))
+    } else {
+        local_match(fam, &cfg.local_detector, true)
+            .map(|m| format!("{cluster_args} {m} -j {MARK_MASQ_CHAIN}"))
+    };
+
+    if !cat.cluster.is_empty() {
+        let mut rules = Vec::new();
+        if !sp.internal_policy_local {
+            if let Some(m) = &masq {
+                rules.push(format!("-A {svc} {m}"));
+            }
+        }
+        selection(&svc, &cat.cluster, &mut rules);
+        out.nat_chains.push((svc.clone(), rules));
+    }
+    if sp.uses_local_endpoints() && !cat.local.is_empty() {
+        let mut rules = Vec::new();
+        if sp.internal_policy_local {
+            if let Some(m) = &masq {
+                rules.push(format!("-A {svl} {m}"));
+            }
+        }
+        selection(&svl, &cat.local, &mut rules);
+        out.nat_chains.push((svl.clone(), rules));
+    }
+
+    if has_external {
+        let mut rules = Vec::new();
+        if !sp.external_policy_local {
+            rules.push(format!(
+                "-A {ext} {} -j {MARK_MASQ_CHAIN}",
+                comment(&format!(
+                    "masquerade traffic for {name} external destinations"
+                ))
+            ));
+        } else if !cat.cluster.is_empty() {
+            // Pods reaching an external address of the Service behave as if
+            // they went out to the load balancer and back: Cluster policy.
+            if let Some(m) = local_match(fam, &cfg.local_detector, false) {
+                rules.push(format!(
+                    "-A {ext} {} {m} -j {svc}",
+                    comment(&format!("pod traffic for {name} external destinations"))
+                ));
+            }
+            // The node itself picks the external address as source: masquerade.
+            rules.push(format!(
+                "-A {ext} {} -m addrtype --src-type LOCAL -j {MARK_MASQ_CHAIN}",
+                comment(&format!(
+                    "masquerade LOCAL traffic for {name} external destinations"
+                ))
+            ));
+            rules.push(format!(
+                "-A {ext} {} -m addrtype --src-type LOCAL -j {svc}",
+                comment(&format!(
+                    "route LOCAL traffic for {name} external destinations"
+                ))
+            ));
+        }
+        rules.push(format!("-A {ext} -j {external_policy_chain}"));
+        out.nat_chains.push((ext.clone(), rules));
+    }
+
+    // Where traffic with no usable endpoint goes: REJECT when the service has
+    // none anywhere, DROP when it has some but not for this traffic's policy.
+    let (no_ep_target, no_ep_text) = if cat.has_any {
+        ("DROP", "has no local endpoints")
+    } else {
+        ("REJECT", "has no endpoints")
+    };
+
+    // Cluster IP.
+    if has_internal {
+        out.nat_services.push(format!(
+            "-A {SERVICES_CHAIN} {cluster_args} -j {internal_chain}"
+        ));
+    } else {
+        let (t, text) = if sp.internal_policy_local && cat.has_any {
+            ("DROP", "has no local endpoints")
+        } else {
+            ("REJECT", "has no endpoints")
+        };
+        out.filter_services.push(format!(
+            "-A {SERVICES_CHAIN} {} {pmatch} -d {} --dport {} -j {t}",
+            comment(&format!("{name} {text}")),
+            host(&sp.cluster_ip),
+            sp.port
+        ));
+    }
+
+    // External IPs.
+    let lb_ips: BTreeSet<IpAddr> = sp.load_balancer_ips.iter().copied().collect();
+    let ext_ips: BTreeSet<IpAddr> = sp
+        .external_ips
+        .iter()
+        .copied()
+        .filter(|ip| *ip != sp.cluster_ip && !lb_ips.contains(ip))
+        .collect();
+    for ip in &ext_ips {
+        if has_external {
+            out.nat_services.push(format!(
+                "-A {SERVICES_CHAIN} {} {pmatch} -d {} --dport {} -j {ext}",
+                comment(&format!("{name} external IP")),
+                host(ip),
+                sp.port
+            ));
+        } else {
+            out.filter_external.push(format!(
+                "-A {EXTERNAL_CHAIN} {} {pmatch} -d {} --dport {} -j {no_ep_target}",
+                comment(&format!("{name} {no_ep_text}")),
+                host(ip),
+                sp.port
+            ));
+        }
+    }
+
+    // Load balancer IPs, through the firewall chain when source ranges are set.
+    let ranges: Vec<&IpNet> = sp
+        .load_balancer_source_ranges
+        .iter()
+        .filter(|n| same_family(fam, n))
+        .collect();
+    let uses_fw = has_external && !sp.load_balancer_source_ranges.is_empty();
+    if uses_fw && !lb_ips.is_empty() {
+        let c = comment(&format!("{name} loadbalancer IP"));
+        let mut rules: Vec<String> = ranges
+            .iter()
+            .map(|n| format!("-A {fw} {c} -s {n} -j {ext}"))
+            .collect();
+        // A node reaching its own LB IP may show up with that IP as source.
+        if ranges
+            .iter()
+            .any(|n| cfg.node_ips.iter().any(|ip| n.contains(ip)))
+        {
+            for ip in &lb_ips {
+                rules.push(format!("-A {fw} {c} -s {} -j {ext}", host(ip)));
+            }
+        }
+        rules.push(format!(
+            "-A {fw} {}",
+            comment(&format!(
+                "other traffic to {name} will be dropped by KUBE-PROXY-FIREWALL"
+            ))
+        ));
+        out.nat_chains.push((fw.clone(), rules));
+    }
+    for ip in &lb_ips {
+        if has_external {
+            let target = if uses_fw { &fw } else { &ext };
+            out.nat_services.push(format!(
+                "-A {SERVICES_CHAIN} {} {pmatch} -d {} --dport {} -j {target}",
+                comment(&format!("{name} loadbalancer IP")),
+                host(ip),
+                sp.port
+            ));
+            if uses_fw {
+                // Anything the FW chain did not DNAT still has the LB IP as
+                // destination when it reaches filter: drop it there.
+                out.filter_firewall.push(format!(
+                    "-A {FIREWALL_CHAIN} {} {pmatch} -d {} --dport {} -j DROP",
+                    comment(&format!("{name} traffic not accepted by {fw}")),
+                    host(ip),
+                    sp.port
+                ));
+            }
+        } else {
+            out.filter_external.push(format!(
+                "-A {EXTERNAL_CHAIN} {} {pmatch} -d {} --dport {} -j {no_ep_target}",
+                comment(&format!("{name} {no_ep_text}")),
+                host(ip),
+                sp.port
+            ));
+        }
+    }
+
+    // NodePort.
+    if sp.node_port != 0 {
+        if has_external {
+            out.nat_nodeports.push(format!(
+                "-A {NODEPORTS_CHAIN} {} {pmatch} --dport {} -j {ext}",
+                comment(&name),
+                sp.node_port
+            ));
+        } else {
+            for dst in nodeport_destinations(cfg) {
+                out.filter_external.push(format!(
+                    "-A {EXTERNAL_CHAIN} {} {dst} {pmatch} --dport {} -j {no_ep_target}",
+                    comment(&format!("{name} {no_ep_text}")),
+                    sp.node_port
+                ));
+            }
+        }
+    }
+    if sp.health_check_node_port != 0 {
+        out.filter_nodeports.push(format!(
+            "-A {NODEPORTS_CHAIN} {} {pmatch} --dport {} -j ACCEPT",
+            comment(&format!("{name} health check node port")),
+            sp.health_check_node_port
+        ));
+    }
+
+    out.nat_chains.extend(seps);
+    out
+}
+
+/// The destination matches of "a NodePort address of this node".
+fn nodeport_destinations(cfg: &ProxierConfig) -> Vec<String> {
+    let lo = loopback(cfg.family);
+    let localhost = cfg.localhost_nodeports && cfg.family == IpFamily::V4;
+    let cidrs: Vec<&IpNet> = cfg
+        .nodeport_addresses
+        .iter()
+        .filter(|n| same_family(cfg.family, n))
+        .collect();
+    // 0.0.0.0/0 or ::/0 means every local address, as an empty list does.
+    if cidrs.is_empty() || cidrs.iter().any(|n| n.prefix_len() == 0) {
+        let mut v = vec![format!("-m addrtype --dst-type LOCAL ! -d {lo}")];
+        if localhost {
+            // Only the node itself may use 127.0.0.1 (remote packets to it are
+            // also dropped in KUBE-PROXY-FIREWALL, CVE-2020-8558).
+            v.push(format!("-s {lo} -d {lo}"));
+        }
+        v
+    } else {
+        cidrs
+            .into_iter()
+            .filter_map(|n| {
+                if n.network().is_loopback() {
+                    localhost.then(|| format!("-s {lo} -d {n}"))
+                } else {
+                    Some(format!("-d {n} -m addrtype --dst-type LOCAL"))
+                }
+            })
+            .collect()
+    }
+}
+
+fn loopback(fam: IpFamily) -> &'static str {
+    match fam {
+        IpFamily::V4 => "127.0.0.0/8",
+        IpFamily::V6 => "::1/128",
+    }
+}
+
+/// The fixed rules of the top-level chains, around the services' lines.
+#[derive(Clone, Debug)]
+pub struct Skeleton {
+    pub mark: String,
+    pub nodeport_jumps: Vec<String>,
+    pub firewall_head: Vec<String>,
+}
+
+impl Skeleton {
+    pub fn new(cfg: &ProxierConfig) -> Skeleton {
+        let nodeport_jumps = nodeport_destinations(cfg)
+            .into_iter()
+            .map(|d| {
+                format!(
+                    "-A {SERVICES_CHAIN} {} {d} -j {NODEPORTS_CHAIN}",
+                    comment(
+                        "kubernetes service nodeports; NOTE: this must be the last rule in this chain"
+                    )
+                )
+            })
+            .collect();
+        let mut firewall_head = Vec::new();
+        if cfg.localhost_nodeports && cfg.family == IpFamily::V4 {
+            // route_localnet lets remote hosts reach 127.0.0.1 services; block
+            // that, as kubelet's KUBE-FIREWALL does (CVE-2020-8558).
+            firewall_head.push(format!(
+                "-A {FIREWALL_CHAIN} {} -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP",
+                comment("block incoming localnet connections")
+            ));
+        }
+        Skeleton {
+            mark: format!("0x{:x}", cfg.masquerade_mark()),
+            nodeport_jumps,
+            firewall_head,
+        }
+    }
+
+    /// The static rules of our nat chains (not KUBE-SERVICES / KUBE-NODEPORTS).
+    pub fn nat_static(&self) -> Vec<String> {
+        let m = &self.mark;
+        vec![
+            format!("-A {POSTROUTING_CHAIN} -m mark ! --mark {m}/{m} -j RETURN"),
+            // Clear the mark so that a packet re-traversing the stack (e.g. via
+            // an IPsec tunnel) is not masqueraded twice.
+            format!("-A {POSTROUTING_CHAIN} -j MARK --xor-mark {m}"),
+            format!(
+                "-A {POSTROUTING_CHAIN} {} -j MASQUERADE --random-fully",
+                comment("kubernetes service traffic requiring SNAT")
+            ),
+            format!("-A {MARK_MASQ_CHAIN} -j MARK --or-mark {m}"),
+        ]
+    }
+
+    pub fn forward_rules(&self) -> Vec<String> {
+        let m = &self.mark;
+        vec![
+            // Out-of-window packets marked INVALID would be forwarded un-NATed
+            // and reset the connection.
+            format!("-A {FORWARD_CHAIN} -m conntrack --ctstate INVALID -j DROP"),
+            format!(
+                "-A {FORWARD_CHAIN} {} -m mark --mark {m}/{m} -j ACCEPT",
+                comment("kubernetes forwarding rules")
+            ),
+            format!(
+                "-A {FORWARD_CHAIN} {} -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
+                comment("kubernetes forwarding conntrack rule")
+            ),
+        ]
+    }
+}
