@@ -1,0 +1,218 @@
+//! The binary against the in-process API test server: first sync after the
+//! initial list, changes programmed, rules kept through an API outage and a
+//! 410 relist, and the HTTP servers' answers. Runs in a throwaway network
+//! namespace (the API server listens inside it too).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kp_netlab::wait_until;
+use kp_testkit::ApiServer;
+use serde_json::json;
+
+struct Ns(String);
+impl Drop for Ns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+struct Proc(Child);
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn service(ip: &str) -> Service {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"namespace": "default", "name": "web"},
+        "spec": {"clusterIP": ip, "clusterIPs": [ip], "type": "ClusterIP",
+                 "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
+    }))
+    .unwrap()
+}
+
+fn slice(ips: &[&str]) -> EndpointSlice {
+    serde_json::from_value(json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"namespace": "default", "name": "web-1",
+                     "labels": {"kubernetes.io/service-name": "web"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        "endpoints": ips.iter().map(|ip| json!({"addresses": [ip], "conditions": {"ready": true}})).collect::<Vec<_>>()
+    }))
+    .unwrap()
+}
+
+fn http_get(ns: &str, addr: &str, path: &str) -> Option<(u16, String)> {
+    let addr: SocketAddr = addr.parse().unwrap();
+    let path = path.to_string();
+    kp_netlab::in_netns(ns, move || -> Option<(u16, String)> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        write!(s, "GET {path} HTTP/1.0\r\n\r\n").ok()?;
+        let mut buf = String::new();
+        s.read_to_string(&mut buf).ok()?;
+        let status = buf.split_whitespace().nth(1)?.parse().ok()?;
+        Some((
+            status,
+            buf.split("\r\n\r\n").nth(1).unwrap_or("").to_string(),
+        ))
+    })
+    .ok()
+    .flatten()
+}
+
+fn ruleset(ns: &str) -> String {
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            ns,
+            "nft",
+            "list",
+            "table",
+            "ip",
+            "kube-proxy-rs",
+        ])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn binary_follows_the_api_server() {
+    let ns = format!("kpapi{}", std::process::id());
+    assert!(Command::new("ip")
+        .args(["netns", "add", &ns])
+        .status()
+        .unwrap()
+        .success());
+    let _ns = Ns(ns.clone());
+    Command::new("ip")
+        .args(["netns", "exec", &ns, "ip", "link", "set", "lo", "up"])
+        .status()
+        .unwrap();
+
+    // The API server runs on a runtime whose threads live in the namespace.
+    let (srv_tx, srv_rx) = mpsc::channel::<ApiServer>();
+    let (stop_tx, stop_rx) = mpsc::channel::<()>();
+    let ns2 = ns.clone();
+    let server_thread = std::thread::spawn(move || {
+        kp_netlab::in_netns(&ns2, move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap();
+            let srv = rt.block_on(ApiServer::start());
+            srv_tx.send(srv.clone()).unwrap();
+            let _ = stop_rx.recv();
+            srv.shutdown();
+            drop(srv);
+            rt.shutdown_timeout(Duration::from_secs(1));
+        })
+        .unwrap();
+    });
+    let srv = srv_rx.recv().unwrap();
+    srv.apply_service(service("10.96.7.7"));
+    srv.apply_endpoint_slice(slice(&["10.244.1.2"]));
+    let kubeconfig: PathBuf = std::env::temp_dir().join(format!("{ns}-kubeconfig"));
+    srv.write_kubeconfig(&kubeconfig).unwrap();
+    let log = std::env::temp_dir().join(format!("{ns}.log"));
+    let child = Command::new("ip")
+        .args(["netns", "exec", &ns, env!("CARGO_BIN_EXE_kube-proxy-rs")])
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .args([
+            "--hostname-override=node1",
+            "--iptables-min-sync-period=100ms",
+            "--healthz-bind-address=127.0.0.1:10256",
+            "--metrics-bind-address=127.0.0.1:10249",
+        ])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let _proc = Proc(child);
+    let logs = || std::fs::read_to_string(&log).unwrap_or_default();
+    let wait = |what: &str, f: &mut dyn FnMut() -> bool| {
+        assert!(
+            wait_until(Duration::from_secs(30), Duration::from_millis(100), f),
+            "timed out waiting for {what}\n{}",
+            logs()
+        );
+    };
+
+    wait("the first sync", &mut || {
+        ruleset(&ns).contains("10.244.1.2")
+    });
+    assert!(ruleset(&ns).contains("10.96.7.7 . tcp . 80"));
+
+    // Servers.
+    let (code, body) = http_get(&ns, "127.0.0.1:10256", "/healthz").unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("lastUpdated"), "{body}");
+    assert_eq!(
+        http_get(&ns, "127.0.0.1:10249", "/proxyMode")
+            .unwrap()
+            .1
+            .trim(),
+        "nftables"
+    );
+    let metrics = http_get(&ns, "127.0.0.1:10249", "/metrics").unwrap().1;
+    assert!(
+        metrics.contains("kubeproxy_sync_proxy_rules_last_timestamp_seconds"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("kubeproxy_sync_proxy_rules_endpoint_changes_total"),
+        "{metrics}"
+    );
+
+    // A change is programmed.
+    srv.apply_endpoint_slice(slice(&["10.244.1.2", "10.244.2.9"]));
+    wait("the new endpoint", &mut || {
+        ruleset(&ns).contains("10.244.2.9")
+    });
+
+    // The API server goes away: rules stay; a change made meanwhile lands after.
+    srv.set_down(true);
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        ruleset(&ns).contains("10.244.2.9"),
+        "rules were flushed during the outage"
+    );
+    srv.apply_endpoint_slice(slice(&["10.244.3.3"]));
+    srv.set_down(false);
+    wait("the change made during the outage", &mut || {
+        let r = ruleset(&ns);
+        r.contains("10.244.3.3") && !r.contains("10.244.2.9")
+    });
+
+    // History compacted and watches dropped: relist (410), no flush, changes still flow.
+    srv.compact();
+    srv.drop_watches();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        ruleset(&ns).contains("10.244.3.3"),
+        "rules were flushed by the relist"
+    );
+    srv.delete_service("default", "web");
+    wait("the deleted service to go", &mut || {
+        !ruleset(&ns).contains("10.96.7.7")
+    });
+
+    let _ = stop_tx.send(());
+    let _ = server_thread.join();
+    let _ = std::fs::remove_file(&kubeconfig);
+    let _ = std::fs::remove_file(&log);
+}
