@@ -10,7 +10,13 @@ pub struct Synthetic {
 
 fn ip4(base: u32, i: u32) -> String {
     let v = base + i;
-    format!("{}.{}.{}.{}", v >> 24, (v >> 16) & 255, (v >> 8) & 255, v & 255)
+    format!(
+        "{}.{}.{}.{}",
+        v >> 24,
+        (v >> 16) & 255,
+        (v >> 8) & 255,
+        v & 255
+    )
 }
 
 /// `n` Services with `m` endpoints each: mostly ClusterIP; every 10th a
@@ -23,12 +29,14 @@ pub fn cluster(n: u32, m: u32) -> Synthetic {
     for i in 0..n {
         let name = format!("svc-{i}");
         let cip = ip4(0x0a60_0000, i + 10); // 10.96.0.10 + i
-        let mut ports = vec![json!({"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080})];
+        let mut ports =
+            vec![json!({"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080})];
         let multi = i % 10 == 3;
         if multi {
             ports.push(json!({"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 8053}));
         }
-        let mut spec = json!({"clusterIP": cip, "clusterIPs": [cip], "type": "ClusterIP", "ports": ports});
+        let mut spec =
+            json!({"clusterIP": cip, "clusterIPs": [cip], "type": "ClusterIP", "ports": ports});
         let mut status = json!({});
         if i % 10 == 1 {
             spec["type"] = json!("NodePort");

@@ -50,7 +50,12 @@ fn ms(d: Duration) -> String {
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let get = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned();
+    let get = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
     let sizes: Vec<u32> = get("--sizes")
         .unwrap_or_else(|| "1000,10000".into())
         .split(',')
@@ -64,10 +69,22 @@ fn main() -> Result<()> {
     println!("|---|---|---|---|---|---|---|---|---|---|");
     for &n in &sizes {
         let syn = kp_bench::cluster(n, m);
-        let svcs: Vec<Service> = syn.services.iter().map(|v| serde_json::from_value(v.clone())).collect::<Result<_, _>>()?;
-        let slices: Vec<EndpointSlice> = syn.slices.iter().map(|v| serde_json::from_value(v.clone())).collect::<Result<_, _>>()?;
+        let svcs: Vec<Service> = syn
+            .services
+            .iter()
+            .map(|v| serde_json::from_value(v.clone()))
+            .collect::<Result<_, _>>()?;
+        let slices: Vec<EndpointSlice> = syn
+            .slices
+            .iter()
+            .map(|v| serde_json::from_value(v.clone()))
+            .collect::<Result<_, _>>()?;
         let t0 = Instant::now();
-        let mut tr = ChangeTracker::new(TrackerConfig { family: IpFamily::V4, node_name: "node1".into(), service_proxy_name: None });
+        let mut tr = ChangeTracker::new(TrackerConfig {
+            family: IpFamily::V4,
+            node_name: "node1".into(),
+            service_proxy_name: None,
+        });
         let now = SystemTime::now();
         for s in &svcs {
             let _ = tr.update_service(s, now);
@@ -84,19 +101,37 @@ fn main() -> Result<()> {
         let wrapper = format!("/tmp/{ns}-nft");
         let mut guard = None;
         if apply {
-            if !Command::new("ip").args(["netns", "add", &ns]).status()?.success() {
+            if !Command::new("ip")
+                .args(["netns", "add", &ns])
+                .status()?
+                .success()
+            {
                 bail!("ip netns add failed (run as root)");
             }
             guard = Some(Netns(ns.clone()));
-            std::fs::write(&wrapper, format!("#!/bin/sh\nexec ip netns exec {ns} nft \"$@\"\n"))?;
+            std::fs::write(
+                &wrapper,
+                format!("#!/bin/sh\nexec ip netns exec {ns} nft \"$@\"\n"),
+            )?;
             Command::new("chmod").args(["+x", &wrapper]).status()?;
         }
-        let mut dp = NftablesProxier::new(pc, Box::new(NftCli { program: wrapper.clone() }));
+        let mut dp = NftablesProxier::new(
+            pc,
+            Box::new(NftCli {
+                program: wrapper.clone(),
+            }),
+        );
         let t1 = Instant::now();
         let script = dp.render(tr.state());
         let render = t1.elapsed();
-        let (mut full, mut p50, mut p99, mut add, mut del, mut bytes) =
-            ("-".to_string(), "-".to_string(), "-".to_string(), "-".to_string(), "-".to_string(), 0usize);
+        let (mut full, mut p50, mut p99, mut add, mut del, mut bytes) = (
+            "-".to_string(),
+            "-".to_string(),
+            "-".to_string(),
+            "-".to_string(),
+            "-".to_string(),
+            0usize,
+        );
         if apply {
             let t2 = Instant::now();
             let r = dp.sync(tr.state(), &BTreeSet::new(), true)?;
@@ -104,7 +139,8 @@ fn main() -> Result<()> {
             let mut lat = Vec::new();
             for g in 1..=changes as u32 {
                 let i = (g * 7919) % n;
-                let s: EndpointSlice = serde_json::from_value(kp_bench::slice(i, m, g, i % 10 == 3))?;
+                let s: EndpointSlice =
+                    serde_json::from_value(kp_bench::slice(i, m, g, i % 10 == 3))?;
                 let t = Instant::now();
                 let _ = tr.update_endpoint_slice(&s, SystemTime::now());
                 let cs = tr.take_changes();
