@@ -14,7 +14,7 @@ mod render;
 pub use backend::{detect_variant, IptablesBackend, IptablesCli, Variant};
 pub use proxier::IptablesProxier;
 pub use render::{
-    is_our_chain, jumps, probability, render_service, sep_chain, svc_chain, Jump, ServiceRules,
-    Skeleton, CANARY_CHAIN, EXTERNAL_CHAIN, FIREWALL_CHAIN, FORWARD_CHAIN, MARK_MASQ_CHAIN,
-    NODEPORTS_CHAIN, POSTROUTING_CHAIN, SERVICES_CHAIN,
+    comment, is_our_chain, jumps, probability, render_service, sep_chain, svc_chain, Jump,
+    ServiceRules, Skeleton, CANARY_CHAIN, EXTERNAL_CHAIN, FIREWALL_CHAIN, FORWARD_CHAIN,
+    MARK_MASQ_CHAIN, NODEPORTS_CHAIN, POSTROUTING_CHAIN, SERVICES_CHAIN,
 };

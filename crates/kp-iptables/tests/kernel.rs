@@ -1,0 +1,296 @@
+//! The proxier against the real iptables, inside a throwaway network namespace
+//! (never the root namespace's rules). Runs as root.
+
+use std::collections::BTreeSet;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+
+use kp_iptables::{svc_chain, IptablesCli, IptablesProxier};
+use kp_model::{
+    Dataplane, Endpoint, IpFamily, LocalDetector, NodeInfo, Protocol, ProxierConfig, ProxyState,
+    ServicePort, ServicePortName,
+};
+
+/// A network namespace and a directory of wrapper programs that run iptables
+/// inside it; both removed on drop, also when the test fails.
+struct Netns {
+    name: String,
+    dir: PathBuf,
+}
+
+impl Netns {
+    fn new(test: &str) -> Netns {
+        let name = format!("kpipt-{}-{test}", std::process::id());
+        let st = Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .unwrap();
+        assert!(st.success(), "ip netns add {name}");
+        let dir = std::env::temp_dir().join(&name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let ns = Netns { name, dir };
+        for b in ["iptables", "ip6tables"] {
+            for suffix in ["", "-restore", "-save"] {
+                let path = ns.dir.join(format!("{b}{suffix}"));
+                std::fs::write(
+                    &path,
+                    format!(
+                        "#!/bin/sh\nexec ip netns exec {} {b}-nft{suffix} \"$@\"\n",
+                        ns.name
+                    ),
+                )
+                .unwrap();
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+            }
+        }
+        ns
+    }
+
+    fn cli(&self, family: IpFamily) -> IptablesCli {
+        let b = match family {
+            IpFamily::V4 => "iptables",
+            IpFamily::V6 => "ip6tables",
+        };
+        let p = |s: &str| self.dir.join(format!("{b}{s}")).display().to_string();
+        IptablesCli::with_programs(family, &p(""), &p("-restore"), &p("-save"))
+    }
+
+    fn run(&self, argv: &[&str]) -> (bool, String) {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.name])
+            .args(argv)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    }
+
+    fn save(&self, prog: &str) -> String {
+        let (ok, out) = self.run(&[prog]);
+        assert!(ok, "{prog}: {out}");
+        out
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn service(name: &str, cip: &str) -> ServicePort {
+    ServicePort {
+        name: ServicePortName::new("default", name, "http", Protocol::Tcp),
+        cluster_ip: cip.parse().unwrap(),
+        port: 80,
+        protocol: Protocol::Tcp,
+        node_port: 0,
+        external_ips: vec![],
+        load_balancer_ips: vec![],
+        load_balancer_source_ranges: vec![],
+        session_affinity_timeout: None,
+        external_policy_local: false,
+        internal_policy_local: false,
+        health_check_node_port: 0,
+        traffic_distribution: None,
+    }
+}
+
+fn ep(ip: &str, local: bool) -> Endpoint {
+    Endpoint {
+        ip: ip.parse().unwrap(),
+        port: 8080,
+        is_local: local,
+        ready: true,
+        serving: true,
+        terminating: false,
+        node_name: None,
+        zone: None,
+        zone_hints: Default::default(),
+        node_hints: Default::default(),
+    }
+}
+
+fn state(family: IpFamily, services: Vec<(ServicePort, Vec<Endpoint>)>) -> ProxyState {
+    let mut st = ProxyState::new(
+        family,
+        NodeInfo {
+            name: "node1".into(),
+            zone: None,
+        },
+    );
+    for (s, eps) in services {
+        st.endpoints.insert(s.name.clone(), Arc::new(eps));
+        st.services.insert(s.name.clone(), Arc::new(s));
+    }
+    st
+}
+
+/// One Service of every kind, so that the kernel parses every rule shape.
+fn every_kind(v6: bool) -> Vec<(ServicePort, Vec<Endpoint>)> {
+    let (c, e1, e2, x) = if v6 {
+        ("fd00:96::", "fd00:244::1:5", "fd00:244::2:6", "2001:db8::")
+    } else {
+        ("10.96.0.", "10.244.1.5", "10.244.2.6", "203.0.113.")
+    };
+    let eps = || vec![ep(e1, true), ep(e2, false)];
+    let mut np = service("np", &format!("{c}2"));
+    np.node_port = 30080;
+    let mut lb = service("lb", &format!("{c}3"));
+    lb.node_port = 30081;
+    lb.load_balancer_ips = vec![format!("{x}20").parse().unwrap()];
+    lb.load_balancer_source_ranges = vec![if v6 {
+        "2001:db8:1::/64".parse().unwrap()
+    } else {
+        "10.100.0.100/32".parse().unwrap()
+    }];
+    lb.external_ips = vec![format!("{x}10").parse().unwrap()];
+    let mut etp = service("etp", &format!("{c}4"));
+    etp.node_port = 30082;
+    etp.external_policy_local = true;
+    etp.health_check_node_port = 32100;
+    let mut itp = service("itp", &format!("{c}5"));
+    itp.internal_policy_local = true;
+    let mut aff = service("aff", &format!("{c}6"));
+    aff.session_affinity_timeout = Some(600);
+    let mut none = service("none", &format!("{c}7"));
+    none.node_port = 30083;
+    none.external_ips = vec![format!("{x}11").parse().unwrap()];
+    vec![
+        (service("web", &format!("{c}1")), eps()),
+        (np, eps()),
+        (lb, eps()),
+        (etp, eps()),
+        (itp, eps()),
+        (aff, eps()),
+        (none, vec![]),
+    ]
+}
+
+fn cfg(family: IpFamily) -> ProxierConfig {
+    let mut c = ProxierConfig::new(family);
+    c.local_detector = LocalDetector::Cidrs(vec![
+        "10.244.0.0/16".parse().unwrap(),
+        "fd00:244::/48".parse().unwrap(),
+    ]);
+    c
+}
+
+#[test]
+fn rendered_rules_pass_iptables_restore_test() {
+    let ns = Netns::new("test");
+    for (family, prog) in [
+        (IpFamily::V4, "iptables-restore"),
+        (IpFamily::V6, "ip6tables-restore"),
+    ] {
+        let st = state(family, every_kind(family == IpFamily::V6));
+        let mut c = cfg(family);
+        c.localhost_nodeports = family == IpFamily::V4;
+        let p = IptablesProxier::new(c, Box::new(ns.cli(family))).with_route_localnet(false);
+        let input = p.render(&st);
+        let path = ns.dir.join("input");
+        std::fs::write(&path, &input).unwrap();
+        let (ok, out) = ns.run(&[
+            "sh",
+            "-c",
+            &format!("{prog} --test --noflush < {}", path.display()),
+        ]);
+        assert!(ok, "{prog} --test rejected the rules: {out}\n{input}");
+    }
+}
+
+#[test]
+fn sync_partial_canary_and_cleanup_in_a_namespace() {
+    let ns = Netns::new("sync");
+    // A user's own chain and rule, which cleanup must leave alone.
+    let (ok, out) = ns.run(&["iptables-nft", "-t", "nat", "-N", "USER-CHAIN"]);
+    assert!(ok, "{out}");
+    let (ok, out) = ns.run(&[
+        "iptables-nft",
+        "-t",
+        "nat",
+        "-A",
+        "PREROUTING",
+        "-j",
+        "USER-CHAIN",
+    ]);
+    assert!(ok, "{out}");
+
+    let mut p = IptablesProxier::new(cfg(IpFamily::V4), Box::new(ns.cli(IpFamily::V4)));
+    let svcs = every_kind(false);
+    let st = state(IpFamily::V4, svcs.clone());
+    let r = p.sync(&st, &BTreeSet::new(), false).unwrap();
+    assert!(r.full);
+    let nat = ns.save("iptables-save");
+    let web = svc_chain(&svcs[0].0);
+    assert!(nat.contains(&format!(":{web} - ")), "{nat}");
+    assert!(nat.contains(
+        "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"
+    ));
+    assert!(nat.contains("-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000"));
+    assert!(nat.contains("-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP"));
+    assert!(nat.contains("\"default/none:http has no endpoints\""));
+    assert!(!p.rules_lost());
+
+    // A second full sync changes nothing and does not duplicate the jumps.
+    p.sync(&st, &BTreeSet::new(), true).unwrap();
+    let again = ns.save("iptables-save");
+    assert_eq!(
+        again.matches("-j KUBE-SERVICES").count(),
+        nat.matches("-j KUBE-SERVICES").count()
+    );
+
+    // Partial: web goes away; its chain is deleted, the others stay.
+    let st2 = state(IpFamily::V4, svcs[1..].to_vec());
+    let changed: BTreeSet<ServicePortName> = [svcs[0].0.name.clone()].into();
+    let r = p.sync(&st2, &changed, false).unwrap();
+    assert!(!r.full);
+    let after = ns.save("iptables-save");
+    assert!(!after.contains(&web), "{after}");
+    assert!(after.contains(&svc_chain(&svcs[1].0)));
+
+    // Someone flushes everything: the canary says so.
+    let (ok, out) = ns.run(&["iptables-nft", "-t", "mangle", "-X", "KUBE-PROXY-CANARY"]);
+    assert!(ok, "{out}");
+    assert!(p.rules_lost());
+    assert!(p.sync(&st2, &BTreeSet::new(), false).unwrap().full);
+    assert!(!p.rules_lost());
+
+    p.cleanup().unwrap();
+    let left = ns.save("iptables-save");
+    assert!(
+        !left.contains("KUBE-"),
+        "cleanup left rules behind:\n{left}"
+    );
+    assert!(left.contains(":USER-CHAIN - "));
+    assert!(left.contains("-A PREROUTING -j USER-CHAIN"));
+    // Cleaning up twice is fine.
+    p.cleanup().unwrap();
+}
+
+#[test]
+fn ipv6_sync_in_a_namespace() {
+    let ns = Netns::new("v6");
+    let mut p = IptablesProxier::new(cfg(IpFamily::V6), Box::new(ns.cli(IpFamily::V6)));
+    let svcs = every_kind(true);
+    p.sync(&state(IpFamily::V6, svcs.clone()), &BTreeSet::new(), false)
+        .unwrap();
+    let out = ns.save("ip6tables-save");
+    assert!(out.contains(&svc_chain(&svcs[0].0)), "{out}");
+    assert!(
+        out.contains("--to-destination [fd00:244::1:5]:8080"),
+        "{out}"
+    );
+    // The IPv4 tables were not touched.
+    assert!(!ns.save("iptables-save").contains("KUBE-"));
+    p.cleanup().unwrap();
+    assert!(!ns.save("ip6tables-save").contains("KUBE-"));
+}

@@ -1,0 +1,695 @@
+//! The rendered rules of each kind of Service, and partial syncs (recorded
+//! backend, no kernel).
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+
+use kp_iptables::{render_service, sep_chain, svc_chain, IptablesBackend, IptablesProxier};
+use kp_model::{
+    chain_hash, Dataplane, DataplaneError, Endpoint, IpFamily, LocalDetector, NodeInfo, Protocol,
+    ProxierConfig, ProxyState, ServicePort, ServicePortName,
+};
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn sp(name: &str, cip: &str) -> ServicePort {
+    ServicePort {
+        name: ServicePortName::new("default", name, "http", Protocol::Tcp),
+        cluster_ip: ip(cip),
+        port: 80,
+        protocol: Protocol::Tcp,
+        node_port: 0,
+        external_ips: vec![],
+        load_balancer_ips: vec![],
+        load_balancer_source_ranges: vec![],
+        session_affinity_timeout: None,
+        external_policy_local: false,
+        internal_policy_local: false,
+        health_check_node_port: 0,
+        traffic_distribution: None,
+    }
+}
+
+fn ep(addr: &str, local: bool) -> Endpoint {
+    Endpoint {
+        ip: ip(addr),
+        port: 8080,
+        is_local: local,
+        ready: true,
+        serving: true,
+        terminating: false,
+        node_name: None,
+        zone: None,
+        zone_hints: Default::default(),
+        node_hints: Default::default(),
+    }
+}
+
+fn terminating(addr: &str, local: bool) -> Endpoint {
+    Endpoint {
+        ready: false,
+        terminating: true,
+        ..ep(addr, local)
+    }
+}
+
+fn cfg() -> ProxierConfig {
+    let mut c = ProxierConfig::new(IpFamily::V4);
+    c.local_detector = LocalDetector::Cidrs(vec!["10.244.0.0/16".parse().unwrap()]);
+    c
+}
+
+fn node() -> NodeInfo {
+    NodeInfo {
+        name: "node1".into(),
+        zone: None,
+    }
+}
+
+fn chain<'a>(r: &'a kp_iptables::ServiceRules, name: &str) -> &'a [String] {
+    &r.nat_chains
+        .iter()
+        .find(|(c, _)| c == name)
+        .unwrap_or_else(|| panic!("no chain {name} in {:#?}", r.nat_chains))
+        .1
+}
+
+const H: &str = "default/web:http";
+
+#[test]
+fn chain_names_use_upstreams_hash() {
+    let s = sp("web", "10.96.0.10");
+    let e = ep("10.244.1.5", true);
+    assert_eq!(
+        svc_chain(&s),
+        format!("KUBE-SVC-{}", chain_hash("default/web:httptcp"))
+    );
+    assert_eq!(
+        sep_chain(&s, &e),
+        format!(
+            "KUBE-SEP-{}",
+            chain_hash("default/web:httptcp10.244.1.5:8080")
+        )
+    );
+    // The well-known name of the kubernetes Service's chain on every cluster.
+    let k = ServicePort {
+        name: ServicePortName::new("default", "kubernetes", "https", Protocol::Tcp),
+        ..sp("kubernetes", "10.96.0.1")
+    };
+    assert_eq!(svc_chain(&k), "KUBE-SVC-NPX46M4PTMTKRN6Y");
+}
+
+#[test]
+fn clusterip_load_balances_with_upstreams_probabilities() {
+    let s = sp("web", "10.96.0.10");
+    let eps = vec![
+        ep("10.244.1.5", true),
+        ep("10.244.2.6", false),
+        ep("10.244.2.7", false),
+    ];
+    let r = render_service(&s, &eps, &cfg(), &node());
+    let svc = svc_chain(&s);
+    let sep: Vec<String> = eps.iter().map(|e| sep_chain(&s, e)).collect();
+    assert_eq!(
+        r.nat_services,
+        vec![format!(
+            "-A KUBE-SERVICES -m comment --comment \"{H} cluster IP\" -m tcp -p tcp -d 10.96.0.10/32 --dport 80 -j {svc}"
+        )]
+    );
+    assert_eq!(
+        chain(&r, &svc),
+        &[
+            format!("-A {svc} -m comment --comment \"{H} cluster IP\" -m tcp -p tcp -d 10.96.0.10/32 --dport 80 ! -s 10.244.0.0/16 -j KUBE-MARK-MASQ"),
+            format!("-A {svc} -m comment --comment \"{H} -> 10.244.1.5:8080\" -m statistic --mode random --probability 0.3333333333 -j {}", sep[0]),
+            format!("-A {svc} -m comment --comment \"{H} -> 10.244.2.6:8080\" -m statistic --mode random --probability 0.5000000000 -j {}", sep[1]),
+            format!("-A {svc} -m comment --comment \"{H} -> 10.244.2.7:8080\" -j {}", sep[2]),
+        ]
+    );
+    assert_eq!(
+        chain(&r, &sep[0]),
+        &[
+            format!("-A {} -m comment --comment \"{H}\" -s 10.244.1.5/32 -j KUBE-MARK-MASQ", sep[0]),
+            format!("-A {} -m comment --comment \"{H}\" -m tcp -p tcp -j DNAT --to-destination 10.244.1.5:8080", sep[0]),
+        ]
+    );
+    assert!(r.filter_services.is_empty() && r.filter_external.is_empty());
+    assert!(r.nat_nodeports.is_empty());
+    // No external chain for a ClusterIP service.
+    assert!(!r.nat_chains.iter().any(|(c, _)| c.starts_with("KUBE-EXT-")));
+}
+
+#[test]
+fn masquerade_all_and_no_detector() {
+    let s = sp("web", "10.96.0.10");
+    let eps = vec![ep("10.244.1.5", true)];
+    let mut c = cfg();
+    c.masquerade_all = true;
+    let r = render_service(&s, &eps, &c, &node());
+    assert!(chain(&r, &svc_chain(&s))[0].ends_with("--dport 80 -j KUBE-MARK-MASQ"));
+    let mut c = cfg();
+    c.local_detector = LocalDetector::None;
+    let r = render_service(&s, &eps, &c, &node());
+    // Without a way to tell pods from others, no masquerade rule (upstream).
+    assert!(!chain(&r, &svc_chain(&s))
+        .iter()
+        .any(|l| l.contains("KUBE-MARK-MASQ")));
+}
+
+#[test]
+fn no_endpoints_rejects_in_filter() {
+    let mut s = sp("web", "10.96.0.10");
+    s.node_port = 30080;
+    s.external_ips = vec![ip("203.0.113.10")];
+    let r = render_service(&s, &[], &cfg(), &node());
+    assert!(r.nat_chains.is_empty());
+    assert!(r.nat_services.is_empty());
+    assert!(r.nat_nodeports.is_empty());
+    assert_eq!(
+        r.filter_services,
+        vec![format!("-A KUBE-SERVICES -m comment --comment \"{H} has no endpoints\" -m tcp -p tcp -d 10.96.0.10/32 --dport 80 -j REJECT")]
+    );
+    assert_eq!(
+        r.filter_external,
+        vec![
+            format!("-A KUBE-EXTERNAL-SERVICES -m comment --comment \"{H} has no endpoints\" -m tcp -p tcp -d 203.0.113.10/32 --dport 80 -j REJECT"),
+            format!("-A KUBE-EXTERNAL-SERVICES -m comment --comment \"{H} has no endpoints\" -m addrtype --dst-type LOCAL ! -d 127.0.0.0/8 -m tcp -p tcp --dport 30080 -j REJECT"),
+        ]
+    );
+}
+
+#[test]
+fn nodeport_jumps_to_ext_which_masquerades() {
+    let mut s = sp("web", "10.96.0.10");
+    s.node_port = 30080;
+    let eps = vec![ep("10.244.2.6", false)];
+    let r = render_service(&s, &eps, &cfg(), &node());
+    let ext = svc_chain(&s).replace("KUBE-SVC-", "KUBE-EXT-");
+    assert_eq!(
+        r.nat_nodeports,
+        vec![format!(
+            "-A KUBE-NODEPORTS -m comment --comment \"{H}\" -m tcp -p tcp --dport 30080 -j {ext}"
+        )]
+    );
+    assert_eq!(
+        chain(&r, &ext),
+        &[
+            format!("-A {ext} -m comment --comment \"masquerade traffic for {H} external destinations\" -j KUBE-MARK-MASQ"),
+            format!("-A {ext} -j {}", svc_chain(&s)),
+        ]
+    );
+}
+
+#[test]
+fn nodeport_addresses_and_localhost() {
+    use kp_iptables::Skeleton;
+    let mut c = cfg();
+    c.nodeport_addresses = vec!["10.100.0.11/32".parse().unwrap()];
+    let sk = Skeleton::new(&c);
+    assert_eq!(sk.nodeport_jumps.len(), 1);
+    assert!(sk.nodeport_jumps[0]
+        .contains("-d 10.100.0.11/32 -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS"));
+    let sk = Skeleton::new(&cfg());
+    assert_eq!(sk.nodeport_jumps.len(), 1);
+    assert!(sk.nodeport_jumps[0]
+        .contains("-m addrtype --dst-type LOCAL ! -d 127.0.0.0/8 -j KUBE-NODEPORTS"));
+    assert!(sk.firewall_head.is_empty());
+    let mut c = cfg();
+    c.localhost_nodeports = true;
+    let sk = Skeleton::new(&c);
+    // Localhost only from the node itself, and remote 127/8 traffic blocked.
+    assert!(sk.nodeport_jumps[1].contains("-s 127.0.0.0/8 -d 127.0.0.0/8 -j KUBE-NODEPORTS"));
+    assert!(sk.firewall_head[0].contains("-d 127.0.0.0/8 ! -s 127.0.0.0/8"));
+    // Never for IPv6.
+    let mut c = ProxierConfig::new(IpFamily::V6);
+    c.localhost_nodeports = true;
+    let sk = Skeleton::new(&c);
+    assert_eq!(sk.nodeport_jumps.len(), 1);
+    assert!(sk.nodeport_jumps[0].contains("! -d ::1/128"));
+}
+
+#[test]
+fn load_balancer_with_source_ranges_goes_through_fw() {
+    let mut s = sp("web", "10.96.0.10");
+    s.node_port = 30081;
+    s.load_balancer_ips = vec![ip("203.0.113.20")];
+    s.load_balancer_source_ranges = vec!["10.100.0.100/32".parse().unwrap()];
+    let r = render_service(&s, &[ep("10.244.1.5", true)], &cfg(), &node());
+    let fw = svc_chain(&s).replace("KUBE-SVC-", "KUBE-FW-");
+    let ext = svc_chain(&s).replace("KUBE-SVC-", "KUBE-EXT-");
+    assert!(r.nat_services.contains(&format!(
+        "-A KUBE-SERVICES -m comment --comment \"{H} loadbalancer IP\" -m tcp -p tcp -d 203.0.113.20/32 --dport 80 -j {fw}"
+    )));
+    assert_eq!(
+        chain(&r, &fw),
+        &[
+            format!("-A {fw} -m comment --comment \"{H} loadbalancer IP\" -s 10.100.0.100/32 -j {ext}"),
+            format!("-A {fw} -m comment --comment \"other traffic to {H} will be dropped by KUBE-PROXY-FIREWALL\""),
+        ]
+    );
+    assert_eq!(
+        r.filter_firewall,
+        vec![format!("-A KUBE-PROXY-FIREWALL -m comment --comment \"{H} traffic not accepted by {fw}\" -m tcp -p tcp -d 203.0.113.20/32 --dport 80 -j DROP")]
+    );
+    // NodePorts are not subject to source ranges (upstream).
+    assert!(r.nat_nodeports[0].ends_with(&format!("-j {ext}")));
+}
+
+#[test]
+fn external_ips() {
+    let mut s = sp("web", "10.96.0.10");
+    s.external_ips = vec![ip("203.0.113.10")];
+    let r = render_service(&s, &[ep("10.244.1.5", true)], &cfg(), &node());
+    let ext = svc_chain(&s).replace("KUBE-SVC-", "KUBE-EXT-");
+    assert!(r.nat_services.contains(&format!(
+        "-A KUBE-SERVICES -m comment --comment \"{H} external IP\" -m tcp -p tcp -d 203.0.113.10/32 --dport 80 -j {ext}"
+    )));
+    assert!(chain(&r, &ext)[0].contains("-j KUBE-MARK-MASQ"));
+}
+
+#[test]
+fn external_policy_local() {
+    let mut s = sp("web", "10.96.0.10");
+    s.node_port = 30060;
+    s.external_policy_local = true;
+    s.health_check_node_port = 32100;
+    let eps = vec![ep("10.244.1.5", true), ep("10.244.2.6", false)];
+    let r = render_service(&s, &eps, &cfg(), &node());
+    let svc = svc_chain(&s);
+    let svl = svc.replace("KUBE-SVC-", "KUBE-SVL-");
+    let ext = svc.replace("KUBE-SVC-", "KUBE-EXT-");
+    assert_eq!(
+        chain(&r, &ext),
+        &[
+            format!("-A {ext} -m comment --comment \"pod traffic for {H} external destinations\" -s 10.244.0.0/16 -j {svc}"),
+            format!("-A {ext} -m comment --comment \"masquerade LOCAL traffic for {H} external destinations\" -m addrtype --src-type LOCAL -j KUBE-MARK-MASQ"),
+            format!("-A {ext} -m comment --comment \"route LOCAL traffic for {H} external destinations\" -m addrtype --src-type LOCAL -j {svc}"),
+            format!("-A {ext} -j {svl}"),
+        ]
+    );
+    // Only the local endpoint, no masquerade (client IP preserved).
+    assert_eq!(
+        chain(&r, &svl),
+        &[format!(
+            "-A {svl} -m comment --comment \"{H} -> 10.244.1.5:8080\" -j {}",
+            sep_chain(&s, &eps[0])
+        )]
+    );
+    // The cluster IP still uses every endpoint.
+    assert_eq!(chain(&r, &svc).len(), 3);
+    assert_eq!(
+        r.filter_nodeports,
+        vec![format!("-A KUBE-NODEPORTS -m comment --comment \"{H} health check node port\" -m tcp -p tcp --dport 32100 -j ACCEPT")]
+    );
+    assert_eq!(r.no_local, (false, false));
+
+    // No local endpoint: external traffic is dropped (it exists elsewhere).
+    let r = render_service(&s, &eps[1..], &cfg(), &node());
+    assert_eq!(r.no_local, (false, true));
+    assert!(r.nat_nodeports.is_empty());
+    assert_eq!(
+        r.filter_external,
+        vec![format!("-A KUBE-EXTERNAL-SERVICES -m comment --comment \"{H} has no local endpoints\" -m addrtype --dst-type LOCAL ! -d 127.0.0.0/8 -m tcp -p tcp --dport 30060 -j DROP")]
+    );
+}
+
+#[test]
+fn internal_policy_local() {
+    let mut s = sp("web", "10.96.0.10");
+    s.internal_policy_local = true;
+    let eps = vec![ep("10.244.1.5", true), ep("10.244.2.6", false)];
+    let r = render_service(&s, &eps, &cfg(), &node());
+    let svl = svc_chain(&s).replace("KUBE-SVC-", "KUBE-SVL-");
+    assert!(r.nat_services[0].ends_with(&format!("-j {svl}")));
+    let rules = chain(&r, &svl);
+    assert!(rules[0].ends_with("! -s 10.244.0.0/16 -j KUBE-MARK-MASQ"));
+    assert_eq!(rules.len(), 2);
+    assert!(!r.nat_chains.iter().any(|(c, _)| c.starts_with("KUBE-SVC-")));
+    // Only the local endpoint gets a SEP chain.
+    assert_eq!(r.nat_chains.len(), 2);
+
+    // No local endpoint: the cluster IP drops (endpoints exist elsewhere).
+    let r = render_service(&s, &eps[1..], &cfg(), &node());
+    assert_eq!(r.no_local, (true, false));
+    assert!(r.nat_services.is_empty());
+    assert_eq!(
+        r.filter_services,
+        vec![format!("-A KUBE-SERVICES -m comment --comment \"{H} has no local endpoints\" -m tcp -p tcp -d 10.96.0.10/32 --dport 80 -j DROP")]
+    );
+}
+
+#[test]
+fn session_affinity() {
+    let mut s = sp("web", "10.96.0.10");
+    s.session_affinity_timeout = Some(600);
+    let eps = vec![ep("10.244.1.5", true), ep("10.244.2.6", false)];
+    let r = render_service(&s, &eps, &cfg(), &node());
+    let svc = svc_chain(&s);
+    let (a, b) = (sep_chain(&s, &eps[0]), sep_chain(&s, &eps[1]));
+    let rules = chain(&r, &svc);
+    assert_eq!(
+        rules[1],
+        format!("-A {svc} -m comment --comment \"{H} -> 10.244.1.5:8080\" -m recent --name {a} --rcheck --seconds 600 --reap -j {a}")
+    );
+    assert_eq!(
+        rules[2],
+        format!("-A {svc} -m comment --comment \"{H} -> 10.244.2.6:8080\" -m recent --name {b} --rcheck --seconds 600 --reap -j {b}")
+    );
+    assert!(rules[3].contains("--probability 0.5000000000"));
+    assert_eq!(
+        chain(&r, &a)[1],
+        format!("-A {a} -m comment --comment \"{H}\" -m recent --name {a} --set -m tcp -p tcp -j DNAT --to-destination 10.244.1.5:8080")
+    );
+}
+
+#[test]
+fn terminating_fallback() {
+    let s = sp("web", "10.96.0.10");
+    // A ready endpoint wins over a terminating one.
+    let eps = vec![terminating("10.244.1.5", true), ep("10.244.2.6", false)];
+    let r = render_service(&s, &eps, &cfg(), &node());
+    let svc = svc_chain(&s);
+    let rules = chain(&r, &svc);
+    assert_eq!(rules.len(), 2);
+    assert!(rules[1].contains("10.244.2.6:8080"));
+    assert!(!r
+        .nat_chains
+        .iter()
+        .any(|(c, _)| *c == sep_chain(&s, &eps[0])));
+    // None ready: the serving terminating endpoint is used.
+    let eps = vec![
+        terminating("10.244.1.5", true),
+        Endpoint {
+            ready: false,
+            serving: false,
+            ..ep("10.244.2.6", false)
+        },
+    ];
+    let r = render_service(&s, &eps, &cfg(), &node());
+    let rules = chain(&r, &svc);
+    assert_eq!(rules.len(), 2);
+    assert!(rules[1].contains("10.244.1.5:8080"));
+}
+
+#[test]
+fn ipv6_and_comment_escaping() {
+    let mut c = ProxierConfig::new(IpFamily::V6);
+    c.local_detector = LocalDetector::Cidrs(vec![
+        "10.244.0.0/16".parse().unwrap(),
+        "fd00:244::/64".parse().unwrap(),
+    ]);
+    let s = sp("web", "fd00:96::10");
+    let e = Endpoint {
+        ip: ip("fd00:244::5"),
+        ..ep("10.0.0.1", true)
+    };
+    let r = render_service(&s, std::slice::from_ref(&e), &c, &node());
+    assert!(r.nat_services[0].contains("-d fd00:96::10/128 --dport 80"));
+    let svc = chain(&r, &svc_chain(&s));
+    assert!(svc[0].contains("! -s fd00:244::/64 -j KUBE-MARK-MASQ"));
+    assert!(chain(&r, &sep_chain(&s, &e))[1].ends_with("--to-destination [fd00:244::5]:8080"));
+    assert_eq!(
+        kp_iptables::comment("a\"b\\c\nd"),
+        "-m comment --comment \"abcd\""
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Proxier with a recording backend
+// ---------------------------------------------------------------------------
+
+#[derive(Default)]
+struct Record {
+    restores: Vec<String>,
+    chains: HashMap<String, Vec<String>>,
+    inserted: Vec<(String, String, Vec<String>)>,
+    fail_next_restore: bool,
+}
+
+#[derive(Clone, Default)]
+struct Recorder(Arc<Mutex<Record>>);
+
+impl IptablesBackend for Recorder {
+    fn restore(&mut self, input: &str) -> Result<(), DataplaneError> {
+        let mut r = self.0.lock().unwrap();
+        if std::mem::take(&mut r.fail_next_restore) {
+            return Err(DataplaneError::Apply {
+                tool: "test".into(),
+                message: "injected".into(),
+            });
+        }
+        r.restores.push(input.to_string());
+        Ok(())
+    }
+    fn chains(&mut self, table: &str) -> Result<Vec<String>, DataplaneError> {
+        Ok(self
+            .0
+            .lock()
+            .unwrap()
+            .chains
+            .get(table)
+            .cloned()
+            .unwrap_or_default())
+    }
+    fn chain_exists(&mut self, table: &str, chain: &str) -> Result<bool, DataplaneError> {
+        Ok(self
+            .0
+            .lock()
+            .unwrap()
+            .chains
+            .get(table)
+            .is_some_and(|c| c.iter().any(|x| x == chain)))
+    }
+    fn rule_exists(
+        &mut self,
+        table: &str,
+        chain: &str,
+        args: &[String],
+    ) -> Result<bool, DataplaneError> {
+        Ok(self
+            .0
+            .lock()
+            .unwrap()
+            .inserted
+            .iter()
+            .any(|(t, c, a)| t == table && c == chain && a == args))
+    }
+    fn insert_rule(
+        &mut self,
+        table: &str,
+        chain: &str,
+        args: &[String],
+    ) -> Result<(), DataplaneError> {
+        self.0
+            .lock()
+            .unwrap()
+            .inserted
+            .push((table.into(), chain.into(), args.to_vec()));
+        Ok(())
+    }
+    fn delete_rule(
+        &mut self,
+        table: &str,
+        chain: &str,
+        args: &[String],
+    ) -> Result<(), DataplaneError> {
+        let mut r = self.0.lock().unwrap();
+        if let Some(i) = r
+            .inserted
+            .iter()
+            .position(|(t, c, a)| t == table && c == chain && a == args)
+        {
+            r.inserted.remove(i);
+        }
+        Ok(())
+    }
+}
+
+fn state(services: Vec<(ServicePort, Vec<Endpoint>)>) -> ProxyState {
+    let mut st = ProxyState::new(IpFamily::V4, node());
+    for (s, eps) in services {
+        st.endpoints.insert(s.name.clone(), Arc::new(eps));
+        st.services.insert(s.name.clone(), Arc::new(s));
+    }
+    st
+}
+
+/// Chains declared (`:NAME`) in the nat section of a restore input.
+fn declared_nat(input: &str) -> BTreeSet<String> {
+    let nat = input.split("*nat").nth(1).unwrap_or("");
+    nat.lines()
+        .filter_map(|l| l.strip_prefix(':'))
+        .map(|l| l.split_whitespace().next().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn partial_sync_writes_only_changed_chains() {
+    let rec = Recorder::default();
+    let mut p = IptablesProxier::new(cfg(), Box::new(rec.clone()));
+    let web = sp("web", "10.96.0.10");
+    let db = sp("db", "10.96.0.11");
+    let web_eps = vec![ep("10.244.1.5", true), ep("10.244.2.6", false)];
+    let db_eps = vec![ep("10.244.1.9", true)];
+    let st = state(vec![
+        (web.clone(), web_eps.clone()),
+        (db.clone(), db_eps.clone()),
+    ]);
+    let r = p.sync(&st, &BTreeSet::new(), false).unwrap();
+    assert!(r.full, "the first sync is a full one");
+    {
+        let rec = rec.0.lock().unwrap();
+        let first = &rec.restores[0];
+        let d = declared_nat(first);
+        assert!(d.contains(&svc_chain(&web)) && d.contains(&svc_chain(&db)));
+        assert!(d.contains(&sep_chain(&db, &db_eps[0])));
+        assert!(first.starts_with("*mangle\n:KUBE-PROXY-CANARY - [0:0]\nCOMMIT\n"));
+        // Every jump into our chains was installed.
+        assert_eq!(rec.inserted.len(), kp_iptables::jumps().len());
+    }
+
+    // db loses its endpoint for another one: only db's chains are written,
+    // the old SEP chain is deleted, web's chains are untouched.
+    let db_eps2 = vec![ep("10.244.1.10", true)];
+    let st2 = state(vec![
+        (web.clone(), web_eps.clone()),
+        (db.clone(), db_eps2.clone()),
+    ]);
+    let changed: BTreeSet<ServicePortName> = [db.name.clone()].into();
+    let r = p.sync(&st2, &changed, false).unwrap();
+    assert!(!r.full);
+    let rec_g = rec.0.lock().unwrap();
+    let second = rec_g.restores[1].clone();
+    drop(rec_g);
+    let d = declared_nat(&second);
+    let old_sep = sep_chain(&db, &db_eps[0]);
+    let expected: BTreeSet<String> = [
+        "KUBE-SERVICES",
+        "KUBE-NODEPORTS",
+        "KUBE-POSTROUTING",
+        "KUBE-MARK-MASQ",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([svc_chain(&db), sep_chain(&db, &db_eps2[0]), old_sep.clone()])
+    .collect();
+    assert_eq!(d, expected, "restore input:\n{second}");
+    assert!(second.contains(&format!("-X {old_sep}\n")));
+    assert!(!second.contains(&format!("-A {}", svc_chain(&web))));
+    // KUBE-SERVICES is rewritten whole: web's jump is still there.
+    assert!(second.contains(&format!("--dport 80 -j {}", svc_chain(&web))));
+    assert!(!second.contains("*mangle"));
+
+    // A change that renders the same rules writes no per-service chain.
+    let r = p.sync(&st2, &changed, false).unwrap();
+    assert!(!r.full);
+    let third = rec.0.lock().unwrap().restores[2].clone();
+    assert_eq!(declared_nat(&third).len(), 4, "{third}");
+
+    // Deleting a service deletes all its chains.
+    let st3 = state(vec![(web.clone(), web_eps.clone())]);
+    p.sync(&st3, &changed, false).unwrap();
+    let fourth = rec.0.lock().unwrap().restores[3].clone();
+    assert!(fourth.contains(&format!("-X {}\n", svc_chain(&db))));
+    assert!(fourth.contains(&format!("-X {}\n", sep_chain(&db, &db_eps2[0]))));
+
+    // A failed sync makes the next one full, and a full sync deletes chains
+    // it finds in the kernel but does not want.
+    rec.0.lock().unwrap().fail_next_restore = true;
+    assert!(p.sync(&st3, &BTreeSet::new(), false).is_err());
+    rec.0.lock().unwrap().chains.insert(
+        "nat".into(),
+        vec![
+            "PREROUTING".into(),
+            "KUBE-SERVICES".into(),
+            "KUBE-SVC-STALESTALESTALE".into(),
+            "MY-OWN".into(),
+        ],
+    );
+    let r = p.sync(&st3, &BTreeSet::new(), false).unwrap();
+    assert!(r.full);
+    let fifth = rec.0.lock().unwrap().restores[4].clone();
+    assert!(fifth.contains("-X KUBE-SVC-STALESTALESTALE\n"));
+    assert!(!fifth.contains("MY-OWN"));
+    assert!(!fifth.contains("-X KUBE-SERVICES"));
+    // Jumps are not duplicated.
+    assert_eq!(
+        rec.0.lock().unwrap().inserted.len(),
+        kp_iptables::jumps().len()
+    );
+}
+
+#[test]
+fn canary_and_cleanup() {
+    let rec = Recorder::default();
+    let mut p = IptablesProxier::new(cfg(), Box::new(rec.clone()));
+    let st = state(vec![(
+        sp("web", "10.96.0.10"),
+        vec![ep("10.244.1.5", true)],
+    )]);
+    assert!(!p.rules_lost(), "nothing programmed yet");
+    p.sync(&st, &BTreeSet::new(), false).unwrap();
+    assert!(p.rules_lost(), "the recorder has no canary chain");
+    rec.0
+        .lock()
+        .unwrap()
+        .chains
+        .insert("mangle".into(), vec!["KUBE-PROXY-CANARY".into()]);
+    assert!(p.sync(&st, &BTreeSet::new(), false).unwrap().full);
+    assert!(!p.rules_lost());
+
+    rec.0.lock().unwrap().chains.insert(
+        "filter".into(),
+        vec!["INPUT".into(), "KUBE-FORWARD".into(), "USER-CHAIN".into()],
+    );
+    rec.0.lock().unwrap().chains.insert(
+        "nat".into(),
+        vec![
+            "KUBE-SERVICES".into(),
+            "KUBE-SEP-AAAA".into(),
+            "KUBE-USER".into(),
+        ],
+    );
+    p.cleanup().unwrap();
+    let rec = rec.0.lock().unwrap();
+    assert!(rec.inserted.is_empty(), "jumps left: {:?}", rec.inserted);
+    let last = rec.restores.last().unwrap();
+    for c in [
+        "KUBE-PROXY-CANARY",
+        "KUBE-FORWARD",
+        "KUBE-SERVICES",
+        "KUBE-SEP-AAAA",
+    ] {
+        assert!(
+            last.contains(&format!("-X {c}\n")),
+            "{c} not deleted:\n{last}"
+        );
+    }
+    assert!(!last.contains("USER-CHAIN") && !last.contains("KUBE-USER"));
+}
+
+#[test]
+fn dry_run_render_is_the_full_restore_input() {
+    let p = IptablesProxier::new(cfg(), Box::new(Recorder::default()));
+    let web = sp("web", "10.96.0.10");
+    let st = state(vec![(web.clone(), vec![ep("10.244.1.5", true)])]);
+    let out = p.render(&st);
+    assert!(out.starts_with("*mangle\n"));
+    assert!(out.contains(&format!(":{} - [0:0]\n", svc_chain(&web))));
+    assert!(out.contains("-A KUBE-POSTROUTING -j MARK --xor-mark 0x4000\n"));
+    assert!(out.contains("-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP\n"));
+    assert!(out.contains("-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000\n"));
+    // The nodeport jump is the last rule of nat KUBE-SERVICES.
+    let nat = out.split("*nat").nth(1).unwrap();
+    let services: Vec<&str> = nat
+        .lines()
+        .filter(|l| l.starts_with("-A KUBE-SERVICES"))
+        .collect();
+    assert!(services.last().unwrap().ends_with("-j KUBE-NODEPORTS"));
+    let mut c = cfg();
+    c.masquerade_bit = 5;
+    let p = IptablesProxier::new(c, Box::new(Recorder::default()));
+    assert!(p.render(&st).contains("--or-mark 0x20\n"));
+}
