@@ -287,6 +287,7 @@ async fn serve(
         .map(|(t, d)| FamilyProxier::new(t, d))
         .collect();
     let sync = SyncLoop {
+        node_name: cfg.hostname.clone(),
         families,
         min_sync_period: cfg.min_sync_period,
         sync_period: cfg.sync_period,

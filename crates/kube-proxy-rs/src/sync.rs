@@ -100,6 +100,8 @@ impl FamilyProxier {
 }
 
 pub struct SyncLoop {
+    /// This node's name: its Node object decides /healthz eligibility.
+    pub node_name: String,
     pub families: Vec<FamilyProxier>,
     pub min_sync_period: Duration,
     pub sync_period: Duration,
@@ -162,6 +164,20 @@ impl SyncLoop {
                 changed = true;
             }
             SourceEvent::NodeApplied(node) => {
+                if node.metadata.name.as_deref() == Some(self.node_name.as_str()) {
+                    // A node being deleted or drained by the autoscaler tells load
+                    // balancers to go elsewhere via /healthz, as upstream.
+                    let deleting = node.metadata.deletion_timestamp.is_some();
+                    let tainted = node
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.taints.as_ref())
+                        .is_some_and(|t| {
+                            t.iter()
+                                .any(|t| t.key == crate::server::TO_BE_DELETED_TAINT)
+                        });
+                    self.health.set_node_eligible(!deleting && !tainted);
+                }
                 for f in &mut self.families {
                     f.tracker.update_node(&node);
                 }
@@ -334,6 +350,43 @@ impl SyncLoop {
             if full {
                 next_full = Instant::now() + self.sync_period;
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pacer_allows_a_burst_of_two_then_one_per_interval() {
+        let t0 = Instant::now();
+        let mut p = Pacer::new(Duration::from_secs(1), 2);
+        assert_eq!(p.ready_at(t0), t0);
+        p.take(t0);
+        assert_eq!(p.ready_at(t0), t0);
+        p.take(t0);
+        // Bucket empty: the next sync waits one full interval.
+        let next = p.ready_at(t0);
+        assert!(next >= t0 + Duration::from_millis(990), "{:?}", next - t0);
+        // Half an interval later, half a token: wait the other half.
+        let half = t0 + Duration::from_millis(500);
+        let at = p.ready_at(half);
+        assert!(at > half && at <= t0 + Duration::from_millis(1010));
+        // Long idle refills to the burst, not beyond.
+        let later = t0 + Duration::from_secs(10);
+        p.take(later);
+        p.take(later);
+        assert!(p.ready_at(later) > later);
+    }
+
+    #[test]
+    fn zero_interval_never_waits() {
+        let t0 = Instant::now();
+        let mut p = Pacer::new(Duration::ZERO, 2);
+        for _ in 0..5 {
+            p.take(t0);
+            assert_eq!(p.ready_at(t0), t0);
         }
     }
 }
