@@ -6,11 +6,13 @@
 //! an [`NftBackend`]. The layout is described in docs/nftables.md.
 
 mod backend;
+mod netlink;
 mod proxier;
 mod render;
 mod rule;
 
 pub use backend::{NftBackend, NftCli};
+pub use netlink::{NftNetlink, ScriptError};
 pub use proxier::NftablesProxier;
 pub use render::{render_service, Element, ServiceObjects, Skeleton, TABLE_NAME};
 pub use rule::{Rule, Verdict};
