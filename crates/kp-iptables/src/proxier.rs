@@ -300,7 +300,18 @@ impl Dataplane for IptablesProxier {
         // Not part of the restore input: what a full sync also ensures.
         out.push_str("# jumps ensured in builtin chains:\n");
         for j in jumps() {
-            let _ = writeln!(out, "# -t {} -A {} {}", j.table, j.from, j.args.join(" "));
+            let args: Vec<String> = j
+                .args
+                .iter()
+                .map(|a| {
+                    if a.contains(' ') {
+                        format!("\"{a}\"")
+                    } else {
+                        a.clone()
+                    }
+                })
+                .collect();
+            let _ = writeln!(out, "# -t {} -A {} {}", j.table, j.from, args.join(" "));
         }
         out
     }

@@ -765,6 +765,11 @@ pub fn localhost_nodeport(mode: &str) {
         r.is_err(),
         "NodePort reached on 127.0.0.1 from another host: {r:?}"
     );
+    if mode == "iptables" {
+        // Upstream's iptables default (--iptables-localhost-nodeports): the node
+        // itself may use 127.0.0.1 (route_localnet set in its namespace only).
+        env.wait_tcp(env.cluster.node_ns(1), sa("127.0.0.1", 30140));
+    }
     if mode == "nftables" {
         let r = tcp_hello(env.cluster.node_ns(1), sa("127.0.0.1", 30140), T);
         assert!(
