@@ -41,6 +41,9 @@ struct Tx {
     rules: String,
     del_elements: String,
     add_elements: String,
+    /// Stale chains are all flushed before any is deleted: one may still jump
+    /// to another (external- to service-) until it is emptied.
+    flush_stale: String,
     del_objects: String,
     ops: usize,
 }
@@ -52,6 +55,7 @@ impl Tx {
         s.push_str(&self.rules);
         s.push_str(&self.del_elements);
         s.push_str(&self.add_elements);
+        s.push_str(&self.flush_stale);
         s.push_str(&self.del_objects);
         (s, self.ops)
     }
@@ -208,7 +212,7 @@ impl NftablesProxier {
         let p = self.prefix();
         for (chain, _) in &old.chains {
             if !new.is_some_and(|n| n.chains.iter().any(|(c, _)| c == chain)) {
-                let _ = writeln!(tx.del_objects, "flush chain {p} {chain}");
+                let _ = writeln!(tx.flush_stale, "flush chain {p} {chain}");
                 let _ = writeln!(tx.del_objects, "delete chain {p} {chain}");
                 tx.ops += 2;
             }

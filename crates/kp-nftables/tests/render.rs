@@ -208,6 +208,11 @@ fn kernel_accepts_full_and_partial_ruleset() {
         ],
     );
     p.sync(t.state(), &cs.changed, false).expect("partial sync");
+    // Deleting a Service whose external chain jumps to its service chain.
+    t.delete_service("default", "np", std::time::SystemTime::now());
+    let cs = t.take_changes();
+    p.sync(t.state(), &cs.changed, false)
+        .expect("partial sync deleting a NodePort service");
     // Full resync over an existing table keeps working.
     p.sync(t.state(), &BTreeSet::new(), true)
         .expect("full resync");

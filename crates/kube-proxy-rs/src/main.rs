@@ -103,10 +103,19 @@ fn make_dataplane(
 ) -> Result<Box<dyn Dataplane>> {
     let pc = cfg.proxier_config(family, node_ips, &[]);
     match cfg.mode {
-        ProxyMode::Nftables => Ok(Box::new(kp_nftables::NftablesProxier::new(
-            pc,
-            Box::new(kp_nftables::NftCli::default()),
-        ))),
+        // Transactions go to the kernel as nf_tables netlink batches: the `nft`
+        // program re-reads the whole table on every run and is superlinear in
+        // chain count (BENCHMARKS.md).
+        // KUBE_PROXY_RS_NFT_BACKEND=nft sends the same transactions through the
+        // `nft` program instead (a fallback for debugging).
+        ProxyMode::Nftables => {
+            let backend: Box<dyn kp_nftables::NftBackend> =
+                match std::env::var("KUBE_PROXY_RS_NFT_BACKEND").as_deref() {
+                    Ok("nft") => Box::new(kp_nftables::NftCli::default()),
+                    _ => Box::new(kp_nftables::NftNetlink::new()),
+                };
+            Ok(Box::new(kp_nftables::NftablesProxier::new(pc, backend)))
+        }
         ProxyMode::Iptables => Ok(Box::new(kp_iptables::IptablesProxier::new(
             pc,
             Box::new(kp_iptables::IptablesCli::auto(family)),

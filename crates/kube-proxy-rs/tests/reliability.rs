@@ -76,6 +76,9 @@ fn failed_apply_keeps_previous_rules() {
     env.put("eps", &slice("f", "1", "IPv4", &ready(&[&a])));
     let mut args = vec![
         format!("PATH={}:/usr/sbin:/usr/bin:/sbin:/bin", bin.display()),
+        // The failure is injected through the `nft` program backend; the sync
+        // loop's handling is the same for the netlink one.
+        "KUBE_PROXY_RS_NFT_BACKEND=nft".to_string(),
         Env::binary().display().to_string(),
     ];
     args.extend(env.proxy_args(1, &[]));
