@@ -1,7 +1,7 @@
 //! kp-bench: control-plane and dataplane timings at scale.
 //!
 //! `cargo run --release -p kp-bench -- [--sizes 1000,10000] [--endpoints 10]
-//! [--changes 20] [--no-apply]`. Needs root for the apply columns: each size
+//! [--changes 20] [--backend netlink|nft] [--no-apply]`. Needs root for the apply columns: each size
 //! is programmed into a fresh network namespace (never the host's ruleset).
 
 use std::collections::BTreeSet;
@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kp_model::{ChangeTracker, Dataplane, IpFamily, LocalDetector, ProxierConfig, TrackerConfig};
-use kp_nftables::{NftCli, NftablesProxier};
+use kp_nftables::{NftBackend, NftCli, NftNetlink, NftablesProxier};
 
 fn peak_rss_mib() -> f64 {
     std::fs::read_to_string("/proc/self/status")
@@ -44,6 +44,22 @@ impl Drop for Netns {
     }
 }
 
+/// Moves this (single-threaded) process into network namespace `ns`, so the
+/// netlink socket the backend opens talks to that namespace's kernel tables.
+fn enter_netns(path: &str) -> Result<()> {
+    let f = std::fs::File::open(path).with_context(|| format!("opening {path}"))?;
+    enter_netns_file(&f).with_context(|| format!("entering {path}"))
+}
+
+fn enter_netns_file(f: &std::fs::File) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: setns on a namespace file descriptor we own; affects this thread only.
+    if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        bail!("setns: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 fn ms(d: Duration) -> String {
     format!("{:.1}", d.as_secs_f64() * 1000.0)
 }
@@ -64,8 +80,15 @@ fn main() -> Result<()> {
     let m: u32 = get("--endpoints").unwrap_or_else(|| "10".into()).parse()?;
     let changes: usize = get("--changes").unwrap_or_else(|| "20".into()).parse()?;
     let apply = !args.iter().any(|a| a == "--no-apply");
+    let netlink = get("--backend").as_deref() != Some("nft");
+    println!(
+        "backend: {}",
+        if netlink { "netlink" } else { "nft program" }
+    );
+    // Where to come back to after each size's namespace.
+    let home = std::fs::File::open("/proc/self/ns/net").context("opening our network namespace")?;
 
-    println!("| Services | endpoints | model (convert+track) | render full | script | nft apply full | 1 endpoint change p50 / p99 (bytes) | add 1 Service | delete 1 Service | peak RSS |");
+    println!("| Services | endpoints | model (convert+track) | render full | script | full sync (apply) | 1 endpoint change p50 / p99 (bytes) | add 1 Service | delete 1 Service | peak RSS |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
     for &n in &sizes {
         let syn = kp_bench::cluster(n, m);
@@ -115,12 +138,17 @@ fn main() -> Result<()> {
             )?;
             Command::new("chmod").args(["+x", &wrapper]).status()?;
         }
-        let mut dp = NftablesProxier::new(
-            pc,
+        if apply && netlink {
+            enter_netns(&format!("/run/netns/{ns}"))?;
+        }
+        let backend: Box<dyn NftBackend> = if netlink {
+            Box::new(NftNetlink::new())
+        } else {
             Box::new(NftCli {
                 program: wrapper.clone(),
-            }),
-        );
+            })
+        };
+        let mut dp = NftablesProxier::new(pc, backend);
         let t1 = Instant::now();
         let script = dp.render(tr.state());
         let render = t1.elapsed();
@@ -173,6 +201,10 @@ fn main() -> Result<()> {
             script.lines().count(),
             peak_rss_mib()
         );
+        drop(dp);
+        if apply && netlink {
+            enter_netns_file(&home)?;
+        }
         drop(guard);
     }
     Ok(())

@@ -113,7 +113,9 @@ impl NftablesProxier {
             }
         }
         for (map, items) in by_map {
-            for chunk in items.chunks(1000) {
+            // A netlink attribute length is 16 bits: keep each element list
+            // well under 64 KiB (chain names make verdict elements long).
+            for chunk in items.chunks(128) {
                 let _ = writeln!(out, "{verb} element {p} {map} {{ {} }}", chunk.join(", "));
             }
         }

@@ -52,6 +52,19 @@ impl Socket {
         if rc < 0 {
             return Err(last_err());
         }
+        // Error answers carry only the header of the failed message, not the
+        // message itself: a failed 100 KiB element batch would not fit a read.
+        let one: libc::c_int = 1;
+        // SAFETY: setsockopt with a c_int value of the right size.
+        unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_NETLINK,
+                libc::NETLINK_CAP_ACK,
+                &one as *const libc::c_int as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            );
+        }
         Ok(Socket { fd })
     }
 
@@ -113,7 +126,7 @@ impl Socket {
         mut done: impl FnMut(&Answer, u16) -> bool,
     ) -> io::Result<Vec<Answer>> {
         let mut out = Vec::new();
-        let mut buf = vec![0u8; 1 << 16];
+        let mut buf = vec![0u8; 1 << 20];
         loop {
             let flags = if wait { 0 } else { libc::MSG_DONTWAIT };
             // SAFETY: buf is valid for its length.
