@@ -72,6 +72,24 @@ fn all_kinds() -> Vec<serde_json::Value> {
             json!({"internalTrafficPolicy": "Local"}),
         ),
         endpoints("itp", &[ready("10.244.2.6", "node2")]),
+        // SCTP: this kernel has no SCTP sockets, so these rules are checked by
+        // the kernel accepting them, not by traffic.
+        service(
+            "sctp",
+            "10.96.0.16",
+            json!({"ports": [{"name": "s", "port": 9000, "protocol": "SCTP"}]}),
+        ),
+        json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"namespace": "default", "name": "sctp-abc",
+                         "labels": {"kubernetes.io/service-name": "sctp"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "s", "port": 9000, "protocol": "SCTP"}],
+            "endpoints": [
+                {"addresses": ["10.244.1.9"], "nodeName": "node1", "conditions": {"ready": true}},
+                {"addresses": ["10.244.2.9"], "nodeName": "node2", "conditions": {"ready": true}}
+            ]
+        }),
     ]
 }
 
@@ -111,6 +129,12 @@ fn each_kind_of_service_renders_its_layout() {
     assert!(text.contains("198.51.100.7 . tcp . 80 : goto external-"));
     // iTP=Local with no local endpoint: dropped, not rejected (endpoints exist elsewhere).
     assert!(text.contains("10.96.0.15 . tcp . 80 : drop"));
+    // SCTP service ports are keyed and DNATed like TCP ones.
+    assert!(text.contains("10.96.0.16 . sctp . 9000 : goto service-"));
+    assert!(text.contains("meta l4proto sctp dnat ip addr . port to numgen random mod 2"));
+    // Out-of-window packets marked INVALID are dropped before they can be
+    // forwarded un-NATed (upstream's conntrack "invalid state" reset bug).
+    assert!(text.contains("add rule ip kube-proxy-rs filter-forward ct state invalid drop"));
     // Hairpin set holds local endpoints.
     assert!(text.contains("10.244.1.2 . 10.244.1.2"));
 }
