@@ -342,7 +342,7 @@ impl SyncLoop {
                 retry_at = None;
             } else {
                 failures += 1;
-                // 1s, 2s, 4s ... capped at the sync period.
+                // 2s, 4s, 8s ... (64s at most), capped at the sync period.
                 let backoff = Duration::from_secs(1u64 << failures.min(6)).min(self.sync_period);
                 retry_at = Some(Instant::now() + backoff);
             }
