@@ -11,6 +11,7 @@ use crate::render::{
     comment, family_kw, render_service, ElemKey, Element, ServiceObjects, Skeleton,
     SET_NODEPORT_IPS, TABLE_NAME,
 };
+use crate::rule::Rule;
 
 /// What is in the kernel, as far as we know.
 #[derive(Default)]
@@ -85,7 +86,6 @@ impl NftablesProxier {
 
     fn add_service(&self, tx: &mut Tx, objs: &ServiceObjects) {
         let p = self.prefix();
-        let fam = self.cfg.family;
         for (set, timeout) in &objs.affinity_sets {
             let _ = writeln!(tx.add_objects, "{}", self.affinity_set_decl(set, *timeout));
             tx.ops += 1;
@@ -93,11 +93,17 @@ impl NftablesProxier {
         for (chain, rules) in &objs.chains {
             let _ = writeln!(tx.add_objects, "add chain {p} {chain}");
             tx.ops += 1;
-            for r in rules {
-                for line in r.text(fam) {
-                    let _ = writeln!(tx.rules, "add rule {p} {chain} {line}");
-                    tx.ops += 1;
-                }
+            self.add_rules(tx, chain, rules);
+        }
+    }
+
+    /// `add rule` lines for every rule of `chain`.
+    fn add_rules(&self, tx: &mut Tx, chain: &str, rules: &[Rule]) {
+        let p = self.prefix();
+        for r in rules {
+            for line in r.text(self.cfg.family) {
+                let _ = writeln!(tx.rules, "add rule {p} {chain} {line}");
+                tx.ops += 1;
             }
         }
     }
@@ -247,7 +253,6 @@ impl NftablesProxier {
         prog: &mut Programmed,
     ) -> Tx {
         let p = self.prefix();
-        let fam = self.cfg.family;
         let mut tx = Tx::default();
         let mut del_elems: Vec<Element> = Vec::new();
         let mut add_elems: Vec<Element> = Vec::new();
@@ -285,12 +290,7 @@ impl NftablesProxier {
                             let _ = writeln!(tx.rules, "flush chain {p} {chain}");
                         }
                         tx.ops += 1;
-                        for r in rules {
-                            for line in r.text(fam) {
-                                let _ = writeln!(tx.rules, "add rule {p} {chain} {line}");
-                                tx.ops += 1;
-                            }
-                        }
+                        self.add_rules(&mut tx, chain, rules);
                     }
                 }
             }

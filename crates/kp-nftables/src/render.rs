@@ -8,7 +8,7 @@ use kp_model::{
     ServicePort,
 };
 
-use crate::rule::{local_match, quote, Rule, Verdict, MARK_MASQ_CHAIN};
+use crate::rule::{quote, Rule, Verdict, MARK_MASQ_CHAIN};
 
 /// Our table, one per family (`ip` and `ip6`). Not upstream's `kube-proxy`, so
 /// that the two never fight over one table during a migration.
@@ -406,7 +406,6 @@ impl Skeleton {
                 "{ip} daddr {cidr} drop comment \"drop traffic to unallocated ClusterIPs\""
             ));
         }
-        let _ = local_match; // detectors are used per service
         let chains = vec![
             (
                 "filter-prerouting",

@@ -221,14 +221,10 @@ fn run(cfg: ProxyConfig) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    rt.block_on(serve(cfg, dataplanes, node_ips))
+    rt.block_on(serve(cfg, dataplanes))
 }
 
-async fn serve(
-    cfg: ProxyConfig,
-    dataplanes: Vec<Box<dyn Dataplane>>,
-    node_ips: Vec<IpAddr>,
-) -> Result<()> {
+async fn serve(cfg: ProxyConfig, dataplanes: Vec<Box<dyn Dataplane>>) -> Result<()> {
     let mut rx = start_source(&cfg).await?;
 
     if cfg.dry_run {
@@ -287,7 +283,6 @@ async fn serve(
     } else {
         vec![cfg.bind_address]
     };
-    let _ = &node_ips;
     let hcs = ServiceHealthServer::new(hc_ips, health.clone(), tokio::runtime::Handle::current());
 
     let families: Vec<FamilyProxier> = make_trackers(&cfg)

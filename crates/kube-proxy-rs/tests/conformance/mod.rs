@@ -778,3 +778,67 @@ pub fn localhost_nodeport(mode: &str) {
         );
     }
 }
+
+/// Declares every case above as a `#[test]` for one mode, so each mode's test
+/// file runs exactly the same list: `conformance_suite!("nftables");`.
+#[allow(unused_macros)]
+macro_rules! conformance_suite {
+    ($mode:expr) => {
+        #[test]
+        fn c01_clusterip() {
+            conformance::clusterip($mode);
+        }
+        #[test]
+        fn c02_nodeport() {
+            conformance::nodeport($mode);
+        }
+        #[test]
+        fn c03_external_and_lb() {
+            conformance::external_and_lb($mode);
+        }
+        #[test]
+        fn c04_session_affinity() {
+            conformance::session_affinity($mode);
+        }
+        #[test]
+        fn c05_no_endpoints() {
+            conformance::no_endpoints($mode);
+        }
+        #[test]
+        fn c06_external_policy_local() {
+            conformance::external_policy_local($mode);
+        }
+        #[test]
+        fn c07_internal_policy_local() {
+            conformance::internal_policy_local($mode);
+        }
+        #[test]
+        fn c08_masquerade_and_hairpin() {
+            conformance::masquerade_and_hairpin($mode);
+        }
+        #[test]
+        fn c09_terminating_fallback() {
+            conformance::terminating_fallback($mode);
+        }
+        #[test]
+        fn c10_endpoint_removal() {
+            conformance::endpoint_removal($mode);
+        }
+        #[test]
+        fn c11_delete_and_cleanup() {
+            conformance::delete_and_cleanup($mode);
+        }
+        #[test]
+        fn c12_restart_keeps_connections() {
+            conformance::restart_keeps_connections($mode);
+        }
+        #[test]
+        fn c13_ipv6_clusterip() {
+            conformance::ipv6_clusterip($mode);
+        }
+        #[test]
+        fn c14_localhost_nodeport() {
+            conformance::localhost_nodeport($mode);
+        }
+    };
+}
