@@ -54,6 +54,24 @@ impl Variant {
             Variant::Legacy => "legacy",
         }
     }
+
+    /// `Some(variant)` for "nft" / "legacy", `None` for "auto" (detect).
+    pub fn parse_choice(s: &str) -> Result<Option<Variant>, String> {
+        match s.trim() {
+            "" | "auto" => Ok(None),
+            "nft" => Ok(Some(Variant::Nft)),
+            "legacy" => Ok(Some(Variant::Legacy)),
+            other => Err(format!(
+                "unknown iptables backend {other:?} (expected auto, nft or legacy)"
+            )),
+        }
+    }
+
+    /// Whether this variant's `iptables-save` can run here (the program is
+    /// installed and the kernel side answers).
+    pub fn available(self, family: IpFamily) -> bool {
+        count_rules(&format!("{}-{}-save", base(family), self.as_str())).is_some()
+    }
 }
 
 fn base(family: IpFamily) -> &'static str {
@@ -129,6 +147,17 @@ impl IptablesCli {
         Self::with_programs(family, &b, &format!("{b}-restore"), &format!("{b}-save"))
     }
 
+    /// The operator's choice: a fixed variant, or `None` to detect.
+    pub fn choose(family: IpFamily, choice: Option<Variant>) -> Self {
+        match choice {
+            Some(v) => {
+                tracing::info!(family = %family, variant = v.as_str(), "using iptables backend (configured)");
+                Self::variant(family, v)
+            }
+            None => Self::auto(family),
+        }
+    }
+
     /// Explicit program names.
     pub fn with_programs(family: IpFamily, iptables: &str, restore: &str, save: &str) -> Self {
         IptablesCli {
@@ -145,7 +174,7 @@ impl IptablesCli {
         let family = self.family;
         self.programs.get_or_insert_with(|| {
             let v = detect_variant(family);
-            tracing::info!(family = %family, variant = v.as_str(), "using iptables backend");
+            tracing::info!(family = %family, variant = v.as_str(), "using iptables backend (detected)");
             let b = format!("{}-{}", base(family), v.as_str());
             Programs {
                 iptables: b.clone(),

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 
-use kp_iptables::{svc_chain, IptablesCli, IptablesProxier};
+use kp_iptables::{detect_variant, svc_chain, IptablesCli, IptablesProxier, Variant};
 use kp_model::{
     Dataplane, Endpoint, IpFamily, LocalDetector, NodeInfo, Protocol, ProxierConfig, ProxyState,
     ServicePort, ServicePortName,
@@ -18,11 +18,13 @@ use kp_model::{
 struct Netns {
     name: String,
     dir: PathBuf,
+    /// "nft" or "legacy": which iptables the wrappers (and `save`) run.
+    variant: &'static str,
 }
 
 impl Netns {
-    fn new(test: &str) -> Netns {
-        let name = format!("kpipt-{}-{test}", std::process::id());
+    fn new(test: &str, variant: Variant) -> Netns {
+        let name = format!("kpipt-{}-{test}-{}", std::process::id(), variant.as_str());
         let st = Command::new("ip")
             .args(["netns", "add", &name])
             .status()
@@ -30,15 +32,19 @@ impl Netns {
         assert!(st.success(), "ip netns add {name}");
         let dir = std::env::temp_dir().join(&name);
         std::fs::create_dir_all(&dir).unwrap();
-        let ns = Netns { name, dir };
+        let ns = Netns {
+            name,
+            dir,
+            variant: variant.as_str(),
+        };
         for b in ["iptables", "ip6tables"] {
             for suffix in ["", "-restore", "-save"] {
                 let path = ns.dir.join(format!("{b}{suffix}"));
                 std::fs::write(
                     &path,
                     format!(
-                        "#!/bin/sh\nexec ip netns exec {} {b}-nft{suffix} \"$@\"\n",
-                        ns.name
+                        "#!/bin/sh\nexec ip netns exec {} {b}-{}{suffix} \"$@\"\n",
+                        ns.name, ns.variant
                     ),
                 )
                 .unwrap();
@@ -70,8 +76,15 @@ impl Netns {
         )
     }
 
-    fn save(&self, prog: &str) -> String {
-        let (ok, out) = self.run(&[prog]);
+    /// `iptables` / `ip6tables` of this namespace's variant.
+    fn prog(&self, base: &str) -> String {
+        format!("{base}-{}", self.variant)
+    }
+
+    /// `save("iptables")`: iptables-{variant}-save's output.
+    fn save(&self, base: &str) -> String {
+        let prog = format!("{base}-{}-save", self.variant);
+        let (ok, out) = self.run(&[&prog]);
         assert!(ok, "{prog}: {out}");
         out
     }
@@ -184,13 +197,10 @@ fn cfg(family: IpFamily) -> ProxierConfig {
     c
 }
 
-#[test]
-fn rendered_rules_pass_iptables_restore_test() {
-    let ns = Netns::new("test");
-    for (family, prog) in [
-        (IpFamily::V4, "iptables-restore"),
-        (IpFamily::V6, "ip6tables-restore"),
-    ] {
+fn rendered_rules_pass_iptables_restore_test(variant: Variant) {
+    let ns = Netns::new("test", variant);
+    for (family, base) in [(IpFamily::V4, "iptables"), (IpFamily::V6, "ip6tables")] {
+        let prog = format!("{base}-{}-restore", ns.variant);
         let st = state(family, every_kind(family == IpFamily::V6));
         let mut c = cfg(family);
         c.localhost_nodeports = family == IpFamily::V4;
@@ -207,21 +217,13 @@ fn rendered_rules_pass_iptables_restore_test() {
     }
 }
 
-#[test]
-fn sync_partial_canary_and_cleanup_in_a_namespace() {
-    let ns = Netns::new("sync");
+fn sync_partial_canary_and_cleanup_in_a_namespace(variant: Variant) {
+    let ns = Netns::new("sync", variant);
+    let ipt = ns.prog("iptables");
     // A user's own chain and rule, which cleanup must leave alone.
-    let (ok, out) = ns.run(&["iptables-nft", "-t", "nat", "-N", "USER-CHAIN"]);
+    let (ok, out) = ns.run(&[&ipt, "-t", "nat", "-N", "USER-CHAIN"]);
     assert!(ok, "{out}");
-    let (ok, out) = ns.run(&[
-        "iptables-nft",
-        "-t",
-        "nat",
-        "-A",
-        "PREROUTING",
-        "-j",
-        "USER-CHAIN",
-    ]);
+    let (ok, out) = ns.run(&[&ipt, "-t", "nat", "-A", "PREROUTING", "-j", "USER-CHAIN"]);
     assert!(ok, "{out}");
 
     let mut p = IptablesProxier::new(cfg(IpFamily::V4), Box::new(ns.cli(IpFamily::V4)));
@@ -229,7 +231,7 @@ fn sync_partial_canary_and_cleanup_in_a_namespace() {
     let st = state(IpFamily::V4, svcs.clone());
     let r = p.sync(&st, &BTreeSet::new(), false).unwrap();
     assert!(r.full);
-    let nat = ns.save("iptables-save");
+    let nat = ns.save("iptables");
     let web = svc_chain(&svcs[0].0);
     assert!(nat.contains(&format!(":{web} - ")), "{nat}");
     assert!(nat.contains(
@@ -242,7 +244,7 @@ fn sync_partial_canary_and_cleanup_in_a_namespace() {
 
     // A second full sync changes nothing and does not duplicate the jumps.
     p.sync(&st, &BTreeSet::new(), true).unwrap();
-    let again = ns.save("iptables-save");
+    let again = ns.save("iptables");
     assert_eq!(
         again.matches("-j KUBE-SERVICES").count(),
         nat.matches("-j KUBE-SERVICES").count()
@@ -253,19 +255,19 @@ fn sync_partial_canary_and_cleanup_in_a_namespace() {
     let changed: BTreeSet<ServicePortName> = [svcs[0].0.name.clone()].into();
     let r = p.sync(&st2, &changed, false).unwrap();
     assert!(!r.full);
-    let after = ns.save("iptables-save");
+    let after = ns.save("iptables");
     assert!(!after.contains(&web), "{after}");
     assert!(after.contains(&svc_chain(&svcs[1].0)));
 
     // Someone flushes everything: the canary says so.
-    let (ok, out) = ns.run(&["iptables-nft", "-t", "mangle", "-X", "KUBE-PROXY-CANARY"]);
+    let (ok, out) = ns.run(&[&ipt, "-t", "mangle", "-X", "KUBE-PROXY-CANARY"]);
     assert!(ok, "{out}");
     assert!(p.rules_lost());
     assert!(p.sync(&st2, &BTreeSet::new(), false).unwrap().full);
     assert!(!p.rules_lost());
 
     p.cleanup().unwrap();
-    let left = ns.save("iptables-save");
+    let left = ns.save("iptables");
     assert!(
         !left.contains("KUBE-"),
         "cleanup left rules behind:\n{left}"
@@ -276,21 +278,98 @@ fn sync_partial_canary_and_cleanup_in_a_namespace() {
     p.cleanup().unwrap();
 }
 
-#[test]
-fn ipv6_sync_in_a_namespace() {
-    let ns = Netns::new("v6");
+fn ipv6_sync_in_a_namespace(variant: Variant) {
+    let ns = Netns::new("v6", variant);
     let mut p = IptablesProxier::new(cfg(IpFamily::V6), Box::new(ns.cli(IpFamily::V6)));
     let svcs = every_kind(true);
     p.sync(&state(IpFamily::V6, svcs.clone()), &BTreeSet::new(), false)
         .unwrap();
-    let out = ns.save("ip6tables-save");
+    let out = ns.save("ip6tables");
     assert!(out.contains(&svc_chain(&svcs[0].0)), "{out}");
     assert!(
         out.contains("--to-destination [fd00:244::1:5]:8080"),
         "{out}"
     );
     // The IPv4 tables were not touched.
-    assert!(!ns.save("iptables-save").contains("KUBE-"));
+    assert!(!ns.save("iptables").contains("KUBE-"));
     p.cleanup().unwrap();
-    assert!(!ns.save("ip6tables-save").contains("KUBE-"));
+    assert!(!ns.save("ip6tables").contains("KUBE-"));
+}
+
+/// The rules land in the requested backend only: nothing of ours in the other.
+fn only_in_backend(variant: Variant) {
+    let ns = Netns::new("only", variant);
+    let mut p = IptablesProxier::new(cfg(IpFamily::V4), Box::new(ns.cli(IpFamily::V4)));
+    p.sync(
+        &state(IpFamily::V4, every_kind(false)),
+        &BTreeSet::new(),
+        false,
+    )
+    .unwrap();
+    let other = match variant {
+        Variant::Nft => "iptables-legacy-save",
+        Variant::Legacy => "iptables-nft-save",
+    };
+    let (ok, out) = ns.run(&[other]);
+    assert!(ok, "{other}: {out}");
+    assert!(!out.contains(":KUBE-"), "{other} shows our chains:\n{out}");
+    assert!(ns.save("iptables").contains(":KUBE-SERVICES"));
+}
+
+#[test]
+fn nft_rendered_rules_pass_iptables_restore_test() {
+    rendered_rules_pass_iptables_restore_test(Variant::Nft);
+}
+
+#[test]
+fn legacy_rendered_rules_pass_iptables_restore_test() {
+    rendered_rules_pass_iptables_restore_test(Variant::Legacy);
+}
+
+#[test]
+fn nft_sync_partial_canary_and_cleanup() {
+    sync_partial_canary_and_cleanup_in_a_namespace(Variant::Nft);
+}
+
+#[test]
+fn legacy_sync_partial_canary_and_cleanup() {
+    sync_partial_canary_and_cleanup_in_a_namespace(Variant::Legacy);
+}
+
+#[test]
+fn nft_ipv6_sync() {
+    ipv6_sync_in_a_namespace(Variant::Nft);
+}
+
+#[test]
+fn legacy_ipv6_sync() {
+    ipv6_sync_in_a_namespace(Variant::Legacy);
+}
+
+#[test]
+fn nft_rules_only_in_their_backend() {
+    only_in_backend(Variant::Nft);
+}
+
+#[test]
+fn legacy_rules_only_in_their_backend() {
+    only_in_backend(Variant::Legacy);
+}
+
+/// Detection as upstream: the backend holding KUBE- chains wins, whichever
+/// it is; with neither, nft.
+#[test]
+fn detection_follows_the_kubernetes_chains() {
+    for variant in [Variant::Nft, Variant::Legacy] {
+        let ns = Netns::new("detect", variant);
+        let detect = || kp_netlab::in_netns(&ns.name, || detect_variant(IpFamily::V4)).unwrap();
+        assert_eq!(detect(), Variant::Nft, "empty namespace");
+        let ipt = ns.prog("iptables");
+        let (ok, out) = ns.run(&[&ipt, "-t", "nat", "-N", "KUBE-SERVICES"]);
+        assert!(ok, "{out}");
+        assert_eq!(detect(), variant, "KUBE-SERVICES in {}", variant.as_str());
+        // Only the IPv4 tables hold chains: IPv6 still detects the default.
+        let v6 = kp_netlab::in_netns(&ns.name, || detect_variant(IpFamily::V6)).unwrap();
+        assert_eq!(v6, Variant::Nft);
+    }
 }

@@ -460,6 +460,11 @@ pub struct Cli {
     /// Only handle Services labelled service.kubernetes.io/service-proxy-name=NAME.
     #[arg(long)]
     pub service_proxy_name: Option<String>,
+    /// iptables mode: which iptables backend to program: auto (detect like
+    /// upstream: the one holding Kubernetes chains, else the one with more
+    /// rules, else nft), nft or legacy.
+    #[arg(long, env = "KUBE_PROXY_RS_IPTABLES_BACKEND", default_value = "auto", value_parser = ["auto", "nft", "legacy"])]
+    pub iptables_backend: String,
 }
 
 // ---------------------------------------------------------------------------
@@ -783,6 +788,8 @@ pub struct ProxyConfig {
     pub verbosity: u8,
     pub log_json: bool,
     pub service_proxy_name: Option<String>,
+    /// iptables backend (--iptables-backend); None: detect.
+    pub iptables_backend: Option<kp_iptables::Variant>,
     pub ipvs: IpvsSettings,
     pub conntrack: ConntrackSettings,
     pub oom_score_adj: i32,
@@ -828,6 +835,8 @@ pub fn load(cli_args: impl IntoIterator<Item = OsString>) -> Result<ProxyConfig,
     pc.cleanup = cli.cleanup;
     pc.dry_run = cli.dry_run;
     pc.service_proxy_name = cli.service_proxy_name.clone().filter(|s| !s.is_empty());
+    pc.iptables_backend = kp_iptables::Variant::parse_choice(&cli.iptables_backend)
+        .map_err(|e| invalid("--iptables-backend", e))?;
     pc.config_file = cli.config.clone();
     pc.write_config_to = cli.write_config_to.clone();
     Ok(pc)
@@ -1451,6 +1460,7 @@ fn resolve(mut raw: KubeProxyConfiguration) -> Result<ProxyConfig, ConfigError> 
         verbosity,
         log_json,
         service_proxy_name: None,
+        iptables_backend: None,
         ipvs,
         conntrack,
         oom_score_adj,

@@ -118,7 +118,10 @@ fn make_dataplane(
         }
         ProxyMode::Iptables => Ok(Box::new(kp_iptables::IptablesProxier::new(
             pc,
-            Box::new(kp_iptables::IptablesCli::auto(family)),
+            Box::new(kp_iptables::IptablesCli::choose(
+                family,
+                cfg.iptables_backend,
+            )),
         ))),
         other => bail!(
             "proxy mode {:?} is not implemented yet in this build; use --proxy-mode=nftables",

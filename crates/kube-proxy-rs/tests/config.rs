@@ -749,3 +749,30 @@ fn go_duration_cases() {
     assert_eq!(format_go_duration(Duration::from_secs(30)), "30s");
     assert_eq!(format_go_duration(Duration::from_millis(1500)), "1.5s");
 }
+
+#[test]
+fn iptables_backend_flag_and_env() {
+    use kp_iptables::Variant;
+    assert_eq!(load(args(&[])).unwrap().iptables_backend, None);
+    let c = load(args(&["--iptables-backend=legacy"])).unwrap();
+    assert_eq!(c.iptables_backend, Some(Variant::Legacy));
+    let c = load(args(&["--iptables-backend", "nft"])).unwrap();
+    assert_eq!(c.iptables_backend, Some(Variant::Nft));
+    assert_eq!(
+        load(args(&["--iptables-backend=auto"]))
+            .unwrap()
+            .iptables_backend,
+        None
+    );
+    assert!(matches!(
+        load(args(&["--iptables-backend=xtables"])),
+        Err(ConfigError::Cli(_))
+    ));
+    // The environment variable (no other test reads it); a flag wins over it.
+    std::env::set_var("KUBE_PROXY_RS_IPTABLES_BACKEND", "legacy");
+    let from_env = load(args(&[])).map(|c| c.iptables_backend);
+    let flag_wins = load(args(&["--iptables-backend=nft"])).map(|c| c.iptables_backend);
+    std::env::remove_var("KUBE_PROXY_RS_IPTABLES_BACKEND");
+    assert_eq!(from_env.unwrap(), Some(Variant::Legacy));
+    assert_eq!(flag_wins.unwrap(), Some(Variant::Nft));
+}

@@ -66,7 +66,7 @@ impl Env {
 
     pub fn proxy_args(&self, node: usize, extra: &[&str]) -> Vec<String> {
         let mut a: Vec<String> = vec![
-            format!("--proxy-mode={}", self.mode),
+            format!("--proxy-mode={}", proxy_mode(&self.mode)),
             format!("--manifests={}", self.dir.display()),
             format!("--hostname-override=node{node}"),
             format!(
@@ -80,6 +80,11 @@ impl Env {
             "--healthz-bind-address=0.0.0.0:10256".into(),
             "-v=4".into(),
         ];
+        // Plain "iptables" leaves the backend to auto-detection (nft in a
+        // fresh namespace); "iptables-legacy" pins it.
+        if iptables_backend(&self.mode) == Some("legacy") {
+            a.push("--iptables-backend=legacy".into());
+        }
         a.extend(extra.iter().map(|s| s.to_string()));
         a
     }
@@ -151,20 +156,32 @@ impl Env {
     /// Node `node`'s rules as this mode's tools list them: `nft list ruleset`,
     /// or `iptables-save` + `ip6tables-save` in iptables mode.
     pub fn ruleset(&self, node: usize) -> String {
-        match self.mode.as_str() {
-            "iptables" => {
+        match iptables_backend(&self.mode) {
+            Some("legacy") => {
+                // Everything must be in the legacy tables: nothing of ours in
+                // the nf_tables ones (a backend mix-up is upstream's classic).
+                let nft = self.on_node(node, &["iptables-nft-save"])
+                    + &self.on_node(node, &["ip6tables-nft-save"]);
+                assert!(
+                    !nft.contains(":KUBE-"),
+                    "legacy backend requested, but KUBE- chains are in iptables-nft:\n{nft}"
+                );
+                self.on_node(node, &["iptables-legacy-save"])
+                    + &self.on_node(node, &["ip6tables-legacy-save"])
+            }
+            Some(_) => {
                 self.on_node(node, &["iptables-save"]) + &self.on_node(node, &["ip6tables-save"])
             }
-            _ => self.on_node(node, &["nft", "list", "ruleset"]),
+            None => self.on_node(node, &["nft", "list", "ruleset"]),
         }
     }
 
     /// A string present in [`Env::ruleset`] exactly while this mode's rules
     /// are installed (our table name, or our chains' prefix).
     pub fn rules_marker(&self) -> &'static str {
-        match self.mode.as_str() {
-            "iptables" => "KUBE-",
-            _ => "kube-proxy-rs",
+        match iptables_backend(&self.mode) {
+            Some(_) => "KUBE-",
+            None => "kube-proxy-rs",
         }
     }
 
@@ -188,6 +205,22 @@ impl Drop for Env {
         if !std::thread::panicking() {
             let _ = std::fs::remove_dir_all(&self.logs);
         }
+    }
+}
+
+/// The --proxy-mode of a suite mode name: "iptables-legacy" runs iptables mode.
+pub fn proxy_mode(mode: &str) -> &str {
+    mode.split('-').next().unwrap_or(mode)
+}
+
+/// The iptables backend of a suite mode: "iptables" -> nft (what detection
+/// picks in a fresh namespace, and what `iptables` is on this machine),
+/// "iptables-legacy" -> legacy; None outside iptables mode.
+pub fn iptables_backend(mode: &str) -> Option<&'static str> {
+    match mode {
+        "iptables" => Some("nft"),
+        "iptables-legacy" => Some("legacy"),
+        _ => None,
     }
 }
 
@@ -765,7 +798,7 @@ pub fn localhost_nodeport(mode: &str) {
         r.is_err(),
         "NodePort reached on 127.0.0.1 from another host: {r:?}"
     );
-    if mode == "iptables" {
+    if proxy_mode(mode) == "iptables" {
         // Upstream's iptables default (--iptables-localhost-nodeports): the node
         // itself may use 127.0.0.1 (route_localnet set in its namespace only).
         env.wait_tcp(env.cluster.node_ns(1), sa("127.0.0.1", 30140));

@@ -1,0 +1,7 @@
+//! The conformance suite in iptables mode with the iptables-legacy backend
+//! (`--iptables-backend=legacy`: x_tables in the kernel, not nf_tables).
+
+#[macro_use]
+mod conformance;
+
+conformance_suite!("iptables-legacy");
