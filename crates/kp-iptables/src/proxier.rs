@@ -320,7 +320,20 @@ impl Dataplane for IptablesProxier {
         if self.programmed.is_none() {
             return false;
         }
-        match self.backend.chain_exists("mangle", CANARY_CHAIN) {
+        // The mangle canary catches a whole-ruleset flush (upstream's check);
+        // `iptables -t nat -F` keeps every chain but empties them, so also
+        // check that nat PREROUTING still jumps to KUBE-SERVICES.
+        let services_jump = jumps()
+            .into_iter()
+            .find(|j| j.table == "nat" && j.from == "PREROUTING");
+        let present = self
+            .backend
+            .chain_exists("mangle", CANARY_CHAIN)
+            .and_then(|canary| match (canary, &services_jump) {
+                (true, Some(j)) => self.backend.rule_exists(j.table, j.from, &j.args),
+                (c, _) => Ok(c),
+            });
+        match present {
             Ok(true) => false,
             Ok(false) => {
                 self.programmed = None;

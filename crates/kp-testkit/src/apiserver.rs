@@ -134,6 +134,8 @@ struct State {
     watch_gen: watch::Sender<u64>,
     /// Bumped to drop every open connection abruptly.
     kill_gen: watch::Sender<u64>,
+    /// Bumped to end every open watch in the middle of an event line.
+    trunc_gen: watch::Sender<u64>,
     down: AtomicBool,
     requests: AtomicU64,
     list_delays: Mutex<HashMap<String, Duration>>,
@@ -546,6 +548,7 @@ impl ApiServer {
             changes,
             watch_gen: watch::Sender::new(0),
             kill_gen: watch::Sender::new(0),
+            trunc_gen: watch::Sender::new(0),
             down: AtomicBool::new(false),
             requests: AtomicU64::new(0),
             list_delays: Mutex::new(HashMap::new()),
@@ -633,6 +636,12 @@ impl ApiServer {
     /// resourceVersion).
     pub fn drop_watches(&self) {
         self.state().watch_gen.send_modify(|g| *g += 1);
+    }
+
+    /// Ends every open watch stream in the middle of an event: half a JSON
+    /// line, then the end of the response (a proxy or server dying mid-write).
+    pub fn truncate_watches(&self) {
+        self.state().trunc_gen.send_modify(|g| *g += 1);
     }
 
     /// While down, every open connection (and so every watch) is cut and new
@@ -961,6 +970,7 @@ struct WatchCtx {
     pending: VecDeque<Bytes>,
     rx: broadcast::Receiver<Arc<Change>>,
     gen: watch::Receiver<u64>,
+    trunc: watch::Receiver<u64>,
     deadline: Instant,
     bookmarks: bool,
     tick: tokio::time::Interval,
@@ -995,6 +1005,8 @@ fn start_watch(
     let mut done = false;
     let mut gen = state.watch_gen.subscribe();
     gen.borrow_and_update();
+    let mut trunc = state.trunc_gen.subscribe();
+    trunc.borrow_and_update();
     let rx = {
         let store = state.lock();
         // Subscribing under the lock: every change after the backlog below is
@@ -1045,6 +1057,7 @@ fn start_watch(
         pending,
         rx,
         gen,
+        trunc,
         deadline: Instant::now() + Duration::from_secs(timeout),
         bookmarks,
         tick,
@@ -1060,6 +1073,10 @@ fn start_watch(
             }
             tokio::select! {
                 _ = ctx.gen.changed() => ctx.done = true,
+                _ = ctx.trunc.changed() => {
+                    ctx.pending.push_back(Bytes::from_static(b"{\"type\":\"MODIFIED\",\"object\":{\"apiVersion\":\"v1\",\"kind\":"));
+                    ctx.done = true;
+                }
                 _ = tokio::time::sleep_until(ctx.deadline) => ctx.done = true,
                 r = ctx.rx.recv() => match r {
                     Ok(ch) => {

@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 use kp_model::{ChangeTracker, Dataplane, IpFamily, TrackerConfig};
 use kp_source::SourceEvent;
 use kube_proxy_rs::config::{self, ConfigError, ProxyConfig, ProxyMode};
-use kube_proxy_rs::conntrack::ConntrackCli;
+use kube_proxy_rs::conntrack::{Conntrack, ConntrackCli, ConntrackNetlink};
 use kube_proxy_rs::healthcheck::ServiceHealthServer;
 use kube_proxy_rs::metrics::Metrics;
 use kube_proxy_rs::server::{self, HealthState};
@@ -300,7 +300,12 @@ async fn serve(cfg: ProxyConfig, dataplanes: Vec<Box<dyn Dataplane>>) -> Result<
         sync_period: cfg.sync_period,
         metrics,
         health,
-        conntrack: Box::new(ConntrackCli),
+        // Netlink by default (no program needed); KUBE_PROXY_RS_CONNTRACK=cli
+        // runs conntrack-tools instead.
+        conntrack: match std::env::var("KUBE_PROXY_RS_CONNTRACK").as_deref() {
+            Ok("cli") => Box::new(ConntrackCli) as Box<dyn Conntrack>,
+            _ => Box::new(ConntrackNetlink),
+        },
         on_synced: Box::new(move |d| {
             hcs.sync_services(&d.ports);
             hcs.sync_endpoints(&d.local_endpoints);

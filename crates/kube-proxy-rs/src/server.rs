@@ -86,6 +86,8 @@ struct HealthInner {
     last_updated: HashMap<IpFamily, SystemTime>,
     oldest_pending: HashMap<IpFamily, SystemTime>,
     node_eligible: bool,
+    /// Since when the source (API server) has been unreachable, if it is.
+    source_lost_since: Option<SystemTime>,
 }
 
 /// The proxy's health, shared between the sync loop and the HTTP servers.
@@ -136,6 +138,7 @@ impl HealthState {
                 oldest_pending: HashMap::new(),
                 // Eligible until a Node event says otherwise, as upstream.
                 node_eligible: true,
+                source_lost_since: None,
             }),
         }
     }
@@ -168,6 +171,25 @@ impl HealthState {
     /// only /healthz looks at it.
     pub fn set_node_eligible(&self, eligible: bool) {
         self.lock().node_eligible = eligible;
+    }
+
+    /// The source lost (false) or regained (true) the API server. Reported in
+    /// the /healthz body only: rules programmed from the last known state are
+    /// still right for traffic, and failing every node's health check during
+    /// an API outage would make load balancers drop the whole cluster.
+    pub fn set_source_connected(&self, connected: bool) {
+        let now = self.clock.now();
+        let mut g = self.lock();
+        if connected {
+            g.source_lost_since = None;
+        } else if g.source_lost_since.is_none() {
+            g.source_lost_since = Some(now);
+        }
+    }
+
+    /// Since when the source has been disconnected, if it is.
+    pub fn source_lost_since(&self) -> Option<SystemTime> {
+        self.lock().source_lost_since
     }
 
     pub fn node_eligible(&self) -> bool {
@@ -286,14 +308,18 @@ async fn healthz_handler(State(app): State<HealthApp>) -> Response {
         StatusCode::SERVICE_UNAVAILABLE
     };
     app.metrics.inc_healthz(status.as_u16());
-    json_response(
-        status,
-        serde_json::json!({
-            "lastUpdated": format_rfc3339(r.last_updated),
-            "currentTime": format_rfc3339(r.current_time),
-            "nodeEligible": r.node_eligible,
-        }),
-    )
+    let mut body = serde_json::json!({
+        "lastUpdated": format_rfc3339(r.last_updated),
+        "currentTime": format_rfc3339(r.current_time),
+        "nodeEligible": r.node_eligible,
+        "sourceConnected": true,
+    });
+    // Ours: how stale our view of the cluster may be.
+    if let Some(since) = app.state.source_lost_since() {
+        body["sourceConnected"] = serde_json::json!(false);
+        body["sourceDisconnectedSince"] = serde_json::json!(format_rfc3339(since));
+    }
+    json_response(status, body)
 }
 
 async fn livez_handler(State(app): State<HealthApp>) -> Response {

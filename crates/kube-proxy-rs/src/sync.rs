@@ -189,8 +189,12 @@ impl SyncLoop {
             }
             SourceEvent::Disconnected(why) => {
                 tracing::warn!("source disconnected, keeping the programmed rules: {why}");
+                self.health.set_source_connected(false);
             }
-            SourceEvent::Reconnected => tracing::info!("source reconnected"),
+            SourceEvent::Reconnected => {
+                tracing::info!("source reconnected");
+                self.health.set_source_connected(true);
+            }
             SourceEvent::Synced => {}
         }
         if changed {

@@ -113,3 +113,435 @@ fn failed_apply_keeps_previous_rules() {
     });
     assert!(env.log(1).contains("sync failed"));
 }
+
+// ---------------------------------------------------------------------------
+// Shared helpers for the fault tests below
+// ---------------------------------------------------------------------------
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use conformance::http_get;
+use kp_netlab::wait_until;
+
+/// When an attempt started and which server answered (or the error).
+type Attempt = (Instant, Result<String, String>);
+
+/// A client that opens a fresh TCP connection to `addr` every `period`
+/// until stopped; every attempt's result is kept.
+struct Load {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Vec<Attempt>>>,
+}
+
+impl Load {
+    fn start(ns: &str, addr: SocketAddr, period: Duration) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let ns = ns.to_string();
+        let thread = std::thread::spawn(move || {
+            // One thread inside the namespace for the whole run.
+            kp_netlab::in_netns(&ns, move || {
+                let mut out = Vec::new();
+                while !s.load(Ordering::SeqCst) {
+                    let t = Instant::now();
+                    let r = hello(addr, T);
+                    out.push((t, r));
+                    std::thread::sleep(period.saturating_sub(t.elapsed()));
+                }
+                out
+            })
+            .unwrap()
+        });
+        Load {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn finish(mut self) -> Vec<Attempt> {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+/// One TCP hello from the current thread's namespace: the name of the
+/// server that greeted ("<name> <peer ip> <peer port>"), or what went wrong.
+fn hello(addr: SocketAddr, timeout: Duration) -> Result<String, String> {
+    use std::io::{BufRead, BufReader};
+    let s = std::net::TcpStream::connect_timeout(&addr, timeout)
+        .map_err(|e| format!("connect: {e}"))?;
+    s.set_read_timeout(Some(timeout))
+        .map_err(|e| format!("timeout: {e}"))?;
+    let mut line = String::new();
+    BufReader::new(s)
+        .read_line(&mut line)
+        .map_err(|e| format!("greeting: {e}"))?;
+    line.split_whitespace()
+        .next()
+        .map(str::to_string)
+        .ok_or_else(|| format!("empty greeting {line:?}"))
+}
+
+/// Fails the test with the first few failed attempts if any attempt failed.
+fn assert_no_failures(what: &str, results: &[Attempt]) {
+    let failed: Vec<_> = results.iter().filter(|(_, r)| r.is_err()).collect();
+    assert!(
+        failed.is_empty(),
+        "{what}: {} of {} connections failed, e.g. {:?}",
+        failed.len(),
+        results.len(),
+        failed.iter().take(5).map(|(_, r)| r).collect::<Vec<_>>()
+    );
+}
+
+/// A ruleset listing with counters and comments that vary between runs
+/// removed, lines sorted: two equal values mean the same rules, none
+/// missing and none doubled.
+fn normalized(ruleset: &str) -> Vec<String> {
+    let mut v: Vec<String> = ruleset
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| {
+            let mut l = l.trim().to_string();
+            // iptables-save chain counters "[12:720]".
+            if let (Some(a), Some(b)) = (l.rfind(" ["), l.rfind(']')) {
+                if b > a && l[a + 2..b].split(':').all(|n| n.parse::<u64>().is_ok()) {
+                    l.truncate(a);
+                }
+            }
+            l
+        })
+        .filter(|l| !l.is_empty())
+        .collect();
+    v.sort();
+    v
+}
+
+// ---------------------------------------------------------------------------
+// SIGKILL under load (issue case 3), both modes
+// ---------------------------------------------------------------------------
+
+/// kube-proxy-rs is SIGKILLed three times and restarted while a client
+/// opens a new connection to a ClusterIP every 10 ms: no connection fails
+/// while it is down or while it comes back, and after the restart the
+/// ruleset is exactly what it was (nothing missing, nothing doubled).
+fn sigkill_under_load(mode: &str) {
+    let mut env = Env::new("sigkill", mode);
+    let a = env.pod(1, "a");
+    let c = env.pod(2, "c");
+    let client = env.pod(1, "client");
+    env.put("svc", &service("load", &["10.96.3.10"], json!({})));
+    env.put("eps", &slice("load", "1", "IPv4", &ready(&[&a, &c])));
+    env.start_all();
+    let vip = sa("10.96.3.10", 80);
+    env.wait_tcp(client.ns(), vip);
+    env.wait("both endpoints in use", || {
+        let r = kp_netlab::tcp_hello_many(client.ns(), vip, 20, T);
+        let names: std::collections::BTreeSet<_> =
+            r.iter().flatten().map(|r| r.server.clone()).collect();
+        names.len() == 2
+    });
+    let before = normalized(&env.ruleset(1));
+    assert!(!before.is_empty());
+
+    let load = Load::start(client.ns(), vip, Duration::from_millis(10));
+    for round in 0..3 {
+        std::thread::sleep(Duration::from_millis(300));
+        let syncs = env.log(1).matches("synced rules").count();
+        env.kill(1);
+        // Down for a while: the kernel keeps forwarding with the rules in place.
+        std::thread::sleep(Duration::from_millis(700));
+        env.start(1, &[]);
+        env.wait(&format!("restart {round} to sync"), || {
+            env.log(1).matches("synced rules").count() > syncs
+        });
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let results = load.finish();
+    assert!(results.len() >= 150, "only {} attempts", results.len());
+    assert_no_failures("connections during kill/restart", &results);
+    let servers: std::collections::BTreeSet<_> = results
+        .iter()
+        .filter_map(|(_, r)| r.as_ref().ok())
+        .collect();
+    assert_eq!(servers.len(), 2, "{servers:?}");
+
+    let after = normalized(&env.ruleset(1));
+    if before != after {
+        let missing: Vec<_> = before.iter().filter(|l| !after.contains(l)).collect();
+        let extra: Vec<_> = after.iter().filter(|l| !before.contains(l)).collect();
+        panic!(
+            "ruleset changed across restarts\nmissing: {missing:#?}\nextra: {extra:#?}\ncounts before/after: {}/{}",
+            before.len(),
+            after.len()
+        );
+    }
+}
+
+#[test]
+fn sigkill_under_load_nftables() {
+    sigkill_under_load("nftables");
+}
+
+#[test]
+fn sigkill_under_load_iptables() {
+    sigkill_under_load("iptables");
+}
+
+// ---------------------------------------------------------------------------
+// Someone else flushes the iptables nat table (issue case 4, iptables mode)
+// ---------------------------------------------------------------------------
+
+/// `iptables -t nat -F` empties every nat chain (ours and the builtin jumps
+/// to them) but deletes none: the canary still notices, the next sync (at
+/// the latest the periodic full one, 10 s here) repairs it, and
+/// kubeproxy_rs_rules_lost_total counts it.
+#[test]
+fn iptables_nat_flush_is_repaired() {
+    let mut env = Env::new("natflush", "iptables");
+    let a = env.pod(1, "a");
+    let client = env.pod(1, "client");
+    env.put("svc", &service("nf", &["10.96.3.20"], json!({})));
+    env.put("eps", &slice("nf", "1", "IPv4", &ready(&[&a])));
+    env.start(1, &[]);
+    let vip = sa("10.96.3.20", 80);
+    env.wait_tcp(client.ns(), vip);
+    assert_eq!(
+        metric(&env.metrics(1), "kubeproxy_rs_rules_lost_total"),
+        0.0
+    );
+    env.cluster
+        .exec_ok(env.cluster.node_ns(1), &["iptables", "-t", "nat", "-F"])
+        .unwrap();
+    assert!(
+        tcp_hello(client.ns(), vip, T).is_err(),
+        "still answering without nat rules"
+    );
+    let t0 = Instant::now();
+    env.wait_tcp(client.ns(), vip);
+    assert!(
+        t0.elapsed() < Duration::from_secs(13),
+        "repair took {:?}, more than one sync period",
+        t0.elapsed()
+    );
+    env.wait("the canary metric", || {
+        metric(&env.metrics(1), "kubeproxy_rs_rules_lost_total") >= 1.0
+    });
+    assert!(env.log(1).contains("removed behind our back"));
+}
+
+// ---------------------------------------------------------------------------
+// API server outage of 60 s, watches cut mid-stream, 410 relist (cases 1, 2)
+// ---------------------------------------------------------------------------
+
+/// The API test server, running on its own runtime with its threads inside
+/// namespace `ns` (listening on that namespace's 127.0.0.1).
+struct Api {
+    srv: kp_testkit::ApiServer,
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Api {
+    fn start(ns: &str) -> Api {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let ns = ns.to_string();
+        let thread = std::thread::spawn(move || {
+            kp_netlab::in_netns(&ns, move || {
+                let rt = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(1)
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                let srv = rt.block_on(kp_testkit::ApiServer::start());
+                tx.send(srv.clone()).unwrap();
+                let _ = stop_rx.recv();
+                srv.shutdown();
+                drop(srv);
+                rt.shutdown_timeout(Duration::from_secs(1));
+            })
+            .unwrap();
+        });
+        Api {
+            srv: rx.recv().unwrap(),
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        }
+    }
+
+    fn apply(&self, obj: &serde_json::Value) {
+        match obj["kind"].as_str() {
+            Some("Service") => self
+                .srv
+                .apply_service(serde_json::from_value(obj.clone()).unwrap()),
+            Some("EndpointSlice") => self
+                .srv
+                .apply_endpoint_slice(serde_json::from_value(obj.clone()).unwrap()),
+            k => panic!("unexpected kind {k:?}"),
+        }
+    }
+}
+
+impl Drop for Api {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn healthz(env: &Env, node: usize) -> (u16, serde_json::Value) {
+    let (code, body) = http_get(
+        env.cluster.node_ns(node),
+        sa("127.0.0.1", 10256),
+        "/healthz",
+    )
+    .expect("/healthz answers");
+    (code, serde_json::from_str(&body).unwrap_or_default())
+}
+
+/// Case 1 and 2: the API server is unreachable for 60 s. Traffic keeps
+/// flowing on the rules in place (a client connects every 50 ms throughout,
+/// with periodic full resyncs happening meanwhile), /healthz stays 200 and
+/// says the source is disconnected, and a change made during the outage is
+/// programmed as soon as the watch is back (kube-runtime's backoff is capped
+/// at 30 s, so within 30 s plus one sync). Then watches that end in the middle
+/// of an event, and a relist after 410 Gone, keep the rules too.
+#[test]
+fn api_outage_60s_and_broken_watches() {
+    let mut env = Env::new("outage", "nftables");
+    let a = env.pod(1, "a");
+    let c = env.pod(2, "c");
+    let client = env.pod(1, "client");
+    let api = Api::start(env.cluster.node_ns(1));
+    api.apply(&service("web", &["10.96.4.10"], json!({})));
+    api.apply(&slice("web", "1", "IPv4", &ready(&[&a])));
+    let kubeconfig = env.logs.join("kubeconfig");
+    api.srv.write_kubeconfig(&kubeconfig).unwrap();
+    let args: Vec<String> = env
+        .proxy_args(1, &[])
+        .into_iter()
+        .map(|a| {
+            if a.starts_with("--manifests=") {
+                format!("--kubeconfig={}", kubeconfig.display())
+            } else {
+                a
+            }
+        })
+        .collect();
+    let _proxy = env
+        .cluster
+        .spawn(
+            env.cluster.node_ns(1),
+            &Env::binary(),
+            &args,
+            &env.logs.join("node1.log"),
+        )
+        .unwrap();
+    let vip = sa("10.96.4.10", 80);
+    let late = sa("10.96.4.11", 80);
+    assert_eq!(env.wait_tcp(client.ns(), vip).server, "a");
+    assert_eq!(healthz(&env, 1).1["sourceConnected"], true);
+
+    // --- 60 s outage ---
+    let load = Load::start(client.ns(), vip, Duration::from_millis(50));
+    let down_at = Instant::now();
+    api.srv.set_down(true);
+    env.wait("/healthz to report the lost source", || {
+        healthz(&env, 1).1["sourceConnected"] == false
+    });
+    std::thread::sleep(Duration::from_secs(20));
+    // Changes made while the proxy cannot see them.
+    api.apply(&slice("web", "1", "IPv4", &ready(&[&c])));
+    api.apply(&service("late", &["10.96.4.11"], json!({})));
+    api.apply(&slice("late", "1", "IPv4", &ready(&[&c])));
+    while down_at.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_secs(5));
+        let (code, body) = healthz(&env, 1);
+        assert_eq!(code, 200, "/healthz failed during the outage: {body}");
+        assert_eq!(body["sourceConnected"], false, "{body}");
+        assert!(body["sourceDisconnectedSince"].is_string(), "{body}");
+    }
+    let during = load.finish();
+    assert!(during.len() > 600, "only {} attempts", during.len());
+    assert_no_failures("connections during the outage", &during);
+    assert!(
+        during.iter().all(|(_, r)| r.as_deref() == Ok("a")),
+        "the rules changed while the API server was away"
+    );
+    assert!(
+        plain(&env.log(1)).matches("full=true").count() >= 4,
+        "no periodic full resync ran during the outage"
+    );
+
+    // --- back ---
+    let load = Load::start(client.ns(), vip, Duration::from_millis(50));
+    api.srv.set_down(false);
+    let up_at = Instant::now();
+    assert!(
+        wait_until(Duration::from_secs(45), Duration::from_millis(100), || {
+            tcp_hello(client.ns(), late, T).is_ok_and(|r| r.server == "c")
+                && tcp_hello(client.ns(), vip, T).is_ok_and(|r| r.server == "c")
+        }),
+        "changes made during the outage were not programmed\n{}",
+        env.log(1)
+    );
+    let caught_up = up_at.elapsed();
+    eprintln!("outage changes programmed {caught_up:?} after the API server came back");
+    assert!(caught_up < Duration::from_secs(40), "{caught_up:?}");
+    env.wait("/healthz to report the source back", || {
+        healthz(&env, 1).1["sourceConnected"] == true
+    });
+
+    // --- a watch that ends in the middle of an event ---
+    api.srv.truncate_watches();
+    std::thread::sleep(Duration::from_millis(500));
+    api.apply(&slice("web", "1", "IPv4", &ready(&[&a, &c])));
+    env.wait("a change after a truncated watch", || {
+        env.ruleset(1).contains(&a.ip().to_string())
+    });
+    // --- history compacted and watches dropped: 410, relist, no flush ---
+    api.srv.compact();
+    api.srv.drop_watches();
+    std::thread::sleep(Duration::from_secs(1));
+    api.apply(&slice("late", "1", "IPv4", &ready(&[&a])));
+    env.wait("a change after the relist", || {
+        tcp_hello(client.ns(), late, T).is_ok_and(|r| r.server == "a")
+    });
+    let after = load.finish();
+    assert_no_failures(
+        "connections across reconnect, truncation and relist",
+        &after,
+    );
+}
+
+/// A log with its ANSI colour codes removed.
+fn plain(log: &str) -> String {
+    let mut out = String::with_capacity(log.len());
+    let mut chars = log.chars();
+    while let Some(ch) = chars.next() {
+        if ch == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(ch);
+        }
+    }
+    out
+}

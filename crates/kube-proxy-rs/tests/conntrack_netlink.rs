@@ -1,0 +1,155 @@
+//! The netlink conntrack cleaner against the real kernel, in a throwaway
+//! network namespace: it deletes exactly the entries a filter selects, for
+//! both families, and counts them.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::process::Command;
+
+use kp_model::{IpFamily, Protocol, StaleConntrack};
+use kube_proxy_rs::conntrack::{Conntrack, ConntrackNetlink};
+
+struct Ns(String);
+impl Drop for Ns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+fn in_ns(ns: &str, argv: &[&str]) -> String {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns])
+        .args(argv)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{argv:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Sends one datagram from `from` to `to` (nothing listens: the entry stays
+/// UNREPLIED, which is enough for conntrack to list it).
+fn flow(ns: &str, from: SocketAddr, to: SocketAddr) {
+    kp_netlab::in_netns(ns, move || {
+        let s = UdpSocket::bind(from).unwrap();
+        s.send_to(b"x", to).unwrap();
+    })
+    .unwrap();
+}
+
+fn listed(ns: &str, family: &str) -> String {
+    // `conntrack -L` prints to stdout; an empty table is not an error.
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "conntrack", "-L", "-f", family])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn netlink_cleaner_deletes_only_matching_entries() {
+    let ns = format!("kpct{}", std::process::id());
+    assert!(Command::new("ip")
+        .args(["netns", "add", &ns])
+        .status()
+        .unwrap()
+        .success());
+    let _g = Ns(ns.clone());
+    in_ns(&ns, &["ip", "link", "set", "lo", "up"]);
+    // Conntrack only tracks a namespace once some rule uses it.
+    in_ns(
+        &ns,
+        &[
+            "nft",
+            "add table inet track; add chain inet track out { type filter hook output priority 0; }; add rule inet track out ct state new counter",
+        ],
+    );
+    let a: SocketAddr = "127.0.0.1:40001".parse().unwrap();
+    let b: SocketAddr = "127.0.0.1:40002".parse().unwrap();
+    flow(&ns, a, "127.0.0.2:53".parse().unwrap());
+    flow(&ns, b, "127.0.0.2:53".parse().unwrap());
+    flow(&ns, a, "127.0.0.3:53".parse().unwrap());
+    flow(&ns, a, "127.0.0.2:54".parse().unwrap());
+    flow(
+        &ns,
+        "[::1]:40001".parse().unwrap(),
+        "[::1]:53".parse().unwrap(),
+    );
+    let before = listed(&ns, "ipv4");
+    assert_eq!(
+        before.lines().filter(|l| l.contains(" dport=53 [")).count(),
+        3,
+        "{before}"
+    );
+
+    let filter = StaleConntrack {
+        protocol: Protocol::Udp,
+        orig_dst: Some("127.0.0.2".parse().unwrap()),
+        orig_dport: 53,
+        reply_src: None,
+    };
+    let deleted = kp_netlab::in_netns(&ns, move || {
+        ConntrackNetlink.delete(IpFamily::V4, &[filter])
+    })
+    .unwrap();
+    assert_eq!(deleted, 2);
+    let after = listed(&ns, "ipv4");
+    assert!(
+        !after.contains("dst=127.0.0.2 sport=40001 dport=53 "),
+        "{after}"
+    );
+    assert!(
+        !after.contains("dst=127.0.0.2 sport=40002 dport=53 "),
+        "{after}"
+    );
+    assert!(
+        after.contains("dst=127.0.0.3"),
+        "other service's entry went: {after}"
+    );
+    assert!(
+        after.contains("dport=54"),
+        "other port's entry went: {after}"
+    );
+    assert!(
+        listed(&ns, "ipv6").contains("dport=53"),
+        "the IPv6 entry went"
+    );
+
+    // A reply-source filter (the endpoint a flow was DNATed to): for these
+    // un-NATed entries the reply source is the original destination.
+    let by_reply = StaleConntrack {
+        protocol: Protocol::Udp,
+        orig_dst: None,
+        orig_dport: 53,
+        reply_src: Some("127.0.0.3".parse().unwrap()),
+    };
+    let n = kp_netlab::in_netns(&ns, move || {
+        ConntrackNetlink.delete(IpFamily::V4, &[by_reply])
+    })
+    .unwrap();
+    assert_eq!(n, 1);
+    assert!(!listed(&ns, "ipv4").contains("dst=127.0.0.3"));
+
+    // IPv6, and TCP filters never touch UDP entries.
+    let tcp = StaleConntrack {
+        protocol: Protocol::Tcp,
+        orig_dst: None,
+        orig_dport: 53,
+        reply_src: None,
+    };
+    let n =
+        kp_netlab::in_netns(&ns, move || ConntrackNetlink.delete(IpFamily::V6, &[tcp])).unwrap();
+    assert_eq!(n, 0);
+    let udp6 = StaleConntrack {
+        protocol: Protocol::Udp,
+        orig_dst: Some("::1".parse().unwrap()),
+        orig_dport: 53,
+        reply_src: None,
+    };
+    let n =
+        kp_netlab::in_netns(&ns, move || ConntrackNetlink.delete(IpFamily::V6, &[udp6])).unwrap();
+    assert_eq!(n, 1);
+    assert!(!listed(&ns, "ipv6").contains("dport=53"));
+}
