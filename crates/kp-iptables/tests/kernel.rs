@@ -267,26 +267,16 @@ fn sync_partial_canary_and_cleanup_in_a_namespace(variant: Variant) {
     assert!(!p.rules_lost());
     // `iptables -t nat -F` keeps the chains (and the mangle canary) but
     // empties them: still detected, and the full sync puts the rules back.
-    let (ok, out) = ns.run(&["iptables-nft", "-t", "nat", "-F"]);
+    let (ok, out) = ns.run(&[&ipt, "-t", "nat", "-F"]);
     assert!(ok, "{out}");
-    assert!(!ns
-        .save("iptables-save")
-        .contains("-A PREROUTING -m comment"));
+    assert!(!ns.save("iptables").contains("-A PREROUTING -m comment"));
     // (the flush took the user's jump too; put it back for the cleanup check)
-    let (ok, out) = ns.run(&[
-        "iptables-nft",
-        "-t",
-        "nat",
-        "-A",
-        "PREROUTING",
-        "-j",
-        "USER-CHAIN",
-    ]);
+    let (ok, out) = ns.run(&[&ipt, "-t", "nat", "-A", "PREROUTING", "-j", "USER-CHAIN"]);
     assert!(ok, "{out}");
     assert!(p.rules_lost());
     assert!(p.sync(&st2, &BTreeSet::new(), false).unwrap().full);
     assert!(!p.rules_lost());
-    assert!(ns.save("iptables-save").contains(
+    assert!(ns.save("iptables").contains(
         "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"
     ));
 
