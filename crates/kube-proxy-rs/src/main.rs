@@ -123,11 +123,34 @@ fn make_dataplane(
                 cfg.iptables_backend,
             )),
         ))),
+        ProxyMode::Ipvs => make_ipvs(cfg, family, pc),
         other => bail!(
             "proxy mode {:?} is not implemented yet in this build; use --proxy-mode=nftables",
             other.as_str()
         ),
     }
+}
+
+/// IPVS mode: refuses to start (with the reason) when the kernel has no IPVS;
+/// --dry-run and --cleanup work without it.
+fn make_ipvs(
+    cfg: &ProxyConfig,
+    family: IpFamily,
+    pc: kp_model::ProxierConfig,
+) -> Result<Box<dyn Dataplane>> {
+    let s = &cfg.ipvs;
+    if !cfg.dry_run && !cfg.cleanup && family == IpFamily::V4 {
+        kp_ipvs::check_kernel(&s.scheduler).map_err(anyhow::Error::msg)?;
+    }
+    let mut ic = kp_ipvs::IpvsConfig::new(pc);
+    ic.scheduler = s.scheduler.clone();
+    ic.exclude_cidrs = s.exclude_cidrs.clone();
+    ic.strict_arp = s.strict_arp;
+    ic.tcp_timeout = s.tcp_timeout.as_secs() as u32;
+    ic.tcp_fin_timeout = s.tcp_fin_timeout.as_secs() as u32;
+    ic.udp_timeout = s.udp_timeout.as_secs() as u32;
+    ic.validate().context("--ipvs-scheduler")?;
+    Ok(Box::new(kp_ipvs::IpvsProxier::new(ic)))
 }
 
 fn make_trackers(cfg: &ProxyConfig) -> Vec<ChangeTracker> {
