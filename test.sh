@@ -16,6 +16,7 @@ command -v nft >/dev/null 2>&1 || missing+=(nftables)
 command -v iptables-restore >/dev/null 2>&1 || missing+=(iptables)
 command -v conntrack >/dev/null 2>&1 || missing+=(conntrack)
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+command -v ipset >/dev/null 2>&1 || missing+=(ipset)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing ${missing[*]}"
   apt-get update -qq
