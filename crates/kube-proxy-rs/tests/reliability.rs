@@ -123,7 +123,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use conformance::http_get;
+use conformance::{http_get, Cond};
 use kp_netlab::wait_until;
 
 /// When an attempt started and which server answered (or the error).
@@ -544,4 +544,312 @@ fn plain(log: &str) -> String {
         }
     }
     out
+}
+
+// ---------------------------------------------------------------------------
+// The netlink apply fails (issue case 5, default nftables backend)
+// ---------------------------------------------------------------------------
+
+/// The kernel rejects a netlink batch: someone added a chain to our table
+/// that jumps to a Service's chain, so deleting that Service's chain fails
+/// with EBUSY and the whole batch is refused. The previous rules stay in
+/// force (the deleted Service still answers), the failure is counted in
+/// kubeproxy_sync_proxy_rules_nftables_sync_failures_total, the retry waits
+/// for the backoff and is a full sync (which rebuilds the table from scratch,
+/// dropping the foreign chain), and then the deletion lands.
+#[test]
+fn netlink_apply_failure_keeps_rules_and_retries_full() {
+    let mut env = Env::new("nlfail", "nftables");
+    let a = env.pod(1, "a");
+    let client = env.pod(1, "client");
+    env.put("svc", &service("gone", &["10.96.5.10"], json!({})));
+    env.put("eps", &slice("gone", "1", "IPv4", &ready(&[&a])));
+    env.put("svc2", &service("stay", &["10.96.5.11"], json!({})));
+    env.put("eps2", &slice("stay", "1", "IPv4", &ready(&[&a])));
+    env.start(1, &[]);
+    let vip = sa("10.96.5.10", 80);
+    env.wait_tcp(client.ns(), vip);
+    let rules = env.on_node(1, &["nft", "list", "table", "ip", "kube-proxy-rs"]);
+    let chain = rules
+        .lines()
+        .map(str::trim)
+        .find_map(|l| {
+            l.strip_prefix("chain service-")
+                .filter(|r| r.contains("default/gone/tcp/http"))
+                .map(|r| format!("service-{}", r.trim_end_matches(" {")))
+        })
+        .unwrap_or_else(|| panic!("no service chain for default/gone:\n{rules}"));
+    env.cluster
+        .exec_ok(
+            env.cluster.node_ns(1),
+            &[
+                "nft",
+                &format!(
+                    "add chain ip kube-proxy-rs foreign-hold; add rule ip kube-proxy-rs foreign-hold jump {chain}"
+                ),
+            ],
+        )
+        .unwrap();
+    let failures = |env: &Env| {
+        metric(
+            &env.metrics(1),
+            "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+        )
+    };
+    assert_eq!(failures(&env), 0.0);
+    env.remove("svc");
+    env.remove("eps");
+    env.wait("the failed apply to be counted", || failures(&env) >= 1.0);
+    // One transaction: nothing of it applied, the Service still answers.
+    assert_eq!(tcp_hello(client.ns(), vip, T).unwrap().server, "a");
+    env.wait("the full retry to delete the Service", || {
+        tcp_hello(client.ns(), vip, T).is_err()
+    });
+    assert!(tcp_hello(client.ns(), sa("10.96.5.11", 80), T).is_ok());
+    let log = plain(&env.log(1));
+    let fail_at = log
+        .lines()
+        .position(|l| l.contains("sync failed"))
+        .expect("the failure is logged");
+    let retry = log
+        .lines()
+        .skip(fail_at)
+        .find(|l| l.contains("synced rules") && l.contains("family=IPv4"))
+        .expect("a successful retry");
+    assert!(retry.contains("full=true"), "retry was not full: {retry}");
+    // The retry waited for the backoff (2 s after the first failure).
+    let ts = |l: &str| -> f64 {
+        let t = l.split_whitespace().next().unwrap_or("");
+        let hms = t.split('T').nth(1).unwrap_or("").trim_end_matches('Z');
+        hms.split(':')
+            .map(|x| x.parse::<f64>().unwrap_or(0.0))
+            .fold(0.0, |acc, x| acc * 60.0 + x)
+    };
+    let fail_line = log.lines().nth(fail_at).unwrap();
+    let gap = ts(retry) - ts(fail_line);
+    assert!(gap >= 1.9, "retried after {gap:.2} s, before the backoff");
+    assert!(
+        !env.ruleset(1).contains("foreign-hold"),
+        "the full resync kept a foreign chain in our table"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Rolling updates (issue case 6) and DNS-like UDP (case 7), both modes
+// ---------------------------------------------------------------------------
+
+/// A pod whose echo server the test can stop (the pod "exits").
+fn own_pod(env: &Env, node: usize, name: &str) -> (kp_netlab::Pod, kp_netlab::ServerGuard) {
+    let p = env.cluster.add_pod(node, name).unwrap();
+    let s = env
+        .cluster
+        .serve(p.ns(), name, kp_netlab::ServeSpec::both(&[8080]))
+        .unwrap();
+    (p, s)
+}
+
+/// How an endpoint appears in this mode's rule listing.
+fn ep_marker(mode: &str, ip: std::net::IpAddr) -> String {
+    match mode {
+        "iptables" => format!("{ip}:8080"),
+        _ => format!("{ip} . 8080"),
+    }
+}
+
+/// A rollout of a Service with externalTrafficPolicy=Local: the old pod
+/// turns terminating (still serving) before its replacement is ready — so
+/// for a while only a terminating local endpoint exists and must be used —,
+/// then the new pod becomes ready, the old one leaves the slice and finally
+/// exits. An external client hits the NodePort and a pod hits the ClusterIP,
+/// each every 10 ms: not one request may fail.
+fn rolling_update(mode: &str) {
+    let mut env = Env::new("rollout", mode);
+    let (old, old_srv) = own_pod(&env, 1, "old");
+    let (new, _new_srv) = own_pod(&env, 1, "new");
+    let (other, _other_srv) = own_pod(&env, 2, "other");
+    let client = env.pod(1, "client");
+    let svc = service(
+        "roll",
+        &["10.96.6.10"],
+        json!({"type": "NodePort", "externalTrafficPolicy": "Local",
+               "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080, "nodePort": 30610}]}),
+    );
+    env.put("svc", &svc);
+    let step = |env: &Env, eps: &[(&kp_netlab::Pod, Cond)]| {
+        env.put("eps", &slice("roll", "1", "IPv4", eps));
+        // Manifest poll (250 ms) + one sync, with slack.
+        std::thread::sleep(Duration::from_millis(1500));
+    };
+    env.put(
+        "eps",
+        &slice(
+            "roll",
+            "1",
+            "IPv4",
+            &[(&old, Cond::Ready), (&other, Cond::Ready)],
+        ),
+    );
+    env.start(1, &[]);
+    let cl = env.cluster.client_ns().to_string();
+    let np = sa("10.100.0.11", 30610);
+    let vip = sa("10.96.6.10", 80);
+    assert_eq!(env.wait_tcp(&cl, np).server, "old");
+    env.wait_tcp(client.ns(), vip);
+
+    let ext = Load::start(&cl, np, Duration::from_millis(10));
+    let int = Load::start(client.ns(), vip, Duration::from_millis(10));
+    std::thread::sleep(Duration::from_millis(500));
+    // The new pod exists but is not ready; the old one is terminating.
+    step(
+        &env,
+        &[
+            (&old, Cond::Terminating),
+            (&new, Cond::NotReady),
+            (&other, Cond::Ready),
+        ],
+    );
+    step(
+        &env,
+        &[
+            (&old, Cond::Terminating),
+            (&new, Cond::Ready),
+            (&other, Cond::Ready),
+        ],
+    );
+    env.put(
+        "eps",
+        &slice(
+            "roll",
+            "1",
+            "IPv4",
+            &[(&new, Cond::Ready), (&other, Cond::Ready)],
+        ),
+    );
+    let gone = ep_marker(mode, old.ip());
+    env.wait("the old pod to leave the rules", || {
+        !env.ruleset(1).contains(&gone)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    drop(old_srv); // the old pod exits
+    std::thread::sleep(Duration::from_millis(1000));
+    let ext = ext.finish();
+    let int = int.finish();
+    assert!(
+        ext.len() > 300 && int.len() > 300,
+        "{} / {}",
+        ext.len(),
+        int.len()
+    );
+    assert_no_failures("NodePort requests during the rollout", &ext);
+    assert_no_failures("ClusterIP requests during the rollout", &int);
+    let ext_servers: std::collections::BTreeSet<_> =
+        ext.iter().filter_map(|(_, r)| r.as_deref().ok()).collect();
+    // eTP=Local: only the node's own pods, the terminating one included.
+    assert_eq!(
+        ext_servers,
+        ["new", "old"].into_iter().collect(),
+        "external traffic went to {ext_servers:?}"
+    );
+    assert_eq!(ext.last().and_then(|(_, r)| r.as_deref().ok()), Some("new"));
+}
+
+#[test]
+fn rolling_update_etp_local_nftables() {
+    rolling_update("nftables");
+}
+
+#[test]
+fn rolling_update_etp_local_iptables() {
+    rolling_update("iptables");
+}
+
+/// A DNS-like client keeps one UDP socket and asks every 100 ms. Its server
+/// is replaced: the new pod becomes ready, the old one leaves the slice
+/// (still answering for a moment, as a terminating pod does) and exits. The
+/// client's conntrack entry still points at the old pod, so without the
+/// cleanup it would keep asking a pod that is gone; the proxy deletes the
+/// entry over netlink after the sync, the next ask creates a fresh one to
+/// the new pod, and no ask goes unanswered.
+/// kubeproxy_conntrack_reconciler_deleted_entries_total counts the deletion.
+fn dns_client_survives_replacement(mode: &str) {
+    let mut env = Env::new("dnsudp", mode);
+    let (old, old_srv) = own_pod(&env, 1, "old");
+    let (new, _new_srv) = own_pod(&env, 2, "new");
+    let client = env.pod(1, "client");
+    env.put("svc", &service("dns", &["10.96.6.20"], json!({})));
+    env.put("eps", &slice("dns", "1", "IPv4", &ready(&[&old])));
+    env.start(1, &[]);
+    let dns = sa("10.96.6.20", 53);
+    env.wait("UDP answers", || {
+        kp_netlab::udp_ask(client.ns(), dns, T).is_ok()
+    });
+    let session = kp_netlab::udp_session(client.ns(), dns).unwrap();
+    let deleted = |env: &Env| {
+        metric(
+            &env.metrics(1),
+            "kubeproxy_conntrack_reconciler_deleted_entries_total",
+        )
+    };
+    let before = deleted(&env);
+
+    let mut answers: Vec<Result<String, String>> = Vec::new();
+    let ask = |answers: &mut Vec<Result<String, String>>| {
+        let t = Instant::now();
+        answers.push(
+            session
+                .ask(Duration::from_secs(1))
+                .map(|r| r.server)
+                .map_err(|e| e.to_string()),
+        );
+        std::thread::sleep(Duration::from_millis(100).saturating_sub(t.elapsed()));
+    };
+    for _ in 0..10 {
+        ask(&mut answers);
+    }
+    env.put("eps", &slice("dns", "1", "IPv4", &ready(&[&old, &new])));
+    for _ in 0..10 {
+        ask(&mut answers);
+    }
+    // The old pod leaves the slice; the flow moves once its entry is deleted.
+    env.put("eps", &slice("dns", "1", "IPv4", &ready(&[&new])));
+    let t0 = Instant::now();
+    while answers.last().and_then(|r| r.as_deref().ok()) != Some("new") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "the UDP flow never left the removed endpoint: {answers:?}\n{}",
+            env.log(1)
+        );
+        ask(&mut answers);
+    }
+    drop(old_srv);
+    for _ in 0..20 {
+        ask(&mut answers);
+    }
+    let failed: Vec<_> = answers.iter().filter(|r| r.is_err()).collect();
+    assert!(
+        failed.is_empty(),
+        "unanswered: {failed:?} of {}",
+        answers.len()
+    );
+    assert!(
+        answers
+            .iter()
+            .rev()
+            .take(20)
+            .all(|r| r.as_deref() == Ok("new")),
+        "{answers:?}"
+    );
+    env.wait("the deletion to be counted", || {
+        deleted(&env) >= before + 1.0
+    });
+}
+
+#[test]
+fn dns_client_survives_replacement_nftables() {
+    dns_client_survives_replacement("nftables");
+}
+
+#[test]
+fn dns_client_survives_replacement_iptables() {
+    dns_client_survives_replacement("iptables");
 }
