@@ -853,3 +853,359 @@ fn dns_client_survives_replacement_nftables() {
 fn dns_client_survives_replacement_iptables() {
     dns_client_survives_replacement("iptables");
 }
+
+// ---------------------------------------------------------------------------
+// Out-of-window TCP packets: "invalid conntrack state" (issue case 8)
+// ---------------------------------------------------------------------------
+
+mod boom {
+    //! A server that, on request, sends the client a TCP segment far outside
+    //! the connection's window from a raw socket (like upstream's
+    //! regression-issue-74839 "boom" server). Conntrack marks it INVALID,
+    //! so the proxy's reverse NAT is not applied; if it reached the client,
+    //! the client would answer the unknown 4-tuple with a RST whose sequence
+    //! number is exactly what the server expects, and the server's side of
+    //! the connection would be reset.
+
+    use std::io::{BufRead, BufReader, Write};
+    use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+    use std::os::fd::AsRawFd;
+    use std::time::Duration;
+
+    const TCP_REPAIR: libc::c_int = 19;
+    const TCP_REPAIR_QUEUE: libc::c_int = 20;
+    const TCP_QUEUE_SEQ: libc::c_int = 21;
+    const TCP_RECV_QUEUE: libc::c_int = 1;
+    const TCP_SEND_QUEUE: libc::c_int = 2;
+
+    fn setopt(fd: i32, opt: libc::c_int, v: libc::c_int) -> std::io::Result<()> {
+        // SAFETY: setsockopt with a c_int of the right size.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                opt,
+                &v as *const libc::c_int as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn queue_seq(fd: i32, queue: libc::c_int) -> std::io::Result<u32> {
+        setopt(fd, TCP_REPAIR_QUEUE, queue)?;
+        let mut v: u32 = 0;
+        let mut len = std::mem::size_of::<u32>() as libc::socklen_t;
+        // SAFETY: getsockopt into a u32 of the given size.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                TCP_QUEUE_SEQ,
+                &mut v as *mut u32 as *mut libc::c_void,
+                &mut len,
+            )
+        };
+        if rc < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(v)
+    }
+
+    /// (next sequence number to send, next expected from the peer), read
+    /// with TCP_REPAIR (root).
+    fn seqs(s: &TcpStream) -> std::io::Result<(u32, u32)> {
+        let fd = s.as_raw_fd();
+        setopt(fd, TCP_REPAIR, 1)?;
+        let r = (|| {
+            Ok((
+                queue_seq(fd, TCP_SEND_QUEUE)?,
+                queue_seq(fd, TCP_RECV_QUEUE)?,
+            ))
+        })();
+        // -1: leave repair mode without sending a window probe.
+        setopt(fd, TCP_REPAIR, -1)?;
+        r
+    }
+
+    fn csum(data: &[u8], mut sum: u32) -> u16 {
+        for ch in data.chunks(2) {
+            let w = if ch.len() == 2 {
+                u16::from_be_bytes([ch[0], ch[1]])
+            } else {
+                u16::from_be_bytes([ch[0], 0])
+            };
+            sum += u32::from(w);
+        }
+        while sum >> 16 != 0 {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        !(sum as u16)
+    }
+
+    /// Sends one TCP segment src -> dst with ACK|PSH, `seq`, `ack`, payload.
+    fn send_segment(
+        src: (Ipv4Addr, u16),
+        dst: (Ipv4Addr, u16),
+        seq: u32,
+        ack: u32,
+        payload: &[u8],
+    ) -> std::io::Result<()> {
+        let mut seg = Vec::with_capacity(20 + payload.len());
+        seg.extend_from_slice(&src.1.to_be_bytes());
+        seg.extend_from_slice(&dst.1.to_be_bytes());
+        seg.extend_from_slice(&seq.to_be_bytes());
+        seg.extend_from_slice(&ack.to_be_bytes());
+        seg.push(5 << 4); // header length 20
+        seg.push(0x18); // PSH | ACK
+        seg.extend_from_slice(&65535u16.to_be_bytes());
+        seg.extend_from_slice(&[0, 0, 0, 0]); // checksum, urgent
+        seg.extend_from_slice(payload);
+        let mut pseudo = Vec::new();
+        pseudo.extend_from_slice(&src.0.octets());
+        pseudo.extend_from_slice(&dst.0.octets());
+        pseudo.extend_from_slice(&[0, 6]);
+        pseudo.extend_from_slice(&(seg.len() as u16).to_be_bytes());
+        let mut sum = 0u32;
+        for ch in pseudo.chunks(2) {
+            sum += u32::from(u16::from_be_bytes([ch[0], ch[1]]));
+        }
+        let c = csum(&seg, sum);
+        seg[16..18].copy_from_slice(&c.to_be_bytes());
+        // SAFETY: raw socket(2); checked below, closed at the end.
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_TCP) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: sockaddr_in is plain data.
+        let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        sa.sin_family = libc::AF_INET as libc::sa_family_t;
+        sa.sin_addr.s_addr = u32::from_ne_bytes(dst.0.octets());
+        // SAFETY: seg and sa are valid for the given lengths.
+        let rc = unsafe {
+            libc::sendto(
+                fd,
+                seg.as_ptr() as *const libc::c_void,
+                seg.len(),
+                0,
+                &sa as *const libc::sockaddr_in as *const libc::sockaddr,
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            )
+        };
+        let err = std::io::Error::last_os_error();
+        // SAFETY: fd is ours.
+        unsafe { libc::close(fd) };
+        if rc < 0 {
+            return Err(err);
+        }
+        Ok(())
+    }
+
+    /// Serves connections on `listener` (in the server pod's namespace):
+    /// greets "boom", on the line "boom" sends three out-of-window segments
+    /// to the client, waits, says "sent", then echoes lines.
+    pub fn serve(listener: TcpListener, me: Ipv4Addr) {
+        for conn in listener.incoming() {
+            let Ok(mut s) = conn else { return };
+            std::thread::spawn(move || {
+                let Ok(SocketAddr::V4(peer)) = s.peer_addr() else {
+                    return;
+                };
+                let _ = s.write_all(b"boom\n");
+                let mut r = BufReader::new(s.try_clone().unwrap());
+                let mut line = String::new();
+                while r.read_line(&mut line).is_ok_and(|n| n > 0) {
+                    if line.trim() == "boom" {
+                        let Ok((snd, rcv)) = seqs(&s) else { return };
+                        for i in 0..3u32 {
+                            // 1 GiB ahead: outside any window conntrack allows.
+                            let seq = snd.wrapping_add(1 << 30).wrapping_add(i * 100);
+                            let _ = send_segment(
+                                (me, 8080),
+                                (*peer.ip(), peer.port()),
+                                seq,
+                                rcv,
+                                b"out-of-window",
+                            );
+                        }
+                        std::thread::sleep(Duration::from_millis(300));
+                        if s.write_all(b"sent\n").is_err() {
+                            return;
+                        }
+                    } else if s
+                        .write_all(format!("echo {}\n", line.trim()).as_bytes())
+                        .is_err()
+                    {
+                        return;
+                    }
+                    line.clear();
+                }
+            });
+        }
+    }
+
+    /// The client side, run inside the client pod: connect, ask for the
+    /// boom, then check the connection still carries data both ways.
+    pub fn probe(addr: SocketAddr) -> Result<(), String> {
+        let t = Duration::from_secs(3);
+        let s = TcpStream::connect_timeout(&addr, t).map_err(|e| format!("connect: {e}"))?;
+        s.set_read_timeout(Some(t)).map_err(|e| e.to_string())?;
+        let mut w = s.try_clone().map_err(|e| e.to_string())?;
+        let mut r = BufReader::new(s);
+        let mut line = String::new();
+        let mut expect = |r: &mut BufReader<TcpStream>, want: &str| -> Result<(), String> {
+            line.clear();
+            match r.read_line(&mut line) {
+                Ok(0) => Err(format!("connection closed waiting for {want:?}")),
+                Ok(_) if line.trim() == want => Ok(()),
+                Ok(_) => Err(format!("got {line:?}, wanted {want:?}")),
+                Err(e) => Err(format!("waiting for {want:?}: {e}")),
+            }
+        };
+        expect(&mut r, "boom")?;
+        w.write_all(b"boom\n").map_err(|e| format!("write: {e}"))?;
+        expect(&mut r, "sent")?;
+        std::thread::sleep(Duration::from_millis(300));
+        w.write_all(b"ping\n")
+            .map_err(|e| format!("write after the boom: {e}"))?;
+        expect(&mut r, "echo ping")
+    }
+}
+
+/// Upstream's conntrack e2e "invalid state" case: the endpoint sends the
+/// client segments far outside the TCP window. Conntrack marks them INVALID;
+/// our rules drop them, so the connection survives. As a control, the same
+/// probe with our INVALID-drop rule removed gets its connection reset, which
+/// shows the probe really produces the failure it guards against.
+fn out_of_window_does_not_reset(mode: &str) {
+    let mut env = Env::new("oow", mode);
+    let client = env.pod(1, "client");
+    let server = env.cluster.add_pod(1, "boom").unwrap();
+    let me = match server.ip() {
+        std::net::IpAddr::V4(v) => v,
+        other => panic!("{other}"),
+    };
+    let listener = kp_netlab::in_netns(server.ns(), || {
+        std::net::TcpListener::bind("0.0.0.0:8080").unwrap()
+    })
+    .unwrap();
+    // The server (and the raw socket it opens per connection) must run in
+    // the pod's namespace: threads inherit the namespace of their creator.
+    let server_ns = server.ns().to_string();
+    std::thread::spawn(move || {
+        let _ = kp_netlab::in_netns(&server_ns, move || boom::serve(listener, me));
+    });
+    env.put("svc", &service("boom", &["10.96.7.10"], json!({})));
+    env.put("eps", &slice("boom", "1", "IPv4", &ready(&[&server])));
+    env.start(1, &[]);
+    let vip = sa("10.96.7.10", 80);
+    let probe = |ns: &str| kp_netlab::in_netns(ns, move || boom::probe(vip)).unwrap();
+    env.wait("the service", || {
+        kp_netlab::in_netns(client.ns(), move || {
+            std::net::TcpStream::connect_timeout(&vip, T).is_ok()
+        })
+        .unwrap()
+    });
+    // An observer of our own (before the proxy's chains, no verdict): counts
+    // the forwarded packets conntrack calls INVALID.
+    env.cluster
+        .exec_ok(
+            env.cluster.node_ns(1),
+            &["nft", "add table inet observe; add chain inet observe watch { type filter hook forward priority -200 ; }; add rule inet observe watch ct state invalid counter"],
+        )
+        .unwrap();
+    let stats = |env: &Env| {
+        let l = env.on_node(1, &["nft", "list", "chain", "inet", "observe", "watch"]);
+        l.split("packets ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let invalid_before = stats(&env);
+    for i in 0..3 {
+        probe(client.ns()).unwrap_or_else(|e| panic!("probe {i}: connection broken: {e}"));
+    }
+    assert!(
+        stats(&env) >= invalid_before + 3,
+        "conntrack saw no INVALID packets: the probe did not send out-of-window segments\n{}",
+        env.on_node(1, &["nft", "list", "table", "inet", "observe"])
+            + &env.on_node(1, &["conntrack", "-L"])
+    );
+
+    // Control: without our INVALID drop the same probe breaks the connection.
+    env.kill(1);
+    match mode {
+        "iptables" => {
+            env.cluster
+                .exec_ok(
+                    env.cluster.node_ns(1),
+                    &[
+                        "iptables",
+                        "-D",
+                        "KUBE-FORWARD",
+                        "-m",
+                        "conntrack",
+                        "--ctstate",
+                        "INVALID",
+                        "-j",
+                        "DROP",
+                    ],
+                )
+                .unwrap();
+        }
+        _ => {
+            let listing = env.on_node(
+                1,
+                &[
+                    "nft",
+                    "-a",
+                    "list",
+                    "chain",
+                    "ip",
+                    "kube-proxy-rs",
+                    "filter-forward",
+                ],
+            );
+            let handle = listing
+                .lines()
+                .find(|l| l.contains("ct state invalid drop"))
+                .and_then(|l| l.rsplit("# handle ").next())
+                .map(|h| h.trim().to_string())
+                .unwrap_or_else(|| panic!("no INVALID drop rule:\n{listing}"));
+            env.cluster
+                .exec_ok(
+                    env.cluster.node_ns(1),
+                    &[
+                        "nft",
+                        "delete",
+                        "rule",
+                        "ip",
+                        "kube-proxy-rs",
+                        "filter-forward",
+                        "handle",
+                        &handle,
+                    ],
+                )
+                .unwrap();
+        }
+    }
+    let broken = (0..3).filter(|_| probe(client.ns()).is_err()).count();
+    assert!(
+        broken > 0,
+        "without the INVALID drop the connection survived too: the test proves nothing"
+    );
+}
+
+#[test]
+fn out_of_window_packets_do_not_reset_nftables() {
+    out_of_window_does_not_reset("nftables");
+}
+
+#[test]
+fn out_of_window_packets_do_not_reset_iptables() {
+    out_of_window_does_not_reset("iptables");
+}
