@@ -465,6 +465,8 @@ pub struct Cli {
     /// rules, else nft), nft or legacy.
     #[arg(long, env = "KUBE_PROXY_RS_IPTABLES_BACKEND", default_value = "auto", value_parser = ["auto", "nft", "legacy"])]
     pub iptables_backend: String,
+    #[command(flatten)]
+    pub userspace: crate::userspace::UserspaceFlags,
 }
 
 // ---------------------------------------------------------------------------
@@ -790,6 +792,8 @@ pub struct ProxyConfig {
     pub service_proxy_name: Option<String>,
     /// iptables backend (--iptables-backend); None: detect.
     pub iptables_backend: Option<kp_iptables::Variant>,
+    /// --userspace-* flags (userspace mode).
+    pub userspace: crate::userspace::UserspaceFlags,
     pub ipvs: IpvsSettings,
     pub conntrack: ConntrackSettings,
     pub oom_score_adj: i32,
@@ -837,6 +841,7 @@ pub fn load(cli_args: impl IntoIterator<Item = OsString>) -> Result<ProxyConfig,
     pc.service_proxy_name = cli.service_proxy_name.clone().filter(|s| !s.is_empty());
     pc.iptables_backend = kp_iptables::Variant::parse_choice(&cli.iptables_backend)
         .map_err(|e| invalid("--iptables-backend", e))?;
+    pc.userspace = cli.userspace.clone();
     pc.config_file = cli.config.clone();
     pc.write_config_to = cli.write_config_to.clone();
     Ok(pc)
@@ -1461,6 +1466,7 @@ fn resolve(mut raw: KubeProxyConfiguration) -> Result<ProxyConfig, ConfigError> 
         log_json,
         service_proxy_name: None,
         iptables_backend: None,
+        userspace: Default::default(),
         ipvs,
         conntrack,
         oom_score_adj,

@@ -7,3 +7,4 @@ pub mod healthcheck;
 pub mod metrics;
 pub mod server;
 pub mod sync;
+pub mod userspace;

@@ -100,6 +100,7 @@ fn make_dataplane(
     cfg: &ProxyConfig,
     family: IpFamily,
     node_ips: &[IpAddr],
+    metrics: &Metrics,
 ) -> Result<Box<dyn Dataplane>> {
     let pc = cfg.proxier_config(family, node_ips, &[]);
     match cfg.mode {
@@ -124,10 +125,9 @@ fn make_dataplane(
             )),
         ))),
         ProxyMode::Ipvs => make_ipvs(cfg, family, pc),
-        other => bail!(
-            "proxy mode {:?} is not implemented yet in this build; use --proxy-mode=nftables",
-            other.as_str()
-        ),
+        ProxyMode::Userspace => {
+            kube_proxy_rs::userspace::make_dataplane(&cfg.userspace, &pc, metrics)
+        }
     }
 }
 
@@ -224,9 +224,10 @@ fn run(cfg: ProxyConfig) -> Result<()> {
         return Ok(());
     }
     let node_ips = local_addresses();
+    let metrics = Metrics::new();
     let mut dataplanes = Vec::new();
     for f in FAMILIES {
-        dataplanes.push(make_dataplane(&cfg, f, &node_ips)?);
+        dataplanes.push(make_dataplane(&cfg, f, &node_ips, &metrics)?);
     }
     if cfg.cleanup {
         let mut failed = false;
@@ -247,10 +248,14 @@ fn run(cfg: ProxyConfig) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    rt.block_on(serve(cfg, dataplanes))
+    rt.block_on(serve(cfg, dataplanes, metrics))
 }
 
-async fn serve(cfg: ProxyConfig, dataplanes: Vec<Box<dyn Dataplane>>) -> Result<()> {
+async fn serve(
+    cfg: ProxyConfig,
+    dataplanes: Vec<Box<dyn Dataplane>>,
+    metrics: Metrics,
+) -> Result<()> {
     let mut rx = start_source(&cfg).await?;
 
     if cfg.dry_run {
@@ -284,7 +289,6 @@ async fn serve(cfg: ProxyConfig, dataplanes: Vec<Box<dyn Dataplane>>) -> Result<
         return Ok(());
     }
 
-    let metrics = Metrics::new();
     let health = Arc::new(HealthState::new(&FAMILIES, cfg.sync_period * 2));
     if let Some(addr) = cfg.healthz_bind_address {
         let (h, m) = (health.clone(), metrics.clone());

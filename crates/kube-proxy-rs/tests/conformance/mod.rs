@@ -154,7 +154,8 @@ impl Env {
     }
 
     /// Node `node`'s rules as this mode's tools list them: `nft list ruleset`,
-    /// or `iptables-save` + `ip6tables-save` in iptables mode.
+    /// or `iptables-save` + `ip6tables-save` in iptables mode; in userspace
+    /// mode the addresses on lo and the listening sockets.
     pub fn ruleset(&self, node: usize) -> String {
         match iptables_backend(&self.mode) {
             Some("legacy") => {
@@ -171,6 +172,10 @@ impl Env {
             }
             Some(_) => {
                 self.on_node(node, &["iptables-save"]) + &self.on_node(node, &["ip6tables-save"])
+            }
+            None if self.mode == "userspace" => {
+                self.on_node(node, &["ip", "addr", "show", "dev", "lo"])
+                    + &self.on_node(node, &["ss", "-lntup"])
             }
             None => self.on_node(node, &["nft", "list", "ruleset"]),
         }

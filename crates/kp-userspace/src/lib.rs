@@ -1,0 +1,506 @@
+//! The userspace proxy mode: an L4 proxy in this process instead of kernel
+//! NAT rules. Every Service address and port (ClusterIP, NodePort,
+//! externalIP, LoadBalancer IP) gets a listening socket; connections and
+//! datagrams are forwarded to an endpoint picked with the model's rules
+//! (categorize_endpoints: traffic policies, terminating fallback, topology),
+//! round robin or least connections, with ClientIP affinity.
+//!
+//! With CAP_NET_ADMIN the Service IPs are added to the loopback interface
+//! (marked as ours, see [`netlink`]) so the proxy can bind them; without it
+//! only NodePorts and Service IPs that are already local are served.
+//! docs/userspace.md describes the mode.
+
+pub mod balancer;
+pub mod flows;
+pub mod netlink;
+pub mod plan;
+mod service;
+mod sys;
+mod tcp;
+mod udp;
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt::Write as _;
+use std::net::IpAddr;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use ipnet::IpNet;
+use kp_model::{
+    Dataplane, DataplaneError, IpFamily, LocalDetector, Protocol, ProxierConfig, ProxyState,
+    ServicePortName, SyncReport,
+};
+
+pub use balancer::Algorithm;
+use plan::{ListenKey, ListenSpec, PlanOpts};
+use service::{ServiceRt, Shared};
+pub use sys::has_net_admin;
+
+/// Which way proxied bytes went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    /// Client to endpoint.
+    In,
+    /// Endpoint to client.
+    Out,
+}
+
+impl Direction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::In => "in",
+            Direction::Out => "out",
+        }
+    }
+}
+
+/// Where per-Service figures go (the binary's Prometheus registry).
+/// `service` is "namespace/name:port".
+pub trait MetricsSink: Send + Sync + 'static {
+    fn connection_opened(&self, service: &str);
+    fn connection_closed(&self, service: &str);
+    fn bytes(&self, service: &str, direction: Direction, n: u64);
+    fn error(&self, service: &str);
+}
+
+/// Discards everything (tests, benchmarks).
+pub struct NoMetrics;
+
+impl MetricsSink for NoMetrics {
+    fn connection_opened(&self, _: &str) {}
+    fn connection_closed(&self, _: &str) {}
+    fn bytes(&self, _: &str, _: Direction, _: u64) {}
+    fn error(&self, _: &str) {}
+}
+
+/// How Service IPs become addresses the proxy can listen on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VipMode {
+    /// Add them to lo (needs CAP_NET_ADMIN).
+    Loopback,
+    /// Leave addresses alone: NodePorts, and Service IPs that are already
+    /// local addresses.
+    None,
+}
+
+/// Settings of one family's userspace proxier.
+#[derive(Clone, Debug)]
+pub struct UserspaceConfig {
+    pub family: IpFamily,
+    pub algorithm: Algorithm,
+    pub vip_mode: VipMode,
+    /// --nodeport-addresses of this family; empty: every non-loopback address.
+    pub nodeport_addresses: Vec<IpNet>,
+    /// Pod CIDRs (the local-traffic detector): with externalTrafficPolicy
+    /// Local, their traffic to external addresses still uses every endpoint.
+    pub cluster_cidrs: Vec<IpNet>,
+    /// Per endpoint; the next endpoint is tried after it.
+    pub connect_timeout: Duration,
+    /// A TCP connection with no byte either way for this long is closed; zero: never.
+    pub tcp_idle_timeout: Duration,
+    /// A UDP flow with no datagram either way for this long is forgotten.
+    pub udp_idle_timeout: Duration,
+    /// Connections to a removed endpoint are closed this long after its removal.
+    pub grace_period: Duration,
+    /// Copy TCP with splice(2) (Linux); false copies through a buffer.
+    pub splice: bool,
+    /// Pipe size asked for splice.
+    pub pipe_size: usize,
+}
+
+impl UserspaceConfig {
+    pub fn new(family: IpFamily) -> Self {
+        UserspaceConfig {
+            family,
+            algorithm: Algorithm::RoundRobin,
+            vip_mode: VipMode::None,
+            nodeport_addresses: Vec::new(),
+            cluster_cidrs: Vec::new(),
+            connect_timeout: Duration::from_secs(1),
+            tcp_idle_timeout: Duration::from_secs(3600),
+            udp_idle_timeout: Duration::from_secs(30),
+            grace_period: Duration::from_secs(30),
+            splice: cfg!(target_os = "linux"),
+            pipe_size: 1 << 20,
+        }
+    }
+
+    /// The parts of the shared dataplane settings this mode uses.
+    pub fn from_proxier_config(pc: &ProxierConfig) -> Self {
+        let mut c = UserspaceConfig::new(pc.family);
+        c.nodeport_addresses = pc.nodeport_addresses.clone();
+        if let LocalDetector::Cidrs(cidrs) = &pc.local_detector {
+            c.cluster_cidrs = cidrs.clone();
+        }
+        c
+    }
+}
+
+/// The proxy's own async runtime, shared by both families' proxiers.
+pub fn runtime() -> Result<tokio::runtime::Handle, DataplaneError> {
+    static RT: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
+    let rt = RT.get_or_init(|| {
+        let threads = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2)
+            .clamp(2, 8);
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .thread_name("kp-userspace")
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())
+    });
+    match rt {
+        Ok(rt) => Ok(rt.handle().clone()),
+        Err(e) => Err(DataplaneError::Unsupported(format!(
+            "starting the userspace proxy runtime: {e}"
+        ))),
+    }
+}
+
+struct Listener {
+    spec: ListenSpec,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        // Dropping the task drops the socket: the port stops accepting. Open
+        // connections are tasks of their own and carry on.
+        self.task.abort();
+    }
+}
+
+/// One IP family's userspace proxy.
+pub struct UserspaceProxier {
+    cfg: UserspaceConfig,
+    shared: Arc<Shared>,
+    rt: tokio::runtime::Handle,
+    services: HashMap<ServicePortName, Arc<ServiceRt>>,
+    listeners: HashMap<ListenKey, Listener>,
+    /// Service IPs of this family we hold on lo.
+    vips: BTreeSet<IpAddr>,
+    vips_loaded: bool,
+    rtnl: Option<netlink::Rtnl>,
+}
+
+fn io_err(what: impl Into<String>, source: std::io::Error) -> DataplaneError {
+    DataplaneError::Io {
+        what: what.into(),
+        source,
+    }
+}
+
+impl UserspaceProxier {
+    pub fn new(
+        cfg: UserspaceConfig,
+        metrics: Arc<dyn MetricsSink>,
+        rt: tokio::runtime::Handle,
+    ) -> Result<Self, DataplaneError> {
+        let rtnl = match cfg.vip_mode {
+            VipMode::Loopback => {
+                Some(netlink::Rtnl::open().map_err(|e| io_err("opening rtnetlink", e))?)
+            }
+            VipMode::None => None,
+        };
+        let shared = Arc::new(Shared {
+            algorithm: cfg.algorithm,
+            connect_timeout: cfg.connect_timeout,
+            tcp_idle_timeout: cfg.tcp_idle_timeout,
+            udp_idle_timeout: cfg.udp_idle_timeout,
+            grace_period: cfg.grace_period,
+            splice: cfg.splice,
+            pipe_size: cfg.pipe_size,
+            metrics,
+        });
+        Ok(UserspaceProxier {
+            cfg,
+            shared,
+            rt,
+            services: HashMap::new(),
+            listeners: HashMap::new(),
+            vips: BTreeSet::new(),
+            vips_loaded: false,
+            rtnl,
+        })
+    }
+
+    /// The address/protocol pairs listening now (tests, logs).
+    pub fn listening(&self) -> Vec<(std::net::SocketAddr, Protocol)> {
+        let mut v: Vec<_> = self
+            .listeners
+            .keys()
+            .map(|k| (k.addr, k.protocol))
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn local_addresses(&self) -> Vec<(IpAddr, bool)> {
+        sys::local_addresses()
+            .into_iter()
+            .filter(|(ip, _)| self.cfg.family.matches(ip))
+            .collect()
+    }
+
+    fn plan_opts(&self) -> PlanOpts {
+        PlanOpts {
+            take_over_vips: self.cfg.vip_mode == VipMode::Loopback,
+            nodeport_addresses: self.cfg.nodeport_addresses.clone(),
+        }
+    }
+
+    fn ours_on_lo(&self, rtnl: &mut netlink::Rtnl) -> Result<Vec<IpAddr>, DataplaneError> {
+        let fam = self.cfg.family;
+        Ok(rtnl
+            .list_ours()
+            .map_err(|e| io_err("listing our addresses on lo", e))?
+            .into_iter()
+            .filter(|ip| fam.matches(ip))
+            .collect())
+    }
+
+    fn open(
+        &self,
+        key: &ListenKey,
+        spec: &ListenSpec,
+        svc: &Arc<ServiceRt>,
+    ) -> std::io::Result<Listener> {
+        let freebind = self.vips.contains(&key.addr.ip());
+        let ctx = Arc::new(tcp::ListenCtx {
+            kind: spec.kind,
+            source_ranges: spec.source_ranges.clone(),
+        });
+        let _enter = self.rt.enter();
+        let task = match key.protocol {
+            Protocol::Tcp => {
+                let fd: OwnedFd = sys::bind_socket(&key.addr, true, freebind)?;
+                let l = tokio::net::TcpListener::from_std(std::net::TcpListener::from(fd))?;
+                self.rt.spawn(tcp::serve(l, svc.clone(), ctx))
+            }
+            Protocol::Udp => {
+                let fd: OwnedFd = sys::bind_socket(&key.addr, false, freebind)?;
+                let s = tokio::net::UdpSocket::from_std(std::net::UdpSocket::from(fd))?;
+                self.rt.spawn(udp::serve(s, svc.clone(), ctx))
+            }
+            Protocol::Sctp => {
+                return Err(std::io::Error::other(
+                    "SCTP is not proxied in userspace mode",
+                ))
+            }
+        };
+        Ok(Listener {
+            spec: spec.clone(),
+            task,
+        })
+    }
+}
+
+impl Dataplane for UserspaceProxier {
+    fn mode(&self) -> &'static str {
+        "userspace"
+    }
+
+    fn sync(
+        &mut self,
+        state: &ProxyState,
+        changed: &BTreeSet<ServicePortName>,
+        full: bool,
+    ) -> Result<SyncReport, DataplaneError> {
+        let t0 = Instant::now();
+        let mut report = SyncReport {
+            full,
+            ..Default::default()
+        };
+        if let Some(mut rtnl) = self.rtnl.take() {
+            let r = if self.vips_loaded {
+                Ok(Vec::new())
+            } else {
+                self.ours_on_lo(&mut rtnl)
+            };
+            self.rtnl = Some(rtnl);
+            // Addresses left by a previous run: kept while still wanted.
+            self.vips.extend(r?);
+            self.vips_loaded = true;
+        }
+        let local = self.local_addresses();
+        let mut inside: Vec<IpNet> = self.cfg.cluster_cidrs.clone();
+        inside.extend(local.iter().map(|(ip, _)| IpNet::from(*ip)));
+        let inside = Arc::new(inside);
+
+        // Services and their endpoints.
+        for (name, sp) in &state.services {
+            let fresh = !self.services.contains_key(name);
+            if !(full || fresh || changed.contains(name)) {
+                continue;
+            }
+            let svc = self
+                .services
+                .entry(name.clone())
+                .or_insert_with(|| ServiceRt::new(name.clone(), self.shared.clone()))
+                .clone();
+            svc.update(
+                sp,
+                state.endpoints_of(name),
+                &state.node,
+                inside.clone(),
+                &self.rt,
+            );
+            report.ops += 1;
+        }
+        let gone: Vec<ServicePortName> = self
+            .services
+            .keys()
+            .filter(|n| !state.services.contains_key(*n))
+            .cloned()
+            .collect();
+        for n in gone {
+            if let Some(svc) = self.services.remove(&n) {
+                svc.retire(&self.rt);
+                report.ops += 1;
+            }
+        }
+        for svc in self.services.values() {
+            let (i, e) = svc.missing_local();
+            report.no_local_endpoints.0 += u64::from(i);
+            report.no_local_endpoints.1 += u64::from(e);
+        }
+        let plan = plan::plan(state, &self.plan_opts(), &local, &self.vips);
+        for s in &plan.skipped {
+            tracing::warn!("userspace: {s}");
+        }
+        report.render = t0.elapsed();
+        let t1 = Instant::now();
+
+        // Service IPs on lo.
+        if let Some(rtnl) = self.rtnl.as_mut() {
+            for ip in plan.vips.difference(&self.vips.clone()) {
+                match rtnl.add(ip) {
+                    Ok(()) => {
+                        self.vips.insert(*ip);
+                        report.ops += 1;
+                    }
+                    Err(e) => tracing::warn!(%ip, error = %e, "cannot add a Service IP to lo"),
+                }
+            }
+            let extra: Vec<IpAddr> = self.vips.difference(&plan.vips).copied().collect();
+            for ip in extra {
+                match rtnl.del(&ip) {
+                    Ok(()) => {
+                        self.vips.remove(&ip);
+                        report.ops += 1;
+                    }
+                    Err(e) => tracing::warn!(%ip, error = %e, "cannot remove a Service IP from lo"),
+                }
+            }
+        }
+
+        // Listeners: open where a Service has somewhere to send, closed
+        // otherwise (so clients are refused at once, as the kernel modes do).
+        let mut want: HashMap<ListenKey, (&ListenSpec, Arc<ServiceRt>)> = HashMap::new();
+        for (k, spec) in &plan.listeners {
+            if let Some(svc) = self.services.get(&spec.service) {
+                if svc.can_serve(spec.kind) {
+                    want.insert(*k, (spec, svc.clone()));
+                }
+            }
+        }
+        let before = self.listeners.len();
+        self.listeners
+            .retain(|k, l| want.get(k).is_some_and(|(spec, _)| **spec == l.spec));
+        report.ops += before - self.listeners.len();
+        for (k, (spec, svc)) in want {
+            if self.listeners.contains_key(&k) {
+                continue;
+            }
+            match self.open(&k, spec, &svc) {
+                Ok(l) => {
+                    self.listeners.insert(k, l);
+                    report.ops += 1;
+                }
+                Err(e) => {
+                    // Another program holds the port, or the address is not
+                    // ours: the rest of the Services still work; retried on
+                    // the next sync.
+                    tracing::warn!(service = %svc.label, addr = %k.addr, protocol = %k.protocol, error = %e, "cannot listen");
+                    svc.error();
+                }
+            }
+        }
+        report.apply = t1.elapsed();
+        Ok(report)
+    }
+
+    fn render(&self, state: &ProxyState) -> String {
+        let local = self.local_addresses();
+        let plan = plan::plan(state, &self.plan_opts(), &local, &self.vips);
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "# kube-proxy-rs userspace mode ({}), balancer {}",
+            self.cfg.family, self.cfg.algorithm
+        );
+        for ip in &plan.vips {
+            let _ = writeln!(out, "address {ip} dev lo");
+        }
+        for (k, spec) in &plan.listeners {
+            let sp = state.services.get(&spec.service);
+            let eps = state.endpoints_of(&spec.service);
+            let (cluster, local): (Vec<String>, Vec<String>) = match sp {
+                Some(sp) => {
+                    let cat = kp_model::categorize_endpoints(eps, sp, &state.node);
+                    (
+                        cat.cluster.iter().map(|e| e.addr_string()).collect(),
+                        cat.local.iter().map(|e| e.addr_string()).collect(),
+                    )
+                }
+                None => (Vec::new(), Vec::new()),
+            };
+            let kind = match spec.kind {
+                plan::Kind::Cluster => "cluster",
+                plan::Kind::External => "external",
+            };
+            let _ = write!(
+                out,
+                "listen {} {} service {} {kind} endpoints [{}]",
+                k.protocol.as_lower(),
+                k.addr,
+                spec.service,
+                cluster.join(" ")
+            );
+            if sp.is_some_and(|s| s.internal_policy_local || s.external_policy_local) {
+                let _ = write!(out, " local [{}]", local.join(" "));
+            }
+            if !spec.source_ranges.is_empty() {
+                let r: Vec<String> = spec.source_ranges.iter().map(|n| n.to_string()).collect();
+                let _ = write!(out, " from [{}]", r.join(" "));
+            }
+            out.push('\n');
+        }
+        for s in &plan.skipped {
+            let _ = writeln!(out, "# skipped: {s}");
+        }
+        out
+    }
+
+    fn cleanup(&mut self) -> Result<(), DataplaneError> {
+        self.listeners.clear();
+        let mut rtnl = match self.rtnl.take() {
+            Some(r) => r,
+            None => netlink::Rtnl::open().map_err(|e| io_err("opening rtnetlink", e))?,
+        };
+        let ours = self.ours_on_lo(&mut rtnl)?;
+        for ip in &ours {
+            rtnl.del(ip)
+                .map_err(|e| io_err(format!("removing {ip} from lo"), e))?;
+        }
+        if !ours.is_empty() {
+            tracing::info!(family = %self.cfg.family, removed = ours.len(), "removed our Service IPs from lo");
+        }
+        self.vips.clear();
+        self.rtnl = Some(rtnl);
+        Ok(())
+    }
+}
