@@ -10,7 +10,7 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 
-# Tools the tests drive: nft, iptables(-restore), conntrack, ip.
+# Tools the tests drive: nft, iptables(-restore), conntrack, ip, ipset (cleanup tests).
 missing=()
 command -v nft >/dev/null 2>&1 || missing+=(nftables)
 command -v iptables-restore >/dev/null 2>&1 || missing+=(iptables)

@@ -13,6 +13,15 @@ pub trait IptablesBackend: Send {
     fn restore(&mut self, input: &str) -> Result<(), DataplaneError>;
     /// Names of the chains in `table` (from `iptables-save -t TABLE`).
     fn chains(&mut self, table: &str) -> Result<Vec<String>, DataplaneError>;
+    /// One table's `iptables-save -t TABLE` text (chains and rules). The
+    /// default lists only the chains, for backends that only record calls.
+    fn save_table(&mut self, table: &str) -> Result<String, DataplaneError> {
+        Ok(self
+            .chains(table)?
+            .iter()
+            .map(|c| format!(":{c} - [0:0]\n"))
+            .collect())
+    }
     /// Whether `chain` exists in `table` (`iptables -S CHAIN`; cheap).
     fn chain_exists(&mut self, table: &str, chain: &str) -> Result<bool, DataplaneError>;
     /// `iptables -C`: whether the rule is in `chain`.
@@ -251,6 +260,21 @@ impl IptablesBackend for IptablesCli {
         } else {
             Err(failure(format!("{prog} --noflush"), &out))
         }
+    }
+
+    fn save_table(&mut self, table: &str) -> Result<String, DataplaneError> {
+        let prog = self.programs().save.clone();
+        let out = Command::new(&prog)
+            .args(["-t", table])
+            .output()
+            .map_err(|e| DataplaneError::Io {
+                what: format!("running {prog} -t {table}"),
+                source: e,
+            })?;
+        if !out.status.success() {
+            return Err(failure(format!("{prog} -t {table}"), &out));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
     fn chains(&mut self, table: &str) -> Result<Vec<String>, DataplaneError> {

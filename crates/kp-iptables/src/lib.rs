@@ -8,6 +8,7 @@
 //! `iptables-restore --noflush`. The layout is described in docs/iptables.md.
 
 mod backend;
+pub mod leftovers;
 mod proxier;
 mod render;
 

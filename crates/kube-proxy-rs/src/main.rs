@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use kp_model::{ChangeTracker, Dataplane, IpFamily, TrackerConfig};
 use kp_source::SourceEvent;
+use kube_proxy_rs::cleanup;
 use kube_proxy_rs::config::{self, ConfigError, ProxyConfig, ProxyMode};
 use kube_proxy_rs::conntrack::{Conntrack, ConntrackCli, ConntrackNetlink};
 use kube_proxy_rs::healthcheck::ServiceHealthServer;
@@ -223,25 +224,27 @@ fn run(cfg: ProxyConfig) -> Result<()> {
         tracing::info!(path = %path.display(), "wrote the configuration");
         return Ok(());
     }
+    if cfg.cleanup {
+        // Every mode's objects, ours and upstream kube-proxy's (cleanup.rs).
+        let out = cleanup::remove_leftovers(cleanup::Scope::Everything, cfg.iptables_backend);
+        out.log("cleanup");
+        if !out.failed.is_empty() {
+            bail!("cleanup failed: {}", out.failed.join("; "));
+        }
+        tracing::info!(removed = out.removed.len(), "removed every kube-proxy rule");
+        return Ok(());
+    }
     let node_ips = local_addresses();
     let metrics = Metrics::new();
     let mut dataplanes = Vec::new();
     for f in FAMILIES {
         dataplanes.push(make_dataplane(&cfg, f, &node_ips, &metrics)?);
     }
-    if cfg.cleanup {
-        let mut failed = false;
-        for dp in &mut dataplanes {
-            if let Err(e) = dp.cleanup() {
-                tracing::error!(mode = dp.mode(), "cleanup failed: {e}");
-                failed = true;
-            }
-        }
-        if failed {
-            bail!("cleanup failed");
-        }
-        tracing::info!("removed every rule kube-proxy-rs installed");
-        return Ok(());
+    if !cfg.dry_run {
+        // Like upstream on a mode switch: the other modes' rules (and
+        // upstream kube-proxy's) would otherwise keep steering traffic.
+        cleanup::remove_leftovers(cleanup::Scope::StartingIn(cfg.mode), cfg.iptables_backend)
+            .log("removing other modes' leftovers");
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
