@@ -24,6 +24,11 @@ fn ip4(base: u32, i: u32) -> String {
 /// affinity, every 10th with a second (UDP) port. Endpoints are spread over
 /// node1..node4.
 pub fn cluster(n: u32, m: u32) -> Synthetic {
+    cluster_with(n, m, true)
+}
+
+/// [`cluster`], with or without the session-affinity Services.
+pub fn cluster_with(n: u32, m: u32, affinity: bool) -> Synthetic {
     let mut services = Vec::with_capacity(n as usize);
     let mut slices = Vec::with_capacity(n as usize);
     for i in 0..n {
@@ -49,7 +54,7 @@ pub fn cluster(n: u32, m: u32) -> Synthetic {
             spec["ports"][0]["nodePort"] = json!(30000 + (i % 2700));
             status = json!({"loadBalancer": {"ingress": [{"ip": ip4(0xcb00_7100, i % 250)}]}});
         }
-        if i % 20 == 7 {
+        if affinity && i % 20 == 7 {
             spec["sessionAffinity"] = json!("ClientIP");
         }
         services.push(json!({"apiVersion": "v1", "kind": "Service",

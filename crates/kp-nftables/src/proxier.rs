@@ -1,6 +1,6 @@
 //! The nftables proxier: remembers what it programmed, sends the difference.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write;
 use std::time::Instant;
 
@@ -8,8 +8,8 @@ use kp_model::{Dataplane, DataplaneError, ProxierConfig, ProxyState, ServicePort
 
 use crate::backend::NftBackend;
 use crate::render::{
-    comment, family_kw, render_service, ElemKey, Element, ServiceObjects, Skeleton,
-    SET_NODEPORT_IPS, TABLE_NAME,
+    comment, family_kw, render_service, ElemKey, Element, MapName, Pool, PoolKind, ServiceObjects,
+    Skeleton, SET_NODEPORT_IPS, TABLE_NAME,
 };
 use crate::rule::Rule;
 
@@ -18,9 +18,127 @@ use crate::rule::Rule;
 struct Programmed {
     services: HashMap<ServicePortName, ServiceObjects>,
     /// Set elements -> how many service ports want them.
-    set_refs: HashMap<(&'static str, ElemKey), usize>,
+    set_refs: HashMap<(MapName, ElemKey), usize>,
     /// Map keys -> the service port whose verdict is installed.
-    map_owner: HashMap<(&'static str, ElemKey), ServicePortName>,
+    map_owner: HashMap<(MapName, ElemKey), ServicePortName>,
+    slots: Slots,
+}
+
+/// Pools (selection rules) one endpoint-map shard serves. The kernel checks
+/// each new element against every rule bound to its map, so this bounds the
+/// cost of an element; more shards cost a little on set-name lookups.
+const POOLS_PER_SHARD: u32 = 64;
+
+#[derive(Default)]
+struct Shard {
+    next: u32,
+    /// Freed ranges by size.
+    free: HashMap<u32, Vec<u32>>,
+    pools: u32,
+}
+
+/// Hands out slot ranges of the shared endpoint maps. Ranges are powers of
+/// two, so a freed range fits the next Service of that size class and the
+/// maps stay dense without moving anyone.
+#[derive(Default)]
+struct Slots {
+    shards: HashMap<MapName, Shard>,
+    /// Shard numbers per kind that can take another pool.
+    room: HashMap<PoolKind, BTreeSet<u32>>,
+    /// Shards made so far per kind.
+    count: HashMap<PoolKind, u32>,
+    /// Shard maps declared in the kernel (they stay until the table goes).
+    declared: BTreeSet<MapName>,
+}
+
+impl Slots {
+    fn alloc(&mut self, kind: PoolKind, cap: u32) -> (MapName, u32) {
+        let room = self.room.entry(kind).or_default();
+        let k = match room.first() {
+            Some(k) => *k,
+            None => {
+                let c = self.count.entry(kind).or_default();
+                let k = *c;
+                *c += 1;
+                room.insert(k);
+                k
+            }
+        };
+        let map = kind.shard(k);
+        let sh = self.shards.entry(map).or_default();
+        sh.pools += 1;
+        if sh.pools >= POOLS_PER_SHARD {
+            room.remove(&k);
+        }
+        if let Some(base) = sh.free.get_mut(&cap).and_then(Vec::pop) {
+            return (map, base);
+        }
+        let base = sh.next;
+        sh.next = sh.next.saturating_add(cap);
+        (map, base)
+    }
+
+    fn release(&mut self, p: &Pool) {
+        if let Some(sh) = self.shards.get_mut(&p.map) {
+            sh.free.entry(p.cap).or_default().push(p.base);
+            sh.pools = sh.pools.saturating_sub(1);
+            if let MapName::Endpoints(_, k) | MapName::EndpointChains(k) = p.map {
+                self.room.entry(p.kind).or_default().insert(k);
+            }
+        }
+    }
+
+    /// Gives `new`'s pools their slots (keeping `old`'s range when the size
+    /// still fits, so an endpoint change is only element updates), fills in
+    /// the selection rules' maps and offsets and adds the pools' elements.
+    fn assign(&mut self, new: &mut ServiceObjects, old: Option<&ServiceObjects>) {
+        let old_pools = old.map(|o| o.pools.as_slice()).unwrap_or_default();
+        let mut kept = vec![false; old_pools.len()];
+        for (i, pool) in new.pools.iter_mut().enumerate() {
+            let n = pool.values.len() as u32;
+            let want = n.next_power_of_two();
+            match old_pools.get(i) {
+                Some(op) if op.kind == pool.kind && n <= op.cap && op.cap <= want * 4 => {
+                    kept[i] = true;
+                    pool.map = op.map;
+                    pool.base = op.base;
+                    pool.cap = op.cap;
+                }
+                _ => {
+                    (pool.map, pool.base) = self.alloc(pool.kind, want);
+                    pool.cap = want;
+                }
+            }
+            for (j, v) in pool.values.iter().enumerate() {
+                new.elements.push(Element {
+                    map: pool.map,
+                    key: ElemKey::Slot(pool.base + j as u32),
+                    value: Some(v.clone()),
+                });
+            }
+        }
+        for (_, rules) in new.chains.iter_mut() {
+            for r in rules.iter_mut() {
+                if let Rule::NumgenDnat {
+                    pool, map, offset, ..
+                }
+                | Rule::NumgenGoto {
+                    pool, map, offset, ..
+                } = r
+                {
+                    if let Some(p) = new.pools.get(*pool) {
+                        *map = p.map;
+                        *offset = p.base;
+                    }
+                }
+            }
+        }
+        for (op, k) in old_pools.iter().zip(kept) {
+            if !k {
+                self.release(op);
+            }
+        }
+    }
 }
 
 pub struct NftablesProxier {
@@ -111,12 +229,9 @@ impl NftablesProxier {
     fn elements(&self, out: &mut String, verb: &str, elems: &[&Element]) {
         // Group by map: one command per map keeps the script short.
         let p = self.prefix();
-        let mut by_map: Vec<(&str, Vec<String>)> = Vec::new();
+        let mut by_map: BTreeMap<MapName, Vec<String>> = BTreeMap::new();
         for e in elems {
-            match by_map.iter_mut().find(|(m, _)| *m == e.map) {
-                Some((_, v)) => v.push(e.text()),
-                None => by_map.push((e.map, vec![e.text()])),
-            }
+            by_map.entry(e.map).or_default().push(e.text());
         }
         for (map, items) in by_map {
             // A netlink attribute length is 16 bits: keep each element list
@@ -190,7 +305,8 @@ impl NftablesProxier {
         let mut prog = Programmed::default();
         let mut adds: Vec<Element> = Vec::new();
         for (name, sp) in &state.services {
-            let objs = render_service(sp, state.endpoints_of(name), &self.cfg, &state.node);
+            let mut objs = render_service(sp, state.endpoints_of(name), &self.cfg, &state.node);
+            prog.slots.assign(&mut objs, None);
             self.add_service(&mut tx, &objs);
             for e in &objs.elements {
                 if prog.claim(name, e) {
@@ -204,6 +320,28 @@ impl NftablesProxier {
         let mut s = String::new();
         self.elements(&mut s, "add", &refs);
         tx.add_elements.push_str(&s);
+        // Endpoint-map shards: those in the kernel are kept and emptied (the
+        // elements above refill them), new ones declared.
+        let mut declared = BTreeSet::new();
+        if !fresh {
+            if let Some(old) = &self.programmed {
+                declared.clone_from(&old.slots.declared);
+            }
+        }
+        for m in &declared {
+            let _ = writeln!(tx.head, "{}", self.shard_decl(*m));
+            let _ = writeln!(tx.head, "flush map {} {m}", self.prefix());
+            tx.ops += 2;
+        }
+        // Sorted: the script is deterministic.
+        let used: BTreeSet<MapName> = prog.slots.shards.keys().copied().collect();
+        for m in used {
+            if declared.insert(m) {
+                let _ = writeln!(tx.head, "{}", self.shard_decl(m));
+                tx.ops += 1;
+            }
+        }
+        prog.slots.declared = declared;
         if !fresh {
             // Chains and affinity sets we had but no longer want.
             if let Some(old) = &self.programmed {
@@ -231,6 +369,19 @@ impl NftablesProxier {
                 tx.ops += 1;
             }
         }
+    }
+
+    /// `add map` for an endpoint-map shard.
+    fn shard_decl(&self, m: MapName) -> String {
+        let ip = family_kw(self.cfg.family);
+        let value = match m {
+            MapName::Endpoints(proto, _) => format!("{ip} daddr . {} dport", proto.as_lower()),
+            _ => "verdict".to_string(),
+        };
+        format!(
+            "add map {} {m} {{ typeof numgen random mod 1 : {value} ; }}",
+            self.prefix()
+        )
     }
 
     fn affinity_set_decl(&self, set: &str, timeout: u32) -> String {
@@ -262,11 +413,22 @@ impl NftablesProxier {
             Option<ServiceObjects>,
         )> = Vec::new();
         for name in changed {
-            let new = state
+            let mut new = state
                 .services
                 .get(name)
                 .map(|sp| render_service(sp, state.endpoints_of(name), &self.cfg, &state.node));
             let old = prog.services.get(name);
+            match new.as_mut() {
+                Some(n) => prog.slots.assign(n, old),
+                // Deleted: its slot ranges are free for others.
+                None => {
+                    if let Some(o) = old {
+                        for p in &o.pools {
+                            prog.slots.release(p);
+                        }
+                    }
+                }
+            }
             if old == new.as_ref() {
                 continue;
             }
@@ -325,6 +487,18 @@ impl NftablesProxier {
                 prog.services.insert(name, n);
             }
         }
+        let new_shards: BTreeSet<MapName> = prog
+            .slots
+            .shards
+            .keys()
+            .filter(|m| !prog.slots.declared.contains(*m))
+            .copied()
+            .collect();
+        for m in new_shards {
+            let _ = writeln!(tx.add_objects, "{}", self.shard_decl(m));
+            tx.ops += 1;
+            prog.slots.declared.insert(m);
+        }
         tx.ops += del_elems.len() + add_elems.len();
         let del: Vec<&Element> = del_elems.iter().collect();
         let add: Vec<&Element> = add_elems.iter().collect();
@@ -344,7 +518,7 @@ impl Programmed {
     /// (two Services claiming one IP and port is a conflict: the other is logged).
     fn claim(&mut self, owner: &ServicePortName, e: &Element) -> bool {
         let k = (e.map, e.key.clone());
-        if e.verdict.is_none() {
+        if e.value.is_none() {
             let c = self.set_refs.entry(k).or_default();
             *c += 1;
             *c == 1
@@ -352,7 +526,7 @@ impl Programmed {
             match self.map_owner.get(&k) {
                 Some(o) if o != owner => {
                     tracing::warn!(
-                        service = %owner, holder = %o, element = %e.key.text(), map = e.map,
+                        service = %owner, holder = %o, element = %e.key.text(), map = %e.map,
                         "address and port already used by another Service; ignored"
                     );
                     false
@@ -369,7 +543,7 @@ impl Programmed {
     /// Reverse of [`Self::claim`]; true when the element must leave the kernel.
     fn release(&mut self, owner: &ServicePortName, e: &Element) -> bool {
         let k = (e.map, e.key.clone());
-        if e.verdict.is_none() {
+        if e.value.is_none() {
             match self.set_refs.get_mut(&k) {
                 Some(c) if *c > 1 => {
                     *c -= 1;

@@ -23,6 +23,51 @@ pub const MAP_FIREWALL_IPS: &str = "firewall-ips";
 pub const SET_CLUSTER_IPS: &str = "cluster-ips";
 pub const SET_NODEPORT_IPS: &str = "nodeport-ips";
 pub const SET_HAIRPIN: &str = "hairpin";
+/// Name of one of the table's sets or maps: a fixed one of the skeleton, or a
+/// shard of the shared endpoint maps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MapName {
+    Fixed(&'static str),
+    /// `endpoints-PROTO-N`: slot -> `address . port`, DNAT targets.
+    Endpoints(Protocol, u32),
+    /// `endpoint-chains-N`: slot -> `goto endpoint-…` (session affinity).
+    EndpointChains(u32),
+}
+
+impl std::fmt::Display for MapName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MapName::Fixed(n) => f.write_str(n),
+            MapName::Endpoints(p, k) => write!(f, "endpoints-{}-{k}", p.as_lower()),
+            MapName::EndpointChains(k) => write!(f, "endpoint-chains-{k}"),
+        }
+    }
+}
+
+impl MapName {
+    pub fn is_map(&self) -> bool {
+        match self {
+            MapName::Fixed(n) => Skeleton::is_map(n),
+            _ => true,
+        }
+    }
+}
+
+/// Which shared endpoint maps a [`Pool`] lives in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PoolKind {
+    Endpoints(Protocol),
+    EndpointChains,
+}
+
+impl PoolKind {
+    pub fn shard(self, k: u32) -> MapName {
+        match self {
+            PoolKind::Endpoints(p) => MapName::Endpoints(p, k),
+            PoolKind::EndpointChains => MapName::EndpointChains(k),
+        }
+    }
+}
 
 /// Key of a map or set element.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -32,6 +77,9 @@ pub enum ElemKey {
     Ip(IpAddr),
     /// `saddr . daddr` of the hairpin set: both the endpoint's IP.
     IpPair(IpAddr),
+    /// A slot of the shared endpoint maps (written in hex, which marks a
+    /// 32-bit integer key in our script grammar).
+    Slot(u32),
 }
 
 impl ElemKey {
@@ -41,6 +89,24 @@ impl ElemKey {
             ElemKey::ProtoPort(p, port) => format!("{} . {port}", p.as_lower()),
             ElemKey::Ip(ip) => ip.to_string(),
             ElemKey::IpPair(ip) => format!("{ip} . {ip}"),
+            ElemKey::Slot(n) => format!("0x{n:x}"),
+        }
+    }
+}
+
+/// What a map element maps its key to.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ElemValue {
+    Verdict(Verdict),
+    /// DNAT target in the endpoint map.
+    Endpoint(SocketAddr),
+}
+
+impl ElemValue {
+    pub fn text(&self) -> String {
+        match self {
+            ElemValue::Verdict(v) => v.text(),
+            ElemValue::Endpoint(a) => format!("{} . {}", a.ip(), a.port()),
         }
     }
 }
@@ -48,19 +114,36 @@ impl ElemKey {
 /// One element of one of the table's global sets or maps.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Element {
-    pub map: &'static str,
+    pub map: MapName,
     pub key: ElemKey,
     /// None for set elements.
-    pub verdict: Option<Verdict>,
+    pub value: Option<ElemValue>,
 }
 
 impl Element {
     pub fn text(&self) -> String {
-        match &self.verdict {
+        match &self.value {
             Some(v) => format!("{} : {}", self.key.text(), v.text()),
             None => self.key.text(),
         }
     }
+}
+
+/// A run of slots in a shared endpoint map that one rule picks from. The
+/// renderer fills `kind` and `values`; the proxier picks the map shard, `base`
+/// and `cap` (a power of two, so freed ranges are easy to reuse) and writes
+/// the elements.
+///
+/// Why shards: the kernel checks every new map element against every rule
+/// bound to the map, so one map shared by all Services makes a full sync
+/// quadratic (elements x rules). A shard serves a bounded number of rules.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pool {
+    pub kind: PoolKind,
+    pub values: Vec<ElemValue>,
+    pub map: MapName,
+    pub base: u32,
+    pub cap: u32,
 }
 
 /// Everything one service port owns in the table.
@@ -71,6 +154,8 @@ pub struct ServiceObjects {
     /// Affinity sets (name, timeout seconds).
     pub affinity_sets: Vec<(String, u32)>,
     pub elements: Vec<Element>,
+    /// Endpoint-map slot ranges the selection rules index into.
+    pub pools: Vec<Pool>,
     /// eTP/iTP Local with no local endpoint (internal, external).
     pub no_local: (bool, bool),
 }
@@ -115,12 +200,37 @@ fn selection(
     eps: &[&Endpoint],
     chains: &mut Vec<(String, Vec<Rule>)>,
     sets: &mut Vec<(String, u32)>,
+    pools: &mut Vec<Pool>,
 ) -> Vec<Rule> {
+    let mut pool = |kind: PoolKind, values: Vec<ElemValue>| {
+        pools.push(Pool {
+            kind,
+            values,
+            map: kind.shard(0),
+            base: 0,
+            cap: 0,
+        });
+        pools.len() - 1
+    };
     match sp.session_affinity_timeout {
-        None => vec![Rule::NumgenDnat {
+        None if eps.len() == 1 => vec![Rule::Dnat {
             protocol: sp.protocol,
-            endpoints: eps.iter().map(|e| e.socket_addr()).collect(),
+            endpoint: eps[0].socket_addr(),
         }],
+        None => {
+            let values = eps
+                .iter()
+                .map(|e| ElemValue::Endpoint(e.socket_addr()))
+                .collect();
+            let kind = PoolKind::Endpoints(sp.protocol);
+            vec![Rule::NumgenDnat {
+                protocol: sp.protocol,
+                count: eps.len() as u32,
+                pool: pool(kind, values),
+                map: kind.shard(0),
+                offset: 0,
+            }]
+        }
         Some(timeout) => {
             // Affinity needs to know which endpoint a client got: one chain and one
             // timeout set per endpoint, as upstream.
@@ -151,15 +261,33 @@ fn selection(
                 });
                 targets.push(chain);
             }
-            rules.push(Rule::NumgenGoto { targets });
+            if targets.len() == 1 {
+                rules.push(Rule::Verdict {
+                    verdict: Verdict::Goto(targets.remove(0)),
+                    comment: "one endpoint".into(),
+                });
+            } else {
+                let count = targets.len() as u32;
+                let values = targets
+                    .into_iter()
+                    .map(|t| ElemValue::Verdict(Verdict::Goto(t)))
+                    .collect();
+                rules.push(Rule::NumgenGoto {
+                    count,
+                    pool: pool(PoolKind::EndpointChains, values),
+                    map: PoolKind::EndpointChains.shard(0),
+                    offset: 0,
+                });
+            }
             rules
         }
     }
 }
 
 /// Renders one service port. Mirrors upstream's nftables syncProxyRules, with
-/// endpoints chosen inside one `numgen ... map` DNAT rule instead of a chain
-/// per endpoint (except for session affinity, which needs per-endpoint state).
+/// endpoints chosen inside one `numgen ... map @endpoints` DNAT rule instead of
+/// a chain per endpoint (except for session affinity, which needs per-endpoint
+/// state). Pool slots are left for the proxier to assign.
 pub fn render_service(
     sp: &ServicePort,
     endpoints: &[Endpoint],
@@ -212,6 +340,7 @@ pub fn render_service(
             &cat.cluster,
             &mut ep_chains,
             &mut out.affinity_sets,
+            &mut out.pools,
         ));
         out.chains.push((svc_chain.clone(), rules));
     }
@@ -225,6 +354,7 @@ pub fn render_service(
             &cat.local,
             &mut ep_chains,
             &mut out.affinity_sets,
+            &mut out.pools,
         ));
         out.chains.push((local_chain.clone(), rules));
     }
@@ -267,21 +397,21 @@ pub fn render_service(
     let key = |ip: IpAddr| ElemKey::IpProtoPort(ip, sp.protocol, sp.port);
 
     out.elements.push(Element {
-        map: SET_CLUSTER_IPS,
+        map: MapName::Fixed(SET_CLUSTER_IPS),
         key: ElemKey::Ip(sp.cluster_ip),
-        verdict: None,
+        value: None,
     });
     if internal_eps.is_empty() {
         out.elements.push(Element {
-            map: MAP_NO_EP_SERVICES,
+            map: MapName::Fixed(MAP_NO_EP_SERVICES),
             key: key(sp.cluster_ip),
-            verdict: Some(no_ep_verdict.clone()),
+            value: Some(ElemValue::Verdict(no_ep_verdict.clone())),
         });
     } else {
         out.elements.push(Element {
-            map: MAP_SERVICE_IPS,
+            map: MapName::Fixed(MAP_SERVICE_IPS),
             key: key(sp.cluster_ip),
-            verdict: Some(Verdict::Goto(internal_chain.clone())),
+            value: Some(ElemValue::Verdict(Verdict::Goto(internal_chain.clone()))),
         });
     }
     let external_ips: BTreeSet<IpAddr> = sp
@@ -294,15 +424,15 @@ pub fn render_service(
     for ip in &external_ips {
         if has_external {
             out.elements.push(Element {
-                map: MAP_SERVICE_IPS,
+                map: MapName::Fixed(MAP_SERVICE_IPS),
                 key: key(*ip),
-                verdict: Some(Verdict::Goto(ext_chain.clone())),
+                value: Some(ElemValue::Verdict(Verdict::Goto(ext_chain.clone()))),
             });
         } else {
             out.elements.push(Element {
-                map: MAP_NO_EP_SERVICES,
+                map: MapName::Fixed(MAP_NO_EP_SERVICES),
                 key: key(*ip),
-                verdict: Some(no_ep_verdict.clone()),
+                value: Some(ElemValue::Verdict(no_ep_verdict.clone())),
             });
         }
     }
@@ -310,15 +440,15 @@ pub fn render_service(
         let k = ElemKey::ProtoPort(sp.protocol, sp.node_port);
         if has_external {
             out.elements.push(Element {
-                map: MAP_SERVICE_NODEPORTS,
+                map: MapName::Fixed(MAP_SERVICE_NODEPORTS),
                 key: k,
-                verdict: Some(Verdict::Goto(ext_chain.clone())),
+                value: Some(ElemValue::Verdict(Verdict::Goto(ext_chain.clone()))),
             });
         } else {
             out.elements.push(Element {
-                map: MAP_NO_EP_NODEPORTS,
+                map: MapName::Fixed(MAP_NO_EP_NODEPORTS),
                 key: k,
-                verdict: Some(no_ep_verdict.clone()),
+                value: Some(ElemValue::Verdict(no_ep_verdict.clone())),
             });
         }
     }
@@ -331,9 +461,9 @@ pub fn render_service(
         ));
         for ip in &sp.load_balancer_ips {
             out.elements.push(Element {
-                map: MAP_FIREWALL_IPS,
+                map: MapName::Fixed(MAP_FIREWALL_IPS),
                 key: key(*ip),
-                verdict: Some(Verdict::Goto(fw_chain.clone())),
+                value: Some(ElemValue::Verdict(Verdict::Goto(fw_chain.clone()))),
             });
         }
     }
@@ -346,9 +476,9 @@ pub fn render_service(
     hp.sort();
     hp.dedup();
     out.elements.extend(hp.into_iter().map(|ip| Element {
-        map: SET_HAIRPIN,
+        map: MapName::Fixed(SET_HAIRPIN),
         key: ElemKey::IpPair(ip),
-        verdict: None,
+        value: None,
     }));
     out
 }

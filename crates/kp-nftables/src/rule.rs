@@ -2,11 +2,12 @@
 //! text) so that a netlink encoder can emit the same rules without parsing nft
 //! syntax; [`Rule::text`] gives the nft spelling used by `nft -f` and --dry-run.
 
-use std::fmt::Write;
 use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
 use kp_model::{IpFamily, LocalDetector, Protocol};
+
+use crate::render::MapName;
 
 /// Where a rule or map element sends a packet.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -56,12 +57,23 @@ pub enum Rule {
     AffinityCheck { set: String, target: String },
     /// `update @set { ip saddr }`: remember the client for this endpoint.
     AffinityUpdate { set: String },
-    /// Random choice among chains (affinity services: one chain per endpoint).
-    NumgenGoto { targets: Vec<String> },
-    /// Random choice among endpoints, DNAT in one rule (no per-endpoint chain).
+    /// Random choice among chains (affinity services: one chain per endpoint),
+    /// through slots `offset..offset+count` of an `endpoint-chains-N` map.
+    /// `pool` indexes the service's [`crate::render::Pool`]s.
+    NumgenGoto {
+        count: u32,
+        pool: usize,
+        map: MapName,
+        offset: u32,
+    },
+    /// Random choice among endpoints, DNAT in one rule (no per-endpoint chain),
+    /// through slots `offset..offset+count` of an `endpoints-PROTO-N` map.
     NumgenDnat {
         protocol: Protocol,
-        endpoints: Vec<SocketAddr>,
+        count: u32,
+        pool: usize,
+        map: MapName,
+        offset: u32,
     },
     /// DNAT to one endpoint.
     Dnat {
@@ -79,11 +91,6 @@ fn ipkw(f: IpFamily) -> &'static str {
         IpFamily::V4 => "ip",
         IpFamily::V6 => "ip6",
     }
-}
-
-fn addr_port(a: &SocketAddr) -> String {
-    // In a concatenation nft wants the bare address, without brackets.
-    format!("{} . {}", a.ip(), a.port())
 }
 
 fn endpoint_text(a: &SocketAddr) -> String {
@@ -172,39 +179,21 @@ impl Rule {
                 vec![format!("{ip} saddr @{set} goto {target}")]
             }
             Rule::AffinityUpdate { set } => vec![format!("update @{set} {{ {ip} saddr }}")],
-            Rule::NumgenGoto { targets } => {
-                let mut s = format!("numgen random mod {} vmap {{ ", targets.len());
-                for (i, t) in targets.iter().enumerate() {
-                    if i > 0 {
-                        s.push_str(", ");
-                    }
-                    let _ = write!(s, "{i} : goto {t}");
-                }
-                s.push_str(" }");
-                vec![s]
-            }
-            Rule::NumgenDnat { protocol, endpoints } => {
-                if endpoints.len() == 1 {
-                    return Rule::Dnat {
-                        protocol: *protocol,
-                        endpoint: endpoints[0],
-                    }
-                    .text(fam);
-                }
-                let mut s = format!(
-                    "meta l4proto {} dnat {ip} addr . port to numgen random mod {} map {{ ",
-                    protocol.as_lower(),
-                    endpoints.len()
-                );
-                for (i, e) in endpoints.iter().enumerate() {
-                    if i > 0 {
-                        s.push_str(", ");
-                    }
-                    let _ = write!(s, "{i} : {}", addr_port(e));
-                }
-                s.push_str(" }");
-                vec![s]
-            }
+            Rule::NumgenGoto {
+                count, map, offset, ..
+            } => vec![format!(
+                "numgen random mod {count} offset {offset} vmap @{map}"
+            )],
+            Rule::NumgenDnat {
+                protocol,
+                count,
+                map,
+                offset,
+                ..
+            } => vec![format!(
+                "meta l4proto {} dnat {ip} addr . port to numgen random mod {count} offset {offset} map @{map}",
+                protocol.as_lower(),
+            )],
             Rule::Dnat { protocol, endpoint } => vec![format!(
                 "meta l4proto {} dnat {ip} to {}",
                 protocol.as_lower(),

@@ -101,6 +101,10 @@ add set ip t hairpin { type ipv4_addr . ipv4_addr ; }
 add map ip t service-ips { type ipv4_addr . inet_proto . inet_service : verdict ; }
 add map ip t service-nodeports { type inet_proto . inet_service : verdict ; }
 add set ip t affinity-10800-x { type ipv4_addr ; flags dynamic,timeout ; timeout 10800s ; }
+add map ip t endpoints-tcp { typeof numgen random mod 1 : ip daddr . tcp dport ; }
+add map ip t endpoints-udp { typeof numgen random mod 1 : ip daddr . udp dport ; }
+add map ip t endpoints-sctp { typeof numgen random mod 1 : ip daddr . sctp dport ; }
+add map ip t endpoint-chains { typeof numgen random mod 1 : verdict ; }
 add chain ip t filter-input { type filter hook input priority -110 ; policy accept ; }
 add chain ip t filter-output-post-dnat { type filter hook output priority -90 ; policy accept ; }
 add chain ip t nat-prerouting { type nat hook prerouting priority -100 ; policy accept ; }
@@ -138,6 +142,9 @@ add rule ip t service-AAAA-default/svc/tcp/http ip daddr 10.96.0.10 tcp dport 80
 add rule ip t service-AAAA-default/svc/tcp/http ip saddr @affinity-10800-x goto endpoint-AAAA-default/svc/tcp/http__10.244.1.2/8080
 add rule ip t service-AAAA-default/svc/tcp/http numgen random mod 2 vmap { 0 : goto endpoint-AAAA-default/svc/tcp/http__10.244.1.2/8080, 1 : goto fw }
 add rule ip t service-AAAA-default/svc/tcp/http meta l4proto tcp dnat ip addr . port to numgen random mod 3 map { 0 : 10.244.1.2 . 8080, 1 : 10.244.2.2 . 8080, 2 : 10.244.3.2 . 8081 }
+add rule ip t service-AAAA-default/svc/tcp/http meta l4proto tcp dnat ip addr . port to numgen random mod 3 offset 0 map @endpoints-tcp
+add rule ip t service-AAAA-default/svc/tcp/http meta l4proto udp dnat ip addr . port to numgen random mod 2 offset 4 map @endpoints-udp
+add rule ip t service-AAAA-default/svc/tcp/http numgen random mod 2 offset 0x10 vmap @endpoint-chains
 add rule ip t endpoint-AAAA-default/svc/tcp/http__10.244.1.2/8080 update @affinity-10800-x { ip saddr }
 add rule ip t endpoint-AAAA-default/svc/tcp/http__10.244.1.2/8080 meta l4proto udp dnat ip to 10.244.1.2:8080
 add rule ip t ext jump mark-for-masquerade
@@ -157,6 +164,9 @@ add element ip t service-nodeports { tcp . 30080 : goto ext }
 add element ip t hairpin { 10.244.1.2 . 10.244.1.2 }
 add element ip t cluster-ips { 10.96.0.10, 10.96.0.11 }
 add element ip t nodeport-ips { 203.0.113.9 }
+add element ip t endpoints-tcp { 0x0 : 10.244.1.2 . 8080, 0x1 : 10.244.2.2 . 8080, 0x2 : 10.244.3.2 . 8081 }
+add element ip t endpoints-udp { 0x4 : 10.244.3.2 . 53, 0x5 : 10.244.1.2 . 53 }
+add element ip t endpoint-chains { 0x10 : goto endpoint-AAAA-default/svc/tcp/http__10.244.1.2/8080, 0x11 : goto fw }
 "#;
 
 const V4_UPDATE: &str = r#"add table ip t { comment "rules for kube-proxy-rs" ; }
@@ -165,6 +175,11 @@ add rule ip t service-AAAA-default/svc/tcp/http meta l4proto tcp dnat ip to 10.2
 delete element ip t service-ips { 10.96.0.11 . udp . 53 : drop, 10.96.0.13 . tcp . 443 : jump fw }
 delete element ip t cluster-ips { 10.96.0.11 }
 delete element ip t hairpin { 10.244.1.2 . 10.244.1.2 }
+delete element ip t endpoints-tcp { 0x1 : 10.244.2.2 . 8080 }
+delete element ip t endpoints-udp { 0x5 : 10.244.1.2 . 53 }
+delete element ip t endpoint-chains { 0x10 : goto endpoint-AAAA-default/svc/tcp/http__10.244.1.2/8080, 0x11 : goto fw }
+add element ip t endpoints-tcp { 0x1 : 10.244.9.9 . 9090 }
+add element ip t endpoint-chains { 0x11 : goto ext }
 add element ip t service-ips { 10.96.0.11 . udp . 53 : goto ext }
 flush chain ip t fw
 delete chain ip t fw
@@ -179,6 +194,8 @@ const V4_RESYNC: &str = r#"add table ip t { comment "rules for kube-proxy-rs" ; 
 flush table ip t
 add map ip t service-ips { type ipv4_addr . inet_proto . inet_service : verdict ; }
 flush map ip t service-ips
+add map ip t endpoints-tcp { typeof numgen random mod 1 : ip daddr . tcp dport ; }
+flush map ip t endpoints-tcp
 add chain ip t services
 add rule ip t services ip daddr . meta l4proto . th dport vmap @service-ips
 add element ip t service-ips { 10.96.0.11 . udp . 53 : goto ext }
@@ -197,6 +214,9 @@ add set ip6 t hairpin { type ipv6_addr . ipv6_addr ; }
 add map ip6 t service-ips { type ipv6_addr . inet_proto . inet_service : verdict ; }
 add map ip6 t service-nodeports { type inet_proto . inet_service : verdict ; }
 add set ip6 t aff { type ipv6_addr ; flags dynamic,timeout ; timeout 60s ; }
+add map ip6 t endpoints-tcp { typeof numgen random mod 1 : ip6 daddr . tcp dport ; }
+add map ip6 t endpoints-udp { typeof numgen random mod 1 : ip6 daddr . udp dport ; }
+add map ip6 t endpoint-chains { typeof numgen random mod 1 : verdict ; }
 add chain ip6 t nat-output { type nat hook output priority -100 ; policy accept ; }
 add chain ip6 t filter-forward { type filter hook forward priority -110 ; policy accept ; }
 add chain ip6 t x
@@ -217,11 +237,16 @@ add rule ip6 t x ip6 daddr fd00::1 sctp dport 80 ip6 saddr != fd00::/64 jump y
 add rule ip6 t x ip6 daddr @cluster-ips reject
 add rule ip6 t x ip6 saddr @aff goto y
 add rule ip6 t y update @aff { ip6 saddr }
+add rule ip6 t x meta l4proto tcp dnat ip6 addr . port to numgen random mod 2 offset 8 map @endpoints-tcp
+add rule ip6 t x numgen random mod 2 offset 0 vmap @endpoint-chains
 add rule ip6 t y numgen random mod 3 vmap { 0 : goto x, 1 : jump reject-chain, 2 : drop }
 add element ip6 t service-ips { fd00::1 . tcp . 80 : goto x, fd00::2 . udp . 53 : drop }
 add element ip6 t service-nodeports { sctp . 30000 : goto reject-chain }
 add element ip6 t hairpin { fd00::1 . fd00::1 }
 add element ip6 t cluster-ips { fd00::10, fd00::11 }
+add element ip6 t endpoints-tcp { 0x8 : fd00::1 . 8080, 0x9 : fd00::2 . 443 }
+add element ip6 t endpoints-udp { 0x0 : fd00::1 . 53 }
+add element ip6 t endpoint-chains { 0x0 : goto y, 0x1 : goto x }
 "#;
 
 #[test]

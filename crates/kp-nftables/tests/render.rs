@@ -93,6 +93,47 @@ fn all_kinds() -> Vec<serde_json::Value> {
     ]
 }
 
+/// Every element line of `map`, joined.
+fn map_elements(text: &str, map: &str) -> String {
+    let prefix = format!("add element ip kube-proxy-rs {map} {{");
+    text.lines()
+        .filter(|l| l.starts_with(&prefix))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The map and slot offset of the `numgen` DNAT rule in the chain that
+/// `ip`'s service-ips element goes to, checking its modulus and map prefix.
+fn slot_base(text: &str, ip: &str, map: &str, n: usize) -> (String, u32) {
+    let elem = format!("{ip} . ");
+    let line = text
+        .lines()
+        .find(|l| l.contains("service-ips {") && l.contains(&elem))
+        .unwrap_or_else(|| panic!("no service-ips element for {ip}: {text}"));
+    let after = &line[line.find(&elem).unwrap_or(0)..];
+    let chain = after
+        .split(": goto ")
+        .nth(1)
+        .and_then(|r| r.split([',', ' ']).next())
+        .unwrap_or_else(|| panic!("no chain for {ip}: {line}"));
+    let prefix = format!("add rule ip kube-proxy-rs {chain} ");
+    let rule = text
+        .lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .find(|l| l.contains("numgen"))
+        .unwrap_or_else(|| panic!("no numgen rule in {chain}: {text}"));
+    let want = format!("numgen random mod {n} offset ");
+    let rest = rule
+        .split(&want)
+        .nth(1)
+        .unwrap_or_else(|| panic!("{rule}: not {want}"));
+    let mut words = rest.split(' ');
+    let offset = words.next().and_then(|o| o.parse().ok()).expect("offset");
+    let name = words.next_back().and_then(|w| w.strip_prefix('@')).expect("map");
+    assert!(name.starts_with(map), "{rule}");
+    (name.to_string(), offset)
+}
+
 #[test]
 fn each_kind_of_service_renders_its_layout() {
     let mut t = tracker(IpFamily::V4);
@@ -112,7 +153,21 @@ fn each_kind_of_service_renders_its_layout() {
     assert!(text.contains(
         "ip daddr 10.96.0.10 tcp dport 80 ip saddr != 10.244.0.0/16 jump mark-for-masquerade"
     ));
-    assert!(text.contains("dnat ip addr . port to numgen random mod 2 map { 0 : 10.244.1.2 . 8080, 1 : 10.244.2.2 . 8080 }"));
+    // The service chain picks one of two slots of the shared TCP endpoint map,
+    // and those slots hold the two endpoints.
+    let (map, base) = slot_base(&text, "10.96.0.10", "endpoints-tcp-", 2);
+    let elems = map_elements(&text, &map);
+    assert!(
+        elems.contains(&format!("0x{:x} : 10.244.1.2 . 8080", base))
+            && elems.contains(&format!("0x{:x} : 10.244.2.2 . 8080", base + 1)),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "add map ip kube-proxy-rs {map} {{ typeof numgen random mod 1 : ip daddr . tcp dport ; }}"
+        )),
+        "{text}"
+    );
     // No endpoints: reject.
     assert!(text.contains("10.96.0.11 . tcp . 80 : goto reject-chain"));
     // NodePort: goes through the external chain, which masquerades.
@@ -132,6 +187,14 @@ fn each_kind_of_service_renders_its_layout() {
     // SCTP service ports are keyed and DNATed like TCP ones.
     assert!(text.contains("10.96.0.16 . sctp . 9000 : goto service-"));
     assert!(text.contains("meta l4proto sctp dnat ip addr . port to numgen random mod 2"));
+    let (map, sctp) = slot_base(&text, "10.96.0.16", "endpoints-sctp-", 2);
+    assert!(
+        map_elements(&text, &map).contains(&format!("0x{sctp:x} : 10.244.")),
+        "{text}"
+    );
+    // Affinity with two endpoints picks an endpoint chain from a shared verdict map.
+    assert!(text.contains("numgen random mod 2 offset 0 vmap @endpoint-chains-0"));
+    assert!(text.contains("add element ip kube-proxy-rs endpoint-chains-0 { 0x0 : goto endpoint-"));
     // Out-of-window packets marked INVALID are dropped before they can be
     // forwarded un-NATed (upstream's conntrack "invalid state" reset bug).
     assert!(text.contains("add rule ip kube-proxy-rs filter-forward ct state invalid drop"));
@@ -161,11 +224,19 @@ fn partial_sync_touches_only_the_changed_service() {
     assert!(!r.full);
     let scripts = rec.0.lock().unwrap();
     let last = scripts.last().unwrap();
+    // Same number of endpoints: the rule stays, only the replaced slot changes.
+    assert!(!last.contains("flush chain"), "{last}");
+    assert!(!last.contains("add rule"), "{last}");
     assert!(
-        last.contains("flush chain ip kube-proxy-rs service-"),
+        last.contains("delete element ip kube-proxy-rs endpoints-tcp-0 { 0x")
+            && last.contains(" : 10.244.2.2 . 8080 }"),
         "{last}"
     );
-    assert!(last.contains("10.244.2.9 . 8080"));
+    assert!(
+        last.contains("add element ip kube-proxy-rs endpoints-tcp-0 { 0x")
+            && last.contains(" : 10.244.2.9 . 8080 }"),
+        "{last}"
+    );
     assert!(
         !last.contains("10.96.0.12"),
         "other services untouched: {last}"

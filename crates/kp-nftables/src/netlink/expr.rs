@@ -25,13 +25,13 @@ impl Family {
             Family::V6 => "ip6",
         }
     }
-    fn addr_len(self) -> usize {
+    pub fn addr_len(self) -> usize {
         match self {
             Family::V4 => 4,
             Family::V6 => 16,
         }
     }
-    fn addr_type(self) -> u32 {
+    pub fn addr_type(self) -> u32 {
         match self {
             Family::V4 => 7,
             Family::V6 => 8,
@@ -172,9 +172,9 @@ fn immediate_data(dreg: u32, data: &[u8]) -> Attrs {
     })
 }
 
-fn numgen(modulus: u32) -> Attrs {
+fn numgen(modulus: u32, offset: u32) -> Attrs {
     ex("numgen", |a| {
-        a.u32be(1, 1).u32be(2, modulus).u32be(3, 1).u32be(4, 0);
+        a.u32be(1, 1).u32be(2, modulus).u32be(3, 1).u32be(4, offset);
     })
 }
 
@@ -457,15 +457,38 @@ fn numgen_map(
     Ok((AnonSet { set, elems: ea }, n))
 }
 
-fn parse_numgen_head(c: &mut Cur) -> Result<u32, String> {
+/// `numgen random mod N [offset B]`.
+fn parse_numgen_head(c: &mut Cur) -> Result<(u32, u32), String> {
     c.expect_word("numgen")?;
     c.expect_word("random")?;
     c.expect_word("mod")?;
     let m = c.word("a modulus")?;
-    m.parse::<u32>()
+    let m = m
+        .parse::<u32>()
         .ok()
         .filter(|m| *m > 0)
-        .ok_or_else(|| format!("bad modulus `{m}`"))
+        .ok_or_else(|| format!("bad modulus `{m}`"))?;
+    let offset = if c.eat_word("offset") {
+        parse_hex_or_dec(c.word("an offset")?)?
+    } else {
+        0
+    };
+    Ok((m, offset))
+}
+
+/// `@name` after `map`/`vmap`: a lookup in a named map (None: an anonymous
+/// `{ ... }` map follows).
+fn named_map(c: &mut Cur) -> Result<Option<String>, String> {
+    match c.peek_word() {
+        Some(w) => match w.strip_prefix('@') {
+            Some(n) => {
+                c.next();
+                Ok(Some(n.to_string()))
+            }
+            None => Err(format!("expected @map or {{, found `{w}`")),
+        },
+        None => Ok(None),
+    }
 }
 
 fn parse_hex_or_dec(w: &str) -> Result<u32, String> {
@@ -682,8 +705,17 @@ pub fn compile_rule(
                 r.exprs.push(cmp(1, neq, &data));
             }
             "numgen" => {
-                let m = parse_numgen_head(c)?;
+                let (m, offset) = parse_numgen_head(c)?;
                 c.expect_word("vmap")?;
+                if let Some(map) = named_map(c)? {
+                    r.exprs.push(numgen(m, offset));
+                    r.exprs.push(lookup(1, Some(0), &map, None, false));
+                    terminal = true;
+                    continue;
+                }
+                if offset != 0 {
+                    return Err("an anonymous numgen map cannot have an offset".into());
+                }
                 let id = next_id();
                 let (anon, n) = numgen_map(c, table, id, None, |c, a| {
                     let v = parse_verdict(c)?;
@@ -694,7 +726,7 @@ pub fn compile_rule(
                     return Err(format!("numgen mod {m} with {n} map entries"));
                 }
                 r.anon.push(anon);
-                r.exprs.push(numgen(m));
+                r.exprs.push(numgen(m, 0));
                 r.exprs.push(lookup(1, Some(0), "__map%d", Some(id), false));
                 terminal = true;
             }
@@ -708,8 +740,19 @@ pub fn compile_rule(
                     c.expect_word(".")?;
                     c.expect_word("port")?;
                     c.expect_word("to")?;
-                    let m = parse_numgen_head(c)?;
+                    let (m, offset) = parse_numgen_head(c)?;
                     c.expect_word("map")?;
+                    let preg = reg(fam.addr_len() / 4);
+                    if let Some(map) = named_map(c)? {
+                        r.exprs.push(numgen(m, offset));
+                        r.exprs.push(lookup(1, Some(1), &map, None, false));
+                        r.exprs.push(nat(fam, preg, None));
+                        terminal = true;
+                        continue;
+                    }
+                    if offset != 0 {
+                        return Err("an anonymous numgen map cannot have an offset".into());
+                    }
                     let id = next_id();
                     let data_type = (fam.addr_type() << 6) | 13;
                     let data_len = fam.addr_len() as u32 + 4;
@@ -732,9 +775,8 @@ pub fn compile_rule(
                         return Err(format!("numgen mod {m} with {n} map entries"));
                     }
                     r.anon.push(anon);
-                    r.exprs.push(numgen(m));
+                    r.exprs.push(numgen(m, 0));
                     r.exprs.push(lookup(1, Some(1), "__map%d", Some(id), false));
-                    let preg = reg(fam.addr_len() / 4);
                     r.exprs.push(nat(fam, preg, None));
                 } else {
                     c.expect_word("to")?;

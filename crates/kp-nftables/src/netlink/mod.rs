@@ -18,9 +18,15 @@ pub use script::ScriptError;
 const TOOL: &str = "nf_tables netlink";
 
 /// Sends nft transactions to the kernel as one nf_tables netlink batch.
+///
+/// The socket is kept between transactions: closing a netfilter netlink
+/// socket waits for an RCU grace period (8-16 ms here), which would otherwise
+/// be most of a small partial sync. It is opened in the network namespace of
+/// the thread that first applies, and dropped after any socket error.
 #[derive(Debug, Default)]
 pub struct NftNetlink {
-    _private: (),
+    sock: Option<sock::Socket>,
+    rcvbuf: usize,
 }
 
 impl NftNetlink {
@@ -53,6 +59,56 @@ fn io_err(what: &str, e: std::io::Error) -> DataplaneError {
     }
 }
 
+impl NftNetlink {
+    fn socket(&mut self) -> Result<&sock::Socket, DataplaneError> {
+        if self.sock.is_none() {
+            let s = sock::Socket::open()
+                .map_err(|e| io_err("opening a netfilter netlink socket", e))?;
+            self.sock = Some(s);
+            self.rcvbuf = 0;
+        }
+        self.sock.as_ref().ok_or_else(|| {
+            io_err(
+                "opening a netfilter netlink socket",
+                std::io::ErrorKind::NotConnected.into(),
+            )
+        })
+    }
+
+    /// Sends one batch and returns the kernel's answers to it.
+    fn send_batch(&mut self, batch: &script::Batch) -> Result<Vec<sock::Answer>, DataplaneError> {
+        // Every message asks for an acknowledgement and the kernel queues them all
+        // before we read: make room (an ack costs well under 1 KiB of buffer).
+        let want = (batch.len() * 1024).max(1 << 20);
+        let grow = want > self.rcvbuf;
+        let sock = self.socket()?;
+        // Answers left from an interrupted exchange are not ours.
+        let _ = sock.recv_answers(false, |_, _| false);
+        if grow {
+            sock.set_buf(libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, want);
+        }
+        sock.send(&batch.buf)
+            .map_err(|e| io_err("sending the nf_tables batch", e))?;
+        let answers = sock.recv_answers(false, |_, _| false).map_err(|e| {
+            io_err(
+                "reading the kernel's answers to the nf_tables batch (the transaction may or may not have been applied)",
+                e,
+            )
+        })?;
+        if grow {
+            self.rcvbuf = want;
+        }
+        let (first, last) = (
+            batch.begin_seq,
+            batch.begin_seq.wrapping_add(batch.len() as u32 + 1),
+        );
+        Ok(answers
+            .into_iter()
+            .filter(|a| a.seq.wrapping_sub(first) <= last.wrapping_sub(first))
+            .collect())
+    }
+}
+
 impl NftBackend for NftNetlink {
     fn apply(&mut self, script: &str) -> Result<(), DataplaneError> {
         // Count lines first to reserve a sequence range; one message per line
@@ -66,23 +122,13 @@ impl NftBackend for NftNetlink {
         if batch.is_empty() {
             return Ok(());
         }
-        let sock =
-            sock::Socket::open().map_err(|e| io_err("opening a netfilter netlink socket", e))?;
-        // Every message asks for an acknowledgement and the kernel queues them all
-        // before we read: make room (an ack costs well under 1 KiB of buffer).
-        sock.set_buf(
-            libc::SO_RCVBUFFORCE,
-            libc::SO_RCVBUF,
-            (batch.len() * 1024).max(1 << 20),
-        );
-        sock.send(&batch.buf)
-            .map_err(|e| io_err("sending the nf_tables batch", e))?;
-        let answers = sock.recv_answers(false, |_, _| false).map_err(|e| {
-            io_err(
-                "reading the kernel's answers to the nf_tables batch (the transaction may or may not have been applied)",
-                e,
-            )
-        })?;
+        let answers = match self.send_batch(&batch) {
+            Ok(a) => a,
+            Err(e) => {
+                self.sock = None;
+                return Err(e);
+            }
+        };
         let lines: Vec<&str> = script.lines().collect();
         let mut errors = Vec::new();
         let mut acked = 0usize;
@@ -151,13 +197,21 @@ impl NftBackend for NftNetlink {
             0,
             &a.buf,
         );
-        let sock =
-            sock::Socket::open().map_err(|e| io_err("opening a netfilter netlink socket", e))?;
-        sock.send(&buf)
-            .map_err(|e| io_err("asking for the nftables table", e))?;
-        let answers = sock
-            .recv_answers(true, |a, ty| a.seq == seq && ty == 2)
-            .map_err(|e| io_err("reading the nftables table", e))?;
+        let sock = self.socket()?;
+        let _ = sock.recv_answers(false, |_, _| false);
+        let answers = match sock
+            .send(&buf)
+            .map_err(|e| io_err("asking for the nftables table", e))
+            .and_then(|()| {
+                sock.recv_answers(true, |a, ty| a.seq == seq && ty == 2)
+                    .map_err(|e| io_err("reading the nftables table", e))
+            }) {
+            Ok(a) => a,
+            Err(e) => {
+                self.sock = None;
+                return Err(e);
+            }
+        };
         match answers.iter().find(|a| a.seq == seq) {
             Some(a) if a.errno == libc::ENOENT => Ok(false),
             Some(a) if a.errno != 0 => Err(DataplaneError::Apply {

@@ -389,9 +389,20 @@ fn compile_line(b: &mut Batch, line: usize, toks: &[Tok]) -> Result<(), String> 
                 let e = a.begin(1);
                 a.data_value(1, &key);
                 if c.eat_word(":") {
-                    let v = expr::parse_verdict(&mut c)?;
                     let d = a.begin(2);
-                    expr::put_verdict(&mut a, &v);
+                    if c.peek_word().is_some_and(|w| w.parse::<IpAddr>().is_ok()) {
+                        // `address . port`: a DNAT target of the endpoint map.
+                        let mut v = key_part(c.word("an address")?, fam)?;
+                        c.expect_word(".")?;
+                        let p = c.word("a port")?;
+                        let port: u16 = p.parse().map_err(|_| format!("bad port `{p}`"))?;
+                        v.extend_from_slice(&port.to_be_bytes());
+                        v.extend_from_slice(&[0, 0]);
+                        a.bytes(1, &v);
+                    } else {
+                        let v = expr::parse_verdict(&mut c)?;
+                        expr::put_verdict(&mut a, &v);
+                    }
                     a.end(d);
                 }
                 a.end(e);
@@ -484,10 +495,58 @@ pub struct SetDecl {
     verdict_map: bool,
     timeout_flags: bool,
     timeout_ms: Option<u64>,
+    /// `typeof numgen random mod 1 : ...`: the shared endpoint maps.
+    numgen: Option<NumgenMap>,
+}
+
+/// What a numgen-keyed map holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NumgenMap {
+    /// `ip daddr . tcp dport` (or ip6, udp, sctp): DNAT targets; the number
+    /// is nft's protocol description of the port's header.
+    AddrPort(Family, u32),
+    Verdict,
+}
+
+/// `typeof numgen random mod 1 : VALUE ;` (after `typeof`).
+fn parse_numgen_typeof(c: &mut Cur) -> Result<NumgenMap, String> {
+    for w in ["numgen", "random", "mod", "1", ":"] {
+        c.expect_word(w)?;
+    }
+    let v = if c.eat_word("verdict") {
+        NumgenMap::Verdict
+    } else {
+        let fam = family(c.word("ip, ip6 or verdict")?)?;
+        c.expect_word("daddr")?;
+        c.expect_word(".")?;
+        let l4 = match c.word("tcp, udp or sctp")? {
+            "tcp" => 8,
+            "udp" => 6,
+            "sctp" => 10,
+            p => return Err(format!("protocol `{p}` not supported in a numgen map")),
+        };
+        c.expect_word("dport")?;
+        NumgenMap::AddrPort(fam, l4)
+    };
+    c.expect(Tok::Semi)?;
+    c.expect(Tok::RBrace)?;
+    Ok(v)
 }
 
 fn parse_set_decl(c: &mut Cur, is_map: bool) -> Result<SetDecl, String> {
     c.expect(Tok::LBrace)?;
+    if c.eat_word("typeof") {
+        if !is_map {
+            return Err("only maps may be declared with typeof".into());
+        }
+        return Ok(SetDecl {
+            key: Vec::new(),
+            verdict_map: false,
+            timeout_flags: false,
+            timeout_ms: None,
+            numgen: Some(parse_numgen_typeof(c)?),
+        });
+    }
     c.expect_word("type")?;
     let mut key = Vec::new();
     let mut verdict_map = false;
@@ -550,10 +609,83 @@ fn parse_set_decl(c: &mut Cur, is_map: bool) -> Result<SetDecl, String> {
         verdict_map,
         timeout_flags,
         timeout_ms,
+        numgen: None,
     })
 }
 
+/// Set userdata nft 1.0.6 writes for `typeof numgen random mod 1 : VALUE`
+/// (read off `nft --debug=mnl`): key byte order host, data byte order none,
+/// the key's typeof (numgen random mod 1), the value's typeof, and a zero
+/// attribute 6 nft always adds to maps.
+fn numgen_map_udata(kind: NumgenMap) -> Vec<u8> {
+    let u32s = |v: u32| v.to_ne_bytes();
+    let mut ud = Vec::new();
+    udata(&mut ud, 0, &u32s(1));
+    udata(&mut ud, 1, &u32s(0));
+    let mut ng = Vec::new();
+    udata(&mut ng, 0, &u32s(1)); // random
+    udata(&mut ng, 1, &u32s(1)); // mod 1
+    udata(&mut ng, 2, &u32s(0)); // offset 0
+    let mut key = Vec::new();
+    udata(&mut key, 0, &u32s(23)); // numgen expression
+    udata(&mut key, 1, &ng);
+    udata(&mut ud, 3, &key);
+    let mut data = Vec::new();
+    match kind {
+        NumgenMap::AddrPort(fam, l4) => {
+            // Payload fields: (protocol description, field index).
+            let (addr_desc, daddr) = match fam {
+                Family::V4 => (12u32, 12u32),
+                Family::V6 => (13, 9),
+            };
+            let payload = |desc: u32, field: u32| {
+                let mut f = Vec::new();
+                udata(&mut f, 0, &u32s(desc));
+                udata(&mut f, 1, &u32s(field));
+                let mut p = Vec::new();
+                udata(&mut p, 0, &u32s(7)); // payload expression
+                udata(&mut p, 1, &f);
+                p
+            };
+            let mut parts = Vec::new();
+            udata(&mut parts, 0, &payload(addr_desc, daddr));
+            udata(&mut parts, 1, &payload(l4, 2)); // dport
+            udata(&mut data, 0, &u32s(13)); // concatenation
+            udata(&mut data, 1, &parts);
+        }
+        NumgenMap::Verdict => {
+            udata(&mut data, 0, &u32s(1)); // verdict
+            udata(&mut data, 1, &[]);
+        }
+    }
+    udata(&mut ud, 4, &data);
+    udata(&mut ud, 6, &u32s(0));
+    ud
+}
+
+fn numgen_map_attrs(table: &str, name: &str, kind: NumgenMap, id: u32) -> Attrs {
+    let mut a = Attrs::default();
+    // NFT_SET_MAP; key: a 32-bit integer (nft's TYPE_INTEGER, 4).
+    a.str(1, table).str(2, name).u32be(3, 0x8);
+    a.u32be(4, 4).u32be(5, 4);
+    match kind {
+        NumgenMap::AddrPort(fam, _) => {
+            a.u32be(6, (fam.addr_type() << 6) | DType::InetService.id());
+            a.u32be(7, fam.addr_len() as u32 + 4);
+        }
+        NumgenMap::Verdict => {
+            a.u32be(6, 0xffff_ff00).u32be(7, 0);
+        }
+    }
+    a.u32be(10, id);
+    a.bytes(13, &numgen_map_udata(kind));
+    a
+}
+
 fn set_attrs(table: &str, name: &str, d: &SetDecl, id: u32) -> Attrs {
+    if let Some(kind) = d.numgen {
+        return numgen_map_attrs(table, name, kind, id);
+    }
     let concat = d.key.len() > 1;
     let key_type = d.key.iter().fold(0u32, |acc, t| (acc << 6) | t.id());
     let key_len: u32 = if concat {
@@ -624,6 +756,11 @@ fn parse_key(c: &mut Cur, fam: Family) -> Result<Vec<u8>, String> {
 }
 
 fn key_part(w: &str, fam: Family) -> Result<Vec<u8>, String> {
+    if let Some(h) = w.strip_prefix("0x") {
+        // A slot of a numgen-keyed map: numgen writes host-endian integers.
+        let v = u32::from_str_radix(h, 16).map_err(|_| format!("bad slot `{w}`"))?;
+        return Ok(v.to_ne_bytes().to_vec());
+    }
     if let Some(p) = expr::proto_number(w) {
         return Ok(vec![p]);
     }

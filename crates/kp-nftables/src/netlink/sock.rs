@@ -15,6 +15,7 @@ pub struct Answer {
     pub errno: i32,
 }
 
+#[derive(Debug)]
 pub struct Socket {
     fd: OwnedFd,
 }
