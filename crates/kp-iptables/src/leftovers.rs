@@ -24,6 +24,20 @@ pub const IPVS_FILTER_CHAINS: [&str; 4] = [
     "KUBE-IPVS-OUT-FILTER",
 ];
 
+/// Chains ipvs mode shares with iptables mode by name.
+const IPVS_SHARED_NAT: [&str; 3] = ["KUBE-SERVICES", "KUBE-POSTROUTING", "KUBE-MARK-MASQ"];
+const IPVS_SHARED_FILTER: [&str; 2] = ["KUBE-FORWARD", "KUBE-PROXY-FIREWALL"];
+
+/// Every chain ipvs mode (upstream's, and kp-ipvs which copies it) writes.
+pub fn is_ipvs_mode_chain(table: &str, chain: &str) -> bool {
+    is_ipvs_chain(table, chain)
+        || match table {
+            "nat" => IPVS_SHARED_NAT.contains(&chain),
+            "filter" => IPVS_SHARED_FILTER.contains(&chain),
+            _ => false,
+        }
+}
+
 /// Upstream iptables mode's per-service chains from before KUBE-EXT-/KUBE-SVL-
 /// (eTP Local, up to 1.23): still found on long-lived nodes.
 const OLD_SERVICE_PREFIXES: [&str; 1] = ["KUBE-XLB-"];

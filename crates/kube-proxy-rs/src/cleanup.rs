@@ -14,7 +14,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use kp_iptables::leftovers::{is_kube_proxy_chain, sweep};
+use kp_iptables::leftovers::{is_ipvs_mode_chain, is_kube_proxy_chain, sweep};
 use kp_iptables::{is_our_chain, IptablesCli, Variant};
 use kp_model::IpFamily;
 use kp_nftables::{NftBackend, NftNetlink, TABLE_NAME};
@@ -61,7 +61,8 @@ pub enum Scope {
     Everything,
     /// Starting in this mode: everything that belongs to the other modes (as
     /// upstream does on a mode switch), and upstream's objects that ours
-    /// do not replace by name.
+    /// do not replace by name. iptables and ipvs mode keep the chains (and
+    /// ipvs mode the link and ipsets) they take over by name.
     StartingIn(ProxyMode),
 }
 
@@ -107,7 +108,10 @@ pub fn remove_leftovers(scope: Scope, iptables: Option<Variant>) -> Outcome {
     let mut out = Outcome::default();
     nftables(scope, &mut out);
     iptables_chains(scope, iptables, &mut out);
-    ipvs(scope, &mut out);
+    // ipvs mode keeps its link, sets and virtual servers across restarts.
+    if scope != Scope::StartingIn(ProxyMode::Ipvs) {
+        ipvs(scope, &mut out);
+    }
     out
 }
 
@@ -145,6 +149,11 @@ fn iptables_chains(scope: Scope, choice: Option<Variant>, out: &mut Outcome) {
     let doomed: &dyn Fn(&str, &str) -> bool = match scope {
         Scope::StartingIn(ProxyMode::Iptables) => {
             &|t: &str, c: &str| is_kube_proxy_chain(t, c) && !is_our_chain(t, c)
+        }
+        // ipvs mode owns its chains and the shared names; iptables mode's
+        // per-service chains and canaries go.
+        Scope::StartingIn(ProxyMode::Ipvs) => {
+            &|t: &str, c: &str| is_kube_proxy_chain(t, c) && !is_ipvs_mode_chain(t, c)
         }
         _ => &is_kube_proxy_chain,
     };

@@ -224,21 +224,29 @@ fn run(cfg: ProxyConfig) -> Result<()> {
         tracing::info!(path = %path.display(), "wrote the configuration");
         return Ok(());
     }
-    if cfg.cleanup {
-        // Every mode's objects, ours and upstream kube-proxy's (cleanup.rs).
-        let out = cleanup::remove_leftovers(cleanup::Scope::Everything, cfg.iptables_backend);
-        out.log("cleanup");
-        if !out.failed.is_empty() {
-            bail!("cleanup failed: {}", out.failed.join("; "));
-        }
-        tracing::info!(removed = out.removed.len(), "removed every kube-proxy rule");
-        return Ok(());
-    }
     let node_ips = local_addresses();
     let metrics = Metrics::new();
     let mut dataplanes = Vec::new();
     for f in FAMILIES {
         dataplanes.push(make_dataplane(&cfg, f, &node_ips, &metrics)?);
+    }
+    if cfg.cleanup {
+        // The configured mode's own objects, then every mode's, ours and
+        // upstream kube-proxy's (cleanup.rs).
+        let mut failed = Vec::new();
+        for dp in &mut dataplanes {
+            if let Err(e) = dp.cleanup() {
+                failed.push(format!("{} mode: {e}", dp.mode()));
+            }
+        }
+        let out = cleanup::remove_leftovers(cleanup::Scope::Everything, cfg.iptables_backend);
+        out.log("cleanup");
+        failed.extend(out.failed);
+        if !failed.is_empty() {
+            bail!("cleanup failed: {}", failed.join("; "));
+        }
+        tracing::info!(removed = out.removed.len(), "removed every kube-proxy rule");
+        return Ok(());
     }
     if !cfg.dry_run {
         // Like upstream on a mode switch: the other modes' rules (and

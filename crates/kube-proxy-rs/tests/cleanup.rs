@@ -377,3 +377,50 @@ fn ipvs_ipset_names() {
         assert!(!is_ipvs_ipset(n), "{n}");
     }
 }
+
+/// Starting in ipvs mode keeps what ipvs mode takes over (its chains, the
+/// shared names, kube-ipvs0, the ipsets) and removes the rest. Called as a
+/// library function: this kernel has no IPVS, so the mode itself cannot start.
+#[test]
+fn starting_in_ipvs_mode_keeps_ipvs_objects() {
+    use kube_proxy_rs::cleanup::{remove_leftovers, Scope};
+    use kube_proxy_rs::config::ProxyMode;
+    let ns = Ns::new("ipvs");
+    plant(&ns);
+    ns.restore(
+        "iptables-nft-restore",
+        "*nat\n:KUBE-SVC-ABCDEFGHIJKLMNOP - [0:0]\n-A KUBE-SERVICES -j KUBE-SVC-ABCDEFGHIJKLMNOP\nCOMMIT\n",
+    );
+    let out = kp_netlab::in_netns(&ns.0, || {
+        remove_leftovers(Scope::StartingIn(ProxyMode::Ipvs), None)
+    })
+    .unwrap();
+    assert!(out.failed.is_empty(), "{:?}", out.failed);
+    let save = ns.ok(&["iptables-nft-save"]);
+    let left = chains(&save);
+    for c in [
+        "KUBE-SERVICES",
+        "KUBE-NODE-PORT",
+        "KUBE-LOAD-BALANCER",
+        "KUBE-IPVS-FILTER",
+        "KUBE-FORWARD",
+    ] {
+        assert!(left.contains(&c.to_string()), "{c} removed\n{save}");
+    }
+    for c in [
+        "KUBE-SVC-ABCDEFGHIJKLMNOP",
+        "KUBE-XLB-ABCDEFGHIJKLMNOP",
+        "KUBE-PROXY-CANARY",
+    ] {
+        assert!(!left.contains(&c.to_string()), "{c} survived\n{save}");
+    }
+    assert!(ns
+        .run(&["ip", "link", "show", "kube-ipvs0"])
+        .status
+        .success());
+    assert!(ns
+        .ok(&["ipset", "list", "-n"])
+        .lines()
+        .any(|l| l == "KUBE-CLUSTER-IP"));
+    assert!(!ns.ok(&["nft", "list", "tables"]).contains("kube-proxy"));
+}
