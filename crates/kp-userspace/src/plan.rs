@@ -121,7 +121,8 @@ pub fn plan(
             if !fam.matches(&ip) {
                 return;
             }
-            if foreign.contains(&ip) {
+            // Loopback addresses (all of 127/8) are always local.
+            if foreign.contains(&ip) || ip.is_loopback() {
                 add(out, ip, sp.port, kind, ranges);
             } else if opts.take_over_vips {
                 out.vips.insert(ip);

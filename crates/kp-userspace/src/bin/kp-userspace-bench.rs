@@ -1,0 +1,339 @@
+//! Userspace-mode benchmark on loopback: one bulk TCP transfer and many
+//! short connections, each through the proxy and direct, as a ratio.
+//!
+//!   cargo run --release -p kp-userspace --bin kp-userspace-bench -- [--bytes N] [--secs S] [--clients C] [--runs R] [--no-splice]
+//!
+//! Needs no privileges: the proxy serves a Service whose externalIP is
+//! 127.0.0.1 (an address that is already local), so nothing is configured.
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kp_model::{
+    Dataplane, Endpoint, IpFamily, NodeInfo, Protocol, ProxyState, ServicePort, ServicePortName,
+};
+use kp_userspace::{NoMetrics, UserspaceConfig, UserspaceProxier, VipMode};
+
+struct Opts {
+    bytes: u64,
+    secs: f64,
+    clients: usize,
+    runs: usize,
+    splice: bool,
+}
+
+fn parse() -> Opts {
+    let mut o = Opts {
+        bytes: 1 << 30,
+        secs: 3.0,
+        clients: 4,
+        runs: 5,
+        splice: true,
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < args.len() {
+        let v = args.get(i + 1).cloned().unwrap_or_default();
+        match args[i].as_str() {
+            "--bytes" => o.bytes = v.parse().unwrap_or(o.bytes),
+            "--secs" => o.secs = v.parse().unwrap_or(o.secs),
+            "--clients" => o.clients = v.parse().unwrap_or(o.clients),
+            "--runs" => o.runs = v.parse().unwrap_or(o.runs),
+            "--no-splice" => {
+                o.splice = false;
+                i += 1;
+                continue;
+            }
+            other => {
+                eprintln!("unknown argument {other}");
+                std::process::exit(2);
+            }
+        }
+        i += 2;
+    }
+    o
+}
+
+/// Reads everything, then answers with the byte count.
+fn sink_server() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind sink");
+    let addr = l.local_addr().expect("sink addr");
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut s = s;
+                let mut buf = vec![0u8; 1 << 20];
+                let mut n = 0u64;
+                loop {
+                    match s.read(&mut buf) {
+                        Ok(0) => break,
+                        Ok(k) => n += k as u64,
+                        Err(_) => return,
+                    }
+                }
+                let _ = s.write_all(&n.to_le_bytes());
+            });
+        }
+    });
+    addr
+}
+
+/// Answers each 64-byte request with 64 bytes and closes.
+fn rr_server(threads: usize) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind rr");
+    let addr = l.local_addr().expect("rr addr");
+    let l = Arc::new(l);
+    for _ in 0..threads {
+        let l = l.clone();
+        std::thread::spawn(move || loop {
+            let Ok((mut s, _)) = l.accept() else { continue };
+            let _ = s.set_nodelay(true);
+            let mut req = [0u8; 64];
+            if s.read_exact(&mut req).is_ok() {
+                let _ = s.write_all(&[b'r'; 64]);
+            }
+        });
+    }
+    addr
+}
+
+fn service(name: &str, port: u16, ep: SocketAddr) -> (ServicePort, Vec<Endpoint>) {
+    let spn = ServicePortName::new("bench", name, "p", Protocol::Tcp);
+    let sp = ServicePort {
+        name: spn,
+        // Not local: not served; the externalIP below is.
+        cluster_ip: "10.96.0.1".parse().expect("ip"),
+        port,
+        protocol: Protocol::Tcp,
+        node_port: 0,
+        external_ips: vec!["127.0.0.1".parse().expect("ip")],
+        load_balancer_ips: vec![],
+        load_balancer_source_ranges: vec![],
+        session_affinity_timeout: None,
+        external_policy_local: false,
+        internal_policy_local: false,
+        health_check_node_port: 0,
+        traffic_distribution: None,
+    };
+    let e = Endpoint {
+        ip: ep.ip(),
+        port: ep.port(),
+        is_local: true,
+        ready: true,
+        serving: true,
+        terminating: false,
+        node_name: None,
+        zone: None,
+        zone_hints: BTreeSet::new(),
+        node_hints: BTreeSet::new(),
+    };
+    (sp, vec![e])
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+fn bulk_once(addr: SocketAddr, bytes: u64) -> f64 {
+    let buf = vec![7u8; 1 << 20];
+    let t0 = Instant::now();
+    let mut s = TcpStream::connect(addr).expect("connect");
+    let mut left = bytes;
+    while left > 0 {
+        let k = left.min(buf.len() as u64) as usize;
+        s.write_all(&buf[..k]).expect("write");
+        left -= k as u64;
+    }
+    s.shutdown(Shutdown::Write).expect("shutdown");
+    let mut ack = [0u8; 8];
+    s.read_exact(&mut ack).expect("ack");
+    assert_eq!(u64::from_le_bytes(ack), bytes, "bytes lost");
+    bytes as f64 / t0.elapsed().as_secs_f64()
+}
+
+struct RrResult {
+    rps: f64,
+    lat: Vec<Duration>,
+    errors: usize,
+}
+
+fn rr_run(addr: SocketAddr, secs: f64, clients: usize) -> RrResult {
+    let stop = Arc::new(AtomicBool::new(false));
+    let handles: Vec<_> = (0..clients)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut lat = Vec::new();
+                let mut errors = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let t = Instant::now();
+                    let ok = (|| -> std::io::Result<()> {
+                        let mut s = TcpStream::connect(addr)?;
+                        s.set_nodelay(true)?;
+                        s.write_all(&[b'q'; 64])?;
+                        let mut r = [0u8; 64];
+                        s.read_exact(&mut r)?;
+                        Ok(())
+                    })();
+                    match ok {
+                        Ok(()) => lat.push(t.elapsed()),
+                        Err(_) => errors += 1,
+                    }
+                }
+                (lat, errors)
+            })
+        })
+        .collect();
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs_f64(secs));
+    stop.store(true, Ordering::Relaxed);
+    let mut lat = Vec::new();
+    let mut errors = 0;
+    for h in handles {
+        let (l, e) = h.join().expect("client thread");
+        lat.extend(l);
+        errors += e;
+    }
+    let el = t0.elapsed().as_secs_f64();
+    lat.sort();
+    RrResult {
+        rps: lat.len() as f64 / el,
+        lat,
+        errors,
+    }
+}
+
+/// CPU seconds (user + system) used so far by this process's threads whose
+/// name starts with `prefix` (the proxy's runtime threads are "kp-userspace").
+fn cpu_of_threads(prefix: &str) -> f64 {
+    let mut ticks = 0u64;
+    if let Ok(dir) = std::fs::read_dir("/proc/self/task") {
+        for t in dir.flatten() {
+            let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+            if !comm.starts_with(prefix) {
+                continue;
+            }
+            let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+            // Fields after the ")" closing the name: state is field 3; utime
+            // and stime are fields 14 and 15.
+            if let Some(rest) = stat.rsplit(')').next() {
+                let f: Vec<&str> = rest.split_whitespace().collect();
+                let get = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+                ticks += get(11) + get(12);
+            }
+        }
+    }
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    ticks as f64 / hz
+}
+
+fn pct(v: &[Duration], p: f64) -> Duration {
+    if v.is_empty() {
+        return Duration::ZERO;
+    }
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn main() {
+    let o = parse();
+    let rt = kp_userspace::runtime().expect("runtime");
+    let mut cfg = UserspaceConfig::new(IpFamily::V4);
+    cfg.vip_mode = VipMode::None;
+    cfg.splice = o.splice;
+    let mut proxy = UserspaceProxier::new(cfg, Arc::new(NoMetrics), rt).expect("proxier");
+
+    let sink = sink_server();
+    let rr = rr_server(o.clients.max(2));
+    let (p_bulk, p_rr) = (free_port(), free_port());
+    let mut state = ProxyState::new(IpFamily::V4, NodeInfo::default());
+    for (name, port, ep) in [("bulk", p_bulk, sink), ("rr", p_rr, rr)] {
+        let (sp, eps) = service(name, port, ep);
+        state.endpoints.insert(sp.name.clone(), Arc::new(eps));
+        state.services.insert(sp.name.clone(), Arc::new(sp));
+    }
+    proxy
+        .sync(&state, &BTreeSet::new(), true)
+        .expect("programming the proxy");
+    let via_bulk: SocketAddr = SocketAddr::from(([127, 0, 0, 1], p_bulk));
+    let via_rr: SocketAddr = SocketAddr::from(([127, 0, 0, 1], p_rr));
+    println!(
+        "kp-userspace-bench: {} cpus, copy = {}",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0),
+        if o.splice { "splice" } else { "buffer" }
+    );
+
+    // Bulk: alternate direct and proxied runs so machine noise hits both.
+    let (mut d, mut p) = (Vec::new(), Vec::new());
+    bulk_once(sink, o.bytes.min(64 << 20));
+    bulk_once(via_bulk, o.bytes.min(64 << 20));
+    let mut proxy_cpu = 0.0;
+    for _ in 0..o.runs {
+        d.push(bulk_once(sink, o.bytes));
+        let c0 = cpu_of_threads("kp-userspace");
+        p.push(bulk_once(via_bulk, o.bytes));
+        proxy_cpu += cpu_of_threads("kp-userspace") - c0;
+    }
+    let (dm, pm) = (median(d.clone()), median(p.clone()));
+    let gib = |x: f64| x / (1u64 << 30) as f64;
+    println!(
+        "bulk {} MiB x {}: direct {:.2} GiB/s (best {:.2}), proxied {:.2} GiB/s (best {:.2}), ratio {:.2}",
+        o.bytes >> 20,
+        o.runs,
+        gib(dm),
+        gib(d.iter().copied().fold(0.0, f64::max)),
+        gib(pm),
+        gib(p.iter().copied().fold(0.0, f64::max)),
+        pm / dm
+    );
+    println!(
+        "bulk: proxy CPU {:.2} s per GiB moved (user + system, its threads only)",
+        proxy_cpu / (o.runs as f64 * o.bytes as f64 / (1u64 << 30) as f64)
+    );
+
+    // Short connections.
+    let direct = rr_run(rr, o.secs, o.clients);
+    let proxied = rr_run(via_rr, o.secs, o.clients);
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    println!(
+        "short connections ({} clients, {} s): direct {:.0}/s p50 {:.0} us p99 {:.0} us ({} errors); proxied {:.0}/s p50 {:.0} us p99 {:.0} us ({} errors); ratio {:.2}; added p50 {:.0} us, p99 {:.0} us",
+        o.clients,
+        o.secs,
+        direct.rps,
+        us(pct(&direct.lat, 0.5)),
+        us(pct(&direct.lat, 0.99)),
+        direct.errors,
+        proxied.rps,
+        us(pct(&proxied.lat, 0.5)),
+        us(pct(&proxied.lat, 0.99)),
+        proxied.errors,
+        proxied.rps / direct.rps,
+        us(pct(&proxied.lat, 0.5)) - us(pct(&direct.lat, 0.5)),
+        us(pct(&proxied.lat, 0.99)) - us(pct(&direct.lat, 0.99)),
+    );
+    // Sequential (one client): the latency one connection adds, without queueing.
+    let direct1 = rr_run(rr, o.secs.min(2.0), 1);
+    let proxied1 = rr_run(via_rr, o.secs.min(2.0), 1);
+    println!(
+        "one client: direct p50 {:.0} us p99 {:.0} us; proxied p50 {:.0} us p99 {:.0} us; added p99 {:.0} us",
+        us(pct(&direct1.lat, 0.5)),
+        us(pct(&direct1.lat, 0.99)),
+        us(pct(&proxied1.lat, 0.5)),
+        us(pct(&proxied1.lat, 0.99)),
+        us(pct(&proxied1.lat, 0.99)) - us(pct(&direct1.lat, 0.99)),
+    );
+}

@@ -1,0 +1,262 @@
+//! The proxy through real sockets on loopback (no privileges needed: the
+//! Services' externalIPs are 127.0.0.x, already local addresses).
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kp_model::{
+    Dataplane, Endpoint, IpFamily, NodeInfo, Protocol, ProxyState, ServicePort, ServicePortName,
+};
+use kp_userspace::{NoMetrics, UserspaceConfig, UserspaceProxier, VipMode};
+
+const PORT: u16 = 18080;
+
+fn endpoint(addr: SocketAddr) -> Endpoint {
+    Endpoint {
+        ip: addr.ip(),
+        port: addr.port(),
+        is_local: true,
+        ready: true,
+        serving: true,
+        terminating: false,
+        node_name: None,
+        zone: None,
+        zone_hints: BTreeSet::new(),
+        node_hints: BTreeSet::new(),
+    }
+}
+
+/// A state with one Service port on `vip`:PORT (an externalIP) sending to `eps`.
+fn state(vip: &str, proto: Protocol, eps: &[SocketAddr]) -> ProxyState {
+    let name = ServicePortName::new("t", "svc", "p", proto);
+    let sp = ServicePort {
+        name: name.clone(),
+        cluster_ip: "10.96.0.1".parse().unwrap(),
+        port: PORT,
+        protocol: proto,
+        node_port: 0,
+        external_ips: vec![vip.parse().unwrap()],
+        load_balancer_ips: vec![],
+        load_balancer_source_ranges: vec![],
+        session_affinity_timeout: None,
+        external_policy_local: false,
+        internal_policy_local: false,
+        health_check_node_port: 0,
+        traffic_distribution: None,
+    };
+    let mut s = ProxyState::new(IpFamily::V4, NodeInfo::default());
+    s.services.insert(name.clone(), Arc::new(sp));
+    s.endpoints
+        .insert(name, Arc::new(eps.iter().map(|a| endpoint(*a)).collect()));
+    s
+}
+
+fn proxier(f: impl FnOnce(&mut UserspaceConfig)) -> UserspaceProxier {
+    let mut c = UserspaceConfig::new(IpFamily::V4);
+    c.vip_mode = VipMode::None;
+    f(&mut c);
+    UserspaceProxier::new(c, Arc::new(NoMetrics), kp_userspace::runtime().unwrap()).unwrap()
+}
+
+fn sync(p: &mut UserspaceProxier, s: &ProxyState) {
+    p.sync(s, &BTreeSet::new(), true).unwrap();
+}
+
+/// Reads until EOF, then answers "got N" and closes.
+fn counting_server() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let a = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut s = s;
+                let mut buf = vec![0u8; 65536];
+                let mut n = 0usize;
+                while let Ok(k) = s.read(&mut buf) {
+                    if k == 0 {
+                        break;
+                    }
+                    n += k;
+                }
+                let _ = s.write_all(format!("got {n}").as_bytes());
+            });
+        }
+    });
+    a
+}
+
+/// Echoes every read back.
+fn echo_server() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let a = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut s = s;
+                let mut buf = [0u8; 4096];
+                while let Ok(k) = s.read(&mut buf) {
+                    if k == 0 || s.write_all(&buf[..k]).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    a
+}
+
+/// Answers each datagram with "NAME SRC_PORT" (the proxy's flow socket port).
+fn udp_server(name: &'static str) -> SocketAddr {
+    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let a = s.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 2048];
+        while let Ok((_, from)) = s.recv_from(&mut buf) {
+            let _ = s.send_to(format!("{name} {}", from.port()).as_bytes(), from);
+        }
+    });
+    a
+}
+
+fn vip(ip: &str) -> SocketAddr {
+    SocketAddr::new(ip.parse().unwrap(), PORT)
+}
+
+fn half_close(vip_ip: &str, splice: bool) {
+    let server = counting_server();
+    let mut p = proxier(|c| c.splice = splice);
+    sync(&mut p, &state(vip_ip, Protocol::Tcp, &[server]));
+    for size in [10usize, 3 << 20] {
+        let mut s = TcpStream::connect(vip(vip_ip)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(&vec![1u8; size]).unwrap();
+        // Our half-close reaches the server, which still answers on the
+        // other half.
+        s.shutdown(Shutdown::Write).unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).unwrap();
+        assert_eq!(answer, format!("got {size}"), "splice={splice}");
+    }
+}
+
+#[test]
+fn tcp_half_close_with_splice() {
+    half_close("127.0.0.21", true);
+}
+
+#[test]
+fn tcp_half_close_through_a_buffer() {
+    half_close("127.0.0.22", false);
+}
+
+#[test]
+fn tcp_idle_connections_are_closed() {
+    let server = echo_server();
+    let mut p = proxier(|c| c.tcp_idle_timeout = Duration::from_millis(300));
+    sync(&mut p, &state("127.0.0.23", Protocol::Tcp, &[server]));
+    let mut s = TcpStream::connect(vip("127.0.0.23")).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    // Traffic keeps it open past the timeout...
+    for _ in 0..4 {
+        s.write_all(b"ping").unwrap();
+        let mut b = [0u8; 4];
+        s.read_exact(&mut b).unwrap();
+        assert_eq!(&b, b"ping");
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    // ...silence closes it.
+    let t0 = Instant::now();
+    let mut b = [0u8; 4];
+    let r = s.read(&mut b);
+    assert!(
+        matches!(r, Ok(0) | Err(_)),
+        "idle connection still open: {r:?}"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(3),
+        "closed only after {:?}",
+        t0.elapsed()
+    );
+}
+
+fn ask(c: &UdpSocket, to: SocketAddr) -> String {
+    c.send_to(b"q", to).unwrap();
+    let mut b = [0u8; 256];
+    let (n, from) = c.recv_from(&mut b).unwrap();
+    assert_eq!(from, to, "reply did not come from the Service address");
+    String::from_utf8_lossy(&b[..n]).into_owned()
+}
+
+#[test]
+fn udp_flows_stick_then_expire() {
+    let (x, y) = (udp_server("x"), udp_server("y"));
+    let mut p = proxier(|c| c.udp_idle_timeout = Duration::from_millis(400));
+    sync(&mut p, &state("127.0.0.24", Protocol::Udp, &[x, y]));
+    let to = vip("127.0.0.24");
+    let c1 = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let c2 = UdpSocket::bind("127.0.0.1:0").unwrap();
+    for c in [&c1, &c2] {
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    }
+    let first = ask(&c1, to);
+    // The same client keeps its flow: same endpoint, same proxy socket.
+    for _ in 0..5 {
+        assert_eq!(ask(&c1, to), first);
+    }
+    // Another client gets its own flow, on the other endpoint (round robin).
+    let other = ask(&c2, to);
+    assert_ne!(other.split(' ').next(), first.split(' ').next());
+    // After the idle timeout the flow is gone: a new one (new socket).
+    std::thread::sleep(Duration::from_millis(1200));
+    let again = ask(&c1, to);
+    assert_ne!(again, first, "flow outlived its idle timeout");
+}
+
+#[test]
+fn udp_flows_move_when_their_endpoint_goes() {
+    let (x, y) = (udp_server("x"), udp_server("y"));
+    let mut p = proxier(|_| {});
+    sync(&mut p, &state("127.0.0.25", Protocol::Udp, &[x]));
+    let to = vip("127.0.0.25");
+    let c = UdpSocket::bind("127.0.0.1:0").unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert!(ask(&c, to).starts_with("x "));
+    sync(&mut p, &state("127.0.0.25", Protocol::Udp, &[y]));
+    assert!(
+        ask(&c, to).starts_with("y "),
+        "flow stayed on the removed endpoint"
+    );
+}
+
+#[test]
+fn listener_follows_endpoints_and_established_connections_stay() {
+    let (a, b) = (echo_server(), echo_server());
+    let mut p = proxier(|c| c.grace_period = Duration::from_secs(60));
+    let vip_ip = "127.0.0.26";
+    sync(&mut p, &state(vip_ip, Protocol::Tcp, &[a]));
+    assert_eq!(p.listening(), vec![(vip(vip_ip), Protocol::Tcp)]);
+    let mut held = TcpStream::connect(vip(vip_ip)).unwrap();
+    held.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let echo = |s: &mut TcpStream, m: &[u8]| {
+        s.write_all(m).unwrap();
+        let mut got = vec![0u8; m.len()];
+        s.read_exact(&mut got).unwrap();
+        assert_eq!(got, m);
+    };
+    echo(&mut held, b"one");
+    // Endpoints change (a removed, b added): the held connection lives on
+    // through the grace period.
+    sync(&mut p, &state(vip_ip, Protocol::Tcp, &[b]));
+    echo(&mut held, b"two");
+    // No endpoints: the port closes and new clients are refused at once,
+    // but the open connection still works.
+    sync(&mut p, &state(vip_ip, Protocol::Tcp, &[]));
+    assert!(p.listening().is_empty());
+    std::thread::sleep(Duration::from_millis(100));
+    let e = TcpStream::connect(vip(vip_ip)).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused);
+    echo(&mut held, b"three");
+}
