@@ -19,7 +19,9 @@ pub const MAX_IPS_PER_FIELD: usize = 1000;
 
 /// Why an object was skipped. Names the object and the field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{kind} {namespace}/{name}: {reason}")]
+// Names are escaped: a newline in a rejected object's name must not forge
+// log lines.
+#[error("{kind} {}/{}: {reason}", .namespace.escape_debug(), .name.escape_debug())]
 pub struct ConvertError {
     pub kind: &'static str,
     pub namespace: String,
@@ -240,6 +242,8 @@ pub fn convert_service(
 
     let mut out = Vec::with_capacity(ports.len());
     let mut seen = BTreeSet::new();
+    let mut seen_ports = BTreeSet::new();
+    let mut seen_node_ports = BTreeSet::new();
     for (i, p) in ports.iter().enumerate() {
         let pname = p.name.as_deref().unwrap_or("");
         if !is_port_name(pname) {
@@ -271,6 +275,14 @@ pub fn convert_service(
                 "spec.ports[{i}]: duplicate port name {pname:?} for {protocol}"
             )));
         }
+        // As the API server's validation: one port and one nodePort per
+        // protocol, or two Services' rules would fight over one key.
+        if !seen_ports.insert((p.port, protocol)) {
+            return Err(e(format!(
+                "spec.ports[{i}]: duplicate port {} for {protocol}",
+                p.port
+            )));
+        }
         let node_port = if matches!(
             spec.type_.as_deref(),
             Some("NodePort") | Some("LoadBalancer")
@@ -279,6 +291,11 @@ pub fn convert_service(
         } else {
             0
         };
+        if node_port != 0 && !seen_node_ports.insert((node_port, protocol)) {
+            return Err(e(format!(
+                "spec.ports[{i}]: duplicate nodePort {node_port} for {protocol}"
+            )));
+        }
         let mut sp = ServicePort {
             name: ServicePortName::new(ns, name, pname, protocol),
             cluster_ip,

@@ -540,6 +540,15 @@ fn invalid_ports_rejected() {
             json!([{"name": "a", "port": 80, "protocol": "tcp"}]),
             "protocol",
         ),
+        (
+            json!([{"name": "a", "port": 80}, {"name": "b", "port": 80}]),
+            "spec.ports[1]: duplicate port 80 for TCP",
+        ),
+        (
+            json!([{"name": "a", "port": 80, "nodePort": 30000},
+                   {"name": "b", "port": 81, "nodePort": 30000}]),
+            "spec.ports[1]: duplicate nodePort 30000",
+        ),
         (json!([{"name": "HTTP", "port": 80}]), "spec.ports[0].name"),
         (json!([{"name": "a b", "port": 80}]), "spec.ports[0].name"),
         (
@@ -660,4 +669,26 @@ fn leading_zero_ipv4_is_read_as_decimal_like_upstream() {
         assert!(sp[0].load_balancer_source_ranges.is_empty(), "{bad}");
         assert_eq!(w.len(), 1, "{bad}: {w:?}");
     }
+}
+
+#[test]
+fn same_port_on_two_protocols_is_fine() {
+    let s = svc_spec(
+        json!({"type": "NodePort", "clusterIP": "172.30.0.41", "ports": [
+        {"name": "a", "port": 53, "protocol": "UDP", "nodePort": 30053},
+        {"name": "b", "port": 53, "protocol": "TCP", "nodePort": 30053}]}),
+    );
+    assert_eq!(conv_ok(&s, IpFamily::V4).len(), 2);
+}
+
+#[test]
+fn rejection_messages_escape_names() {
+    let s = svc(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"namespace": "default", "name": "evil\nWARN forged line"},
+        "spec": {"clusterIP": "172.30.0.41", "ports": [{"port": 80}]}
+    }));
+    let r = reason(conv(&s, IpFamily::V4));
+    assert!(!r.contains('\n'), "{r}");
+    assert!(r.contains("evil\\nWARN forged line"), "{r}");
 }

@@ -84,6 +84,7 @@ struct Inner {
     healthz: CounterVec,
     livez: CounterVec,
     invalid_objects: CounterVec,
+    invalid_fields: CounterVec,
     rules_lost: CounterVec,
     sync_bytes: GaugeVec,
     sync_retries: CounterVec,
@@ -249,6 +250,12 @@ impl Metrics {
             "Objects skipped because a field was invalid, by kind",
             invalid_objects.clone(),
         );
+        let invalid_fields = CounterVec::default();
+        r.register(
+            "kubeproxy_rs_invalid_fields",
+            "Values ignored in otherwise valid objects (a bad or wrong-family IP, an out-of-range port), by kind",
+            invalid_fields.clone(),
+        );
         let rules_lost = CounterVec::default();
         r.register(
             "kubeproxy_rs_rules_lost",
@@ -311,6 +318,7 @@ impl Metrics {
                 healthz,
                 livez,
                 invalid_objects,
+                invalid_fields,
                 rules_lost,
                 sync_bytes,
                 sync_retries,
@@ -470,6 +478,14 @@ impl Metrics {
     pub fn inc_invalid(&self, kind: &str) {
         self.inner
             .invalid_objects
+            .get_or_create(&vec![("kind", kind.to_string())])
+            .inc();
+    }
+
+    /// A value in an object of `kind` was ignored (the rest of it is used).
+    pub fn inc_invalid_field(&self, kind: &str) {
+        self.inner
+            .invalid_fields
             .get_or_create(&vec![("kind", kind.to_string())])
             .inc();
     }

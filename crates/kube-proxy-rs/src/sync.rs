@@ -124,6 +124,7 @@ impl SyncLoop {
                         Ok(warnings) => {
                             for w in warnings {
                                 tracing::warn!("{w}");
+                                self.metrics.inc_invalid_field("Service");
                             }
                         }
                         Err(rej) => {
@@ -147,6 +148,7 @@ impl SyncLoop {
                         Ok(warnings) => {
                             for w in warnings {
                                 tracing::warn!("{w}");
+                                self.metrics.inc_invalid_field("EndpointSlice");
                             }
                         }
                         Err(rej) => {
