@@ -236,7 +236,7 @@ fn u12_endpoint_changes_and_grace_period() {
     let client = env.pod(1, "client");
     env.put("svc", &service("keep", &["10.96.0.120"], json!({})));
     env.put("eps", &slice("keep", "1", "IPv4", &ready(&[&c])));
-    env.start(1, &["--userspace-grace-period=4s"]);
+    env.start(1, &["--userspace-grace-period=6s"]);
     let vip = sa("10.96.0.120", 80);
     env.wait_tcp(client.ns(), vip);
     let mut held = tcp_hold(client.ns(), vip, T).unwrap();
@@ -320,9 +320,11 @@ fn u16_least_connections() {
     env.wait_tcp(client.ns(), vip);
     let held = tcp_hold(client.ns(), vip, T).unwrap();
     let busy = held.greeting().server.clone();
+    let one_open = r#"kubeproxy_rs_userspace_active_connections{service="default/lc:http"} 1"#;
     for i in 0..8 {
-        // Let the previous short connection finish in the proxy.
-        std::thread::sleep(std::time::Duration::from_millis(200));
+        // The previous short connection has finished in the proxy: only the
+        // held one is open.
+        env.wait("one open connection", || env.metrics(1).contains(one_open));
         let r = tcp_hello(client.ns(), vip, T).unwrap();
         assert_ne!(r.server, busy, "connection {i} went to the busy endpoint");
     }

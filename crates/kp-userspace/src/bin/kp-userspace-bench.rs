@@ -235,6 +235,15 @@ fn cpu_of_threads(prefix: &str) -> f64 {
     ticks as f64 / hz
 }
 
+/// CPU seconds (user + system) of the whole process so far.
+fn cpu_of_process() -> f64 {
+    // SAFETY: getrusage fills the struct we pass.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
 fn pct(v: &[Duration], p: f64) -> Duration {
     if v.is_empty() {
         return Duration::ZERO;
@@ -281,12 +290,18 @@ fn main() {
     let (mut d, mut p) = (Vec::new(), Vec::new());
     bulk_once(sink, o.bytes.min(64 << 20));
     bulk_once(via_bulk, o.bytes.min(64 << 20));
-    let mut proxy_cpu = 0.0;
+    let (mut proxy_cpu, mut direct_total, mut proxied_total) = (0.0, 0.0, 0.0);
+    let mut paired = Vec::new();
     for _ in 0..o.runs {
+        let t = cpu_of_process();
         d.push(bulk_once(sink, o.bytes));
+        let t2 = cpu_of_process();
+        direct_total += t2 - t;
         let c0 = cpu_of_threads("kp-userspace");
         p.push(bulk_once(via_bulk, o.bytes));
         proxy_cpu += cpu_of_threads("kp-userspace") - c0;
+        proxied_total += cpu_of_process() - t2;
+        paired.push(p[p.len() - 1] / d[d.len() - 1]);
     }
     let (dm, pm) = (median(d.clone()), median(p.clone()));
     let gib = |x: f64| x / (1u64 << 30) as f64;
@@ -300,9 +315,13 @@ fn main() {
         gib(p.iter().copied().fold(0.0, f64::max)),
         pm / dm
     );
+    let gibs = o.runs as f64 * o.bytes as f64 / (1u64 << 30) as f64;
     println!(
-        "bulk: proxy CPU {:.2} s per GiB moved (user + system, its threads only)",
-        proxy_cpu / (o.runs as f64 * o.bytes as f64 / (1u64 << 30) as f64)
+        "bulk: median of paired ratios {:.2}; CPU per GiB: direct (client + server) {:.2} s, proxied (client + proxy + server) {:.2} s, of which the proxy {:.2} s",
+        median(paired),
+        direct_total / gibs,
+        proxied_total / gibs,
+        proxy_cpu / gibs
     );
 
     // Short connections.
