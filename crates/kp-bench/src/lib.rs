@@ -71,12 +71,13 @@ pub fn slice(i: u32, m: u32, generation: u32, multi: bool) -> Value {
     if multi {
         ports.push(json!({"name": "dns", "port": 8053, "protocol": "UDP"}));
     }
+    // 10.128.0.0/9: unique per (service, endpoint); the last endpoint moves
+    // with each generation within the Service's own block of addresses.
+    let stride = (2 * m).next_power_of_two().max(64);
     let eps: Vec<Value> = (0..m)
         .map(|j| {
-            // 10.128.0.0/9: unique per (service, endpoint); the last endpoint
-            // moves with each generation.
             let k = if j + 1 == m { j + generation * m } else { j };
-            json!({"addresses": [ip4(0x0a80_0000, i * 64 + (k % 64))],
+            json!({"addresses": [ip4(0x0a80_0000, i * stride + (k % stride))],
                    "nodeName": format!("node{}", j % 4 + 1),
                    "conditions": {"ready": true}})
         })

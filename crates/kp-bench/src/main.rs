@@ -1,8 +1,11 @@
-//! kp-bench: control-plane and dataplane timings at scale.
+//! kp-bench: control-plane timings of the nftables and iptables dataplanes at
+//! scale, applied to the real kernel inside throwaway network namespaces.
 //!
-//! `cargo run --release -p kp-bench -- [--sizes 1000,10000] [--endpoints 10]
-//! [--changes 20] [--backend netlink|nft] [--no-apply]`. Needs root for the apply columns: each size
-//! is programmed into a fresh network namespace (never the host's ruleset).
+//! `cargo run --release -p kp-bench -- [--mode nftables|iptables]
+//! [--sizes 1000,10000,50000] [--endpoints 10] [--changes 100] [--burst 1000]
+//! [--big 5000] [--backend netlink|nft] [--no-affinity] [--no-apply]`.
+//! Needs root for the apply columns: each size is programmed into a fresh
+//! network namespace (never the host's ruleset).
 
 use std::collections::BTreeSet;
 use std::process::Command;
@@ -11,15 +14,16 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{bail, Context, Result};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kp_iptables::{IptablesCli, IptablesProxier};
 use kp_model::{ChangeTracker, Dataplane, IpFamily, LocalDetector, ProxierConfig, TrackerConfig};
 use kp_nftables::{NftBackend, NftCli, NftNetlink, NftablesProxier};
 
-fn peak_rss_mib() -> f64 {
+fn rss_mib(field: &str) -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
+                .find(|l| l.starts_with(field))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|v| v.parse::<f64>().ok())
         })
@@ -44,13 +48,8 @@ impl Drop for Netns {
     }
 }
 
-/// Moves this (single-threaded) process into network namespace `ns`, so the
-/// netlink socket the backend opens talks to that namespace's kernel tables.
-fn enter_netns(path: &str) -> Result<()> {
-    let f = std::fs::File::open(path).with_context(|| format!("opening {path}"))?;
-    enter_netns_file(&f).with_context(|| format!("entering {path}"))
-}
-
+/// Moves this (single-threaded) process into a network namespace, so the
+/// netlink sockets and the programs it starts act on that namespace.
 fn enter_netns_file(f: &std::fs::File) -> Result<()> {
     use std::os::fd::AsRawFd;
     // SAFETY: setns on a namespace file descriptor we own; affects this thread only.
@@ -64,6 +63,223 @@ fn ms(d: Duration) -> String {
     format!("{:.1}", d.as_secs_f64() * 1000.0)
 }
 
+fn p50_p99(v: &mut [Duration]) -> String {
+    format!("{} / {}", ms(pct(v, 0.5)), ms(pct(v, 0.99)))
+}
+
+struct Opts {
+    mode: String,
+    netlink: bool,
+    apply: bool,
+    changes: usize,
+    burst: usize,
+}
+
+fn tracker() -> ChangeTracker {
+    ChangeTracker::new(TrackerConfig {
+        family: IpFamily::V4,
+        node_name: "node1".into(),
+        service_proxy_name: None,
+    })
+}
+
+fn dataplane(o: &Opts, wrapper: &str) -> Box<dyn Dataplane> {
+    let mut pc = ProxierConfig::new(IpFamily::V4);
+    pc.local_detector = LocalDetector::Cidrs(vec!["10.128.0.0/9".parse().expect("cidr")]);
+    if o.mode == "iptables" {
+        return Box::new(
+            IptablesProxier::new(pc, Box::new(IptablesCli::auto(IpFamily::V4)))
+                .with_route_localnet(false),
+        );
+    }
+    let backend: Box<dyn NftBackend> = if o.netlink {
+        Box::new(NftNetlink::new())
+    } else {
+        Box::new(NftCli {
+            program: wrapper.to_string(),
+        })
+    };
+    Box::new(NftablesProxier::new(pc, backend))
+}
+
+/// One table row: `n` Services with `m` endpoints each.
+fn run_size(o: &Opts, n: u32, m: u32, affinity: bool, home: &std::fs::File) -> Result<String> {
+    let (svcs, slices) = {
+        let syn = kp_bench::cluster_with(n, m, affinity);
+        let svcs: Vec<Service> = syn
+            .services
+            .into_iter()
+            .map(serde_json::from_value)
+            .collect::<Result<_, _>>()?;
+        let slices: Vec<EndpointSlice> = syn
+            .slices
+            .into_iter()
+            .map(serde_json::from_value)
+            .collect::<Result<_, _>>()?;
+        (svcs, slices)
+    };
+    let t0 = Instant::now();
+    let mut tr = tracker();
+    let now = SystemTime::now();
+    for s in &svcs {
+        let _ = tr.update_service(s, now);
+    }
+    for s in &slices {
+        let _ = tr.update_endpoint_slice(s, now);
+    }
+    tr.take_changes();
+    let model = t0.elapsed();
+    drop(svcs);
+    drop(slices);
+
+    let ns = format!("kpbench{}x{n}x{m}", std::process::id());
+    let wrapper = format!("/tmp/{ns}-nft");
+    let mut guard = None;
+    if o.apply {
+        if !Command::new("ip")
+            .args(["netns", "add", &ns])
+            .status()?
+            .success()
+        {
+            bail!("ip netns add failed (run as root)");
+        }
+        guard = Some(Netns(ns.clone()));
+        std::fs::write(
+            &wrapper,
+            format!("#!/bin/sh\nexec ip netns exec {ns} nft \"$@\"\n"),
+        )?;
+        Command::new("chmod").args(["+x", &wrapper]).status()?;
+        let f = std::fs::File::open(format!("/run/netns/{ns}"))?;
+        enter_netns_file(&f).context("entering the bench namespace")?;
+    }
+    let result = measure(o, n, m, &mut tr, &wrapper, model);
+    if o.apply {
+        enter_netns_file(home)?;
+    }
+    drop(guard);
+    result
+}
+
+fn measure(
+    o: &Opts,
+    n: u32,
+    m: u32,
+    tr: &mut ChangeTracker,
+    wrapper: &str,
+    model: Duration,
+) -> Result<String> {
+    let mut dp = dataplane(o, wrapper);
+    let t1 = Instant::now();
+    let script = dp.render(tr.state());
+    let render = t1.elapsed();
+    let size = format!(
+        "{:.1} MiB, {} lines",
+        script.len() as f64 / 1048576.0,
+        script.lines().count()
+    );
+    drop(script);
+    if !o.apply {
+        return Ok(format!(
+            "| {n} | {m} | {} ms | {} ms | {size} | - | - | - | - | - | {:.0} MiB |",
+            ms(model),
+            ms(render),
+            rss_mib("VmHWM:")
+        ));
+    }
+    let t2 = Instant::now();
+    let r = dp.sync(tr.state(), &BTreeSet::new(), true)?;
+    let full = format!(
+        "{} ms (render {}, apply {})",
+        ms(t2.elapsed()),
+        ms(r.render),
+        ms(r.apply)
+    );
+
+    // One endpoint replaced in one Service, `changes` times.
+    let mut lat = Vec::new();
+    let mut bytes = Vec::new();
+    let multi = |i: u32| n > 1 && i % 10 == 3;
+    for g in 1..=o.changes as u32 {
+        let i = (g * 7919) % n;
+        let s: EndpointSlice = serde_json::from_value(kp_bench::slice(i, m, g, multi(i)))?;
+        let t = Instant::now();
+        let _ = tr.update_endpoint_slice(&s, SystemTime::now());
+        let cs = tr.take_changes();
+        let r = dp.sync(tr.state(), &cs.changed, false)?;
+        lat.push(t.elapsed());
+        bytes.push(r.bytes);
+    }
+    bytes.sort();
+    let change = format!(
+        "{} ms ({} B)",
+        p50_p99(&mut lat),
+        bytes.get(bytes.len() / 2).copied().unwrap_or(0)
+    );
+
+    // New Services next to the existing ones, then their deletion.
+    let extra = kp_bench::cluster(n + o.changes as u32, m);
+    let (mut add, mut del) = (Vec::new(), Vec::new());
+    for k in n..n + o.changes as u32 {
+        let s: Service = serde_json::from_value(extra.services[k as usize].clone())?;
+        let sl: EndpointSlice = serde_json::from_value(extra.slices[k as usize].clone())?;
+        let t = Instant::now();
+        let _ = tr.update_service(&s, SystemTime::now());
+        let _ = tr.update_endpoint_slice(&sl, SystemTime::now());
+        let cs = tr.take_changes();
+        dp.sync(tr.state(), &cs.changed, false)?;
+        add.push(t.elapsed());
+    }
+    for k in n..n + o.changes as u32 {
+        let t = Instant::now();
+        tr.delete_service("bench", &format!("svc-{k}"), SystemTime::now());
+        let cs = tr.take_changes();
+        dp.sync(tr.state(), &cs.changed, false)?;
+        del.push(t.elapsed());
+    }
+    drop(extra);
+
+    // A burst: `burst` endpoint changes arriving evenly within 1 s; a sync runs
+    // whenever the previous one is done, with everything that arrived meanwhile.
+    let burst = if o.burst > 0 {
+        let slices: Vec<EndpointSlice> = (0..o.burst as u32)
+            .map(|b| {
+                let i = (b * 104_729 + 13) % n;
+                serde_json::from_value(kp_bench::slice(i, m, 1000 + b, multi(i)))
+            })
+            .collect::<Result<_, _>>()?;
+        let gap = Duration::from_secs(1) / o.burst as u32;
+        let t = Instant::now();
+        let mut next = 0usize;
+        let mut syncs = 0usize;
+        while next < slices.len() {
+            let due =
+                ((t.elapsed().as_nanos() / gap.as_nanos().max(1)) as usize + 1).min(slices.len());
+            if due <= next {
+                std::thread::sleep(gap / 4);
+                continue;
+            }
+            for s in &slices[next..due] {
+                let _ = tr.update_endpoint_slice(s, SystemTime::now());
+            }
+            next = due;
+            let cs = tr.take_changes();
+            dp.sync(tr.state(), &cs.changed, false)?;
+            syncs += 1;
+        }
+        format!("{} ms ({syncs} syncs)", ms(t.elapsed()))
+    } else {
+        "-".into()
+    };
+    Ok(format!(
+        "| {n} | {m} | {} ms | {} ms | {size} | {full} | {change} | {} ms | {} ms | {burst} | {:.0} MiB |",
+        ms(model),
+        ms(render),
+        p50_p99(&mut add),
+        p50_p99(&mut del),
+        rss_mib("VmHWM:")
+    ))
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let get = |flag: &str| {
@@ -72,140 +288,49 @@ fn main() -> Result<()> {
             .and_then(|i| args.get(i + 1))
             .cloned()
     };
+    let has = |flag: &str| args.iter().any(|a| a == flag);
     let sizes: Vec<u32> = get("--sizes")
         .unwrap_or_else(|| "1000,10000".into())
         .split(',')
         .map(|s| s.parse().context("--sizes"))
         .collect::<Result<_>>()?;
     let m: u32 = get("--endpoints").unwrap_or_else(|| "10".into()).parse()?;
-    let changes: usize = get("--changes").unwrap_or_else(|| "20".into()).parse()?;
-    let apply = !args.iter().any(|a| a == "--no-apply");
-    let netlink = get("--backend").as_deref() != Some("nft");
+    let big: u32 = get("--big").unwrap_or_else(|| "0".into()).parse()?;
+    let o = Opts {
+        mode: get("--mode").unwrap_or_else(|| "nftables".into()),
+        netlink: get("--backend").as_deref() != Some("nft"),
+        apply: !has("--no-apply"),
+        changes: get("--changes")
+            .unwrap_or_else(|| "100".into())
+            .parse::<usize>()?
+            .max(1),
+        burst: get("--burst").unwrap_or_else(|| "1000".into()).parse()?,
+    };
+    if !matches!(o.mode.as_str(), "nftables" | "iptables") {
+        bail!("--mode must be nftables or iptables");
+    }
+    let affinity = !has("--no-affinity");
     println!(
-        "backend: {}",
-        if netlink { "netlink" } else { "nft program" }
+        "mode: {}{}; Services with session affinity: {}",
+        o.mode,
+        match (o.mode.as_str(), o.netlink) {
+            ("nftables", true) => " (netlink)",
+            ("nftables", false) => " (nft program)",
+            _ => " (iptables-restore)",
+        },
+        if affinity { "every 20th" } else { "none" }
     );
     // Where to come back to after each size's namespace.
     let home = std::fs::File::open("/proc/self/ns/net").context("opening our network namespace")?;
 
-    println!("| Services | endpoints | model (convert+track) | render full | script | full sync (apply) | 1 endpoint change p50 / p99 (bytes) | add 1 Service | delete 1 Service | peak RSS |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("| Services | endpoints each | model (convert+track) | render full | ruleset | full sync | 1 endpoint change p50 / p99 (bytes sent) | add 1 Service p50 / p99 | delete 1 Service p50 / p99 | burst of {} changes in 1 s | bench peak RSS |", o.burst);
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for &n in &sizes {
-        let syn = kp_bench::cluster(n, m);
-        let svcs: Vec<Service> = syn
-            .services
-            .iter()
-            .map(|v| serde_json::from_value(v.clone()))
-            .collect::<Result<_, _>>()?;
-        let slices: Vec<EndpointSlice> = syn
-            .slices
-            .iter()
-            .map(|v| serde_json::from_value(v.clone()))
-            .collect::<Result<_, _>>()?;
-        let t0 = Instant::now();
-        let mut tr = ChangeTracker::new(TrackerConfig {
-            family: IpFamily::V4,
-            node_name: "node1".into(),
-            service_proxy_name: None,
-        });
-        let now = SystemTime::now();
-        for s in &svcs {
-            let _ = tr.update_service(s, now);
-        }
-        for s in &slices {
-            let _ = tr.update_endpoint_slice(s, now);
-        }
-        tr.take_changes();
-        let model = t0.elapsed();
-
-        let mut pc = ProxierConfig::new(IpFamily::V4);
-        pc.local_detector = LocalDetector::Cidrs(vec!["10.128.0.0/9".parse()?]);
-        let ns = format!("kpbench{}x{n}", std::process::id());
-        let wrapper = format!("/tmp/{ns}-nft");
-        let mut guard = None;
-        if apply {
-            if !Command::new("ip")
-                .args(["netns", "add", &ns])
-                .status()?
-                .success()
-            {
-                bail!("ip netns add failed (run as root)");
-            }
-            guard = Some(Netns(ns.clone()));
-            std::fs::write(
-                &wrapper,
-                format!("#!/bin/sh\nexec ip netns exec {ns} nft \"$@\"\n"),
-            )?;
-            Command::new("chmod").args(["+x", &wrapper]).status()?;
-        }
-        if apply && netlink {
-            enter_netns(&format!("/run/netns/{ns}"))?;
-        }
-        let backend: Box<dyn NftBackend> = if netlink {
-            Box::new(NftNetlink::new())
-        } else {
-            Box::new(NftCli {
-                program: wrapper.clone(),
-            })
-        };
-        let mut dp = NftablesProxier::new(pc, backend);
-        let t1 = Instant::now();
-        let script = dp.render(tr.state());
-        let render = t1.elapsed();
-        let (mut full, mut p50, mut p99, mut add, mut del, mut bytes) = (
-            "-".to_string(),
-            "-".to_string(),
-            "-".to_string(),
-            "-".to_string(),
-            "-".to_string(),
-            0usize,
-        );
-        if apply {
-            let t2 = Instant::now();
-            let r = dp.sync(tr.state(), &BTreeSet::new(), true)?;
-            full = format!("{} ms (render {} ms)", ms(t2.elapsed()), ms(r.render));
-            let mut lat = Vec::new();
-            for g in 1..=changes as u32 {
-                let i = (g * 7919) % n;
-                let s: EndpointSlice =
-                    serde_json::from_value(kp_bench::slice(i, m, g, i % 10 == 3))?;
-                let t = Instant::now();
-                let _ = tr.update_endpoint_slice(&s, SystemTime::now());
-                let cs = tr.take_changes();
-                let r = dp.sync(tr.state(), &cs.changed, false)?;
-                lat.push(t.elapsed());
-                bytes = r.bytes;
-            }
-            p50 = ms(pct(&mut lat, 0.5));
-            p99 = ms(pct(&mut lat, 0.99));
-            let extra = kp_bench::cluster(n + 1, m);
-            let s: Service = serde_json::from_value(extra.services[n as usize].clone())?;
-            let sl: EndpointSlice = serde_json::from_value(extra.slices[n as usize].clone())?;
-            let t = Instant::now();
-            let _ = tr.update_service(&s, SystemTime::now());
-            let _ = tr.update_endpoint_slice(&sl, SystemTime::now());
-            let cs = tr.take_changes();
-            dp.sync(tr.state(), &cs.changed, false)?;
-            add = ms(t.elapsed());
-            let t = Instant::now();
-            tr.delete_service("bench", &format!("svc-{n}"), SystemTime::now());
-            let cs = tr.take_changes();
-            dp.sync(tr.state(), &cs.changed, false)?;
-            del = ms(t.elapsed());
-        }
-        println!(
-            "| {n} | {m} | {} ms | {} ms | {:.1} MiB, {} lines | {full} | {p50} / {p99} ms ({bytes} B) | {add} ms | {del} ms | {:.0} MiB |",
-            ms(model),
-            ms(render),
-            script.len() as f64 / 1048576.0,
-            script.lines().count(),
-            peak_rss_mib()
-        );
-        drop(dp);
-        if apply && netlink {
-            enter_netns_file(&home)?;
-        }
-        drop(guard);
+        println!("{}", run_size(&o, n, m, affinity, &home)?);
+    }
+    if big > 0 {
+        let o1 = Opts { burst: 0, ..o };
+        println!("{}", run_size(&o1, 1, big, false, &home)?);
     }
     Ok(())
 }
