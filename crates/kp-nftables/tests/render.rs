@@ -129,7 +129,10 @@ fn slot_base(text: &str, ip: &str, map: &str, n: usize) -> (String, u32) {
         .unwrap_or_else(|| panic!("{rule}: not {want}"));
     let mut words = rest.split(' ');
     let offset = words.next().and_then(|o| o.parse().ok()).expect("offset");
-    let name = words.next_back().and_then(|w| w.strip_prefix('@')).expect("map");
+    let name = words
+        .next_back()
+        .and_then(|w| w.strip_prefix('@'))
+        .expect("map");
     assert!(name.starts_with(map), "{rule}");
     (name.to_string(), offset)
 }
