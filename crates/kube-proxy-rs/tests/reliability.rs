@@ -277,12 +277,20 @@ fn sigkill_under_load(mode: &str) {
 
     let after = normalized(&env.ruleset(1));
     if before != after {
-        let missing: Vec<_> = before.iter().filter(|l| !after.contains(l)).collect();
-        let extra: Vec<_> = after.iter().filter(|l| !before.contains(l)).collect();
+        let count = |v: &[String], l: &String| v.iter().filter(|x| *x == l).count();
+        let missing: Vec<_> = before
+            .iter()
+            .filter(|l| count(&after, l) < count(&before, l))
+            .collect();
+        let extra: Vec<_> = after
+            .iter()
+            .filter(|l| count(&after, l) > count(&before, l))
+            .collect();
         panic!(
-            "ruleset changed across restarts\nmissing: {missing:#?}\nextra: {extra:#?}\ncounts before/after: {}/{}",
+            "ruleset changed across restarts\nmissing: {missing:#?}\nextra: {extra:#?}\ncounts before/after: {}/{}\n{}",
             before.len(),
-            after.len()
+            after.len(),
+            env.ruleset(1)
         );
     }
 }
@@ -606,6 +614,12 @@ fn netlink_apply_failure_keeps_rules_and_retries_full() {
         tcp_hello(client.ns(), vip, T).is_err()
     });
     assert!(tcp_hello(client.ns(), sa("10.96.5.11", 80), T).is_ok());
+    env.wait("the retry to be logged", || {
+        let log = plain(&env.log(1));
+        log.lines()
+            .skip_while(|l| !l.contains("sync failed"))
+            .any(|l| l.contains("synced rules") && l.contains("family=IPv4"))
+    });
     let log = plain(&env.log(1));
     let fail_at = log
         .lines()
@@ -1208,4 +1222,98 @@ fn out_of_window_packets_do_not_reset_nftables() {
 #[test]
 fn out_of_window_packets_do_not_reset_iptables() {
     out_of_window_does_not_reset("iptables");
+}
+
+/// iptables mode, case 5: `iptables-restore` exits non-zero (a wrapper that
+/// fails while a flag file exists). The previous rules stay in force, the
+/// failure is counted in kubeproxy_sync_proxy_rules_iptables_restore_failures_total,
+/// and once the program works again the retried full sync lands the change.
+#[test]
+fn iptables_restore_failure_keeps_previous_rules() {
+    let mut env = Env::new("iptfail", "iptables");
+    let a = env.pod(1, "a");
+    let c = env.pod(2, "c");
+    let client = env.pod(1, "client");
+    let bin = env.logs.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let flag = env.logs.join("fail-restore");
+    for prog in [
+        "iptables-restore",
+        "iptables-nft-restore",
+        "iptables-legacy-restore",
+        "ip6tables-restore",
+        "ip6tables-nft-restore",
+        "ip6tables-legacy-restore",
+    ] {
+        let Some(real) = ["/usr/sbin", "/sbin", "/usr/bin"]
+            .iter()
+            .map(|d| std::path::Path::new(d).join(prog))
+            .find(|p| p.exists())
+        else {
+            continue;
+        };
+        let wrapper = bin.join(prog);
+        std::fs::write(
+            &wrapper,
+            format!(
+                "#!/bin/sh\nif [ -e {} ]; then cat >/dev/null; echo 'injected failure' >&2; exit 1; fi\nexec {} \"$@\"\n",
+                flag.display(),
+                real.display()
+            ),
+        )
+        .unwrap();
+        std::process::Command::new("chmod")
+            .arg("+x")
+            .arg(&wrapper)
+            .status()
+            .unwrap();
+    }
+    env.put("svc", &service("f", &["10.96.5.20"], json!({})));
+    env.put("eps", &slice("f", "1", "IPv4", &ready(&[&a])));
+    let mut args = vec![
+        format!("PATH={}:/usr/sbin:/usr/bin:/sbin:/bin", bin.display()),
+        Env::binary().display().to_string(),
+    ];
+    args.extend(env.proxy_args(1, &[]));
+    let _proxy = env
+        .cluster
+        .spawn(
+            env.cluster.node_ns(1),
+            std::path::Path::new("/usr/bin/env"),
+            &args,
+            &env.logs.join("node1.log"),
+        )
+        .unwrap();
+    let vip = sa("10.96.5.20", 80);
+    assert_eq!(env.wait_tcp(client.ns(), vip).server, "a");
+
+    std::fs::write(&flag, "").unwrap();
+    env.put("eps", &slice("f", "1", "IPv4", &ready(&[&c])));
+    env.wait("the failure to be counted", || {
+        metric(
+            &env.metrics(1),
+            "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
+        ) >= 1.0
+    });
+    let r = tcp_hello(client.ns(), vip, T).expect("service broken by a failed restore");
+    assert_eq!(r.server, "a");
+    std::fs::remove_file(&flag).unwrap();
+    env.wait("the retried sync to land", || {
+        tcp_hello(client.ns(), vip, T).is_ok_and(|r| r.server == "c")
+    });
+    // The kernel has the rules a moment before the sync loop logs them.
+    let retry = || {
+        let log = plain(&env.log(1));
+        let fail_at = log.lines().position(|l| l.contains("sync failed"))?;
+        log.lines()
+            .skip(fail_at)
+            .find(|l| l.contains("synced rules") && l.contains("family=IPv4"))
+            .map(str::to_string)
+    };
+    env.wait("the retry to be logged", || retry().is_some());
+    let retry = retry().unwrap_or_default();
+    assert!(
+        retry.contains("full=true"),
+        "the retry after a failure was not a full sync: {retry}"
+    );
 }
