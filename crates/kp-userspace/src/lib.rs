@@ -315,15 +315,19 @@ impl Dataplane for UserspaceProxier {
             ..Default::default()
         };
         if let Some(mut rtnl) = self.rtnl.take() {
-            let r = if self.vips_loaded {
-                Ok(Vec::new())
+            // First sync: addresses left by a previous run are adopted (kept
+            // while still wanted). Full syncs re-read what the kernel has,
+            // so an address someone removed is added back.
+            let r = if self.vips_loaded && !full {
+                None
             } else {
-                self.ours_on_lo(&mut rtnl)
+                Some(self.ours_on_lo(&mut rtnl))
             };
             self.rtnl = Some(rtnl);
-            // Addresses left by a previous run: kept while still wanted.
-            self.vips.extend(r?);
-            self.vips_loaded = true;
+            if let Some(r) = r {
+                self.vips = r?.into_iter().collect();
+                self.vips_loaded = true;
+            }
         }
         let local = self.local_addresses();
         let mut inside: Vec<IpNet> = self.cfg.cluster_cidrs.clone();
@@ -431,6 +435,28 @@ impl Dataplane for UserspaceProxier {
         }
         report.apply = t1.elapsed();
         Ok(report)
+    }
+
+    /// One of our Service IPs vanished from lo (someone ran `ip addr del`
+    /// or flushed lo): the sync loop counts it and runs a full sync, which
+    /// re-reads the addresses and adds the missing ones back. One small
+    /// netlink dump of the addresses; listeners cannot be taken from us.
+    fn rules_lost(&mut self) -> bool {
+        if self.vips.is_empty() {
+            return false;
+        }
+        let Some(mut rtnl) = self.rtnl.take() else {
+            return false;
+        };
+        let have = self.ours_on_lo(&mut rtnl);
+        self.rtnl = Some(rtnl);
+        match have {
+            Ok(have) => self.vips.iter().any(|ip| !have.contains(ip)),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot check our Service IPs on lo");
+                false
+            }
+        }
     }
 
     fn render(&self, state: &ProxyState) -> String {

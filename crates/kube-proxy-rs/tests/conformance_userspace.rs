@@ -272,9 +272,10 @@ fn u12_endpoint_changes_and_grace_period() {
     env.wait_tcp(client.ns(), vip);
 }
 
-/// A refusing endpoint costs the client nothing: the proxy tries the next
-/// one (kernel modes would fail every connection sent there). Errors are
-/// counted per Service.
+/// A refusing endpoint, or one that does not answer within the connect
+/// timeout, costs the client nothing: the proxy tries the next one (kernel
+/// modes would fail every connection sent there). Errors are counted per
+/// Service.
 #[test]
 fn u15_retry_on_refusal() {
     let mut env = Env::new("us-retry", MODE);
@@ -283,8 +284,14 @@ fn u15_retry_on_refusal() {
     let dead = env.cluster.add_pod(1, "dead").unwrap();
     let client = env.pod(1, "client");
     env.put("svc", &service("retry", &["10.96.0.150"], json!({})));
-    env.put("eps", &slice("retry", "1", "IPv4", &ready(&[&a, &dead])));
-    env.start(1, &[]);
+    let mut eps = slice("retry", "1", "IPv4", &ready(&[&a, &dead]));
+    // And an address nobody has: its connects time out.
+    eps["endpoints"].as_array_mut().unwrap().push(json!({
+        "addresses": ["10.244.1.250"], "nodeName": "node1",
+        "conditions": {"ready": true, "serving": true, "terminating": false}
+    }));
+    env.put("eps", &eps);
+    env.start(1, &["--userspace-connect-timeout=300ms"]);
     let vip = sa("10.96.0.150", 80);
     env.wait_tcp(client.ns(), vip);
     let replies = tcp_hello_many(client.ns(), vip, 30, T);
@@ -373,4 +380,34 @@ fn u17_unprivileged_nodeports_only() {
     assert!(tcp_hello(client.ns(), sa("10.96.0.170", 80), T).is_err());
     assert!(!lo_addrs(&env, 1).contains("10.96.0.170"));
     assert!(env.log(1).contains("not taken over"), "{}", env.log(1));
+}
+
+/// Someone deletes our Service IP from lo: detected at the next sync,
+/// counted (kubeproxy_rs_rules_lost_total) and put back.
+#[test]
+fn u18_lost_address_repaired() {
+    let mut env = Env::new("us-lost", MODE);
+    let a = env.pod(1, "a");
+    let client = env.pod(1, "client");
+    env.put("svc", &service("lost", &["10.96.0.180"], json!({})));
+    env.put("eps", &slice("lost", "1", "IPv4", &ready(&[&a])));
+    // The default test sync period (10 s) bounds the repair time.
+    env.start(1, &[]);
+    let vip = sa("10.96.0.180", 80);
+    env.wait_tcp(client.ns(), vip);
+    env.cluster
+        .exec_ok(
+            env.cluster.node_ns(1),
+            &["ip", "addr", "del", "10.96.0.180/32", "dev", "lo"],
+        )
+        .unwrap();
+    assert!(!lo_addrs(&env, 1).contains("10.96.0.180/32"));
+    env.wait("the address to be put back", || {
+        lo_addrs(&env, 1).contains("10.96.0.180/32")
+    });
+    env.wait_tcp(client.ns(), vip);
+    env.wait("the loss to be counted", || {
+        env.metrics(1)
+            .contains(r#"kubeproxy_rs_rules_lost_total{ip_family="IPv4"} 1"#)
+    });
 }
