@@ -341,3 +341,83 @@ fn kernel_accepts_full_and_partial_ruleset() {
     assert!(String::from_utf8_lossy(&out.stdout).trim().is_empty());
     let _ = std::fs::remove_file(&wrap_path);
 }
+
+/// A Service keeps its slot range while its endpoint count fits, moves to a
+/// bigger range when it grows, and the range it left goes to the next Service
+/// of that size.
+#[test]
+fn endpoint_slots_are_kept_grown_and_reused() {
+    let mut t = tracker(IpFamily::V4);
+    let two = |a: &'static str, b: &'static str| [ready(a, "node1"), ready(b, "node2")];
+    apply(
+        &mut t,
+        &[
+            service("a", "10.96.0.20", json!({})),
+            endpoints("a", &two("10.244.1.2", "10.244.2.2")),
+            service("b", "10.96.0.21", json!({})),
+            endpoints("b", &two("10.244.1.3", "10.244.2.3")),
+        ],
+    );
+    let rec = Recorder::default();
+    let mut p = NftablesProxier::new(cfg(), Box::new(rec.clone()));
+    p.sync(t.state(), &BTreeSet::new(), false).unwrap();
+    let last = || rec.0.lock().unwrap().last().cloned().unwrap_or_default();
+    let full = last();
+    let (map, a0) = slot_base(&full, "10.96.0.20", "endpoints-tcp-", 2);
+    let (_, b0) = slot_base(&full, "10.96.0.21", "endpoints-tcp-", 2);
+    assert!(a0.abs_diff(b0) >= 2, "ranges overlap: {full}");
+
+    // Same count, new address: only the slot changes.
+    let cs = apply(&mut t, &[endpoints("a", &two("10.244.1.2", "10.244.2.9"))]);
+    p.sync(t.state(), &cs.changed, false).unwrap();
+    let s = last();
+    assert!(!s.contains("add rule"), "{s}");
+    assert!(
+        s.contains(&format!(
+            "add element ip kube-proxy-rs {map} {{ 0x{:x} : 10.244.2.9 . 8080 }}",
+            a0 + 1
+        )),
+        "{s}"
+    );
+
+    // Three endpoints need a range of four: the rule moves, the old slots go.
+    let cs = apply(
+        &mut t,
+        &[endpoints(
+            "a",
+            &[
+                ready("10.244.1.2", "node1"),
+                ready("10.244.2.9", "node2"),
+                ready("10.244.2.8", "node2"),
+            ],
+        )],
+    );
+    p.sync(t.state(), &cs.changed, false).unwrap();
+    let s = last();
+    let grown = s
+        .lines()
+        .find_map(|l| l.split("numgen random mod 3 offset ").nth(1))
+        .and_then(|r| r.split(' ').next())
+        .and_then(|o| o.parse::<u32>().ok())
+        .unwrap_or_else(|| panic!("no new rule: {s}"));
+    assert!(grown != a0 && grown.abs_diff(b0) >= 2, "{s}");
+    assert!(
+        s.contains(&format!("0x{a0:x} : 10.244.1.2 . 8080")) && s.contains("delete element"),
+        "{s}"
+    );
+
+    // A new two-endpoint Service takes the range "a" left.
+    let cs = apply(
+        &mut t,
+        &[
+            service("c", "10.96.0.22", json!({})),
+            endpoints("c", &two("10.244.1.5", "10.244.2.5")),
+        ],
+    );
+    p.sync(t.state(), &cs.changed, false).unwrap();
+    let s = last();
+    assert!(
+        s.contains(&format!("numgen random mod 2 offset {a0} map @{map}")),
+        "{s}"
+    );
+}
