@@ -102,6 +102,17 @@ impl Kind {
 
 type ObjKey = (String, String);
 
+/// One kind of resource request: what an RBAC rule has to allow for it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ApiCall {
+    /// API group ("" for core).
+    pub group: String,
+    /// Plural resource name.
+    pub resource: String,
+    /// get, list, watch, create, patch, update, delete.
+    pub verb: String,
+}
+
 /// One stored change, kept in history for watches that resume from an older
 /// resourceVersion.
 #[derive(Debug)]
@@ -138,6 +149,8 @@ struct State {
     trunc_gen: watch::Sender<u64>,
     down: AtomicBool,
     requests: AtomicU64,
+    /// Resource requests seen, as RBAC sees them.
+    calls: Mutex<std::collections::BTreeSet<ApiCall>>,
     list_delays: Mutex<HashMap<String, Duration>>,
 }
 
@@ -551,6 +564,7 @@ impl ApiServer {
             trunc_gen: watch::Sender::new(0),
             down: AtomicBool::new(false),
             requests: AtomicU64::new(0),
+            calls: Mutex::default(),
             list_delays: Mutex::new(HashMap::new()),
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
@@ -666,6 +680,19 @@ impl ApiServer {
         } else {
             d.insert(plural.to_owned(), delay);
         }
+    }
+
+    /// Every distinct resource request served so far, as an RBAC rule would
+    /// name it (API group, resource, verb), sorted. Discovery paths (`/api`,
+    /// `/apis`, `/version`) are not resource requests and are not listed.
+    pub fn api_calls(&self) -> Vec<ApiCall> {
+        self.state()
+            .calls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect()
     }
 
     /// HTTP requests served so far (connections closed while down not included).
@@ -789,6 +816,26 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
         ),
         _ => match resolve(&segs) {
             Some((kind, ns, name)) => {
+                let verb = match (&method, name) {
+                    (&Method::GET, Some(_)) => "get",
+                    (&Method::GET, None) if is_true(&query_map(&req), "watch") => "watch",
+                    (&Method::GET, None) => "list",
+                    (&Method::POST, _) => "create",
+                    (&Method::PATCH, _) => "patch",
+                    (&Method::PUT, _) => "update",
+                    (&Method::DELETE, _) => "delete",
+                    _ => "other",
+                };
+                let group = kind.api_version().rsplit_once('/').map_or("", |(g, _)| g);
+                state
+                    .calls
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(ApiCall {
+                        group: group.to_owned(),
+                        resource: kind.plural().to_owned(),
+                        verb: verb.to_owned(),
+                    });
                 route(&state, method, req, kind, ns.map(str::to_owned), name).await
             }
             None => Err(Status::not_found(format!("path {path}"))),

@@ -6,4 +6,4 @@
 
 pub mod apiserver;
 
-pub use apiserver::ApiServer;
+pub use apiserver::{ApiCall, ApiServer};

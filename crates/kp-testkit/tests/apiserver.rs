@@ -369,3 +369,44 @@ async fn shutdown_stops_serving() {
     let err = nodes.list(&ListParams::default()).await;
     assert!(err.is_err(), "a shut-down server must not answer: {err:?}");
 }
+
+#[tokio::test]
+async fn resource_requests_are_recorded_as_rbac_sees_them() {
+    let server = ApiServer::start().await;
+    let client = server.client();
+    assert!(server.api_calls().is_empty());
+    let svcs: Api<Service> = Api::all(client.clone());
+    svcs.list(&ListParams::default()).await.unwrap();
+    let mut w = svcs
+        .watch(&WatchParams::default(), "0")
+        .await
+        .unwrap()
+        .boxed();
+    server.apply_service(service("default", "a", json!({})));
+    let _ = next_change(&mut w).await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    server.apply_node(node("n1"));
+    nodes.get("n1").await.unwrap();
+    let v1: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client, "default");
+    let ev: k8s_openapi::api::events::v1::Event = serde_json::from_value(json!({
+        "metadata": {"name": "e1"}, "eventTime": "2024-01-01T00:00:00.000000Z",
+        "reportingController": "x", "reportingInstance": "y", "action": "A", "reason": "R"
+    }))
+    .unwrap();
+    v1.create(&PostParams::default(), &ev).await.unwrap();
+    let calls: Vec<(String, String, String)> = server
+        .api_calls()
+        .into_iter()
+        .map(|c| (c.group, c.resource, c.verb))
+        .collect();
+    let s = |g: &str, r: &str, v: &str| (g.to_string(), r.to_string(), v.to_string());
+    assert_eq!(
+        calls,
+        vec![
+            s("", "nodes", "get"),
+            s("", "services", "list"),
+            s("", "services", "watch"),
+            s("events.k8s.io", "events", "create"),
+        ]
+    );
+}

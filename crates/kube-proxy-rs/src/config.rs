@@ -18,6 +18,14 @@ use ipnet::IpNet;
 use kp_model::{IpFamily, LocalDetector, ProxierConfig};
 use serde::{Deserialize, Deserializer, Serialize};
 
+/// `--version` prints "kube-proxy-rs VERSION"; the long form says what it
+/// is compatible with.
+pub const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    "\nflags and config: upstream kube-proxy 1.3x, kubeproxy.config.k8s.io/v1alpha1",
+    "\nmodes: nftables (default), iptables (nft and legacy backends), ipvs, userspace"
+);
+
 pub const API_VERSION: &str = "kubeproxy.config.k8s.io/v1alpha1";
 pub const KIND: &str = "KubeProxyConfiguration";
 
@@ -312,7 +320,9 @@ impl FromStr for DetectLocalMode {
 #[derive(Parser, Debug, Clone)]
 #[command(
     name = "kube-proxy",
+    display_name = "kube-proxy-rs",
     version,
+    long_version = LONG_VERSION,
     about = "The Kubernetes network proxy (kube-proxy-rs)"
 )]
 pub struct Cli {

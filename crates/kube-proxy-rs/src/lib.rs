@@ -4,7 +4,10 @@
 pub mod cleanup;
 pub mod config;
 pub mod conntrack;
+pub mod docgen;
+pub mod events;
 pub mod healthcheck;
+pub mod logging;
 pub mod metrics;
 pub mod server;
 pub mod sync;

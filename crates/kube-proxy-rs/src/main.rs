@@ -36,22 +36,7 @@ fn main() {
 }
 
 fn init_logging(cfg: &ProxyConfig) {
-    use tracing_subscriber::EnvFilter;
-    let level = match cfg.verbosity {
-        0..=2 => "info",
-        3..=4 => "debug",
-        _ => "trace",
-    };
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(format!("{level},kube_client=warn,kube_runtime=warn,hyper=warn,hyper_util=warn,tower=warn,rustls=warn")));
-    let b = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if cfg.log_json {
-        b.json().init();
-    } else {
-        b.init();
-    }
+    kube_proxy_rs::logging::init(cfg.verbosity, cfg.log_json);
 }
 
 /// This host's addresses (no loopback, no link-local), for NodePorts and
@@ -205,6 +190,13 @@ async fn start_source(cfg: &ProxyConfig) -> Result<tokio::sync::mpsc::Receiver<S
         });
     } else {
         let client = kube_client(cfg).await?;
+        if !cfg.dry_run {
+            // Upstream's birth cry: a "Starting" Event on our Node (events.rs).
+            tokio::spawn(kube_proxy_rs::events::birth_cry(
+                client.clone(),
+                cfg.hostname.clone(),
+            ));
+        }
         let opts = kp_source::api::ApiSourceOptions {
             node_name: cfg.hostname.clone(),
             label_selector: Some(kp_source::api::DEFAULT_LABEL_SELECTOR.to_string()),

@@ -1,0 +1,66 @@
+//! Kubernetes Events: the start-up "birth cry" upstream kube-proxy posts on
+//! its Node, so `kubectl describe node` shows when the proxy (re)started.
+//!
+//! Posted as events.k8s.io/v1 through kube's event recorder, which creates an
+//! Event and patches it (a series) when the same one repeats: the RBAC rules
+//! in deploy/ grant exactly `create` and `patch` on `events.k8s.io` events.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+
+/// reportingController of our Events.
+pub const CONTROLLER: &str = "kube-proxy-rs";
+/// Upstream's reason and action for the start event.
+pub const START_REASON: &str = "Starting";
+pub const START_ACTION: &str = "StartKubeProxy";
+pub const START_NOTE: &str = "Starting kube-proxy-rs";
+
+/// The reference upstream uses for its node events: kind Node, the node's
+/// name (also as UID, as upstream does, since the Node may not exist yet).
+pub fn node_ref(node: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(node.into()),
+        uid: Some(node.into()),
+        ..Default::default()
+    }
+}
+
+/// Posts the start Event for `node`, retrying a few times (the API server may
+/// be briefly unreachable while the node starts). Failure is logged, never
+/// fatal: the proxy works without it.
+pub async fn birth_cry(client: kube::Client, node: String) {
+    let recorder = Recorder::new(
+        client,
+        Reporter {
+            controller: CONTROLLER.into(),
+            instance: Some(node.clone()),
+        },
+    );
+    let ev = Event {
+        type_: EventType::Normal,
+        reason: START_REASON.into(),
+        note: Some(START_NOTE.into()),
+        action: START_ACTION.into(),
+        secondary: None,
+    };
+    let reference = node_ref(&node);
+    let mut delay = Duration::from_millis(500);
+    for attempt in 1..=6 {
+        match recorder.publish(&ev, &reference).await {
+            Ok(()) => {
+                tracing::info!(node = %node, "posted the {START_REASON} event");
+                return;
+            }
+            Err(e) if attempt < 6 => {
+                tracing::debug!(error = %e, attempt, "posting the start event failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+            Err(e) => tracing::warn!(error = %e, "could not post the start event"),
+        }
+    }
+}
