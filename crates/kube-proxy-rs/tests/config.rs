@@ -776,3 +776,25 @@ fn iptables_backend_flag_and_env() {
     assert_eq!(from_env.unwrap(), Some(Variant::Legacy));
     assert_eq!(flag_wins.unwrap(), Some(Variant::Nft));
 }
+
+/// The refusals docs/migrate-from-kube-proxy.md names.
+#[test]
+fn refusals_named_in_the_migration_guide() {
+    for bad in [
+        vec!["--proxy-port-range=30000-32767"],
+        vec!["--proxy-mode=kernelspace"],
+        vec!["--iptables-masquerade-bit=40"],
+        vec!["--cluster-cidr=10.244.0.0/16,10.245.0.0/16"],
+    ] {
+        assert!(load(args(&bad)).is_err(), "{bad:?} was accepted");
+    }
+    let r = load_file(
+        "refusals",
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\niptables:\n  masqueradBit: 14\n",
+        &[],
+    );
+    assert!(
+        r.unwrap_err().to_string().contains("masqueradBit"),
+        "the error names the field"
+    );
+}
