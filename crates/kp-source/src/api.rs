@@ -146,6 +146,27 @@ impl Drop for Conn {
     }
 }
 
+/// The three watchers, merged.
+fn watch_streams(
+    client: &Client,
+    cfg: &watcher::Config,
+    node_cfg: &watcher::Config,
+) -> SelectAll<BoxStream<'static, Item>> {
+    let services = watcher::watcher(Api::<Service>::all(client.clone()), cfg.clone())
+        .default_backoff()
+        .map(|r| Item::Service(Box::new(r)))
+        .boxed();
+    let slices = watcher::watcher(Api::<EndpointSlice>::all(client.clone()), cfg.clone())
+        .default_backoff()
+        .map(|r| Item::Slice(Box::new(r)))
+        .boxed();
+    let nodes = watcher::watcher(Api::<Node>::all(client.clone()), node_cfg.clone())
+        .default_backoff()
+        .map(|r| Item::Node(Box::new(r)))
+        .boxed();
+    futures::stream::select_all([services, slices, nodes])
+}
+
 /// Lists each watched resource (one item) until all three answer.
 async fn probe(client: Client, opts: ApiSourceOptions, ok: Sender<()>) {
     let mut lp = ListParams::default().limit(1);
@@ -194,20 +215,7 @@ pub async fn run_api_source(
     }
     let node_cfg = watcher::Config::default().fields(&format!("metadata.name={}", opts.node_name));
 
-    let services = watcher::watcher(Api::<Service>::all(client.clone()), cfg.clone())
-        .default_backoff()
-        .map(|r| Item::Service(Box::new(r)))
-        .boxed();
-    let slices = watcher::watcher(Api::<EndpointSlice>::all(client.clone()), cfg)
-        .default_backoff()
-        .map(|r| Item::Slice(Box::new(r)))
-        .boxed();
-    let nodes = watcher::watcher(Api::<Node>::all(client.clone()), node_cfg)
-        .default_backoff()
-        .map(|r| Item::Node(Box::new(r)))
-        .boxed();
-    let mut merged: SelectAll<BoxStream<'static, Item>> =
-        futures::stream::select_all([services, slices, nodes]);
+    let mut merged = watch_streams(&client, &cfg, &node_cfg);
 
     let mut svc_known = Known::default();
     let mut slice_known = Known::default();
@@ -227,7 +235,12 @@ pub async fn run_api_source(
                 conn.probe = None;
                 if !conn.connected {
                     conn.connected = true;
-                    info!("API server reachable again");
+                    // The watchers may sit in their backoff (up to 30 s)
+                    // although the server answers again: start fresh ones,
+                    // which relist (without flushing, see Known) at once, so
+                    // changes made during the outage arrive now.
+                    merged = watch_streams(&client, &cfg, &node_cfg);
+                    info!("API server reachable again; watches restarted");
                     if tx.send(SourceEvent::Reconnected).await.is_err() {
                         return Ok(());
                     }

@@ -508,8 +508,29 @@ fn api_outage_60s_and_broken_watches() {
         env.log(1)
     );
     let caught_up = up_at.elapsed();
+    let seen = std::time::SystemTime::now();
     eprintln!("outage changes programmed {caught_up:?} after the API server came back");
     assert!(caught_up < Duration::from_secs(40), "{caught_up:?}");
+    // "Within one sync after reconnection": from the moment the source sees
+    // the API server again to the changes answering.
+    let log = plain(&env.log(1));
+    let back = log
+        .lines()
+        .find(|l| l.contains("source reconnected"))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(unix_secs)
+        .expect("the sync loop logs the reconnection");
+    let since = seen
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+        - back;
+    eprintln!("programmed {since:.2} s after the source reconnected");
+    assert!(
+        since < 5.0,
+        "changes took {since:.2} s after the source reconnected (more than one sync)"
+    );
+    assert!(caught_up < Duration::from_secs(8), "{caught_up:?}");
     env.wait("/healthz to report the source back", || {
         healthz(&env, 1).1["sourceConnected"] == true
     });
@@ -1316,4 +1337,33 @@ fn iptables_restore_failure_keeps_previous_rules() {
         retry.contains("full=true"),
         "the retry after a failure was not a full sync: {retry}"
     );
+}
+
+/// Seconds since the epoch of an RFC 3339 UTC timestamp as the logs print
+/// it ("2026-11-22T03:55:45.817156Z").
+fn unix_secs(ts: &str) -> Option<f64> {
+    let (date, time) = ts.trim_end_matches('Z').split_once('T')?;
+    let mut d = date.split('-').map(|x| x.parse::<i64>().ok());
+    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
+    let mut t = time.split(':');
+    let (hh, mm) = (
+        t.next()?.parse::<f64>().ok()?,
+        t.next()?.parse::<f64>().ok()?,
+    );
+    let ss = t.next()?.parse::<f64>().ok()?;
+    // Days from civil (proleptic Gregorian).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days as f64 * 86_400.0 + hh * 3600.0 + mm * 60.0 + ss)
+}
+
+#[test]
+fn unix_secs_reads_log_timestamps() {
+    assert_eq!(unix_secs("1970-01-01T00:00:01Z"), Some(1.0));
+    assert_eq!(unix_secs("2026-11-22T03:55:45.5Z"), Some(1_795_319_745.5));
 }
