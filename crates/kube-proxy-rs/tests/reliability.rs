@@ -250,20 +250,27 @@ fn sigkill_under_load(mode: &str) {
             r.iter().flatten().map(|r| r.server.clone()).collect();
         names.len() == 2
     });
+    // Both families' first syncs done (IPv6 syncs after IPv4).
+    let synced = |env: &Env| {
+        let log = plain(&env.log(1));
+        log.lines()
+            .filter(|l| l.contains("synced rules") && l.contains("family=IPv6"))
+            .count()
+    };
+    env.wait("the IPv6 sync", || synced(&env) >= 1);
     let before = normalized(&env.ruleset(1));
     assert!(!before.is_empty());
 
     let load = Load::start(client.ns(), vip, Duration::from_millis(10));
     for round in 0..3 {
         std::thread::sleep(Duration::from_millis(300));
-        let syncs = env.log(1).matches("synced rules").count();
+        let syncs = synced(&env);
         env.kill(1);
         // Down for a while: the kernel keeps forwarding with the rules in place.
         std::thread::sleep(Duration::from_millis(700));
         env.start(1, &[]);
-        env.wait(&format!("restart {round} to sync"), || {
-            env.log(1).matches("synced rules").count() > syncs
-        });
+        // Both families resynced (the IPv6 line comes second).
+        env.wait(&format!("restart {round} to sync"), || synced(&env) > syncs);
     }
     std::thread::sleep(Duration::from_millis(500));
     let results = load.finish();
@@ -336,8 +343,9 @@ fn iptables_nat_flush_is_repaired() {
     );
     let t0 = Instant::now();
     env.wait_tcp(client.ns(), vip);
+    // One sync period (10 s here) plus the sync itself on a loaded machine.
     assert!(
-        t0.elapsed() < Duration::from_secs(13),
+        t0.elapsed() < Duration::from_secs(15),
         "repair took {:?}, more than one sync period",
         t0.elapsed()
     );
@@ -501,8 +509,10 @@ fn api_outage_60s_and_broken_watches() {
     let up_at = Instant::now();
     assert!(
         wait_until(Duration::from_secs(45), Duration::from_millis(100), || {
-            tcp_hello(client.ns(), late, T).is_ok_and(|r| r.server == "c")
-                && tcp_hello(client.ns(), vip, T).is_ok_and(|r| r.server == "c")
+            // Short timeouts: the moment it works is what is measured.
+            let t = Duration::from_millis(500);
+            tcp_hello(client.ns(), late, t).is_ok_and(|r| r.server == "c")
+                && tcp_hello(client.ns(), vip, t).is_ok_and(|r| r.server == "c")
         }),
         "changes made during the outage were not programmed\n{}",
         env.log(1)
@@ -530,7 +540,8 @@ fn api_outage_60s_and_broken_watches() {
         since < 5.0,
         "changes took {since:.2} s after the source reconnected (more than one sync)"
     );
-    assert!(caught_up < Duration::from_secs(8), "{caught_up:?}");
+    // Probe interval (1 s) + relist + sync, with slack for a loaded CI box.
+    assert!(caught_up < Duration::from_secs(12), "{caught_up:?}");
     env.wait("/healthz to report the source back", || {
         healthz(&env, 1).1["sourceConnected"] == true
     });
