@@ -112,6 +112,9 @@ pub fn remove_leftovers(scope: Scope, iptables: Option<Variant>) -> Outcome {
     if scope != Scope::StartingIn(ProxyMode::Ipvs) {
         ipvs(scope, &mut out);
     }
+    if scope != Scope::StartingIn(ProxyMode::Userspace) {
+        crate::userspace::remove_leftovers(&mut out);
+    }
     out
 }
 

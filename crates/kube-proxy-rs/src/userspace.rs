@@ -103,3 +103,31 @@ pub fn make_dataplane(
         .context("starting the userspace proxy")?;
     Ok(Box::new(p))
 }
+
+/// Removes the Service IPs userspace mode put on lo (both families, only
+/// the ones carrying its mark): for `--cleanup`, and when another mode
+/// starts (they would keep answering locally for Service IPs).
+pub fn remove_leftovers(out: &mut crate::cleanup::Outcome) {
+    let mut rtnl = match kp_userspace::netlink::Rtnl::open() {
+        Ok(r) => r,
+        Err(e) => {
+            out.skipped.push(format!("userspace addresses on lo: {e}"));
+            return;
+        }
+    };
+    let ours = match rtnl.list_ours() {
+        Ok(v) => v,
+        Err(e) => {
+            out.skipped.push(format!("userspace addresses on lo: {e}"));
+            return;
+        }
+    };
+    for ip in ours {
+        match rtnl.del(&ip) {
+            Ok(()) => out.removed.push(format!("userspace address {ip} on lo")),
+            Err(e) => out
+                .failed
+                .push(format!("userspace address {ip} on lo: {e}")),
+        }
+    }
+}

@@ -222,6 +222,37 @@ fn u11_delete_and_cleanup() {
         lo.contains("10.96.0.199/32"),
         "--cleanup removed an address that was not ours:\n{lo}"
     );
+    // Switching the node to another mode removes our addresses too.
+    env.start(1, &[]);
+    env.wait_tcp(client.ns(), vip);
+    env.kill(1);
+    assert!(lo_addrs(&env, 1).contains("10.96.0.110/32"));
+    let args: Vec<String> = env
+        .proxy_args(1, &[])
+        .into_iter()
+        .map(|a| {
+            if a.starts_with("--proxy-mode=") {
+                "--proxy-mode=nftables".to_string()
+            } else {
+                a
+            }
+        })
+        .collect();
+    let _nft = env
+        .cluster
+        .spawn(
+            env.cluster.node_ns(1),
+            &Env::binary(),
+            &args,
+            &env.logs.join("node1-nft.log"),
+        )
+        .unwrap();
+    env.wait("nftables mode to remove userspace addresses", || {
+        !lo_addrs(&env, 1).contains("10.96.0.110")
+    });
+    // ...and nftables mode now serves the Service.
+    env.wait_tcp(client.ns(), vip);
+    assert!(lo_addrs(&env, 1).contains("10.96.0.199/32"));
 }
 
 /// Case 12 in this mode: endpoint changes keep established connections to
