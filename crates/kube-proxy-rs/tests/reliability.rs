@@ -322,7 +322,18 @@ fn sigkill_under_load_iptables() {
 /// kubeproxy_rs_rules_lost_total counts it.
 #[test]
 fn iptables_nat_flush_is_repaired() {
-    let mut env = Env::new("natflush", "iptables");
+    nat_flush_is_repaired("iptables", "iptables");
+}
+
+/// The same with the legacy backend (`--iptables-backend=legacy`), flushed
+/// with iptables-legacy: the canary is checked in the backend we program.
+#[test]
+fn iptables_legacy_nat_flush_is_repaired() {
+    nat_flush_is_repaired("iptables-legacy", "iptables-legacy");
+}
+
+fn nat_flush_is_repaired(mode: &str, flush_prog: &str) {
+    let mut env = Env::new("natflush", mode);
     let a = env.pod(1, "a");
     let client = env.pod(1, "client");
     env.put("svc", &service("nf", &["10.96.3.20"], json!({})));
@@ -335,7 +346,7 @@ fn iptables_nat_flush_is_repaired() {
         0.0
     );
     env.cluster
-        .exec_ok(env.cluster.node_ns(1), &["iptables", "-t", "nat", "-F"])
+        .exec_ok(env.cluster.node_ns(1), &[flush_prog, "-t", "nat", "-F"])
         .unwrap();
     assert!(
         tcp_hello(client.ns(), vip, T).is_err(),
