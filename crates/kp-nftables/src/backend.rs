@@ -12,6 +12,16 @@ pub trait NftBackend: Send {
     fn apply(&mut self, script: &str) -> Result<(), DataplaneError>;
     /// Whether our table exists (canary: `nft flush ruleset` removes it).
     fn table_exists(&mut self, family: IpFamily, table: &str) -> Result<bool, DataplaneError>;
+    /// Whether `chain` of our table exists and holds at least one rule (canary:
+    /// `nft flush table` keeps the table but empties every chain).
+    fn chain_has_rules(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        _chain: &str,
+    ) -> Result<bool, DataplaneError> {
+        self.table_exists(family, table)
+    }
 }
 
 /// Runs `nft -f -`.
@@ -84,5 +94,26 @@ impl NftBackend for NftCli {
         Ok(String::from_utf8_lossy(&out.stdout)
             .lines()
             .any(|l| l.trim() == want))
+    }
+
+    fn chain_has_rules(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        chain: &str,
+    ) -> Result<bool, DataplaneError> {
+        let fam = crate::render::family_kw(family);
+        let out = Command::new(&self.program)
+            .args(["list", "chain", fam, table, chain])
+            .output()
+            .map_err(|e| DataplaneError::Io {
+                what: format!("running {} list chain", self.program),
+                source: e,
+            })?;
+        // A missing table or chain is an error exit: the rules are gone.
+        Ok(out.status.success()
+            && String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .any(|l| l.contains("jump ") || l.contains("goto ")))
     }
 }

@@ -622,7 +622,12 @@ impl Dataplane for NftablesProxier {
         if self.programmed.is_none() {
             return false;
         }
-        match self.backend.table_exists(self.cfg.family, &self.table) {
+        // nat-prerouting always holds `jump services`: an empty or missing
+        // chain means someone flushed or deleted our rules.
+        match self
+            .backend
+            .chain_has_rules(self.cfg.family, &self.table, "nat-prerouting")
+        {
             Ok(true) => false,
             Ok(false) => {
                 self.programmed = None;

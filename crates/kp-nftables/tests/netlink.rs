@@ -322,6 +322,47 @@ fn table_exists_follows_the_kernel() {
     });
 }
 
+/// The canary chain check sees a missing table, a missing chain and an emptied
+/// table (`nft flush table`), through netlink and through the `nft` program.
+#[test]
+fn canary_chain_check_sees_flushed_and_missing_rules() {
+    let ns = Ns::new("cny");
+    ns.run(|| {
+        let mut backends: Vec<Box<dyn NftBackend>> =
+            vec![Box::new(NftNetlink::new()), Box::new(NftCli::default())];
+        for b in backends.iter_mut() {
+            assert!(!b.chain_has_rules(IpFamily::V4, "t", "nat").unwrap());
+            b.apply(
+                "add table ip t
+add chain ip t nat
+add chain ip t services
+",
+            )
+            .unwrap();
+            assert!(!b.chain_has_rules(IpFamily::V4, "t", "nat").unwrap());
+            b.apply(
+                "add rule ip t nat jump services
+",
+            )
+            .unwrap();
+            assert!(b.chain_has_rules(IpFamily::V4, "t", "nat").unwrap());
+            assert!(!b.chain_has_rules(IpFamily::V4, "t", "other").unwrap());
+            assert!(!b.chain_has_rules(IpFamily::V6, "t", "nat").unwrap());
+            b.apply(
+                "flush table ip t
+",
+            )
+            .unwrap();
+            assert!(!b.chain_has_rules(IpFamily::V4, "t", "nat").unwrap());
+            b.apply(
+                "delete table ip t
+",
+            )
+            .unwrap();
+        }
+    });
+}
+
 fn cfg(family: IpFamily) -> ProxierConfig {
     let mut c = ProxierConfig::new(family);
     c.local_detector = match family {

@@ -1,6 +1,7 @@
 //! The sync loop: source events -> change trackers -> dataplanes, with
 //! upstream's BoundedFrequencyRunner pacing (at most one sync per minSyncPeriod
-//! with a burst of 2, a full resync every syncPeriod, backoff after failures).
+//! with a burst of 2, a resync every syncPeriod that rebuilds everything in
+//! small clusters and hourly in large ones, backoff after failures).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -112,7 +113,41 @@ pub struct SyncLoop {
     pub on_synced: Box<dyn FnMut(HealthCheckData) + Send>,
 }
 
+/// Above this many endpoints (all families), periodic resyncs stop rebuilding
+/// the whole ruleset every syncPeriod: upstream's "large cluster mode"
+/// threshold.
+pub const LARGE_CLUSTER_ENDPOINTS: usize = 1000;
+
+/// How often a large cluster's ruleset is rebuilt anyway (upstream's
+/// FullSyncPeriod). Between rebuilds each syncPeriod still runs a sync: the
+/// canary check and any pending change.
+pub const FULL_SYNC_PERIOD: Duration = Duration::from_secs(3600);
+
 impl SyncLoop {
+    /// Endpoints across families, as upstream counts for large cluster mode.
+    fn endpoint_count(&self) -> usize {
+        self.families
+            .iter()
+            .map(|f| {
+                f.tracker
+                    .state()
+                    .endpoints
+                    .values()
+                    .map(|e| e.len())
+                    .sum::<usize>()
+            })
+            .sum()
+    }
+
+    /// When the next periodic full rebuild is due, counted from `now`.
+    fn full_rebuild_after(&self) -> Duration {
+        if self.endpoint_count() > LARGE_CLUSTER_ENDPOINTS {
+            FULL_SYNC_PERIOD.max(self.sync_period)
+        } else {
+            self.sync_period
+        }
+    }
+
     fn apply_event(&mut self, ev: SourceEvent) -> bool {
         let now = SystemTime::now();
         let mut changed = false;
@@ -292,7 +327,10 @@ impl SyncLoop {
         let mut pacer = Pacer::new(self.min_sync_period, 2);
         let mut synced = false;
         let mut dirty = false;
+        // The periodic sync (canary check, pending changes) and the periodic
+        // full rebuild: the same in small clusters, hourly in large ones.
         let mut next_full = Instant::now() + self.sync_period;
+        let mut next_rebuild = next_full;
         let mut retry_at: Option<Instant> = None;
         let mut failures: u32 = 0;
         loop {
@@ -335,15 +373,17 @@ impl SyncLoop {
             }
             if !synced {
                 next_full = Instant::now() + self.sync_period;
+                next_rebuild = next_full;
                 continue;
             }
             let now = Instant::now();
-            let full = now >= next_full;
-            if !(full || dirty || retry_at.is_some_and(|r| now >= r)) {
+            let periodic = now >= next_full;
+            if !(periodic || dirty || retry_at.is_some_and(|r| now >= r)) {
                 continue;
             }
+            let rebuild = periodic && now >= next_rebuild;
             pacer.take(now);
-            if self.sync_once(full) {
+            if self.sync_once(rebuild) {
                 failures = 0;
                 retry_at = None;
             } else {
@@ -353,8 +393,14 @@ impl SyncLoop {
                 retry_at = Some(Instant::now() + backoff);
             }
             dirty = false;
-            if full {
+            if periodic {
                 next_full = Instant::now() + self.sync_period;
+            }
+            if rebuild {
+                next_rebuild = Instant::now() + self.full_rebuild_after();
+            } else if periodic {
+                // A cluster that shrank below the threshold rebuilds on schedule again.
+                next_rebuild = next_rebuild.min(Instant::now() + self.full_rebuild_after());
             }
         }
     }

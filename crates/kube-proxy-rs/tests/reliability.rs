@@ -41,6 +41,35 @@ fn flushed_rules_are_repaired() {
     });
 }
 
+/// `nft flush table` keeps our table but empties every chain: the canary
+/// (nat-prerouting must hold its rule) sees it, counts it and rebuilds, also
+/// in large clusters where periodic rebuilds are hourly.
+#[test]
+fn emptied_table_is_detected_and_repaired() {
+    let mut env = Env::new("emptied", "nftables");
+    let a = env.pod(1, "a");
+    let client = env.pod(1, "client");
+    env.put("svc", &service("emp", &["10.96.1.11"], json!({})));
+    env.put("eps", &slice("emp", "1", "IPv4", &ready(&[&a])));
+    env.start(1, &[]);
+    let vip = sa("10.96.1.11", 80);
+    env.wait_tcp(client.ns(), vip);
+    env.cluster
+        .exec_ok(
+            env.cluster.node_ns(1),
+            &["nft", "flush", "table", "ip", "kube-proxy-rs"],
+        )
+        .unwrap();
+    assert!(
+        tcp_hello(client.ns(), vip, T).is_err(),
+        "still answering without rules"
+    );
+    env.wait_tcp(client.ns(), vip);
+    env.wait("the canary metric", || {
+        metric(&env.metrics(1), "kubeproxy_rs_rules_lost_total") >= 1.0
+    });
+}
+
 /// The apply fails (a wrapper `nft` that refuses scripts while a flag file
 /// exists): traffic keeps using the previous rules, the failure is counted in
 /// the upstream metric, and once `nft` works again the change lands.

@@ -16,6 +16,7 @@ use crate::backend::NftBackend;
 pub use script::ScriptError;
 
 const TOOL: &str = "nf_tables netlink";
+const NLM_F_DUMP: u16 = 0x300;
 
 /// Sends nft transactions to the kernel as one nf_tables netlink batch.
 ///
@@ -177,6 +178,62 @@ impl NftBackend for NftNetlink {
             "nf_tables batch applied"
         );
         Ok(())
+    }
+
+    fn chain_has_rules(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        chain: &str,
+    ) -> Result<bool, DataplaneError> {
+        let fam = match family {
+            IpFamily::V4 => expr::Family::V4,
+            IpFamily::V6 => expr::Family::V6,
+        };
+        let mut a = nla::Attrs::default();
+        a.str(1, table).str(2, chain);
+        let seq = next_seq(1);
+        let mut buf = Vec::new();
+        // GETRULE dump of one chain: a few messages, never the whole table.
+        nla::put_msg(
+            &mut buf,
+            (nla::NFNL_SUBSYS_NFTABLES << 8) | nla::msg::GETRULE,
+            nla::NLM_F_REQUEST | NLM_F_DUMP,
+            seq,
+            fam.nfproto(),
+            0,
+            &a.buf,
+        );
+        let newrule = (nla::NFNL_SUBSYS_NFTABLES << 8) | nla::msg::NEWRULE;
+        let sock = self.socket()?;
+        let _ = sock.recv_answers(false, |_, _| false);
+        let mut rules = 0usize;
+        let res = sock
+            .send(&buf)
+            .map_err(|e| io_err("asking for our canary chain", e))
+            .and_then(|()| {
+                sock.recv_answers(true, |a, ty| {
+                    if a.seq == seq && ty == newrule {
+                        rules += 1;
+                    }
+                    false
+                })
+                .map_err(|e| io_err("reading our canary chain", e))
+            });
+        match res {
+            Ok(answers) => match answers.iter().find(|a| a.seq == seq && a.errno != 0) {
+                Some(a) if a.errno == libc::ENOENT => Ok(false),
+                Some(a) => Err(DataplaneError::Apply {
+                    tool: TOOL.into(),
+                    message: format!("listing chain {chain}: {}", errno_text(a.errno)),
+                }),
+                None => Ok(rules > 0),
+            },
+            Err(e) => {
+                self.sock = None;
+                Err(e)
+            }
+        }
     }
 
     fn table_exists(&mut self, family: IpFamily, table: &str) -> Result<bool, DataplaneError> {

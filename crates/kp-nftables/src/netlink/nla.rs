@@ -18,6 +18,7 @@ pub mod msg {
     pub const NEWCHAIN: u16 = 3;
     pub const DELCHAIN: u16 = 5;
     pub const NEWRULE: u16 = 6;
+    pub const GETRULE: u16 = 7;
     pub const DELRULE: u16 = 8;
     pub const NEWSET: u16 = 9;
     pub const DELSET: u16 = 11;
