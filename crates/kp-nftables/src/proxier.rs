@@ -1,6 +1,6 @@
 //! The nftables proxier: remembers what it programmed, sends the difference.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::Write;
 use std::time::Instant;
 
@@ -356,15 +356,21 @@ impl NftablesProxier {
 
     fn delete_stale(&self, tx: &mut Tx, old: &ServiceObjects, new: Option<&ServiceObjects>) {
         let p = self.prefix();
+        let chains: HashSet<&str> = new
+            .map(|n| n.chains.iter().map(|(c, _)| c.as_str()).collect())
+            .unwrap_or_default();
+        let sets: HashSet<&str> = new
+            .map(|n| n.affinity_sets.iter().map(|(s, _)| s.as_str()).collect())
+            .unwrap_or_default();
         for (chain, _) in &old.chains {
-            if !new.is_some_and(|n| n.chains.iter().any(|(c, _)| c == chain)) {
+            if !chains.contains(chain.as_str()) {
                 let _ = writeln!(tx.flush_stale, "flush chain {p} {chain}");
                 let _ = writeln!(tx.del_objects, "delete chain {p} {chain}");
                 tx.ops += 2;
             }
         }
         for (set, _) in &old.affinity_sets {
-            if !new.is_some_and(|n| n.affinity_sets.iter().any(|(s, _)| s == set)) {
+            if !sets.contains(set.as_str()) {
                 let _ = writeln!(tx.del_objects, "delete set {p} {set}");
                 tx.ops += 1;
             }
@@ -436,15 +442,18 @@ impl NftablesProxier {
             let empty = ServiceObjects::default();
             let o = old.as_ref().unwrap_or(&empty);
             let n = new.as_ref().unwrap_or(&empty);
+            let old_sets: HashSet<&str> = o.affinity_sets.iter().map(|(s, _)| s.as_str()).collect();
+            let old_chains: HashMap<&str, &Vec<Rule>> =
+                o.chains.iter().map(|(c, r)| (c.as_str(), r)).collect();
             for (set, timeout) in &n.affinity_sets {
-                if !o.affinity_sets.iter().any(|(s, _)| s == set) {
+                if !old_sets.contains(set.as_str()) {
                     let _ = writeln!(tx.add_objects, "{}", self.affinity_set_decl(set, *timeout));
                     tx.ops += 1;
                 }
             }
             for (chain, rules) in &n.chains {
-                match o.chains.iter().find(|(c, _)| c == chain) {
-                    Some((_, old_rules)) if old_rules == rules => {}
+                match old_chains.get(chain.as_str()) {
+                    Some(old_rules) if *old_rules == rules => {}
                     found => {
                         if found.is_none() {
                             let _ = writeln!(tx.add_objects, "add chain {p} {chain}");
@@ -462,10 +471,18 @@ impl NftablesProxier {
         // Elements are shared (a cluster IP by every port of a service, a hairpin
         // IP by every service of a pod): release all removals before claiming
         // additions so that a key moving between services ends up claimed.
+        // Sets, not scans: a Service with thousands of endpoints has thousands
+        // of elements.
+        let elem_set = |o: &Option<ServiceObjects>| -> HashSet<Element> {
+            o.as_ref()
+                .map(|o| o.elements.iter().cloned().collect())
+                .unwrap_or_default()
+        };
         for (name, old, new) in &updates {
             if let Some(o) = old {
+                let keep = elem_set(new);
                 for e in &o.elements {
-                    if new.as_ref().is_some_and(|n| n.elements.contains(e)) {
+                    if keep.contains(e) {
                         continue;
                     }
                     if prog.release(name, e) {
@@ -476,8 +493,9 @@ impl NftablesProxier {
         }
         for (name, old, new) in updates {
             if let Some(n) = new {
+                let had = elem_set(&old);
                 for e in &n.elements {
-                    if old.as_ref().is_some_and(|o| o.elements.contains(e)) {
+                    if had.contains(e) {
                         continue;
                     }
                     if prog.claim(&name, e) {

@@ -236,13 +236,16 @@ fn selection(
             // timeout set per endpoint, as upstream.
             let mut rules = Vec::new();
             let mut targets = Vec::new();
+            // Endpoint chains are shared by the cluster and local selections.
+            let mut made: std::collections::HashSet<String> =
+                chains.iter().map(|(c, _)| c.clone()).collect();
             for ep in eps {
                 let base = endpoint_chain_base(sp, ep);
                 let chain = format!("endpoint-{base}");
                 // The timeout is part of the name: a set cannot change its timeout in
                 // place, and a new name lets one transaction swap it.
                 let set = format!("affinity-{timeout}-{base}");
-                if !chains.iter().any(|(c, _)| *c == chain) {
+                if made.insert(chain.clone()) {
                     chains.push((
                         chain.clone(),
                         vec![
