@@ -1,0 +1,446 @@
+//! kp-connect: data-plane connect latency with N Services programmed.
+//!
+//! `cargo run --release -p kp-bench --bin kp-connect -- [--nft 100,10000,50000]
+//! [--iptables 100,10000] [--iptables-variant legacy|nft] [--connects 2000]
+//! [--rounds 10] [--endpoints 10]`
+//!
+//! For each configuration a throwaway kp-netlab cluster (one node, a server
+//! pod and a client pod on it) is built and, in the node's namespace, the real
+//! proxier programs `N` synthetic Services (`kp_bench::cluster`) plus one
+//! Service whose endpoint is the server pod. A "floor" configuration has no
+//! rules at all and connects straight to the pod IP. Every configuration is
+//! set up first, then connects are measured in interleaved rounds (each round
+//! runs `connects / rounds` connects against every configuration in turn), so
+//! that background load on the machine hits all rows alike.
+//!
+//! One sample = the time `connect()` takes from the client pod: SYN out,
+//! through the node's netfilter hooks (DNAT on a fresh conntrack entry: the
+//! source port is new each time), to the pod and back. Needs root.
+
+use std::collections::BTreeSet;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{anyhow, Context, Result};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kp_iptables::{IptablesCli, IptablesProxier, Variant};
+use kp_model::{ChangeTracker, Dataplane, IpFamily, LocalDetector, ProxierConfig, TrackerConfig};
+use kp_netlab::{in_netns, Cluster, ClusterOpts, Pod};
+use kp_nftables::{NftNetlink, NftablesProxier};
+use serde_json::json;
+
+/// ClusterIP of the Service that points at the real pod: outside the range
+/// the generator uses for up to 60k Services (10.96.0.10 + i).
+const REAL_CLUSTER_IP: &str = "10.96.250.1";
+/// Sorts after the generator's "bench" namespace: in iptables mode the
+/// Service's rule is then the last of KUBE-SERVICES (the worst case; upstream's
+/// order is map iteration order, so N/2 on average).
+const REAL_NAMESPACE: &str = "zz-real";
+const POD_PORT: u16 = 8080;
+const SERVICE_PORT: u16 = 80;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    Floor,
+    Nftables,
+    Iptables,
+}
+
+/// One configuration: its lab, its server and the samples taken so far.
+struct Setup {
+    // Declared first so it drops (and joins its thread) before the lab goes.
+    _server: Server,
+    mode: Mode,
+    services: u32,
+    sync: Duration,
+    lab: Cluster,
+    client: Pod,
+    target: SocketAddr,
+    samples: Vec<Duration>,
+    failures: usize,
+}
+
+/// A listener in the server pod that accepts and drops connections, so the
+/// accept queue never fills. Stopped (and its thread joined) on drop.
+struct Server {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    ns: String,
+    addr: SocketAddr,
+}
+
+impl Server {
+    fn start(pod: &Pod) -> Result<Server> {
+        let addr = pod.addr(POD_PORT);
+        let listener = in_netns(pod.ns(), || TcpListener::bind(addr))?
+            .with_context(|| format!("listening on {addr}"))?;
+        // std listens with a backlog of 128; the accept thread can be starved
+        // for longer than that on a busy machine, and an overflow drops a SYN
+        // (a 1 s retransmission in the figures). Re-listening raises it.
+        {
+            use std::os::fd::AsRawFd;
+            // SAFETY: listen(2) on a listening socket we own.
+            if unsafe { libc::listen(listener.as_raw_fd(), 4096) } != 0 {
+                return Err(std::io::Error::last_os_error()).context("listen backlog");
+            }
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if flag.load(Ordering::Relaxed) {
+                    break;
+                }
+                drop(conn);
+            }
+        });
+        Ok(Server {
+            stop,
+            thread: Some(thread),
+            ns: pod.ns().to_string(),
+            addr,
+        })
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // Wake the blocked accept() with one last connection from the pod itself.
+        let addr = self.addr;
+        let _ = in_netns(&self.ns, || {
+            TcpStream::connect_timeout(&addr, Duration::from_secs(1))
+        });
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn real_service(pod: &Pod) -> Result<(Service, EndpointSlice)> {
+    let svc = json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"namespace": REAL_NAMESPACE, "name": "real"},
+        "spec": {"clusterIP": REAL_CLUSTER_IP, "clusterIPs": [REAL_CLUSTER_IP], "type": "ClusterIP",
+                 "ports": [{"name": "http", "port": SERVICE_PORT, "protocol": "TCP", "targetPort": POD_PORT}]}});
+    let slice = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"namespace": REAL_NAMESPACE, "name": "real-x",
+                     "labels": {"kubernetes.io/service-name": "real"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": POD_PORT, "protocol": "TCP"}],
+        "endpoints": [{"addresses": [pod.ip().to_string()], "nodeName": "node1",
+                       "conditions": {"ready": true}}]});
+    Ok((serde_json::from_value(svc)?, serde_json::from_value(slice)?))
+}
+
+/// Programs `n` synthetic Services plus the real one in node 1's namespace;
+/// returns the time of the full sync (render + apply).
+fn program(
+    lab: &Cluster,
+    server: &Pod,
+    mode: Mode,
+    n: u32,
+    m: u32,
+    variant: Variant,
+) -> Result<Duration> {
+    let mut tr = ChangeTracker::new(TrackerConfig {
+        family: IpFamily::V4,
+        node_name: "node1".into(),
+        service_proxy_name: None,
+    });
+    let now = SystemTime::now();
+    let syn = kp_bench::cluster(n, m);
+    for v in syn.services {
+        let s: Service = serde_json::from_value(v)?;
+        let _ = tr.update_service(&s, now);
+    }
+    for v in syn.slices {
+        let s: EndpointSlice = serde_json::from_value(v)?;
+        let _ = tr.update_endpoint_slice(&s, now);
+    }
+    let (svc, slice) = real_service(server)?;
+    let _ = tr.update_service(&svc, now);
+    let _ = tr.update_endpoint_slice(&slice, now);
+    tr.take_changes();
+
+    let mut pc = ProxierConfig::new(IpFamily::V4);
+    pc.local_detector = LocalDetector::Cidrs(vec![lab.cluster_cidr()]);
+    pc.node_ips = vec![lab.node_ip(1)];
+    let state = tr.state();
+    // The proxier is built and used on a thread inside the node's namespace:
+    // the netlink socket and the iptables-restore children belong to it.
+    in_netns(lab.node_ns(1), move || -> Result<Duration> {
+        let mut dp: Box<dyn Dataplane> = match mode {
+            Mode::Nftables => Box::new(NftablesProxier::new(pc, Box::new(NftNetlink::new()))),
+            Mode::Iptables => Box::new(
+                IptablesProxier::new(pc, Box::new(IptablesCli::variant(IpFamily::V4, variant)))
+                    .with_route_localnet(false),
+            ),
+            Mode::Floor => return Ok(Duration::ZERO),
+        };
+        let t = Instant::now();
+        dp.sync(state, &BTreeSet::new(), true)
+            .map_err(|e| anyhow!("full sync: {e}"))?;
+        Ok(t.elapsed())
+    })?
+}
+
+fn setup(mode: Mode, n: u32, m: u32, variant: Variant) -> Result<Setup> {
+    let lab = Cluster::new(
+        &format!("kp-connect-{mode:?}-{n}"),
+        ClusterOpts::with_nodes(1),
+    )?;
+    let pod = lab.add_pod(1, "srv")?;
+    let client = lab.add_pod(1, "cli")?;
+    let server = Server::start(&pod)?;
+    let sync = program(&lab, &pod, mode, n, m, variant)?;
+    let target = match mode {
+        Mode::Floor => pod.addr(POD_PORT),
+        _ => SocketAddr::new(REAL_CLUSTER_IP.parse().context("cluster IP")?, SERVICE_PORT),
+    };
+    let mut s = Setup {
+        mode,
+        services: n,
+        sync,
+        lab,
+        client,
+        target,
+        _server: server,
+        samples: Vec::new(),
+        failures: 0,
+    };
+    // Warm up (neighbour entries, first conntrack allocations) and check that
+    // the Service really answers before measuring.
+    let (ok, fail) = measure(&s, 50)?;
+    if ok.is_empty() {
+        return Err(anyhow!(
+            "{mode:?} with {n} Services: no connect to {} succeeded ({fail} failures)",
+            s.target
+        ));
+    }
+    s.failures = 0;
+    Ok(s)
+}
+
+/// `k` connects from the client pod to the setup's target.
+fn measure(s: &Setup, k: usize) -> Result<(Vec<Duration>, usize)> {
+    let target = s.target;
+    Ok(in_netns(s.client.ns(), move || {
+        let mut ok = Vec::with_capacity(k);
+        let mut fail = 0;
+        for _ in 0..k {
+            let t = Instant::now();
+            match TcpStream::connect_timeout(&target, Duration::from_secs(2)) {
+                Ok(c) => {
+                    ok.push(t.elapsed());
+                    abort(c);
+                }
+                Err(_) => fail += 1,
+            }
+        }
+        (ok, fail)
+    })?)
+}
+
+/// Closes with a RST (SO_LINGER 0): no TIME_WAIT socket on either side, so
+/// a later connect reusing the source port is not answered by a stale
+/// TIME_WAIT socket (which costs a 1 s SYN retransmission).
+fn abort(c: TcpStream) {
+    use std::os::fd::AsRawFd;
+    let l = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: setsockopt on a socket we own with a correctly sized option.
+    unsafe {
+        libc::setsockopt(
+            c.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&l as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        );
+    }
+    drop(c);
+}
+
+fn pct(v: &[Duration], p: f64) -> Duration {
+    if v.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[i]
+}
+
+fn us(d: Duration) -> String {
+    format!("{:.0}", d.as_secs_f64() * 1e6)
+}
+
+fn list(args: &[String], flag: &str, default: &str) -> Result<Vec<u32>> {
+    let v = args
+        .iter()
+        .position(|a| a == flag)
+        .and_then(|i| args.get(i + 1))
+        .map(String::as_str)
+        .unwrap_or(default);
+    if v.is_empty() || v == "none" {
+        return Ok(Vec::new());
+    }
+    v.split(',')
+        .map(|s| s.parse().with_context(|| format!("{flag} {s}")))
+        .collect()
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let nft = list(&args, "--nft", "100,10000,50000")?;
+    let ipt = list(&args, "--iptables", "100,10000")?;
+    let one = |flag: &str, d: &str| -> Result<usize> {
+        Ok(list(&args, flag, d)?.first().copied().unwrap_or(0) as usize)
+    };
+    let connects = one("--connects", "2000")?;
+    let rounds = one("--rounds", "10")?.max(1);
+    let m = one("--endpoints", "10")? as u32;
+
+    // iptables-nft takes minutes to load 10k Services (the kernel side of
+    // iptables-nft, not our renderer); legacy is the default here so that the
+    // comparison can be set up at all. The chain walk is the same in both.
+    let variant = match args
+        .iter()
+        .position(|a| a == "--iptables-variant")
+        .and_then(|i| args.get(i + 1))
+        .map(String::as_str)
+    {
+        None | Some("legacy") => Variant::Legacy,
+        Some("nft") => Variant::Nft,
+        Some(other) => return Err(anyhow!("--iptables-variant {other}: legacy or nft")),
+    };
+    let mut setups = Vec::new();
+    let mut plan = vec![(Mode::Floor, 0)];
+    plan.extend(nft.iter().map(|&n| (Mode::Nftables, n)));
+    plan.extend(ipt.iter().map(|&n| (Mode::Iptables, n)));
+    for (mode, n) in plan {
+        let s = setup(mode, n, m, variant)?;
+        eprintln!(
+            "set up {mode:?} with {n} Services (full sync {:.2} s) in {}",
+            s.sync.as_secs_f64(),
+            s.lab.prefix()
+        );
+        setups.push(s);
+    }
+    let per = connects.div_ceil(rounds);
+    for r in 0..rounds {
+        for s in setups.iter_mut() {
+            let (ok, fail) = measure(s, per)?;
+            s.samples.extend(ok);
+            s.failures += fail;
+        }
+        eprintln!("round {}/{rounds} done", r + 1);
+    }
+
+    let base = |mode: Mode| {
+        setups
+            .iter()
+            .filter(|s| s.mode == mode)
+            .min_by_key(|s| s.services)
+            .map(|s| {
+                let mut v = s.samples.clone();
+                v.sort();
+                pct(&v, 0.5)
+            })
+    };
+    let (floor, nft_base, ipt_base) = (
+        base(Mode::Floor),
+        base(Mode::Nftables),
+        base(Mode::Iptables),
+    );
+    println!("| mode | Services (x{m} endpoints) | full sync | connects | p50 µs | p99 µs | mean µs | p50 vs smallest of the mode | p50 vs floor |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for s in setups.iter_mut() {
+        s.samples.sort();
+        let v = &s.samples;
+        let mean = if v.is_empty() {
+            Duration::ZERO
+        } else {
+            v.iter().sum::<Duration>() / v.len() as u32
+        };
+        let p50 = pct(v, 0.5);
+        let slow = v.iter().filter(|d| d.as_millis() >= 200).count();
+        if slow > 0 && std::env::var_os("KP_CONNECT_DEBUG").is_some() {
+            for ns in [
+                s.client.ns().to_string(),
+                format!("{}-pod-srv", s.lab.prefix()),
+                s.lab.node_ns(1).to_string(),
+            ] {
+                if let Ok(o) = s.lab.exec(&ns, &["nstat", "-az"]) {
+                    let t = String::from_utf8_lossy(&o.stdout);
+                    let nz: Vec<&str> = t
+                        .lines()
+                        .filter(|l| {
+                            l.split_whitespace().nth(1).is_some_and(|v| v != "0")
+                                && (l.contains("Drop")
+                                    || l.contains("Overflow")
+                                    || l.contains("Retrans")
+                                    || l.contains("Timeout")
+                                    || l.contains("Reset")
+                                    || l.contains("Challenge")
+                                    || l.contains("TW"))
+                        })
+                        .collect();
+                    eprintln!("{ns}: {nz:?}");
+                }
+            }
+        }
+        if slow > 0 {
+            eprintln!(
+                "{:?} {}: {slow} connects took >= 200 ms (SYN retransmitted), max {:?}",
+                s.mode,
+                s.services,
+                v.last()
+            );
+        }
+        let rel = |b: Option<Duration>| match b {
+            Some(b) if !b.is_zero() => format!(
+                "{:+.1}%",
+                (p50.as_secs_f64() / b.as_secs_f64() - 1.0) * 100.0
+            ),
+            _ => "-".into(),
+        };
+        let (name, vs_mode) = match s.mode {
+            Mode::Floor => ("none (pod IP)", "-".to_string()),
+            Mode::Nftables => ("nftables (netlink)", rel(nft_base)),
+            Mode::Iptables => (
+                if variant == Variant::Legacy {
+                    "iptables (legacy)"
+                } else {
+                    "iptables (nft backend)"
+                },
+                rel(ipt_base),
+            ),
+        };
+        println!(
+            "| {name} | {} | {} | {}{} | {} | {} | {} | {vs_mode} | {} |",
+            s.services,
+            if s.mode == Mode::Floor {
+                "-".to_string()
+            } else {
+                format!("{:.2} s", s.sync.as_secs_f64())
+            },
+            v.len(),
+            if s.failures > 0 {
+                format!(" ({} failed)", s.failures)
+            } else {
+                String::new()
+            },
+            us(p50),
+            us(pct(v, 0.99)),
+            us(mean),
+            rel(floor),
+        );
+    }
+    // Labs (and servers) are torn down as `setups` drops.
+    drop(setups);
+    Ok(())
+}

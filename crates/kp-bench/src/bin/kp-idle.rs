@@ -1,0 +1,288 @@
+//! kp-idle: the real kube-proxy-rs binary's steady state with a big cluster.
+//!
+//! `cargo build --release -p kube-proxy-rs -p kp-bench && sudo
+//! target/release/kp-idle [--sizes 10000,50000] [--endpoints 10] [--idle 30]
+//! [--mode nftables] [--bin target/release/kube-proxy-rs]`
+//!
+//! For each size: writes the synthetic cluster (`kp_bench::cluster`) as JSON
+//! `List` manifests into a directory under the binary's target dir, starts the
+//! release kube-proxy-rs with `--manifests DIR` in a throwaway network
+//! namespace, waits until its metrics report the first full sync, checks that
+//! the last Service really is in the kernel, then leaves it alone for
+//! `--idle` seconds and samples its RSS every second and its CPU time
+//! (utime+stime from /proc/PID/stat) at both ends. Needs root.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::{json, Value};
+
+const METRICS: &str = "127.0.0.1:10249";
+/// Objects per manifest file: many moderate files, like a ConfigMap layout.
+const PER_FILE: usize = 1000;
+
+struct Netns(String);
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+struct Proc(Child);
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct Dir(PathBuf);
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn write_manifests(dir: &Path, n: u32, m: u32) -> Result<u64> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let syn = kp_bench::cluster(n, m);
+    let mut bytes = 0u64;
+    let mut write = |name: String, items: &[Value]| -> Result<()> {
+        let list = json!({"apiVersion": "v1", "kind": "List", "items": items});
+        let text = serde_json::to_vec(&list)?;
+        bytes += text.len() as u64;
+        std::fs::write(dir.join(name), text).context("writing a manifest")
+    };
+    for (i, c) in syn.services.chunks(PER_FILE).enumerate() {
+        write(format!("services-{i:03}.json"), c)?;
+    }
+    for (i, c) in syn.slices.chunks(PER_FILE).enumerate() {
+        write(format!("slices-{i:03}.json"), c)?;
+    }
+    Ok(bytes)
+}
+
+/// GET `path` from the metrics server inside `ns`.
+fn http_get(ns: &str, path: &str) -> Result<String> {
+    let mut s = kp_netlab::in_netns(ns, || TcpStream::connect(METRICS))??;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out)
+}
+
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+fn status_kib(pid: u32, key: &str) -> Result<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    s.lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| anyhow!("{key} missing from /proc/{pid}/status"))
+}
+
+/// utime + stime of `pid`, in seconds.
+fn cpu_seconds(pid: u32) -> Result<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let rest = s
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .ok_or_else(|| anyhow!("bad /proc/{pid}/stat"))?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // rest starts at field 3 (state); utime and stime are fields 14 and 15.
+    let ticks: u64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Ok(ticks as f64 / hz)
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.0}", kib as f64 / 1024.0)
+}
+
+struct Row {
+    n: u32,
+    manifest_bytes: u64,
+    first_sync: Duration,
+    sync_cpu: f64,
+    hwm: u64,
+    rss_avg: u64,
+    rss_max: u64,
+    idle_cpu_pct: f64,
+}
+
+fn run(bin: &Path, mode: &str, n: u32, m: u32, idle: u64, work: &Path) -> Result<Row> {
+    let dir = Dir(work.join(format!("kp-idle-{}-{n}", std::process::id())));
+    let manifest_bytes = write_manifests(&dir.0, n, m)?;
+    let ns = format!("kpidle{}x{n}", std::process::id());
+    if !Command::new("ip")
+        .args(["netns", "add", &ns])
+        .status()?
+        .success()
+    {
+        bail!("ip netns add failed (run as root)");
+    }
+    let _ns = Netns(ns.clone());
+    Command::new("ip")
+        .args(["netns", "exec", &ns, "ip", "link", "set", "lo", "up"])
+        .status()?;
+    let log_path = dir.0.with_extension("log");
+    let log = std::fs::File::create(&log_path)?;
+    let t0 = Instant::now();
+    // `ip netns exec` execs the program: the child's pid is kube-proxy-rs's.
+    let child = Command::new("ip")
+        .args(["netns", "exec", &ns])
+        .arg(bin)
+        .arg(format!("--proxy-mode={mode}"))
+        .arg(format!("--manifests={}", dir.0.display()))
+        .args([
+            "--hostname-override=node1",
+            "--healthz-bind-address=127.0.0.1:10256",
+            &format!("--metrics-bind-address={METRICS}"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let mut p = Proc(child);
+    let pid = p.0.id();
+    let count = "kubeproxy_sync_full_proxy_rules_duration_seconds_count";
+    let first_sync = loop {
+        if let Some(st) = p.0.try_wait()? {
+            bail!(
+                "kube-proxy-rs exited ({st}) before its first sync:\n{}",
+                std::fs::read_to_string(&log_path).unwrap_or_default()
+            );
+        }
+        if let Ok(text) = http_get(&ns, "/metrics") {
+            if metric(&text, count).unwrap_or(0.0) >= 1.0 {
+                break t0.elapsed();
+            }
+        }
+        if t0.elapsed() > Duration::from_secs(1800) {
+            bail!("no full sync after 30 minutes");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let sync_cpu = cpu_seconds(pid)?;
+    // The first sync must have carried the whole cluster: the last Service's
+    // ClusterIP (10.96.0.10 + n - 1) is in the kernel.
+    let last = 0x0a60_0000u32 + 10 + n - 1;
+    let ip = std::net::Ipv4Addr::from(last);
+    let check = if mode == "nftables" {
+        Command::new("ip")
+            .args(["netns", "exec", &ns, "nft", "get", "element", "ip"])
+            .args([kp_nftables::TABLE_NAME, "service-ips"])
+            .arg(format!("{{ {ip} . tcp . 80 }}"))
+            .output()?
+    } else {
+        Command::new("ip")
+            .args(["netns", "exec", &ns, "sh", "-c"])
+            .arg(format!(
+                "iptables-save -t nat 2>/dev/null | grep -q -- '-d {ip}/32'; s1=$?; \
+                 iptables-legacy-save -t nat 2>/dev/null | grep -q -- '-d {ip}/32'; s2=$?; \
+                 [ $s1 = 0 ] || [ $s2 = 0 ]"
+            ))
+            .output()?
+    };
+    if !check.status.success() {
+        bail!(
+            "after the first sync the last Service ({ip}) is not programmed: {}",
+            String::from_utf8_lossy(&check.stderr)
+        );
+    }
+    // Let the post-sync work (allocator returning memory, timers) settle a
+    // little before the idle window starts.
+    std::thread::sleep(Duration::from_secs(2));
+    let c0 = cpu_seconds(pid)?;
+    let w0 = Instant::now();
+    let mut rss = Vec::new();
+    for _ in 0..idle {
+        std::thread::sleep(Duration::from_secs(1));
+        rss.push(status_kib(pid, "VmRSS:")?);
+    }
+    let idle_cpu_pct = (cpu_seconds(pid)? - c0) / w0.elapsed().as_secs_f64() * 100.0;
+    let rss_avg = rss.iter().sum::<u64>() / rss.len().max(1) as u64;
+    let rss_max = rss.iter().copied().max().unwrap_or(0);
+    // The high-water mark over the whole life: the first sync is the peak.
+    let hwm = status_kib(pid, "VmHWM:")?;
+    if p.0.try_wait()?.is_some() {
+        bail!("kube-proxy-rs exited during the idle window");
+    }
+    drop(p);
+    let _ = std::fs::remove_file(&log_path);
+    Ok(Row {
+        n,
+        manifest_bytes,
+        first_sync,
+        sync_cpu,
+        hwm,
+        rss_avg,
+        rss_max,
+        idle_cpu_pct,
+    })
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let get = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let sizes: Vec<u32> = get("--sizes")
+        .unwrap_or_else(|| "10000,50000".into())
+        .split(',')
+        .map(|s| s.parse().context("--sizes"))
+        .collect::<Result<_>>()?;
+    let m: u32 = get("--endpoints").unwrap_or_else(|| "10".into()).parse()?;
+    let idle: u64 = get("--idle").unwrap_or_else(|| "30".into()).parse()?;
+    let mode = get("--mode").unwrap_or_else(|| "nftables".into());
+    let exe = std::env::current_exe()?;
+    let here = exe
+        .parent()
+        .ok_or_else(|| anyhow!("no directory for {}", exe.display()))?;
+    let bin = get("--bin")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| here.join("kube-proxy-rs"));
+    if !bin.exists() {
+        bail!(
+            "{} not found: cargo build --release -p kube-proxy-rs",
+            bin.display()
+        );
+    }
+    println!("| Services (x{m} endpoints) | mode | manifests | time to first full sync | CPU to first sync | peak RSS (VmHWM) | idle RSS avg / max | idle CPU ({idle} s) |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for &n in &sizes {
+        let r = run(&bin, &mode, n, m, idle, here)?;
+        println!(
+            "| {} | {mode} | {:.1} MiB JSON | {:.2} s | {:.2} s | {} MiB | {} / {} MiB | {:.2}% |",
+            r.n,
+            r.manifest_bytes as f64 / 1048576.0,
+            r.first_sync.as_secs_f64(),
+            r.sync_cpu,
+            mib(r.hwm),
+            mib(r.rss_avg),
+            mib(r.rss_max),
+            r.idle_cpu_pct,
+        );
+    }
+    Ok(())
+}
