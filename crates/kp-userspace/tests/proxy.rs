@@ -54,6 +54,26 @@ fn state(vip: &str, proto: Protocol, eps: &[SocketAddr]) -> ProxyState {
     s
 }
 
+/// Greets each connection with its name and closes.
+fn named_server(name: &'static str) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let a = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut s in l.incoming().flatten() {
+            let _ = s.write_all(name.as_bytes());
+        }
+    });
+    a
+}
+
+fn hello(to: SocketAddr) -> String {
+    let mut s = TcpStream::connect(to).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
 fn proxier(f: impl FnOnce(&mut UserspaceConfig)) -> UserspaceProxier {
     let mut c = UserspaceConfig::new(IpFamily::V4);
     c.vip_mode = VipMode::None;
@@ -259,4 +279,32 @@ fn listener_follows_endpoints_and_established_connections_stay() {
     let e = TcpStream::connect(vip(vip_ip)).unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused);
     echo(&mut held, b"three");
+}
+
+#[test]
+fn client_ip_affinity_sticks_until_its_timeout() {
+    let (x, y) = (named_server("x"), named_server("y"));
+    let mut p = proxier(|_| {});
+    let vip_ip = "127.0.0.27";
+    let mut st = state(vip_ip, Protocol::Tcp, &[x, y]);
+    // Without affinity: round robin alternates.
+    sync(&mut p, &st);
+    let a = hello(vip(vip_ip));
+    assert_ne!(hello(vip(vip_ip)), a);
+    // sessionAffinity ClientIP, timeoutSeconds 1.
+    let name = st.services.keys().next().unwrap().clone();
+    let mut sp = (*st.services[&name]).clone();
+    sp.session_affinity_timeout = Some(1);
+    st.services.insert(name.clone(), Arc::new(sp));
+    // A partial sync naming the changed Service port.
+    p.sync(&st, &BTreeSet::from([name]), false)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let first = hello(vip(vip_ip));
+    for _ in 0..10 {
+        assert_eq!(hello(vip(vip_ip)), first, "affinity not kept");
+    }
+    // Each connection refreshes the entry; after a quiet second it is gone
+    // and round robin moves on to the other endpoint.
+    std::thread::sleep(Duration::from_millis(1300));
+    assert_ne!(hello(vip(vip_ip)), first, "affinity outlived its timeout");
 }
