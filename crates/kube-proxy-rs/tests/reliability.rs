@@ -857,15 +857,26 @@ fn rolling_update_etp_local_iptables() {
 /// entry over netlink after the sync, the next ask creates a fresh one to
 /// the new pod, and no ask goes unanswered.
 /// kubeproxy_conntrack_reconciler_deleted_entries_total counts the deletion.
-fn dns_client_survives_replacement(mode: &str) {
+fn dns_client_survives_replacement(mode: &str, family: &str) {
     let mut env = Env::new("dnsudp", mode);
     let (old, old_srv) = own_pod(&env, 1, "old");
     let (new, _new_srv) = own_pod(&env, 2, "new");
     let client = env.pod(1, "client");
-    env.put("svc", &service("dns", &["10.96.6.20"], json!({})));
-    env.put("eps", &slice("dns", "1", "IPv4", &ready(&[&old])));
+    env.put(
+        "svc",
+        &service(
+            "dns",
+            &["10.96.6.20", "fd00:96::6:20"],
+            json!({"ipFamilyPolicy": "PreferDualStack"}),
+        ),
+    );
+    env.put("eps", &slice("dns", "1", family, &ready(&[&old])));
     env.start(1, &[]);
-    let dns = sa("10.96.6.20", 53);
+    let dns = if family == "IPv6" {
+        sa("fd00:96::6:20", 53)
+    } else {
+        sa("10.96.6.20", 53)
+    };
     env.wait("UDP answers", || {
         kp_netlab::udp_ask(client.ns(), dns, T).is_ok()
     });
@@ -892,12 +903,12 @@ fn dns_client_survives_replacement(mode: &str) {
     for _ in 0..10 {
         ask(&mut answers);
     }
-    env.put("eps", &slice("dns", "1", "IPv4", &ready(&[&old, &new])));
+    env.put("eps", &slice("dns", "1", family, &ready(&[&old, &new])));
     for _ in 0..10 {
         ask(&mut answers);
     }
     // The old pod leaves the slice; the flow moves once its entry is deleted.
-    env.put("eps", &slice("dns", "1", "IPv4", &ready(&[&new])));
+    env.put("eps", &slice("dns", "1", family, &ready(&[&new])));
     let t0 = Instant::now();
     while answers.last().and_then(|r| r.as_deref().ok()) != Some("new") {
         assert!(
@@ -932,12 +943,22 @@ fn dns_client_survives_replacement(mode: &str) {
 
 #[test]
 fn dns_client_survives_replacement_nftables() {
-    dns_client_survives_replacement("nftables");
+    dns_client_survives_replacement("nftables", "IPv4");
 }
 
 #[test]
 fn dns_client_survives_replacement_iptables() {
-    dns_client_survives_replacement("iptables");
+    dns_client_survives_replacement("iptables", "IPv4");
+}
+
+#[test]
+fn dns_client_survives_replacement_ipv6_nftables() {
+    dns_client_survives_replacement("nftables", "IPv6");
+}
+
+#[test]
+fn dns_client_survives_replacement_ipv6_iptables() {
+    dns_client_survives_replacement("iptables", "IPv6");
 }
 
 // ---------------------------------------------------------------------------
