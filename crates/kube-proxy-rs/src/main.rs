@@ -16,6 +16,13 @@ use kube_proxy_rs::metrics::Metrics;
 use kube_proxy_rs::server::{self, HealthState};
 use kube_proxy_rs::sync::{FamilyProxier, SyncLoop};
 
+// mimalloc instead of glibc malloc: at 10k-50k Services a sync allocates and
+// frees millions of small strings, and glibc's chunk consolidation was the
+// largest item in the full-sync profile (full sync of 10k Services 4.1 s ->
+// 2.2 s in kp-bench).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const FAMILIES: [IpFamily; 2] = [IpFamily::V4, IpFamily::V6];
 
 fn main() {
