@@ -2,14 +2,16 @@
 //!
 //! `cargo build --release -p kube-proxy-rs -p kp-bench && sudo
 //! target/release/kp-idle [--sizes 10000,50000] [--endpoints 10] [--idle 30]
-//! [--mode nftables] [--bin target/release/kube-proxy-rs]`
+//! [--mode nftables] [--bin target/release/kube-proxy-rs] [--perf FILE]`
+//! (`--perf`: `perf record -e cpu-clock -g` of the idle window into FILE.N.data)
 //!
 //! For each size: writes the synthetic cluster (`kp_bench::cluster`) as JSON
 //! `List` manifests into a directory under the binary's target dir, starts the
 //! release kube-proxy-rs with `--manifests DIR` in a throwaway network
 //! namespace, waits until its metrics report the first full sync, checks that
-//! the last Service really is in the kernel, then leaves it alone for
-//! `--idle` seconds and samples its RSS every second and its CPU time
+//! the last Service really is in the kernel, waits until the first periodic
+//! sync (30 s after start) is over and the process is quiet, then leaves it
+//! alone for `--idle` seconds and samples its RSS every second and its CPU time
 //! (utime+stime from /proc/PID/stat) at both ends. Needs root.
 
 use std::io::{Read, Write};
@@ -121,13 +123,26 @@ struct Row {
     manifest_bytes: u64,
     first_sync: Duration,
     sync_cpu: f64,
+    /// CPU seconds between the first sync and the start of the idle window,
+    /// and how long that was.
+    settle_cpu: f64,
+    settle: Duration,
+    /// (full, partial) syncs during the idle window.
+    idle_syncs: (f64, f64),
     hwm: u64,
     rss_avg: u64,
     rss_max: u64,
     idle_cpu_pct: f64,
 }
 
-fn run(bin: &Path, mode: &str, n: u32, m: u32, idle: u64, work: &Path) -> Result<Row> {
+fn run(
+    bin: &Path,
+    mode: &str,
+    (n, m): (u32, u32),
+    idle: u64,
+    work: &Path,
+    perf_out: Option<&Path>,
+) -> Result<Row> {
     let dir = Dir(work.join(format!("kp-idle-{}-{n}", std::process::id())));
     let manifest_bytes = write_manifests(&dir.0, n, m)?;
     let ns = format!("kpidle{}x{n}", std::process::id());
@@ -207,9 +222,44 @@ fn run(bin: &Path, mode: &str, n: u32, m: u32, idle: u64, work: &Path) -> Result
             String::from_utf8_lossy(&check.stderr)
         );
     }
-    // Let the post-sync work (allocator returning memory, timers) settle a
-    // little before the idle window starts.
-    std::thread::sleep(Duration::from_secs(2));
+    // Settle: the first periodic sync (--iptables-sync-period, 30 s after
+    // start) is not steady state; wait until it has passed and the process
+    // has been quiet (< 5% CPU) for a whole second, at most 3 minutes.
+    let settle_from = Instant::now();
+    let mut prev = cpu_seconds(pid)?;
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+        let c = cpu_seconds(pid)?;
+        let quiet = c - prev < 0.05;
+        prev = c;
+        if (t0.elapsed() > Duration::from_secs(32) && quiet)
+            || settle_from.elapsed() > Duration::from_secs(180)
+        {
+            break;
+        }
+    }
+    let settle_cpu = cpu_seconds(pid)? - sync_cpu;
+    let syncs = |text: &str| {
+        (
+            metric(text, count).unwrap_or(0.0),
+            metric(text, "kubeproxy_sync_partial_proxy_rules_duration_seconds_count").unwrap_or(0.0),
+        )
+    };
+    let (full0, part0) = syncs(&http_get(&ns, "/metrics")?);
+    // Optional profile of the idle window (perf's cpu-clock: no hardware
+    // counters needed).
+    let perf = match perf_out {
+        Some(out) => Some(Proc(
+            Command::new("perf")
+                .args(["record", "-q", "-e", "cpu-clock", "-g", "-p", &pid.to_string(), "-o"])
+                .arg(out.with_extension(format!("{n}.data")))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("starting perf record")?,
+        )),
+        None => None,
+    };
     let c0 = cpu_seconds(pid)?;
     let w0 = Instant::now();
     let mut rss = Vec::new();
@@ -218,6 +268,13 @@ fn run(bin: &Path, mode: &str, n: u32, m: u32, idle: u64, work: &Path) -> Result
         rss.push(status_kib(pid, "VmRSS:")?);
     }
     let idle_cpu_pct = (cpu_seconds(pid)? - c0) / w0.elapsed().as_secs_f64() * 100.0;
+    if let Some(mut p) = perf {
+        // SIGINT makes perf write its file and exit.
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(p.0.id() as i32, libc::SIGINT) };
+        let _ = p.0.wait();
+    }
+    let (full1, part1) = syncs(&http_get(&ns, "/metrics")?);
     let rss_avg = rss.iter().sum::<u64>() / rss.len().max(1) as u64;
     let rss_max = rss.iter().copied().max().unwrap_or(0);
     // The high-water mark over the whole life: the first sync is the peak.
@@ -233,6 +290,9 @@ fn run(bin: &Path, mode: &str, n: u32, m: u32, idle: u64, work: &Path) -> Result
         first_sync,
         sync_cpu,
         hwm,
+        settle_cpu,
+        settle: settle_from.elapsed().saturating_sub(w0.elapsed()),
+        idle_syncs: (full1 - full0, part1 - part0),
         rss_avg,
         rss_max,
         idle_cpu_pct,
@@ -255,6 +315,7 @@ fn main() -> Result<()> {
     let m: u32 = get("--endpoints").unwrap_or_else(|| "10".into()).parse()?;
     let idle: u64 = get("--idle").unwrap_or_else(|| "30".into()).parse()?;
     let mode = get("--mode").unwrap_or_else(|| "nftables".into());
+    let perf = get("--perf").map(PathBuf::from);
     let exe = std::env::current_exe()?;
     let here = exe
         .parent()
@@ -268,20 +329,24 @@ fn main() -> Result<()> {
             bin.display()
         );
     }
-    println!("| Services (x{m} endpoints) | mode | manifests | time to first full sync | CPU to first sync | peak RSS (VmHWM) | idle RSS avg / max | idle CPU ({idle} s) |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| Services (x{m} endpoints) | mode | manifests | time to first full sync | CPU to first sync | peak RSS (VmHWM) | after the first sync: CPU (over) | idle RSS avg / max | idle CPU ({idle} s) | syncs while idle (full / partial) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for &n in &sizes {
-        let r = run(&bin, &mode, n, m, idle, here)?;
+        let r = run(&bin, &mode, (n, m), idle, here, perf.as_deref())?;
         println!(
-            "| {} | {mode} | {:.1} MiB JSON | {:.2} s | {:.2} s | {} MiB | {} / {} MiB | {:.2}% |",
+            "| {} | {mode} | {:.1} MiB JSON | {:.2} s | {:.2} s | {} MiB | {:.2} s ({:.0} s) | {} / {} MiB | {:.2}% | {} / {} |",
             r.n,
             r.manifest_bytes as f64 / 1048576.0,
             r.first_sync.as_secs_f64(),
             r.sync_cpu,
             mib(r.hwm),
+            r.settle_cpu,
+            r.settle.as_secs_f64(),
             mib(r.rss_avg),
             mib(r.rss_max),
             r.idle_cpu_pct,
+            r.idle_syncs.0,
+            r.idle_syncs.1,
         );
     }
     Ok(())
