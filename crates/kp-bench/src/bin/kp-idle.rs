@@ -196,6 +196,9 @@ fn run(
         std::thread::sleep(Duration::from_millis(50));
     };
     let sync_cpu = cpu_seconds(pid)?;
+    // The settle phase counts from here (the check below can take minutes at
+    // 50k: nft reads the whole table to answer one element).
+    let settle_from = Instant::now();
     // The first sync must have carried the whole cluster: the last Service's
     // ClusterIP (10.96.0.10 + n - 1) is in the kernel.
     let last = 0x0a60_0000u32 + 10 + n - 1;
@@ -225,7 +228,6 @@ fn run(
     // Settle: the first periodic sync (--iptables-sync-period, 30 s after
     // start) is not steady state; wait until it has passed and the process
     // has been quiet (< 5% CPU) for a whole second, at most 3 minutes.
-    let settle_from = Instant::now();
     let mut prev = cpu_seconds(pid)?;
     loop {
         std::thread::sleep(Duration::from_secs(1));
