@@ -244,7 +244,11 @@ fn run(
     let syncs = |text: &str| {
         (
             metric(text, count).unwrap_or(0.0),
-            metric(text, "kubeproxy_sync_partial_proxy_rules_duration_seconds_count").unwrap_or(0.0),
+            metric(
+                text,
+                "kubeproxy_sync_partial_proxy_rules_duration_seconds_count",
+            )
+            .unwrap_or(0.0),
         )
     };
     let (full0, part0) = syncs(&http_get(&ns, "/metrics")?);
@@ -253,7 +257,16 @@ fn run(
     let perf = match perf_out {
         Some(out) => Some(Proc(
             Command::new("perf")
-                .args(["record", "-q", "-e", "cpu-clock", "-g", "-p", &pid.to_string(), "-o"])
+                .args([
+                    "record",
+                    "-q",
+                    "-e",
+                    "cpu-clock",
+                    "-g",
+                    "-p",
+                    &pid.to_string(),
+                    "-o",
+                ])
                 .arg(out.with_extension(format!("{n}.data")))
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
