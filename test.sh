@@ -17,10 +17,25 @@ command -v iptables-restore >/dev/null 2>&1 || missing+=(iptables)
 command -v conntrack >/dev/null 2>&1 || missing+=(conntrack)
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 command -v ipset >/dev/null 2>&1 || missing+=(ipset)
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "installing ${missing[*]}"
+command -v ipvsadm >/dev/null 2>&1 || missing+=(ipvsadm)
+# The IPVS test VM (kube-proxy-rs/tests/conformance_ipvs.rs, docs/ipvs.md):
+# qemu, Debian's kernel (it has ip_vs; this host's kernel has not), a static
+# busybox and cpio for the initramfs, kmod's modinfo.
+vm=()
+command -v qemu-system-x86_64 >/dev/null 2>&1 || vm+=(qemu-system-x86)
+ls /lib/modules/*-amd64/kernel/net/netfilter/ipvs/ip_vs.ko >/dev/null 2>&1 || vm+=(linux-image-amd64)
+dpkg -s busybox-static >/dev/null 2>&1 || vm+=(busybox-static)
+command -v cpio >/dev/null 2>&1 || vm+=(cpio)
+command -v modinfo >/dev/null 2>&1 || vm+=(kmod)
+if [ ${#missing[@]} -gt 0 ] || [ ${#vm[@]} -gt 0 ]; then
+  echo "installing ${missing[*]} ${vm[*]}"
   apt-get update -qq
+fi
+if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+if [ ${#vm[@]} -gt 0 ]; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${vm[@]}" >/dev/null
 fi
 
 cargo fmt --all -- --check

@@ -199,7 +199,8 @@ pub mod msg {
 
     /// CTRL_CMD_GETFAMILY for "IPVS" (answers with the family id).
     pub fn resolve_family(seq: u32) -> Vec<u8> {
-        let mut m = genl(GENL_ID_CTRL, nl::NLM_F_REQUEST, seq, CTRL_CMD_GETFAMILY, 1);
+        // With an ACK: `Socket::request` reads up to the acknowledgement.
+        let mut m = genl(GENL_ID_CTRL, REQ_ACK, seq, CTRL_CMD_GETFAMILY, 1);
         m.str(CTRL_ATTR_FAMILY_NAME, IPVS_GENL_NAME);
         m.finish()
     }

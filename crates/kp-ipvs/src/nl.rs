@@ -207,7 +207,8 @@ impl Socket {
 
     /// Sends one request (which must carry `seq`) and returns the messages of
     /// its answer: for a dump every message up to NLMSG_DONE, otherwise the
-    /// data messages before the acknowledgement. An error answer becomes an
+    /// data messages before the acknowledgement (so non-dump requests must
+    /// ask for one: NLM_F_ACK). An error answer becomes an
     /// io::Error with the kernel's errno.
     pub fn request(&mut self, msg: &[u8], seq: u32, dump: bool) -> io::Result<Vec<Reply>> {
         self.send(msg)?;

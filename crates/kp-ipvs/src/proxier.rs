@@ -190,13 +190,21 @@ impl IpvsProxier {
     fn ensure_base(&mut self) -> Result<(), DataplaneError> {
         self.ensure_sysctls();
         self.ipset.restore(&ipset::create_lines(self.family()))?;
-        self.iptables
-            .restore(&rules::restore_input(&self.cfg.proxier))?;
-        for j in rules::jumps() {
-            if !self.iptables.rule_exists(j.table, j.from, &j.args)? {
-                self.iptables.insert_rule(j.table, j.from, &j.args)?;
+        // Which jumps are missing, from one listing per table (each program
+        // run counts: a full sync should not cost two runs per jump).
+        let jumps = rules::jumps();
+        let mut missing = Vec::new();
+        for table in ["nat", "filter"] {
+            let listed = self.iptables.save_table(table)?;
+            for j in jumps.iter().filter(|j| j.table == table) {
+                let line = format!("-A {} {}", j.from, rules::jump_args(j));
+                if !listed.lines().any(|l| l == line) {
+                    missing.push(j);
+                }
             }
         }
+        let input = rules::with_jumps(&rules::restore_input(&self.cfg.proxier), &missing);
+        self.iptables.restore(&input)?;
         let (t, f, u) = (
             self.cfg.tcp_timeout,
             self.cfg.tcp_fin_timeout,
@@ -432,18 +440,13 @@ impl Dataplane for IpvsProxier {
         out.push_str(&rules::restore_input(&self.cfg.proxier));
         let _ = writeln!(out, "# jumps ensured in builtin chains:");
         for j in rules::jumps() {
-            let args: Vec<String> = j
-                .args
-                .iter()
-                .map(|a| {
-                    if a.contains(' ') {
-                        format!("\"{a}\"")
-                    } else {
-                        a.clone()
-                    }
-                })
-                .collect();
-            let _ = writeln!(out, "# -t {} -A {} {}", j.table, j.from, args.join(" "));
+            let _ = writeln!(
+                out,
+                "# -t {} -A {} {}",
+                j.table,
+                j.from,
+                rules::jump_args(&j)
+            );
         }
         out
     }

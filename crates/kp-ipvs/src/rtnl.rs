@@ -80,7 +80,7 @@ pub mod msg {
         m.finish()
     }
     pub fn get_link(seq: u32, name: &str) -> Vec<u8> {
-        let mut m = Msg::new(RTM_GETLINK, nl::NLM_F_REQUEST, seq);
+        let mut m = Msg::new(RTM_GETLINK, nl::NLM_F_REQUEST | nl::NLM_F_ACK, seq);
         m.raw(&ifinfo(0, 0, 0));
         m.str(IFLA_IFNAME, name);
         m.finish()

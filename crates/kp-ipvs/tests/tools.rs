@@ -149,7 +149,12 @@ fn check_family(family: IpFamily) {
         IpFamily::V4 => "iptables-nft-restore",
         IpFamily::V6 => "ip6tables-nft-restore",
     };
-    let rules = restore_input(&pc);
+    // The jumps go into the same restore input; a full sync adds the ones
+    // whose `-A ...` line iptables-save does not list, so that line must be
+    // exactly what iptables-save prints.
+    let jumps = kp_ipvs::jumps();
+    let all: Vec<_> = jumps.iter().collect();
+    let rules = kp_ipvs::with_jumps(&restore_input(&pc), &all);
     let (ok, out) = ns.run(&[prog, "--noflush"], &rules);
     assert!(ok, "{prog} failed: {out}\n{rules}");
     let save = match family {
@@ -164,6 +169,14 @@ fn check_family(family: IpFamily) {
         );
     }
     assert!(listed.contains("--match-set"), "{listed}");
+    for j in &jumps {
+        let line = format!("-A {} {}", j.from, kp_ipvs::jump_args(j));
+        assert_eq!(
+            listed.lines().filter(|l| *l == line).count(),
+            1,
+            "{line} not listed once:\n{listed}"
+        );
+    }
 }
 
 #[test]
