@@ -332,6 +332,7 @@ impl SyncLoop {
         let mut next_full = Instant::now() + self.sync_period;
         let mut next_rebuild = next_full;
         let mut retry_at: Option<Instant> = None;
+        let mut synced_once = false;
         let mut failures: u32 = 0;
         loop {
             let now = Instant::now();
@@ -383,7 +384,14 @@ impl SyncLoop {
             }
             let rebuild = periodic && now >= next_rebuild;
             pacer.take(now);
+            let first = !synced_once;
             if self.sync_once(rebuild) {
+                if first {
+                    // The first sync was a full one: count the rebuild period
+                    // from it, as upstream counts from its last full sync.
+                    synced_once = true;
+                    next_rebuild = Instant::now() + self.full_rebuild_after();
+                }
                 failures = 0;
                 retry_at = None;
             } else {
