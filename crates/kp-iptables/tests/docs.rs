@@ -15,36 +15,15 @@ fn ip(s: &str) -> IpAddr {
 }
 
 fn sp(name: &str, cip: &str) -> ServicePort {
-    ServicePort {
-        name: ServicePortName::new("default", name, "http", Protocol::Tcp),
-        cluster_ip: ip(cip),
-        port: 80,
-        protocol: Protocol::Tcp,
-        node_port: 0,
-        external_ips: vec![],
-        load_balancer_ips: vec![],
-        load_balancer_source_ranges: vec![],
-        session_affinity_timeout: None,
-        external_policy_local: false,
-        internal_policy_local: false,
-        health_check_node_port: 0,
-        traffic_distribution: None,
-    }
+    ServicePort::new(
+        ServicePortName::new("default", name, "http", Protocol::Tcp),
+        ip(cip),
+        80,
+    )
 }
 
 fn ep(addr: &str, local: bool) -> Endpoint {
-    Endpoint {
-        ip: ip(addr),
-        port: 8080,
-        is_local: local,
-        ready: true,
-        serving: true,
-        terminating: false,
-        node_name: None,
-        zone: None,
-        zone_hints: Default::default(),
-        node_hints: Default::default(),
-    }
+    Endpoint::ready(ip(addr), 8080, local)
 }
 
 /// The two endpoints most examples use: one on node1 (this node), one on node2.

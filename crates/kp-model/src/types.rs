@@ -177,6 +177,26 @@ pub struct ServicePort {
 }
 
 impl ServicePort {
+    /// A ClusterIP-only service port with every optional feature off (the
+    /// protocol is the name's); callers set the fields they need.
+    pub fn new(name: ServicePortName, cluster_ip: IpAddr, port: u16) -> Self {
+        ServicePort {
+            protocol: name.protocol,
+            name,
+            cluster_ip,
+            port,
+            node_port: 0,
+            external_ips: Vec::new(),
+            load_balancer_ips: Vec::new(),
+            load_balancer_source_ranges: Vec::new(),
+            session_affinity_timeout: None,
+            external_policy_local: false,
+            internal_policy_local: false,
+            health_check_node_port: 0,
+            traffic_distribution: None,
+        }
+    }
+
     /// NodePort, externalIPs or LoadBalancer IPs present.
     pub fn externally_accessible(&self) -> bool {
         self.node_port != 0 || !self.external_ips.is_empty() || !self.load_balancer_ips.is_empty()
@@ -213,6 +233,22 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
+    /// A ready, serving, non-terminating endpoint without topology data.
+    pub fn ready(ip: IpAddr, port: u16, is_local: bool) -> Self {
+        Endpoint {
+            ip,
+            port,
+            is_local,
+            ready: true,
+            serving: true,
+            terminating: false,
+            node_name: None,
+            zone: None,
+            zone_hints: BTreeSet::new(),
+            node_hints: BTreeSet::new(),
+        }
+    }
+
     /// `ip:port` (`[ip]:port` for IPv6), the identity used to de-duplicate.
     pub fn addr_string(&self) -> String {
         std::net::SocketAddr::new(self.ip, self.port).to_string()
