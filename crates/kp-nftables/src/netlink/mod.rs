@@ -110,6 +110,54 @@ impl NftNetlink {
     }
 }
 
+impl NftNetlink {
+    /// Sends one nf_tables request and reads until `done(seq, answer, type)`
+    /// (or the end of a dump); returns the request's sequence number and the
+    /// error/ack answers. Drops the socket after a socket error.
+    fn query(
+        &mut self,
+        family: IpFamily,
+        ty: u16,
+        flags: u16,
+        attrs: &nla::Attrs,
+        what: &str,
+        mut done: impl FnMut(u32, &sock::Answer, u16) -> bool,
+    ) -> Result<(u32, Vec<sock::Answer>), DataplaneError> {
+        let fam = match family {
+            IpFamily::V4 => expr::Family::V4,
+            IpFamily::V6 => expr::Family::V6,
+        };
+        let seq = next_seq(1);
+        let mut buf = Vec::new();
+        nla::put_msg(
+            &mut buf,
+            (nla::NFNL_SUBSYS_NFTABLES << 8) | ty,
+            nla::NLM_F_REQUEST | flags,
+            seq,
+            fam.nfproto(),
+            0,
+            &attrs.buf,
+        );
+        let sock = self.socket()?;
+        // Answers left from an interrupted exchange are not ours.
+        let _ = sock.recv_answers(false, |_, _| false);
+        let res = sock
+            .send(&buf)
+            .map_err(|e| io_err(&format!("asking for {what}"), e))
+            .and_then(|()| {
+                sock.recv_answers(true, |a, t| done(seq, a, t))
+                    .map_err(|e| io_err(&format!("reading {what}"), e))
+            });
+        match res {
+            Ok(answers) => Ok((seq, answers)),
+            Err(e) => {
+                self.sock = None;
+                Err(e)
+            }
+        }
+    }
+}
+
 impl NftBackend for NftNetlink {
     fn apply(&mut self, script: &str) -> Result<(), DataplaneError> {
         // Count lines first to reserve a sequence range; one message per line
@@ -186,89 +234,45 @@ impl NftBackend for NftNetlink {
         table: &str,
         chain: &str,
     ) -> Result<bool, DataplaneError> {
-        let fam = match family {
-            IpFamily::V4 => expr::Family::V4,
-            IpFamily::V6 => expr::Family::V6,
-        };
         let mut a = nla::Attrs::default();
         a.str(1, table).str(2, chain);
-        let seq = next_seq(1);
-        let mut buf = Vec::new();
-        // GETRULE dump of one chain: a few messages, never the whole table.
-        nla::put_msg(
-            &mut buf,
-            (nla::NFNL_SUBSYS_NFTABLES << 8) | nla::msg::GETRULE,
-            nla::NLM_F_REQUEST | NLM_F_DUMP,
-            seq,
-            fam.nfproto(),
-            0,
-            &a.buf,
-        );
         let newrule = (nla::NFNL_SUBSYS_NFTABLES << 8) | nla::msg::NEWRULE;
-        let sock = self.socket()?;
-        let _ = sock.recv_answers(false, |_, _| false);
         let mut rules = 0usize;
-        let res = sock
-            .send(&buf)
-            .map_err(|e| io_err("asking for our canary chain", e))
-            .and_then(|()| {
-                sock.recv_answers(true, |a, ty| {
-                    if a.seq == seq && ty == newrule {
-                        rules += 1;
-                    }
-                    false
-                })
-                .map_err(|e| io_err("reading our canary chain", e))
-            });
-        match res {
-            Ok(answers) => match answers.iter().find(|a| a.seq == seq && a.errno != 0) {
-                Some(a) if a.errno == libc::ENOENT => Ok(false),
-                Some(a) => Err(DataplaneError::Apply {
-                    tool: TOOL.into(),
-                    message: format!("listing chain {chain}: {}", errno_text(a.errno)),
-                }),
-                None => Ok(rules > 0),
+        // GETRULE dump of one chain: a few messages, never the whole table.
+        let (seq, answers) = self.query(
+            family,
+            nla::msg::GETRULE,
+            NLM_F_DUMP,
+            &a,
+            "our canary chain",
+            |seq, a, ty| {
+                if a.seq == seq && ty == newrule {
+                    rules += 1;
+                }
+                false
             },
-            Err(e) => {
-                self.sock = None;
-                Err(e)
-            }
+        )?;
+        match answers.iter().find(|a| a.seq == seq && a.errno != 0) {
+            Some(a) if a.errno == libc::ENOENT => Ok(false),
+            Some(a) => Err(DataplaneError::Apply {
+                tool: TOOL.into(),
+                message: format!("listing chain {chain}: {}", errno_text(a.errno)),
+            }),
+            None => Ok(rules > 0),
         }
     }
 
     fn table_exists(&mut self, family: IpFamily, table: &str) -> Result<bool, DataplaneError> {
-        let fam = match family {
-            IpFamily::V4 => expr::Family::V4,
-            IpFamily::V6 => expr::Family::V6,
-        };
         let mut a = nla::Attrs::default();
         a.str(1, table);
-        let seq = next_seq(1);
-        let mut buf = Vec::new();
-        nla::put_msg(
-            &mut buf,
-            (nla::NFNL_SUBSYS_NFTABLES << 8) | nla::msg::GETTABLE,
-            nla::NLM_F_REQUEST | nla::NLM_F_ACK,
-            seq,
-            fam.nfproto(),
-            0,
-            &a.buf,
-        );
-        let sock = self.socket()?;
-        let _ = sock.recv_answers(false, |_, _| false);
-        let answers = match sock
-            .send(&buf)
-            .map_err(|e| io_err("asking for the nftables table", e))
-            .and_then(|()| {
-                sock.recv_answers(true, |a, ty| a.seq == seq && ty == 2)
-                    .map_err(|e| io_err("reading the nftables table", e))
-            }) {
-            Ok(a) => a,
-            Err(e) => {
-                self.sock = None;
-                return Err(e);
-            }
-        };
+        let (seq, answers) = self.query(
+            family,
+            nla::msg::GETTABLE,
+            nla::NLM_F_ACK,
+            &a,
+            "the nftables table",
+            |seq, a, ty| a.seq == seq && ty == 2,
+        )?;
         match answers.iter().find(|a| a.seq == seq) {
             Some(a) if a.errno == libc::ENOENT => Ok(false),
             Some(a) if a.errno != 0 => Err(DataplaneError::Apply {
