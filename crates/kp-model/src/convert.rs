@@ -2,6 +2,7 @@
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Service;
@@ -324,11 +325,16 @@ pub fn convert_service(
     Ok(out)
 }
 
+/// One port's endpoints, shared between a slice and the tracker's merged list.
+pub type PortEndpoints = ((String, Protocol), Arc<Vec<Endpoint>>);
+
 /// Endpoints of one EndpointSlice, per (port name, protocol).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SliceEndpoints {
     pub service: Option<ServiceName>,
-    pub ports: Vec<((String, Protocol), Vec<Endpoint>)>,
+    /// Shared with the tracker's merged per-port lists when one slice is the
+    /// only source of a port (the usual case): one copy of each endpoint.
+    pub ports: Vec<PortEndpoints>,
 }
 
 /// Converts one EndpointSlice for `family`. Slices of other address types (and
@@ -456,7 +462,7 @@ pub fn convert_endpoint_slice(
                 node_hints,
             });
         }
-        out.push(((pname, protocol), eps));
+        out.push(((pname, protocol), Arc::new(eps)));
     }
     Ok(SliceEndpoints {
         service,

@@ -89,8 +89,8 @@ impl Slots {
     }
 
     /// Gives `new`'s pools their slots (keeping `old`'s range when the size
-    /// still fits, so an endpoint change is only element updates), fills in
-    /// the selection rules' maps and offsets and adds the pools' elements.
+    /// still fits, so an endpoint change is only element updates) and fills in
+    /// the selection rules' maps and offsets.
     fn assign(&mut self, new: &mut ServiceObjects, old: Option<&ServiceObjects>) {
         let old_pools = old.map(|o| o.pools.as_slice()).unwrap_or_default();
         let mut kept = vec![false; old_pools.len()];
@@ -108,13 +108,6 @@ impl Slots {
                     (pool.map, pool.base) = self.alloc(pool.kind, want);
                     pool.cap = want;
                 }
-            }
-            for (j, v) in pool.values.iter().enumerate() {
-                new.elements.push(Element {
-                    map: pool.map,
-                    key: ElemKey::Slot(pool.base + j as u32),
-                    value: Some(v.clone()),
-                });
             }
         }
         for (_, rules) in new.chains.iter_mut() {
@@ -139,6 +132,20 @@ impl Slots {
             }
         }
     }
+}
+
+/// Every element `objs` puts in the kernel: its own, then its pools' slots
+/// (derived from the pools rather than stored twice: with 10 endpoints per
+/// Service the slots are most of the elements).
+fn all_elements(objs: &ServiceObjects) -> impl Iterator<Item = Element> + '_ {
+    let slots = objs.pools.iter().flat_map(|pool| {
+        pool.values.iter().enumerate().map(|(j, v)| Element {
+            map: pool.map,
+            key: ElemKey::Slot(pool.base + j as u32),
+            value: Some(v.clone()),
+        })
+    });
+    objs.elements.iter().cloned().chain(slots)
 }
 
 pub struct NftablesProxier {
@@ -308,9 +315,9 @@ impl NftablesProxier {
             let mut objs = render_service(sp, state.endpoints_of(name), &self.cfg, &state.node);
             prog.slots.assign(&mut objs, None);
             self.add_service(&mut tx, &objs);
-            for e in &objs.elements {
-                if prog.claim(name, e) {
-                    adds.push(e.clone());
+            for e in all_elements(&objs) {
+                if prog.claim(name, &e) {
+                    adds.push(e);
                 }
             }
             prog.services.insert(name.clone(), objs);
@@ -475,18 +482,18 @@ impl NftablesProxier {
         // of elements.
         let elem_set = |o: &Option<ServiceObjects>| -> HashSet<Element> {
             o.as_ref()
-                .map(|o| o.elements.iter().cloned().collect())
+                .map(|o| all_elements(o).collect())
                 .unwrap_or_default()
         };
         for (name, old, new) in &updates {
             if let Some(o) = old {
                 let keep = elem_set(new);
-                for e in &o.elements {
-                    if keep.contains(e) {
+                for e in all_elements(o) {
+                    if keep.contains(&e) {
                         continue;
                     }
-                    if prog.release(name, e) {
-                        del_elems.push(e.clone());
+                    if prog.release(name, &e) {
+                        del_elems.push(e);
                     }
                 }
             }
@@ -494,12 +501,12 @@ impl NftablesProxier {
         for (name, old, new) in updates {
             if let Some(n) = new {
                 let had = elem_set(&old);
-                for e in &n.elements {
-                    if had.contains(e) {
+                for e in all_elements(&n) {
+                    if had.contains(&e) {
                         continue;
                     }
-                    if prog.claim(&name, e) {
-                        add_elems.push(e.clone());
+                    if prog.claim(&name, &e) {
+                        add_elems.push(e);
                     }
                 }
                 prog.services.insert(name, n);
@@ -535,6 +542,12 @@ impl Programmed {
     /// Set elements are reference counted; a map key belongs to its first claimant
     /// (two Services claiming one IP and port is a conflict: the other is logged).
     fn claim(&mut self, owner: &ServicePortName, e: &Element) -> bool {
+        // Endpoint-map slots belong to the one Service the allocator gave
+        // them to: no owner to record (they are most of the elements, and
+        // recording them was the proxier's largest item of memory).
+        if matches!(e.key, ElemKey::Slot(_)) {
+            return true;
+        }
         let k = (e.map, e.key.clone());
         if e.value.is_none() {
             let c = self.set_refs.entry(k).or_default();
@@ -560,6 +573,9 @@ impl Programmed {
 
     /// Reverse of [`Self::claim`]; true when the element must leave the kernel.
     fn release(&mut self, owner: &ServicePortName, e: &Element) -> bool {
+        if matches!(e.key, ElemKey::Slot(_)) {
+            return true;
+        }
         let k = (e.map, e.key.clone());
         if e.value.is_none() {
             match self.set_refs.get_mut(&k) {
