@@ -178,11 +178,14 @@ fn chain_base(sp: &ServicePort) -> String {
     )
 }
 
-fn endpoint_chain_base(sp: &ServicePort, ep: &Endpoint) -> String {
+/// The endpoint chain's name after `endpoint-` (upstream's shape: 8 hash
+/// characters, the service port, the endpoint), and the whole 16-character
+/// hash.
+fn endpoint_chain_base(sp: &ServicePort, ep: &Endpoint) -> (String, String) {
     let epstr = ep.addr_string();
     let h = chain_hash(&format!("{}{}{}", sp.name, proto_name(sp.protocol), epstr));
     let ipname = ep.ip.to_string().replace(':', ".");
-    format!(
+    let base = format!(
         "{}-{}/{}/{}/{}__{}/{}",
         &h[..8],
         sp.name.service.namespace,
@@ -191,7 +194,8 @@ fn endpoint_chain_base(sp: &ServicePort, ep: &Endpoint) -> String {
         sp.name.port,
         ipname,
         ep.port
-    )
+    );
+    (base, h)
 }
 
 /// Rules that pick an endpoint among `eps` and DNAT to it.
@@ -240,11 +244,15 @@ fn selection(
             let mut made: std::collections::HashSet<String> =
                 chains.iter().map(|(c, _)| c.clone()).collect();
             for ep in eps {
-                let base = endpoint_chain_base(sp, ep);
+                let (base, hash) = endpoint_chain_base(sp, ep);
                 let chain = format!("endpoint-{base}");
                 // The timeout is part of the name: a set cannot change its timeout in
-                // place, and a new name lets one transaction swap it.
-                let set = format!("affinity-{timeout}-{base}");
+                // place, and a new name lets one transaction swap it. The name is
+                // short on purpose: the kernel finds a set by walking the table's
+                // sets and comparing names (strlen of each), so at 25k affinity
+                // sets long names were a large part of a full sync. The hash's
+                // first 8 characters are those of the endpoint chain's name.
+                let set = format!("affinity-{timeout}-{hash}");
                 if made.insert(chain.clone()) {
                     chains.push((
                         chain.clone(),
