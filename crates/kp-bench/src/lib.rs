@@ -72,11 +72,14 @@ pub fn slice(i: u32, m: u32, generation: u32, multi: bool) -> Value {
         ports.push(json!({"name": "dns", "port": 8053, "protocol": "UDP"}));
     }
     // 10.128.0.0/9: unique per (service, endpoint); the last endpoint moves
-    // with each generation within the Service's own block of addresses.
+    // with each generation within the Service's own block of addresses, over
+    // the offsets the others do not use, so a replacement never collides with
+    // another endpoint (which would change the count: a different workload).
     let stride = (2 * m).next_power_of_two().max(64);
+    let free = stride - (m - 1).min(stride - 1);
     let eps: Vec<Value> = (0..m)
         .map(|j| {
-            let k = if j + 1 == m { j + generation * m } else { j };
+            let k = if j + 1 == m { j + generation % free } else { j };
             json!({"addresses": [ip4(0x0a80_0000, i * stride + (k % stride))],
                    "nodeName": format!("node{}", j % 4 + 1),
                    "conditions": {"ready": true}})

@@ -185,7 +185,7 @@ fn measure(
     drop(script);
     if !o.apply {
         return Ok(format!(
-            "| {n} | {m} | {} ms | {} ms | {size} | - | - | - | - | - | {:.0} MiB |",
+            "| {n} | {m} | {} ms | {} ms | {size} | - | - | - | - | - | - | {:.0} MiB |",
             ms(model),
             ms(render),
             rss_mib("VmHWM:")
@@ -203,6 +203,7 @@ fn measure(
     // One endpoint replaced in one Service, `changes` times.
     let mut lat = Vec::new();
     let mut bytes = Vec::new();
+    let mut slowest = Vec::new();
     let multi = |i: u32| n > 1 && i % 10 == 3;
     for g in 1..=o.changes as u32 {
         let i = (g * 7919) % n;
@@ -213,6 +214,18 @@ fn measure(
         let r = dp.sync(tr.state(), &cs.changed, false)?;
         lat.push(t.elapsed());
         bytes.push(r.bytes);
+        slowest.push((t.elapsed(), i, r.bytes, r.render, r.apply));
+    }
+    // What the tail is made of (on stderr, beside the table): which Service,
+    // how much was sent, and where the time went.
+    slowest.sort_by_key(|s| std::cmp::Reverse(s.0));
+    for (d, i, b, render, apply) in slowest.iter().take(3) {
+        eprintln!(
+            "  {n} Services: slow endpoint change: svc-{i} {} ms ({b} B; render {} ms, apply {} ms)",
+            ms(*d),
+            ms(*render),
+            ms(*apply)
+        );
     }
     bytes.sort();
     let change = format!(
@@ -220,6 +233,19 @@ fn measure(
         p50_p99(&mut lat),
         bytes.get(bytes.len() / 2).copied().unwrap_or(0)
     );
+
+    // One endpoint added to a Service (the count changes: its selection rule
+    // is rewritten, which costs the kernel a validation of the whole table).
+    let mut grow = Vec::new();
+    for g in 1..=o.changes as u32 {
+        let i = (g * 7919 + 1) % n;
+        let s: EndpointSlice = serde_json::from_value(kp_bench::slice(i, m + 1, 0, multi(i)))?;
+        let t = Instant::now();
+        let _ = tr.update_endpoint_slice(&s, SystemTime::now());
+        let cs = tr.take_changes();
+        dp.sync(tr.state(), &cs.changed, false)?;
+        grow.push(t.elapsed());
+    }
 
     // New Services next to the existing ones, then their deletion.
     let extra = kp_bench::cluster(n + o.changes as u32, m);
@@ -276,9 +302,10 @@ fn measure(
         "-".into()
     };
     Ok(format!(
-        "| {n} | {m} | {} ms | {} ms | {size} | {full} | {change} | {} ms | {} ms | {burst} | {:.0} MiB |",
+        "| {n} | {m} | {} ms | {} ms | {size} | {full} | {change} | {} ms | {} ms | {} ms | {burst} | {:.0} MiB |",
         ms(model),
         ms(render),
+        p50_p99(&mut grow),
         p50_p99(&mut add),
         p50_p99(&mut del),
         rss_mib("VmHWM:")
@@ -328,8 +355,8 @@ fn main() -> Result<()> {
     // Where to come back to after each size's namespace.
     let home = std::fs::File::open("/proc/self/ns/net").context("opening our network namespace")?;
 
-    println!("| Services | endpoints each | model (convert+track) | render full | ruleset | full sync | 1 endpoint change p50 / p99 (bytes sent) | add 1 Service p50 / p99 | delete 1 Service p50 / p99 | burst of {} changes in 1 s | bench peak RSS |", o.burst);
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| Services | endpoints each | model (convert+track) | render full | ruleset | full sync | 1 endpoint replaced p50 / p99 (bytes sent) | 1 endpoint added p50 / p99 | add 1 Service p50 / p99 | delete 1 Service p50 / p99 | burst of {} changes in 1 s | bench peak RSS |", o.burst);
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for &n in &sizes {
         println!("{}", run_size(&o, n, m, affinity, &home)?);
     }
