@@ -236,13 +236,8 @@ fn vm_ipvs_conformance() {
     let script = format!(
         "cd {cwd} && PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
          {REQUIRE_ENV}=1 KP_CONFORMANCE_SYNC_WAIT=120 RUST_BACKTRACE=1 {exe} --color never --test-threads=1 {filter}",
-        // Left out of the VM run (docs/ipvs.md, "The test VM"): c04 and c05
-        // miss the cases' 2 s bounds under emulation; c12 failed in one of
-        // three VM runs and is not yet understood. They run on kernels with
-        // IPVS.
-        filter = filter
-            .as_deref()
-            .unwrap_or("c0 c1 --skip c04 --skip c05 --skip c12"),
+        // All 14 cases (c01 ... c14).
+        filter = filter.as_deref().unwrap_or("c0 c1"),
         cwd = cwd.display(),
         exe = exe.display()
     );
@@ -333,7 +328,7 @@ fn vm_ipvs_conformance() {
     );
     // The cases really ran (not skipped) inside the VM.
     assert!(
-        filter.is_some() || console.contains("11 passed; 0 failed"),
-        "expected 11 IPVS cases to pass in the VM"
+        filter.is_some() || console.contains("14 passed; 0 failed"),
+        "expected 14 IPVS cases to pass in the VM"
     );
 }
