@@ -22,7 +22,7 @@ mod rules;
 
 pub use ipset::{IpsetBackend, IpsetCli, SetKind, SETS};
 pub use ipvs::{msg as ipvs_msg, DestInfo, IpvsClient, RealServer, VsKey, VsSpec, SCHEDULERS};
-pub use kernel::check_kernel;
+pub use kernel::{check_kernel, conn_reuse_mode, kernel_version, ConnReuseMode};
 pub use plan::{
     apply_to, diff, graceful, plan, ConfigError, IpvsConfig, Layout, Op, VirtualServer,
 };

@@ -12,6 +12,7 @@ use kp_model::{Dataplane, DataplaneError, IpFamily, ProxyState, ServicePortName,
 
 use crate::ipset::{self, IpsetBackend, IpsetCli};
 use crate::ipvs::{IpvsClient, VsKey};
+use crate::kernel::ConnReuseMode;
 use crate::plan::{self, apply_to, diff, IpvsConfig, Layout, Op, VirtualServer};
 use crate::rtnl::Rtnl;
 use crate::rules;
@@ -113,6 +114,18 @@ impl IpvsProxier {
         // masquerade rules to see them; connections to deleted real servers
         // expire at once so that clients move to the remaining ones.
         Self::set_sysctl("net/ipv4/vs/conntrack", "1");
+        // Kernels 4.1 to 5.8 drop a SYN that reuses a remembered client port
+        // unless conn_reuse_mode is 0 (upstream's rule, kernel.rs).
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        match crate::kernel::conn_reuse_mode(&release) {
+            Some(ConnReuseMode::Disable) => Self::set_sysctl("net/ipv4/vs/conn_reuse_mode", "0"),
+            Some(ConnReuseMode::LeaveAsIs) => {}
+            mode => tracing::debug!(
+                release = release.trim(),
+                ?mode,
+                "net.ipv4.vs.conn_reuse_mode left alone"
+            ),
+        }
         Self::set_sysctl("net/ipv4/vs/expire_nodest_conn", "1");
         Self::set_sysctl("net/ipv4/vs/expire_quiescent_template", "1");
         match self.family() {
