@@ -3,7 +3,8 @@
 //!
 //! `cargo run --release -p kp-bench -- [--mode nftables|iptables]
 //! [--sizes 1000,10000,50000] [--endpoints 10] [--changes 100] [--burst 1000]
-//! [--big 5000] [--backend netlink|nft] [--no-affinity] [--no-apply]`.
+//! [--big 5000] [--backend netlink|nft] [--iptables-backend auto|nft|legacy]
+//! [--no-affinity] [--no-apply]`.
 //! Needs root for the apply columns: each size is programmed into a fresh
 //! network namespace (never the host's ruleset).
 
@@ -14,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{bail, Context, Result};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kp_iptables::{IptablesCli, IptablesProxier};
+use kp_iptables::{IptablesCli, IptablesProxier, Variant};
 use kp_model::{ChangeTracker, Dataplane, IpFamily, LocalDetector, ProxierConfig, TrackerConfig};
 use kp_nftables::{NftBackend, NftCli, NftNetlink, NftablesProxier};
 
@@ -78,6 +79,8 @@ struct Opts {
     apply: bool,
     changes: usize,
     burst: usize,
+    /// iptables mode's backend (None: detected, as the binary does).
+    iptables_backend: Option<Variant>,
 }
 
 fn tracker() -> ChangeTracker {
@@ -93,8 +96,11 @@ fn dataplane(o: &Opts, wrapper: &str) -> Box<dyn Dataplane> {
     pc.local_detector = LocalDetector::Cidrs(vec!["10.128.0.0/9".parse().expect("cidr")]);
     if o.mode == "iptables" {
         return Box::new(
-            IptablesProxier::new(pc, Box::new(IptablesCli::auto(IpFamily::V4)))
-                .with_route_localnet(false),
+            IptablesProxier::new(
+                pc,
+                Box::new(IptablesCli::choose(IpFamily::V4, o.iptables_backend)),
+            )
+            .with_route_localnet(false),
         );
     }
     let backend: Box<dyn NftBackend> = if o.netlink {
@@ -337,6 +343,12 @@ fn main() -> Result<()> {
             .parse::<usize>()?
             .max(1),
         burst: get("--burst").unwrap_or_else(|| "1000".into()).parse()?,
+        iptables_backend: match get("--iptables-backend").as_deref() {
+            None | Some("auto") => None,
+            Some("nft") => Some(Variant::Nft),
+            Some("legacy") => Some(Variant::Legacy),
+            Some(b) => bail!("--iptables-backend must be auto, nft or legacy, not {b}"),
+        },
     };
     if !matches!(o.mode.as_str(), "nftables" | "iptables") {
         bail!("--mode must be nftables or iptables");
@@ -348,7 +360,11 @@ fn main() -> Result<()> {
         match (o.mode.as_str(), o.netlink) {
             ("nftables", true) => " (netlink)",
             ("nftables", false) => " (nft program)",
-            _ => " (iptables-restore)",
+            _ => match o.iptables_backend {
+                Some(Variant::Legacy) => " (iptables-legacy-restore)",
+                Some(Variant::Nft) => " (iptables-nft-restore)",
+                None => " (iptables-restore, backend detected)",
+            },
         },
         if affinity { "every 20th" } else { "none" }
     );

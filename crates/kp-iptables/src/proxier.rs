@@ -11,8 +11,8 @@ use kp_model::{
 
 use crate::backend::IptablesBackend;
 use crate::render::{
-    is_our_chain, jumps, render_service, ServiceRules, Skeleton, CANARY_CHAIN, FILTER_CHAINS,
-    MANGLE_CHAINS, NAT_CHAINS,
+    is_our_chain, jumps, missing_jumps, render_service, with_jumps, ServiceRules, Skeleton,
+    CANARY_CHAIN, FILTER_CHAINS, MANGLE_CHAINS, NAT_CHAINS,
 };
 
 const ROUTE_LOCALNET: &str = "/proc/sys/net/ipv4/conf/all/route_localnet";
@@ -166,15 +166,6 @@ impl IptablesProxier {
         r
     }
 
-    fn ensure_jumps(&mut self) -> Result<(), DataplaneError> {
-        for j in jumps() {
-            if !self.backend.rule_exists(j.table, j.from, &j.args)? {
-                self.backend.insert_rule(j.table, j.from, &j.args)?;
-            }
-        }
-        Ok(())
-    }
-
     fn ensure_route_localnet(&self) {
         if !self.manage_route_localnet {
             return;
@@ -198,16 +189,31 @@ impl IptablesProxier {
     ) -> Result<(BTreeMap<ServicePortName, ServiceRules>, Restore), DataplaneError> {
         let services = self.render_all(state);
         let write: BTreeSet<&str> = services.values().flat_map(|s| s.chain_names()).collect();
-        // Per-service chains left over from a previous run (or removed by a
-        // sync whose partial write failed): found in the kernel, like upstream.
-        let delete: BTreeSet<String> = self
-            .backend
-            .chains("nat")?
-            .into_iter()
-            .filter(|c| is_our_chain("nat", c) && !NAT_CHAINS.contains(&c.as_str()))
-            .filter(|c| !write.contains(c.as_str()))
+        // One listing per table tells both which per-service chains are left
+        // over from a previous run (or from a sync whose partial write failed),
+        // as upstream finds them, and which jumps from the builtin chains are
+        // missing.
+        let nat = self.backend.save_table("nat")?;
+        let filter = self.backend.save_table("filter")?;
+        let delete: BTreeSet<String> = nat
+            .lines()
+            .filter_map(|l| l.strip_prefix(':'))
+            .filter_map(|l| l.split_whitespace().next())
+            .filter(|c| is_our_chain("nat", c) && !NAT_CHAINS.contains(c))
+            .filter(|c| !write.contains(c))
+            .map(str::to_string)
             .collect();
-        let r = self.script(&services, &write, &delete, true);
+        let jumps = jumps();
+        let mut missing = missing_jumps(&jumps, "filter", &filter);
+        missing.extend(missing_jumps(&jumps, "nat", &nat));
+        let mut r = self.script(&services, &write, &delete, true);
+        if !missing.is_empty() {
+            // In the same restore as the chains they lead to: a separate
+            // `iptables -C`/`-I` against a large table costs as much as the
+            // restore itself.
+            r.lines += missing.len();
+            r.text = with_jumps(&r.text, &missing);
+        }
         Ok((services, r))
     }
 
@@ -274,9 +280,6 @@ impl Dataplane for IptablesProxier {
             self.ensure_route_localnet();
         }
         self.backend.restore(&restore.text)?;
-        if is_full {
-            self.ensure_jumps()?;
-        }
         let mut report = SyncReport {
             full: is_full,
             bytes: restore.text.len(),

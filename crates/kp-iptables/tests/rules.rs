@@ -419,8 +419,38 @@ impl IptablesBackend for Recorder {
                 message: "injected".into(),
             });
         }
+        // `-I CHAIN 1 ...` lines are jumps ensured in the restore itself.
+        let mut table = String::new();
+        for line in input.lines() {
+            if let Some(t) = line.strip_prefix('*') {
+                table = t.to_string();
+            } else if let Some(rest) = line.strip_prefix("-I ") {
+                let args = split_args(rest);
+                assert_eq!(args.get(1).map(String::as_str), Some("1"), "{line}");
+                r.inserted
+                    .push((table.clone(), args[0].clone(), args[2..].to_vec()));
+            }
+        }
         r.restores.push(input.to_string());
         Ok(())
+    }
+    fn save_table(&mut self, table: &str) -> Result<String, DataplaneError> {
+        let r = self.0.lock().unwrap();
+        let mut out = String::new();
+        for c in r.chains.get(table).into_iter().flatten() {
+            out.push_str(&format!(":{c} - [0:0]\n"));
+        }
+        for (t, c, args) in &r.inserted {
+            if t == table {
+                let j = kp_iptables::Jump {
+                    table: "",
+                    from: "",
+                    args: args.clone(),
+                };
+                out.push_str(&format!("-A {c} {}\n", j.args_text()));
+            }
+        }
+        Ok(out)
     }
     fn chains(&mut self, table: &str) -> Result<Vec<String>, DataplaneError> {
         Ok(self
@@ -484,6 +514,28 @@ impl IptablesBackend for Recorder {
         }
         Ok(())
     }
+}
+
+/// Splits an iptables-restore rule line into arguments ("..." quoted).
+fn split_args(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    for ch in line.chars() {
+        match ch {
+            '"' => quoted = !quoted,
+            ' ' if !quoted => {
+                if !cur.is_empty() {
+                    out.push(std::mem::take(&mut cur));
+                }
+            }
+            c => cur.push(c),
+        }
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
 }
 
 fn state(services: Vec<(ServicePort, Vec<Endpoint>)>) -> ProxyState {

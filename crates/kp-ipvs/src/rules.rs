@@ -205,40 +205,10 @@ pub fn jumps() -> Vec<Jump> {
 /// A jump's arguments as `iptables-save` prints them (and
 /// `iptables-restore` reads them): arguments with spaces in double quotes.
 pub fn jump_args(j: &Jump) -> String {
-    j.args
-        .iter()
-        .map(|a| {
-            if a.contains(' ') {
-                format!("\"{a}\"")
-            } else {
-                a.clone()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
+    j.args_text()
 }
 
-/// `input` with `-I CHAIN 1 ...` lines for the jumps of `missing` added to
-/// their table's section: the jumps are ensured in the same
-/// `iptables-restore` run as the chains (one program run instead of two per
-/// jump).
-pub fn with_jumps(input: &str, missing: &[&Jump]) -> String {
-    let mut out = String::new();
-    let mut table = "";
-    for line in input.lines() {
-        if let Some(t) = line.strip_prefix('*') {
-            table = if t == "nat" { "nat" } else { "filter" };
-        }
-        if line == "COMMIT" {
-            for j in missing.iter().filter(|j| j.table == table) {
-                out.push_str(&format!("-I {} 1 {}\n", j.from, jump_args(j)));
-            }
-        }
-        out.push_str(line);
-        out.push('\n');
-    }
-    out
-}
+pub use kp_iptables::with_jumps;
 
 /// Whether `chain` in `table` is one of ours (for --cleanup).
 pub fn is_our_chain(table: &str, chain: &str) -> bool {
