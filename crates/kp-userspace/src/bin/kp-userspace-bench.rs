@@ -9,7 +9,7 @@
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -58,6 +58,11 @@ fn parse() -> Opts {
     o
 }
 
+/// CPU nanoseconds the sink's connection threads used, added by each one
+/// just before it answers (so the figure is complete when the client has
+/// its answer).
+static SINK_CPU_NS: AtomicU64 = AtomicU64::new(0);
+
 /// Reads everything, then answers with the byte count.
 fn sink_server() -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind sink");
@@ -75,6 +80,7 @@ fn sink_server() -> SocketAddr {
                         Err(_) => return,
                     }
                 }
+                SINK_CPU_NS.fetch_add(thread_cpu_ns(), Ordering::Relaxed);
                 let _ = s.write_all(&n.to_le_bytes());
             });
         }
@@ -210,29 +216,73 @@ fn rr_run(addr: SocketAddr, secs: f64, clients: usize) -> RrResult {
     }
 }
 
-/// CPU seconds (user + system) used so far by this process's threads whose
-/// name starts with `prefix` (the proxy's runtime threads are "kp-userspace").
-fn cpu_of_threads(prefix: &str) -> f64 {
-    let mut ticks = 0u64;
-    if let Ok(dir) = std::fs::read_dir("/proc/self/task") {
-        for t in dir.flatten() {
-            let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-            if !comm.starts_with(prefix) {
-                continue;
-            }
-            let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-            // Fields after the ")" closing the name: state is field 3; utime
-            // and stime are fields 14 and 15.
-            if let Some(rest) = stat.rsplit(')').next() {
-                let f: Vec<&str> = rest.split_whitespace().collect();
-                let get = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-                ticks += get(11) + get(12);
-            }
-        }
+/// CPU nanoseconds (user + system) the calling thread has used.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime fills the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// CPU seconds of one bulk transfer, by party.
+#[derive(Default, Clone, Copy)]
+struct Cpu {
+    /// This (the client's) thread: write(2) and the send half of its hop.
+    client: f64,
+    /// The sink's connection thread: read(2) and ACKs.
+    server: f64,
+    /// Everything else in the process: the proxy's runtime and any thread it
+    /// starts (zero, up to timer noise, for direct transfers).
+    proxy: f64,
+}
+
+impl std::ops::AddAssign for Cpu {
+    fn add_assign(&mut self, o: Cpu) {
+        self.client += o.client;
+        self.server += o.server;
+        self.proxy += o.proxy;
     }
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    ticks as f64 / hz
+}
+
+impl Cpu {
+    fn total(&self) -> f64 {
+        self.client + self.server + self.proxy
+    }
+}
+
+/// One bulk transfer: its throughput (bytes/s) and who spent how much CPU.
+fn bulk_measured(addr: SocketAddr, bytes: u64) -> (f64, Cpu) {
+    let (p0, c0, s0) = (
+        cpu_of_process(),
+        thread_cpu_ns(),
+        SINK_CPU_NS.load(Ordering::Relaxed),
+    );
+    let rate = bulk_once(addr, bytes);
+    let client = (thread_cpu_ns() - c0) as f64 / 1e9;
+    let server = (SINK_CPU_NS.load(Ordering::Relaxed) - s0) as f64 / 1e9;
+    let all = cpu_of_process() - p0;
+    let cpu = Cpu {
+        client,
+        server,
+        proxy: (all - client - server).max(0.0),
+    };
+    (rate, cpu)
+}
+
+/// A sysctl's value as text (for the header: the figures depend on them).
+fn sysctl(path: &str) -> String {
+    std::fs::read_to_string(format!("/proc/sys/{path}"))
+        .map(|v| v.trim().to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|v| v.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into())
 }
 
 /// CPU seconds (user + system) of the whole process so far.
@@ -279,49 +329,87 @@ fn main() {
     let via_bulk: SocketAddr = SocketAddr::from(([127, 0, 0, 1], p_bulk));
     let via_rr: SocketAddr = SocketAddr::from(([127, 0, 0, 1], p_rr));
     println!(
-        "kp-userspace-bench: {} cpus, copy = {}",
+        "kp-userspace-bench: {} cpus, copy = {}, tcp_congestion_control = {}, default_qdisc = {}, pipe-max-size = {}, load average {}",
         std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(0),
-        if o.splice { "splice" } else { "buffer" }
+        if o.splice { "splice" } else { "buffer" },
+        sysctl("net/ipv4/tcp_congestion_control"),
+        sysctl("net/core/default_qdisc"),
+        sysctl("fs/pipe-max-size"),
+        loadavg(),
     );
 
     // Bulk: alternate direct and proxied runs so machine noise hits both.
     let (mut d, mut p) = (Vec::new(), Vec::new());
     bulk_once(sink, o.bytes.min(64 << 20));
     bulk_once(via_bulk, o.bytes.min(64 << 20));
-    let (mut proxy_cpu, mut direct_total, mut proxied_total) = (0.0, 0.0, 0.0);
+    let (mut dcpu, mut pcpu) = (Cpu::default(), Cpu::default());
     let mut paired = Vec::new();
     for _ in 0..o.runs {
-        let t = cpu_of_process();
-        d.push(bulk_once(sink, o.bytes));
-        let t2 = cpu_of_process();
-        direct_total += t2 - t;
-        let c0 = cpu_of_threads("kp-userspace");
-        p.push(bulk_once(via_bulk, o.bytes));
-        proxy_cpu += cpu_of_threads("kp-userspace") - c0;
-        proxied_total += cpu_of_process() - t2;
+        let (rate, cpu) = bulk_measured(sink, o.bytes);
+        d.push(rate);
+        dcpu += cpu;
+        let (rate, cpu) = bulk_measured(via_bulk, o.bytes);
+        p.push(rate);
+        pcpu += cpu;
         paired.push(p[p.len() - 1] / d[d.len() - 1]);
     }
     let (dm, pm) = (median(d.clone()), median(p.clone()));
     let gib = |x: f64| x / (1u64 << 30) as f64;
+    let (dbest, pbest) = (
+        gib(d.iter().copied().fold(0.0, f64::max)),
+        gib(p.iter().copied().fold(0.0, f64::max)),
+    );
+    let paired_median = median(paired.clone());
     println!(
         "bulk {} MiB x {}: direct {:.2} GiB/s (best {:.2}), proxied {:.2} GiB/s (best {:.2}), ratio {:.2}",
         o.bytes >> 20,
         o.runs,
         gib(dm),
-        gib(d.iter().copied().fold(0.0, f64::max)),
+        dbest,
         gib(pm),
-        gib(p.iter().copied().fold(0.0, f64::max)),
+        pbest,
         pm / dm
     );
     let gibs = o.runs as f64 * o.bytes as f64 / (1u64 << 30) as f64;
+    let per = |c: Cpu| {
+        (
+            c.client / gibs,
+            c.server / gibs,
+            c.proxy / gibs,
+            c.total() / gibs,
+        )
+    };
+    let (dc, ds, drest, dt) = per(dcpu);
+    let (pc, ps, pp, pt) = per(pcpu);
+    let mut sorted = paired.clone();
+    sorted.sort_by(|a, b| a.total_cmp(b));
     println!(
-        "bulk: median of paired ratios {:.2}; CPU per GiB: direct (client + server) {:.2} s, proxied (client + proxy + server) {:.2} s, of which the proxy {:.2} s",
-        median(paired),
-        direct_total / gibs,
-        proxied_total / gibs,
-        proxy_cpu / gibs
+        "bulk: paired ratios (sorted) {}; median {:.2}",
+        sorted
+            .iter()
+            .map(|r| format!("{r:.2}"))
+            .collect::<Vec<_>>()
+            .join(" "),
+        paired_median
+    );
+    println!(
+        "bulk: CPU s per GiB: direct client {dc:.3} + server {ds:.3} = {dt:.3} (rest of the process {drest:.3}); proxied client {pc:.3} + server {ps:.3} + proxy {pp:.3} = {pt:.3}"
+    );
+    // The same figures as table rows (BENCHMARKS.md, userspace section).
+    println!(
+        "| bulk {} MiB, median of {} | {:.2} GiB/s | {:.2} GiB/s | **{:.2}**; median of paired ratios **{:.2}** |",
+        o.bytes >> 20,
+        o.runs,
+        gib(dm),
+        gib(pm),
+        pm / dm,
+        paired_median
+    );
+    println!(
+        "| CPU s per GiB (client + server [+ proxy]) | {dc:.2} + {ds:.2} = {dt:.2} | {pc:.2} + {ps:.2} + **{pp:.2}** = {pt:.2} | {:.1}x |",
+        pt / dt
     );
 
     // Short connections.
@@ -355,4 +443,32 @@ fn main() {
         us(pct(&proxied1.lat, 0.99)),
         us(pct(&proxied1.lat, 0.99)) - us(pct(&direct1.lat, 0.99)),
     );
+    let ms = |d: Duration| {
+        let v = us(d);
+        if v >= 1000.0 {
+            format!("{:.1} ms", v / 1000.0)
+        } else {
+            format!("{v:.0} µs")
+        }
+    };
+    println!(
+        "| short connections, {} clients | {:.0} /s, p50 {}, p99 {} | {:.0} /s, p50 {}, p99 {} | {:.2} |",
+        o.clients,
+        direct.rps,
+        ms(pct(&direct.lat, 0.5)),
+        ms(pct(&direct.lat, 0.99)),
+        proxied.rps,
+        ms(pct(&proxied.lat, 0.5)),
+        ms(pct(&proxied.lat, 0.99)),
+        proxied.rps / direct.rps,
+    );
+    println!(
+        "| added latency per connection | | p50 +{:.0} µs, p99 +{:.0} µs ({} clients); one client alone: p50 {:.0} → {:.0} µs | |",
+        us(pct(&proxied.lat, 0.5)) - us(pct(&direct.lat, 0.5)),
+        us(pct(&proxied.lat, 0.99)) - us(pct(&direct.lat, 0.99)),
+        o.clients,
+        us(pct(&direct1.lat, 0.5)),
+        us(pct(&proxied1.lat, 0.5)),
+    );
+    println!("load average at the end {}", loadavg());
 }
