@@ -303,18 +303,7 @@ impl Dataplane for IptablesProxier {
         // Not part of the restore input: what a full sync also ensures.
         out.push_str("# jumps ensured in builtin chains:\n");
         for j in jumps() {
-            let args: Vec<String> = j
-                .args
-                .iter()
-                .map(|a| {
-                    if a.contains(' ') {
-                        format!("\"{a}\"")
-                    } else {
-                        a.clone()
-                    }
-                })
-                .collect();
-            let _ = writeln!(out, "# -t {} -A {} {}", j.table, j.from, args.join(" "));
+            let _ = writeln!(out, "# -t {} {}", j.table, j.save_line());
         }
         out
     }

@@ -209,12 +209,7 @@ impl IpvsProxier {
         let mut missing = Vec::new();
         for table in ["nat", "filter"] {
             let listed = self.iptables.save_table(table)?;
-            for j in jumps.iter().filter(|j| j.table == table) {
-                let line = format!("-A {} {}", j.from, rules::jump_args(j));
-                if !listed.lines().any(|l| l == line) {
-                    missing.push(j);
-                }
-            }
+            missing.extend(kp_iptables::missing_jumps(&jumps, table, &listed));
         }
         let input = rules::with_jumps(&rules::restore_input(&self.cfg.proxier), &missing);
         self.iptables.restore(&input)?;

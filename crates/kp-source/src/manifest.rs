@@ -346,14 +346,7 @@ impl Seen {
             }
         }
         self.invalid = new.invalid.into_iter().collect();
-        let mut nodes = BTreeMap::new();
-        for (name, node) in new.nodes {
-            let d = digest(&node);
-            if self.nodes.get(&name) != Some(&d) {
-                ev.push(SourceEvent::NodeApplied(Box::new(node)));
-            }
-            nodes.insert(name, d);
-        }
+        let nodes = applied(&self.nodes, new.nodes, SourceEvent::NodeApplied, &mut ev);
         for name in self.nodes.keys() {
             if !nodes.contains_key(name) {
                 // The sync loop has no use for a Node deletion: it keeps the last labels.
@@ -361,41 +354,54 @@ impl Seen {
             }
         }
         self.nodes = nodes;
-        let mut services = BTreeMap::new();
-        for (key, svc) in new.services {
-            let d = digest(&svc);
-            if self.services.get(&key) != Some(&d) {
-                ev.push(SourceEvent::ServiceApplied(Box::new(svc)));
-            }
-            services.insert(key, d);
-        }
-        let mut slices = BTreeMap::new();
-        for (key, slice) in new.slices {
-            let d = digest(&slice);
-            if self.slices.get(&key) != Some(&d) {
-                ev.push(SourceEvent::SliceApplied(Box::new(slice)));
-            }
-            slices.insert(key, d);
-        }
-        for key in self.slices.keys() {
-            if !slices.contains_key(key) {
-                ev.push(SourceEvent::SliceDeleted {
-                    namespace: key.namespace.clone(),
-                    name: key.name.clone(),
-                });
-            }
-        }
-        for key in self.services.keys() {
-            if !services.contains_key(key) {
-                ev.push(SourceEvent::ServiceDeleted {
-                    namespace: key.namespace.clone(),
-                    name: key.name.clone(),
-                });
-            }
-        }
+        let services = applied(
+            &self.services,
+            new.services,
+            SourceEvent::ServiceApplied,
+            &mut ev,
+        );
+        let slices = applied(&self.slices, new.slices, SourceEvent::SliceApplied, &mut ev);
+        deleted(&self.slices, &slices, &mut ev, |namespace, name| {
+            SourceEvent::SliceDeleted { namespace, name }
+        });
+        deleted(&self.services, &services, &mut ev, |namespace, name| {
+            SourceEvent::ServiceDeleted { namespace, name }
+        });
         self.services = services;
         self.slices = slices;
         ev
+    }
+}
+
+/// Digests of `objects`; those new or changed against `seen` are moved into
+/// `event`s.
+fn applied<K: Ord, T: serde::Serialize>(
+    seen: &BTreeMap<K, Digest>,
+    objects: BTreeMap<K, T>,
+    event: fn(Box<T>) -> SourceEvent,
+    ev: &mut Vec<SourceEvent>,
+) -> BTreeMap<K, Digest> {
+    objects
+        .into_iter()
+        .map(|(key, obj)| {
+            let d = digest(&obj);
+            if seen.get(&key) != Some(&d) {
+                ev.push(event(Box::new(obj)));
+            }
+            (key, d)
+        })
+        .collect()
+}
+
+/// Events for the keys of `seen` that `now` lacks.
+fn deleted(
+    seen: &BTreeMap<ObjectKey, Digest>,
+    now: &BTreeMap<ObjectKey, Digest>,
+    ev: &mut Vec<SourceEvent>,
+    event: fn(String, String) -> SourceEvent,
+) {
+    for key in seen.keys().filter(|k| !now.contains_key(*k)) {
+        ev.push(event(key.namespace.clone(), key.name.clone()));
     }
 }
 
