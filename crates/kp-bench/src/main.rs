@@ -1,7 +1,7 @@
 //! kp-bench: control-plane timings of the nftables and iptables dataplanes at
 //! scale, applied to the real kernel inside throwaway network namespaces.
 //!
-//! `cargo run --release -p kp-bench -- [--mode nftables|iptables]
+//! `cargo run --release -p kp-bench -- [--mode nftables|iptables|userspace]
 //! [--sizes 1000,10000,50000] [--endpoints 10] [--changes 100] [--burst 1000]
 //! [--big 5000] [--backend netlink|nft] [--iptables-backend auto|nft|legacy]
 //! [--no-affinity] [--no-apply]`.
@@ -18,6 +18,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kp_iptables::{IptablesCli, IptablesProxier, Variant};
 use kp_model::{ChangeTracker, Dataplane, IpFamily, LocalDetector, ProxierConfig, TrackerConfig};
 use kp_nftables::{NftBackend, NftCli, NftNetlink, NftablesProxier};
+use kp_userspace::{UserspaceConfig, UserspaceProxier, VipMode};
+use std::sync::Arc;
 
 // The allocator kube-proxy-rs itself uses (see its main.rs), so the figures
 // are the product's.
@@ -69,6 +71,11 @@ fn ms(d: Duration) -> String {
     format!("{:.1}", d.as_secs_f64() * 1000.0)
 }
 
+fn median(v: &mut [usize]) -> usize {
+    v.sort();
+    v.get(v.len() / 2).copied().unwrap_or(0)
+}
+
 fn p50_p99(v: &mut [Duration]) -> String {
     format!("{} / {}", ms(pct(v, 0.5)), ms(pct(v, 0.99)))
 }
@@ -91,17 +98,30 @@ fn tracker() -> ChangeTracker {
     })
 }
 
-fn dataplane(o: &Opts, wrapper: &str) -> Box<dyn Dataplane> {
+fn dataplane(o: &Opts, wrapper: &str) -> Result<Box<dyn Dataplane>> {
     let mut pc = ProxierConfig::new(IpFamily::V4);
     pc.local_detector = LocalDetector::Cidrs(vec!["10.128.0.0/9".parse().expect("cidr")]);
+    if o.mode == "userspace" {
+        // Called inside the bench's namespace: the proxier's rtnetlink socket
+        // (Service IPs on lo) and its listeners are created on this thread,
+        // so everything lands there.
+        let mut c = UserspaceConfig::from_proxier_config(&pc);
+        c.vip_mode = VipMode::Loopback;
+        let rt = kp_userspace::runtime()?;
+        return Ok(Box::new(UserspaceProxier::new(
+            c,
+            Arc::new(kp_userspace::NoMetrics),
+            rt,
+        )?));
+    }
     if o.mode == "iptables" {
-        return Box::new(
+        return Ok(Box::new(
             IptablesProxier::new(
                 pc,
                 Box::new(IptablesCli::choose(IpFamily::V4, o.iptables_backend)),
             )
             .with_route_localnet(false),
-        );
+        ));
     }
     let backend: Box<dyn NftBackend> = if o.netlink {
         Box::new(NftNetlink::new())
@@ -110,7 +130,7 @@ fn dataplane(o: &Opts, wrapper: &str) -> Box<dyn Dataplane> {
             program: wrapper.to_string(),
         })
     };
-    Box::new(NftablesProxier::new(pc, backend))
+    Ok(Box::new(NftablesProxier::new(pc, backend)))
 }
 
 /// One table row: `n` Services with `m` endpoints each.
@@ -179,7 +199,7 @@ fn measure(
     wrapper: &str,
     model: Duration,
 ) -> Result<String> {
-    let mut dp = dataplane(o, wrapper);
+    let mut dp = dataplane(o, wrapper)?;
     let t1 = Instant::now();
     let script = dp.render(tr.state());
     let render = t1.elapsed();
@@ -233,12 +253,7 @@ fn measure(
             ms(*apply)
         );
     }
-    bytes.sort();
-    let change = format!(
-        "{} ms ({} B)",
-        p50_p99(&mut lat),
-        bytes.get(bytes.len() / 2).copied().unwrap_or(0)
-    );
+    let change = format!("{} ms ({} B)", p50_p99(&mut lat), median(&mut bytes));
 
     // One endpoint added to a Service (the count changes: its selection rule
     // is rewritten, which costs the kernel a validation of the whole table).
@@ -256,6 +271,7 @@ fn measure(
     // New Services next to the existing ones, then their deletion.
     let extra = kp_bench::cluster(n + o.changes as u32, m);
     let (mut add, mut del) = (Vec::new(), Vec::new());
+    let (mut add_bytes, mut del_bytes) = (Vec::new(), Vec::new());
     for k in n..n + o.changes as u32 {
         let s: Service = serde_json::from_value(extra.services[k as usize].clone())?;
         let sl: EndpointSlice = serde_json::from_value(extra.slices[k as usize].clone())?;
@@ -263,15 +279,17 @@ fn measure(
         let _ = tr.update_service(&s, SystemTime::now());
         let _ = tr.update_endpoint_slice(&sl, SystemTime::now());
         let cs = tr.take_changes();
-        dp.sync(tr.state(), &cs.changed, false)?;
+        let r = dp.sync(tr.state(), &cs.changed, false)?;
         add.push(t.elapsed());
+        add_bytes.push(r.bytes);
     }
     for k in n..n + o.changes as u32 {
         let t = Instant::now();
         tr.delete_service("bench", &format!("svc-{k}"), SystemTime::now());
         let cs = tr.take_changes();
-        dp.sync(tr.state(), &cs.changed, false)?;
+        let r = dp.sync(tr.state(), &cs.changed, false)?;
         del.push(t.elapsed());
+        del_bytes.push(r.bytes);
     }
     drop(extra);
 
@@ -308,12 +326,14 @@ fn measure(
         "-".into()
     };
     Ok(format!(
-        "| {n} | {m} | {} ms | {} ms | {size} | {full} | {change} | {} ms | {} ms | {} ms | {burst} | {:.0} MiB |",
+        "| {n} | {m} | {} ms | {} ms | {size} | {full} | {change} | {} ms | {} ms ({} B) | {} ms ({} B) | {burst} | {:.0} MiB |",
         ms(model),
         ms(render),
         p50_p99(&mut grow),
         p50_p99(&mut add),
+        median(&mut add_bytes),
         p50_p99(&mut del),
+        median(&mut del_bytes),
         rss_mib("VmHWM:")
     ))
 }
@@ -350,8 +370,8 @@ fn main() -> Result<()> {
             Some(b) => bail!("--iptables-backend must be auto, nft or legacy, not {b}"),
         },
     };
-    if !matches!(o.mode.as_str(), "nftables" | "iptables") {
-        bail!("--mode must be nftables or iptables");
+    if !matches!(o.mode.as_str(), "nftables" | "iptables" | "userspace") {
+        bail!("--mode must be nftables, iptables or userspace");
     }
     let affinity = !has("--no-affinity");
     println!(
@@ -360,6 +380,7 @@ fn main() -> Result<()> {
         match (o.mode.as_str(), o.netlink) {
             ("nftables", true) => " (netlink)",
             ("nftables", false) => " (nft program)",
+            ("userspace", _) => " (listeners and Service IPs on lo; nothing sent to netfilter)",
             _ => match o.iptables_backend {
                 Some(Variant::Legacy) => " (iptables-legacy-restore)",
                 Some(Variant::Nft) => " (iptables-nft-restore)",
@@ -371,7 +392,7 @@ fn main() -> Result<()> {
     // Where to come back to after each size's namespace.
     let home = std::fs::File::open("/proc/self/ns/net").context("opening our network namespace")?;
 
-    println!("| Services | endpoints each | model (convert+track) | render full | ruleset | full sync | 1 endpoint replaced p50 / p99 (bytes sent) | 1 endpoint added p50 / p99 | add 1 Service p50 / p99 | delete 1 Service p50 / p99 | burst of {} changes in 1 s | bench peak RSS |", o.burst);
+    println!("| Services | endpoints each | model (convert+track) | render full | ruleset | full sync | 1 endpoint replaced p50 / p99 (bytes sent) | 1 endpoint added p50 / p99 | add 1 Service p50 / p99 (bytes sent) | delete 1 Service p50 / p99 (bytes sent) | burst of {} changes in 1 s | bench peak RSS |", o.burst);
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for &n in &sizes {
         println!("{}", run_size(&o, n, m, affinity, &home)?);
