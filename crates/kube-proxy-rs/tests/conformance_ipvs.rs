@@ -132,7 +132,7 @@ fn module_closure(ver: &str, modules: &[&str]) -> Vec<(String, PathBuf)> {
 /// Writes the initramfs (newc cpio): busybox, the modules 9p needs, an init
 /// that mounts the host root over 9p read-only and runs `script` chrooted
 /// into it, and a modprobe that loads further modules from the host's tree.
-fn build_initramfs(dir: &Path, ver: &str, script: &str) -> PathBuf {
+fn build_initramfs(dir: &Path, ver: &str, script: &str, keep: &[PathBuf]) -> PathBuf {
     let root = dir.join("root");
     for d in ["bin", "sbin", "proc", "sys", "dev", "host", "mods"] {
         std::fs::create_dir_all(root.join(d)).unwrap();
@@ -159,9 +159,11 @@ mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000,cache=loose hostroo
 mount -t proc proc /host/proc
 mount -t sysfs sys /host/sys
 mount -t devtmpfs dev /host/dev
-mount -t tmpfs tmp /host/tmp
 mount -t tmpfs run /host/run
-mount -t tmpfs vartmp /host/var/tmp
+mkdir -p /host/run/kp-hosttmp
+mount -o bind /host/tmp /host/run/kp-hosttmp
+mount -t tmpfs tmp /host/tmp
+{keep_tmp}mount -t tmpfs vartmp /host/var/tmp
 # Modules the kernel asks for are loaded from the host's tree.
 printf '#!/bin/sh\nexec /bin/chroot /host /sbin/modprobe "$@"\n' > /sbin/modprobe
 chmod 755 /sbin/modprobe
@@ -170,7 +172,8 @@ chroot /host /bin/sh -c 'ip link set lo up; {script}'
 echo "KP-VM-RESULT rc=$?"
 sync
 poweroff -f
-"#
+"#,
+        keep_tmp = keep_tmp_lines(keep)
     );
     let init_path = root.join("init");
     std::fs::write(&init_path, init).unwrap();
@@ -188,6 +191,35 @@ poweroff -f
         .unwrap();
     assert!(st.success(), "building the initramfs (cpio)");
     img
+}
+
+/// Init lines that put the host's `/tmp/TOP` directories holding `paths`
+/// back over the VM's fresh (writable) /tmp: a checkout and its test binaries
+/// under /tmp (a CI clone, say) stay visible, read-only, at the same paths.
+fn keep_tmp_lines(paths: &[PathBuf]) -> String {
+    let tops: std::collections::BTreeSet<String> = paths
+        .iter()
+        .filter_map(|p| p.strip_prefix("/tmp").ok())
+        .filter_map(|rest| rest.components().next())
+        .filter_map(|c| c.as_os_str().to_str().map(str::to_string))
+        .collect();
+    tops.iter()
+        .map(|t| format!("mkdir -p '/host/tmp/{t}'\nmount -o bind '/host/run/kp-hosttmp/{t}' '/host/tmp/{t}'\n"))
+        .collect()
+}
+
+#[test]
+fn keeps_tmp_checkouts_visible_in_the_vm() {
+    let lines = keep_tmp_lines(&[
+        PathBuf::from("/tmp/ci/main"),
+        PathBuf::from("/tmp/ci/main/target/debug/deps/conformance_ipvs-1"),
+        PathBuf::from("/work/main"),
+    ]);
+    assert_eq!(
+        lines,
+        "mkdir -p '/host/tmp/ci'\nmount -o bind '/host/run/kp-hosttmp/ci' '/host/tmp/ci'\n"
+    );
+    assert_eq!(keep_tmp_lines(&[PathBuf::from("/work/main")]), "");
 }
 
 /// Boots the VM and runs every IPVS conformance case of this test binary
@@ -243,7 +275,7 @@ fn vm_ipvs_conformance() {
     );
     // KP_IPVS_VM_SCRIPT replaces the command run in the VM (debugging).
     let script = std::env::var("KP_IPVS_VM_SCRIPT").unwrap_or(script);
-    let initrd = build_initramfs(&dir, &ver, &script);
+    let initrd = build_initramfs(&dir, &ver, &script, &[cwd.clone(), exe.clone()]);
     // The accelerator: TCG by default. On this project's machines /dev/kvm
     // is nested KVM without EPT, and its shadow paging made the Debian
     // kernel take minutes to boot where TCG takes 20 s (docs/ipvs.md);
