@@ -140,6 +140,14 @@ struct Programs {
     save: String,
 }
 
+/// The chains an `iptables-save` listing declares (its `:NAME POLICY` lines).
+pub fn chain_names(saved: &str) -> impl Iterator<Item = &str> {
+    saved
+        .lines()
+        .filter_map(|l| l.strip_prefix(':'))
+        .filter_map(|l| l.split_whitespace().next())
+}
+
 impl IptablesCli {
     /// Detects the variant ([`detect_variant`]) when first needed, so that
     /// --dry-run never runs anything.
@@ -278,23 +286,8 @@ impl IptablesBackend for IptablesCli {
     }
 
     fn chains(&mut self, table: &str) -> Result<Vec<String>, DataplaneError> {
-        let prog = self.programs().save.clone();
-        let out = Command::new(&prog)
-            .args(["-t", table])
-            .output()
-            .map_err(|e| DataplaneError::Io {
-                what: format!("running {prog} -t {table}"),
-                source: e,
-            })?;
-        if !out.status.success() {
-            return Err(failure(format!("{prog} -t {table}"), &out));
-        }
-        Ok(String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| l.strip_prefix(':'))
-            .filter_map(|l| l.split_whitespace().next())
-            .map(String::from)
-            .collect())
+        let saved = self.save_table(table)?;
+        Ok(chain_names(&saved).map(String::from).collect())
     }
 
     fn chain_exists(&mut self, table: &str, chain: &str) -> Result<bool, DataplaneError> {

@@ -9,7 +9,7 @@ use kp_model::{
     Dataplane, DataplaneError, IpFamily, ProxierConfig, ProxyState, ServicePortName, SyncReport,
 };
 
-use crate::backend::IptablesBackend;
+use crate::backend::{chain_names, IptablesBackend};
 use crate::render::{
     is_our_chain, jumps, missing_jumps, render_service, with_jumps, ServiceRules, Skeleton,
     CANARY_CHAIN, FILTER_CHAINS, MANGLE_CHAINS, NAT_CHAINS,
@@ -195,10 +195,7 @@ impl IptablesProxier {
         // missing.
         let nat = self.backend.save_table("nat")?;
         let filter = self.backend.save_table("filter")?;
-        let delete: BTreeSet<String> = nat
-            .lines()
-            .filter_map(|l| l.strip_prefix(':'))
-            .filter_map(|l| l.split_whitespace().next())
+        let delete: BTreeSet<String> = chain_names(&nat)
             .filter(|c| is_our_chain("nat", c) && !NAT_CHAINS.contains(c))
             .filter(|c| !write.contains(c))
             .map(str::to_string)
