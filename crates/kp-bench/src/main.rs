@@ -183,7 +183,7 @@ fn run_size(o: &Opts, n: u32, m: u32, affinity: bool, home: &std::fs::File) -> R
         let f = std::fs::File::open(format!("/run/netns/{ns}"))?;
         enter_netns_file(&f).context("entering the bench namespace")?;
     }
-    let result = measure(o, n, m, &mut tr, &wrapper, model);
+    let result = measure(o, n, m, affinity, &mut tr, &wrapper, model);
     if o.apply {
         enter_netns_file(home)?;
     }
@@ -191,10 +191,12 @@ fn run_size(o: &Opts, n: u32, m: u32, affinity: bool, home: &std::fs::File) -> R
     result
 }
 
+#[allow(clippy::too_many_arguments)]
 fn measure(
     o: &Opts,
     n: u32,
     m: u32,
+    affinity: bool,
     tr: &mut ChangeTracker,
     wrapper: &str,
     model: Duration,
@@ -269,7 +271,8 @@ fn measure(
     }
 
     // New Services next to the existing ones, then their deletion.
-    let extra = kp_bench::cluster(n + o.changes as u32, m);
+    // The same mix as the cluster (with or without affinity Services).
+    let extra = kp_bench::cluster_with(n + o.changes as u32, m, affinity);
     let (mut add, mut del) = (Vec::new(), Vec::new());
     let (mut add_bytes, mut del_bytes) = (Vec::new(), Vec::new());
     for k in n..n + o.changes as u32 {
