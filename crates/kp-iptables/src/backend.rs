@@ -31,13 +31,6 @@ pub trait IptablesBackend: Send {
         chain: &str,
         args: &[String],
     ) -> Result<bool, DataplaneError>;
-    /// `iptables -I CHAIN 1`.
-    fn insert_rule(
-        &mut self,
-        table: &str,
-        chain: &str,
-        args: &[String],
-    ) -> Result<(), DataplaneError>;
     /// `iptables -D`.
     fn delete_rule(
         &mut self,
@@ -311,20 +304,6 @@ impl IptablesBackend for IptablesCli {
             Some(0) => Ok(true),
             Some(1) => Ok(false),
             _ => Err(failure(format!("iptables -t {table} -C {chain}"), &out)),
-        }
-    }
-
-    fn insert_rule(
-        &mut self,
-        table: &str,
-        chain: &str,
-        args: &[String],
-    ) -> Result<(), DataplaneError> {
-        let out = self.rule_cmd("-I", table, chain, args)?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(failure(format!("iptables -t {table} -I {chain}"), &out))
         }
     }
 

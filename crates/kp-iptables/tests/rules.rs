@@ -485,19 +485,6 @@ impl IptablesBackend for Recorder {
             .iter()
             .any(|(t, c, a)| t == table && c == chain && a == args))
     }
-    fn insert_rule(
-        &mut self,
-        table: &str,
-        chain: &str,
-        args: &[String],
-    ) -> Result<(), DataplaneError> {
-        self.0
-            .lock()
-            .unwrap()
-            .inserted
-            .push((table.into(), chain.into(), args.to_vec()));
-        Ok(())
-    }
     fn delete_rule(
         &mut self,
         table: &str,

@@ -318,9 +318,6 @@ impl kp_iptables::IptablesBackend for NoIpt {
     fn rule_exists(&mut self, _: &str, _: &str, _: &[String]) -> Result<bool, DataplaneError> {
         Ok(true)
     }
-    fn insert_rule(&mut self, _: &str, _: &str, _: &[String]) -> Result<(), DataplaneError> {
-        Ok(())
-    }
     fn delete_rule(&mut self, _: &str, _: &str, _: &[String]) -> Result<(), DataplaneError> {
         Ok(())
     }
