@@ -28,7 +28,7 @@ pub use plan::{
 };
 pub use proxier::{IpvsProxier, DUMMY_DEV};
 pub use rtnl::msg as rtnl_msg;
-pub use rules::{jump_args, jumps, restore_input, with_jumps};
+pub use rules::{jumps, restore_input, with_jumps};
 
 /// Helpers for tests elsewhere (byte-level message tests, VM harness).
 pub mod internals {

@@ -448,13 +448,7 @@ impl Dataplane for IpvsProxier {
         out.push_str(&rules::restore_input(&self.cfg.proxier));
         let _ = writeln!(out, "# jumps ensured in builtin chains:");
         for j in rules::jumps() {
-            let _ = writeln!(
-                out,
-                "# -t {} -A {} {}",
-                j.table,
-                j.from,
-                rules::jump_args(&j)
-            );
+            let _ = writeln!(out, "# -t {} -A {} {}", j.table, j.from, j.args_text());
         }
         out
     }

@@ -202,12 +202,6 @@ pub fn jumps() -> Vec<Jump> {
     ]
 }
 
-/// A jump's arguments as `iptables-save` prints them (and
-/// `iptables-restore` reads them): arguments with spaces in double quotes.
-pub fn jump_args(j: &Jump) -> String {
-    j.args_text()
-}
-
 pub use kp_iptables::with_jumps;
 
 /// Whether `chain` in `table` is one of ours (for --cleanup).

@@ -170,7 +170,7 @@ fn check_family(family: IpFamily) {
     }
     assert!(listed.contains("--match-set"), "{listed}");
     for j in &jumps {
-        let line = format!("-A {} {}", j.from, kp_ipvs::jump_args(j));
+        let line = j.save_line();
         assert_eq!(
             listed.lines().filter(|l| *l == line).count(),
             1,
