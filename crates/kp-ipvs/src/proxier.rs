@@ -448,7 +448,7 @@ impl Dataplane for IpvsProxier {
         out.push_str(&rules::restore_input(&self.cfg.proxier));
         let _ = writeln!(out, "# jumps ensured in builtin chains:");
         for j in rules::jumps() {
-            let _ = writeln!(out, "# -t {} -A {} {}", j.table, j.from, j.args_text());
+            let _ = writeln!(out, "# -t {} {}", j.table, j.save_line());
         }
         out
     }
