@@ -1,10 +1,15 @@
 //! Userspace-mode benchmark on loopback: one bulk TCP transfer and many
 //! short connections, each through the proxy and direct, as a ratio.
 //!
-//!   cargo run --release -p kp-userspace --bin kp-userspace-bench -- [--bytes N] [--secs S] [--clients C] [--runs R] [--no-splice]
+//!   cargo run --release -p kp-userspace --bin kp-userspace-bench -- [--bytes N] [--secs S] [--clients C] [--runs R] [--no-splice] [--congestion-control NAME]
 //!
 //! Needs no privileges: the proxy serves a Service whose externalIP is
 //! 127.0.0.1 (an address that is already local), so nothing is configured.
+//! `--congestion-control NAME` (root) runs everything in a fresh network
+//! namespace whose default TCP congestion control is NAME: the figures
+//! depend on it more than on anything in the proxy (BENCHMARKS.md), and the
+//! host's own setting is left alone. A non-initial namespace may only pick
+//! from `net.ipv4.tcp_allowed_congestion_control`.
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
@@ -24,6 +29,7 @@ struct Opts {
     clients: usize,
     runs: usize,
     splice: bool,
+    congestion_control: Option<String>,
 }
 
 fn parse() -> Opts {
@@ -33,6 +39,7 @@ fn parse() -> Opts {
         clients: 4,
         runs: 5,
         splice: true,
+        congestion_control: None,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -43,6 +50,7 @@ fn parse() -> Opts {
             "--secs" => o.secs = v.parse().unwrap_or(o.secs),
             "--clients" => o.clients = v.parse().unwrap_or(o.clients),
             "--runs" => o.runs = v.parse().unwrap_or(o.runs),
+            "--congestion-control" => o.congestion_control = Some(v),
             "--no-splice" => {
                 o.splice = false;
                 i += 1;
@@ -306,8 +314,58 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Moves this process into a new network namespace with lo up and `cc`
+/// as its TCP congestion control. Must run before any thread starts
+/// (unshare applies to the calling thread; later threads inherit it).
+fn fresh_netns(cc: &str) -> Result<(), String> {
+    let os = |what: &str| format!("{what}: {}", std::io::Error::last_os_error());
+    // SAFETY: unshare(2) with a namespace flag; no pointers.
+    if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+        return Err(os("unshare(CLONE_NEWNET) (needs root)"));
+    }
+    // SAFETY: a plain socket for the interface ioctls, closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(os("socket"));
+    }
+    // SAFETY: ifreq is plain old data; the name is NUL-terminated ("lo").
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    ifr.ifr_name[0] = b'l' as libc::c_char;
+    ifr.ifr_name[1] = b'o' as libc::c_char;
+    // SAFETY: SIOCGIFFLAGS/SIOCSIFFLAGS read and write the ifreq we own.
+    let r = unsafe {
+        if libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut ifr) == 0 {
+            ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+            libc::ioctl(fd, libc::SIOCSIFFLAGS, &ifr)
+        } else {
+            -1
+        }
+    };
+    let err = (r != 0).then(|| os("setting lo up"));
+    // SAFETY: closes the socket opened above.
+    unsafe { libc::close(fd) };
+    if let Some(e) = err {
+        return Err(e);
+    }
+    // /proc/sys/net is the opener's namespace: this writes the new one's.
+    std::fs::write("/proc/sys/net/ipv4/tcp_congestion_control", cc).map_err(|e| {
+        format!(
+            "setting tcp_congestion_control to {cc:?} (allowed here: {}): {e}",
+            sysctl("net/ipv4/tcp_allowed_congestion_control")
+        )
+    })
+}
+
 fn main() {
     let o = parse();
+    // Read in the host's namespace: the new one has no such entry.
+    let qdisc = sysctl("net/core/default_qdisc");
+    if let Some(cc) = &o.congestion_control {
+        if let Err(e) = fresh_netns(cc) {
+            eprintln!("kp-userspace-bench: {e}");
+            std::process::exit(1);
+        }
+    }
     let rt = kp_userspace::runtime().expect("runtime");
     let mut cfg = UserspaceConfig::new(IpFamily::V4);
     cfg.vip_mode = VipMode::None;
@@ -329,13 +387,18 @@ fn main() {
     let via_bulk: SocketAddr = SocketAddr::from(([127, 0, 0, 1], p_bulk));
     let via_rr: SocketAddr = SocketAddr::from(([127, 0, 0, 1], p_rr));
     println!(
-        "kp-userspace-bench: {} cpus, copy = {}, tcp_congestion_control = {}, default_qdisc = {}, pipe-max-size = {}, load average {}",
+        "kp-userspace-bench: {} cpus, copy = {}, {}, tcp_congestion_control = {}, default_qdisc = {}, pipe-max-size = {}, load average {}",
         std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(0),
         if o.splice { "splice" } else { "buffer" },
+        if o.congestion_control.is_some() {
+            "network namespace: a fresh one"
+        } else {
+            "network namespace: the caller's"
+        },
         sysctl("net/ipv4/tcp_congestion_control"),
-        sysctl("net/core/default_qdisc"),
+        qdisc,
         sysctl("fs/pipe-max-size"),
         loadavg(),
     );
