@@ -33,8 +33,8 @@ use kp_model::{
 };
 
 pub use balancer::Algorithm;
-use plan::{ListenKey, ListenSpec, PlanOpts};
-use service::{ServiceRt, Shared};
+use plan::{ListenKey, ListenSpec, PlanCtx, PlanIndex, PlanOpts};
+use service::{Inside, ServiceRt, Shared};
 pub use sys::has_net_admin;
 
 /// Which way proxied bytes went.
@@ -173,17 +173,41 @@ impl Drop for Listener {
     }
 }
 
+/// A Service port we serve, and its share of `SyncReport::no_local_endpoints`
+/// (kept so a sync need not ask every Service again).
+struct Svc {
+    rt: Arc<ServiceRt>,
+    missing: (bool, bool),
+}
+
 /// One IP family's userspace proxy.
+///
+/// A full sync (the first, one the sync loop asks for, or one after a
+/// failure) re-reads this node's addresses and our Service IPs on lo and
+/// recomputes everything; a partial sync touches only the changed service
+/// ports through a [`PlanIndex`], so it costs O(the change), not O(all
+/// Services). The node's addresses are only re-read by full syncs: an
+/// address added to or removed from the node (not by us) is picked up at the
+/// next full sync (the sync loop runs one every sync period).
 pub struct UserspaceProxier {
     cfg: UserspaceConfig,
     shared: Arc<Shared>,
     rt: tokio::runtime::Handle,
-    services: HashMap<ServicePortName, Arc<ServiceRt>>,
+    services: HashMap<ServicePortName, Svc>,
+    /// Sum of the `missing` of `services`.
+    missing: (u64, u64),
     listeners: HashMap<ListenKey, Listener>,
     /// Service IPs of this family we hold on lo.
     vips: BTreeSet<IpAddr>,
-    vips_loaded: bool,
     rtnl: Option<netlink::Rtnl>,
+    /// What listeners and Service IPs `services` ask for; None until a full
+    /// sync built it (and after cleanup).
+    index: Option<PlanIndex>,
+    inside: Arc<Inside>,
+    /// Listeners that failed to open and Service IPs that could not be added
+    /// or removed: looked at again on every sync, whatever changed.
+    retry_keys: BTreeSet<ListenKey>,
+    retry_vips: BTreeSet<IpAddr>,
 }
 
 fn io_err(what: impl Into<String>, source: std::io::Error) -> DataplaneError {
@@ -215,15 +239,20 @@ impl UserspaceProxier {
             pipe_size: cfg.pipe_size,
             metrics,
         });
+        let inside = Arc::new(Inside::new(cfg.cluster_cidrs.clone()));
         Ok(UserspaceProxier {
             cfg,
             shared,
             rt,
             services: HashMap::new(),
+            missing: (0, 0),
             listeners: HashMap::new(),
             vips: BTreeSet::new(),
-            vips_loaded: false,
             rtnl,
+            index: None,
+            inside,
+            retry_keys: BTreeSet::new(),
+            retry_vips: BTreeSet::new(),
         })
     }
 
@@ -296,6 +325,301 @@ impl UserspaceProxier {
             task,
         })
     }
+
+    /// Whether `changed` accounts for every service port added or removed
+    /// since the last sync, as the tracker's change sets do (deleted ports
+    /// are among the changed names). A caller that did not say falls back
+    /// to a full sync instead of leaving a Service behind. O(changed).
+    fn covers(&self, state: &ProxyState, changed: &BTreeSet<ServicePortName>) -> bool {
+        let mut n = self.services.len();
+        for name in changed {
+            match (
+                self.services.contains_key(name),
+                state.services.contains_key(name),
+            ) {
+                (false, true) => n += 1,
+                (true, false) => n -= 1,
+                _ => {}
+            }
+        }
+        n == state.services.len()
+    }
+
+    /// Applies a new version of one service port (added or changed).
+    fn update_service(&mut self, state: &ProxyState, name: &ServicePortName) {
+        let Some(sp) = state.services.get(name) else {
+            return;
+        };
+        let svc = self.services.entry(name.clone()).or_insert_with(|| Svc {
+            rt: ServiceRt::new(name.clone(), self.shared.clone()),
+            missing: (false, false),
+        });
+        svc.rt.update(
+            sp,
+            state.endpoints_of(name),
+            &state.node,
+            self.inside.clone(),
+            &self.rt,
+        );
+        let (i, e) = svc.rt.missing_local();
+        let (oi, oe) = std::mem::replace(&mut svc.missing, (i, e));
+        self.missing.0 = (self.missing.0 + u64::from(i)).saturating_sub(u64::from(oi));
+        self.missing.1 = (self.missing.1 + u64::from(e)).saturating_sub(u64::from(oe));
+    }
+
+    fn retire_service(&mut self, name: &ServicePortName) -> bool {
+        let Some(svc) = self.services.remove(name) else {
+            return false;
+        };
+        svc.rt.retire(&self.rt);
+        self.missing.0 = self.missing.0.saturating_sub(u64::from(svc.missing.0));
+        self.missing.1 = self.missing.1.saturating_sub(u64::from(svc.missing.1));
+        true
+    }
+
+    /// Everything again: our addresses on lo and the node's addresses
+    /// re-read, every Service updated, the index rebuilt. Returns every
+    /// listen key and Service IP to reconcile.
+    fn prepare_full(
+        &mut self,
+        state: &ProxyState,
+        report: &mut SyncReport,
+    ) -> Result<(BTreeSet<ListenKey>, BTreeSet<IpAddr>), DataplaneError> {
+        if let Some(mut rtnl) = self.rtnl.take() {
+            // First sync: addresses left by a previous run are adopted (kept
+            // while still wanted). Full syncs re-read what the kernel has,
+            // so an address someone removed is added back.
+            let r = self.ours_on_lo(&mut rtnl);
+            self.rtnl = Some(rtnl);
+            self.vips = r?.into_iter().collect();
+        }
+        let local = self.local_addresses();
+        self.inside.set_addrs(local.iter().map(|(ip, _)| *ip));
+
+        // Services and their endpoints.
+        for name in state.services.keys() {
+            self.update_service(state, name);
+            report.ops += 1;
+        }
+        let gone: Vec<ServicePortName> = self
+            .services
+            .keys()
+            .filter(|n| !state.services.contains_key(*n))
+            .cloned()
+            .collect();
+        for n in gone {
+            if self.retire_service(&n) {
+                report.ops += 1;
+            }
+        }
+        // Recounted from scratch, so a full sync never carries a drift on.
+        self.missing = (0, 0);
+        for svc in self.services.values() {
+            self.missing.0 += u64::from(svc.missing.0);
+            self.missing.1 += u64::from(svc.missing.1);
+        }
+
+        // Our own VIPs among the local addresses are not node addresses.
+        // Partial syncs reuse this context (see PlanCtx) until the next
+        // full sync.
+        let ctx = PlanCtx::new(state.family, &self.plan_opts(), &local, &self.vips);
+        let index = PlanIndex::build(ctx, state);
+        for s in index.skipped() {
+            tracing::warn!("userspace: {s}");
+        }
+        let keys: BTreeSet<ListenKey> = index
+            .listeners()
+            .map(|(k, _)| *k)
+            .chain(self.listeners.keys().copied())
+            .chain(self.retry_keys.iter().copied())
+            .collect();
+        let vips: BTreeSet<IpAddr> = index
+            .vips()
+            .chain(self.vips.iter())
+            .chain(self.retry_vips.iter())
+            .copied()
+            .collect();
+        self.index = Some(index);
+        Ok((keys, vips))
+    }
+
+    /// Only the changed service ports: returns the listen keys and Service
+    /// IPs whose wanted state may differ from what is in place.
+    fn prepare_partial(
+        &mut self,
+        state: &ProxyState,
+        changed: &BTreeSet<ServicePortName>,
+        report: &mut SyncReport,
+    ) -> (BTreeSet<ListenKey>, BTreeSet<IpAddr>) {
+        let mut keys = self.retry_keys.clone();
+        let mut vips = self.retry_vips.clone();
+        let Some(mut index) = self.index.take() else {
+            return (keys, vips);
+        };
+        // Service ports whose skip messages may have changed.
+        let mut warn: BTreeSet<ServicePortName> = BTreeSet::new();
+        for name in changed {
+            let d = match state.services.get(name) {
+                Some(sp) => {
+                    self.update_service(state, name);
+                    report.ops += 1;
+                    let d = index.update(name, sp);
+                    // Endpoints appearing or going open or close the
+                    // listeners it wins, whether or not its claims changed.
+                    if let Some(c) = index.claims_of(name) {
+                        keys.extend(c.listeners.iter().map(|(k, _)| *k));
+                    }
+                    warn.insert(name.clone());
+                    d
+                }
+                None => {
+                    if self.retire_service(name) {
+                        report.ops += 1;
+                    }
+                    index.remove(name)
+                }
+            };
+            for k in &d.listeners {
+                warn.extend(index.losers(k).cloned());
+            }
+            keys.extend(d.listeners);
+            vips.extend(d.vips_added);
+            vips.extend(d.vips_removed);
+        }
+        for name in &warn {
+            for s in index.skipped_of(name) {
+                tracing::warn!("userspace: {s}");
+            }
+        }
+        self.index = Some(index);
+        (keys, vips)
+    }
+
+    /// Service IPs on lo: each of `check` added or removed as the index
+    /// wants.
+    fn apply_vips(&mut self, check: BTreeSet<IpAddr>, report: &mut SyncReport) {
+        let (Some(rtnl), Some(index)) = (self.rtnl.as_mut(), self.index.as_ref()) else {
+            return;
+        };
+        let (mut add, mut del) = (Vec::new(), Vec::new());
+        for ip in check {
+            match (index.has_vip(&ip), self.vips.contains(&ip)) {
+                (true, false) => add.push(ip),
+                (false, true) => del.push(ip),
+                _ => {
+                    self.retry_vips.remove(&ip);
+                }
+            }
+        }
+        // Additions first, then removals (as before the index).
+        for ip in add {
+            match rtnl.add(&ip) {
+                Ok(()) => {
+                    self.vips.insert(ip);
+                    self.inside.add(ip);
+                    self.retry_vips.remove(&ip);
+                    report.ops += 1;
+                }
+                Err(e) => {
+                    tracing::warn!(%ip, error = %e, "cannot add a Service IP to lo");
+                    self.retry_vips.insert(ip);
+                }
+            }
+        }
+        for ip in del {
+            match rtnl.del(&ip) {
+                Ok(()) => {
+                    self.vips.remove(&ip);
+                    self.inside.remove(&ip);
+                    self.retry_vips.remove(&ip);
+                    report.ops += 1;
+                }
+                Err(e) => {
+                    tracing::warn!(%ip, error = %e, "cannot remove a Service IP from lo");
+                    self.retry_vips.insert(ip);
+                }
+            }
+        }
+    }
+
+    /// Listeners: open where a Service has somewhere to send, closed
+    /// otherwise (so clients are refused at once, as the kernel modes do).
+    /// Each of `check` is made to match the index.
+    fn apply_listeners(&mut self, check: BTreeSet<ListenKey>, report: &mut SyncReport) {
+        let Some(index) = self.index.as_ref() else {
+            return;
+        };
+        let mut open: Vec<(ListenKey, ListenSpec, Arc<ServiceRt>)> = Vec::new();
+        let mut closed: BTreeSet<ListenKey> = BTreeSet::new();
+        // Every close before any open, as a full recomputation does.
+        for k in check {
+            let want = index.winner(&k).and_then(|spec| {
+                let svc = self.services.get(&spec.service)?;
+                svc.rt.can_serve(spec.kind).then_some((spec, &svc.rt))
+            });
+            if let Some(l) = self.listeners.get(&k) {
+                if want.is_some_and(|(spec, _)| *spec == l.spec) {
+                    self.retry_keys.remove(&k);
+                    continue;
+                }
+                self.listeners.remove(&k);
+                closed.insert(k);
+                report.ops += 1;
+            }
+            match want {
+                Some((spec, svc)) => open.push((k, spec.clone(), svc.clone())),
+                None => {
+                    self.retry_keys.remove(&k);
+                }
+            }
+        }
+        for (k, spec, svc) in open {
+            let r = if closed.contains(&k) {
+                self.reopen(&k, &spec, &svc)
+            } else {
+                self.open(&k, &spec, &svc)
+            };
+            match r {
+                Ok(l) => {
+                    self.listeners.insert(k, l);
+                    self.retry_keys.remove(&k);
+                    report.ops += 1;
+                }
+                Err(e) => {
+                    // Another program holds the port, or the address is not
+                    // ours: the rest of the Services still work; retried on
+                    // the next sync.
+                    tracing::warn!(service = %svc.label, addr = %k.addr, protocol = %k.protocol, error = %e, "cannot listen");
+                    svc.error();
+                    self.retry_keys.insert(k);
+                }
+            }
+        }
+    }
+
+    /// Opens `key` again for another service port or spec, right after
+    /// closing its listener: the old socket is released by its task as the
+    /// runtime gets to the abort (and, for UDP, by the flows it ends), so a
+    /// bind that finds the port still in use is tried again for a moment
+    /// instead of waiting for the next sync.
+    fn reopen(
+        &self,
+        key: &ListenKey,
+        spec: &ListenSpec,
+        svc: &Arc<ServiceRt>,
+    ) -> std::io::Result<Listener> {
+        let deadline = Instant::now() + Duration::from_millis(200);
+        loop {
+            match self.open(key, spec, svc) {
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                r => return r,
+            }
+        }
+    }
 }
 
 impl Dataplane for UserspaceProxier {
@@ -310,129 +634,21 @@ impl Dataplane for UserspaceProxier {
         full: bool,
     ) -> Result<SyncReport, DataplaneError> {
         let t0 = Instant::now();
+        let full = full || self.index.is_none() || !self.covers(state, changed);
         let mut report = SyncReport {
             full,
             ..Default::default()
         };
-        if let Some(mut rtnl) = self.rtnl.take() {
-            // First sync: addresses left by a previous run are adopted (kept
-            // while still wanted). Full syncs re-read what the kernel has,
-            // so an address someone removed is added back.
-            let r = if self.vips_loaded && !full {
-                None
-            } else {
-                Some(self.ours_on_lo(&mut rtnl))
-            };
-            self.rtnl = Some(rtnl);
-            if let Some(r) = r {
-                self.vips = r?.into_iter().collect();
-                self.vips_loaded = true;
-            }
-        }
-        let local = self.local_addresses();
-        let mut inside: Vec<IpNet> = self.cfg.cluster_cidrs.clone();
-        inside.extend(local.iter().map(|(ip, _)| IpNet::from(*ip)));
-        let inside = Arc::new(inside);
-
-        // Services and their endpoints.
-        for (name, sp) in &state.services {
-            let fresh = !self.services.contains_key(name);
-            if !(full || fresh || changed.contains(name)) {
-                continue;
-            }
-            let svc = self
-                .services
-                .entry(name.clone())
-                .or_insert_with(|| ServiceRt::new(name.clone(), self.shared.clone()))
-                .clone();
-            svc.update(
-                sp,
-                state.endpoints_of(name),
-                &state.node,
-                inside.clone(),
-                &self.rt,
-            );
-            report.ops += 1;
-        }
-        let gone: Vec<ServicePortName> = self
-            .services
-            .keys()
-            .filter(|n| !state.services.contains_key(*n))
-            .cloned()
-            .collect();
-        for n in gone {
-            if let Some(svc) = self.services.remove(&n) {
-                svc.retire(&self.rt);
-                report.ops += 1;
-            }
-        }
-        for svc in self.services.values() {
-            let (i, e) = svc.missing_local();
-            report.no_local_endpoints.0 += u64::from(i);
-            report.no_local_endpoints.1 += u64::from(e);
-        }
-        let plan = plan::plan(state, &self.plan_opts(), &local, &self.vips);
-        for s in &plan.skipped {
-            tracing::warn!("userspace: {s}");
-        }
+        let (keys, vips) = if full {
+            self.prepare_full(state, &mut report)?
+        } else {
+            self.prepare_partial(state, changed, &mut report)
+        };
+        report.no_local_endpoints = self.missing;
         report.render = t0.elapsed();
         let t1 = Instant::now();
-
-        // Service IPs on lo.
-        if let Some(rtnl) = self.rtnl.as_mut() {
-            for ip in plan.vips.difference(&self.vips.clone()) {
-                match rtnl.add(ip) {
-                    Ok(()) => {
-                        self.vips.insert(*ip);
-                        report.ops += 1;
-                    }
-                    Err(e) => tracing::warn!(%ip, error = %e, "cannot add a Service IP to lo"),
-                }
-            }
-            let extra: Vec<IpAddr> = self.vips.difference(&plan.vips).copied().collect();
-            for ip in extra {
-                match rtnl.del(&ip) {
-                    Ok(()) => {
-                        self.vips.remove(&ip);
-                        report.ops += 1;
-                    }
-                    Err(e) => tracing::warn!(%ip, error = %e, "cannot remove a Service IP from lo"),
-                }
-            }
-        }
-
-        // Listeners: open where a Service has somewhere to send, closed
-        // otherwise (so clients are refused at once, as the kernel modes do).
-        let mut want: HashMap<ListenKey, (&ListenSpec, Arc<ServiceRt>)> = HashMap::new();
-        for (k, spec) in &plan.listeners {
-            if let Some(svc) = self.services.get(&spec.service) {
-                if svc.can_serve(spec.kind) {
-                    want.insert(*k, (spec, svc.clone()));
-                }
-            }
-        }
-        let before = self.listeners.len();
-        self.listeners
-            .retain(|k, l| want.get(k).is_some_and(|(spec, _)| **spec == l.spec));
-        report.ops += before - self.listeners.len();
-        for (k, (spec, svc)) in want {
-            if self.listeners.contains_key(&k) {
-                continue;
-            }
-            match self.open(&k, spec, &svc) {
-                Ok(l) => {
-                    self.listeners.insert(k, l);
-                    report.ops += 1;
-                }
-                Err(e) => {
-                    // Another program holds the port, or the address is not
-                    // ours: the rest of the Services still work; retried on
-                    // the next sync.
-                    tracing::warn!(service = %svc.label, addr = %k.addr, protocol = %k.protocol, error = %e, "cannot listen");
-                    svc.error();
-                }
-            }
-        }
+        self.apply_vips(vips, &mut report);
+        self.apply_listeners(keys, &mut report);
         report.apply = t1.elapsed();
         Ok(report)
     }
@@ -513,6 +729,10 @@ impl Dataplane for UserspaceProxier {
 
     fn cleanup(&mut self) -> Result<(), DataplaneError> {
         self.listeners.clear();
+        // Whatever comes next starts from a full sync.
+        self.index = None;
+        self.retry_keys.clear();
+        self.retry_vips.clear();
         let mut rtnl = match self.rtnl.take() {
             Some(r) => r,
             None => netlink::Rtnl::open().map_err(|e| io_err("opening rtnetlink", e))?,

@@ -1,7 +1,7 @@
 //! One Service port at run time: its endpoints (shared with the listener
 //! tasks), the balancer state and the endpoint lifecycle (grace period).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -82,19 +82,61 @@ pub(crate) struct Pools {
     local: Pool,
     internal_local: bool,
     external_local: bool,
-    /// Sources that count as "inside the cluster" (pod CIDRs, this node's
-    /// addresses): with externalTrafficPolicy Local their traffic to external
-    /// addresses still uses cluster endpoints, as upstream short-circuits it.
-    inside: Arc<Vec<IpNet>>,
+    inside: Arc<Inside>,
+}
+
+/// Sources that count as "inside the cluster" (pod CIDRs, this node's
+/// addresses): with externalTrafficPolicy Local their traffic to external
+/// addresses still uses cluster endpoints, as upstream short-circuits it.
+/// One per proxier, shared by its Services, so that an address change does
+/// not have to visit every Service.
+#[derive(Default)]
+pub(crate) struct Inside {
+    cidrs: Vec<IpNet>,
+    /// This node's addresses as of the last full sync, plus the Service IPs
+    /// added to lo since, minus the ones removed.
+    addrs: RwLock<HashSet<IpAddr>>,
+}
+
+impl Inside {
+    pub fn new(cidrs: Vec<IpNet>) -> Inside {
+        Inside {
+            cidrs,
+            addrs: RwLock::default(),
+        }
+    }
+
+    fn addrs(&self) -> std::sync::RwLockWriteGuard<'_, HashSet<IpAddr>> {
+        self.addrs.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn set_addrs(&self, addrs: impl IntoIterator<Item = IpAddr>) {
+        *self.addrs() = addrs.into_iter().collect();
+    }
+
+    pub fn add(&self, ip: IpAddr) {
+        self.addrs().insert(ip);
+    }
+
+    pub fn remove(&self, ip: &IpAddr) {
+        self.addrs().remove(ip);
+    }
+
+    fn contains(&self, ip: &IpAddr) -> bool {
+        self.cidrs.iter().any(|n| n.contains(ip))
+            || self
+                .addrs
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(ip)
+    }
 }
 
 impl Pools {
     fn pool(&self, kind: Kind, client: IpAddr) -> &Pool {
         let local = match kind {
             Kind::Cluster => self.internal_local,
-            Kind::External => {
-                self.external_local && !self.inside.iter().any(|n| n.contains(&client))
-            }
+            Kind::External => self.external_local && !self.inside.contains(&client),
         };
         if local {
             &self.local
@@ -198,7 +240,7 @@ impl ServiceRt {
         sp: &ServicePort,
         endpoints: &[Endpoint],
         node: &NodeInfo,
-        inside: Arc<Vec<IpNet>>,
+        inside: Arc<Inside>,
         rt: &tokio::runtime::Handle,
     ) {
         let cat = categorize_endpoints(endpoints, sp, node);

@@ -130,7 +130,9 @@ pub(crate) fn shutdown_write(fd: RawFd) {
 }
 
 /// Every address configured on this host (this network namespace), with
-/// whether it sits on a loopback interface.
+/// whether it sits on a loopback interface. O(addresses), and with
+/// `VipMode::Loopback` every Service IP is one: the proxier reads it on full
+/// syncs only.
 pub(crate) fn local_addresses() -> Vec<(IpAddr, bool)> {
     let mut out = Vec::new();
     // SAFETY: getifaddrs fills a linked list we walk read-only and free once.

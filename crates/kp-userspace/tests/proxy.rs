@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use kp_model::{
     Dataplane, Endpoint, IpFamily, NodeInfo, Protocol, ProxyState, ServicePort, ServicePortName,
+    SyncReport,
 };
 use kp_userspace::{NoMetrics, UserspaceConfig, UserspaceProxier, VipMode};
 
@@ -307,4 +308,226 @@ fn client_ip_affinity_sticks_until_its_timeout() {
     // and round robin moves on to the other endpoint.
     std::thread::sleep(Duration::from_millis(1300));
     assert_ne!(hello(vip(vip_ip)), first, "affinity outlived its timeout");
+}
+
+/// A Service port named `name` on `vip`:PORT (an externalIP) sending to `eps`,
+/// added to `st`.
+fn put(st: &mut ProxyState, name: &str, vip: &str, eps: &[SocketAddr]) -> ServicePortName {
+    let one = state(vip, Protocol::Tcp, eps);
+    let old = ServicePortName::new("t", "svc", "p", Protocol::Tcp);
+    let new = ServicePortName::new("t", name, "p", Protocol::Tcp);
+    let mut sp = (*one.services[&old]).clone();
+    sp.name = new.clone();
+    st.services.insert(new.clone(), Arc::new(sp));
+    st.endpoints
+        .insert(new.clone(), one.endpoints[&old].clone());
+    new
+}
+
+/// A partial sync naming `changed`; it must stay partial.
+fn partial(p: &mut UserspaceProxier, st: &ProxyState, changed: &[&ServicePortName]) -> SyncReport {
+    let changed: BTreeSet<ServicePortName> = changed.iter().map(|n| (*n).clone()).collect();
+    let r = p
+        .sync(st, &changed, false)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!r.full, "the partial sync fell back to a full one");
+    r
+}
+
+#[test]
+fn partial_sync_hands_a_contested_port_to_the_next_claimant() {
+    let (x, y) = (named_server("a"), named_server("b"));
+    let mut p = proxier(|_| {});
+    let vip_ip = "127.0.0.28";
+    let mut st = ProxyState::new(IpFamily::V4, NodeInfo::default());
+    // Both claim vip_ip:PORT; "a" comes first in name order and wins.
+    let a = put(&mut st, "a", vip_ip, &[x]);
+    let b = put(&mut st, "b", vip_ip, &[y]);
+    sync(&mut p, &st);
+    assert_eq!(hello(vip(vip_ip)), "a");
+    // The winner deleted: the loser gets the port at once.
+    st.services.remove(&a);
+    st.endpoints.remove(&a);
+    partial(&mut p, &st, &[&a]);
+    assert_eq!(p.listening(), vec![(vip(vip_ip), Protocol::Tcp)]);
+    assert_eq!(hello(vip(vip_ip)), "b");
+    // Back again: it wins again.
+    let a = put(&mut st, "a", vip_ip, &[x]);
+    partial(&mut p, &st, &[&a]);
+    assert_eq!(hello(vip(vip_ip)), "a");
+    // The loser going leaves the winner alone.
+    st.services.remove(&b);
+    st.endpoints.remove(&b);
+    let r = partial(&mut p, &st, &[&b]);
+    assert_eq!(r.ops, 1, "only the retired Service, no listener touched");
+    assert_eq!(hello(vip(vip_ip)), "a");
+}
+
+#[test]
+fn partial_syncs_close_and_reopen_a_listener_as_endpoints_go_and_come() {
+    let x = named_server("x");
+    let mut p = proxier(|_| {});
+    let vip_ip = "127.0.0.29";
+    let mut st = ProxyState::new(IpFamily::V4, NodeInfo::default());
+    let s = put(&mut st, "s", vip_ip, &[x]);
+    // An unrelated Service next to it, untouched by the changes below.
+    let other = named_server("other");
+    put(&mut st, "u", "127.0.0.30", &[other]);
+    sync(&mut p, &st);
+    assert_eq!(hello(vip(vip_ip)), "x");
+    put(&mut st, "s", vip_ip, &[]);
+    partial(&mut p, &st, &[&s]);
+    assert_eq!(p.listening(), vec![(vip("127.0.0.30"), Protocol::Tcp)]);
+    // The aborted listener task drops its socket on a runtime thread.
+    std::thread::sleep(Duration::from_millis(100));
+    let e = TcpStream::connect(vip(vip_ip)).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused);
+    put(&mut st, "s", vip_ip, &[x]);
+    partial(&mut p, &st, &[&s]);
+    assert_eq!(hello(vip(vip_ip)), "x");
+    assert_eq!(hello(vip("127.0.0.30")), "other");
+}
+
+#[test]
+fn a_listener_that_failed_to_open_is_retried_by_partial_syncs() {
+    let x = named_server("x");
+    let vip_ip = "127.0.0.31";
+    // Another program holds the port.
+    let squatter = TcpListener::bind(vip(vip_ip)).unwrap();
+    let mut p = proxier(|_| {});
+    let mut st = ProxyState::new(IpFamily::V4, NodeInfo::default());
+    put(&mut st, "s", vip_ip, &[x]);
+    sync(&mut p, &st);
+    assert!(p.listening().is_empty());
+    drop(squatter);
+    // Nothing changed, yet the port is tried again.
+    partial(&mut p, &st, &[]);
+    assert_eq!(hello(vip(vip_ip)), "x");
+}
+
+#[test]
+fn partial_syncs_keep_the_no_local_endpoints_count() {
+    let x = named_server("x");
+    let mut p = proxier(|_| {});
+    let mut st = ProxyState::new(IpFamily::V4, NodeInfo::default());
+    // internalTrafficPolicy Local and its only endpoint on another node.
+    let s = put(&mut st, "s", "127.0.0.32", &[x]);
+    let mut sp = (*st.services[&s]).clone();
+    sp.internal_policy_local = true;
+    st.services.insert(s.clone(), Arc::new(sp));
+    let mut remote = endpoint(x);
+    remote.is_local = false;
+    st.endpoints.insert(s.clone(), Arc::new(vec![remote]));
+    let u = put(&mut st, "u", "127.0.0.33", &[x]);
+    let r = p.sync(&st, &BTreeSet::new(), true).unwrap();
+    assert_eq!(r.no_local_endpoints, (1, 0));
+    // Another Service changing keeps the count.
+    put(&mut st, "u", "127.0.0.33", &[]);
+    assert_eq!(partial(&mut p, &st, &[&u]).no_local_endpoints, (1, 0));
+    // A local endpoint appearing clears it, going brings it back...
+    st.endpoints.insert(s.clone(), Arc::new(vec![endpoint(x)]));
+    assert_eq!(partial(&mut p, &st, &[&s]).no_local_endpoints, (0, 0));
+    let mut remote = endpoint(x);
+    remote.is_local = false;
+    st.endpoints.insert(s.clone(), Arc::new(vec![remote]));
+    assert_eq!(partial(&mut p, &st, &[&s]).no_local_endpoints, (1, 0));
+    // ...and the Service going takes its share with it.
+    st.services.remove(&s);
+    st.endpoints.remove(&s);
+    assert_eq!(partial(&mut p, &st, &[&s]).no_local_endpoints, (0, 0));
+}
+
+#[test]
+fn a_change_the_caller_did_not_name_falls_back_to_a_full_sync() {
+    let x = named_server("x");
+    let mut p = proxier(|_| {});
+    let mut st = ProxyState::new(IpFamily::V4, NodeInfo::default());
+    put(&mut st, "s", "127.0.0.34", &[x]);
+    sync(&mut p, &st);
+    put(&mut st, "t", "127.0.0.35", &[x]);
+    let r = p.sync(&st, &BTreeSet::new(), false).unwrap();
+    assert!(r.full);
+    assert_eq!(hello(vip("127.0.0.35")), "x");
+}
+
+/// Service IPs on lo follow partial syncs (root: runs in a network namespace
+/// of its own, made and gone with its thread; skipped without privileges).
+#[test]
+fn service_ips_follow_partial_syncs_in_a_network_namespace() {
+    // The shared runtime's threads must start in this namespace, not the new one.
+    let rt = kp_userspace::runtime().unwrap();
+    std::thread::spawn(move || {
+        // SAFETY: unshare(2) with a namespace flag, for this thread only.
+        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+            eprintln!(
+                "skipped: unshare(CLONE_NEWNET): {}",
+                std::io::Error::last_os_error()
+            );
+            return;
+        }
+        let mut c = UserspaceConfig::new(IpFamily::V4);
+        c.vip_mode = VipMode::Loopback;
+        let mut p = UserspaceProxier::new(c, Arc::new(NoMetrics), rt).unwrap();
+        let mut rtnl = kp_userspace::netlink::Rtnl::open().unwrap();
+        let mut st = ProxyState::new(IpFamily::V4, NodeInfo::default());
+        let ep: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let add = |st: &mut ProxyState, name: &str, ip: &str, port: u16| {
+            let n = ServicePortName::new("t", name, "p", Protocol::Tcp);
+            let sp = ServicePort::new(n.clone(), ip.parse().unwrap(), port);
+            st.services.insert(n.clone(), Arc::new(sp));
+            st.endpoints.insert(n.clone(), Arc::new(vec![endpoint(ep)]));
+            n
+        };
+        let a = add(&mut st, "a", "10.96.0.50", 80);
+        let b = add(&mut st, "b", "10.96.0.50", 81);
+        let c = add(&mut st, "c", "10.96.0.51", 80);
+        let d = add(&mut st, "d", "10.96.0.51", 80);
+        let mut check = |p: &UserspaceProxier, vips: &[&str], listening: &[&str]| {
+            let mut ours: Vec<String> = rtnl
+                .list_ours()
+                .unwrap()
+                .iter()
+                .map(|i| i.to_string())
+                .collect();
+            ours.sort();
+            assert_eq!(ours, vips);
+            let l: Vec<String> = p.listening().iter().map(|(a, _)| a.to_string()).collect();
+            assert_eq!(l, listening);
+        };
+        sync(&mut p, &st);
+        let all = ["10.96.0.50:80", "10.96.0.50:81", "10.96.0.51:80"];
+        check(&p, &["10.96.0.50", "10.96.0.51"], &all);
+        let drop_port = |st: &mut ProxyState, n: &ServicePortName| {
+            st.services.remove(n);
+            st.endpoints.remove(n);
+        };
+        // An address two ports use stays until both are gone.
+        drop_port(&mut st, &a);
+        partial(&mut p, &st, &[&a]);
+        check(&p, &["10.96.0.50", "10.96.0.51"], &all[1..]);
+        drop_port(&mut st, &b);
+        partial(&mut p, &st, &[&b]);
+        check(&p, &["10.96.0.51"], &all[2..]);
+        // The winner of 10.96.0.51:80 going: the other claimant takes over.
+        drop_port(&mut st, &c);
+        partial(&mut p, &st, &[&c]);
+        check(&p, &["10.96.0.51"], &all[2..]);
+        // No endpoints: no listener, the address stays.
+        st.endpoints.remove(&d);
+        partial(&mut p, &st, &[&d]);
+        check(&p, &["10.96.0.51"], &[]);
+        let e = add(&mut st, "e", "10.96.0.52", 80);
+        partial(&mut p, &st, &[&e]);
+        check(&p, &["10.96.0.51", "10.96.0.52"], &["10.96.0.52:80"]);
+        drop_port(&mut st, &d);
+        partial(&mut p, &st, &[&d]);
+        check(&p, &["10.96.0.52"], &["10.96.0.52:80"]);
+        // A full sync finds nothing to fix: only the Services are updated.
+        let r = p.sync(&st, &BTreeSet::new(), true).unwrap();
+        assert_eq!(r.ops, st.services.len());
+        p.cleanup().unwrap();
+        check(&p, &[], &[]);
+    })
+    .join()
+    .unwrap();
 }
