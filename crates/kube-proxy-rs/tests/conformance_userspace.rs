@@ -198,21 +198,7 @@ fn u11_delete_and_cleanup() {
     env.wait_tcp(client.ns(), vip);
     env.kill(1);
     assert!(lo_addrs(&env, 1).contains("10.96.0.110/32"));
-    let args = env.proxy_args(1, &["--cleanup"]);
-    let out = env
-        .cluster
-        .exec(
-            env.cluster.node_ns(1),
-            &std::iter::once(Env::binary().display().to_string())
-                .chain(args)
-                .collect::<Vec<_>>(),
-        )
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "--cleanup failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    env.run_cleanup(1);
     let lo = lo_addrs(&env, 1);
     assert!(
         !lo.contains("10.96.0.110"),
@@ -227,26 +213,12 @@ fn u11_delete_and_cleanup() {
     env.wait_tcp(client.ns(), vip);
     env.kill(1);
     assert!(lo_addrs(&env, 1).contains("10.96.0.110/32"));
-    let args: Vec<String> = env
-        .proxy_args(1, &[])
-        .into_iter()
-        .map(|a| {
-            if a.starts_with("--proxy-mode=") {
-                "--proxy-mode=nftables".to_string()
-            } else {
-                a
-            }
-        })
-        .collect();
-    let _nft = env
-        .cluster
-        .spawn(
-            env.cluster.node_ns(1),
-            &Env::binary(),
-            &args,
-            &env.logs.join("node1-nft.log"),
-        )
-        .unwrap();
+    let args = replace_arg(
+        env.proxy_args(1, &[]),
+        "--proxy-mode=",
+        "--proxy-mode=nftables",
+    );
+    let _nft = env.spawn(1, &Env::binary(), &args, "node1-nft.log");
     env.wait("nftables mode to remove userspace addresses", || {
         !lo_addrs(&env, 1).contains("10.96.0.110")
     });
@@ -392,16 +364,12 @@ fn u17_unprivileged_nodeports_only() {
         Env::binary().display().to_string(),
     ];
     args.extend(env.proxy_args(1, &[]));
-    let log = env.logs.join("node1.log");
-    let _proxy = env
-        .cluster
-        .spawn(
-            env.cluster.node_ns(1),
-            std::path::Path::new("/usr/bin/setpriv"),
-            &args,
-            &log,
-        )
-        .unwrap();
+    let _proxy = env.spawn(
+        1,
+        std::path::Path::new("/usr/bin/setpriv"),
+        &args,
+        "node1.log",
+    );
     let cl = env.cluster.client_ns().to_string();
     let r = env.wait_tcp(&cl, sa("10.100.0.11", 30170));
     assert_eq!(r.server, "a");

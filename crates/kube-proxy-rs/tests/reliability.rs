@@ -3,7 +3,7 @@
 
 mod conformance;
 
-use conformance::{ready, sa, service, slice, Env, T};
+use conformance::{ready, replace_arg, sa, service, slice, Env, T};
 use kp_netlab::tcp_hello;
 use serde_json::json;
 
@@ -111,16 +111,7 @@ fn failed_apply_keeps_previous_rules() {
         Env::binary().display().to_string(),
     ];
     args.extend(env.proxy_args(1, &[]));
-    let log = env.logs.join("node1.log");
-    let _proxy = env
-        .cluster
-        .spawn(
-            env.cluster.node_ns(1),
-            std::path::Path::new("/usr/bin/env"),
-            &args,
-            &log,
-        )
-        .unwrap();
+    let _proxy = env.spawn(1, std::path::Path::new("/usr/bin/env"), &args, "node1.log");
     let vip = sa("10.96.1.20", 80);
     let r = env.wait_tcp(client.ns(), vip);
     assert_eq!(r.server, "a");
@@ -487,26 +478,12 @@ fn api_outage_60s_and_broken_watches() {
     api.apply(&slice("web", "1", "IPv4", &ready(&[&a])));
     let kubeconfig = env.logs.join("kubeconfig");
     api.srv.write_kubeconfig(&kubeconfig).unwrap();
-    let args: Vec<String> = env
-        .proxy_args(1, &[])
-        .into_iter()
-        .map(|a| {
-            if a.starts_with("--manifests=") {
-                format!("--kubeconfig={}", kubeconfig.display())
-            } else {
-                a
-            }
-        })
-        .collect();
-    let _proxy = env
-        .cluster
-        .spawn(
-            env.cluster.node_ns(1),
-            &Env::binary(),
-            &args,
-            &env.logs.join("node1.log"),
-        )
-        .unwrap();
+    let args = replace_arg(
+        env.proxy_args(1, &[]),
+        "--manifests=",
+        &format!("--kubeconfig={}", kubeconfig.display()),
+    );
+    let _proxy = env.spawn(1, &Env::binary(), &args, "node1.log");
     let vip = sa("10.96.4.10", 80);
     let late = sa("10.96.4.11", 80);
     assert_eq!(env.wait_tcp(client.ns(), vip).server, "a");
@@ -1368,15 +1345,7 @@ fn iptables_restore_failure_keeps_previous_rules() {
         Env::binary().display().to_string(),
     ];
     args.extend(env.proxy_args(1, &[]));
-    let _proxy = env
-        .cluster
-        .spawn(
-            env.cluster.node_ns(1),
-            std::path::Path::new("/usr/bin/env"),
-            &args,
-            &env.logs.join("node1.log"),
-        )
-        .unwrap();
+    let _proxy = env.spawn(1, std::path::Path::new("/usr/bin/env"), &args, "node1.log");
     let vip = sa("10.96.5.20", 80);
     assert_eq!(env.wait_tcp(client.ns(), vip).server, "a");
 

@@ -28,15 +28,7 @@ fn metrics_are_loopback_only_by_default() {
         .into_iter()
         .filter(|a| !a.starts_with("--metrics-bind-address") && !a.starts_with("--healthz-bind"))
         .collect();
-    let _p = env
-        .cluster
-        .spawn(
-            env.cluster.node_ns(1),
-            &Env::binary(),
-            &args,
-            &env.logs.join("node1.log"),
-        )
-        .unwrap();
+    let _p = env.spawn(1, &Env::binary(), &args, "node1.log");
     let node = env.cluster.node_ns(1).to_string();
     env.wait("metrics on the node's loopback", || {
         http_get(&node, sa("127.0.0.1", 10249), "/metrics")

@@ -107,13 +107,47 @@ impl Env {
     /// its first sync: [`Env::wait_synced`]).
     pub fn start(&mut self, node: usize, extra: &[&str]) {
         let args = self.proxy_args(node, extra);
-        let log = self.logs.join(format!("node{node}.log"));
         self.syncs_at_start[node] = self.syncs(node);
-        let g = self
-            .cluster
-            .spawn(self.cluster.node_ns(node), &Env::binary(), &args, &log)
-            .expect("starting kube-proxy-rs");
+        let g = self.spawn(node, &Env::binary(), &args, &format!("node{node}.log"));
         self.proxies[node] = Some(g);
+    }
+
+    /// Runs `program args` in node `node`'s namespace, logging to `log` in
+    /// the test's log directory; it is killed when the guard is dropped.
+    /// For proxies started some other way than [`Env::start`] (a wrapper
+    /// program, edited arguments).
+    pub fn spawn(
+        &self,
+        node: usize,
+        program: &std::path::Path,
+        args: &[String],
+        log: &str,
+    ) -> ProcGuard {
+        self.cluster
+            .spawn(
+                self.cluster.node_ns(node),
+                program,
+                args,
+                &self.logs.join(log),
+            )
+            .unwrap_or_else(|e| panic!("starting {} on node{node}: {e}", program.display()))
+    }
+
+    /// Runs `kube-proxy-rs --cleanup` with node `node`'s arguments and
+    /// asserts it succeeded.
+    pub fn run_cleanup(&self, node: usize) {
+        let argv: Vec<String> = std::iter::once(Env::binary().display().to_string())
+            .chain(self.proxy_args(node, &["--cleanup"]))
+            .collect();
+        let out = self
+            .cluster
+            .exec(self.cluster.node_ns(node), &argv)
+            .expect("running --cleanup");
+        assert!(
+            out.status.success(),
+            "--cleanup failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// Starts kube-proxy-rs on both nodes and waits for both first syncs.
@@ -301,6 +335,20 @@ pub fn http_get(ns: &str, addr: SocketAddr, path: &str) -> Option<(u16, String)>
     })
     .ok()
     .flatten()
+}
+
+/// `args` with the argument starting with `prefix` (e.g. "--proxy-mode=")
+/// replaced by `with`.
+pub fn replace_arg(args: Vec<String>, prefix: &str, with: &str) -> Vec<String> {
+    args.into_iter()
+        .map(|a| {
+            if a.starts_with(prefix) {
+                with.to_string()
+            } else {
+                a
+            }
+        })
+        .collect()
 }
 
 pub fn sa(ip: &str, port: u16) -> SocketAddr {
@@ -743,21 +791,7 @@ pub fn delete_and_cleanup(mode: &str) {
     });
     assert!(tcp_hello(client.ns(), sa("10.96.0.110", 80), T).is_err());
     env.kill(1);
-    let args = env.proxy_args(1, &["--cleanup"]);
-    let out = env
-        .cluster
-        .exec(
-            env.cluster.node_ns(1),
-            &std::iter::once(Env::binary().display().to_string())
-                .chain(args)
-                .collect::<Vec<_>>(),
-        )
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "--cleanup failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    env.run_cleanup(1);
     let rules = env.ruleset(1);
     assert!(
         !rules.contains(env.rules_marker()),
