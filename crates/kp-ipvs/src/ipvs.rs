@@ -7,7 +7,10 @@ use std::net::IpAddr;
 
 use kp_model::Protocol;
 
-use crate::nl::{self, Msg, Socket};
+use kp_netlink::{
+    message, Attrs, ParsedAttrs, Protocol as NlProtocol, Socket, Until, NLM_F_ACK, NLM_F_DUMP,
+    NLM_F_REQUEST,
+};
 
 pub const GENL_ID_CTRL: u16 = 0x10;
 const CTRL_CMD_GETFAMILY: u8 = 3;
@@ -140,15 +143,14 @@ fn parse_addr(family: u16, b: &[u8]) -> Option<IpAddr> {
     }
 }
 
-fn genl(family: u16, flags: u16, seq: u32, cmd: u8, version: u8) -> Msg {
-    let mut m = Msg::new(family, flags, seq);
-    m.raw(&[cmd, version, 0, 0]);
-    m
+/// A generic netlink message: genlmsghdr (command, version), then `attrs`.
+fn genl(family: u16, flags: u16, seq: u32, cmd: u8, version: u8, attrs: &Attrs) -> Vec<u8> {
+    message(family, flags, seq, &[cmd, version, 0, 0], attrs)
 }
 
 /// The service identity (and with `spec`, the full entry NEW/SET need).
-fn service_nest(m: &mut Msg, key: &VsKey, spec: Option<&VsSpec>) {
-    m.begin_nest(IPVS_CMD_ATTR_SERVICE);
+fn service_nest(m: &mut Attrs, key: &VsKey, spec: Option<&VsSpec>) {
+    let nest = m.begin_nest(IPVS_CMD_ATTR_SERVICE);
     m.u16(IPVS_SVC_ATTR_AF, af(&key.addr));
     m.u16(IPVS_SVC_ATTR_PROTOCOL, key.protocol.number() as u16);
     m.attr(IPVS_SVC_ATTR_ADDR, &addr16(&key.addr));
@@ -174,11 +176,11 @@ fn service_nest(m: &mut Msg, key: &VsKey, spec: Option<&VsSpec>) {
         };
         m.u32(IPVS_SVC_ATTR_NETMASK, mask);
     }
-    m.end_nest();
+    m.end_nest(nest);
 }
 
-fn dest_nest(m: &mut Msg, rs: &RealServer, weight: Option<u32>) {
-    m.begin_nest(IPVS_CMD_ATTR_DEST);
+fn dest_nest(m: &mut Attrs, rs: &RealServer, weight: Option<u32>) {
+    let nest = m.begin_nest(IPVS_CMD_ATTR_DEST);
     m.attr(IPVS_DEST_ATTR_ADDR, &addr16(&rs.addr));
     m.attr(IPVS_DEST_ATTR_PORT, &rs.port.to_be_bytes());
     if let Some(w) = weight {
@@ -188,10 +190,27 @@ fn dest_nest(m: &mut Msg, rs: &RealServer, weight: Option<u32>) {
         m.u32(IPVS_DEST_ATTR_L_THRESH, 0);
     }
     m.u16(IPVS_DEST_ATTR_ADDR_FAMILY, af(&rs.addr));
-    m.end_nest();
+    m.end_nest(nest);
 }
 
-const REQ_ACK: u16 = nl::NLM_F_REQUEST | nl::NLM_F_ACK;
+fn service(key: &VsKey, spec: Option<&VsSpec>) -> Attrs {
+    let mut a = Attrs::new();
+    service_nest(&mut a, key, spec);
+    a
+}
+
+fn service_dest(key: &VsKey, rs: &RealServer, weight: Option<u32>) -> Attrs {
+    let mut a = service(key, None);
+    dest_nest(&mut a, rs, weight);
+    a
+}
+
+/// An IPVS command (the family id is the kernel's, resolved at open).
+fn ipvs(fam: u16, flags: u16, seq: u32, cmd: u8, attrs: &Attrs) -> Vec<u8> {
+    genl(fam, flags, seq, cmd, IPVS_GENL_VERSION, attrs)
+}
+
+const REQ_ACK: u16 = NLM_F_REQUEST | NLM_F_ACK;
 
 /// The message encoders. Each returns one complete netlink message.
 pub mod msg {
@@ -200,71 +219,48 @@ pub mod msg {
     /// CTRL_CMD_GETFAMILY for "IPVS" (answers with the family id).
     pub fn resolve_family(seq: u32) -> Vec<u8> {
         // With an ACK: `Socket::request` reads up to the acknowledgement.
-        let mut m = genl(GENL_ID_CTRL, REQ_ACK, seq, CTRL_CMD_GETFAMILY, 1);
-        m.str(CTRL_ATTR_FAMILY_NAME, IPVS_GENL_NAME);
-        m.finish()
+        let mut a = Attrs::new();
+        a.str(CTRL_ATTR_FAMILY_NAME, IPVS_GENL_NAME);
+        genl(GENL_ID_CTRL, REQ_ACK, seq, CTRL_CMD_GETFAMILY, 1, &a)
     }
     pub fn new_service(fam: u16, seq: u32, key: &VsKey, spec: &VsSpec) -> Vec<u8> {
-        let mut m = genl(fam, REQ_ACK, seq, IPVS_CMD_NEW_SERVICE, IPVS_GENL_VERSION);
-        service_nest(&mut m, key, Some(spec));
-        m.finish()
+        let a = service(key, Some(spec));
+        ipvs(fam, REQ_ACK, seq, IPVS_CMD_NEW_SERVICE, &a)
     }
     pub fn set_service(fam: u16, seq: u32, key: &VsKey, spec: &VsSpec) -> Vec<u8> {
-        let mut m = genl(fam, REQ_ACK, seq, IPVS_CMD_SET_SERVICE, IPVS_GENL_VERSION);
-        service_nest(&mut m, key, Some(spec));
-        m.finish()
+        let a = service(key, Some(spec));
+        ipvs(fam, REQ_ACK, seq, IPVS_CMD_SET_SERVICE, &a)
     }
     pub fn del_service(fam: u16, seq: u32, key: &VsKey) -> Vec<u8> {
-        let mut m = genl(fam, REQ_ACK, seq, IPVS_CMD_DEL_SERVICE, IPVS_GENL_VERSION);
-        service_nest(&mut m, key, None);
-        m.finish()
+        ipvs(fam, REQ_ACK, seq, IPVS_CMD_DEL_SERVICE, &service(key, None))
     }
     pub fn get_services(fam: u16, seq: u32) -> Vec<u8> {
-        let m = genl(
-            fam,
-            nl::NLM_F_REQUEST | nl::NLM_F_DUMP,
-            seq,
-            IPVS_CMD_GET_SERVICE,
-            IPVS_GENL_VERSION,
-        );
-        m.finish()
+        let dump = NLM_F_REQUEST | NLM_F_DUMP;
+        ipvs(fam, dump, seq, IPVS_CMD_GET_SERVICE, &Attrs::new())
     }
     pub fn new_dest(fam: u16, seq: u32, key: &VsKey, rs: &RealServer, weight: u32) -> Vec<u8> {
-        let mut m = genl(fam, REQ_ACK, seq, IPVS_CMD_NEW_DEST, IPVS_GENL_VERSION);
-        service_nest(&mut m, key, None);
-        dest_nest(&mut m, rs, Some(weight));
-        m.finish()
+        let a = service_dest(key, rs, Some(weight));
+        ipvs(fam, REQ_ACK, seq, IPVS_CMD_NEW_DEST, &a)
     }
     pub fn set_dest(fam: u16, seq: u32, key: &VsKey, rs: &RealServer, weight: u32) -> Vec<u8> {
-        let mut m = genl(fam, REQ_ACK, seq, IPVS_CMD_SET_DEST, IPVS_GENL_VERSION);
-        service_nest(&mut m, key, None);
-        dest_nest(&mut m, rs, Some(weight));
-        m.finish()
+        let a = service_dest(key, rs, Some(weight));
+        ipvs(fam, REQ_ACK, seq, IPVS_CMD_SET_DEST, &a)
     }
     pub fn del_dest(fam: u16, seq: u32, key: &VsKey, rs: &RealServer) -> Vec<u8> {
-        let mut m = genl(fam, REQ_ACK, seq, IPVS_CMD_DEL_DEST, IPVS_GENL_VERSION);
-        service_nest(&mut m, key, None);
-        dest_nest(&mut m, rs, None);
-        m.finish()
+        let a = service_dest(key, rs, None);
+        ipvs(fam, REQ_ACK, seq, IPVS_CMD_DEL_DEST, &a)
     }
     pub fn get_dests(fam: u16, seq: u32, key: &VsKey) -> Vec<u8> {
-        let mut m = genl(
-            fam,
-            nl::NLM_F_REQUEST | nl::NLM_F_DUMP,
-            seq,
-            IPVS_CMD_GET_DEST,
-            IPVS_GENL_VERSION,
-        );
-        service_nest(&mut m, key, None);
-        m.finish()
+        let dump = NLM_F_REQUEST | NLM_F_DUMP;
+        ipvs(fam, dump, seq, IPVS_CMD_GET_DEST, &service(key, None))
     }
     /// Connection timeouts in seconds; 0 leaves one unchanged.
     pub fn set_timeouts(fam: u16, seq: u32, tcp: u32, tcp_fin: u32, udp: u32) -> Vec<u8> {
-        let mut m = genl(fam, REQ_ACK, seq, IPVS_CMD_SET_CONFIG, IPVS_GENL_VERSION);
-        m.u32(IPVS_CMD_ATTR_TIMEOUT_TCP, tcp);
-        m.u32(IPVS_CMD_ATTR_TIMEOUT_TCP_FIN, tcp_fin);
-        m.u32(IPVS_CMD_ATTR_TIMEOUT_UDP, udp);
-        m.finish()
+        let mut a = Attrs::new();
+        a.u32(IPVS_CMD_ATTR_TIMEOUT_TCP, tcp);
+        a.u32(IPVS_CMD_ATTR_TIMEOUT_TCP_FIN, tcp_fin);
+        a.u32(IPVS_CMD_ATTR_TIMEOUT_UDP, udp);
+        ipvs(fam, REQ_ACK, seq, IPVS_CMD_SET_CONFIG, &a)
     }
 }
 
@@ -280,27 +276,28 @@ fn proto_of(n: u16) -> Option<Protocol> {
 /// One answer of a service dump (after the netlink header). None for
 /// firewall-mark services and protocols we do not program.
 pub fn parse_service(payload: &[u8]) -> Option<(VsKey, VsSpec)> {
-    let top = nl::parse_attrs(payload.get(4..)?);
-    let svc = nl::parse_attrs(nl::get(&top, IPVS_CMD_ATTR_SERVICE)?);
-    if nl::get_u32(&svc, IPVS_SVC_ATTR_FWMARK).unwrap_or(0) != 0 {
+    let top = ParsedAttrs::parse(payload.get(4..)?);
+    let svc = top.nested(IPVS_CMD_ATTR_SERVICE)?;
+    if svc.u32(IPVS_SVC_ATTR_FWMARK).unwrap_or(0) != 0 {
         return None;
     }
-    let family = nl::get_u16(&svc, IPVS_SVC_ATTR_AF)?;
-    let addr = parse_addr(family, nl::get(&svc, IPVS_SVC_ATTR_ADDR)?)?;
-    let protocol = proto_of(nl::get_u16(&svc, IPVS_SVC_ATTR_PROTOCOL)?)?;
-    let pb = nl::get(&svc, IPVS_SVC_ATTR_PORT)?;
+    let family = svc.u16(IPVS_SVC_ATTR_AF)?;
+    let addr = parse_addr(family, svc.get(IPVS_SVC_ATTR_ADDR)?)?;
+    let protocol = proto_of(svc.u16(IPVS_SVC_ATTR_PROTOCOL)?)?;
+    let pb = svc.get(IPVS_SVC_ATTR_PORT)?;
     let port = u16::from_be_bytes(pb.get(..2)?.try_into().ok()?);
-    let sched = nl::get(&svc, IPVS_SVC_ATTR_SCHED_NAME).unwrap_or_default();
+    let sched = svc.get(IPVS_SVC_ATTR_SCHED_NAME).unwrap_or_default();
     let scheduler = String::from_utf8_lossy(sched)
         .trim_end_matches('\0')
         .to_string();
-    let flags = nl::get(&svc, IPVS_SVC_ATTR_FLAGS)
+    let flags = svc
+        .get(IPVS_SVC_ATTR_FLAGS)
         .and_then(|b| b.get(..4))
         .and_then(|b| b.try_into().ok())
         .map(u32::from_ne_bytes)
         .unwrap_or(0);
-    let persistence = (flags & IP_VS_SVC_F_PERSISTENT != 0)
-        .then(|| nl::get_u32(&svc, IPVS_SVC_ATTR_TIMEOUT).unwrap_or(0));
+    let persistence =
+        (flags & IP_VS_SVC_F_PERSISTENT != 0).then(|| svc.u32(IPVS_SVC_ATTR_TIMEOUT).unwrap_or(0));
     Some((
         VsKey {
             addr,
@@ -317,17 +314,17 @@ pub fn parse_service(payload: &[u8]) -> Option<(VsKey, VsSpec)> {
 /// One answer of a destination dump. `svc_af` is used when the kernel does
 /// not say the destination's family (kernels before 4.13).
 pub fn parse_dest(payload: &[u8], svc_af: u16) -> Option<DestInfo> {
-    let top = nl::parse_attrs(payload.get(4..)?);
-    let d = nl::parse_attrs(nl::get(&top, IPVS_CMD_ATTR_DEST)?);
-    let family = nl::get_u16(&d, IPVS_DEST_ATTR_ADDR_FAMILY).unwrap_or(svc_af);
-    let addr = parse_addr(family, nl::get(&d, IPVS_DEST_ATTR_ADDR)?)?;
-    let pb = nl::get(&d, IPVS_DEST_ATTR_PORT)?;
+    let top = ParsedAttrs::parse(payload.get(4..)?);
+    let d = top.nested(IPVS_CMD_ATTR_DEST)?;
+    let family = d.u16(IPVS_DEST_ATTR_ADDR_FAMILY).unwrap_or(svc_af);
+    let addr = parse_addr(family, d.get(IPVS_DEST_ATTR_ADDR)?)?;
+    let pb = d.get(IPVS_DEST_ATTR_PORT)?;
     let port = u16::from_be_bytes(pb.get(..2)?.try_into().ok()?);
     Some(DestInfo {
         rs: RealServer { addr, port },
-        weight: nl::get_u32(&d, IPVS_DEST_ATTR_WEIGHT).unwrap_or(0),
-        active: nl::get_u32(&d, IPVS_DEST_ATTR_ACTIVE_CONNS).unwrap_or(0),
-        inactive: nl::get_u32(&d, IPVS_DEST_ATTR_INACT_CONNS).unwrap_or(0),
+        weight: d.u32(IPVS_DEST_ATTR_WEIGHT).unwrap_or(0),
+        active: d.u32(IPVS_DEST_ATTR_ACTIVE_CONNS).unwrap_or(0),
+        inactive: d.u32(IPVS_DEST_ATTR_INACT_CONNS).unwrap_or(0),
     })
 }
 
@@ -345,17 +342,14 @@ impl IpvsClient {
     /// Opens the socket and resolves the IPVS family; fails (ENOENT) when the
     /// kernel has no IPVS.
     pub fn open() -> io::Result<IpvsClient> {
-        let mut sock = Socket::open(libc::NETLINK_GENERIC)?;
+        let mut sock = Socket::open(NlProtocol::Generic)?;
         let seq = sock.next_seq();
         let replies = sock
-            .request(&msg::resolve_family(seq), seq, false)
-            .map_err(|e| ctx("resolving the IPVS generic netlink family".into(), e))?;
+            .request(&msg::resolve_family(seq), seq, Until::Ack)
+            .map_err(|e| ctx("resolving the IPVS generic netlink family".into(), e.into()))?;
         let family = replies
             .iter()
-            .filter_map(|r| {
-                let attrs = nl::parse_attrs(r.payload.get(4..)?);
-                nl::get_u16(&attrs, CTRL_ATTR_FAMILY_ID)
-            })
+            .filter_map(|r| ParsedAttrs::parse(r.payload().get(4..)?).u16(CTRL_ATTR_FAMILY_ID))
             .next()
             .ok_or_else(|| io::Error::other("no IPVS family id in the answer"))?;
         Ok(IpvsClient { sock, family })
@@ -369,28 +363,30 @@ impl IpvsClient {
         let seq = self.sock.next_seq();
         let buf = m(self.family, seq);
         self.sock
-            .request(&buf, seq, false)
+            .request(&buf, seq, Until::Ack)
             .map(|_| ())
-            .map_err(|e| ctx(what(), e))
+            .map_err(|e| ctx(what(), e.into()))
     }
 
     pub fn services(&mut self) -> io::Result<Vec<(VsKey, VsSpec)>> {
         let seq = self.sock.next_seq();
         let r = self
             .sock
-            .request(&msg::get_services(self.family, seq), seq, true)
-            .map_err(|e| ctx("listing IPVS services".into(), e))?;
-        Ok(r.iter().filter_map(|m| parse_service(&m.payload)).collect())
+            .request(&msg::get_services(self.family, seq), seq, Until::Done)
+            .map_err(|e| ctx("listing IPVS services".into(), e.into()))?;
+        Ok(r.iter()
+            .filter_map(|m| parse_service(m.payload()))
+            .collect())
     }
 
     pub fn dests(&mut self, key: &VsKey) -> io::Result<Vec<DestInfo>> {
         let seq = self.sock.next_seq();
         let r = self
             .sock
-            .request(&msg::get_dests(self.family, seq, key), seq, true)
-            .map_err(|e| ctx(format!("listing real servers of {key}"), e))?;
+            .request(&msg::get_dests(self.family, seq, key), seq, Until::Done)
+            .map_err(|e| ctx(format!("listing real servers of {key}"), e.into()))?;
         Ok(r.iter()
-            .filter_map(|m| parse_dest(&m.payload, af(&key.addr)))
+            .filter_map(|m| parse_dest(m.payload(), af(&key.addr)))
             .collect())
     }
 

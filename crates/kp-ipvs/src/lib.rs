@@ -14,7 +14,6 @@
 mod ipset;
 mod ipvs;
 mod kernel;
-mod nl;
 mod plan;
 mod proxier;
 mod rtnl;

@@ -6,7 +6,10 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use crate::nl::{self, Msg, Socket};
+use kp_netlink::{
+    message, Attrs, ParsedAttrs, Protocol, Socket, Until, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP,
+    NLM_F_EXCL, NLM_F_REQUEST,
+};
 
 pub const RTM_NEWLINK: u16 = 16;
 pub const RTM_DELLINK: u16 = 17;
@@ -56,67 +59,64 @@ fn ifaddr(fam: u8, prefix: u8, scope: u8, index: u32) -> [u8; 8] {
     b
 }
 
+const REQ_ACK: u16 = NLM_F_REQUEST | NLM_F_ACK;
+const NEW_EXCL: u16 = REQ_ACK | NLM_F_CREATE | NLM_F_EXCL;
+
+fn addr_attrs(ip: &IpAddr) -> Attrs {
+    let mut a = Attrs::new();
+    a.attr(IFA_LOCAL, &octets(ip));
+    a.attr(IFA_ADDRESS, &octets(ip));
+    a
+}
+
 pub mod msg {
     use super::*;
 
     /// Creates a dummy link named `name`, up (NLM_F_EXCL: fails if it exists).
     pub fn new_dummy(seq: u32, name: &str) -> Vec<u8> {
-        let mut m = Msg::new(
-            RTM_NEWLINK,
-            nl::NLM_F_REQUEST | nl::NLM_F_ACK | nl::NLM_F_CREATE | nl::NLM_F_EXCL,
-            seq,
-        );
-        m.raw(&ifinfo(0, IFF_UP, IFF_UP));
-        m.str(IFLA_IFNAME, name);
-        m.begin_nest(IFLA_LINKINFO)
-            .attr(IFLA_INFO_KIND, b"dummy")
-            .end_nest();
-        m.finish()
+        let mut a = Attrs::new();
+        a.str(IFLA_IFNAME, name);
+        a.nest(IFLA_LINKINFO, |a| {
+            a.attr(IFLA_INFO_KIND, b"dummy");
+        });
+        message(RTM_NEWLINK, NEW_EXCL, seq, &ifinfo(0, IFF_UP, IFF_UP), &a)
     }
     /// Sets a link up.
     pub fn link_up(seq: u32, index: i32) -> Vec<u8> {
-        let mut m = Msg::new(RTM_NEWLINK, nl::NLM_F_REQUEST | nl::NLM_F_ACK, seq);
-        m.raw(&ifinfo(index, IFF_UP, IFF_UP));
-        m.finish()
+        let up = ifinfo(index, IFF_UP, IFF_UP);
+        message(RTM_NEWLINK, REQ_ACK, seq, &up, &Attrs::new())
     }
     pub fn get_link(seq: u32, name: &str) -> Vec<u8> {
-        let mut m = Msg::new(RTM_GETLINK, nl::NLM_F_REQUEST | nl::NLM_F_ACK, seq);
-        m.raw(&ifinfo(0, 0, 0));
-        m.str(IFLA_IFNAME, name);
-        m.finish()
+        let mut a = Attrs::new();
+        a.str(IFLA_IFNAME, name);
+        message(RTM_GETLINK, REQ_ACK, seq, &ifinfo(0, 0, 0), &a)
     }
     pub fn del_link(seq: u32, index: i32) -> Vec<u8> {
-        let mut m = Msg::new(RTM_DELLINK, nl::NLM_F_REQUEST | nl::NLM_F_ACK, seq);
-        m.raw(&ifinfo(index, 0, 0));
-        m.finish()
+        message(
+            RTM_DELLINK,
+            REQ_ACK,
+            seq,
+            &ifinfo(index, 0, 0),
+            &Attrs::new(),
+        )
     }
     /// Binds `ip` (host prefix, host scope, no duplicate address detection).
     pub fn add_addr(seq: u32, index: u32, ip: &IpAddr) -> Vec<u8> {
-        let mut m = Msg::new(
-            RTM_NEWADDR,
-            nl::NLM_F_REQUEST | nl::NLM_F_ACK | nl::NLM_F_CREATE | nl::NLM_F_EXCL,
-            seq,
-        );
         let prefix = if ip.is_ipv4() { 32 } else { 128 };
-        m.raw(&ifaddr(family(ip), prefix, RT_SCOPE_HOST, index));
-        m.attr(IFA_LOCAL, &octets(ip));
-        m.attr(IFA_ADDRESS, &octets(ip));
-        m.u32(IFA_FLAGS, IFA_F_NODAD);
-        m.finish()
+        let mut a = addr_attrs(ip);
+        a.u32(IFA_FLAGS, IFA_F_NODAD);
+        let hdr = ifaddr(family(ip), prefix, RT_SCOPE_HOST, index);
+        message(RTM_NEWADDR, NEW_EXCL, seq, &hdr, &a)
     }
     pub fn del_addr(seq: u32, index: u32, ip: &IpAddr) -> Vec<u8> {
-        let mut m = Msg::new(RTM_DELADDR, nl::NLM_F_REQUEST | nl::NLM_F_ACK, seq);
         let prefix = if ip.is_ipv4() { 32 } else { 128 };
-        m.raw(&ifaddr(family(ip), prefix, 0, index));
-        m.attr(IFA_LOCAL, &octets(ip));
-        m.attr(IFA_ADDRESS, &octets(ip));
-        m.finish()
+        let hdr = ifaddr(family(ip), prefix, 0, index);
+        message(RTM_DELADDR, REQ_ACK, seq, &hdr, &addr_attrs(ip))
     }
     /// Dumps every address of one family (0: all).
     pub fn get_addrs(seq: u32, fam: u8) -> Vec<u8> {
-        let mut m = Msg::new(RTM_GETADDR, nl::NLM_F_REQUEST | nl::NLM_F_DUMP, seq);
-        m.raw(&ifaddr(fam, 0, 0, 0));
-        m.finish()
+        let dump = NLM_F_REQUEST | NLM_F_DUMP;
+        message(RTM_GETADDR, dump, seq, &ifaddr(fam, 0, 0, 0), &Attrs::new())
     }
 }
 
@@ -132,8 +132,8 @@ pub fn parse_addr(payload: &[u8]) -> Option<AddrInfo> {
     let fam = hdr[0];
     let prefix = hdr[1];
     let index = u32::from_ne_bytes(hdr[4..8].try_into().ok()?);
-    let attrs = nl::parse_attrs(payload.get(8..)?);
-    let raw = nl::get(&attrs, IFA_LOCAL).or_else(|| nl::get(&attrs, IFA_ADDRESS))?;
+    let attrs = ParsedAttrs::parse(payload.get(8..)?);
+    let raw = attrs.get(IFA_LOCAL).or_else(|| attrs.get(IFA_ADDRESS))?;
     let ip = if fam == libc::AF_INET as u8 {
         IpAddr::from(<[u8; 4]>::try_from(raw.get(..4)?).ok()?)
     } else if fam == libc::AF_INET6 as u8 {
@@ -155,28 +155,32 @@ pub struct Rtnl {
 impl Rtnl {
     pub fn open() -> io::Result<Rtnl> {
         Ok(Rtnl {
-            sock: Socket::open(libc::NETLINK_ROUTE)?,
+            sock: Socket::open(Protocol::Route)?,
         })
     }
 
     fn ack(&mut self, m: impl FnOnce(u32) -> Vec<u8>) -> io::Result<()> {
         let seq = self.sock.next_seq();
         let buf = m(seq);
-        self.sock.request(&buf, seq, false).map(|_| ())
+        self.sock.request(&buf, seq, Until::Ack)?;
+        Ok(())
     }
 
     /// Index of link `name`, None when it does not exist.
     pub fn link_index(&mut self, name: &str) -> io::Result<Option<i32>> {
         let seq = self.sock.next_seq();
-        match self.sock.request(&msg::get_link(seq, name), seq, false) {
+        match self
+            .sock
+            .request(&msg::get_link(seq, name), seq, Until::Ack)
+        {
             Ok(r) => Ok(r
                 .iter()
                 .filter(|m| m.ty == RTM_NEWLINK)
-                .filter_map(|m| m.payload.get(4..8)?.try_into().ok())
+                .filter_map(|m| m.payload().get(4..8)?.try_into().ok())
                 .map(i32::from_ne_bytes)
                 .next()),
-            Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(None),
-            Err(e) => Err(e),
+            Err(e) if e.errno() == Some(libc::ENODEV) => Ok(None),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -202,10 +206,12 @@ impl Rtnl {
 
     pub fn addrs(&mut self, fam: u8) -> io::Result<Vec<AddrInfo>> {
         let seq = self.sock.next_seq();
-        let r = self.sock.request(&msg::get_addrs(seq, fam), seq, true)?;
+        let r = self
+            .sock
+            .request(&msg::get_addrs(seq, fam), seq, Until::Done)?;
         Ok(r.iter()
             .filter(|m| m.ty == RTM_NEWADDR)
-            .filter_map(|m| parse_addr(&m.payload))
+            .filter_map(|m| parse_addr(m.payload()))
             .collect())
     }
 

@@ -64,7 +64,8 @@ impl Conntrack for ConntrackCli {
 /// dump the family's entries, delete each one a filter matches by its
 /// original tuple. No program is run, so it works on nodes without
 /// conntrack-tools and costs one socket per cleanup instead of one process
-/// per filter. Messages are encoded with netlink-packet-netfilter.
+/// per filter. Messages are encoded with netlink-packet-netfilter and sent
+/// over kp-netlink's socket.
 #[derive(Default)]
 pub struct ConntrackNetlink;
 
@@ -113,9 +114,10 @@ impl Conntrack for ConntrackNetlink {
 mod ctnetlink {
     use std::io;
     use std::net::IpAddr;
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::time::Duration;
 
     use kp_model::{IpFamily, StaleConntrack};
+    use kp_netlink::{Protocol as NlProtocol, Socket, Until};
     use netlink_packet_core::{
         NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
     };
@@ -127,90 +129,6 @@ mod ctnetlink {
     };
 
     use super::{matches, Flow};
-
-    const NETLINK_NETFILTER: libc::c_int = 12;
-
-    struct Sock(OwnedFd);
-
-    impl Sock {
-        fn open() -> io::Result<Sock> {
-            // SAFETY: plain socket(2); the result is checked before use.
-            let fd = unsafe {
-                libc::socket(
-                    libc::AF_NETLINK,
-                    libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                    NETLINK_NETFILTER,
-                )
-            };
-            if fd < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // SAFETY: fd is a fresh descriptor we own.
-            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-            // SAFETY: sockaddr_nl is plain data; zeroed is valid.
-            let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-            sa.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-            // SAFETY: sa is a valid sockaddr_nl of the given size.
-            let rc = unsafe {
-                libc::bind(
-                    fd.as_raw_fd(),
-                    &sa as *const libc::sockaddr_nl as *const libc::sockaddr,
-                    std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-                )
-            };
-            if rc < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // A dump must never block forever if the kernel stops answering.
-            let tv = libc::timeval {
-                tv_sec: 5,
-                tv_usec: 0,
-            };
-            // SAFETY: setsockopt with a timeval of the right size.
-            unsafe {
-                libc::setsockopt(
-                    fd.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    libc::SO_RCVTIMEO,
-                    &tv as *const libc::timeval as *const libc::c_void,
-                    std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-                );
-            }
-            Ok(Sock(fd))
-        }
-
-        fn send(&self, buf: &[u8]) -> io::Result<()> {
-            // SAFETY: buf is valid for its length; the kernel copies it.
-            let n = unsafe {
-                libc::send(
-                    self.0.as_raw_fd(),
-                    buf.as_ptr() as *const libc::c_void,
-                    buf.len(),
-                    0,
-                )
-            };
-            if n < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
-        }
-
-        fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
-            // SAFETY: buf is valid and writable for its length.
-            let n = unsafe {
-                libc::recv(
-                    self.0.as_raw_fd(),
-                    buf.as_mut_ptr() as *mut libc::c_void,
-                    buf.len(),
-                    0,
-                )
-            };
-            if n < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(n as usize)
-        }
-    }
 
     fn nf_family(family: IpFamily) -> NetfilterProtoFamily {
         match family {
@@ -310,98 +228,80 @@ mod ctnetlink {
         ])
     }
 
-    /// Walks every netlink message in `buf`; `f` gets conntrack payloads.
-    /// Returns Some(errno) for an error/ack answer, and whether DONE was seen.
-    fn walk(buf: &[u8], mut f: impl FnMut(&[ConntrackAttribute])) -> (Vec<(u32, i32)>, bool) {
-        let mut off = 0;
-        let mut acks = Vec::new();
-        let mut done = false;
-        while off + 16 <= buf.len() {
-            let len =
-                u32::from_ne_bytes([buf[off], buf[off + 1], buf[off + 2], buf[off + 3]]) as usize;
-            if len < 16 || off + len > buf.len() {
-                break;
+    /// The flow of one dump answer (a whole netlink message); None for
+    /// entries without ports and messages that do not decode.
+    fn flow_of_message(bytes: &[u8]) -> Option<Flow> {
+        match NetlinkMessage::<NetfilterMessage>::deserialize(bytes) {
+            Ok(NetlinkMessage {
+                payload: NetlinkPayload::InnerMessage(nf),
+                ..
+            }) => match &nf.inner {
+                NetfilterMessageInner::Conntrack(
+                    ConntrackMessage::New(attrs) | ConntrackMessage::Get(attrs),
+                ) => flow_of(attrs),
+                _ => None,
+            },
+            Ok(_) => None,
+            Err(e) => {
+                tracing::debug!(error = %e, "skipping an undecodable conntrack message");
+                None
             }
-            let one = &buf[off..off + len];
-            match NetlinkMessage::<NetfilterMessage>::deserialize(one) {
-                Ok(m) => match m.payload {
-                    NetlinkPayload::InnerMessage(nf) => {
-                        if let NetfilterMessageInner::Conntrack(
-                            ConntrackMessage::New(attrs) | ConntrackMessage::Get(attrs),
-                        ) = &nf.inner
-                        {
-                            f(attrs);
-                        }
-                    }
-                    NetlinkPayload::Done(_) => done = true,
-                    NetlinkPayload::Error(e) => {
-                        let errno = e.code.map(|c| -c.get()).unwrap_or(0);
-                        acks.push((m.header.sequence_number, errno));
-                    }
-                    _ => {}
-                },
-                Err(e) => tracing::debug!(error = %e, "skipping an undecodable conntrack message"),
-            }
-            off += (len + 3) & !3;
         }
-        (acks, done)
     }
 
-    fn dump(sock: &Sock, family: IpFamily) -> io::Result<Vec<Flow>> {
-        sock.send(&encode(
+    fn dump(sock: &mut Socket, family: IpFamily) -> io::Result<Vec<Flow>> {
+        let seq = sock.next_seq();
+        let msg = encode(
             family,
             NLM_F_REQUEST | NLM_F_DUMP,
-            1,
+            seq,
             ConntrackMessage::Get(vec![]),
-        ))?;
+        );
+        // Decoded as they arrive: a busy node's table is large.
         let mut flows = Vec::new();
-        let mut buf = vec![0u8; 1 << 16];
-        loop {
-            let n = sock.recv(&mut buf)?;
-            let (acks, done) = walk(&buf[..n], |attrs| {
-                if let Some(f) = flow_of(attrs) {
-                    flows.push(f);
-                }
-            });
-            if let Some((_, errno)) = acks.iter().find(|(_, e)| *e != 0) {
-                return Err(io::Error::from_raw_os_error(*errno));
-            }
-            if done || n == 0 {
-                return Ok(flows);
-            }
-        }
+        sock.request_each(&msg, seq, Until::Done, |m| {
+            flows.extend(flow_of_message(m.bytes));
+        })
+        .map_err(|e| with_context("dumping the conntrack table", e.into()))?;
+        Ok(flows)
+    }
+
+    fn with_context(what: &str, e: io::Error) -> io::Error {
+        io::Error::new(e.kind(), format!("{what}: {e}"))
     }
 
     pub(super) fn delete_matching(family: IpFamily, filters: &[StaleConntrack]) -> io::Result<u64> {
-        let sock = Sock::open()?;
-        let flows = dump(&sock, family)?;
+        let mut sock = Socket::open(NlProtocol::Netfilter)
+            .map_err(|e| with_context("opening a netfilter netlink socket", e))?;
+        // A dump must never block forever if the kernel stops answering.
+        sock.set_recv_timeout(Duration::from_secs(5))
+            .map_err(|e| with_context("setting the netlink receive timeout", e))?;
+        let flows = dump(&mut sock, family)?;
         let mut deleted = 0;
-        let mut seq = 2u32;
-        let mut buf = vec![0u8; 8192];
         for flow in flows
             .iter()
             .filter(|fl| filters.iter().any(|f| matches(f, fl)))
         {
-            seq += 1;
-            sock.send(&encode(
+            let seq = sock.next_seq();
+            let msg = encode(
                 family,
                 NLM_F_REQUEST | NLM_F_ACK,
                 seq,
                 ConntrackMessage::Delete(vec![orig_tuple(flow)]),
-            ))?;
+            );
             // One ack per delete; ENOENT means it expired meanwhile.
-            let n = sock.recv(&mut buf)?;
-            let (acks, _) = walk(&buf[..n], |_| {});
-            match acks.iter().find(|(s, _)| *s == seq) {
-                Some((_, 0)) => {
+            match sock.request(&msg, seq, Until::Ack) {
+                Ok(_) => {
                     deleted += 1;
                     tracing::debug!(?flow, "deleted a stale conntrack entry");
                 }
-                Some((_, e)) if *e == libc::ENOENT => {}
-                Some((_, e)) => {
-                    tracing::warn!(?flow, error = %io::Error::from_raw_os_error(*e), "deleting a conntrack entry failed")
+                Err(e) if e.errno() == Some(libc::ENOENT) => {}
+                Err(kp_netlink::Error::Kernel(errno)) => {
+                    tracing::warn!(?flow, error = %io::Error::from_raw_os_error(errno), "deleting a conntrack entry failed")
                 }
-                None => {}
+                Err(kp_netlink::Error::Io(e)) => {
+                    return Err(with_context("deleting a conntrack entry", e))
+                }
             }
         }
         Ok(deleted)

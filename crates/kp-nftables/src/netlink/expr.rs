@@ -3,7 +3,9 @@
 
 use std::net::IpAddr;
 
-use super::nla::{udata, Attrs};
+use kp_netlink::{Attrs, Nest};
+
+use super::nla::{udata, NftAttrs};
 use super::script::{AnonSet, Cur, Tok};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,7 +79,7 @@ pub fn parse_verdict(c: &mut Cur) -> Result<Verdict, String> {
 
 /// NFTA_DATA_VERDICT { code, chain } inside an already opened data nest.
 pub fn put_verdict(a: &mut Attrs, v: &Verdict) {
-    let n = a.begin(2);
+    let n = a.begin_nest(2);
     let (code, chain): (i32, Option<&str>) = match v {
         Verdict::Accept => (1, None),
         Verdict::Drop => (0, None),
@@ -89,7 +91,7 @@ pub fn put_verdict(a: &mut Attrs, v: &Verdict) {
     if let Some(c) = chain {
         a.str(2, c);
     }
-    a.end(n);
+    a.end_nest(n);
 }
 
 /// nft numbers registers in 32-bit words and sends the legacy 128-bit number
@@ -104,12 +106,12 @@ fn reg(word: usize) -> u32 {
 
 fn ex(name: &str, f: impl FnOnce(&mut Attrs)) -> Attrs {
     let mut a = Attrs::default();
-    let e = a.begin(1);
+    let e = a.begin_nest(1);
     a.str(1, name);
-    let d = a.begin(2);
+    let d = a.begin_nest(2);
     f(&mut a);
-    a.end(d);
-    a.end(e);
+    a.end_nest(d);
+    a.end_nest(e);
     a
 }
 
@@ -160,9 +162,9 @@ fn lookup(sreg: u32, dreg: Option<u32>, set: &str, id: Option<u32>, inv: bool) -
 fn immediate_verdict(v: &Verdict) -> Attrs {
     ex("immediate", |a| {
         a.u32be(1, 0);
-        let d = a.begin(2);
+        let d = a.begin_nest(2);
         put_verdict(a, v);
-        a.end(d);
+        a.end_nest(d);
     })
 }
 
@@ -292,17 +294,17 @@ fn anon_set_head(
         a.u32be(6, t).u32be(7, l);
     }
     a.u32be(10, id);
-    let d = a.begin(9);
+    let d = a.begin_nest(9);
     a.u32be(1, size);
-    a.end(d);
-    a.bytes(13, ud);
+    a.end_nest(d);
+    a.attr(13, ud);
     a
 }
 
-fn elems_head(table: &str, name: &str, id: u32) -> (Attrs, usize) {
+fn elems_head(table: &str, name: &str, id: u32) -> (Attrs, Nest) {
     let mut a = Attrs::default();
     a.str(1, table).str(2, name).u32be(4, id);
-    let l = a.begin(3);
+    let l = a.begin_nest(3);
     (a, l)
 }
 
@@ -363,14 +365,14 @@ fn interval_set(c: &mut Cur, fam: Family, table: &str, id: u32) -> Result<AnonSe
     }
     let (mut ea, l) = elems_head(table, "__set%d", id);
     for (k, end) in &elems {
-        let e = ea.begin(1);
+        let e = ea.begin_nest(1);
         if *end {
             ea.u32be(3, 1); // NFT_SET_ELEM_INTERVAL_END
         }
         ea.data_value(1, k);
-        ea.end(e);
+        ea.end_nest(e);
     }
-    ea.end(l);
+    ea.end_nest(l);
     // Userdata as nft writes for `ip saddr { ... }`: big-endian key, merge
     // flag, and `typeof` naming the payload field.
     let (desc, field) = match fam {
@@ -419,12 +421,12 @@ fn numgen_map(
             return Err(format!("numgen map keys must be 0..N in order, found {k}"));
         }
         c.expect_word(":")?;
-        let e = ea.begin(1);
+        let e = ea.begin_nest(1);
         ea.data_value(1, &k.to_ne_bytes());
-        let d = ea.begin(2);
+        let d = ea.begin_nest(2);
         value(c, &mut ea)?;
-        ea.end(d);
-        ea.end(e);
+        ea.end_nest(d);
+        ea.end_nest(e);
         n += 1;
         if c.eat(&Tok::Comma) {
             continue;
@@ -432,7 +434,7 @@ fn numgen_map(
         c.expect(Tok::RBrace)?;
         break;
     }
-    ea.end(l);
+    ea.end_nest(l);
     let mut ud = Vec::new();
     udata(&mut ud, 0, &1u32.to_ne_bytes());
     udata(&mut ud, 1, &0u32.to_ne_bytes());
@@ -768,7 +770,7 @@ pub fn compile_rule(
                             let mut v = addr_bytes(ip, fam)?;
                             v.extend_from_slice(&port.to_be_bytes());
                             v.extend_from_slice(&[0, 0]);
-                            a.bytes(1, &v);
+                            a.attr(1, &v);
                             Ok(())
                         })?;
                     if n != m {

@@ -5,18 +5,20 @@
 mod expr;
 mod nla;
 mod script;
-mod sock;
 
+use std::io;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use kp_model::{DataplaneError, IpFamily};
+use kp_netlink::{
+    Attrs, Protocol, Reply, Socket, Until, Wait, NLMSG_DONE, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
+};
 
 use crate::backend::NftBackend;
 
 pub use script::ScriptError;
 
 const TOOL: &str = "nf_tables netlink";
-const NLM_F_DUMP: u16 = 0x300;
 
 /// Sends nft transactions to the kernel as one nf_tables netlink batch.
 ///
@@ -26,7 +28,7 @@ const NLM_F_DUMP: u16 = 0x300;
 /// the thread that first applies, and dropped after any socket error.
 #[derive(Debug, Default)]
 pub struct NftNetlink {
-    sock: Option<sock::Socket>,
+    sock: Option<Socket>,
     rcvbuf: usize,
 }
 
@@ -50,47 +52,76 @@ fn next_seq(n: usize) -> u32 {
 }
 
 fn errno_text(errno: i32) -> String {
-    std::io::Error::from_raw_os_error(errno).to_string()
+    io::Error::from_raw_os_error(errno).to_string()
 }
 
-fn io_err(what: &str, e: std::io::Error) -> DataplaneError {
+fn io_err(what: &str, e: io::Error) -> DataplaneError {
     DataplaneError::Io {
         what: what.to_string(),
         source: e,
     }
 }
 
+/// An acknowledgement (errno 0) or error answer to one message of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Ack {
+    seq: u32,
+    errno: i32,
+}
+
+/// Every acknowledgement and error queued on the socket, read without
+/// blocking: a batch is processed inside sendmsg, so once `send` returns its
+/// answers are all queued.
+fn queued_acks(sock: &mut Socket) -> io::Result<Vec<Ack>> {
+    let mut out = Vec::new();
+    sock.recv_each(Wait::Drain, |m| {
+        if let Some(errno) = m.error() {
+            out.push(Ack { seq: m.seq, errno });
+        }
+        m.ty == NLMSG_DONE
+    })?;
+    Ok(out)
+}
+
 impl NftNetlink {
-    fn socket(&mut self) -> Result<&sock::Socket, DataplaneError> {
+    fn socket(&mut self) -> Result<&mut Socket, DataplaneError> {
         if self.sock.is_none() {
-            let s = sock::Socket::open()
+            let s = Socket::open(Protocol::Netfilter)
                 .map_err(|e| io_err("opening a netfilter netlink socket", e))?;
+            // Without it (kernels before 4.2) error answers just carry the
+            // whole failed message: larger, still read.
+            let _ = s.set_cap_ack();
             self.sock = Some(s);
             self.rcvbuf = 0;
         }
-        self.sock.as_ref().ok_or_else(|| {
+        self.sock.as_mut().ok_or_else(|| {
             io_err(
                 "opening a netfilter netlink socket",
-                std::io::ErrorKind::NotConnected.into(),
+                io::ErrorKind::NotConnected.into(),
             )
         })
     }
 
     /// Sends one batch and returns the kernel's answers to it.
-    fn send_batch(&mut self, batch: &script::Batch) -> Result<Vec<sock::Answer>, DataplaneError> {
+    fn send_batch(&mut self, batch: &script::Batch) -> Result<Vec<Ack>, DataplaneError> {
         // Every message asks for an acknowledgement and the kernel queues them all
         // before we read: make room (an ack costs well under 1 KiB of buffer).
         let want = (batch.len() * 1024).max(1 << 20);
         let grow = want > self.rcvbuf;
         let sock = self.socket()?;
         // Answers left from an interrupted exchange are not ours.
-        let _ = sock.recv_answers(false, |_, _| false);
+        let _ = queued_acks(sock);
+        // Both sizes are best effort: too small a send buffer fails the send
+        // below (named there), too small a receive buffer shows as ENOBUFS or
+        // missing acks, both reported below.
         if grow {
-            sock.set_buf(libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, want);
+            let _ = sock.set_recv_buffer(want);
         }
+        // The whole batch must be one datagram: nfnetlink processes a batch per skb.
+        let _ = sock.set_send_buffer(batch.buf.len() + 65536);
         sock.send(&batch.buf)
             .map_err(|e| io_err("sending the nf_tables batch", e))?;
-        let answers = sock.recv_answers(false, |_, _| false).map_err(|e| {
+        let answers = queued_acks(sock).map_err(|e| {
             io_err(
                 "reading the kernel's answers to the nf_tables batch (the transaction may or may not have been applied)",
                 e,
@@ -108,21 +139,18 @@ impl NftNetlink {
             .filter(|a| a.seq.wrapping_sub(first) <= last.wrapping_sub(first))
             .collect())
     }
-}
 
-impl NftNetlink {
-    /// Sends one nf_tables request and reads until `done(seq, answer, type)`
-    /// (or the end of a dump); returns the request's sequence number and the
-    /// error/ack answers. Drops the socket after a socket error.
+    /// Sends one nf_tables request and returns the data messages of its
+    /// answer, or the kernel's errno. Drops the socket after a socket error.
     fn query(
         &mut self,
         family: IpFamily,
         ty: u16,
         flags: u16,
-        attrs: &nla::Attrs,
+        attrs: &Attrs,
         what: &str,
-        mut done: impl FnMut(u32, &sock::Answer, u16) -> bool,
-    ) -> Result<(u32, Vec<sock::Answer>), DataplaneError> {
+        until: Until,
+    ) -> Result<Result<Vec<Reply>, i32>, DataplaneError> {
         let fam = match family {
             IpFamily::V4 => expr::Family::V4,
             IpFamily::V6 => expr::Family::V6,
@@ -132,27 +160,20 @@ impl NftNetlink {
         nla::put_msg(
             &mut buf,
             (nla::NFNL_SUBSYS_NFTABLES << 8) | ty,
-            nla::NLM_F_REQUEST | flags,
+            NLM_F_REQUEST | flags,
             seq,
             fam.nfproto(),
             0,
-            &attrs.buf,
+            attrs.as_bytes(),
         );
-        let sock = self.socket()?;
-        // Answers left from an interrupted exchange are not ours.
-        let _ = sock.recv_answers(false, |_, _| false);
-        let res = sock
-            .send(&buf)
-            .map_err(|e| io_err(&format!("asking for {what}"), e))
-            .and_then(|()| {
-                sock.recv_answers(true, |a, t| done(seq, a, t))
-                    .map_err(|e| io_err(&format!("reading {what}"), e))
-            });
-        match res {
-            Ok(answers) => Ok((seq, answers)),
-            Err(e) => {
+        // Answers left from an interrupted exchange carry other sequence
+        // numbers: the request skips them.
+        match self.socket()?.request(&buf, seq, until) {
+            Ok(replies) => Ok(Ok(replies)),
+            Err(kp_netlink::Error::Kernel(errno)) => Ok(Err(errno)),
+            Err(kp_netlink::Error::Io(e)) => {
                 self.sock = None;
-                Err(e)
+                Err(io_err(&format!("asking the kernel for {what}"), e))
             }
         }
     }
@@ -234,52 +255,46 @@ impl NftBackend for NftNetlink {
         table: &str,
         chain: &str,
     ) -> Result<bool, DataplaneError> {
-        let mut a = nla::Attrs::default();
+        let mut a = Attrs::new();
         a.str(1, table).str(2, chain);
         let newrule = (nla::NFNL_SUBSYS_NFTABLES << 8) | nla::msg::NEWRULE;
-        let mut rules = 0usize;
         // GETRULE dump of one chain: a few messages, never the whole table.
-        let (seq, answers) = self.query(
+        let answer = self.query(
             family,
             nla::msg::GETRULE,
             NLM_F_DUMP,
             &a,
             "our canary chain",
-            |seq, a, ty| {
-                if a.seq == seq && ty == newrule {
-                    rules += 1;
-                }
-                false
-            },
+            Until::Done,
         )?;
-        match answers.iter().find(|a| a.seq == seq && a.errno != 0) {
-            Some(a) if a.errno == libc::ENOENT => Ok(false),
-            Some(a) => Err(DataplaneError::Apply {
+        match answer {
+            Ok(replies) => Ok(replies.iter().any(|r| r.ty == newrule)),
+            Err(libc::ENOENT) => Ok(false),
+            Err(errno) => Err(DataplaneError::Apply {
                 tool: TOOL.into(),
-                message: format!("listing chain {chain}: {}", errno_text(a.errno)),
+                message: format!("listing chain {chain}: {}", errno_text(errno)),
             }),
-            None => Ok(rules > 0),
         }
     }
 
     fn table_exists(&mut self, family: IpFamily, table: &str) -> Result<bool, DataplaneError> {
-        let mut a = nla::Attrs::default();
+        let mut a = Attrs::new();
         a.str(1, table);
-        let (seq, answers) = self.query(
+        let answer = self.query(
             family,
             nla::msg::GETTABLE,
-            nla::NLM_F_ACK,
+            NLM_F_ACK,
             &a,
             "the nftables table",
-            |seq, a, ty| a.seq == seq && ty == 2,
+            Until::Ack,
         )?;
-        match answers.iter().find(|a| a.seq == seq) {
-            Some(a) if a.errno == libc::ENOENT => Ok(false),
-            Some(a) if a.errno != 0 => Err(DataplaneError::Apply {
+        match answer {
+            Ok(_) => Ok(true),
+            Err(libc::ENOENT) => Ok(false),
+            Err(errno) => Err(DataplaneError::Apply {
                 tool: TOOL.into(),
-                message: format!("getting table {table}: {}", errno_text(a.errno)),
+                message: format!("getting table {table}: {}", errno_text(errno)),
             }),
-            _ => Ok(true),
         }
     }
 }

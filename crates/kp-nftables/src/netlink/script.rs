@@ -9,10 +9,10 @@ use std::net::IpAddr;
 
 use thiserror::Error;
 
+use kp_netlink::{Attrs, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_REQUEST};
+
 use super::expr::{self, Family};
-use super::nla::{
-    msg, put_msg, udata, Attrs, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_REQUEST,
-};
+use super::nla::{msg, put_msg, udata, NftAttrs};
 
 /// A line the encoder cannot turn into netlink.
 #[derive(Debug, Error)]
@@ -203,7 +203,7 @@ impl Batch {
             self.seq,
             fam.nfproto(),
             0,
-            &attrs.buf,
+            attrs.as_bytes(),
         );
         self.lines.push((self.seq, line));
     }
@@ -285,7 +285,7 @@ fn compile_line(b: &mut Batch, line: usize, toks: &[Tok]) -> Result<(), String> 
                 let text = c.string("comment")?;
                 c.expect(Tok::Semi)?;
                 c.expect(Tok::RBrace)?;
-                a.bytes(6, &comment_udata(text)?);
+                a.attr(6, &comment_udata(text)?);
             }
             c.end()?;
             b.push(line, fam, msg::NEWTABLE, NLM_F_CREATE, &a);
@@ -338,9 +338,9 @@ fn compile_line(b: &mut Batch, line: usize, toks: &[Tok]) -> Result<(), String> 
                 c.expect(Tok::Semi)?;
                 c.expect(Tok::RBrace)?;
                 a.str(7, ty).u32be(5, policy);
-                let h = a.begin(4);
+                let h = a.begin_nest(4);
                 a.u32be(1, hook).u32be(2, prio as u32);
-                a.end(h);
+                a.end_nest(h);
             }
             c.end()?;
             b.push(line, fam, msg::NEWCHAIN, NLM_F_CREATE, &a);
@@ -383,13 +383,13 @@ fn compile_line(b: &mut Batch, line: usize, toks: &[Tok]) -> Result<(), String> 
             c.expect(Tok::LBrace)?;
             let mut a = Attrs::default();
             a.str(1, table).str(2, name);
-            let list = a.begin(3);
+            let list = a.begin_nest(3);
             loop {
                 let key = parse_key(&mut c, fam)?;
-                let e = a.begin(1);
+                let e = a.begin_nest(1);
                 a.data_value(1, &key);
                 if c.eat_word(":") {
-                    let d = a.begin(2);
+                    let d = a.begin_nest(2);
                     if c.peek_word().is_some_and(|w| w.parse::<IpAddr>().is_ok()) {
                         // `address . port`: a DNAT target of the endpoint map.
                         let mut v = key_part(c.word("an address")?, fam)?;
@@ -398,21 +398,21 @@ fn compile_line(b: &mut Batch, line: usize, toks: &[Tok]) -> Result<(), String> 
                         let port: u16 = p.parse().map_err(|_| format!("bad port `{p}`"))?;
                         v.extend_from_slice(&port.to_be_bytes());
                         v.extend_from_slice(&[0, 0]);
-                        a.bytes(1, &v);
+                        a.attr(1, &v);
                     } else {
                         let v = expr::parse_verdict(&mut c)?;
                         expr::put_verdict(&mut a, &v);
                     }
-                    a.end(d);
+                    a.end_nest(d);
                 }
-                a.end(e);
+                a.end_nest(e);
                 if c.eat(&Tok::Comma) {
                     continue;
                 }
                 c.expect(Tok::RBrace)?;
                 break;
             }
-            a.end(list);
+            a.end_nest(list);
             c.end()?;
             let ty = if verb == "add" {
                 msg::NEWSETELEM
@@ -431,13 +431,13 @@ fn compile_line(b: &mut Batch, line: usize, toks: &[Tok]) -> Result<(), String> 
             }
             let mut a = Attrs::default();
             table_chain(&mut a, table, chain);
-            let l = a.begin(4);
+            let l = a.begin_nest(4);
             for e in &rule.exprs {
-                a.buf.extend_from_slice(&e.buf);
+                a.extend(e);
             }
-            a.end(l);
+            a.end_nest(l);
             if let Some(text) = &rule.comment {
-                a.bytes(7, &comment_udata(text)?);
+                a.attr(7, &comment_udata(text)?);
             }
             b.push(line, fam, msg::NEWRULE, NLM_F_CREATE | NLM_F_APPEND, &a);
         }
@@ -678,7 +678,7 @@ fn numgen_map_attrs(table: &str, name: &str, kind: NumgenMap, id: u32) -> Attrs 
         }
     }
     a.u32be(10, id);
-    a.bytes(13, &numgen_map_udata(kind));
+    a.attr(13, &numgen_map_udata(kind));
     a
 }
 
@@ -727,7 +727,7 @@ fn set_attrs(table: &str, name: &str, d: &SetDecl, id: u32) -> Attrs {
     if d.verdict_map {
         udata(&mut u, 6, &0u32.to_ne_bytes());
     }
-    a.bytes(13, &u);
+    a.attr(13, &u);
     a
 }
 

@@ -1,0 +1,55 @@
+//! Netlink sockets and message framing shared by the dataplanes.
+//!
+//! - [`Attrs`] builds attributes (nests included) and [`message`] /
+//!   [`push_message`] frame them: netlink header, the protocol's fixed header
+//!   (nfgenmsg, genlmsghdr, ifaddrmsg, ...), attributes, padding.
+//! - [`ParsedAttrs`] reads one level of attributes back; [`messages`] splits a
+//!   datagram from the kernel into [`Message`]s; [`Answer`] tells what each
+//!   message is to one request's answer (another request's, data, the end:
+//!   acknowledgement or NLMSG_DONE, or the kernel's error). All three are
+//!   pure, so they are tested without a socket.
+//! - [`Socket`] is one netlink socket of a [`Protocol`] chosen at open, with
+//!   the options callers need (NETLINK_CAP_ACK, forced buffer sizes, a
+//!   receive timeout), sending and receive loops.
+//!
+//! The socket itself is netlink-sys's (the rust-netlink project's, which
+//! rtnetlink uses): it opens, binds, sends and receives; the options it has no
+//! method for (SO_SNDBUFFORCE, SO_RCVBUFFORCE, SO_RCVTIMEO) are set on its
+//! file descriptor here. Message contents stay with each caller: nf_tables,
+//! IPVS and rtnetlink messages are hand-encoded with [`Attrs`] (their bytes
+//! are pinned by tests), conntrack's with netlink-packet-netfilter.
+
+mod build;
+mod parse;
+mod socket;
+
+pub use build::{message, push_message, Attrs, Nest};
+pub use parse::{messages, Answer, Message, ParsedAttrs, Reply, Step, Until};
+pub use socket::{Error, Protocol, Socket, Wait};
+
+/// Length of struct nlmsghdr.
+pub const NLMSG_HDRLEN: usize = 16;
+
+pub const NLMSG_ERROR: u16 = 2;
+pub const NLMSG_DONE: u16 = 3;
+/// Types below this are netlink's own control messages.
+pub const NLMSG_MIN_TYPE: u16 = 0x10;
+
+pub const NLM_F_REQUEST: u16 = 0x1;
+pub const NLM_F_ACK: u16 = 0x4;
+/// NLM_F_ROOT | NLM_F_MATCH.
+pub const NLM_F_DUMP: u16 = 0x300;
+pub const NLM_F_REPLACE: u16 = 0x100;
+pub const NLM_F_EXCL: u16 = 0x200;
+pub const NLM_F_CREATE: u16 = 0x400;
+pub const NLM_F_APPEND: u16 = 0x800;
+
+pub const NLA_F_NESTED: u16 = 0x8000;
+pub const NLA_F_NET_BYTEORDER: u16 = 0x4000;
+/// The attribute type without the two flag bits.
+pub const NLA_TYPE_MASK: u16 = !(NLA_F_NESTED | NLA_F_NET_BYTEORDER);
+
+/// Netlink's alignment: messages and attributes start at multiples of 4.
+pub fn align4(n: usize) -> usize {
+    (n + 3) & !3
+}
