@@ -180,6 +180,13 @@ impl Socket {
         Ok(())
     }
 
+    /// Joins multicast group `group` (e.g. RTNLGRP_IPV4_IFADDR): the kernel
+    /// then queues its notifications on this socket. Needs no privilege for
+    /// rtnetlink.
+    pub fn join_group(&self, group: u32) -> io::Result<()> {
+        self.sock.add_membership(group)
+    }
+
     /// Sends `buf` (one message or a batch) to the kernel as one datagram.
     pub fn send(&self, buf: &[u8]) -> io::Result<()> {
         let n = self.sock.send_to(buf, &kernel(), 0)?;

@@ -208,6 +208,21 @@ pub struct UserspaceProxier {
     /// or removed: looked at again on every sync, whatever changed.
     retry_keys: BTreeSet<ListenKey>,
     retry_vips: BTreeSet<IpAddr>,
+    /// The kernel's address notifications (None if they cannot be had:
+    /// then every sync compares the node's addresses and `rules_lost`
+    /// lists ours, as a full sync does).
+    watch: Option<netlink::AddrWatch>,
+    /// This family's local addresses that are not our Service IPs, as the
+    /// last full sync read them.
+    foreign: BTreeSet<IpAddr>,
+    /// Since the last full sync: a node address came or went (or
+    /// notifications were lost): the next sync is a full one.
+    addrs_changed: bool,
+    /// One of our Service IPs was removed by someone else.
+    vip_lost: bool,
+    /// Notifications were lost since the last full sync: `rules_lost`
+    /// lists our addresses instead of trusting them.
+    watch_unsure: bool,
 }
 
 fn io_err(what: impl Into<String>, source: std::io::Error) -> DataplaneError {
@@ -240,6 +255,13 @@ impl UserspaceProxier {
             metrics,
         });
         let inside = Arc::new(Inside::new(cfg.cluster_cidrs.clone()));
+        let watch = match netlink::AddrWatch::open(cfg.family == IpFamily::V6) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::warn!(error = %e, "no address notifications; every sync re-reads the node's addresses");
+                None
+            }
+        };
         Ok(UserspaceProxier {
             cfg,
             shared,
@@ -253,6 +275,11 @@ impl UserspaceProxier {
             inside,
             retry_keys: BTreeSet::new(),
             retry_vips: BTreeSet::new(),
+            watch,
+            foreign: BTreeSet::new(),
+            addrs_changed: false,
+            vip_lost: false,
+            watch_unsure: false,
         })
     }
 
@@ -272,6 +299,48 @@ impl UserspaceProxier {
             .into_iter()
             .filter(|(ip, _)| self.cfg.family.matches(ip))
             .collect()
+    }
+
+    /// Reads the address notifications queued since the last call: a node
+    /// address that came or went asks for a full sync, one of our Service
+    /// IPs removed by someone else is remembered for `rules_lost`.
+    fn poll_addrs(&mut self) {
+        let Some(w) = self.watch.as_mut() else {
+            let now: BTreeSet<IpAddr> = self
+                .local_addresses()
+                .into_iter()
+                .map(|(ip, _)| ip)
+                .filter(|ip| !self.vips.contains(ip))
+                .collect();
+            if now != self.foreign {
+                self.addrs_changed = true;
+            }
+            return;
+        };
+        let got = w.drain();
+        if got.overflowed {
+            self.addrs_changed = true;
+            self.watch_unsure = true;
+        }
+        // Ours: only the last word on each address counts (we may have
+        // removed and added one again since the last read).
+        let mut ours: HashMap<IpAddr, bool> = HashMap::new();
+        for e in got.events {
+            if !self.cfg.family.matches(&e.ip) {
+                continue;
+            }
+            if e.ours {
+                ours.insert(e.ip, e.added);
+            } else if e.added != self.foreign.contains(&e.ip) {
+                self.addrs_changed = true;
+            }
+        }
+        if ours
+            .iter()
+            .any(|(ip, added)| !added && self.vips.contains(ip))
+        {
+            self.vip_lost = true;
+        }
     }
 
     fn plan_opts(&self) -> PlanOpts {
@@ -385,6 +454,10 @@ impl UserspaceProxier {
         state: &ProxyState,
         report: &mut SyncReport,
     ) -> Result<(BTreeSet<ListenKey>, BTreeSet<IpAddr>), DataplaneError> {
+        // What was announced before the re-read below is in it.
+        if let Some(w) = self.watch.as_mut() {
+            let _ = w.drain();
+        }
         if let Some(mut rtnl) = self.rtnl.take() {
             // First sync: addresses left by a previous run are adopted (kept
             // while still wanted). Full syncs re-read what the kernel has,
@@ -395,6 +468,14 @@ impl UserspaceProxier {
         }
         let local = self.local_addresses();
         self.inside.set_addrs(local.iter().map(|(ip, _)| *ip));
+        self.foreign = local
+            .iter()
+            .map(|(ip, _)| *ip)
+            .filter(|ip| !self.vips.contains(ip))
+            .collect();
+        self.addrs_changed = false;
+        self.vip_lost = false;
+        self.watch_unsure = false;
 
         // Services and their endpoints.
         for name in state.services.keys() {
@@ -634,7 +715,9 @@ impl Dataplane for UserspaceProxier {
         full: bool,
     ) -> Result<SyncReport, DataplaneError> {
         let t0 = Instant::now();
-        let full = full || self.index.is_none() || !self.covers(state, changed);
+        self.poll_addrs();
+        let full =
+            full || self.addrs_changed || self.index.is_none() || !self.covers(state, changed);
         let mut report = SyncReport {
             full,
             ..Default::default()
@@ -655,11 +738,16 @@ impl Dataplane for UserspaceProxier {
 
     /// One of our Service IPs vanished from lo (someone ran `ip addr del`
     /// or flushed lo): the sync loop counts it and runs a full sync, which
-    /// re-reads the addresses and adds the missing ones back. One small
-    /// netlink dump of the addresses; listeners cannot be taken from us.
+    /// re-reads the addresses and adds the missing ones back. Known from
+    /// the kernel's address notifications; a dump of the addresses only when
+    /// those were lost or cannot be had. Listeners cannot be taken from us.
     fn rules_lost(&mut self) -> bool {
+        self.poll_addrs();
         if self.vips.is_empty() {
             return false;
+        }
+        if self.watch.is_some() && !self.watch_unsure {
+            return std::mem::take(&mut self.vip_lost);
         }
         let Some(mut rtnl) = self.rtnl.take() else {
             return false;

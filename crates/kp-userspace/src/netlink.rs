@@ -136,6 +136,101 @@ pub(crate) fn parse_ours(p: &[u8], lo: u32) -> Option<IpAddr> {
     }
 }
 
+/// One address added to or removed from this namespace, as the kernel
+/// announced it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AddrEvent {
+    pub ip: IpAddr,
+    pub added: bool,
+    /// On lo and carrying our mark.
+    pub ours: bool,
+    /// On lo (whoever added it).
+    pub on_lo: bool,
+}
+
+/// What [`AddrWatch::drain`] read.
+#[derive(Debug, Default)]
+pub struct AddrEvents {
+    pub events: Vec<AddrEvent>,
+    /// Notifications were lost (the socket's queue overflowed) or could not
+    /// be read: what changed is unknown.
+    pub overflowed: bool,
+}
+
+/// The kernel's address notifications for one family, read between syncs,
+/// so a sync learns that the node's addresses changed, or that one of ours
+/// was removed, without listing every address (with Service IPs on lo that
+/// is O(Services) per sync).
+pub struct AddrWatch {
+    sock: Socket,
+    lo: u32,
+}
+
+const RTNLGRP_IPV4_IFADDR: u32 = 5;
+const RTNLGRP_IPV6_IFADDR: u32 = 9;
+
+impl AddrWatch {
+    pub fn open(ipv6: bool) -> io::Result<AddrWatch> {
+        let sock = Socket::open(Protocol::Route)?;
+        // Room for a burst (a first sync adding thousands of Service IPs
+        // announces each); an overflow is detected and handled as "unknown".
+        let _ = sock.set_recv_buffer(4 << 20);
+        sock.join_group(if ipv6 {
+            RTNLGRP_IPV6_IFADDR
+        } else {
+            RTNLGRP_IPV4_IFADDR
+        })?;
+        // SAFETY: if_nametoindex reads a NUL-terminated string.
+        let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) };
+        Ok(AddrWatch { sock, lo })
+    }
+
+    /// Everything announced since the last call, without blocking.
+    pub fn drain(&mut self) -> AddrEvents {
+        let mut out = AddrEvents::default();
+        let lo = self.lo;
+        let r = self.sock.recv_each(kp_netlink::Wait::Drain, |m| {
+            if let Some(e) = parse_event(m.ty, m.payload(), lo) {
+                out.events.push(e);
+            }
+            false
+        });
+        if let Err(e) = r {
+            // ENOBUFS: the queue overflowed and notifications were dropped.
+            tracing::debug!(error = %e, "address notifications lost");
+            out.overflowed = true;
+            // What is still queued is read next time; the caller re-reads
+            // everything anyway.
+        }
+        out
+    }
+}
+
+/// An RTM_NEWADDR/RTM_DELADDR notification.
+pub(crate) fn parse_event(ty: u16, p: &[u8], lo: u32) -> Option<AddrEvent> {
+    let added = match ty {
+        RTM_NEWADDR => true,
+        RTM_DELADDR => false,
+        _ => return None,
+    };
+    let hdr = p.get(..8)?;
+    let index = u32::from_ne_bytes([hdr[4], hdr[5], hdr[6], hdr[7]]);
+    let attrs = ParsedAttrs::parse(&p[8..]);
+    let data = attrs.get(IFA_LOCAL).or_else(|| attrs.get(IFA_ADDRESS))?;
+    let ip = match (hdr[0] as i32, data.len()) {
+        (libc::AF_INET, 4) => IpAddr::from([data[0], data[1], data[2], data[3]]),
+        (libc::AF_INET6, 16) => IpAddr::from(<[u8; 16]>::try_from(data).ok()?),
+        _ => return None,
+    };
+    let on_lo = index == lo;
+    Some(AddrEvent {
+        ip,
+        added,
+        ours: on_lo && attrs.u8(IFA_PROTO) == Some(ADDR_PROTO),
+        on_lo,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,6 +259,35 @@ mod tests {
         let d = addr_message(RTM_DELADDR, 0, 8, 1, &ip);
         assert_eq!(d.len(), 40);
         assert_eq!(parse_ours(&d[16..], 1), None);
+    }
+
+    #[test]
+    fn address_notifications_parse() {
+        let ip: IpAddr = "10.96.0.10".parse().unwrap();
+        // A notification has the layout of a request (ifaddrmsg + attributes).
+        let m = addr_message(RTM_NEWADDR, 0, 0, 1, &ip);
+        let e = parse_event(RTM_NEWADDR, &m[16..], 1).unwrap();
+        assert_eq!(
+            e,
+            AddrEvent {
+                ip,
+                added: true,
+                ours: true,
+                on_lo: true
+            }
+        );
+        // The same address on another interface is not ours, mark or not.
+        let e = parse_event(RTM_NEWADDR, &m[16..], 2).unwrap();
+        assert!(!e.ours && !e.on_lo);
+        // Unmarked, on lo: someone else's.
+        let d = addr_message(RTM_DELADDR, 0, 0, 1, &ip);
+        let e = parse_event(RTM_DELADDR, &d[16..], 1).unwrap();
+        assert!(!e.added && !e.ours && e.on_lo);
+        // Other message types and garbage are ignored without panicking.
+        assert_eq!(parse_event(RTM_GETADDR, &m[16..], 1), None);
+        for cut in 0..m.len() - 16 {
+            let _ = parse_event(RTM_NEWADDR, &m[16..16 + cut], 1);
+        }
     }
 
     #[test]

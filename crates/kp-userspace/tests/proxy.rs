@@ -531,3 +531,85 @@ fn service_ips_follow_partial_syncs_in_a_network_namespace() {
     .join()
     .unwrap();
 }
+
+/// The kernel's address notifications, not a listing per sync: a node
+/// address added by someone else makes the next sync a full one (a new
+/// NodePort address gets its listener), and one of our Service IPs removed
+/// by someone else is reported lost once, then put back by a full sync.
+/// Root: runs in a network namespace of its own, made and gone with its
+/// thread.
+#[test]
+fn address_changes_are_noticed_from_notifications_in_a_network_namespace() {
+    let rt = kp_userspace::runtime().unwrap();
+    std::thread::spawn(move || {
+        // SAFETY: unshare(2) with a namespace flag, for this thread only.
+        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+            eprintln!(
+                "skipped: unshare(CLONE_NEWNET): {}",
+                std::io::Error::last_os_error()
+            );
+            return;
+        }
+        // `ip` runs in this thread's namespace (a child inherits it).
+        let ip = |args: &[&str]| {
+            let out = std::process::Command::new("ip")
+                .args(args)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "ip {args:?}: {out:?}");
+        };
+        let mut c = UserspaceConfig::new(IpFamily::V4);
+        c.vip_mode = VipMode::Loopback;
+        c.nodeport_addresses = vec!["10.200.0.0/16".parse().unwrap()];
+        let mut p = UserspaceProxier::new(c, Arc::new(NoMetrics), rt).unwrap();
+        let mut st = ProxyState::new(IpFamily::V4, NodeInfo::default());
+        let n = ServicePortName::new("t", "np", "p", Protocol::Tcp);
+        let mut sp = ServicePort::new(n.clone(), "10.96.0.60".parse().unwrap(), 80);
+        sp.node_port = 30080;
+        st.services.insert(n.clone(), Arc::new(sp));
+        st.endpoints.insert(
+            n.clone(),
+            Arc::new(vec![endpoint("127.0.0.1:9".parse().unwrap())]),
+        );
+        let listening = |p: &UserspaceProxier| -> Vec<String> {
+            p.listening().iter().map(|(a, _)| a.to_string()).collect()
+        };
+        sync(&mut p, &st);
+        assert_eq!(listening(&p), ["10.96.0.60:80"]);
+        assert!(!p.rules_lost());
+        // Nothing happened: a sync naming nothing stays partial.
+        partial(&mut p, &st, &[]);
+
+        // A node address in --nodeport-addresses appears.
+        ip(&["addr", "add", "10.200.0.1/32", "dev", "lo"]);
+        let r = p.sync(&st, &BTreeSet::new(), false).unwrap();
+        assert!(r.full, "a new node address must make the sync a full one");
+        assert_eq!(listening(&p), ["10.96.0.60:80", "10.200.0.1:30080"]);
+        assert!(!p.rules_lost(), "a foreign address is not one of ours");
+        partial(&mut p, &st, &[]);
+        // ...and goes.
+        ip(&["addr", "del", "10.200.0.1/32", "dev", "lo"]);
+        let r = p.sync(&st, &BTreeSet::new(), false).unwrap();
+        assert!(r.full);
+        assert_eq!(listening(&p), ["10.96.0.60:80"]);
+
+        // Our Service IP removed behind our back: lost, once.
+        ip(&["addr", "del", "10.96.0.60/32", "dev", "lo"]);
+        assert!(p.rules_lost());
+        p.sync(&st, &BTreeSet::new(), true).unwrap();
+        assert!(!p.rules_lost(), "the full sync put it back");
+        let ours = kp_userspace::netlink::Rtnl::open()
+            .unwrap()
+            .list_ours()
+            .unwrap();
+        assert_eq!(ours, ["10.96.0.60".parse::<std::net::IpAddr>().unwrap()]);
+        // Our own removal (the Service going) is not a loss.
+        st.services.remove(&n);
+        st.endpoints.remove(&n);
+        partial(&mut p, &st, &[&n]);
+        assert!(!p.rules_lost());
+        assert!(listening(&p).is_empty());
+    })
+    .join()
+    .unwrap();
+}
