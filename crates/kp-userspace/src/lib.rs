@@ -212,6 +212,9 @@ pub struct UserspaceProxier {
     /// then every sync compares the node's addresses and `rules_lost`
     /// lists ours, as a full sync does).
     watch: Option<netlink::AddrWatch>,
+    /// Notifications read but not yet looked at (read during a burst of our
+    /// own address changes, so the socket's queue cannot overflow).
+    pending: netlink::AddrEvents,
     /// This family's local addresses that are not our Service IPs, as the
     /// last full sync read them.
     foreign: BTreeSet<IpAddr>,
@@ -276,6 +279,7 @@ impl UserspaceProxier {
             retry_keys: BTreeSet::new(),
             retry_vips: BTreeSet::new(),
             watch,
+            pending: netlink::AddrEvents::default(),
             foreign: BTreeSet::new(),
             addrs_changed: false,
             vip_lost: false,
@@ -317,7 +321,8 @@ impl UserspaceProxier {
             }
             return;
         };
-        let got = w.drain();
+        let mut got = std::mem::take(&mut self.pending);
+        got.append(w.drain());
         if got.overflowed {
             self.addrs_changed = true;
             self.watch_unsure = true;
@@ -457,6 +462,7 @@ impl UserspaceProxier {
         // What was announced before the re-read below is in it.
         if let Some(w) = self.watch.as_mut() {
             let _ = w.drain();
+            self.pending = netlink::AddrEvents::default();
         }
         if let Some(mut rtnl) = self.rtnl.take() {
             // First sync: addresses left by a previous run are adopted (kept
@@ -592,8 +598,22 @@ impl UserspaceProxier {
                 }
             }
         }
+        // Each change is announced to our own watch too: read them every
+        // so often, so a burst (a first sync adding thousands) cannot
+        // overflow its queue; they are looked at after the sync.
+        let mut done = 0usize;
+        let mut read_announcements =
+            |watch: &mut Option<netlink::AddrWatch>, pending: &mut netlink::AddrEvents| {
+                done += 1;
+                if done.is_multiple_of(512) {
+                    if let Some(w) = watch.as_mut() {
+                        pending.append(w.drain());
+                    }
+                }
+            };
         // Additions first, then removals (as before the index).
         for ip in add {
+            read_announcements(&mut self.watch, &mut self.pending);
             match rtnl.add(&ip) {
                 Ok(()) => {
                     self.vips.insert(ip);
@@ -608,6 +628,7 @@ impl UserspaceProxier {
             }
         }
         for ip in del {
+            read_announcements(&mut self.watch, &mut self.pending);
             match rtnl.del(&ip) {
                 Ok(()) => {
                     self.vips.remove(&ip);
@@ -732,6 +753,11 @@ impl Dataplane for UserspaceProxier {
         let t1 = Instant::now();
         self.apply_vips(vips, &mut report);
         self.apply_listeners(keys, &mut report);
+        // Our own address changes were announced too: read them now, while
+        // the queue has room.
+        if let Some(w) = self.watch.as_mut() {
+            self.pending.append(w.drain());
+        }
         report.apply = t1.elapsed();
         Ok(report)
     }

@@ -157,6 +157,13 @@ pub struct AddrEvents {
     pub overflowed: bool,
 }
 
+impl AddrEvents {
+    pub fn append(&mut self, other: AddrEvents) {
+        self.events.extend(other.events);
+        self.overflowed |= other.overflowed;
+    }
+}
+
 /// The kernel's address notifications for one family, read between syncs,
 /// so a sync learns that the node's addresses changed, or that one of ours
 /// was removed, without listing every address (with Service IPs on lo that
