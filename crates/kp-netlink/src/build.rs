@@ -82,7 +82,16 @@ impl Attrs {
     }
 
     /// Closes `nest`: its length becomes everything written since it opened.
+    /// Netlink lengths are 16 bits: callers keep a nest under 64 KiB
+    /// (nftables writes at most 128 elements per message); a longer one
+    /// would be malformed, which the kernel refuses (the whole transaction
+    /// fails, nothing half-applied), so it is caught here in debug builds.
     pub fn end_nest(&mut self, nest: Nest) -> &mut Self {
+        debug_assert!(
+            self.buf.len() - nest.0 <= u16::MAX as usize,
+            "netlink nest of {} bytes",
+            self.buf.len() - nest.0
+        );
         let len = (self.buf.len() - nest.0) as u16;
         self.buf[nest.0..nest.0 + 2].copy_from_slice(&len.to_ne_bytes());
         self
