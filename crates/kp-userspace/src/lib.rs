@@ -335,7 +335,13 @@ impl UserspaceProxier {
                 continue;
             }
             if e.ours {
-                ours.insert(e.ip, e.added);
+                // Only removals can mean a loss; an addition matters only
+                // after one (a first sync announces thousands of them).
+                if !e.added {
+                    ours.insert(e.ip, false);
+                } else if let Some(last) = ours.get_mut(&e.ip) {
+                    *last = true;
+                }
             } else if e.added != self.foreign.contains(&e.ip) {
                 self.addrs_changed = true;
             }
