@@ -450,21 +450,32 @@ fn a_change_the_caller_did_not_name_falls_back_to_a_full_sync() {
     assert_eq!(hello(vip("127.0.0.35")), "x");
 }
 
-/// Service IPs on lo follow partial syncs (root: runs in a network namespace
-/// of its own, made and gone with its thread; skipped without privileges).
+/// Runs `f` on a thread of its own in a network namespace of its own (made
+/// and gone with the thread), so Service IPs go to that namespace's lo.
+/// Needs root, as ./test.sh runs; the proxy's runtime must be started
+/// before, in the caller's namespace.
+fn in_fresh_netns(f: impl FnOnce() + Send + 'static) {
+    std::thread::spawn(move || {
+        // SAFETY: unshare(2) with a namespace flag, for this thread only.
+        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+            panic!(
+                "unshare(CLONE_NEWNET) (this test needs root): {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        f()
+    })
+    .join()
+    .unwrap_or_else(|e| std::panic::resume_unwind(e));
+}
+
+/// Service IPs on lo follow partial syncs (root: in a network namespace of
+/// its own).
 #[test]
 fn service_ips_follow_partial_syncs_in_a_network_namespace() {
     // The shared runtime's threads must start in this namespace, not the new one.
     let rt = kp_userspace::runtime().unwrap();
-    std::thread::spawn(move || {
-        // SAFETY: unshare(2) with a namespace flag, for this thread only.
-        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-            eprintln!(
-                "skipped: unshare(CLONE_NEWNET): {}",
-                std::io::Error::last_os_error()
-            );
-            return;
-        }
+    in_fresh_netns(move || {
         let mut c = UserspaceConfig::new(IpFamily::V4);
         c.vip_mode = VipMode::Loopback;
         let mut p = UserspaceProxier::new(c, Arc::new(NoMetrics), rt).unwrap();
@@ -527,29 +538,18 @@ fn service_ips_follow_partial_syncs_in_a_network_namespace() {
         assert_eq!(r.ops, st.services.len());
         p.cleanup().unwrap();
         check(&p, &[], &[]);
-    })
-    .join()
-    .unwrap();
+    });
 }
 
 /// The kernel's address notifications, not a listing per sync: a node
 /// address added by someone else makes the next sync a full one (a new
 /// NodePort address gets its listener), and one of our Service IPs removed
 /// by someone else is reported lost once, then put back by a full sync.
-/// Root: runs in a network namespace of its own, made and gone with its
-/// thread.
+/// Root: in a network namespace of its own.
 #[test]
 fn address_changes_are_noticed_from_notifications_in_a_network_namespace() {
     let rt = kp_userspace::runtime().unwrap();
-    std::thread::spawn(move || {
-        // SAFETY: unshare(2) with a namespace flag, for this thread only.
-        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-            eprintln!(
-                "skipped: unshare(CLONE_NEWNET): {}",
-                std::io::Error::last_os_error()
-            );
-            return;
-        }
+    in_fresh_netns(move || {
         // `ip` runs in this thread's namespace (a child inherits it).
         let ip = |args: &[&str]| {
             let out = std::process::Command::new("ip")
@@ -609,7 +609,5 @@ fn address_changes_are_noticed_from_notifications_in_a_network_namespace() {
         partial(&mut p, &st, &[&n]);
         assert!(!p.rules_lost());
         assert!(listening(&p).is_empty());
-    })
-    .join()
-    .unwrap();
+    });
 }
