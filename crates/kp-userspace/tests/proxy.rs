@@ -1,5 +1,7 @@
-//! The proxy through real sockets on loopback (no privileges needed: the
-//! Services' externalIPs are 127.0.0.x, already local addresses).
+//! The proxy through real sockets on loopback (most need no privileges: the
+//! Services' externalIPs are 127.0.0.x, already local addresses; the two
+//! that put Service IPs on lo run in a network namespace of their own and
+//! need root).
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
