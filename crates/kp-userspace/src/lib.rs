@@ -186,9 +186,8 @@ struct Svc {
 /// failure) re-reads this node's addresses and our Service IPs on lo and
 /// recomputes everything; a partial sync touches only the changed service
 /// ports through a [`PlanIndex`], so it costs O(the change), not O(all
-/// Services). The node's addresses are only re-read by full syncs: an
-/// address added to or removed from the node (not by us) is picked up at the
-/// next full sync (the sync loop runs one every sync period).
+/// Services). The node's addresses come from the kernel's address
+/// notifications: one that comes or goes makes the next sync a full one.
 pub struct UserspaceProxier {
     cfg: UserspaceConfig,
     shared: Arc<Shared>,
@@ -215,9 +214,6 @@ pub struct UserspaceProxier {
     /// Notifications read but not yet looked at (read during a burst of our
     /// own address changes, so the socket's queue cannot overflow).
     pending: netlink::AddrEvents,
-    /// This family's local addresses that are not our Service IPs, as the
-    /// last full sync read them.
-    foreign: BTreeSet<IpAddr>,
     /// Since the last full sync: a node address came or went (or
     /// notifications were lost): the next sync is a full one.
     addrs_changed: bool,
@@ -280,7 +276,6 @@ impl UserspaceProxier {
             retry_vips: BTreeSet::new(),
             watch,
             pending: netlink::AddrEvents::default(),
-            foreign: BTreeSet::new(),
             addrs_changed: false,
             vip_lost: false,
             watch_unsure: false,
@@ -309,14 +304,19 @@ impl UserspaceProxier {
     /// address that came or went asks for a full sync, one of our Service
     /// IPs removed by someone else is remembered for `rules_lost`.
     fn poll_addrs(&mut self) {
+        // What the last full sync planned with (None: the next sync is a
+        // full one anyway).
+        let Some(index) = self.index.as_ref() else {
+            return;
+        };
         let Some(w) = self.watch.as_mut() else {
-            let now: BTreeSet<IpAddr> = self
+            let now: std::collections::HashSet<IpAddr> = self
                 .local_addresses()
                 .into_iter()
                 .map(|(ip, _)| ip)
                 .filter(|ip| !self.vips.contains(ip))
                 .collect();
-            if now != self.foreign {
+            if &now != index.foreign() {
                 self.addrs_changed = true;
             }
             return;
@@ -342,7 +342,7 @@ impl UserspaceProxier {
                 } else if let Some(last) = ours.get_mut(&e.ip) {
                     *last = true;
                 }
-            } else if e.added != self.foreign.contains(&e.ip) {
+            } else if e.added != index.is_foreign(&e.ip) {
                 self.addrs_changed = true;
             }
         }
@@ -480,11 +480,6 @@ impl UserspaceProxier {
         }
         let local = self.local_addresses();
         self.inside.set_addrs(local.iter().map(|(ip, _)| *ip));
-        self.foreign = local
-            .iter()
-            .map(|(ip, _)| *ip)
-            .filter(|ip| !self.vips.contains(ip))
-            .collect();
         self.addrs_changed = false;
         self.vip_lost = false;
         self.watch_unsure = false;

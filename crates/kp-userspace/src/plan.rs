@@ -382,6 +382,17 @@ impl PlanIndex {
             .flat_map(|v| v.iter().skip(1).map(|s| &s.service))
     }
 
+    /// Whether `ip` was, when the index was built, a local address someone
+    /// else configured (not one of our Service IPs).
+    pub fn is_foreign(&self, ip: &IpAddr) -> bool {
+        self.ctx.foreign.contains(ip)
+    }
+
+    /// Those addresses.
+    pub fn foreign(&self) -> &HashSet<IpAddr> {
+        &self.ctx.foreign
+    }
+
     pub fn has_vip(&self, ip: &IpAddr) -> bool {
         self.vips.contains_key(ip)
     }
