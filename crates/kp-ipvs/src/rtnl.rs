@@ -6,41 +6,23 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
+use kp_netlink::ifaddr::{
+    self, addr_attrs, family, host_prefix, ifaddrmsg, IFA_FLAGS, IFA_F_NODAD, RT_SCOPE_HOST,
+};
+pub use kp_netlink::ifaddr::{RTM_DELADDR, RTM_GETADDR, RTM_NEWADDR};
 use kp_netlink::{
-    message, Attrs, ParsedAttrs, Protocol, Socket, Until, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP,
-    NLM_F_EXCL, NLM_F_REQUEST,
+    message, Attrs, Protocol, Socket, Until, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL,
+    NLM_F_REQUEST,
 };
 
 pub const RTM_NEWLINK: u16 = 16;
 pub const RTM_DELLINK: u16 = 17;
 pub const RTM_GETLINK: u16 = 18;
-pub const RTM_NEWADDR: u16 = 20;
-pub const RTM_DELADDR: u16 = 21;
-pub const RTM_GETADDR: u16 = 22;
 
 const IFLA_IFNAME: u16 = 3;
 const IFLA_LINKINFO: u16 = 18;
 const IFLA_INFO_KIND: u16 = 1;
-const IFA_ADDRESS: u16 = 1;
-const IFA_LOCAL: u16 = 2;
-const IFA_FLAGS: u16 = 8;
-const IFA_F_NODAD: u32 = 0x02;
 const IFF_UP: u32 = 0x1;
-const RT_SCOPE_HOST: u8 = 254;
-
-fn family(ip: &IpAddr) -> u8 {
-    match ip {
-        IpAddr::V4(_) => libc::AF_INET as u8,
-        IpAddr::V6(_) => libc::AF_INET6 as u8,
-    }
-}
-
-fn octets(ip: &IpAddr) -> Vec<u8> {
-    match ip {
-        IpAddr::V4(v) => v.octets().to_vec(),
-        IpAddr::V6(v) => v.octets().to_vec(),
-    }
-}
 
 /// struct ifinfomsg.
 fn ifinfo(index: i32, flags: u32, change: u32) -> [u8; 16] {
@@ -52,22 +34,8 @@ fn ifinfo(index: i32, flags: u32, change: u32) -> [u8; 16] {
     b
 }
 
-/// struct ifaddrmsg.
-fn ifaddr(fam: u8, prefix: u8, scope: u8, index: u32) -> [u8; 8] {
-    let mut b = [fam, prefix, 0, scope, 0, 0, 0, 0];
-    b[4..8].copy_from_slice(&index.to_ne_bytes());
-    b
-}
-
 const REQ_ACK: u16 = NLM_F_REQUEST | NLM_F_ACK;
 const NEW_EXCL: u16 = REQ_ACK | NLM_F_CREATE | NLM_F_EXCL;
-
-fn addr_attrs(ip: &IpAddr) -> Attrs {
-    let mut a = Attrs::new();
-    a.attr(IFA_LOCAL, &octets(ip));
-    a.attr(IFA_ADDRESS, &octets(ip));
-    a
-}
 
 pub mod msg {
     use super::*;
@@ -102,21 +70,25 @@ pub mod msg {
     }
     /// Binds `ip` (host prefix, host scope, no duplicate address detection).
     pub fn add_addr(seq: u32, index: u32, ip: &IpAddr) -> Vec<u8> {
-        let prefix = if ip.is_ipv4() { 32 } else { 128 };
         let mut a = addr_attrs(ip);
         a.u32(IFA_FLAGS, IFA_F_NODAD);
-        let hdr = ifaddr(family(ip), prefix, RT_SCOPE_HOST, index);
+        let hdr = ifaddrmsg(family(ip), host_prefix(ip), RT_SCOPE_HOST, index);
         message(RTM_NEWADDR, NEW_EXCL, seq, &hdr, &a)
     }
     pub fn del_addr(seq: u32, index: u32, ip: &IpAddr) -> Vec<u8> {
-        let prefix = if ip.is_ipv4() { 32 } else { 128 };
-        let hdr = ifaddr(family(ip), prefix, 0, index);
+        let hdr = ifaddrmsg(family(ip), host_prefix(ip), 0, index);
         message(RTM_DELADDR, REQ_ACK, seq, &hdr, &addr_attrs(ip))
     }
     /// Dumps every address of one family (0: all).
     pub fn get_addrs(seq: u32, fam: u8) -> Vec<u8> {
         let dump = NLM_F_REQUEST | NLM_F_DUMP;
-        message(RTM_GETADDR, dump, seq, &ifaddr(fam, 0, 0, 0), &Attrs::new())
+        message(
+            RTM_GETADDR,
+            dump,
+            seq,
+            &ifaddrmsg(fam, 0, 0, 0),
+            &Attrs::new(),
+        )
     }
 }
 
@@ -128,22 +100,10 @@ pub struct AddrInfo {
 }
 
 pub fn parse_addr(payload: &[u8]) -> Option<AddrInfo> {
-    let hdr = payload.get(..8)?;
-    let fam = hdr[0];
-    let prefix = hdr[1];
-    let index = u32::from_ne_bytes(hdr[4..8].try_into().ok()?);
-    let attrs = ParsedAttrs::parse(payload.get(8..)?);
-    let raw = attrs.get(IFA_LOCAL).or_else(|| attrs.get(IFA_ADDRESS))?;
-    let ip = if fam == libc::AF_INET as u8 {
-        IpAddr::from(<[u8; 4]>::try_from(raw.get(..4)?).ok()?)
-    } else if fam == libc::AF_INET6 as u8 {
-        IpAddr::from(<[u8; 16]>::try_from(raw.get(..16)?).ok()?)
-    } else {
-        return None;
-    };
+    let a = ifaddr::parse(payload)?;
     Some(AddrInfo {
-        index,
-        net: IpNet::new(ip, prefix).ok()?,
+        index: a.index,
+        net: IpNet::new(a.ip, a.prefix).ok()?,
     })
 }
 

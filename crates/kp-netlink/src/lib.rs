@@ -8,6 +8,7 @@
 //!   message is to one request's answer (another request's, data, the end:
 //!   acknowledgement or NLMSG_DONE, or the kernel's error). All three are
 //!   pure, so they are tested without a socket.
+//! - [`ifaddr`]: rtnetlink interface addresses (header, attributes, parsing).
 //! - [`Socket`] is one netlink socket of a [`Protocol`] chosen at open, with
 //!   the options callers need (NETLINK_CAP_ACK, forced buffer sizes, a
 //!   receive timeout), sending and receive loops.
@@ -20,6 +21,7 @@
 //! are pinned by tests), conntrack's with netlink-packet-netfilter.
 
 mod build;
+pub mod ifaddr;
 mod parse;
 mod socket;
 

@@ -5,53 +5,22 @@
 use std::io;
 use std::net::IpAddr;
 
+use kp_netlink::ifaddr::{
+    self, addr_attrs, family, host_prefix, ifaddrmsg, IFA_FLAGS, IFA_F_NODAD, IFA_PROTO,
+    RTM_DELADDR, RTM_GETADDR, RTM_NEWADDR, RT_SCOPE_HOST,
+};
 use kp_netlink::{
-    message, Attrs, ParsedAttrs, Protocol, Socket, Until, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP,
-    NLM_F_REPLACE, NLM_F_REQUEST,
+    message, Attrs, Protocol, Socket, Until, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_REPLACE,
+    NLM_F_REQUEST,
 };
 
 /// IFA_PROTO value marking our addresses ("k"). Linux >= 6.1 keeps it.
 pub const ADDR_PROTO: u8 = 0x6b;
 
-const RTM_NEWADDR: u16 = 20;
-const RTM_DELADDR: u16 = 21;
-const RTM_GETADDR: u16 = 22;
-const IFA_ADDRESS: u16 = 1;
-const IFA_LOCAL: u16 = 2;
-const IFA_FLAGS: u16 = 8;
-const IFA_PROTO: u16 = 11;
-const IFA_F_NODAD: u32 = 0x02;
-const RT_SCOPE_HOST: u8 = 254;
-
-fn ip_bytes(ip: &IpAddr) -> Vec<u8> {
-    match ip {
-        IpAddr::V4(v) => v.octets().to_vec(),
-        IpAddr::V6(v) => v.octets().to_vec(),
-    }
-}
-
-fn family(ip: &IpAddr) -> u8 {
-    match ip {
-        IpAddr::V4(_) => libc::AF_INET as u8,
-        IpAddr::V6(_) => libc::AF_INET6 as u8,
-    }
-}
-
-/// struct ifaddrmsg.
-fn ifaddr(fam: u8, prefix: u8, scope: u8, index: u32) -> [u8; 8] {
-    let i = index.to_ne_bytes();
-    // ifa_flags stays 0: the 32-bit IFA_FLAGS attribute carries them.
-    [fam, prefix, 0, scope, i[0], i[1], i[2], i[3]]
-}
-
 /// An RTM_*ADDR message: header, ifaddrmsg, attributes.
 pub(crate) fn addr_message(ty: u16, flags: u16, seq: u32, ifindex: u32, ip: &IpAddr) -> Vec<u8> {
-    let prefix = if ip.is_ipv4() { 32 } else { 128 };
-    let hdr = ifaddr(family(ip), prefix, RT_SCOPE_HOST, ifindex);
-    let bytes = ip_bytes(ip);
-    let mut a = Attrs::new();
-    a.attr(IFA_LOCAL, &bytes);
-    a.attr(IFA_ADDRESS, &bytes);
+    let hdr = ifaddrmsg(family(ip), host_prefix(ip), RT_SCOPE_HOST, ifindex);
+    let mut a = addr_attrs(ip);
     if ty == RTM_NEWADDR {
         a.u32(IFA_FLAGS, IFA_F_NODAD);
         a.u8(IFA_PROTO, ADDR_PROTO);
@@ -100,7 +69,7 @@ impl Rtnl {
     /// Addresses on lo that carry our mark.
     pub fn list_ours(&mut self) -> io::Result<Vec<IpAddr>> {
         let seq = self.sock.next_seq();
-        let hdr = ifaddr(libc::AF_UNSPEC as u8, 0, 0, 0);
+        let hdr = ifaddrmsg(libc::AF_UNSPEC as u8, 0, 0, 0);
         let msg = message(
             RTM_GETADDR,
             NLM_F_REQUEST | NLM_F_DUMP,
@@ -119,21 +88,9 @@ impl Rtnl {
 
 /// The address of one RTM_NEWADDR payload when it is on `lo` and ours.
 pub(crate) fn parse_ours(p: &[u8], lo: u32) -> Option<IpAddr> {
-    let hdr = p.get(..8)?;
-    let index = u32::from_ne_bytes([hdr[4], hdr[5], hdr[6], hdr[7]]);
-    if index != lo {
-        return None;
-    }
-    let attrs = ParsedAttrs::parse(&p[8..]);
-    if attrs.u8(IFA_PROTO) != Some(ADDR_PROTO) {
-        return None;
-    }
-    let data = attrs.get(IFA_LOCAL).or_else(|| attrs.get(IFA_ADDRESS))?;
-    match (hdr[0] as i32, data.len()) {
-        (libc::AF_INET, 4) => Some(IpAddr::from([data[0], data[1], data[2], data[3]])),
-        (libc::AF_INET6, 16) => Some(IpAddr::from(<[u8; 16]>::try_from(data).ok()?)),
-        _ => None,
-    }
+    parse_event(RTM_NEWADDR, p, lo)
+        .filter(|e| e.ours)
+        .map(|e| e.ip)
 }
 
 /// One address added to or removed from this namespace, as the kernel
@@ -220,20 +177,12 @@ pub(crate) fn parse_event(ty: u16, p: &[u8], lo: u32) -> Option<AddrEvent> {
         RTM_DELADDR => false,
         _ => return None,
     };
-    let hdr = p.get(..8)?;
-    let index = u32::from_ne_bytes([hdr[4], hdr[5], hdr[6], hdr[7]]);
-    let attrs = ParsedAttrs::parse(&p[8..]);
-    let data = attrs.get(IFA_LOCAL).or_else(|| attrs.get(IFA_ADDRESS))?;
-    let ip = match (hdr[0] as i32, data.len()) {
-        (libc::AF_INET, 4) => IpAddr::from([data[0], data[1], data[2], data[3]]),
-        (libc::AF_INET6, 16) => IpAddr::from(<[u8; 16]>::try_from(data).ok()?),
-        _ => return None,
-    };
-    let on_lo = index == lo;
+    let a = ifaddr::parse(p)?;
+    let on_lo = a.index == lo;
     Some(AddrEvent {
-        ip,
+        ip: a.ip,
         added,
-        ours: on_lo && attrs.u8(IFA_PROTO) == Some(ADDR_PROTO),
+        ours: on_lo && a.attrs.u8(IFA_PROTO) == Some(ADDR_PROTO),
         on_lo,
     })
 }
