@@ -18,6 +18,11 @@ command -v conntrack >/dev/null 2>&1 || missing+=(conntrack)
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 command -v ipset >/dev/null 2>&1 || missing+=(ipset)
 command -v ipvsadm >/dev/null 2>&1 || missing+=(ipvsadm)
+# The real control plane (kp-testkit's control_plane): etcd, openssl for the
+# test certificates, xz to unpack ../shared/k8s.
+command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+command -v xz >/dev/null 2>&1 || missing+=(xz-utils)
 # The IPVS test VM (kube-proxy-rs/tests/conformance_ipvs.rs, docs/ipvs.md):
 # qemu, Debian's kernel (it has ip_vs; this host's kernel has not), a static
 # busybox and cpio for the initramfs, kmod's modinfo.
@@ -36,6 +41,17 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 if [ ${#vm[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${vm[@]}" >/dev/null
+fi
+
+# kube-apiserver, kubectl and upstream kube-proxy v1.36 (../shared/k8s beside
+# the checkout, or the *_BIN variables): unpacked once for every test process.
+# Without them the real-API tests skip loudly (fail with
+# KP_REQUIRE_REAL_APISERVER=1, as CI sets).
+shared_k8s=${KP_SHARED_K8S_DIR:-../shared/k8s}
+if [ -z "${KUBE_APISERVER_BIN:-}" ] && [ -f "$shared_k8s/install.sh" ]; then
+  bin=$(bash "$shared_k8s/install.sh" "$PWD/target/k8s-bin")
+  export KUBE_APISERVER_BIN="$bin/kube-apiserver" KUBECTL_BIN="$bin/kubectl"
+  export UPSTREAM_KUBE_PROXY_BIN="${UPSTREAM_KUBE_PROXY_BIN:-$bin/kube-proxy}"
 fi
 
 cargo fmt --all -- --check

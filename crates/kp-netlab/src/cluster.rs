@@ -111,6 +111,14 @@ struct State {
     procs: Vec<SharedChild>,
 }
 
+/// A host added with [`Cluster::add_host`]: its namespace and LAN addresses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LanHost {
+    pub ns: String,
+    pub ip: IpAddr,
+    pub ip6: IpAddr,
+}
+
 /// A lab cluster of network namespaces; everything is torn down on drop.
 /// See the crate documentation for the topology.
 pub struct Cluster {
@@ -493,6 +501,30 @@ impl Cluster {
         )?;
         tracing::debug!(pod = name, node, ns = %ns, ip = %pod.ip, ip6 = %pod.ip6, "pod added");
         Ok(pod)
+    }
+
+    /// Adds a plain host on the LAN: namespace `PREFIX-NAME` with `eth0` at
+    /// 10.100.0.`host` / fd00:100::`host` (same digits) and no other routes.
+    /// For a control plane the nodes reach over the LAN, like a real one.
+    /// `host` must be outside the nodes' (11..) and the client's (100)
+    /// addresses: 2..=9 or 101..=254.
+    pub fn add_host(&self, name: &str, host: u8) -> Result<LanHost, LabError> {
+        check_pod_name(name)?;
+        if !(2..=9).contains(&host) && !(101..=254).contains(&host) {
+            return Err(LabError::Options(format!(
+                "LAN host address .{host} is taken or reserved (use 2..=9 or 101..=254)"
+            )));
+        }
+        let ns = format!("{}-{name}", self.prefix);
+        self.add_netns(&ns, &[])?;
+        let v4 = Ipv4Addr::new(10, 100, 0, host);
+        let v6 = Ipv6Addr::new(0xfd00, 0x100, 0, 0, 0, 0, 0, dec_as_hex(host as usize));
+        self.attach_to_lan(&ns, &format!("h{host}"), v4, v6)?;
+        Ok(LanHost {
+            ns,
+            ip: IpAddr::V4(v4),
+            ip6: IpAddr::V6(v6),
+        })
     }
 
     /// Adds a route in the external client towards `dest` (an external IP,

@@ -68,7 +68,7 @@ pub use client::{
     udp_ask, udp_ask_from, udp_session, udp_session_from, HeldConn, Reply, UdpSession,
 };
 pub use cluster::{
-    Cluster, ClusterOpts, Pod, LAN_IFACE, POD_GATEWAY_V4, POD_GATEWAY_V6, POD_VETH_PREFIX,
+    Cluster, ClusterOpts, LanHost, Pod, LAN_IFACE, POD_GATEWAY_V4, POD_GATEWAY_V6, POD_VETH_PREFIX,
     SERVICE_CIDR_V4, SERVICE_CIDR_V6,
 };
 pub use error::{ConnError, LabError};

@@ -4,6 +4,13 @@
 //! kube-proxy-rs in each node namespace fed from a manifest directory, and
 //! connects through the kernel. A mode's test file calls every case with its
 //! mode name, so iptables (or ipvs) runs exactly the same checks.
+//!
+//! A mode name may carry a source: "api/nftables" writes every object
+//! through a real kube-apiserver (kp_testkit::control_plane, in a LAN host
+//! namespace of the lab) and runs kube-proxy-rs with deploy/'s ServiceAccount
+//! and RBAC; "upstream/nftables" runs upstream kube-proxy the same way (with
+//! the `system:node-proxier` binding kubeadm gives it), so every expectation
+//! of the suite is checked against the reference implementation too.
 
 #![allow(dead_code)]
 
@@ -15,6 +22,7 @@ use kp_netlab::{
     tcp_hello, tcp_hello_from, tcp_hello_many, tcp_hold, udp_ask, udp_session, wait_until, Cluster,
     ClusterOpts, ConnError, Pod, ProcGuard, Reply, ServeSpec, ServerGuard,
 };
+use kp_testkit::{ControlPlane, ControlPlaneOpts, K8sBinaries};
 use serde_json::{json, Value};
 
 pub const T: Duration = Duration::from_secs(2);
@@ -32,10 +40,65 @@ pub fn sync_wait() -> Duration {
 }
 pub const POLL: Duration = Duration::from_millis(100);
 
-/// A test cluster with kube-proxy-rs on every node.
+/// Where the proxy's objects come from, and whose proxy runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// kube-proxy-rs reading a manifest directory.
+    Manifests,
+    /// kube-proxy-rs against a real kube-apiserver ("api/MODE").
+    Api,
+    /// Upstream kube-proxy against a real kube-apiserver ("upstream/MODE").
+    Upstream,
+}
+
+/// "api/iptables" -> (Api, "iptables"); a plain mode reads manifests.
+pub fn split_mode(mode: &str) -> (Source, &str) {
+    match mode.split_once('/') {
+        Some(("api", m)) => (Source::Api, m),
+        Some(("upstream", m)) => (Source::Upstream, m),
+        _ => (Source::Manifests, mode),
+    }
+}
+
+/// The conformance guard of the real-API flavours: whether the Kubernetes
+/// binaries are here (skips loudly without them; fails under
+/// KP_REQUIRE_REAL_APISERVER=1). Manifest modes always run.
+pub fn binaries_for(mode: &str) -> bool {
+    match split_mode(mode).0 {
+        Source::Manifests => true,
+        Source::Api => K8sBinaries::for_test(&format!("conformance {mode}")).is_some(),
+        Source::Upstream => {
+            K8sBinaries::for_test_with_upstream(&format!("conformance {mode}")).is_some()
+        }
+    }
+}
+
+/// The real control plane of an API-sourced [`Env`].
+pub struct RealApi {
+    pub cp: ControlPlane,
+    pub bins: K8sBinaries,
+    /// The proxies' kubeconfig: a ServiceAccount token with the proxy's RBAC.
+    pub kubeconfig: PathBuf,
+    /// What each [`Env::put`] key last wrote, to delete it by name.
+    objects: std::sync::Mutex<std::collections::HashMap<String, Value>>,
+}
+
+/// The control plane's LAN host: 10.100.0.5 (nodes are .11, .12, ...).
+pub const CONTROL_PLANE_HOST: u8 = 5;
+
+/// Zone label of node `i` in API mode (topology cases).
+pub fn zone_of(node: usize) -> String {
+    format!("zone-{node}")
+}
+
+/// A test cluster with kube-proxy-rs (or upstream kube-proxy) on every node.
 pub struct Env {
+    /// Declared first: the API server goes before the namespaces do.
+    pub api: Option<RealApi>,
     pub cluster: Cluster,
+    /// The dataplane mode ("nftables", "iptables-legacy" ...), source stripped.
     pub mode: String,
+    pub source: Source,
     pub dir: PathBuf,
     pub logs: PathBuf,
     proxies: Vec<Option<ProcGuard>>,
@@ -46,15 +109,21 @@ pub struct Env {
 }
 
 impl Env {
+    /// `mode` may name a source ("api/nftables", "upstream/iptables"): see
+    /// the module documentation. Callers check [`binaries_for`] first.
     pub fn new(test: &str, mode: &str) -> Env {
+        let (source, dp_mode) = split_mode(mode);
         let cluster = Cluster::new(test, ClusterOpts::with_nodes(2)).expect("building the lab");
         let dir = std::env::temp_dir().join(format!("{}-manifests", cluster.prefix()));
         let logs = std::env::temp_dir().join(format!("{}-logs", cluster.prefix()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::create_dir_all(&logs).unwrap();
+        let api = (source != Source::Manifests).then(|| RealApi::start(&cluster, source, &logs));
         Env {
+            api,
             cluster,
-            mode: mode.to_string(),
+            mode: dp_mode.to_string(),
+            source,
             dir,
             logs,
             proxies: vec![None, None, None],
@@ -67,21 +136,64 @@ impl Env {
         PathBuf::from(env!("CARGO_BIN_EXE_kube-proxy-rs"))
     }
 
-    /// Writes an object (atomically: the proxy polls the directory).
+    /// The proxy this environment runs: ours, or upstream kube-proxy.
+    pub fn proxy_binary(&self) -> PathBuf {
+        match (&self.api, self.source) {
+            (Some(api), Source::Upstream) => api
+                .bins
+                .kube_proxy
+                .clone()
+                .expect("binaries_for checked upstream kube-proxy"),
+            _ => Env::binary(),
+        }
+    }
+
+    /// The real control plane (API-sourced environments only).
+    pub fn api(&self) -> &RealApi {
+        self.api
+            .as_ref()
+            .expect("this environment reads manifests, not an API server")
+    }
+
+    /// Writes an object: atomically into the manifest directory (the proxy
+    /// polls it), or through the API server.
     pub fn put(&self, file: &str, obj: &Value) {
+        if let Some(api) = &self.api {
+            api.cp
+                .apply(obj)
+                .unwrap_or_else(|e| panic!("writing {file} through the API server: {e}"));
+            api.objects
+                .lock()
+                .unwrap()
+                .insert(file.to_string(), obj.clone());
+            return;
+        }
         let tmp = self.dir.join(format!(".{file}.tmp"));
         std::fs::write(&tmp, serde_json::to_vec_pretty(obj).unwrap()).unwrap();
         std::fs::rename(&tmp, self.dir.join(format!("{file}.json"))).unwrap();
     }
 
     pub fn remove(&self, file: &str) {
+        if let Some(api) = &self.api {
+            let obj = api.objects.lock().unwrap().remove(file);
+            if let Some(obj) = obj {
+                api.cp
+                    .delete(&obj)
+                    .unwrap_or_else(|e| panic!("deleting {file} through the API server: {e}"));
+            }
+            return;
+        }
         let _ = std::fs::remove_file(self.dir.join(format!("{file}.json")));
     }
 
     pub fn proxy_args(&self, node: usize, extra: &[&str]) -> Vec<String> {
+        let source = match &self.api {
+            Some(api) => format!("--kubeconfig={}", api.kubeconfig.display()),
+            None => format!("--manifests={}", self.dir.display()),
+        };
         let mut a: Vec<String> = vec![
             format!("--proxy-mode={}", proxy_mode(&self.mode)),
-            format!("--manifests={}", self.dir.display()),
+            source,
             format!("--hostname-override=node{node}"),
             format!(
                 "--cluster-cidr={},{}",
@@ -99,6 +211,15 @@ impl Env {
         if iptables_backend(&self.mode) == Some("legacy") {
             a.push("--iptables-backend=legacy".into());
         }
+        if self.api.is_some() {
+            // Machine-wide conntrack settings stay as they are (both proxies
+            // would otherwise write nf_conntrack_max from a namespace).
+            a.extend([
+                "--conntrack-max-per-core=0".to_string(),
+                "--conntrack-tcp-timeout-established=0".into(),
+                "--conntrack-tcp-timeout-close-wait=0".into(),
+            ]);
+        }
         a.extend(extra.iter().map(|s| s.to_string()));
         a
     }
@@ -108,7 +229,12 @@ impl Env {
     pub fn start(&mut self, node: usize, extra: &[&str]) {
         let args = self.proxy_args(node, extra);
         self.syncs_at_start[node] = self.syncs(node);
-        let g = self.spawn(node, &Env::binary(), &args, &format!("node{node}.log"));
+        let g = self.spawn(
+            node,
+            &self.proxy_binary(),
+            &args,
+            &format!("node{node}.log"),
+        );
         self.proxies[node] = Some(g);
     }
 
@@ -136,7 +262,7 @@ impl Env {
     /// Runs `kube-proxy-rs --cleanup` with node `node`'s arguments and
     /// asserts it succeeded.
     pub fn run_cleanup(&self, node: usize) {
-        let argv: Vec<String> = std::iter::once(Env::binary().display().to_string())
+        let argv: Vec<String> = std::iter::once(self.proxy_binary().display().to_string())
             .chain(self.proxy_args(node, &["--cleanup"]))
             .collect();
         let out = self
@@ -166,14 +292,29 @@ impl Env {
         self.wait_synced(2);
     }
 
-    /// "synced rules" lines in node `node`'s log.
+    /// "synced rules" lines in node `node`'s log (ours); upstream logs no
+    /// such line, so there it is the running proxy's count of syncs
+    /// (kubeproxy_sync_proxy_rules_duration_seconds_count, zero before the
+    /// process answers).
     pub fn syncs(&self, node: usize) -> usize {
+        if self.source == Source::Upstream {
+            return metric_value(
+                &self.metrics(node),
+                "kubeproxy_sync_proxy_rules_duration_seconds_count",
+            )
+            .unwrap_or(0.0) as usize;
+        }
         self.log(node).matches("synced rules").count()
     }
 
     /// Waits until node `node`'s proxy, as last started, has synced once.
     pub fn wait_synced(&self, node: usize) {
-        let before = self.syncs_at_start[node];
+        // Upstream's count starts at zero in every new process.
+        let before = if self.source == Source::Upstream {
+            0
+        } else {
+            self.syncs_at_start[node]
+        };
         self.wait(&format!("node{node}'s first sync"), || {
             self.syncs(node) > before
         });
@@ -271,6 +412,7 @@ impl Env {
         }
         match iptables_backend(&self.mode) {
             Some(_) => "KUBE-",
+            None if self.source == Source::Upstream => "table ip kube-proxy {",
             None => "kube-proxy-rs",
         }
     }
@@ -300,6 +442,7 @@ impl Drop for Env {
 
 /// The --proxy-mode of a suite mode name: "iptables-legacy" runs iptables mode.
 pub fn proxy_mode(mode: &str) -> &str {
+    let mode = split_mode(mode).1;
     mode.split('-').next().unwrap_or(mode)
 }
 
@@ -307,11 +450,105 @@ pub fn proxy_mode(mode: &str) -> &str {
 /// picks in a fresh namespace, and what `iptables` is on this machine),
 /// "iptables-legacy" -> legacy; None outside iptables mode.
 pub fn iptables_backend(mode: &str) -> Option<&'static str> {
-    match mode {
+    match split_mode(mode).1 {
         "iptables" => Some("nft"),
         "iptables-legacy" => Some("legacy"),
         _ => None,
     }
+}
+
+impl RealApi {
+    /// Starts etcd and kube-apiserver on a LAN host of `cluster`, creates
+    /// the Node objects (addresses, podCIDRs, zone labels) and the proxy's
+    /// identity, and writes its kubeconfig into `logs`.
+    fn start(cluster: &Cluster, source: Source, logs: &std::path::Path) -> RealApi {
+        let bins = K8sBinaries::find().expect("binaries_for checked the Kubernetes binaries");
+        let host = cluster
+            .add_host("cp", CONTROL_PLANE_HOST)
+            .expect("adding the control plane host");
+        let cp = ControlPlane::start(
+            &bins,
+            ControlPlaneOpts::in_netns(cluster.test_name(), &host.ns, host.ip),
+        )
+        .unwrap_or_else(|e| panic!("starting the control plane: {e}"));
+        for i in 1..=cluster.nodes() {
+            cp.apply(&node_object(cluster, i, &[]))
+                .unwrap_or_else(|e| panic!("creating Node node{i}: {e}"));
+        }
+        let kubeconfig = logs.join("proxy.kubeconfig");
+        match source {
+            Source::Upstream => {
+                // As kubeadm deploys it: ServiceAccount kube-system/kube-proxy
+                // bound to the bootstrap ClusterRole system:node-proxier.
+                cp.apply(&json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                    "metadata": {"namespace": "kube-system", "name": "kube-proxy"}}))
+                    .unwrap();
+                cp.apply(&json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                    "metadata": {"name": "kubeadm:node-proxier"},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:node-proxier"},
+                    "subjects": [{"kind": "ServiceAccount", "namespace": "kube-system", "name": "kube-proxy"}]}))
+                    .unwrap();
+                cp.service_account_kubeconfig("kube-system", "kube-proxy", &kubeconfig)
+            }
+            _ => {
+                // Exactly deploy/'s identity: a verb missing there fails a case.
+                let deploy =
+                    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy");
+                for f in [
+                    "serviceaccount.yaml",
+                    "clusterrole.yaml",
+                    "clusterrolebinding.yaml",
+                ] {
+                    cp.apply_file(&deploy.join(f))
+                        .unwrap_or_else(|e| panic!("applying deploy/{f}: {e}"));
+                }
+                cp.service_account_kubeconfig("kube-system", "kube-proxy-rs", &kubeconfig)
+            }
+        }
+        .unwrap_or_else(|e| panic!("creating the proxy's token: {e}"));
+        RealApi {
+            cp,
+            bins,
+            kubeconfig,
+            objects: Default::default(),
+        }
+    }
+}
+
+/// Node `i` as the kubelet and node IPAM would have it: InternalIPs (both
+/// families), podCIDRs, hostname and zone labels, plus `labels`.
+pub fn node_object(cluster: &Cluster, i: usize, labels: &[(&str, &str)]) -> Value {
+    let mut l = serde_json::Map::new();
+    l.insert("kubernetes.io/hostname".into(), json!(format!("node{i}")));
+    l.insert("topology.kubernetes.io/zone".into(), json!(zone_of(i)));
+    for (k, v) in labels {
+        l.insert(k.to_string(), json!(v));
+    }
+    json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": format!("node{i}"), "labels": l},
+        "spec": {
+            "podCIDR": cluster.pod_cidr(i).to_string(),
+            "podCIDRs": [cluster.pod_cidr(i).to_string(), cluster.pod_cidr6(i).to_string()]
+        },
+        "status": {"addresses": [
+            {"type": "InternalIP", "address": cluster.node_ip(i).to_string()},
+            {"type": "InternalIP", "address": cluster.node_ip6(i).to_string()},
+            {"type": "Hostname", "address": format!("node{i}")}
+        ]}
+    })
+}
+
+/// The sum of Prometheus samples `name` in `text` over all label sets
+/// (upstream labels some per IP family); `None` when there is none.
+pub fn metric_value(text: &str, name: &str) -> Option<f64> {
+    let values: Vec<f64> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix(name))
+        .filter(|rest| rest.starts_with([' ', '{']))
+        .filter_map(|rest| rest.rsplit(' ').next()?.trim().parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
 }
 
 fn tail(s: &str) -> String {
@@ -797,7 +1034,7 @@ pub fn delete_and_cleanup(mode: &str) {
         !rules.contains(env.rules_marker()),
         "--cleanup left rules behind:\n{rules}"
     );
-    if mode == "ipvs" {
+    if env.mode == "ipvs" {
         assert!(
             !rules.contains("-A -t") && !rules.contains("-A -u"),
             "--cleanup left virtual servers behind:\n{rules}"
@@ -918,13 +1155,164 @@ pub fn localhost_nodeport(mode: &str) {
         // itself may use 127.0.0.1 (route_localnet set in its namespace only).
         env.wait_tcp(env.cluster.node_ns(1), sa("127.0.0.1", 30140));
     }
-    if mode == "nftables" {
+    if env.mode == "nftables" {
         let r = tcp_hello(env.cluster.node_ns(1), sa("127.0.0.1", 30140), T);
         assert!(
             r.is_err(),
             "nftables mode answered a NodePort on localhost: {r:?}"
         );
     }
+}
+
+// ---------------------------------------------------------------------------
+// Cases only the API path has (api/MODE and upstream/MODE)
+// ---------------------------------------------------------------------------
+
+/// API case 1: each proxy posts its "Starting" Event about its Node, visible
+/// with `kubectl get events` (our identity may create Events: deploy/).
+pub fn api_starting_event(mode: &str) {
+    let mut env = Env::new("apievent", mode);
+    env.start_all();
+    env.wait("both nodes' Starting Events", || {
+        let Ok(out) = env.api().cp.kubectl(&["get", "events", "-A", "-o", "json"]) else {
+            return false;
+        };
+        let v: Value = serde_json::from_str(&out).unwrap_or_default();
+        let items = v["items"].as_array().cloned().unwrap_or_default();
+        ["node1", "node2"].iter().all(|n| {
+            items.iter().any(|e| {
+                e["reason"] == "Starting"
+                    && e["involvedObject"]["kind"] == "Node"
+                    && e["involvedObject"]["name"] == *n
+            })
+        })
+    });
+}
+
+/// API case 2: Services labelled service.kubernetes.io/service-proxy-name
+/// belong to another proxy and are never programmed by default (both
+/// proxies). With `--service-proxy-name NAME` kube-proxy-rs serves exactly
+/// the Services labelled NAME. Upstream has no such flag (it always ignores
+/// labelled Services), so that half runs for ours only.
+pub fn api_service_proxy_name(mode: &str) {
+    let mut env = Env::new("apiproxyname", mode);
+    let a = env.pod(1, "a");
+    let client = env.pod(1, "client");
+    let mut mine = service("mine", &["10.96.0.160"], json!({}));
+    mine["metadata"]["labels"] = json!({"service.kubernetes.io/service-proxy-name": "kp-test"});
+    env.put("svc-mine", &mine);
+    env.put("eps-mine", &slice("mine", "1", "IPv4", &ready(&[&a])));
+    env.put("svc-plain", &service("plain", &["10.96.0.161"], json!({})));
+    env.put("eps-plain", &slice("plain", "1", "IPv4", &ready(&[&a])));
+    let (vmine, vplain) = (sa("10.96.0.160", 80), sa("10.96.0.161", 80));
+    env.start(1, &[]);
+    env.wait_synced(1);
+    env.wait_tcp(client.ns(), vplain);
+    let r = tcp_hello(client.ns(), vmine, T);
+    assert!(
+        r.is_err(),
+        "a Service of another proxy was programmed: {r:?}"
+    );
+    if env.source == Source::Upstream {
+        return;
+    }
+    env.kill(1);
+    env.run_cleanup(1);
+    env.start(1, &["--service-proxy-name=kp-test"]);
+    env.wait_synced(1);
+    env.wait_tcp(client.ns(), vmine);
+    let r = tcp_hello(client.ns(), vplain, T);
+    assert!(
+        r.is_err(),
+        "--service-proxy-name kp-test programmed an unlabelled Service: {r:?}"
+    );
+}
+
+/// API case 3: --detect-local-mode=NodeCIDR takes the local pod range from
+/// the Node object's spec.podCIDRs: a local pod reaching a ClusterIP keeps
+/// its source address, while the external client (routed to the ClusterIP
+/// through node1, outside node1's pod CIDR) is masqueraded; without
+/// masquerade its reply from the other node would never find its way back.
+pub fn api_node_cidr(mode: &str) {
+    let mut env = Env::new("apinodecidr", mode);
+    let c = env.pod(2, "c");
+    let client = env.pod(1, "client");
+    env.put("svc", &service("nc", &["10.96.0.170"], json!({})));
+    env.put("eps", &slice("nc", "1", "IPv4", &ready(&[&c])));
+    env.start(1, &["--detect-local-mode=NodeCIDR"]);
+    env.start(2, &["--detect-local-mode=NodeCIDR"]);
+    env.wait_synced(1);
+    env.wait_synced(2);
+    let vip = sa("10.96.0.170", 80);
+    let r = env.wait_tcp(client.ns(), vip);
+    assert_eq!(r.peer.ip(), client.ip(), "a local pod was masqueraded");
+    let cl = env.cluster.client_ns().to_string();
+    env.cluster
+        .client_route_via("10.96.0.0/16".parse().unwrap(), 1)
+        .unwrap();
+    let r = env.wait_tcp(&cl, vip);
+    assert_eq!(
+        r.peer.ip(),
+        env.cluster.node_ip(1),
+        "traffic from outside node1's podCIDR was not masqueraded"
+    );
+}
+
+/// API case 4: topology hints: with every endpoint hinted to a zone and the
+/// Nodes labelled topology.kubernetes.io/zone, each node's pods reach only
+/// the endpoint hinted for its zone.
+pub fn api_topology_hints(mode: &str) {
+    let mut env = Env::new("apitopology", mode);
+    let a = env.pod(1, "a");
+    let c = env.pod(2, "c");
+    let client1 = env.pod(1, "client1");
+    let client2 = env.pod(2, "client2");
+    env.put(
+        "svc",
+        &service(
+            "topo",
+            &["10.96.0.180"],
+            json!({"trafficDistribution": "PreferClose"}),
+        ),
+    );
+    let mut eps = slice("topo", "1", "IPv4", &ready(&[&a, &c]));
+    for (ep, node) in eps["endpoints"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .zip([1, 2])
+    {
+        ep["zone"] = json!(zone_of(node));
+        ep["hints"] = json!({"forZones": [{"name": zone_of(node)}]});
+    }
+    env.put("eps", &eps);
+    env.start_all();
+    let vip = sa("10.96.0.180", 80);
+    env.wait_tcp(client1.ns(), vip);
+    env.wait_tcp(client2.ns(), vip);
+    let c1 = count_by_server(&tcp_hello_many(client1.ns(), vip, 30, T));
+    let c2 = count_by_server(&tcp_hello_many(client2.ns(), vip, 30, T));
+    assert_eq!(c1.keys().collect::<Vec<_>>(), vec!["a"], "zone-1: {c1:?}");
+    assert_eq!(c2.keys().collect::<Vec<_>>(), vec!["c"], "zone-2: {c2:?}");
+}
+
+/// Declares the API-only cases for one "api/MODE" or "upstream/MODE".
+#[allow(unused_macros)]
+macro_rules! api_cases {
+    ($mode:expr) => {
+        #[test]
+        fn a01_starting_event() {
+            if conformance::binaries_for($mode) {
+                conformance::api_starting_event($mode);
+            }
+        }
+        #[test]
+        fn a04_topology_hints() {
+            if conformance::binaries_for($mode) {
+                conformance::api_topology_hints($mode);
+            }
+        }
+    };
 }
 
 /// The guard of modes every kernel here can run.

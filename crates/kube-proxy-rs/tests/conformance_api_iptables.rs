@@ -1,0 +1,9 @@
+//! The conformance suite in iptables mode against a real kube-apiserver: every
+//! object written through the API, kube-proxy-rs running with exactly
+//! deploy/'s ServiceAccount and RBAC; plus the cases only the API path has.
+
+#[macro_use]
+mod conformance;
+
+conformance_suite!("api/iptables", || conformance::binaries_for("api/iptables"));
+api_cases!("api/iptables");

@@ -1,0 +1,11 @@
+//! The differential run: the same conformance cases with upstream
+//! kube-proxy v1.36 (iptables mode) against the same kind of real control plane,
+//! so no expectation of the suite holds for our proxy alone.
+
+#[macro_use]
+mod conformance;
+
+conformance_suite!("upstream/iptables", || conformance::binaries_for(
+    "upstream/iptables"
+));
+api_cases!("upstream/iptables");

@@ -1,0 +1,11 @@
+//! The differential run: the same conformance cases with upstream
+//! kube-proxy v1.36 (nftables mode) against the same kind of real control plane,
+//! so no expectation of the suite holds for our proxy alone.
+
+#[macro_use]
+mod conformance;
+
+conformance_suite!("upstream/nftables", || conformance::binaries_for(
+    "upstream/nftables"
+));
+api_cases!("upstream/nftables");
