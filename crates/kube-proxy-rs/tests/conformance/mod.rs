@@ -889,9 +889,11 @@ pub fn external_policy_local(mode: &str) {
     );
     let r = tcp_hello(&cl, sa("10.100.0.12", 30060), T);
     assert!(r.is_err(), "node without local endpoint answered: {r:?}");
+    // Parsed, not matched as text: upstream indents its JSON.
     env.wait("health check 200 on node1", || {
-        http_get(&cl, sa("10.100.0.11", 32100), "/")
-            .is_some_and(|(s, b)| s == 200 && b.contains("\"localEndpoints\":1"))
+        http_get(&cl, sa("10.100.0.11", 32100), "/").is_some_and(|(s, b)| {
+            s == 200 && serde_json::from_str::<Value>(&b).is_ok_and(|v| v["localEndpoints"] == 1)
+        })
     });
     env.wait("health check 503 on node2", || {
         http_get(&cl, sa("10.100.0.12", 32100), "/").is_some_and(|(s, _)| s == 503)
@@ -1023,13 +1025,33 @@ pub fn delete_and_cleanup(mode: &str) {
     assert!(env.ruleset(1).contains("default/gone"));
     env.remove("svc");
     env.remove("eps");
+    // Upstream's nftables mode flushes a deleted Service's chains at once but
+    // deletes the empty chains only in its next full sync (before Linux 6.2 a
+    // chain cannot be deleted right after the map element that jumped to
+    // it), over a minute later here: for upstream an empty chain declaration
+    // is not a rule. Ours deletes them in the same transaction.
+    let upstream_nft = env.source == Source::Upstream && env.mode == "nftables";
     env.wait("the service's rules to go", || {
-        !env.ruleset(1).contains("default/gone")
+        !env.ruleset(1).lines().any(|l| {
+            l.contains("default/gone") && !(upstream_nft && l.trim_start().starts_with("chain "))
+        })
     });
     assert!(tcp_hello(client.ns(), sa("10.96.0.110", 80), T).is_err());
     env.kill(1);
     env.run_cleanup(1);
-    let rules = env.ruleset(1);
+    let mut rules = env.ruleset(1);
+    if env.source == Source::Upstream {
+        // Upstream's --cleanup keeps KUBE-FIREWALL and the jumps to it: the
+        // chain is shared with the kubelet, which has created it since
+        // before kube-proxy did. Ours removes it with the rest (deploy/
+        // replaces kube-proxy on the node; the kubelet of 1.28+ no longer
+        // creates it).
+        rules = rules
+            .lines()
+            .filter(|l| !l.contains("KUBE-FIREWALL"))
+            .collect::<Vec<_>>()
+            .join("\n");
+    }
     assert!(
         !rules.contains(env.rules_marker()),
         "--cleanup left rules behind:\n{rules}"
@@ -1296,6 +1318,40 @@ pub fn api_topology_hints(mode: &str) {
     assert_eq!(c2.keys().collect::<Vec<_>>(), vec!["c"], "zone-2: {c2:?}");
 }
 
+/// API case 5: a NodePort Service whose ClusterIP and NodePort the API
+/// server allocates (nothing fixed by the test): reachable on both.
+pub fn api_allocated(mode: &str) {
+    let mut env = Env::new("apialloc", mode);
+    let a = env.pod(2, "a");
+    let client = env.pod(1, "client");
+    env.put(
+        "svc",
+        &json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"namespace": "default", "name": "alloc"},
+            "spec": {"type": "NodePort", "ports": [
+                {"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}]}}),
+    );
+    env.put("eps", &slice("alloc", "1", "IPv4", &ready(&[&a])));
+    let got: Value = serde_json::from_str(
+        &env.api()
+            .cp
+            .kubectl(&["get", "svc", "alloc", "-o", "json"])
+            .expect("reading the Service back"),
+    )
+    .unwrap();
+    let ip = got["spec"]["clusterIP"]
+        .as_str()
+        .expect("allocated ClusterIP");
+    let node_port = got["spec"]["ports"][0]["nodePort"]
+        .as_u64()
+        .and_then(|p| u16::try_from(p).ok())
+        .expect("allocated NodePort");
+    env.start_all();
+    assert_eq!(env.wait_tcp(client.ns(), sa(ip, 80)).server, "a");
+    let cl = env.cluster.client_ns().to_string();
+    assert_eq!(env.wait_tcp(&cl, sa("10.100.0.11", node_port)).server, "a");
+}
+
 /// Declares the API-only cases for one "api/MODE" or "upstream/MODE".
 #[allow(unused_macros)]
 macro_rules! api_cases {
@@ -1304,6 +1360,12 @@ macro_rules! api_cases {
         fn a01_starting_event() {
             if conformance::binaries_for($mode) {
                 conformance::api_starting_event($mode);
+            }
+        }
+        #[test]
+        fn a05_allocated_addresses() {
+            if conformance::binaries_for($mode) {
+                conformance::api_allocated($mode);
             }
         }
         #[test]
