@@ -80,7 +80,8 @@ pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// Converts one Service into its service ports for `family`.
 ///
 /// `Ok(vec![])` means "ignored like upstream" (headless, ExternalName, no cluster
-/// IP of this family, owned by another service proxy). `Err` means invalid: the
+/// IP of this family, not owned by `service_proxy_name`: unlabelled without a
+/// name, labelled `service.kubernetes.io/service-proxy-name=NAME` with one). `Err` means invalid: the
 /// caller skips it, logs and counts it. `warnings` collects per-field problems
 /// that only drop the bad value (an unparsable externalIP, say).
 pub fn convert_service(
@@ -98,12 +99,16 @@ pub fn convert_service(
     if !is_dns_label(name) {
         return Err(e("name is not a valid DNS label".into()));
     }
-    if let Some(labels) = &svc.metadata.labels {
-        if let Some(owner) = labels.get(SERVICE_PROXY_NAME_LABEL) {
-            if Some(owner.as_str()) != service_proxy_name {
-                return Ok(vec![]);
-            }
-        }
+    // Ours are the unlabelled Services or, with a proxy name, only those
+    // labelled with it: the API source's label selector, so that manifests
+    // and the API select the same Services.
+    let owner = svc
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(SERVICE_PROXY_NAME_LABEL));
+    if owner.map(String::as_str) != service_proxy_name {
+        return Ok(vec![]);
     }
     let Some(spec) = &svc.spec else {
         return Ok(vec![]);

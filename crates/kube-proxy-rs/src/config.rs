@@ -467,7 +467,8 @@ pub struct Cli {
     /// Log format: text or json (upstream's --logging-format is an alias).
     #[arg(long, alias = "logging-format", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
-    /// Only handle Services labelled service.kubernetes.io/service-proxy-name=NAME.
+    /// Only handle Services labelled service.kubernetes.io/service-proxy-name=NAME
+    /// (instead of the unlabelled ones).
     #[arg(long)]
     pub service_proxy_name: Option<String>,
     /// iptables mode: which iptables backend to program: auto (detect like
@@ -849,6 +850,10 @@ pub fn load(cli_args: impl IntoIterator<Item = OsString>) -> Result<ProxyConfig,
     pc.cleanup = cli.cleanup;
     pc.dry_run = cli.dry_run;
     pc.service_proxy_name = cli.service_proxy_name.clone().filter(|s| !s.is_empty());
+    // Refused here rather than by the API server on every list (it becomes
+    // part of the label selector).
+    kp_source::label_selector(pc.service_proxy_name.as_deref())
+        .map_err(|e| invalid("--service-proxy-name", e.to_string()))?;
     pc.iptables_backend = kp_iptables::Variant::parse_choice(&cli.iptables_backend)
         .map_err(|e| invalid("--iptables-backend", e))?;
     pc.userspace = cli.userspace.clone();

@@ -207,7 +207,10 @@ async fn start_source(cfg: &ProxyConfig) -> Result<tokio::sync::mpsc::Receiver<S
         }
         let opts = kp_source::api::ApiSourceOptions {
             node_name: cfg.hostname.clone(),
-            label_selector: Some(kp_source::api::DEFAULT_LABEL_SELECTOR.to_string()),
+            label_selector: Some(
+                kp_source::label_selector(cfg.service_proxy_name.as_deref())
+                    .context("--service-proxy-name")?,
+            ),
         };
         tokio::spawn(async move {
             if let Err(e) = kp_source::api::run_api_source(client, opts, tx).await {
