@@ -230,6 +230,27 @@ async fn probe(client: Client, opts: ApiSourceOptions, ok: Sender<()>) {
     }
 }
 
+/// Lists the Node named `node_name` with the field selector
+/// `metadata.name=NAME`, as the Node watcher does (kube-proxy's RBAC grants
+/// list and watch on Nodes, not get). `Ok(None)` when there is no such Node.
+pub async fn list_node(client: &Client, node_name: &str) -> Result<Option<Node>, SourceError> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let lp = ListParams::default().fields(&format!("metadata.name={node_name}"));
+    let list = nodes
+        .list(&lp)
+        .await
+        .map_err(|source| SourceError::ListNode {
+            node: node_name.to_string(),
+            source: Box::new(source),
+        })?;
+    // The field selector already matched the name; checked again so that a
+    // server ignoring it cannot hand us another node's CIDRs.
+    Ok(list
+        .items
+        .into_iter()
+        .find(|n| n.metadata.name.as_deref() == Some(node_name)))
+}
+
 /// Watches Services and EndpointSlices (with `opts.label_selector`) and the
 /// Node named `opts.node_name`, sending [`SourceEvent`]s on `tx`: every object
 /// as applied, `Synced` once both Services and EndpointSlices were listed,

@@ -9,6 +9,7 @@ pub mod events;
 pub mod healthcheck;
 pub mod logging;
 pub mod metrics;
+pub mod nodecidr;
 pub mod server;
 pub mod sync;
 pub mod userspace;

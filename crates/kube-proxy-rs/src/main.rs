@@ -6,13 +6,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use ipnet::IpNet;
 use kp_model::{ChangeTracker, Dataplane, IpFamily, TrackerConfig};
 use kp_source::SourceEvent;
 use kube_proxy_rs::cleanup;
-use kube_proxy_rs::config::{self, ConfigError, ProxyConfig, ProxyMode};
+use kube_proxy_rs::config::{self, ConfigError, DetectLocalMode, ProxyConfig, ProxyMode};
 use kube_proxy_rs::conntrack::{Conntrack, ConntrackCli, ConntrackNetlink};
 use kube_proxy_rs::healthcheck::ServiceHealthServer;
 use kube_proxy_rs::metrics::Metrics;
+use kube_proxy_rs::nodecidr::{self, PodCidrWatch};
 use kube_proxy_rs::server::{self, HealthState};
 use kube_proxy_rs::sync::{FamilyProxier, SyncLoop};
 
@@ -94,9 +96,10 @@ fn make_dataplane(
     cfg: &ProxyConfig,
     family: IpFamily,
     node_ips: &[IpAddr],
+    pod_cidrs: &[IpNet],
     metrics: &Metrics,
 ) -> Result<Box<dyn Dataplane>> {
-    let pc = cfg.proxier_config(family, node_ips, &[]);
+    let pc = cfg.proxier_config(family, node_ips, pod_cidrs);
     match cfg.mode {
         // Transactions go to the kernel as nf_tables netlink batches: the `nft`
         // program re-reads the whole table on every run and is superlinear in
@@ -181,6 +184,49 @@ async fn kube_client(cfg: &ProxyConfig) -> Result<kube::Client> {
     kube::Client::try_from(kc).context("building the API client")
 }
 
+/// NodeCIDR mode: this node's podCIDRs, from its Node in the manifest
+/// directory or (listed, as the watcher does) from the API server; waits for
+/// them as upstream does.
+async fn node_pod_cidrs(cfg: &ProxyConfig) -> Result<kp_model::PodCidrs> {
+    let node = cfg.hostname.clone();
+    let (poll, timeout) = (nodecidr::POLL_INTERVAL, nodecidr::WAIT_TIMEOUT);
+    let cidrs = if let Some(dir) = cfg.manifests.clone() {
+        let fetch = || {
+            let got = kp_source::load_dir(&dir)
+                .map(|l| l.nodes.get(&node).cloned())
+                .map_err(|e| e.to_string());
+            std::future::ready(got)
+        };
+        nodecidr::wait_for_pod_cidrs(&node, fetch, poll, timeout).await?
+    } else {
+        let client = kube_client(cfg).await?;
+        let fetch = || {
+            let (client, node) = (client.clone(), node.clone());
+            async move {
+                kp_source::list_node(&client, &node)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+        };
+        nodecidr::wait_for_pod_cidrs(&node, fetch, poll, timeout).await?
+    };
+    for bad in &cidrs.invalid {
+        tracing::warn!(node = %node, cidr = %bad, "ignoring a podCIDR that is not a CIDR");
+    }
+    for f in FAMILIES {
+        if !cidrs.cidrs.iter().any(|c| f.matches(&c.addr())) {
+            tracing::info!(
+                node = %node,
+                family = ?f,
+                "no podCIDR of this family: its local traffic is not detected"
+            );
+        }
+    }
+    let shown: Vec<String> = cidrs.cidrs.iter().map(ToString::to_string).collect();
+    tracing::info!(node = %node, pod_cidrs = ?shown, "detecting local traffic by this node's podCIDRs");
+    Ok(cidrs)
+}
+
 /// Starts the configured source; events arrive on the returned channel.
 async fn start_source(cfg: &ProxyConfig) -> Result<tokio::sync::mpsc::Receiver<SourceEvent>> {
     let (tx, rx) = tokio::sync::mpsc::channel(4096);
@@ -227,11 +273,24 @@ fn run(cfg: ProxyConfig) -> Result<()> {
         tracing::info!(path = %path.display(), "wrote the configuration");
         return Ok(());
     }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    // Upstream waits for the podCIDRs before it builds the proxier: the rules
+    // that tell local traffic apart are written with them.
+    let pod_cidrs = if cfg.detect_local_mode == DetectLocalMode::NodeCidr && !cfg.cleanup {
+        Some(rt.block_on(node_pod_cidrs(&cfg))?)
+    } else {
+        None
+    };
     let node_ips = local_addresses();
     let metrics = Metrics::new();
     let mut dataplanes = Vec::new();
+    let cidrs = pod_cidrs.as_ref().map_or(&[][..], |p| &p.cidrs[..]);
     for f in FAMILIES {
-        dataplanes.push(make_dataplane(&cfg, f, &node_ips, &metrics)?);
+        dataplanes.push(make_dataplane(&cfg, f, &node_ips, cidrs, &metrics)?);
     }
     if cfg.cleanup {
         // The configured mode's own objects, then every mode's, ours and
@@ -257,18 +316,15 @@ fn run(cfg: ProxyConfig) -> Result<()> {
         cleanup::remove_leftovers(cleanup::Scope::StartingIn(cfg.mode), cfg.iptables_backend)
             .log("removing other modes' leftovers");
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    rt.block_on(serve(cfg, dataplanes, metrics))
+    let watch = pod_cidrs.map(|p| PodCidrWatch::new(&cfg.hostname, &p));
+    rt.block_on(serve(cfg, dataplanes, metrics, watch))
 }
 
 async fn serve(
     cfg: ProxyConfig,
     dataplanes: Vec<Box<dyn Dataplane>>,
     metrics: Metrics,
+    pod_cidr_watch: Option<PodCidrWatch>,
 ) -> Result<()> {
     let mut rx = start_source(&cfg).await?;
 
@@ -364,6 +420,12 @@ async fn serve(
         tokio::select! {
             ev = rx.recv() => match ev {
                 Some(ev) => {
+                    // The local-traffic rules hold the podCIDRs we started
+                    // with: like upstream, exit (the rules stay) and let the
+                    // restart use the new ones.
+                    if let (SourceEvent::NodeApplied(n), Some(w)) = (&ev, &pod_cidr_watch) {
+                        w.check(n)?;
+                    }
                     if std_tx.send(ev).is_err() {
                         bail!("the sync loop stopped");
                     }

@@ -320,3 +320,50 @@ fn service_proxy_name_selects_the_services_from_the_api() {
     let _ = std::fs::remove_file(&kubeconfig);
     srv.shutdown();
 }
+
+/// `--detect-local-mode=NodeCIDR` with an API server: the podCIDRs come from
+/// this node's Node, read with a list (the ClusterRole allows list and watch
+/// on Nodes, not get).
+#[test]
+fn node_cidr_pod_cidrs_come_from_the_api() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let srv = rt.block_on(ApiServer::start());
+    srv.apply_service(service("10.96.7.7"));
+    srv.apply_endpoint_slice(slice(&["10.244.1.2"]));
+    srv.apply_node(
+        serde_json::from_value(json!({
+            "metadata": {"name": "node1"},
+            "spec": {"podCIDR": "10.244.1.0/24", "podCIDRs": ["10.244.1.0/24"]}
+        }))
+        .unwrap(),
+    );
+    let kubeconfig =
+        std::env::temp_dir().join(format!("kpapi-ncidr{}-kubeconfig", std::process::id()));
+    srv.write_kubeconfig(&kubeconfig).unwrap();
+    let out = run_to_exit(&[
+        format!("--kubeconfig={}", kubeconfig.display()),
+        "--hostname-override=node1".to_string(),
+        "--detect-local-mode=NodeCIDR".to_string(),
+        "--dry-run".to_string(),
+    ]);
+    assert!(
+        out.contains(
+            "ip daddr 10.96.7.7 tcp dport 80 ip saddr != 10.244.1.0/24 jump mark-for-masquerade"
+        ),
+        "{out}"
+    );
+    let calls = srv.api_calls();
+    assert!(
+        calls
+            .iter()
+            .filter(|c| c.resource == "nodes")
+            .all(|c| c.verb == "list" || c.verb == "watch"),
+        "{calls:?}"
+    );
+    let _ = std::fs::remove_file(&kubeconfig);
+    srv.shutdown();
+}
