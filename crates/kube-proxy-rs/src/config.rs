@@ -452,7 +452,9 @@ pub struct Cli {
     /// Accepted for compatibility.
     #[arg(long)]
     pub log_flush_frequency: Option<String>,
-    /// Accepted for compatibility (upstream's newer "initialize, then exit").
+    /// Perform the host setup that needs full root privileges (conntrack
+    /// sysctls, the mode's sysctls), then exit; a later start then needs only
+    /// CAP_NET_ADMIN.
     #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
     pub init_only: bool,
 
@@ -798,6 +800,8 @@ pub struct ProxyConfig {
     pub manifests: Option<PathBuf>,
     pub cleanup: bool,
     pub dry_run: bool,
+    /// --init-only: the privileged host setup, then exit.
+    pub init_only: bool,
     pub verbosity: u8,
     pub log_json: bool,
     pub service_proxy_name: Option<String>,
@@ -849,6 +853,11 @@ pub fn load(cli_args: impl IntoIterator<Item = OsString>) -> Result<ProxyConfig,
     pc.manifests = cli.manifests.clone();
     pc.cleanup = cli.cleanup;
     pc.dry_run = cli.dry_run;
+    pc.init_only = cli.init_only;
+    if pc.init_only && pc.dry_run {
+        // --dry-run promises that nothing touches the kernel.
+        return Err(invalid("--init-only", "cannot be combined with --dry-run"));
+    }
     pc.service_proxy_name = cli.service_proxy_name.clone().filter(|s| !s.is_empty());
     // Refused here rather than by the API server on every list (it becomes
     // part of the label selector).
@@ -1477,6 +1486,7 @@ fn resolve(mut raw: KubeProxyConfiguration) -> Result<ProxyConfig, ConfigError> 
         manifests: None,
         cleanup: false,
         dry_run: false,
+        init_only: false,
         verbosity,
         log_json,
         service_proxy_name: None,

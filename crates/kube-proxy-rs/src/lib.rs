@@ -7,6 +7,7 @@ pub mod conntrack;
 pub mod docgen;
 pub mod events;
 pub mod healthcheck;
+pub mod host;
 pub mod logging;
 pub mod metrics;
 pub mod nodecidr;

@@ -135,10 +135,14 @@ fn make_ipvs(
     family: IpFamily,
     pc: kp_model::ProxierConfig,
 ) -> Result<Box<dyn Dataplane>> {
-    let s = &cfg.ipvs;
     if !cfg.dry_run && !cfg.cleanup && family == IpFamily::V4 {
-        kp_ipvs::check_kernel(&s.scheduler).map_err(anyhow::Error::msg)?;
+        kp_ipvs::check_kernel(&cfg.ipvs.scheduler).map_err(anyhow::Error::msg)?;
     }
+    Ok(Box::new(kp_ipvs::IpvsProxier::new(ipvs_config(cfg, pc)?)))
+}
+
+fn ipvs_config(cfg: &ProxyConfig, pc: kp_model::ProxierConfig) -> Result<kp_ipvs::IpvsConfig> {
+    let s = &cfg.ipvs;
     let mut ic = kp_ipvs::IpvsConfig::new(pc);
     ic.scheduler = s.scheduler.clone();
     ic.exclude_cidrs = s.exclude_cidrs.clone();
@@ -147,7 +151,54 @@ fn make_ipvs(
     ic.tcp_fin_timeout = s.tcp_fin_timeout.as_secs() as u32;
     ic.udp_timeout = s.udp_timeout.as_secs() as u32;
     ic.validate().context("--ipvs-scheduler")?;
-    Ok(Box::new(kp_ipvs::IpvsProxier::new(ic)))
+    Ok(ic)
+}
+
+/// --init-only, as upstream: other modes' leftovers go (its Run cleans up
+/// before anything else), the conntrack sysctls are set, then the mode's own
+/// host settings (iptables: route_localnet; ipvs: its sysctls and timeouts);
+/// failures are fatal. Values already in place are not rewritten, so the
+/// main container after it needs no writable /proc/sys for them. Unlike
+/// upstream, no API access: nothing here needs the Node.
+fn init_only(cfg: &ProxyConfig) -> Result<()> {
+    tracing::info!(mode = cfg.mode.as_str(), "--init-only: setting up the host");
+    cleanup::remove_leftovers(cleanup::Scope::StartingIn(cfg.mode), cfg.iptables_backend)
+        .log("removing other modes' leftovers");
+    let sysctl = kp_netlink::Sysctl::new();
+    let mut changed = kube_proxy_rs::host::apply_conntrack(
+        &cfg.conntrack,
+        &sysctl,
+        std::path::Path::new(kube_proxy_rs::host::HASHSIZE),
+        kube_proxy_rs::host::node_cpus(),
+    )
+    .context("setting the conntrack sysctls")?;
+    match cfg.mode {
+        ProxyMode::Iptables => {
+            for f in FAMILIES {
+                let pc = cfg.proxier_config(f, &[], &[]);
+                if kp_iptables::init_host(&pc, &sysctl)? {
+                    changed.push("net/ipv4/conf/all/route_localnet=1".into());
+                }
+            }
+        }
+        ProxyMode::Ipvs => {
+            kp_ipvs::check_kernel(&cfg.ipvs.scheduler).map_err(anyhow::Error::msg)?;
+            for f in FAMILIES {
+                let ic = ipvs_config(cfg, cfg.proxier_config(f, &[], &[]))?;
+                for (name, value) in kp_ipvs::init_host(&ic)? {
+                    tracing::info!(sysctl = name, value, "set");
+                    changed.push(format!("{name}={value}"));
+                }
+            }
+        }
+        // Nothing on the host beyond conntrack: their rules are all they need.
+        ProxyMode::Nftables | ProxyMode::Userspace => {}
+    }
+    tracing::info!(
+        changed = ?changed,
+        "system initialized and --init-only specified; exiting"
+    );
+    Ok(())
 }
 
 fn make_trackers(cfg: &ProxyConfig) -> Vec<ChangeTracker> {
@@ -272,6 +323,10 @@ fn run(cfg: ProxyConfig) -> Result<()> {
         cfg.write_config(path)?;
         tracing::info!(path = %path.display(), "wrote the configuration");
         return Ok(());
+    }
+    // --cleanup wins over --init-only, as upstream checks it first.
+    if cfg.init_only && !cfg.cleanup {
+        return init_only(&cfg);
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
