@@ -22,6 +22,14 @@ impl Drop for Ns {
     }
 }
 
+/// A temporary file removed on drop, even when the test fails.
+struct TempFile(PathBuf);
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 struct Proc(Child);
 impl Drop for Proc {
     fn drop(&mut self) {
@@ -288,10 +296,10 @@ fn service_proxy_name_selects_the_services_from_the_api() {
     srv.apply_endpoint_slice(slice("other", "10.244.7.7", json!({CLAIM: "other-proxy"})));
 
     let kubeconfig =
-        std::env::temp_dir().join(format!("kpapi-spn{}-kubeconfig", std::process::id()));
-    srv.write_kubeconfig(&kubeconfig).unwrap();
+        TempFile(std::env::temp_dir().join(format!("kpapi-spn{}-kubeconfig", std::process::id())));
+    srv.write_kubeconfig(&kubeconfig.0).unwrap();
     let base = vec![
-        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--kubeconfig={}", kubeconfig.0.display()),
         "--hostname-override=node1".to_string(),
         "--dry-run".to_string(),
     ];
@@ -317,7 +325,6 @@ fn service_proxy_name_selects_the_services_from_the_api() {
     assert!(!named.contains("10.96.9.9"), "{named}");
     assert!(!named.contains("10.96.7.7"), "{named}");
 
-    let _ = std::fs::remove_file(&kubeconfig);
     srv.shutdown();
 }
 
@@ -341,11 +348,12 @@ fn node_cidr_pod_cidrs_come_from_the_api() {
         }))
         .unwrap(),
     );
-    let kubeconfig =
-        std::env::temp_dir().join(format!("kpapi-ncidr{}-kubeconfig", std::process::id()));
-    srv.write_kubeconfig(&kubeconfig).unwrap();
+    let kubeconfig = TempFile(
+        std::env::temp_dir().join(format!("kpapi-ncidr{}-kubeconfig", std::process::id())),
+    );
+    srv.write_kubeconfig(&kubeconfig.0).unwrap();
     let out = run_to_exit(&[
-        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--kubeconfig={}", kubeconfig.0.display()),
         "--hostname-override=node1".to_string(),
         "--detect-local-mode=NodeCIDR".to_string(),
         "--dry-run".to_string(),
@@ -364,6 +372,5 @@ fn node_cidr_pod_cidrs_come_from_the_api() {
             .all(|c| c.verb == "list" || c.verb == "watch"),
         "{calls:?}"
     );
-    let _ = std::fs::remove_file(&kubeconfig);
     srv.shutdown();
 }

@@ -67,6 +67,14 @@ impl Drop for Ns {
     }
 }
 
+/// A directory removed on drop, even when the test fails.
+struct TempDir(std::path::PathBuf);
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 fn root_sysctl(name: &str) -> String {
     std::fs::read_to_string(format!("/proc/sys/{name}"))
         .unwrap()
@@ -143,15 +151,16 @@ fn iptables_mode_sets_conntrack_and_route_localnet_then_exits() {
 #[test]
 fn nftables_mode_starts_no_source_and_programs_nothing() {
     let ns = Ns::new("nft");
-    let dir = std::env::temp_dir().join(format!("kpinit-manifests-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir =
+        TempDir(std::env::temp_dir().join(format!("kpinit-manifests-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
     std::fs::write(
-        dir.join("svc.yaml"),
+        dir.0.join("svc.yaml"),
         "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\n\
          spec: {clusterIP: 10.96.0.10, ports: [{port: 80, protocol: TCP}]}\n",
     )
     .unwrap();
-    let manifests = format!("--manifests={}", dir.display());
+    let manifests = format!("--manifests={}", dir.0.display());
     let out = ns.run(&[
         "--init-only",
         "--hostname-override=node1",
@@ -159,7 +168,6 @@ fn nftables_mode_starts_no_source_and_programs_nothing() {
         "--conntrack-max-per-core=0",
         "--conntrack-tcp-timeout-established=777s",
     ]);
-    let _ = std::fs::remove_dir_all(&dir);
     assert!(out.status.success(), "{}\n{}", out.status, logs(&out));
     assert_eq!(ns.sysctl(ESTABLISHED), "777");
     // route_localnet is iptables mode's only.

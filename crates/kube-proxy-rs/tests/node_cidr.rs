@@ -81,6 +81,14 @@ impl Drop for Dir {
     }
 }
 
+/// The proxy's log, removed on drop.
+struct Log(PathBuf);
+impl Drop for Log {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 struct Proc(Child);
 impl Drop for Proc {
     fn drop(&mut self) {
@@ -234,6 +242,7 @@ fn exits_when_the_pod_cidrs_change() {
     let dir = Dir::new("change");
     dir.write_node(&["10.244.1.0/24"]);
     let log = std::env::temp_dir().join(format!("{ns}.log"));
+    let _log = Log(log.clone());
     let child = Command::new("ip")
         .args(["netns", "exec", &ns, env!("CARGO_BIN_EXE_kube-proxy-rs")])
         .arg(format!("--manifests={}", dir.path().display()))
@@ -286,5 +295,4 @@ fn exits_when_the_pod_cidrs_change() {
         ruleset(&ns).contains("ip saddr != 10.244.1.0/24"),
         "the rules were removed on exit"
     );
-    let _ = std::fs::remove_file(&log);
 }
