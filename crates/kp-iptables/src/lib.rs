@@ -13,7 +13,7 @@ mod proxier;
 mod render;
 
 pub use backend::{detect_variant, IptablesBackend, IptablesCli, Variant};
-pub use proxier::IptablesProxier;
+pub use proxier::{init_host, IptablesProxier};
 pub use render::{
     comment, is_our_chain, jumps, missing_jumps, probability, render_service, sep_chain, svc_chain,
     with_jumps, Jump, ServiceRules, Skeleton, CANARY_CHAIN, EXTERNAL_CHAIN, FIREWALL_CHAIN,

@@ -9,13 +9,33 @@ use kp_model::{
     Dataplane, DataplaneError, IpFamily, ProxierConfig, ProxyState, ServicePortName, SyncReport,
 };
 
+use kp_netlink::{Sysctl, SysctlError};
+
 use crate::backend::{chain_names, IptablesBackend};
 use crate::render::{
     is_our_chain, jumps, missing_jumps, render_service, with_jumps, ServiceRules, Skeleton,
     CANARY_CHAIN, FILTER_CHAINS, MANGLE_CHAINS, NAT_CHAINS,
 };
 
-const ROUTE_LOCALNET: &str = "/proc/sys/net/ipv4/conf/all/route_localnet";
+const ROUTE_LOCALNET: &str = "net/ipv4/conf/all/route_localnet";
+
+/// The host settings iptables mode needs, what `--init-only` applies for it:
+/// route_localnet=1 when NodePorts answer on localhost (IPv4), so that the
+/// kernel routes 127.0.0.1 traffic to the DNAT rules. Read first, written only
+/// when different. Returns whether something was written.
+pub fn init_host(cfg: &ProxierConfig, sysctl: &Sysctl) -> Result<bool, SysctlError> {
+    if !(cfg.localhost_nodeports && cfg.family == IpFamily::V4) {
+        return Ok(false);
+    }
+    if sysctl.get(ROUTE_LOCALNET).ok() == Some(1) {
+        return Ok(false);
+    }
+    tracing::info!(
+        "setting route_localnet=1 to allow NodePorts on localhost; disable \
+         --iptables-localhost-nodeports or set --nodeport-addresses to avoid it"
+    );
+    sysctl.ensure(ROUTE_LOCALNET, 1)
+}
 
 pub struct IptablesProxier {
     cfg: ProxierConfig,
@@ -170,16 +190,10 @@ impl IptablesProxier {
         if !self.manage_route_localnet {
             return;
         }
-        let cur = std::fs::read_to_string(ROUTE_LOCALNET).unwrap_or_default();
-        if cur.trim() == "1" {
-            return;
-        }
-        tracing::info!(
-            "setting route_localnet=1 to allow NodePorts on localhost; disable \
-             --iptables-localhost-nodeports or set --nodeport-addresses to avoid it"
-        );
-        if let Err(e) = std::fs::write(ROUTE_LOCALNET, "1") {
-            tracing::warn!(error = %e, path = ROUTE_LOCALNET, "cannot enable localhost NodePorts");
+        // Not fatal here: without a writable /proc/sys (and no --init-only
+        // before) only NodePorts on 127.0.0.1 fail.
+        if let Err(e) = init_host(&self.cfg, &Sysctl::new()) {
+            tracing::warn!(error = %e, "cannot enable localhost NodePorts");
         }
     }
 

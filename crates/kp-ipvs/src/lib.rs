@@ -25,7 +25,7 @@ pub use kernel::{check_kernel, conn_reuse_mode, kernel_version, ConnReuseMode};
 pub use plan::{
     apply_to, diff, graceful, plan, ConfigError, IpvsConfig, Layout, Op, VirtualServer,
 };
-pub use proxier::{IpvsProxier, DUMMY_DEV};
+pub use proxier::{host_sysctls, init_host, IpvsProxier, DUMMY_DEV};
 pub use rtnl::msg as rtnl_msg;
 pub use rules::{jumps, restore_input, with_jumps};
 

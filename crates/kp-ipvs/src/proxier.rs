@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use kp_iptables::{IptablesBackend, IptablesCli};
 use kp_model::{Dataplane, DataplaneError, IpFamily, ProxyState, ServicePortName, SyncReport};
+use kp_netlink::Sysctl;
 
 use crate::ipset::{self, IpsetBackend, IpsetCli};
 use crate::ipvs::{IpvsClient, VsKey};
@@ -16,6 +17,70 @@ use crate::kernel::ConnReuseMode;
 use crate::plan::{self, apply_to, diff, IpvsConfig, Layout, Op, VirtualServer};
 use crate::rtnl::Rtnl;
 use crate::rules;
+
+fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default()
+}
+
+/// The sysctls IPVS mode needs for `cfg`'s family (paths under /proc/sys and
+/// values), given the kernel release: upstream's NewProxier.
+pub fn host_sysctls(cfg: &IpvsConfig, kernel_release: &str) -> Vec<(&'static str, i64)> {
+    // IPVS connections must go through conntrack for the iptables
+    // masquerade rules to see them; connections to deleted real servers
+    // expire at once so that clients move to the remaining ones.
+    let mut out = vec![("net/ipv4/vs/conntrack", 1)];
+    // Kernels 4.1 to 5.8 drop a SYN that reuses a remembered client port
+    // unless conn_reuse_mode is 0 (upstream's rule, kernel.rs).
+    match crate::kernel::conn_reuse_mode(kernel_release) {
+        Some(ConnReuseMode::Disable) => out.push(("net/ipv4/vs/conn_reuse_mode", 0)),
+        Some(ConnReuseMode::LeaveAsIs) => {}
+        mode => tracing::debug!(
+            release = kernel_release.trim(),
+            ?mode,
+            "net.ipv4.vs.conn_reuse_mode left alone"
+        ),
+    }
+    out.push(("net/ipv4/vs/expire_nodest_conn", 1));
+    out.push(("net/ipv4/vs/expire_quiescent_template", 1));
+    match cfg.proxier.family {
+        IpFamily::V4 => {
+            out.push(("net/ipv4/ip_forward", 1));
+            if cfg.strict_arp {
+                out.push(("net/ipv4/conf/all/arp_ignore", 1));
+                out.push(("net/ipv4/conf/all/arp_announce", 2));
+            }
+        }
+        IpFamily::V6 => out.push(("net/ipv6/conf/all/forwarding", 1)),
+    }
+    out
+}
+
+/// The host settings IPVS mode needs, what `--init-only` applies for it: the
+/// [`host_sysctls`] (an error is fatal there, as upstream) and the IPVS
+/// connection timeouts when set (a failure is only logged, as upstream).
+/// Values already in place are not written. Returns the sysctls written.
+pub fn init_host(cfg: &IpvsConfig) -> Result<Vec<(&'static str, i64)>, DataplaneError> {
+    let sysctl = Sysctl::new();
+    let mut written = Vec::new();
+    for (name, value) in host_sysctls(cfg, &kernel_release()) {
+        let changed = sysctl.ensure(name, value).map_err(|e| DataplaneError::Io {
+            what: e.what,
+            source: e.source,
+        })?;
+        if changed {
+            written.push((name, value));
+        }
+    }
+    let (t, f, u) = (cfg.tcp_timeout, cfg.tcp_fin_timeout, cfg.udp_timeout);
+    // The timeouts are global to IPVS: set once, with the IPv4 proxier.
+    if (t, f, u) != (0, 0, 0) && cfg.proxier.family == IpFamily::V4 {
+        let set = IpvsClient::open().and_then(|mut c| c.set_timeouts(t, f, u));
+        if let Err(e) = set {
+            tracing::error!(error = %e, "cannot set the IPVS timeouts");
+        }
+    }
+    Ok(written)
+}
 
 /// The dummy interface holding the Service IPs (upstream's name).
 pub const DUMMY_DEV: &str = "kube-ipvs0";
@@ -94,49 +159,20 @@ impl IpvsProxier {
             .ok_or_else(|| DataplaneError::Unsupported("IPVS client".into()))
     }
 
-    fn set_sysctl(path: &str, value: &str) {
-        let full = format!("/proc/sys/{path}");
-        match std::fs::read_to_string(&full) {
-            Ok(cur) if cur.trim() == value => {}
-            _ => {
-                if let Err(e) = std::fs::write(&full, value) {
-                    tracing::warn!(sysctl = path, error = %e, "cannot set sysctl");
-                }
-            }
-        }
-    }
-
     fn ensure_sysctls(&self) {
         if !self.manage_sysctls {
             return;
         }
-        // IPVS connections must go through conntrack for the iptables
-        // masquerade rules to see them; connections to deleted real servers
-        // expire at once so that clients move to the remaining ones.
-        Self::set_sysctl("net/ipv4/vs/conntrack", "1");
-        // Kernels 4.1 to 5.8 drop a SYN that reuses a remembered client port
-        // unless conn_reuse_mode is 0 (upstream's rule, kernel.rs).
-        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-        match crate::kernel::conn_reuse_mode(&release) {
-            Some(ConnReuseMode::Disable) => Self::set_sysctl("net/ipv4/vs/conn_reuse_mode", "0"),
-            Some(ConnReuseMode::LeaveAsIs) => {}
-            mode => tracing::debug!(
-                release = release.trim(),
-                ?mode,
-                "net.ipv4.vs.conn_reuse_mode left alone"
-            ),
-        }
-        Self::set_sysctl("net/ipv4/vs/expire_nodest_conn", "1");
-        Self::set_sysctl("net/ipv4/vs/expire_quiescent_template", "1");
-        match self.family() {
-            IpFamily::V4 => {
-                Self::set_sysctl("net/ipv4/ip_forward", "1");
-                if self.cfg.strict_arp {
-                    Self::set_sysctl("net/ipv4/conf/all/arp_ignore", "1");
-                    Self::set_sysctl("net/ipv4/conf/all/arp_announce", "2");
-                }
+        // Not fatal here (upstream fails at start, --init-only included):
+        // without a writable /proc/sys, and no --init-only before, the
+        // settings stay as the node has them.
+        let sysctl = Sysctl::new();
+        for (name, value) in host_sysctls(&self.cfg, &kernel_release()) {
+            match sysctl.ensure(name, value) {
+                Ok(true) => tracing::info!(sysctl = name, value, "set sysctl"),
+                Ok(false) => {}
+                Err(e) => tracing::warn!(error = %e, "cannot set sysctl"),
             }
-            IpFamily::V6 => Self::set_sysctl("net/ipv6/conf/all/forwarding", "1"),
         }
     }
 

@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use crate::names::{is_dns_label, is_dns_subdomain, is_port_name};
@@ -80,7 +80,8 @@ pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// Converts one Service into its service ports for `family`.
 ///
 /// `Ok(vec![])` means "ignored like upstream" (headless, ExternalName, no cluster
-/// IP of this family, owned by another service proxy). `Err` means invalid: the
+/// IP of this family, not owned by `service_proxy_name`: unlabelled without a
+/// name, labelled `service.kubernetes.io/service-proxy-name=NAME` with one). `Err` means invalid: the
 /// caller skips it, logs and counts it. `warnings` collects per-field problems
 /// that only drop the bad value (an unparsable externalIP, say).
 pub fn convert_service(
@@ -98,12 +99,16 @@ pub fn convert_service(
     if !is_dns_label(name) {
         return Err(e("name is not a valid DNS label".into()));
     }
-    if let Some(labels) = &svc.metadata.labels {
-        if let Some(owner) = labels.get(SERVICE_PROXY_NAME_LABEL) {
-            if Some(owner.as_str()) != service_proxy_name {
-                return Ok(vec![]);
-            }
-        }
+    // Ours are the unlabelled Services or, with a proxy name, only those
+    // labelled with it: the API source's label selector, so that manifests
+    // and the API select the same Services.
+    let owner = svc
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(SERVICE_PROXY_NAME_LABEL));
+    if owner.map(String::as_str) != service_proxy_name {
+        return Ok(vec![]);
     }
     let Some(spec) = &svc.spec else {
         return Ok(vec![]);
@@ -468,4 +473,50 @@ pub fn convert_endpoint_slice(
         service,
         ports: out,
     })
+}
+
+/// A Node's pod CIDRs, as `--detect-local-mode=NodeCIDR` uses them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodCidrs {
+    /// `spec.podCIDRs` as written (`spec.podCIDR` when the list is empty,
+    /// as a hand-written manifest may have it): what a change is noticed on,
+    /// as upstream compares them.
+    pub raw: Vec<String>,
+    /// The first valid CIDR of each family, in the order given, host bits
+    /// cleared (upstream's MapCIDRsByIPFamily, then the first of each).
+    pub cidrs: Vec<IpNet>,
+    /// Entries that are not CIDRs: skipped, as upstream does.
+    pub invalid: Vec<String>,
+}
+
+/// The pod CIDRs allocated to `node` (its `spec.podCIDRs`).
+pub fn node_pod_cidrs(node: &Node) -> PodCidrs {
+    let spec = node.spec.as_ref();
+    let mut raw: Vec<String> = spec
+        .and_then(|s| s.pod_cidrs.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .take(MAX_IPS_PER_FIELD)
+        .collect();
+    if raw.is_empty() {
+        raw.extend(
+            spec.and_then(|s| s.pod_cidr.clone())
+                .filter(|c| !c.is_empty()),
+        );
+    }
+    let mut out = PodCidrs::default();
+    for c in &raw {
+        match parse_cidr_sloppy(c.trim()) {
+            Some(net) => {
+                let net = net.trunc();
+                let family = IpFamily::of(&net.addr());
+                if !out.cidrs.iter().any(|n| family.matches(&n.addr())) {
+                    out.cidrs.push(net);
+                }
+            }
+            None => out.invalid.push(c.clone()),
+        }
+    }
+    out.raw = raw;
+    out
 }

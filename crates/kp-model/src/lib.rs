@@ -13,7 +13,9 @@ mod topology;
 mod tracker;
 mod types;
 
-pub use convert::{convert_endpoint_slice, convert_service, ConvertError, SliceEndpoints};
+pub use convert::{
+    convert_endpoint_slice, convert_service, node_pod_cidrs, ConvertError, PodCidrs, SliceEndpoints,
+};
 pub use dataplane::{Dataplane, DataplaneError, LocalDetector, ProxierConfig, SyncReport};
 pub use names::{chain_hash, is_dns_label, is_port_name};
 pub use topology::{categorize_endpoints, Categorized};

@@ -22,8 +22,8 @@ pub struct TrackerConfig {
     pub family: IpFamily,
     /// This node's name (--hostname-override or the host name).
     pub node_name: String,
-    /// Services labelled service.kubernetes.io/service-proxy-name are ours only
-    /// when the label equals this.
+    /// None: the Services without a service.kubernetes.io/service-proxy-name
+    /// label are ours; Some(NAME): only those labelled NAME.
     pub service_proxy_name: Option<String>,
 }
 

@@ -485,13 +485,18 @@ fn service_proxy_name_label() {
             .len(),
         1
     );
-    // Unlabelled Services are always ours, whatever our name.
+    // Unlabelled Services are ours only without a name: with one, like the
+    // API source's selector, only Services labelled with it.
     let s = svc_spec(json!({"clusterIP": "172.30.0.41", "ports": p80()}));
     assert_eq!(
-        convert_service(&s, IpFamily::V4, Some("mine"), &mut w)
+        convert_service(&s, IpFamily::V4, None, &mut w)
             .unwrap()
             .len(),
         1
+    );
+    assert_eq!(
+        convert_service(&s, IpFamily::V4, Some("mine"), &mut w),
+        Ok(vec![])
     );
     assert!(w.is_empty());
 }

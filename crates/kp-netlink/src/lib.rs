@@ -1,4 +1,5 @@
-//! Netlink sockets and message framing shared by the dataplanes.
+//! Netlink sockets and message framing shared by the dataplanes, and the
+//! `/proc/sys` helper their host setup uses.
 //!
 //! - [`Attrs`] builds attributes (nests included) and [`message`] /
 //!   [`push_message`] frame them: netlink header, the protocol's fixed header
@@ -9,6 +10,7 @@
 //!   acknowledgement or NLMSG_DONE, or the kernel's error). All three are
 //!   pure, so they are tested without a socket.
 //! - [`ifaddr`]: rtnetlink interface addresses (header, attributes, parsing).
+//! - [`sysctl`]: kernel settings under `/proc/sys`, read before written.
 //! - [`Socket`] is one netlink socket of a [`Protocol`] chosen at open, with
 //!   the options callers need (NETLINK_CAP_ACK, forced buffer sizes, a
 //!   receive timeout), sending and receive loops.
@@ -24,10 +26,12 @@ mod build;
 pub mod ifaddr;
 mod parse;
 mod socket;
+pub mod sysctl;
 
 pub use build::{message, push_message, Attrs, Nest};
 pub use parse::{messages, Answer, Message, ParsedAttrs, Reply, Step, Until};
 pub use socket::{Error, Protocol, Socket, Wait};
+pub use sysctl::{Sysctl, SysctlError};
 
 /// Length of struct nlmsghdr.
 pub const NLMSG_HDRLEN: usize = 16;

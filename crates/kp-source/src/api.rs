@@ -30,6 +30,38 @@ use crate::{SourceError, SourceEvent};
 pub const DEFAULT_LABEL_SELECTOR: &str =
     "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
 
+const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
+const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
+
+/// The label selector for Services and EndpointSlices: upstream's
+/// [`DEFAULT_LABEL_SELECTOR`] without a proxy name; with
+/// `--service-proxy-name NAME`, only the non-headless objects labelled
+/// `service.kubernetes.io/service-proxy-name=NAME` (the EndpointSlice
+/// controller copies a Service's labels to its slices, so theirs match too).
+/// An empty name is no name. Fails when `NAME` is not a label value, which
+/// would otherwise corrupt the selector (a `,` adds a term) or be refused by
+/// the API server on every list.
+pub fn label_selector(service_proxy_name: Option<&str>) -> Result<String, SourceError> {
+    match service_proxy_name.filter(|n| !n.is_empty()) {
+        None => Ok(DEFAULT_LABEL_SELECTOR.to_string()),
+        Some(name) if is_label_value(name) => Ok(format!(
+            "{SERVICE_PROXY_NAME_LABEL}={name},!{HEADLESS_LABEL}"
+        )),
+        Some(name) => Err(SourceError::InvalidProxyName(name.to_string())),
+    }
+}
+
+/// A Kubernetes label value: at most 63 characters, alphanumerics with `-`,
+/// `_` or `.` inside.
+fn is_label_value(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() <= 63
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        && b.first().is_none_or(u8::is_ascii_alphanumeric)
+        && b.last().is_none_or(u8::is_ascii_alphanumeric)
+}
+
 /// How often a disconnected source checks whether the API answers again.
 const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -39,7 +71,7 @@ pub struct ApiSourceOptions {
     /// This node's name: only this Node is watched.
     pub node_name: String,
     /// Label selector for Services and EndpointSlices (the binary passes
-    /// [`DEFAULT_LABEL_SELECTOR`]).
+    /// [`label_selector`]'s).
     pub label_selector: Option<String>,
 }
 
@@ -196,6 +228,27 @@ async fn probe(client: Client, opts: ApiSourceOptions, ok: Sender<()>) {
             Err(e) => debug!("API probe failed: {e}"),
         }
     }
+}
+
+/// Lists the Node named `node_name` with the field selector
+/// `metadata.name=NAME`, as the Node watcher does (kube-proxy's RBAC grants
+/// list and watch on Nodes, not get). `Ok(None)` when there is no such Node.
+pub async fn list_node(client: &Client, node_name: &str) -> Result<Option<Node>, SourceError> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let lp = ListParams::default().fields(&format!("metadata.name={node_name}"));
+    let list = nodes
+        .list(&lp)
+        .await
+        .map_err(|source| SourceError::ListNode {
+            node: node_name.to_string(),
+            source: Box::new(source),
+        })?;
+    // The field selector already matched the name; checked again so that a
+    // server ignoring it cannot hand us another node's CIDRs.
+    Ok(list
+        .items
+        .into_iter()
+        .find(|n| n.metadata.name.as_deref() == Some(node_name)))
 }
 
 /// Watches Services and EndpointSlices (with `opts.label_selector`) and the
@@ -374,6 +427,27 @@ mod tests {
             |s| SourceEvent::ServiceApplied(Box::new(s)),
             |namespace, name| Some(SourceEvent::ServiceDeleted { namespace, name }),
         ))
+    }
+
+    #[test]
+    fn label_selector_follows_the_proxy_name() {
+        assert_eq!(label_selector(None).unwrap(), DEFAULT_LABEL_SELECTOR);
+        assert_eq!(label_selector(Some("")).unwrap(), DEFAULT_LABEL_SELECTOR);
+        assert_eq!(
+            label_selector(Some("my-proxy")).unwrap(),
+            "service.kubernetes.io/service-proxy-name=my-proxy,!service.kubernetes.io/headless"
+        );
+        assert_eq!(
+            label_selector(Some("a.b_c-9")).unwrap(),
+            "service.kubernetes.io/service-proxy-name=a.b_c-9,!service.kubernetes.io/headless"
+        );
+        assert!(label_selector(Some(&"x".repeat(63))).is_ok());
+        for bad in ["a,b", "a=b", "-a", "a-", "a b", "ä", &"x".repeat(64)] {
+            assert!(
+                matches!(label_selector(Some(bad)), Err(SourceError::InvalidProxyName(n)) if n == bad),
+                "{bad:?} should be refused"
+            );
+        }
     }
 
     #[test]

@@ -12,7 +12,9 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 pub mod api;
 pub mod manifest;
 
-pub use api::{run_api_source, ApiSourceOptions, DEFAULT_LABEL_SELECTOR};
+pub use api::{
+    label_selector, list_node, run_api_source, ApiSourceOptions, DEFAULT_LABEL_SELECTOR,
+};
 pub use manifest::{load_dir, run_manifest_source, Loaded, ObjectKey};
 
 /// Why a source could not start or stopped.
@@ -36,6 +38,16 @@ pub enum SourceError {
     /// on their own.
     #[error("API watch streams ended unexpectedly")]
     WatchEnded,
+    /// Listing this node's Node failed.
+    #[error("listing Node {node}: {source}")]
+    ListNode {
+        node: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
+    /// A service proxy name that is not a label value (`--service-proxy-name`).
+    #[error("{0:?} is not a valid label value (at most 63 characters: letters, digits, '-', '_', '.', starting and ending with a letter or digit)")]
+    InvalidProxyName(String),
 }
 
 /// One change seen by a source.

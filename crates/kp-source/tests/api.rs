@@ -235,6 +235,31 @@ async fn only_our_node_is_watched() {
 }
 
 #[tokio::test]
+async fn list_node_finds_only_ours_with_a_list() {
+    let server = ApiServer::start().await;
+    server.apply_node(node("node-b", "zone-9"));
+    let client = server.client();
+    assert_eq!(kp_source::list_node(&client, NODE).await.unwrap(), None);
+    server.apply_node(node(NODE, "zone-1"));
+    let got = kp_source::list_node(&client, NODE).await.unwrap().unwrap();
+    assert_eq!(got.metadata.name.as_deref(), Some(NODE));
+    // A list (what the RBAC allows on Nodes), never a get.
+    let calls = server.api_calls();
+    assert!(
+        calls
+            .iter()
+            .filter(|c| c.resource == "nodes")
+            .all(|c| c.verb == "list"),
+        "{calls:?}"
+    );
+    server.set_down(true);
+    assert!(matches!(
+        kp_source::list_node(&client, NODE).await,
+        Err(kp_source::SourceError::ListNode { .. })
+    ));
+}
+
+#[tokio::test]
 async fn label_selector_excludes_other_proxies_and_headless() {
     let server = ApiServer::start().await;
     server.apply_service(service("default", "mine", 80, json!({"app": "x"})));

@@ -452,7 +452,9 @@ pub struct Cli {
     /// Accepted for compatibility.
     #[arg(long)]
     pub log_flush_frequency: Option<String>,
-    /// Accepted for compatibility (upstream's newer "initialize, then exit").
+    /// Perform the host setup that needs full root privileges (conntrack
+    /// sysctls, the mode's sysctls), then exit; a later start then needs only
+    /// CAP_NET_ADMIN.
     #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
     pub init_only: bool,
 
@@ -467,7 +469,8 @@ pub struct Cli {
     /// Log format: text or json (upstream's --logging-format is an alias).
     #[arg(long, alias = "logging-format", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
-    /// Only handle Services labelled service.kubernetes.io/service-proxy-name=NAME.
+    /// Only handle Services labelled service.kubernetes.io/service-proxy-name=NAME
+    /// (instead of the unlabelled ones).
     #[arg(long)]
     pub service_proxy_name: Option<String>,
     /// iptables mode: which iptables backend to program: auto (detect like
@@ -797,6 +800,8 @@ pub struct ProxyConfig {
     pub manifests: Option<PathBuf>,
     pub cleanup: bool,
     pub dry_run: bool,
+    /// --init-only: the privileged host setup, then exit.
+    pub init_only: bool,
     pub verbosity: u8,
     pub log_json: bool,
     pub service_proxy_name: Option<String>,
@@ -848,7 +853,16 @@ pub fn load(cli_args: impl IntoIterator<Item = OsString>) -> Result<ProxyConfig,
     pc.manifests = cli.manifests.clone();
     pc.cleanup = cli.cleanup;
     pc.dry_run = cli.dry_run;
+    pc.init_only = cli.init_only;
+    if pc.init_only && pc.dry_run {
+        // --dry-run promises that nothing touches the kernel.
+        return Err(invalid("--init-only", "cannot be combined with --dry-run"));
+    }
     pc.service_proxy_name = cli.service_proxy_name.clone().filter(|s| !s.is_empty());
+    // Refused here rather than by the API server on every list (it becomes
+    // part of the label selector).
+    kp_source::label_selector(pc.service_proxy_name.as_deref())
+        .map_err(|e| invalid("--service-proxy-name", e.to_string()))?;
     pc.iptables_backend = kp_iptables::Variant::parse_choice(&cli.iptables_backend)
         .map_err(|e| invalid("--iptables-backend", e))?;
     pc.userspace = cli.userspace.clone();
@@ -1472,6 +1486,7 @@ fn resolve(mut raw: KubeProxyConfiguration) -> Result<ProxyConfig, ConfigError> 
         manifests: None,
         cleanup: false,
         dry_run: false,
+        init_only: false,
         verbosity,
         log_json,
         service_proxy_name: None,

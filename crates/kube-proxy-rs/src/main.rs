@@ -6,13 +6,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use ipnet::IpNet;
 use kp_model::{ChangeTracker, Dataplane, IpFamily, TrackerConfig};
 use kp_source::SourceEvent;
 use kube_proxy_rs::cleanup;
-use kube_proxy_rs::config::{self, ConfigError, ProxyConfig, ProxyMode};
+use kube_proxy_rs::config::{self, ConfigError, DetectLocalMode, ProxyConfig, ProxyMode};
 use kube_proxy_rs::conntrack::{Conntrack, ConntrackCli, ConntrackNetlink};
 use kube_proxy_rs::healthcheck::ServiceHealthServer;
 use kube_proxy_rs::metrics::Metrics;
+use kube_proxy_rs::nodecidr::{self, PodCidrWatch};
 use kube_proxy_rs::server::{self, HealthState};
 use kube_proxy_rs::sync::{FamilyProxier, SyncLoop};
 
@@ -94,9 +96,10 @@ fn make_dataplane(
     cfg: &ProxyConfig,
     family: IpFamily,
     node_ips: &[IpAddr],
+    pod_cidrs: &[IpNet],
     metrics: &Metrics,
 ) -> Result<Box<dyn Dataplane>> {
-    let pc = cfg.proxier_config(family, node_ips, &[]);
+    let pc = cfg.proxier_config(family, node_ips, pod_cidrs);
     match cfg.mode {
         // Transactions go to the kernel as nf_tables netlink batches: the `nft`
         // program re-reads the whole table on every run and is superlinear in
@@ -132,10 +135,14 @@ fn make_ipvs(
     family: IpFamily,
     pc: kp_model::ProxierConfig,
 ) -> Result<Box<dyn Dataplane>> {
-    let s = &cfg.ipvs;
     if !cfg.dry_run && !cfg.cleanup && family == IpFamily::V4 {
-        kp_ipvs::check_kernel(&s.scheduler).map_err(anyhow::Error::msg)?;
+        kp_ipvs::check_kernel(&cfg.ipvs.scheduler).map_err(anyhow::Error::msg)?;
     }
+    Ok(Box::new(kp_ipvs::IpvsProxier::new(ipvs_config(cfg, pc)?)))
+}
+
+fn ipvs_config(cfg: &ProxyConfig, pc: kp_model::ProxierConfig) -> Result<kp_ipvs::IpvsConfig> {
+    let s = &cfg.ipvs;
     let mut ic = kp_ipvs::IpvsConfig::new(pc);
     ic.scheduler = s.scheduler.clone();
     ic.exclude_cidrs = s.exclude_cidrs.clone();
@@ -144,7 +151,54 @@ fn make_ipvs(
     ic.tcp_fin_timeout = s.tcp_fin_timeout.as_secs() as u32;
     ic.udp_timeout = s.udp_timeout.as_secs() as u32;
     ic.validate().context("--ipvs-scheduler")?;
-    Ok(Box::new(kp_ipvs::IpvsProxier::new(ic)))
+    Ok(ic)
+}
+
+/// --init-only, as upstream: other modes' leftovers go (its Run cleans up
+/// before anything else), the conntrack sysctls are set, then the mode's own
+/// host settings (iptables: route_localnet; ipvs: its sysctls and timeouts);
+/// failures are fatal. Values already in place are not rewritten, so the
+/// main container after it needs no writable /proc/sys for them. Unlike
+/// upstream, no API access: nothing here needs the Node.
+fn init_only(cfg: &ProxyConfig) -> Result<()> {
+    tracing::info!(mode = cfg.mode.as_str(), "--init-only: setting up the host");
+    cleanup::remove_leftovers(cleanup::Scope::StartingIn(cfg.mode), cfg.iptables_backend)
+        .log("removing other modes' leftovers");
+    let sysctl = kp_netlink::Sysctl::new();
+    let mut changed = kube_proxy_rs::host::apply_conntrack(
+        &cfg.conntrack,
+        &sysctl,
+        std::path::Path::new(kube_proxy_rs::host::HASHSIZE),
+        kube_proxy_rs::host::node_cpus(),
+    )
+    .context("setting the conntrack sysctls")?;
+    match cfg.mode {
+        ProxyMode::Iptables => {
+            for f in FAMILIES {
+                let pc = cfg.proxier_config(f, &[], &[]);
+                if kp_iptables::init_host(&pc, &sysctl)? {
+                    changed.push("net/ipv4/conf/all/route_localnet=1".into());
+                }
+            }
+        }
+        ProxyMode::Ipvs => {
+            kp_ipvs::check_kernel(&cfg.ipvs.scheduler).map_err(anyhow::Error::msg)?;
+            for f in FAMILIES {
+                let ic = ipvs_config(cfg, cfg.proxier_config(f, &[], &[]))?;
+                for (name, value) in kp_ipvs::init_host(&ic)? {
+                    tracing::info!(sysctl = name, value, "set");
+                    changed.push(format!("{name}={value}"));
+                }
+            }
+        }
+        // Nothing on the host beyond conntrack: their rules are all they need.
+        ProxyMode::Nftables | ProxyMode::Userspace => {}
+    }
+    tracing::info!(
+        changed = ?changed,
+        "system initialized and --init-only specified; exiting"
+    );
+    Ok(())
 }
 
 fn make_trackers(cfg: &ProxyConfig) -> Vec<ChangeTracker> {
@@ -181,6 +235,49 @@ async fn kube_client(cfg: &ProxyConfig) -> Result<kube::Client> {
     kube::Client::try_from(kc).context("building the API client")
 }
 
+/// NodeCIDR mode: this node's podCIDRs, from its Node in the manifest
+/// directory or (listed, as the watcher does) from the API server; waits for
+/// them as upstream does.
+async fn node_pod_cidrs(cfg: &ProxyConfig) -> Result<kp_model::PodCidrs> {
+    let node = cfg.hostname.clone();
+    let (poll, timeout) = (nodecidr::POLL_INTERVAL, nodecidr::WAIT_TIMEOUT);
+    let cidrs = if let Some(dir) = cfg.manifests.clone() {
+        let fetch = || {
+            let got = kp_source::load_dir(&dir)
+                .map(|l| l.nodes.get(&node).cloned())
+                .map_err(|e| e.to_string());
+            std::future::ready(got)
+        };
+        nodecidr::wait_for_pod_cidrs(&node, fetch, poll, timeout).await?
+    } else {
+        let client = kube_client(cfg).await?;
+        let fetch = || {
+            let (client, node) = (client.clone(), node.clone());
+            async move {
+                kp_source::list_node(&client, &node)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+        };
+        nodecidr::wait_for_pod_cidrs(&node, fetch, poll, timeout).await?
+    };
+    for bad in &cidrs.invalid {
+        tracing::warn!(node = %node, cidr = %bad, "ignoring a podCIDR that is not a CIDR");
+    }
+    for f in FAMILIES {
+        if !cidrs.cidrs.iter().any(|c| f.matches(&c.addr())) {
+            tracing::info!(
+                node = %node,
+                family = ?f,
+                "no podCIDR of this family: its local traffic is not detected"
+            );
+        }
+    }
+    let shown: Vec<String> = cidrs.cidrs.iter().map(ToString::to_string).collect();
+    tracing::info!(node = %node, pod_cidrs = ?shown, "detecting local traffic by this node's podCIDRs");
+    Ok(cidrs)
+}
+
 /// Starts the configured source; events arrive on the returned channel.
 async fn start_source(cfg: &ProxyConfig) -> Result<tokio::sync::mpsc::Receiver<SourceEvent>> {
     let (tx, rx) = tokio::sync::mpsc::channel(4096);
@@ -207,7 +304,10 @@ async fn start_source(cfg: &ProxyConfig) -> Result<tokio::sync::mpsc::Receiver<S
         }
         let opts = kp_source::api::ApiSourceOptions {
             node_name: cfg.hostname.clone(),
-            label_selector: Some(kp_source::api::DEFAULT_LABEL_SELECTOR.to_string()),
+            label_selector: Some(
+                kp_source::label_selector(cfg.service_proxy_name.as_deref())
+                    .context("--service-proxy-name")?,
+            ),
         };
         tokio::spawn(async move {
             if let Err(e) = kp_source::api::run_api_source(client, opts, tx).await {
@@ -224,11 +324,28 @@ fn run(cfg: ProxyConfig) -> Result<()> {
         tracing::info!(path = %path.display(), "wrote the configuration");
         return Ok(());
     }
+    // --cleanup wins over --init-only, as upstream checks it first.
+    if cfg.init_only && !cfg.cleanup {
+        return init_only(&cfg);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    // Upstream waits for the podCIDRs before it builds the proxier: the rules
+    // that tell local traffic apart are written with them.
+    let pod_cidrs = if cfg.detect_local_mode == DetectLocalMode::NodeCidr && !cfg.cleanup {
+        Some(rt.block_on(node_pod_cidrs(&cfg))?)
+    } else {
+        None
+    };
     let node_ips = local_addresses();
     let metrics = Metrics::new();
     let mut dataplanes = Vec::new();
+    let cidrs = pod_cidrs.as_ref().map_or(&[][..], |p| &p.cidrs[..]);
     for f in FAMILIES {
-        dataplanes.push(make_dataplane(&cfg, f, &node_ips, &metrics)?);
+        dataplanes.push(make_dataplane(&cfg, f, &node_ips, cidrs, &metrics)?);
     }
     if cfg.cleanup {
         // The configured mode's own objects, then every mode's, ours and
@@ -254,18 +371,15 @@ fn run(cfg: ProxyConfig) -> Result<()> {
         cleanup::remove_leftovers(cleanup::Scope::StartingIn(cfg.mode), cfg.iptables_backend)
             .log("removing other modes' leftovers");
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    rt.block_on(serve(cfg, dataplanes, metrics))
+    let watch = pod_cidrs.map(|p| PodCidrWatch::new(&cfg.hostname, &p));
+    rt.block_on(serve(cfg, dataplanes, metrics, watch))
 }
 
 async fn serve(
     cfg: ProxyConfig,
     dataplanes: Vec<Box<dyn Dataplane>>,
     metrics: Metrics,
+    pod_cidr_watch: Option<PodCidrWatch>,
 ) -> Result<()> {
     let mut rx = start_source(&cfg).await?;
 
@@ -361,6 +475,12 @@ async fn serve(
         tokio::select! {
             ev = rx.recv() => match ev {
                 Some(ev) => {
+                    // The local-traffic rules hold the podCIDRs we started
+                    // with: like upstream, exit (the rules stay) and let the
+                    // restart use the new ones.
+                    if let (SourceEvent::NodeApplied(n), Some(w)) = (&ev, &pod_cidr_watch) {
+                        w.check(n)?;
+                    }
                     if std_tx.send(ev).is_err() {
                         bail!("the sync loop stopped");
                     }

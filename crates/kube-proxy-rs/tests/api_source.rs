@@ -22,6 +22,14 @@ impl Drop for Ns {
     }
 }
 
+/// A temporary file removed on drop, even when the test fails.
+struct TempFile(PathBuf);
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 struct Proc(Child);
 impl Drop for Proc {
     fn drop(&mut self) {
@@ -215,4 +223,154 @@ fn binary_follows_the_api_server() {
     let _ = server_thread.join();
     let _ = std::fs::remove_file(&kubeconfig);
     let _ = std::fs::remove_file(&log);
+}
+
+/// Runs the binary with `args` to completion (it must exit within 30 s) and
+/// returns its stdout; panics with its stderr if it fails.
+fn run_to_exit(args: &[String]) -> String {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kube-proxy-rs"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{args:?} did not exit\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A Service (and its slice) claimed with the service.kubernetes.io/service-proxy-name
+/// label arrives from the API only with `--service-proxy-name` set to that name,
+/// and then the unlabelled ones are not ours. `--dry-run` prints what would be
+/// programmed, so no namespace is needed.
+#[test]
+fn service_proxy_name_selects_the_services_from_the_api() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let srv = rt.block_on(ApiServer::start());
+    const CLAIM: &str = "service.kubernetes.io/service-proxy-name";
+    let svc = |name: &str, ip: &str, labels: serde_json::Value| -> Service {
+        serde_json::from_value(json!({
+            "metadata": {"namespace": "default", "name": name, "labels": labels},
+            "spec": {"clusterIP": ip, "clusterIPs": [ip], "type": "ClusterIP",
+                     "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
+        }))
+        .unwrap()
+    };
+    let slice = |svc: &str, ip: &str, mut labels: serde_json::Value| -> EndpointSlice {
+        labels["kubernetes.io/service-name"] = json!(svc);
+        serde_json::from_value(json!({
+            "metadata": {"namespace": "default", "name": format!("{svc}-1"), "labels": labels},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+            "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}]
+        }))
+        .unwrap()
+    };
+    srv.apply_service(svc("plain", "10.96.9.9", json!({})));
+    srv.apply_endpoint_slice(slice("plain", "10.244.9.9", json!({})));
+    // The EndpointSlice controller copies the Service's labels to its slices.
+    srv.apply_service(svc("claimed", "10.96.8.8", json!({CLAIM: "my-proxy"})));
+    srv.apply_endpoint_slice(slice("claimed", "10.244.8.8", json!({CLAIM: "my-proxy"})));
+    srv.apply_service(svc("other", "10.96.7.7", json!({CLAIM: "other-proxy"})));
+    srv.apply_endpoint_slice(slice("other", "10.244.7.7", json!({CLAIM: "other-proxy"})));
+
+    let kubeconfig =
+        TempFile(std::env::temp_dir().join(format!("kpapi-spn{}-kubeconfig", std::process::id())));
+    srv.write_kubeconfig(&kubeconfig.0).unwrap();
+    let base = vec![
+        format!("--kubeconfig={}", kubeconfig.0.display()),
+        "--hostname-override=node1".to_string(),
+        "--dry-run".to_string(),
+    ];
+
+    let default = run_to_exit(&base);
+    assert!(
+        default.contains("10.96.9.9") && default.contains("10.244.9.9"),
+        "{default}"
+    );
+    assert!(
+        !default.contains("10.96.8.8"),
+        "claimed Service handled without the flag\n{default}"
+    );
+    assert!(!default.contains("10.96.7.7"), "{default}");
+
+    let mut named = base.clone();
+    named.push("--service-proxy-name=my-proxy".to_string());
+    let named = run_to_exit(&named);
+    assert!(
+        named.contains("10.96.8.8") && named.contains("10.244.8.8"),
+        "the Service claimed by --service-proxy-name was not programmed\n{named}"
+    );
+    assert!(!named.contains("10.96.9.9"), "{named}");
+    assert!(!named.contains("10.96.7.7"), "{named}");
+
+    srv.shutdown();
+}
+
+/// `--detect-local-mode=NodeCIDR` with an API server: the podCIDRs come from
+/// this node's Node, read with a list (the ClusterRole allows list and watch
+/// on Nodes, not get).
+#[test]
+fn node_cidr_pod_cidrs_come_from_the_api() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let srv = rt.block_on(ApiServer::start());
+    srv.apply_service(service("10.96.7.7"));
+    srv.apply_endpoint_slice(slice(&["10.244.1.2"]));
+    srv.apply_node(
+        serde_json::from_value(json!({
+            "metadata": {"name": "node1"},
+            "spec": {"podCIDR": "10.244.1.0/24", "podCIDRs": ["10.244.1.0/24"]}
+        }))
+        .unwrap(),
+    );
+    let kubeconfig = TempFile(
+        std::env::temp_dir().join(format!("kpapi-ncidr{}-kubeconfig", std::process::id())),
+    );
+    srv.write_kubeconfig(&kubeconfig.0).unwrap();
+    let out = run_to_exit(&[
+        format!("--kubeconfig={}", kubeconfig.0.display()),
+        "--hostname-override=node1".to_string(),
+        "--detect-local-mode=NodeCIDR".to_string(),
+        "--dry-run".to_string(),
+    ]);
+    assert!(
+        out.contains(
+            "ip daddr 10.96.7.7 tcp dport 80 ip saddr != 10.244.1.0/24 jump mark-for-masquerade"
+        ),
+        "{out}"
+    );
+    let calls = srv.api_calls();
+    assert!(
+        calls
+            .iter()
+            .filter(|c| c.resource == "nodes")
+            .all(|c| c.verb == "list" || c.verb == "watch"),
+        "{calls:?}"
+    );
+    srv.shutdown();
 }

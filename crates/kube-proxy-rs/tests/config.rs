@@ -441,6 +441,15 @@ fn bad_flags_are_errors() {
     ]))
     .unwrap_err();
     assert!(err.to_string().contains("clusterCIDR"), "{err}");
+    // The name goes into the API label selector: a ',' would add a term.
+    let err = load(args(&[
+        "--service-proxy-name",
+        "mine,!other",
+        "--hostname-override",
+        "n",
+    ]))
+    .unwrap_err();
+    assert!(err.to_string().contains("--service-proxy-name"), "{err}");
     match load(args(&["--help"])).unwrap_err() {
         ConfigError::Cli(e) => assert_eq!(e.kind(), clap::error::ErrorKind::DisplayHelp),
         other => panic!("{other}"),

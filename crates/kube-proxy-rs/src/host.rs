@@ -1,0 +1,282 @@
+//! The conntrack settings (`--conntrack-*`, `conntrack.*`) as upstream's
+//! conntrack.SetSysctls (pkg/proxy/conntrack): what `--init-only` applies
+//! before the modes' own host settings. A normal start leaves them alone (see
+//! docs/migrate-from-kube-proxy.md).
+
+use std::path::Path;
+
+use kp_netlink::{Sysctl, SysctlError};
+
+use crate::config::ConntrackSettings;
+
+/// The module parameter sizing the conntrack hash table (global: only the
+/// initial network namespace may write it).
+pub const HASHSIZE: &str = "/sys/module/nf_conntrack/parameters/hashsize";
+/// Online CPUs of the node, as upstream counts them (not the process's
+/// affinity: nf_conntrack_max is node-wide).
+pub const CPUS_ONLINE: &str = "/sys/devices/system/cpu/online";
+/// Upstream caps the scaled maximum so that large machines do not reserve
+/// memory for millions of entries.
+const MAX_LIMIT: u64 = 1_048_576;
+
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error(transparent)]
+    Sysctl(#[from] SysctlError),
+    #[error("{what} {path}: {source}")]
+    Hashsize {
+        what: &'static str,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// nf_conntrack_max for `s` on a node with `cpus` CPUs; 0 leaves it alone
+/// (`--conntrack-max-per-core=0`).
+pub fn conntrack_max(s: &ConntrackSettings, cpus: u64) -> u64 {
+    if s.max_per_core <= 0 {
+        return 0;
+    }
+    let scaled = s.max_per_core as u64 * cpus;
+    if scaled > MAX_LIMIT {
+        return MAX_LIMIT;
+    }
+    scaled.max(s.min.max(0) as u64)
+}
+
+/// The conntrack sysctls besides the maximum (paths under /proc/sys, values);
+/// a zero timeout or `tcp_be_liberal: false` leaves the setting alone.
+pub fn conntrack_sysctls(s: &ConntrackSettings) -> Vec<(&'static str, i64)> {
+    let secs = |d: std::time::Duration| i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
+    let mut out = Vec::new();
+    for (name, d) in [
+        (
+            "net/netfilter/nf_conntrack_tcp_timeout_established",
+            s.tcp_established_timeout,
+        ),
+        (
+            "net/netfilter/nf_conntrack_tcp_timeout_close_wait",
+            s.tcp_close_wait_timeout,
+        ),
+    ] {
+        if secs(d) > 0 {
+            out.push((name, secs(d)));
+        }
+    }
+    if s.tcp_be_liberal {
+        out.push(("net/netfilter/nf_conntrack_tcp_be_liberal", 1));
+    }
+    for (name, d) in [
+        ("net/netfilter/nf_conntrack_udp_timeout", s.udp_timeout),
+        (
+            "net/netfilter/nf_conntrack_udp_timeout_stream",
+            s.udp_stream_timeout,
+        ),
+    ] {
+        if secs(d) > 0 {
+            out.push((name, secs(d)));
+        }
+    }
+    out
+}
+
+/// Counts the CPUs in a sysfs CPU list ("0-3,8,10-11").
+pub fn count_cpu_list(list: &str) -> Option<u64> {
+    let mut n = 0u64;
+    for part in list.trim().split(',').filter(|p| !p.is_empty()) {
+        n += match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (u64, u64) = (a.parse().ok()?, b.parse().ok()?);
+                b.checked_sub(a)? + 1
+            }
+            None => {
+                part.parse::<u64>().ok()?;
+                1
+            }
+        };
+    }
+    (n > 0).then_some(n)
+}
+
+/// The node's online CPUs, or the ones this process may use when sysfs does
+/// not tell.
+pub fn node_cpus() -> u64 {
+    std::fs::read_to_string(CPUS_ONLINE)
+        .ok()
+        .and_then(|t| count_cpu_list(&t))
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u64))
+}
+
+/// Applies `s` as upstream does: nf_conntrack_max is only raised, the hash
+/// table grown to a quarter of it when smaller, the other sysctls set when
+/// they differ. Every change is logged; returns them ("name=value").
+pub fn apply_conntrack(
+    s: &ConntrackSettings,
+    sysctl: &Sysctl,
+    hashsize: &Path,
+    cpus: u64,
+) -> Result<Vec<String>, HostError> {
+    let mut changed = Vec::new();
+    let mut note = |name: &str, value: i64| {
+        tracing::info!(sysctl = name, value, "set");
+        changed.push(format!("{name}={value}"));
+    };
+    let max = conntrack_max(s, cpus);
+    if max > 0 {
+        let max = i64::try_from(max).unwrap_or(i64::MAX);
+        const MAX: &str = "net/netfilter/nf_conntrack_max";
+        // Never lowered: someone may have raised it for a reason.
+        if sysctl.get(MAX).map_or(true, |cur| cur < max) {
+            sysctl.set(MAX, max)?;
+            note(MAX, max);
+        }
+        let path = hashsize.display().to_string();
+        let text = std::fs::read_to_string(hashsize).map_err(|source| HostError::Hashsize {
+            what: "reading",
+            path: path.clone(),
+            source,
+        })?;
+        let cur: i64 = text.trim().parse().map_err(|_| HostError::Hashsize {
+            what: "reading",
+            path: path.clone(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{:?} is not an integer", text.trim()),
+            ),
+        })?;
+        if cur < max / 4 {
+            std::fs::write(hashsize, (max / 4).to_string()).map_err(|source| {
+                HostError::Hashsize {
+                    what: "writing",
+                    path: path.clone(),
+                    source,
+                }
+            })?;
+            note(&path, max / 4);
+        }
+    }
+    for (name, value) in conntrack_sysctls(s) {
+        if sysctl.ensure(name, value)? {
+            note(name, value);
+        }
+    }
+    Ok(changed)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn settings() -> ConntrackSettings {
+        // Upstream's defaults.
+        ConntrackSettings {
+            max_per_core: 32768,
+            min: 131072,
+            tcp_established_timeout: Duration::from_secs(86400),
+            tcp_close_wait_timeout: Duration::from_secs(3600),
+            tcp_be_liberal: false,
+            udp_timeout: Duration::ZERO,
+            udp_stream_timeout: Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn max_scales_with_cpus_between_min_and_the_cap() {
+        let s = settings();
+        assert_eq!(conntrack_max(&s, 2), 131072);
+        assert_eq!(conntrack_max(&s, 8), 262144);
+        assert_eq!(conntrack_max(&s, 64), 1_048_576);
+        let off = ConntrackSettings {
+            max_per_core: 0,
+            ..settings()
+        };
+        assert_eq!(conntrack_max(&off, 8), 0);
+    }
+
+    #[test]
+    fn zero_leaves_a_setting_alone() {
+        assert_eq!(
+            conntrack_sysctls(&settings()),
+            [
+                ("net/netfilter/nf_conntrack_tcp_timeout_established", 86400),
+                ("net/netfilter/nf_conntrack_tcp_timeout_close_wait", 3600),
+            ]
+        );
+        let all = ConntrackSettings {
+            tcp_established_timeout: Duration::ZERO,
+            tcp_be_liberal: true,
+            udp_timeout: Duration::from_secs(30),
+            udp_stream_timeout: Duration::from_millis(120_500),
+            ..settings()
+        };
+        assert_eq!(
+            conntrack_sysctls(&all),
+            [
+                ("net/netfilter/nf_conntrack_tcp_timeout_close_wait", 3600),
+                ("net/netfilter/nf_conntrack_tcp_be_liberal", 1),
+                ("net/netfilter/nf_conntrack_udp_timeout", 30),
+                ("net/netfilter/nf_conntrack_udp_timeout_stream", 120),
+            ]
+        );
+    }
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(count_cpu_list("0-3\n"), Some(4));
+        assert_eq!(count_cpu_list("0"), Some(1));
+        assert_eq!(count_cpu_list("0-3,8,10-11"), Some(7));
+        assert_eq!(count_cpu_list(""), None);
+        assert_eq!(count_cpu_list("3-1"), None);
+        assert_eq!(count_cpu_list("x"), None);
+    }
+
+    #[test]
+    fn apply_raises_max_and_sets_what_differs() {
+        let root = std::env::temp_dir().join(format!("kp-host-{}", std::process::id()));
+        let nf = root.join("net/netfilter");
+        std::fs::create_dir_all(&nf).unwrap();
+        for (f, v) in [
+            ("nf_conntrack_max", "65536"),
+            ("nf_conntrack_tcp_timeout_established", "432000"),
+            ("nf_conntrack_tcp_timeout_close_wait", "3600"),
+        ] {
+            std::fs::write(nf.join(f), v).unwrap();
+        }
+        let hashsize = root.join("hashsize");
+        std::fs::write(&hashsize, "16384\n").unwrap();
+        let sysctl = Sysctl::with_root(&root);
+        let got = apply_conntrack(&settings(), &sysctl, &hashsize, 2).unwrap();
+        assert_eq!(
+            got,
+            [
+                "net/netfilter/nf_conntrack_max=131072".to_string(),
+                format!("{}=32768", hashsize.display()),
+                "net/netfilter/nf_conntrack_tcp_timeout_established=86400".to_string(),
+            ]
+        );
+        assert_eq!(
+            sysctl.get("net/netfilter/nf_conntrack_max").unwrap(),
+            131072
+        );
+        // A second run (the main container after --init-only) writes nothing;
+        // a larger maximum is never lowered.
+        std::fs::write(nf.join("nf_conntrack_max"), "262144").unwrap();
+        assert!(apply_conntrack(&settings(), &sysctl, &hashsize, 2)
+            .unwrap()
+            .is_empty());
+        assert_eq!(
+            sysctl.get("net/netfilter/nf_conntrack_max").unwrap(),
+            262144
+        );
+        // Without the hash table parameter the maximum cannot be applied.
+        std::fs::remove_file(&hashsize).unwrap();
+        assert!(matches!(
+            apply_conntrack(&settings(), &sysctl, &hashsize, 2),
+            Err(HostError::Hashsize { .. })
+        ));
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}

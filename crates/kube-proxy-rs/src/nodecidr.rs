@@ -1,0 +1,205 @@
+//! `--detect-local-mode=NodeCIDR`: this node's podCIDRs, waited for before
+//! the dataplanes are built and watched afterwards, as upstream's NodeManager
+//! (pkg/proxy/node.go): it polls its Node every second for up to five
+//! minutes, fails when no podCIDRs came, and exits when they change later so
+//! that the restarted proxy (the DaemonSet restarts it) uses the new ones.
+
+use std::future::Future;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kp_model::{node_pod_cidrs, PodCidrs};
+use tokio::time::Instant;
+
+/// How long upstream waits for the allocator to assign podCIDRs.
+pub const WAIT_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+/// Upstream's poll interval.
+pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// One look at the Node may take this long (an unanswered API request would
+/// otherwise hold the wait for the client's read timeout, minutes).
+const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
+/// The wait repeats its log line this often, so a stuck start says why.
+const LOG_EVERY: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeCidrError {
+    #[error(
+        "--detect-local-mode=NodeCIDR: gave up after {waited:?} waiting for Node {node}'s \
+         podCIDRs: {reason}"
+    )]
+    Timeout {
+        node: String,
+        waited: Duration,
+        reason: String,
+    },
+    #[error(
+        "--detect-local-mode=NodeCIDR: Node {node}'s podCIDRs changed from {old:?} to {new:?}; \
+         exiting so that the restarted proxy detects local traffic with the new ones"
+    )]
+    Changed {
+        node: String,
+        old: Vec<String>,
+        new: Vec<String>,
+    },
+}
+
+/// Calls `fetch` (this node's Node: `Ok(None)` when it does not exist, `Err`
+/// with a reason when it could not be read) every `poll` until the Node has
+/// podCIDRs, logging why it waits; fails after `timeout`.
+pub async fn wait_for_pod_cidrs<F, Fut>(
+    node: &str,
+    mut fetch: F,
+    poll: Duration,
+    timeout: Duration,
+) -> Result<PodCidrs, NodeCidrError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<Node>, String>>,
+{
+    let start = Instant::now();
+    let mut logged: Option<Instant> = None;
+    loop {
+        let reason = match tokio::time::timeout(FETCH_TIMEOUT, fetch()).await {
+            // Upstream accepts any non-empty spec.podCIDRs; entries that do
+            // not parse only lose local-traffic detection for their family.
+            Ok(Ok(Some(n))) => {
+                let cidrs = node_pod_cidrs(&n);
+                if !cidrs.raw.is_empty() {
+                    return Ok(cidrs);
+                }
+                format!("Node {node} has no spec.podCIDRs yet")
+            }
+            Ok(Ok(None)) => format!("Node {node} does not exist"),
+            Ok(Err(e)) => e,
+            Err(_) => format!("no answer within {FETCH_TIMEOUT:?}"),
+        };
+        let waited = start.elapsed();
+        if waited >= timeout {
+            return Err(NodeCidrError::Timeout {
+                node: node.to_string(),
+                waited,
+                reason,
+            });
+        }
+        if logged.is_none_or(|t| t.elapsed() >= LOG_EVERY) {
+            tracing::info!(
+                node,
+                %reason,
+                waited_s = waited.as_secs(),
+                "waiting for this node's podCIDRs (--detect-local-mode=NodeCIDR)"
+            );
+            logged = Some(Instant::now());
+        }
+        tokio::time::sleep(poll).await;
+    }
+}
+
+/// The podCIDRs the dataplanes were built with.
+#[derive(Clone, Debug)]
+pub struct PodCidrWatch {
+    node: String,
+    raw: Vec<String>,
+}
+
+impl PodCidrWatch {
+    pub fn new(node: &str, started_with: &PodCidrs) -> Self {
+        PodCidrWatch {
+            node: node.to_string(),
+            raw: started_with.raw.clone(),
+        }
+    }
+
+    /// `Err` when `n` is this node and its podCIDRs differ from the ones we
+    /// started with (compared as written, as upstream does); other Nodes
+    /// are not ours.
+    pub fn check(&self, n: &Node) -> Result<(), NodeCidrError> {
+        if n.metadata.name.as_deref() != Some(self.node.as_str()) {
+            return Ok(());
+        }
+        let now = node_pod_cidrs(n).raw;
+        if now == self.raw {
+            return Ok(());
+        }
+        Err(NodeCidrError::Changed {
+            node: self.node.clone(),
+            old: self.raw.clone(),
+            new: now,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn node(name: &str, cidrs: &[&str]) -> Node {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"podCIDRs": cidrs},
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn waits_until_the_node_has_pod_cidrs() {
+        let mut answers = vec![
+            Err("connection refused".to_string()),
+            Ok(None),
+            Ok(Some(node("n1", &[]))),
+            Ok(Some(node("n1", &["10.244.1.0/24", "fd00::/64"]))),
+        ]
+        .into_iter();
+        let mut calls = 0;
+        let got = wait_for_pod_cidrs(
+            "n1",
+            || {
+                calls += 1;
+                std::future::ready(answers.next().unwrap())
+            },
+            Duration::from_millis(1),
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+        assert_eq!(calls, 4);
+        assert_eq!(
+            got.cidrs,
+            vec![
+                "10.244.1.0/24".parse().unwrap(),
+                "fd00::/64".parse().unwrap()
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn gives_up_with_the_reason() {
+        let err = wait_for_pod_cidrs(
+            "n1",
+            || std::future::ready(Ok(Some(node("n1", &[])))),
+            Duration::from_millis(5),
+            Duration::from_millis(50),
+        )
+        .await
+        .unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, NodeCidrError::Timeout { .. }), "{msg}");
+        assert!(msg.contains("Node n1 has no spec.podCIDRs"), "{msg}");
+    }
+
+    #[test]
+    fn a_change_of_our_pod_cidrs_is_an_error() {
+        let start = node_pod_cidrs(&node("n1", &["10.244.1.0/24"]));
+        let w = PodCidrWatch::new("n1", &start);
+        assert!(w.check(&node("n1", &["10.244.1.0/24"])).is_ok());
+        assert!(w.check(&node("other", &["10.9.0.0/24"])).is_ok());
+        let err = w.check(&node("n1", &["10.244.2.0/24"])).unwrap_err();
+        assert!(
+            matches!(&err, NodeCidrError::Changed { old, new, .. }
+                if old == &["10.244.1.0/24"] && new == &["10.244.2.0/24"]),
+            "{err}"
+        );
+        // Losing them is a change too (upstream compares the lists).
+        assert!(w.check(&node("n1", &[])).is_err());
+    }
+}
