@@ -1223,7 +1223,11 @@ pub fn api_service_proxy_name(mode: &str) {
     let mut mine = service("mine", &["10.96.0.160"], json!({}));
     mine["metadata"]["labels"] = json!({"service.kubernetes.io/service-proxy-name": "kp-test"});
     env.put("svc-mine", &mine);
-    env.put("eps-mine", &slice("mine", "1", "IPv4", &ready(&[&a])));
+    // The EndpointSlice controller copies the Service's labels onto its
+    // slices, and both proxies select slices by the same label selector.
+    let mut eps = slice("mine", "1", "IPv4", &ready(&[&a]));
+    eps["metadata"]["labels"]["service.kubernetes.io/service-proxy-name"] = json!("kp-test");
+    env.put("eps-mine", &eps);
     env.put("svc-plain", &service("plain", &["10.96.0.161"], json!({})));
     env.put("eps-plain", &slice("plain", "1", "IPv4", &ready(&[&a])));
     let (vmine, vplain) = (sa("10.96.0.160", 80), sa("10.96.0.161", 80));
@@ -1360,6 +1364,18 @@ macro_rules! api_cases {
         fn a01_starting_event() {
             if conformance::binaries_for($mode) {
                 conformance::api_starting_event($mode);
+            }
+        }
+        #[test]
+        fn a02_service_proxy_name() {
+            if conformance::binaries_for($mode) {
+                conformance::api_service_proxy_name($mode);
+            }
+        }
+        #[test]
+        fn a03_node_cidr() {
+            if conformance::binaries_for($mode) {
+                conformance::api_node_cidr($mode);
             }
         }
         #[test]
