@@ -177,6 +177,12 @@ impl ChangeTracker {
         self.dirty.len()
     }
 
+    /// (Service, EndpointSlice) updates not yet taken: what the next
+    /// [`ChangeSet`] will count in `service_changes` / `endpoint_changes`.
+    pub fn pending_changes(&self) -> (u64, u64) {
+        (self.service_changes, self.endpoint_changes)
+    }
+
     /// Adds or replaces a Service. On error the previous version (if any) stays.
     /// Returns warnings about fields that were dropped.
     pub fn update_service(

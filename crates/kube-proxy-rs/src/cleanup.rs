@@ -113,7 +113,7 @@ pub fn remove_leftovers(scope: Scope, iptables: Option<Variant>) -> Outcome {
         ipvs(scope, &mut out);
     }
     if scope != Scope::StartingIn(ProxyMode::Userspace) {
-        crate::userspace::remove_leftovers(&mut out);
+        crate::modes::userspace::remove_leftovers(&mut out);
     }
     out
 }

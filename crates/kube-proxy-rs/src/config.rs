@@ -479,7 +479,7 @@ pub struct Cli {
     #[arg(long, env = "KUBE_PROXY_RS_IPTABLES_BACKEND", default_value = "auto", value_parser = ["auto", "nft", "legacy"])]
     pub iptables_backend: String,
     #[command(flatten)]
-    pub userspace: crate::userspace::UserspaceFlags,
+    pub userspace: crate::modes::userspace::UserspaceFlags,
 }
 
 // ---------------------------------------------------------------------------
@@ -808,7 +808,7 @@ pub struct ProxyConfig {
     /// iptables backend (--iptables-backend); None: detect.
     pub iptables_backend: Option<kp_iptables::Variant>,
     /// --userspace-* flags (userspace mode).
-    pub userspace: crate::userspace::UserspaceFlags,
+    pub userspace: crate::modes::userspace::UserspaceFlags,
     pub ipvs: IpvsSettings,
     pub conntrack: ConntrackSettings,
     pub oom_score_adj: i32,

@@ -3,11 +3,15 @@
 //! before the modes' own host settings. A normal start leaves them alone (see
 //! docs/migrate-from-kube-proxy.md).
 
+use std::net::IpAddr;
 use std::path::Path;
+
+use anyhow::Context;
 
 use kp_netlink::{Sysctl, SysctlError};
 
-use crate::config::ConntrackSettings;
+use crate::cleanup;
+use crate::config::{ConntrackSettings, ProxyConfig};
 
 /// The module parameter sizing the conntrack hash table (global: only the
 /// initial network namespace may write it).
@@ -162,6 +166,70 @@ pub fn apply_conntrack(
         }
     }
     Ok(changed)
+}
+
+/// --init-only, as upstream: other modes' leftovers go (its Run cleans up
+/// before anything else), the conntrack sysctls are set, then the mode's own
+/// host settings (iptables: route_localnet; ipvs: its sysctls and timeouts);
+/// failures are fatal. Values already in place are not rewritten, so the
+/// main container after it needs no writable /proc/sys for them. Unlike
+/// upstream, no API access: nothing here needs the Node.
+pub fn init_only(cfg: &ProxyConfig) -> anyhow::Result<()> {
+    tracing::info!(mode = cfg.mode.as_str(), "--init-only: setting up the host");
+    cleanup::remove_leftovers(cleanup::Scope::StartingIn(cfg.mode), cfg.iptables_backend)
+        .log("removing other modes' leftovers");
+    let sysctl = kp_netlink::Sysctl::new();
+    let mut changed = apply_conntrack(&cfg.conntrack, &sysctl, Path::new(HASHSIZE), node_cpus())
+        .context("setting the conntrack sysctls")?;
+    changed.extend(crate::modes::init_host(cfg, &sysctl)?);
+    tracing::info!(
+        changed = ?changed,
+        "system initialized and --init-only specified; exiting"
+    );
+    Ok(())
+}
+
+/// This host's addresses (no loopback, no link-local), for NodePorts and
+/// health-check ports when the Node object does not tell.
+pub fn local_addresses() -> Vec<IpAddr> {
+    let mut out = Vec::new();
+    // SAFETY: getifaddrs fills a linked list we walk read-only and free once.
+    unsafe {
+        let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
+        if libc::getifaddrs(&mut ifap) != 0 {
+            return out;
+        }
+        let mut cur = ifap;
+        while !cur.is_null() {
+            let sa = (*cur).ifa_addr;
+            if !sa.is_null() {
+                match (*sa).sa_family as i32 {
+                    libc::AF_INET => {
+                        let sin = &*(sa as *const libc::sockaddr_in);
+                        out.push(IpAddr::from(
+                            u32::from_be(sin.sin_addr.s_addr).to_be_bytes(),
+                        ));
+                    }
+                    libc::AF_INET6 => {
+                        let sin6 = &*(sa as *const libc::sockaddr_in6);
+                        out.push(IpAddr::from(sin6.sin6_addr.s6_addr));
+                    }
+                    _ => {}
+                }
+            }
+            cur = (*cur).ifa_next;
+        }
+        libc::freeifaddrs(ifap);
+    }
+    out.retain(|ip| match ip {
+        IpAddr::V4(v) => !v.is_loopback() && !v.is_link_local() && !v.is_unspecified(),
+        IpAddr::V6(v) => {
+            !v.is_loopback() && !v.is_unspecified() && (v.segments()[0] & 0xffc0) != 0xfe80
+        }
+    });
+    out.sort();
+    out.dedup();
+    out
 }
 
 #[cfg(test)]

@@ -1,16 +1,17 @@
-//! The kube-proxy-rs binary's parts: flags and config, the sync loop, the HTTP
-//! servers and metrics. `main.rs` wires them together.
+//! The kube-proxy-rs binary's parts: flags and config, one module per mode
+//! (`modes/`), the HTTP servers and metrics. `main.rs` wires them together;
+//! the sync loop is kp-sync.
 
 pub mod cleanup;
 pub mod config;
-pub mod conntrack;
 pub mod docgen;
+pub mod dryrun;
 pub mod events;
 pub mod healthcheck;
 pub mod host;
 pub mod logging;
 pub mod metrics;
+pub mod modes;
 pub mod nodecidr;
 pub mod server;
-pub mod sync;
-pub mod userspace;
+pub mod source;

@@ -1,22 +1,23 @@
-//! kube-proxy-rs: the binary. Flags and config (upstream's), a source, one
-//! proxier per IP family, the sync loop and the HTTP servers.
+//! kube-proxy-rs: the binary, as wiring. Load the configuration, build one
+//! dataplane per family (`modes/`), then: `--cleanup`, `--dry-run`
+//! (`dryrun.rs`), or start the source, the HTTP servers and the sync loop
+//! (kp-sync). `--init-only` is `host::init_only`; NodeCIDR waiting is
+//! `nodecidr.rs`.
 
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use ipnet::IpNet;
-use kp_model::{ChangeTracker, Dataplane, IpFamily, TrackerConfig};
+use kp_model::Dataplane;
 use kp_source::SourceEvent;
-use kube_proxy_rs::cleanup;
-use kube_proxy_rs::config::{self, ConfigError, DetectLocalMode, ProxyConfig, ProxyMode};
-use kube_proxy_rs::conntrack::{Conntrack, ConntrackCli, ConntrackNetlink};
+use kp_sync::{Conntrack, ConntrackCli, ConntrackNetlink, FamilyProxier, SyncLoop, SystemClock};
+use kube_proxy_rs::config::{self, ConfigError, DetectLocalMode, ProxyConfig};
 use kube_proxy_rs::healthcheck::ServiceHealthServer;
 use kube_proxy_rs::metrics::Metrics;
+use kube_proxy_rs::modes::{self, FAMILIES};
 use kube_proxy_rs::nodecidr::{self, PodCidrWatch};
 use kube_proxy_rs::server::{self, HealthState};
-use kube_proxy_rs::sync::{FamilyProxier, SyncLoop};
+use kube_proxy_rs::{cleanup, dryrun, host, source};
 
 // mimalloc instead of glibc malloc: at 10k-50k Services a sync allocates and
 // frees millions of small strings, and glibc's chunk consolidation was the
@@ -25,8 +26,6 @@ use kube_proxy_rs::sync::{FamilyProxier, SyncLoop};
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-const FAMILIES: [IpFamily; 2] = [IpFamily::V4, IpFamily::V6];
 
 fn main() {
     let cfg = match config::load(std::env::args_os()) {
@@ -49,275 +48,6 @@ fn init_logging(cfg: &ProxyConfig) {
     kube_proxy_rs::logging::init(cfg.verbosity, cfg.log_json);
 }
 
-/// This host's addresses (no loopback, no link-local), for NodePorts and
-/// health-check ports when the Node object does not tell.
-fn local_addresses() -> Vec<IpAddr> {
-    let mut out = Vec::new();
-    // SAFETY: getifaddrs fills a linked list we walk read-only and free once.
-    unsafe {
-        let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
-        if libc::getifaddrs(&mut ifap) != 0 {
-            return out;
-        }
-        let mut cur = ifap;
-        while !cur.is_null() {
-            let sa = (*cur).ifa_addr;
-            if !sa.is_null() {
-                match (*sa).sa_family as i32 {
-                    libc::AF_INET => {
-                        let sin = &*(sa as *const libc::sockaddr_in);
-                        out.push(IpAddr::from(
-                            u32::from_be(sin.sin_addr.s_addr).to_be_bytes(),
-                        ));
-                    }
-                    libc::AF_INET6 => {
-                        let sin6 = &*(sa as *const libc::sockaddr_in6);
-                        out.push(IpAddr::from(sin6.sin6_addr.s6_addr));
-                    }
-                    _ => {}
-                }
-            }
-            cur = (*cur).ifa_next;
-        }
-        libc::freeifaddrs(ifap);
-    }
-    out.retain(|ip| match ip {
-        IpAddr::V4(v) => !v.is_loopback() && !v.is_link_local() && !v.is_unspecified(),
-        IpAddr::V6(v) => {
-            !v.is_loopback() && !v.is_unspecified() && (v.segments()[0] & 0xffc0) != 0xfe80
-        }
-    });
-    out.sort();
-    out.dedup();
-    out
-}
-
-fn make_dataplane(
-    cfg: &ProxyConfig,
-    family: IpFamily,
-    node_ips: &[IpAddr],
-    pod_cidrs: &[IpNet],
-    metrics: &Metrics,
-) -> Result<Box<dyn Dataplane>> {
-    let pc = cfg.proxier_config(family, node_ips, pod_cidrs);
-    match cfg.mode {
-        // Transactions go to the kernel as nf_tables netlink batches: the `nft`
-        // program re-reads the whole table on every run and is superlinear in
-        // chain count (BENCHMARKS.md).
-        // KUBE_PROXY_RS_NFT_BACKEND=nft sends the same transactions through the
-        // `nft` program instead (a fallback for debugging).
-        ProxyMode::Nftables => {
-            let backend: Box<dyn kp_nftables::NftBackend> =
-                match std::env::var("KUBE_PROXY_RS_NFT_BACKEND").as_deref() {
-                    Ok("nft") => Box::new(kp_nftables::NftCli::default()),
-                    _ => Box::new(kp_nftables::NftNetlink::new()),
-                };
-            Ok(Box::new(kp_nftables::NftablesProxier::new(pc, backend)))
-        }
-        ProxyMode::Iptables => Ok(Box::new(kp_iptables::IptablesProxier::new(
-            pc,
-            Box::new(kp_iptables::IptablesCli::choose(
-                family,
-                cfg.iptables_backend,
-            )),
-        ))),
-        ProxyMode::Ipvs => make_ipvs(cfg, family, pc),
-        ProxyMode::Userspace => {
-            kube_proxy_rs::userspace::make_dataplane(&cfg.userspace, &pc, metrics)
-        }
-    }
-}
-
-/// IPVS mode: refuses to start (with the reason) when the kernel has no IPVS;
-/// --dry-run and --cleanup work without it.
-fn make_ipvs(
-    cfg: &ProxyConfig,
-    family: IpFamily,
-    pc: kp_model::ProxierConfig,
-) -> Result<Box<dyn Dataplane>> {
-    if !cfg.dry_run && !cfg.cleanup && family == IpFamily::V4 {
-        kp_ipvs::check_kernel(&cfg.ipvs.scheduler).map_err(anyhow::Error::msg)?;
-    }
-    Ok(Box::new(kp_ipvs::IpvsProxier::new(ipvs_config(cfg, pc)?)))
-}
-
-fn ipvs_config(cfg: &ProxyConfig, pc: kp_model::ProxierConfig) -> Result<kp_ipvs::IpvsConfig> {
-    let s = &cfg.ipvs;
-    let mut ic = kp_ipvs::IpvsConfig::new(pc);
-    ic.scheduler = s.scheduler.clone();
-    ic.exclude_cidrs = s.exclude_cidrs.clone();
-    ic.strict_arp = s.strict_arp;
-    ic.tcp_timeout = s.tcp_timeout.as_secs() as u32;
-    ic.tcp_fin_timeout = s.tcp_fin_timeout.as_secs() as u32;
-    ic.udp_timeout = s.udp_timeout.as_secs() as u32;
-    ic.validate().context("--ipvs-scheduler")?;
-    Ok(ic)
-}
-
-/// --init-only, as upstream: other modes' leftovers go (its Run cleans up
-/// before anything else), the conntrack sysctls are set, then the mode's own
-/// host settings (iptables: route_localnet; ipvs: its sysctls and timeouts);
-/// failures are fatal. Values already in place are not rewritten, so the
-/// main container after it needs no writable /proc/sys for them. Unlike
-/// upstream, no API access: nothing here needs the Node.
-fn init_only(cfg: &ProxyConfig) -> Result<()> {
-    tracing::info!(mode = cfg.mode.as_str(), "--init-only: setting up the host");
-    cleanup::remove_leftovers(cleanup::Scope::StartingIn(cfg.mode), cfg.iptables_backend)
-        .log("removing other modes' leftovers");
-    let sysctl = kp_netlink::Sysctl::new();
-    let mut changed = kube_proxy_rs::host::apply_conntrack(
-        &cfg.conntrack,
-        &sysctl,
-        std::path::Path::new(kube_proxy_rs::host::HASHSIZE),
-        kube_proxy_rs::host::node_cpus(),
-    )
-    .context("setting the conntrack sysctls")?;
-    match cfg.mode {
-        ProxyMode::Iptables => {
-            for f in FAMILIES {
-                let pc = cfg.proxier_config(f, &[], &[]);
-                if kp_iptables::init_host(&pc, &sysctl)? {
-                    changed.push("net/ipv4/conf/all/route_localnet=1".into());
-                }
-            }
-        }
-        ProxyMode::Ipvs => {
-            kp_ipvs::check_kernel(&cfg.ipvs.scheduler).map_err(anyhow::Error::msg)?;
-            for f in FAMILIES {
-                let ic = ipvs_config(cfg, cfg.proxier_config(f, &[], &[]))?;
-                for (name, value) in kp_ipvs::init_host(&ic)? {
-                    tracing::info!(sysctl = name, value, "set");
-                    changed.push(format!("{name}={value}"));
-                }
-            }
-        }
-        // Nothing on the host beyond conntrack: their rules are all they need.
-        ProxyMode::Nftables | ProxyMode::Userspace => {}
-    }
-    tracing::info!(
-        changed = ?changed,
-        "system initialized and --init-only specified; exiting"
-    );
-    Ok(())
-}
-
-fn make_trackers(cfg: &ProxyConfig) -> Vec<ChangeTracker> {
-    FAMILIES
-        .iter()
-        .map(|f| {
-            ChangeTracker::new(TrackerConfig {
-                family: *f,
-                node_name: cfg.hostname.clone(),
-                service_proxy_name: cfg.service_proxy_name.clone(),
-            })
-        })
-        .collect()
-}
-
-async fn kube_client(cfg: &ProxyConfig) -> Result<kube::Client> {
-    let kc = if let Some(path) = &cfg.kubeconfig {
-        let kubeconfig = kube::config::Kubeconfig::read_from(path)
-            .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-        let mut c = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-            .await
-            .with_context(|| format!("loading kubeconfig {}", path.display()))?;
-        if let Some(m) = &cfg.master {
-            c.cluster_url = m.parse().with_context(|| format!("--master {m:?}"))?;
-        }
-        c
-    } else if let Some(m) = &cfg.master {
-        kube::Config::new(m.parse().with_context(|| format!("--master {m:?}"))?)
-    } else {
-        kube::Config::infer().await.context(
-            "no --kubeconfig, --master or --manifests given, and not running in a cluster",
-        )?
-    };
-    kube::Client::try_from(kc).context("building the API client")
-}
-
-/// NodeCIDR mode: this node's podCIDRs, from its Node in the manifest
-/// directory or (listed, as the watcher does) from the API server; waits for
-/// them as upstream does.
-async fn node_pod_cidrs(cfg: &ProxyConfig) -> Result<kp_model::PodCidrs> {
-    let node = cfg.hostname.clone();
-    let (poll, timeout) = (nodecidr::POLL_INTERVAL, nodecidr::WAIT_TIMEOUT);
-    let cidrs = if let Some(dir) = cfg.manifests.clone() {
-        let fetch = || {
-            let got = kp_source::load_dir(&dir)
-                .map(|l| l.nodes.get(&node).cloned())
-                .map_err(|e| e.to_string());
-            std::future::ready(got)
-        };
-        nodecidr::wait_for_pod_cidrs(&node, fetch, poll, timeout).await?
-    } else {
-        let client = kube_client(cfg).await?;
-        let fetch = || {
-            let (client, node) = (client.clone(), node.clone());
-            async move {
-                kp_source::list_node(&client, &node)
-                    .await
-                    .map_err(|e| e.to_string())
-            }
-        };
-        nodecidr::wait_for_pod_cidrs(&node, fetch, poll, timeout).await?
-    };
-    for bad in &cidrs.invalid {
-        tracing::warn!(node = %node, cidr = %bad, "ignoring a podCIDR that is not a CIDR");
-    }
-    for f in FAMILIES {
-        if !cidrs.cidrs.iter().any(|c| f.matches(&c.addr())) {
-            tracing::info!(
-                node = %node,
-                family = ?f,
-                "no podCIDR of this family: its local traffic is not detected"
-            );
-        }
-    }
-    let shown: Vec<String> = cidrs.cidrs.iter().map(ToString::to_string).collect();
-    tracing::info!(node = %node, pod_cidrs = ?shown, "detecting local traffic by this node's podCIDRs");
-    Ok(cidrs)
-}
-
-/// Starts the configured source; events arrive on the returned channel.
-async fn start_source(cfg: &ProxyConfig) -> Result<tokio::sync::mpsc::Receiver<SourceEvent>> {
-    let (tx, rx) = tokio::sync::mpsc::channel(4096);
-    if let Some(dir) = cfg.manifests.clone() {
-        if !dir.is_dir() {
-            bail!("--manifests {}: not a directory", dir.display());
-        }
-        tracing::info!(dir = %dir.display(), "reading Services and EndpointSlices from manifests");
-        tokio::spawn(async move {
-            if let Err(e) =
-                kp_source::manifest::run_manifest_source(dir, Duration::from_millis(250), tx).await
-            {
-                tracing::error!("manifest source stopped: {e}");
-            }
-        });
-    } else {
-        let client = kube_client(cfg).await?;
-        if !cfg.dry_run {
-            // Upstream's birth cry: a "Starting" Event on our Node (events.rs).
-            tokio::spawn(kube_proxy_rs::events::birth_cry(
-                client.clone(),
-                cfg.hostname.clone(),
-            ));
-        }
-        let opts = kp_source::api::ApiSourceOptions {
-            node_name: cfg.hostname.clone(),
-            label_selector: Some(
-                kp_source::label_selector(cfg.service_proxy_name.as_deref())
-                    .context("--service-proxy-name")?,
-            ),
-        };
-        tokio::spawn(async move {
-            if let Err(e) = kp_source::api::run_api_source(client, opts, tx).await {
-                tracing::error!("API source stopped: {e}");
-            }
-        });
-    }
-    Ok(rx)
-}
-
 fn run(cfg: ProxyConfig) -> Result<()> {
     if let Some(path) = &cfg.write_config_to {
         cfg.write_config(path)?;
@@ -326,7 +56,7 @@ fn run(cfg: ProxyConfig) -> Result<()> {
     }
     // --cleanup wins over --init-only, as upstream checks it first.
     if cfg.init_only && !cfg.cleanup {
-        return init_only(&cfg);
+        return host::init_only(&cfg);
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -336,16 +66,16 @@ fn run(cfg: ProxyConfig) -> Result<()> {
     // Upstream waits for the podCIDRs before it builds the proxier: the rules
     // that tell local traffic apart are written with them.
     let pod_cidrs = if cfg.detect_local_mode == DetectLocalMode::NodeCidr && !cfg.cleanup {
-        Some(rt.block_on(node_pod_cidrs(&cfg))?)
+        Some(rt.block_on(nodecidr::wait_for_node(&cfg))?)
     } else {
         None
     };
-    let node_ips = local_addresses();
+    let node_ips = host::local_addresses();
     let metrics = Metrics::new();
     let mut dataplanes = Vec::new();
     let cidrs = pod_cidrs.as_ref().map_or(&[][..], |p| &p.cidrs[..]);
     for f in FAMILIES {
-        dataplanes.push(make_dataplane(&cfg, f, &node_ips, cidrs, &metrics)?);
+        dataplanes.push(modes::make_dataplane(&cfg, f, &node_ips, cidrs, &metrics)?);
     }
     if cfg.cleanup {
         // The configured mode's own objects, then every mode's, ours and
@@ -381,36 +111,10 @@ async fn serve(
     metrics: Metrics,
     pod_cidr_watch: Option<PodCidrWatch>,
 ) -> Result<()> {
-    let mut rx = start_source(&cfg).await?;
+    let mut rx = source::start_source(&cfg).await?;
 
     if cfg.dry_run {
-        let mut trackers = make_trackers(&cfg);
-        let now = std::time::SystemTime::now();
-        while let Some(ev) = rx.recv().await {
-            match ev {
-                SourceEvent::Synced => break,
-                SourceEvent::ServiceApplied(s) => trackers.iter_mut().for_each(|t| {
-                    if let Err(e) = t.update_service(&s, now) {
-                        tracing::warn!("skipping invalid Service: {}", e.0);
-                    }
-                }),
-                SourceEvent::SliceApplied(s) => trackers.iter_mut().for_each(|t| {
-                    if let Err(e) = t.update_endpoint_slice(&s, now) {
-                        tracing::warn!("skipping invalid EndpointSlice: {}", e.0);
-                    }
-                }),
-                SourceEvent::NodeApplied(n) => trackers.iter_mut().for_each(|t| t.update_node(&n)),
-                SourceEvent::Invalid(m) => tracing::warn!("skipping invalid object: {m}"),
-                _ => {}
-            }
-        }
-        for (t, dp) in trackers.iter_mut().zip(dataplanes.iter()) {
-            t.take_changes();
-            if t.state().services.is_empty() {
-                continue;
-            }
-            print!("{}", dp.render(t.state()));
-        }
+        dryrun::dry_run(&cfg, rx, &dataplanes).await;
         return Ok(());
     }
 
@@ -440,7 +144,7 @@ async fn serve(
     };
     let hcs = ServiceHealthServer::new(hc_ips, health.clone(), tokio::runtime::Handle::current());
 
-    let families: Vec<FamilyProxier> = make_trackers(&cfg)
+    let families: Vec<FamilyProxier> = modes::trackers(&cfg)
         .into_iter()
         .zip(dataplanes)
         .map(|(t, d)| FamilyProxier::new(t, d))
@@ -450,7 +154,7 @@ async fn serve(
         families,
         min_sync_period: cfg.min_sync_period,
         sync_period: cfg.sync_period,
-        metrics,
+        metrics: Box::new(metrics),
         health,
         // Netlink by default (no program needed); KUBE_PROXY_RS_CONNTRACK=cli
         // runs conntrack-tools instead.
@@ -458,6 +162,7 @@ async fn serve(
             Ok("cli") => Box::new(ConntrackCli) as Box<dyn Conntrack>,
             _ => Box::new(ConntrackNetlink),
         },
+        clock: Box::new(SystemClock),
         on_synced: Box::new(move |d| {
             hcs.sync_services(&d.ports);
             hcs.sync_endpoints(&d.local_endpoints);

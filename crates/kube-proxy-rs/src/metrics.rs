@@ -75,10 +75,7 @@ struct Inner {
     no_local_endpoints: GaugeVec,
     iptables_restore_failures: CounterVec,
     iptables_partial_restore_failures: CounterVec,
-    iptables_total: GaugeVec,
-    iptables_last: GaugeVec,
     nftables_sync_failures: CounterVec,
-    nftables_cleanup_failures: CounterVec,
     conntrack_deleted: CounterVec,
     conntrack_duration: HistogramVec,
     healthz: CounterVec,
@@ -195,29 +192,11 @@ impl Metrics {
             "Cumulative proxy iptables partial restore failures",
             iptables_partial_restore_failures.clone(),
         );
-        let iptables_total = GaugeVec::default();
-        r.register(
-            "kubeproxy_sync_proxy_rules_iptables_total",
-            "Total number of iptables rules owned by kube-proxy",
-            iptables_total.clone(),
-        );
-        let iptables_last = GaugeVec::default();
-        r.register(
-            "kubeproxy_sync_proxy_rules_iptables_last",
-            "Number of iptables rules written by kube-proxy in last sync",
-            iptables_last.clone(),
-        );
         let nftables_sync_failures = CounterVec::default();
         r.register(
             "kubeproxy_sync_proxy_rules_nftables_sync_failures",
             "Cumulative proxy nftables sync failures",
             nftables_sync_failures.clone(),
-        );
-        let nftables_cleanup_failures = CounterVec::default();
-        r.register(
-            "kubeproxy_sync_proxy_rules_nftables_cleanup_failures",
-            "Cumulative proxy nftables cleanup failures",
-            nftables_cleanup_failures.clone(),
         );
         let conntrack_deleted = CounterVec::default();
         r.register(
@@ -309,10 +288,7 @@ impl Metrics {
                 no_local_endpoints,
                 iptables_restore_failures,
                 iptables_partial_restore_failures,
-                iptables_total,
-                iptables_last,
                 nftables_sync_failures,
-                nftables_cleanup_failures,
                 conntrack_deleted,
                 conntrack_duration,
                 healthz,
@@ -379,14 +355,6 @@ impl Metrics {
             .inc();
     }
 
-    /// nftables mode: removing stale chains failed.
-    pub fn inc_cleanup_failure(&self, family: IpFamily) {
-        self.inner
-            .nftables_cleanup_failures
-            .get_or_create(&fam(family))
-            .inc();
-    }
-
     /// A sync was requested now (kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds).
     pub fn set_queued(&self, family: IpFamily) {
         self.inner
@@ -430,19 +398,6 @@ impl Metrics {
             ("traffic_policy", "external".to_string()),
         ])
         .set(to_i64(external));
-    }
-
-    /// iptables mode: rules owned in `table` and rules written by the last sync.
-    pub fn set_iptables_rules(&self, family: IpFamily, table: &str, total: u64, last: u64) {
-        let l = vec![
-            ("ip_family", family.to_string()),
-            ("table", table.to_string()),
-        ];
-        self.inner
-            .iptables_total
-            .get_or_create(&l)
-            .set(to_i64(total));
-        self.inner.iptables_last.get_or_create(&l).set(to_i64(last));
     }
 
     /// One conntrack cleanup pass: how long it took and what it deleted.
@@ -566,6 +521,48 @@ impl Metrics {
     /// Prometheus text format 0.0.4, as upstream serves on /metrics.
     pub fn encode(&self) -> String {
         openmetrics_to_prometheus(&self.encode_openmetrics())
+    }
+}
+
+/// What the sync loop reports, mapped onto the metric families above. A
+/// metric the loop should feed is added here and as a method of
+/// [`kp_sync::SyncMetrics`] called from kp-sync's `sync.rs`.
+impl kp_sync::SyncMetrics for Metrics {
+    fn invalid_object(&self, kind: &str) {
+        self.inc_invalid(kind);
+    }
+    fn invalid_field(&self, kind: &str) {
+        self.inc_invalid_field(kind);
+    }
+    fn queued(&self, family: IpFamily) {
+        self.set_queued(family);
+    }
+    fn pending_changes(&self, services: u64, endpoints: u64) {
+        self.set_pending(services, endpoints);
+    }
+    fn changes(&self, services: u64, endpoints: u64) {
+        self.add_changes(services, endpoints);
+    }
+    fn rules_lost(&self, family: IpFamily) {
+        self.inc_rules_lost(family);
+    }
+    fn synced(&self, family: IpFamily, report: &SyncReport, secs: f64) {
+        self.observe_sync_report(family, report, secs);
+    }
+    fn programming_latency(&self, family: IpFamily, secs: f64) {
+        self.observe_programming_latency(family, secs);
+    }
+    fn sync_failed(&self, family: IpFamily, mode: &str, full: bool) {
+        self.inc_sync_failure(family, mode);
+        // Upstream's iptables proxier counts a failed partial sync (then
+        // syncs in full); its IPVS proxier has no partial syncs.
+        if mode == "iptables" && !full {
+            self.inc_partial_restore_failure(family);
+        }
+        self.inc_sync_retry(family);
+    }
+    fn conntrack_reconciled(&self, family: IpFamily, secs: f64, deleted: u64) {
+        self.observe_conntrack_reconcile(family, secs, deleted);
     }
 }
 

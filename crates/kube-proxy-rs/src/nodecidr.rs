@@ -128,6 +128,49 @@ impl PodCidrWatch {
     }
 }
 
+/// NodeCIDR mode: this node's podCIDRs, from its Node in the manifest
+/// directory or (listed, as the watcher does) from the API server; waits for
+/// them as upstream does.
+pub async fn wait_for_node(cfg: &crate::config::ProxyConfig) -> anyhow::Result<PodCidrs> {
+    let node = cfg.hostname.clone();
+    let (poll, timeout) = (POLL_INTERVAL, WAIT_TIMEOUT);
+    let cidrs = if let Some(dir) = cfg.manifests.clone() {
+        let fetch = || {
+            let got = kp_source::load_dir(&dir)
+                .map(|l| l.nodes.get(&node).cloned())
+                .map_err(|e| e.to_string());
+            std::future::ready(got)
+        };
+        wait_for_pod_cidrs(&node, fetch, poll, timeout).await?
+    } else {
+        let client = crate::source::kube_client(cfg).await?;
+        let fetch = || {
+            let (client, node) = (client.clone(), node.clone());
+            async move {
+                kp_source::list_node(&client, &node)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+        };
+        wait_for_pod_cidrs(&node, fetch, poll, timeout).await?
+    };
+    for bad in &cidrs.invalid {
+        tracing::warn!(node = %node, cidr = %bad, "ignoring a podCIDR that is not a CIDR");
+    }
+    for f in crate::modes::FAMILIES {
+        if !cidrs.cidrs.iter().any(|c| f.matches(&c.addr())) {
+            tracing::info!(
+                node = %node,
+                family = ?f,
+                "no podCIDR of this family: its local traffic is not detected"
+            );
+        }
+    }
+    let shown: Vec<String> = cidrs.cidrs.iter().map(ToString::to_string).collect();
+    tracing::info!(node = %node, pod_cidrs = ?shown, "detecting local traffic by this node's podCIDRs");
+    Ok(cidrs)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,7 +22,7 @@ use tokio::net::TcpListener;
 use crate::metrics::{Metrics, OPENMETRICS_CONTENT_TYPE, PROMETHEUS_CONTENT_TYPE};
 
 /// Taint the Cluster Autoscaler puts on a node it is about to delete.
-pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
+pub use kp_sync::TO_BE_DELETED_TAINT;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -249,6 +249,22 @@ impl HealthState {
             current_time: now,
             node_eligible,
         }
+    }
+}
+
+/// The sync loop's health updates land here.
+impl kp_sync::SyncHealth for HealthState {
+    fn queued_update(&self, family: IpFamily) {
+        HealthState::queued_update(self, family);
+    }
+    fn updated(&self, family: IpFamily) {
+        HealthState::updated(self, family);
+    }
+    fn set_node_eligible(&self, eligible: bool) {
+        HealthState::set_node_eligible(self, eligible);
+    }
+    fn set_source_connected(&self, connected: bool) {
+        HealthState::set_source_connected(self, connected);
     }
 }
 

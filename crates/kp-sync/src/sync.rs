@@ -2,6 +2,9 @@
 //! upstream's BoundedFrequencyRunner pacing (at most one sync per minSyncPeriod
 //! with a burst of 2, a resync every syncPeriod that rebuilds everything in
 //! small clusters and hourly in large ones, backoff after failures).
+//!
+//! Every pacing decision is in [`SyncLoop::run`] and [`Pacer`]; time comes
+//! from the injected [`Clock`], so tests drive it with a [`crate::ManualClock`].
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -14,9 +17,13 @@ use kp_model::{
 };
 use kp_source::SourceEvent;
 
+use crate::clock::Clock;
 use crate::conntrack::Conntrack;
-use crate::metrics::Metrics;
-use crate::server::HealthState;
+use crate::report::{SyncHealth, SyncMetrics};
+
+/// Taint the Cluster Autoscaler puts on a node it is about to delete: such a
+/// node fails /healthz so that load balancers move away.
+pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
 
 /// Token bucket of upstream's BoundedFrequencyRunner.
 pub struct Pacer {
@@ -27,12 +34,13 @@ pub struct Pacer {
 }
 
 impl Pacer {
-    pub fn new(min_interval: Duration, burst: u32) -> Self {
+    /// A full bucket at `now`.
+    pub fn new(min_interval: Duration, burst: u32, now: Instant) -> Self {
         Pacer {
             min_interval,
             burst: burst.max(1),
             tokens: burst.max(1) as f64,
-            last: Instant::now(),
+            last: now,
         }
     }
 
@@ -80,7 +88,6 @@ pub struct FamilyProxier {
     stale: BTreeSet<StaleConntrack>,
     triggers: Vec<SystemTime>,
     needs_full: bool,
-    failures: u32,
 }
 
 impl FamilyProxier {
@@ -92,7 +99,6 @@ impl FamilyProxier {
             stale: BTreeSet::new(),
             triggers: Vec::new(),
             needs_full: true,
-            failures: 0,
         }
     }
     pub fn family(&self) -> IpFamily {
@@ -106,9 +112,11 @@ pub struct SyncLoop {
     pub families: Vec<FamilyProxier>,
     pub min_sync_period: Duration,
     pub sync_period: Duration,
-    pub metrics: Metrics,
-    pub health: Arc<HealthState>,
+    pub metrics: Box<dyn SyncMetrics>,
+    pub health: Arc<dyn SyncHealth>,
     pub conntrack: Box<dyn Conntrack>,
+    /// Where time comes from ([`crate::SystemClock`] outside tests).
+    pub clock: Box<dyn Clock>,
     /// Receives health-check data after every sync.
     pub on_synced: Box<dyn FnMut(HealthCheckData) + Send>,
 }
@@ -149,7 +157,7 @@ impl SyncLoop {
     }
 
     fn apply_event(&mut self, ev: SourceEvent) -> bool {
-        let now = SystemTime::now();
+        let now = self.clock.system_now();
         let mut changed = false;
         match ev {
             SourceEvent::ServiceApplied(svc) => {
@@ -159,12 +167,12 @@ impl SyncLoop {
                         Ok(warnings) => {
                             for w in warnings {
                                 tracing::warn!("{w}");
-                                self.metrics.inc_invalid_field("Service");
+                                self.metrics.invalid_field("Service");
                             }
                         }
                         Err(rej) => {
                             tracing::warn!(error = %rej.0, "skipping invalid Service");
-                            self.metrics.inc_invalid("Service");
+                            self.metrics.invalid_object("Service");
                         }
                     }
                     changed |= f.tracker.pending() != before;
@@ -183,12 +191,12 @@ impl SyncLoop {
                         Ok(warnings) => {
                             for w in warnings {
                                 tracing::warn!("{w}");
-                                self.metrics.inc_invalid_field("EndpointSlice");
+                                self.metrics.invalid_field("EndpointSlice");
                             }
                         }
                         Err(rej) => {
                             tracing::warn!(error = %rej.0, "skipping invalid EndpointSlice");
-                            self.metrics.inc_invalid("EndpointSlice");
+                            self.metrics.invalid_object("EndpointSlice");
                         }
                     }
                     changed |= f.tracker.pending() != before;
@@ -209,10 +217,7 @@ impl SyncLoop {
                         .spec
                         .as_ref()
                         .and_then(|s| s.taints.as_ref())
-                        .is_some_and(|t| {
-                            t.iter()
-                                .any(|t| t.key == crate::server::TO_BE_DELETED_TAINT)
-                        });
+                        .is_some_and(|t| t.iter().any(|t| t.key == TO_BE_DELETED_TAINT));
                     self.health.set_node_eligible(!deleting && !tainted);
                 }
                 for f in &mut self.families {
@@ -222,7 +227,7 @@ impl SyncLoop {
             }
             SourceEvent::Invalid(msg) => {
                 tracing::warn!("skipping invalid object: {msg}");
-                self.metrics.inc_invalid("Manifest");
+                self.metrics.invalid_object("Manifest");
             }
             SourceEvent::Disconnected(why) => {
                 tracing::warn!("source disconnected, keeping the programmed rules: {why}");
@@ -237,10 +242,24 @@ impl SyncLoop {
         if changed {
             for f in &self.families {
                 self.health.queued_update(f.family());
-                self.metrics.set_queued(f.family());
+                self.metrics.queued(f.family());
             }
         }
+        self.report_pending();
         changed
+    }
+
+    /// Changes not yet taken (kubeproxy_sync_proxy_rules_*_changes_pending).
+    /// Every family's tracker sees every object, so the largest count is the
+    /// one to show (upstream's per-family trackers set the same gauge).
+    fn report_pending(&self) {
+        let (mut services, mut endpoints) = (0, 0);
+        for f in &self.families {
+            let (s, e) = f.tracker.pending_changes();
+            services = services.max(s);
+            endpoints = endpoints.max(e);
+        }
+        self.metrics.pending_changes(services, endpoints);
     }
 
     /// Takes changes from every tracker and programs them. Returns false if
@@ -252,57 +271,53 @@ impl SyncLoop {
             let fam = f.family();
             let cs = f.tracker.take_changes();
             self.metrics
-                .add_changes(cs.service_changes, cs.endpoint_changes);
+                .changes(cs.service_changes, cs.endpoint_changes);
             f.pending.extend(cs.changed);
             f.stale.extend(cs.stale);
             f.triggers.extend(cs.trigger_times);
             if f.dataplane.rules_lost() {
                 tracing::warn!(family = %fam, "our rules were removed behind our back; full resync");
-                self.metrics.inc_rules_lost(fam);
+                self.metrics.rules_lost(fam);
                 f.needs_full = true;
             }
             let full = force_full || f.needs_full;
-            let t0 = Instant::now();
+            let t0 = self.clock.now();
             let state = f.tracker.state();
             match f.dataplane.sync(state, &f.pending, full) {
                 Ok(report) => {
-                    let secs = t0.elapsed().as_secs_f64();
+                    let secs = self.clock.now().duration_since(t0).as_secs_f64();
                     tracing::info!(
                         family = %fam, full = report.full, services = state.services.len(),
                         changed = f.pending.len(), ops = report.ops, bytes = report.bytes,
                         render_ms = report.render.as_millis() as u64, apply_ms = report.apply.as_millis() as u64,
                         "synced rules"
                     );
-                    self.metrics.observe_sync_report(fam, &report, secs);
-                    let now = SystemTime::now();
+                    self.metrics.synced(fam, &report, secs);
+                    let now = self.clock.system_now();
                     for t in f.triggers.drain(..) {
                         if let Ok(d) = now.duration_since(t) {
-                            self.metrics
-                                .observe_programming_latency(fam, d.as_secs_f64());
+                            self.metrics.programming_latency(fam, d.as_secs_f64());
                         }
                     }
                     f.pending.clear();
                     f.needs_full = false;
-                    f.failures = 0;
                     self.health.updated(fam);
                     if !f.stale.is_empty() {
-                        let t = Instant::now();
+                        let t = self.clock.now();
                         let stale: Vec<StaleConntrack> =
                             std::mem::take(&mut f.stale).into_iter().collect();
                         let deleted = self.conntrack.delete(fam, &stale);
-                        self.metrics.observe_conntrack_reconcile(
+                        self.metrics.conntrack_reconciled(
                             fam,
-                            t.elapsed().as_secs_f64(),
+                            self.clock.now().duration_since(t).as_secs_f64(),
                             deleted,
                         );
                     }
                 }
                 Err(e) => {
                     tracing::error!(family = %fam, error = %e, "sync failed; previous rules stay in place, retrying");
-                    self.metrics.inc_sync_failure(fam, f.dataplane.mode());
-                    self.metrics.inc_sync_retry(fam);
+                    self.metrics.sync_failed(fam, f.dataplane.mode(), full);
                     f.needs_full = true;
-                    f.failures += 1;
                     ok = false;
                 }
             }
@@ -318,24 +333,25 @@ impl SyncLoop {
                 }
             }
         }
+        self.report_pending();
         (self.on_synced)(hc);
         ok
     }
 
     /// Runs until the event channel closes. The first sync waits for `Synced`.
     pub fn run(mut self, rx: Receiver<SourceEvent>) {
-        let mut pacer = Pacer::new(self.min_sync_period, 2);
+        let mut pacer = Pacer::new(self.min_sync_period, 2, self.clock.now());
         let mut synced = false;
         let mut dirty = false;
         // The periodic sync (canary check, pending changes) and the periodic
         // full rebuild: the same in small clusters, hourly in large ones.
-        let mut next_full = Instant::now() + self.sync_period;
+        let mut next_full = self.clock.now() + self.sync_period;
         let mut next_rebuild = next_full;
         let mut retry_at: Option<Instant> = None;
         let mut synced_once = false;
         let mut failures: u32 = 0;
         loop {
-            let now = Instant::now();
+            let now = self.clock.now();
             // When the next sync may run.
             let mut deadline = next_full;
             if synced && (dirty || retry_at.is_some()) {
@@ -345,8 +361,7 @@ impl SyncLoop {
                 }
                 deadline = deadline.min(at);
             }
-            let timeout = deadline.saturating_duration_since(now);
-            match rx.recv_timeout(timeout) {
+            match self.clock.recv_until(&rx, deadline) {
                 Ok(ev) => {
                     let is_synced = matches!(ev, SourceEvent::Synced);
                     dirty |= self.apply_event(ev);
@@ -373,11 +388,11 @@ impl SyncLoop {
                 Err(RecvTimeoutError::Timeout) => {}
             }
             if !synced {
-                next_full = Instant::now() + self.sync_period;
+                next_full = self.clock.now() + self.sync_period;
                 next_rebuild = next_full;
                 continue;
             }
-            let now = Instant::now();
+            let now = self.clock.now();
             let periodic = now >= next_full;
             if !(periodic || dirty || retry_at.is_some_and(|r| now >= r)) {
                 continue;
@@ -390,7 +405,7 @@ impl SyncLoop {
                     // The first sync was a full one: count the rebuild period
                     // from it, as upstream counts from its last full sync.
                     synced_once = true;
-                    next_rebuild = Instant::now() + self.full_rebuild_after();
+                    next_rebuild = self.clock.now() + self.full_rebuild_after();
                 }
                 failures = 0;
                 retry_at = None;
@@ -398,17 +413,17 @@ impl SyncLoop {
                 failures += 1;
                 // 2s, 4s, 8s ... (64s at most), capped at the sync period.
                 let backoff = Duration::from_secs(1u64 << failures.min(6)).min(self.sync_period);
-                retry_at = Some(Instant::now() + backoff);
+                retry_at = Some(self.clock.now() + backoff);
             }
             dirty = false;
             if periodic {
-                next_full = Instant::now() + self.sync_period;
+                next_full = self.clock.now() + self.sync_period;
             }
             if rebuild {
-                next_rebuild = Instant::now() + self.full_rebuild_after();
+                next_rebuild = self.clock.now() + self.full_rebuild_after();
             } else if periodic {
                 // A cluster that shrank below the threshold rebuilds on schedule again.
-                next_rebuild = next_rebuild.min(Instant::now() + self.full_rebuild_after());
+                next_rebuild = next_rebuild.min(self.clock.now() + self.full_rebuild_after());
             }
         }
     }
@@ -421,7 +436,7 @@ mod tests {
     #[test]
     fn pacer_allows_a_burst_of_two_then_one_per_interval() {
         let t0 = Instant::now();
-        let mut p = Pacer::new(Duration::from_secs(1), 2);
+        let mut p = Pacer::new(Duration::from_secs(1), 2, t0);
         assert_eq!(p.ready_at(t0), t0);
         p.take(t0);
         assert_eq!(p.ready_at(t0), t0);
@@ -443,7 +458,7 @@ mod tests {
     #[test]
     fn zero_interval_never_waits() {
         let t0 = Instant::now();
-        let mut p = Pacer::new(Duration::ZERO, 2);
+        let mut p = Pacer::new(Duration::ZERO, 2, t0);
         for _ in 0..5 {
             p.take(t0);
             assert_eq!(p.ready_at(t0), t0);

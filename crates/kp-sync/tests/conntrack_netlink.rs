@@ -6,7 +6,7 @@ use std::net::{SocketAddr, UdpSocket};
 use std::process::Command;
 
 use kp_model::{IpFamily, Protocol, StaleConntrack};
-use kube_proxy_rs::conntrack::{Conntrack, ConntrackNetlink};
+use kp_sync::conntrack::{Conntrack, ConntrackNetlink};
 
 struct Ns(String);
 impl Drop for Ns {

@@ -1,5 +1,6 @@
-//! Userspace mode wiring: its flags, its metrics (into the process registry)
-//! and building one proxier per IP family. The proxy itself is kp-userspace.
+//! Userspace mode: its flags, its metrics (into the process registry),
+//! building one proxier per IP family, and its leftovers (Service IPs on lo).
+//! The proxy itself is kp-userspace.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,0 +1,27 @@
+//! The sync loop of kube-proxy-rs: source events -> change trackers ->
+//! dataplanes, paced as upstream's BoundedFrequencyRunner, then the stale
+//! UDP conntrack cleanup.
+//!
+//! * [`SyncLoop`] / [`FamilyProxier`] / [`Pacer`]: `sync.rs`; every pacing
+//!   decision (when the next sync runs, whether it is full) is there.
+//! * [`Clock`]: where time comes from; [`ManualClock`] makes the pacing
+//!   testable without sleeping.
+//! * [`SyncMetrics`] / [`SyncHealth`]: what the loop reports; the binary
+//!   implements them (Prometheus, the health server).
+//! * [`conntrack`]: deleting stale UDP flows (ctnetlink, or `conntrack`).
+//!
+//! No dataplane crate is a dependency: dataplanes come in as
+//! `Box<dyn kp_model::Dataplane>`.
+
+pub mod clock;
+pub mod conntrack;
+pub mod report;
+pub mod sync;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use conntrack::{Conntrack, ConntrackCli, ConntrackNetlink};
+pub use report::{NoReport, SyncHealth, SyncMetrics};
+pub use sync::{
+    FamilyProxier, HealthCheckData, Pacer, SyncLoop, FULL_SYNC_PERIOD, LARGE_CLUSTER_ENDPOINTS,
+    TO_BE_DELETED_TAINT,
+};

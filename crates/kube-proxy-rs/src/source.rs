@@ -1,0 +1,71 @@
+//! Starting the configured source: a manifest directory, or the API server
+//! (with upstream's Starting Event on our Node).
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use kp_source::SourceEvent;
+
+use crate::config::ProxyConfig;
+
+/// The API client from --kubeconfig / --master, or in-cluster.
+pub async fn kube_client(cfg: &ProxyConfig) -> Result<kube::Client> {
+    let kc = if let Some(path) = &cfg.kubeconfig {
+        let kubeconfig = kube::config::Kubeconfig::read_from(path)
+            .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+        let mut c = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .with_context(|| format!("loading kubeconfig {}", path.display()))?;
+        if let Some(m) = &cfg.master {
+            c.cluster_url = m.parse().with_context(|| format!("--master {m:?}"))?;
+        }
+        c
+    } else if let Some(m) = &cfg.master {
+        kube::Config::new(m.parse().with_context(|| format!("--master {m:?}"))?)
+    } else {
+        kube::Config::infer().await.context(
+            "no --kubeconfig, --master or --manifests given, and not running in a cluster",
+        )?
+    };
+    kube::Client::try_from(kc).context("building the API client")
+}
+
+/// Starts the configured source; events arrive on the returned channel.
+pub async fn start_source(cfg: &ProxyConfig) -> Result<tokio::sync::mpsc::Receiver<SourceEvent>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(4096);
+    if let Some(dir) = cfg.manifests.clone() {
+        if !dir.is_dir() {
+            bail!("--manifests {}: not a directory", dir.display());
+        }
+        tracing::info!(dir = %dir.display(), "reading Services and EndpointSlices from manifests");
+        tokio::spawn(async move {
+            if let Err(e) =
+                kp_source::manifest::run_manifest_source(dir, Duration::from_millis(250), tx).await
+            {
+                tracing::error!("manifest source stopped: {e}");
+            }
+        });
+    } else {
+        let client = kube_client(cfg).await?;
+        if !cfg.dry_run {
+            // Upstream's birth cry: a "Starting" Event on our Node (events.rs).
+            tokio::spawn(crate::events::birth_cry(
+                client.clone(),
+                cfg.hostname.clone(),
+            ));
+        }
+        let opts = kp_source::api::ApiSourceOptions {
+            node_name: cfg.hostname.clone(),
+            label_selector: Some(
+                kp_source::label_selector(cfg.service_proxy_name.as_deref())
+                    .context("--service-proxy-name")?,
+            ),
+        };
+        tokio::spawn(async move {
+            if let Err(e) = kp_source::api::run_api_source(client, opts, tx).await {
+                tracing::error!("API source stopped: {e}");
+            }
+        });
+    }
+    Ok(rx)
+}
