@@ -155,6 +155,15 @@ impl Env {
             .expect("this environment reads manifests, not an API server")
     }
 
+    /// The real control plane, to stop and start its processes (fault tests).
+    pub fn control_plane(&mut self) -> &mut ControlPlane {
+        &mut self
+            .api
+            .as_mut()
+            .expect("this environment reads manifests, not an API server")
+            .cp
+    }
+
     /// Writes an object: atomically into the manifest directory (the proxy
     /// polls it), or through the API server.
     pub fn put(&self, file: &str, obj: &Value) {
