@@ -32,6 +32,12 @@ pub const DEFAULT_LABEL_SELECTOR: &str =
 
 /// How often a disconnected source checks whether the API answers again.
 const PROBE_INTERVAL: Duration = Duration::from_secs(1);
+/// How long one probe may take. Through a network partition a connection
+/// attempt would otherwise wait out the client's connect timeout (30 s)
+/// and the kernel's doubling SYN retransmissions, so a server reachable
+/// again might be noticed only about 15 s later; a fresh attempt every few
+/// seconds notices it within a few.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What to watch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,19 +187,20 @@ async fn probe(client: Client, opts: ApiSourceOptions, ok: Sender<()>) {
     let nodes: Api<Node> = Api::all(client);
     loop {
         tokio::time::sleep(PROBE_INTERVAL).await;
-        let result = async {
+        let result = tokio::time::timeout(PROBE_TIMEOUT, async {
             services.list_metadata(&lp).await?;
             slices.list_metadata(&lp).await?;
             nodes.list_metadata(&node_lp).await?;
             Ok::<_, kube::Error>(())
-        }
+        })
         .await;
         match result {
-            Ok(()) => {
+            Ok(Ok(())) => {
                 let _ = ok.send(()).await;
                 return;
             }
-            Err(e) => debug!("API probe failed: {e}"),
+            Ok(Err(e)) => debug!("API probe failed: {e}"),
+            Err(_) => debug!("API probe got no answer within {PROBE_TIMEOUT:?}"),
         }
     }
 }

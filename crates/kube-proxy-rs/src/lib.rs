@@ -1,6 +1,7 @@
 //! The kube-proxy-rs binary's parts: flags and config, the sync loop, the HTTP
 //! servers and metrics. `main.rs` wires them together.
 
+pub mod apiclient;
 pub mod cleanup;
 pub mod config;
 pub mod conntrack;

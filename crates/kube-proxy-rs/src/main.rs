@@ -178,7 +178,7 @@ async fn kube_client(cfg: &ProxyConfig) -> Result<kube::Client> {
             "no --kubeconfig, --master or --manifests given, and not running in a cluster",
         )?
     };
-    kube::Client::try_from(kc).context("building the API client")
+    kube_proxy_rs::apiclient::client(kc)
 }
 
 /// Starts the configured source; events arrive on the returned channel.

@@ -1,12 +1,13 @@
 //! The API-outage fault tests against a real control plane (etcd and
 //! kube-apiserver v1.36 in a LAN host namespace of the lab, see
 //! kp_testkit::control_plane): the kube-apiserver process is SIGKILLed for
-//! 60 s and started again, and etcd is killed under a running API server and
-//! started again on the same data. Throughout, a client pod connects to a
-//! ClusterIP every 50 ms and no connection may fail; the rules stay exactly
-//! as they were; a change written as soon as the server is back is
-//! programmed, and how long that took is printed (docs/reliability.md
-//! records it).
+//! 60 s and started again, etcd is killed under a running API server and
+//! started again on the same data, and the network between node1 and the
+//! API server drops everything for 60 s. Throughout, a client pod connects
+//! to a ClusterIP every 50 ms and no connection may fail; the rules stay
+//! exactly as they were; a change written as soon as the server is back
+//! (or during the partition) is programmed, and how long that took is
+//! printed (docs/reliability.md records it).
 //!
 //! reliability.rs runs the same outage against the in-process API test
 //! server, plus what a real server cannot be made to do on demand (watches
@@ -90,8 +91,21 @@ impl Lab {
     /// with endpoint c) as soon as the API server accepts writes, then waits
     /// until both are programmed.
     fn change_and_wait(&self) -> Catchup {
-        let cp = &self.env.api().cp;
         let started = Instant::now();
+        let refused = self.write_change();
+        let written = Instant::now();
+        Catchup {
+            started,
+            written,
+            programmed: self.wait_change(),
+            refused,
+        }
+    }
+
+    /// Writes the change, retrying while the API server refuses; the
+    /// refusals.
+    fn write_change(&self) -> Vec<String> {
+        let cp = &self.env.api().cp;
         let mut refused = Vec::new();
         for obj in [
             slice("web", "1", "IPv4", &ready(&[&self.c])),
@@ -100,7 +114,11 @@ impl Lab {
         ] {
             refused.extend(apply_when_possible(cp, &obj));
         }
-        let written = Instant::now();
+        refused
+    }
+
+    /// Waits until the change answers; when it did.
+    fn wait_change(&self) -> Instant {
         let ok = wait_until(Duration::from_secs(90), Duration::from_millis(50), || {
             // Short timeouts: the moment it works is what is measured.
             let t = Duration::from_millis(500);
@@ -112,12 +130,31 @@ impl Lab {
             "the change was not programmed within 90 s\n--- node1 log ---\n{}",
             plain(&self.env.log(1))
         );
-        Catchup {
-            started,
-            written,
-            programmed: Instant::now(),
-            refused,
-        }
+        Instant::now()
+    }
+
+    /// Drops (`cut`) or lets through again every packet between node1 and
+    /// the control plane's host, in both directions, as a partition does:
+    /// no FIN, no RST, no ICMP.
+    fn partition(&self, cut: bool) {
+        let ns = &self.env.api().ns;
+        let node = self.env.cluster.node_ip(1).to_string();
+        let script = if cut {
+            format!(
+                "table inet partition {{\n\
+                 chain in {{ type filter hook input priority 0; ip saddr {node} drop; }}\n\
+                 chain out {{ type filter hook output priority 0; ip daddr {node} drop; }}\n\
+                 }}\n"
+            )
+        } else {
+            "delete table inet partition\n".to_string()
+        };
+        let f = self.env.logs.join("partition.nft");
+        std::fs::write(&f, script).unwrap();
+        self.env
+            .cluster
+            .exec_ok(ns, &["nft", "-f", &f.display().to_string()])
+            .unwrap();
     }
 
     /// The proxy's own view of the reconnection: seconds from `since` to
@@ -348,6 +385,62 @@ fn real_etcd_restart() {
     assert!(
         catch_up < Duration::from_secs(15),
         "the change took {catch_up:?} after it was written to be programmed\n{}",
+        plain(&lab.env.log(1))
+    );
+}
+
+/// The network between node1 and the API server drops every packet, both
+/// ways, for 60 s (a partition: no FIN, RST or ICMP tells anyone), and a
+/// change is written meanwhile from the control plane's side. Traffic keeps
+/// flowing on the old rules, /healthz stays 200 and says within about 30 s
+/// (TCP keepalive: apiclient.rs) that the source is disconnected; once the
+/// network is back the change is programmed within a few seconds (the
+/// probe's fresh connection attempts: kp-source).
+#[test]
+fn real_network_partition() {
+    if !conformance::binaries_for(MODE) {
+        return;
+    }
+    let lab = Lab::new("realpartition");
+    let load = Load::start(lab.client.ns(), sa(WEB, 80), LOAD_PERIOD);
+    let started = Instant::now();
+
+    lab.partition(true);
+    let cut_at = Instant::now();
+    lab.write_change();
+    lab.env.wait_for(
+        "/healthz to report the lost source",
+        Duration::from_secs(60),
+        || healthz(&lab.env, 1).1["sourceConnected"] == false,
+    );
+    let noticed = cut_at.elapsed();
+    while cut_at.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_secs(2));
+        let (code, body) = healthz(&lab.env, 1);
+        assert_eq!(code, 200, "/healthz failed during the partition: {body}");
+        assert_eq!(body["sourceConnected"], false, "{body}");
+    }
+    lab.assert_rules_kept("during the partition");
+
+    lab.partition(false);
+    let healed = Instant::now();
+    let programmed = lab.wait_change();
+    let catch_up = programmed - healed;
+    eprintln!(
+        "network partition of 60 s: /healthz reported the lost source {noticed:?} after the cut; \
+         the change written during it programmed {catch_up:?} after the network came back"
+    );
+    lab.env.wait("/healthz to report the source back", || {
+        healthz(&lab.env, 1).1["sourceConnected"] == true
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let attempts = load.finish();
+    assert_attempts(&attempts, started, healed, programmed);
+    // A probe every 1 s + at most 5 s, each a fresh connection attempt:
+    // a few seconds, with slack for a loaded machine.
+    assert!(
+        catch_up < Duration::from_secs(15),
+        "the change took {catch_up:?} after the partition to be programmed\n{}",
         plain(&lab.env.log(1))
     );
 }
