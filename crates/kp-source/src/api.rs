@@ -64,6 +64,12 @@ fn is_label_value(s: &str) -> bool {
 
 /// How often a disconnected source checks whether the API answers again.
 const PROBE_INTERVAL: Duration = Duration::from_secs(1);
+/// How long one probe may take. Through a network partition a connection
+/// attempt would otherwise wait out the client's connect timeout (30 s)
+/// and the kernel's doubling SYN retransmissions, so a server reachable
+/// again might be noticed only about 15 s later; a fresh attempt every few
+/// seconds notices it within a few.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What to watch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -213,19 +219,20 @@ async fn probe(client: Client, opts: ApiSourceOptions, ok: Sender<()>) {
     let nodes: Api<Node> = Api::all(client);
     loop {
         tokio::time::sleep(PROBE_INTERVAL).await;
-        let result = async {
+        let result = tokio::time::timeout(PROBE_TIMEOUT, async {
             services.list_metadata(&lp).await?;
             slices.list_metadata(&lp).await?;
             nodes.list_metadata(&node_lp).await?;
             Ok::<_, kube::Error>(())
-        }
+        })
         .await;
         match result {
-            Ok(()) => {
+            Ok(Ok(())) => {
                 let _ = ok.send(()).await;
                 return;
             }
-            Err(e) => debug!("API probe failed: {e}"),
+            Ok(Err(e)) => debug!("API probe failed: {e}"),
+            Err(_) => debug!("API probe got no answer within {PROBE_TIMEOUT:?}"),
         }
     }
 }
@@ -253,7 +260,8 @@ pub async fn list_node(client: &Client, node_name: &str) -> Result<Option<Node>,
 
 /// Watches Services and EndpointSlices (with `opts.label_selector`) and the
 /// Node named `opts.node_name`, sending [`SourceEvent`]s on `tx`: every object
-/// as applied, `Synced` once both Services and EndpointSlices were listed,
+/// as applied, `Synced` once Services, EndpointSlices and the Node were
+/// listed (the Node may be absent),
 /// deletions (including those found by relists), and `Disconnected` /
 /// `Reconnected` around outages. Retries with kube-runtime's default backoff
 /// and relists after 410 Gone. Returns `Ok(())` when `tx` is closed.
@@ -363,7 +371,15 @@ pub async fn run_api_source(
                     out.push(SourceEvent::Reconnected);
                 }
                 out.extend(events);
-                if !synced && svc_known.listed_once && slice_known.listed_once {
+                // The Node's list too: its zone label decides topology
+                // hints, and a first sync without it would spread traffic
+                // over every zone until the Node arrived (upstream likewise
+                // has its Node before its first sync).
+                if !synced
+                    && svc_known.listed_once
+                    && slice_known.listed_once
+                    && node_known.listed_once
+                {
                     synced = true;
                     out.push(SourceEvent::Synced);
                 }

@@ -2,6 +2,7 @@
 //! (`modes/`), the HTTP servers and metrics. `main.rs` wires them together;
 //! the sync loop is kp-sync.
 
+pub mod apiclient;
 pub mod cleanup;
 pub mod config;
 pub mod docgen;

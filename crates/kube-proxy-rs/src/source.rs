@@ -27,7 +27,7 @@ pub async fn kube_client(cfg: &ProxyConfig) -> Result<kube::Client> {
             "no --kubeconfig, --master or --manifests given, and not running in a cluster",
         )?
     };
-    kube::Client::try_from(kc).context("building the API client")
+    crate::apiclient::client(kc)
 }
 
 /// Starts the configured source; events arrive on the returned channel.

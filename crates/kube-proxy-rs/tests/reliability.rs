@@ -2,9 +2,13 @@
 //! a failing rule apply keeps the previous rules, is counted and retried.
 
 mod conformance;
+mod faults;
 
-use conformance::{ready, replace_arg, sa, service, slice, Env, T};
-use kp_netlab::tcp_hello;
+use std::time::{Duration, Instant};
+
+use conformance::{ready, replace_arg, sa, service, slice, Cond, Env, T};
+use faults::{assert_no_failures, healthz, normalized, plain, unix_secs, Load};
+use kp_netlab::{tcp_hello, wait_until};
 use serde_json::json;
 
 fn metric(text: &str, name: &str) -> f64 {
@@ -132,118 +136,6 @@ fn failed_apply_keeps_previous_rules() {
         tcp_hello(client.ns(), vip, T).is_ok_and(|r| r.server == "c")
     });
     assert!(env.log(1).contains("sync failed"));
-}
-
-// ---------------------------------------------------------------------------
-// Shared helpers for the fault tests below
-// ---------------------------------------------------------------------------
-
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use conformance::{http_get, Cond};
-use kp_netlab::wait_until;
-
-/// When an attempt started and which server answered (or the error).
-type Attempt = (Instant, Result<String, String>);
-
-/// A client that opens a fresh TCP connection to `addr` every `period`
-/// until stopped; every attempt's result is kept.
-struct Load {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<Vec<Attempt>>>,
-}
-
-impl Load {
-    fn start(ns: &str, addr: SocketAddr, period: Duration) -> Load {
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let ns = ns.to_string();
-        let thread = std::thread::spawn(move || {
-            // One thread inside the namespace for the whole run.
-            kp_netlab::in_netns(&ns, move || {
-                let mut out = Vec::new();
-                while !s.load(Ordering::SeqCst) {
-                    let t = Instant::now();
-                    let r = hello(addr, T);
-                    out.push((t, r));
-                    std::thread::sleep(period.saturating_sub(t.elapsed()));
-                }
-                out
-            })
-            .unwrap()
-        });
-        Load {
-            stop,
-            thread: Some(thread),
-        }
-    }
-
-    fn finish(mut self) -> Vec<Attempt> {
-        self.stop.store(true, Ordering::SeqCst);
-        self.thread.take().unwrap().join().unwrap()
-    }
-}
-
-impl Drop for Load {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-    }
-}
-
-/// One TCP hello from the current thread's namespace: the name of the
-/// server that greeted ("<name> <peer ip> <peer port>"), or what went wrong.
-fn hello(addr: SocketAddr, timeout: Duration) -> Result<String, String> {
-    use std::io::{BufRead, BufReader};
-    let s = std::net::TcpStream::connect_timeout(&addr, timeout)
-        .map_err(|e| format!("connect: {e}"))?;
-    s.set_read_timeout(Some(timeout))
-        .map_err(|e| format!("timeout: {e}"))?;
-    let mut line = String::new();
-    BufReader::new(s)
-        .read_line(&mut line)
-        .map_err(|e| format!("greeting: {e}"))?;
-    line.split_whitespace()
-        .next()
-        .map(str::to_string)
-        .ok_or_else(|| format!("empty greeting {line:?}"))
-}
-
-/// Fails the test with the first few failed attempts if any attempt failed.
-fn assert_no_failures(what: &str, results: &[Attempt]) {
-    let failed: Vec<_> = results.iter().filter(|(_, r)| r.is_err()).collect();
-    assert!(
-        failed.is_empty(),
-        "{what}: {} of {} connections failed, e.g. {:?}",
-        failed.len(),
-        results.len(),
-        failed.iter().take(5).map(|(_, r)| r).collect::<Vec<_>>()
-    );
-}
-
-/// A ruleset listing with counters and comments that vary between runs
-/// removed, lines sorted: two equal values mean the same rules, none
-/// missing and none doubled.
-fn normalized(ruleset: &str) -> Vec<String> {
-    let mut v: Vec<String> = ruleset
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .map(|l| {
-            let mut l = l.trim().to_string();
-            // iptables-save chain counters "[12:720]".
-            if let (Some(a), Some(b)) = (l.rfind(" ["), l.rfind(']')) {
-                if b > a && l[a + 2..b].split(':').all(|n| n.parse::<u64>().is_ok()) {
-                    l.truncate(a);
-                }
-            }
-            l
-        })
-        .filter(|l| !l.is_empty())
-        .collect();
-    v.sort();
-    v
 }
 
 // ---------------------------------------------------------------------------
@@ -450,16 +342,6 @@ impl Drop for Api {
     }
 }
 
-fn healthz(env: &Env, node: usize) -> (u16, serde_json::Value) {
-    let (code, body) = http_get(
-        env.cluster.node_ns(node),
-        sa("127.0.0.1", 10256),
-        "/healthz",
-    )
-    .expect("/healthz answers");
-    (code, serde_json::from_str(&body).unwrap_or_default())
-}
-
 /// Case 1 and 2: the API server is unreachable for 60 s. Traffic keeps
 /// flowing on the rules in place (a client connects every 50 ms throughout,
 /// with periodic full resyncs happening meanwhile), /healthz stays 200 and
@@ -583,24 +465,6 @@ fn api_outage_60s_and_broken_watches() {
         "connections across reconnect, truncation and relist",
         &after,
     );
-}
-
-/// A log with its ANSI colour codes removed.
-fn plain(log: &str) -> String {
-    let mut out = String::with_capacity(log.len());
-    let mut chars = log.chars();
-    while let Some(ch) = chars.next() {
-        if ch == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(ch);
-        }
-    }
-    out
 }
 
 // ---------------------------------------------------------------------------
@@ -1378,29 +1242,6 @@ fn iptables_restore_failure_keeps_previous_rules() {
         retry.contains("full=true"),
         "the retry after a failure was not a full sync: {retry}"
     );
-}
-
-/// Seconds since the epoch of an RFC 3339 UTC timestamp as the logs print
-/// it ("2026-11-22T03:55:45.817156Z").
-fn unix_secs(ts: &str) -> Option<f64> {
-    let (date, time) = ts.trim_end_matches('Z').split_once('T')?;
-    let mut d = date.split('-').map(|x| x.parse::<i64>().ok());
-    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
-    let mut t = time.split(':');
-    let (hh, mm) = (
-        t.next()?.parse::<f64>().ok()?,
-        t.next()?.parse::<f64>().ok()?,
-    );
-    let ss = t.next()?.parse::<f64>().ok()?;
-    // Days from civil (proleptic Gregorian).
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some(days as f64 * 86_400.0 + hh * 3600.0 + mm * 60.0 + ss)
 }
 
 #[test]

@@ -175,12 +175,19 @@ impl Lab {
         }
         let cluster = Cluster::new("compare", ClusterOpts::with_nodes(2))?;
         let host = cluster.add_host("cp", 5)?;
-        let cp = ControlPlane::start(&bins, ControlPlaneOpts::in_netns("compare", &host.ns, host.ip))?;
+        let cp = ControlPlane::start(
+            &bins,
+            ControlPlaneOpts::in_netns("compare", &host.ns, host.ip),
+        )?;
         for i in 1..=2 {
             cp.apply(&node(&cluster, i))?;
         }
         let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy");
-        for f in ["serviceaccount.yaml", "clusterrole.yaml", "clusterrolebinding.yaml"] {
+        for f in [
+            "serviceaccount.yaml",
+            "clusterrole.yaml",
+            "clusterrolebinding.yaml",
+        ] {
             cp.apply_file(&deploy.join(f))?;
         }
         cp.apply(&json!({"apiVersion": "v1", "kind": "ServiceAccount",
@@ -209,12 +216,10 @@ impl Lab {
             let c = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
             anyhow::Ok(kube::Client::try_from(c)?)
         })?;
-        rt.block_on(
-            Api::<Namespace>::all(client.clone()).create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": NS}}))?,
-            ),
-        )?;
+        rt.block_on(Api::<Namespace>::all(client.clone()).create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": NS}}))?,
+        ))?;
         Ok(Lab {
             cluster,
             cp,
@@ -243,7 +248,10 @@ impl Lab {
                 let svcs = svcs.clone();
                 async move {
                     let (s, lb) = api_service(s);
-                    let name = s["metadata"]["name"].as_str().unwrap_or_default().to_string();
+                    let name = s["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string();
                     svcs.create(&PostParams::default(), &serde_json::from_value(s)?)
                         .await?;
                     if let Some(lb) = lb {
@@ -371,8 +379,8 @@ impl Proxy<'_> {
     }
 
     fn cpu_secs(&self) -> f64 {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.guard.pid()))
-            .unwrap_or_default();
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.guard.pid())).unwrap_or_default();
         // Fields after the parenthesised name: utime is the 14th, stime the 15th.
         let rest = stat.rsplit(')').next().unwrap_or("");
         let f: Vec<&str> = rest.split_whitespace().collect();
@@ -395,13 +403,7 @@ impl Proxy<'_> {
     }
 }
 
-fn measure(
-    lab: &Lab,
-    o: &Opts,
-    n: u32,
-    upstream: bool,
-    generation: &mut u32,
-) -> Result<Figures> {
+fn measure(lab: &Lab, o: &Opts, n: u32, upstream: bool, generation: &mut u32) -> Result<Figures> {
     let node = if upstream { 2 } else { 1 };
     let (bin, kc) = if upstream {
         (
@@ -509,7 +511,9 @@ fn measure(
     std::thread::sleep(Duration::from_millis(1500));
     let t0 = now_unix();
     lab.rt.block_on(async {
-        lab.services().delete("added", &DeleteParams::default()).await?;
+        lab.services()
+            .delete("added", &DeleteParams::default())
+            .await?;
         lab.slices()
             .delete("added-x", &DeleteParams::default())
             .await?;
@@ -605,17 +609,79 @@ fn table(o: &Opts, results: &BTreeMap<u32, (Figures, Figures)>) -> String {
     let r = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
     for (n, (u, w)) in results {
         let m = o.mode.as_str();
-        row(&mut out, *n, m, "first sync (start -> ruleset in the kernel)", s(u.first_sync), s(w.first_sync), r(secs(u.first_sync), secs(w.first_sync)));
-        row(&mut out, *n, m, "CPU to first sync", format!("{:.2} s", u.first_sync_cpu), format!("{:.2} s", w.first_sync_cpu), r(u.first_sync_cpu, w.first_sync_cpu));
-        for (label, p) in [("one endpoint change p50", 0.5), ("one endpoint change p99", 0.99)] {
+        row(
+            &mut out,
+            *n,
+            m,
+            "first sync (start -> ruleset in the kernel)",
+            s(u.first_sync),
+            s(w.first_sync),
+            r(secs(u.first_sync), secs(w.first_sync)),
+        );
+        row(
+            &mut out,
+            *n,
+            m,
+            "CPU to first sync",
+            format!("{:.2} s", u.first_sync_cpu),
+            format!("{:.2} s", w.first_sync_cpu),
+            r(u.first_sync_cpu, w.first_sync_cpu),
+        );
+        for (label, p) in [
+            ("one endpoint change p50", 0.5),
+            ("one endpoint change p99", 0.99),
+        ] {
             let (a, b) = (pct(&u.change, p), pct(&w.change, p));
             row(&mut out, *n, m, label, ms(a), ms(b), r(secs(a), secs(b)));
         }
-        row(&mut out, *n, m, "Service added -> in the kernel", ms(u.add), ms(w.add), r(secs(u.add), secs(w.add)));
-        row(&mut out, *n, m, "Service deleted -> gone", ms(u.delete), ms(w.delete), r(secs(u.delete), secs(w.delete)));
-        row(&mut out, *n, m, &format!("burst of {} changes -> all in the kernel", o.burst.min(*n as usize)), s(u.burst), s(w.burst), r(secs(u.burst), secs(w.burst)));
-        row(&mut out, *n, m, &format!("CPU while idle {} s", o.idle), format!("{:.2} s", u.idle_cpu), format!("{:.2} s", w.idle_cpu), r(u.idle_cpu, w.idle_cpu));
-        row(&mut out, *n, m, "RSS at the end (peak)", format!("{:.0} ({:.0}) MiB", u.rss_mib, u.peak_mib), format!("{:.0} ({:.0}) MiB", w.rss_mib, w.peak_mib), r(u.peak_mib, w.peak_mib));
+        row(
+            &mut out,
+            *n,
+            m,
+            "Service added -> in the kernel",
+            ms(u.add),
+            ms(w.add),
+            r(secs(u.add), secs(w.add)),
+        );
+        row(
+            &mut out,
+            *n,
+            m,
+            "Service deleted -> gone",
+            ms(u.delete),
+            ms(w.delete),
+            r(secs(u.delete), secs(w.delete)),
+        );
+        row(
+            &mut out,
+            *n,
+            m,
+            &format!(
+                "burst of {} changes -> all in the kernel",
+                o.burst.min(*n as usize)
+            ),
+            s(u.burst),
+            s(w.burst),
+            r(secs(u.burst), secs(w.burst)),
+        );
+        row(
+            &mut out,
+            *n,
+            m,
+            &format!("CPU while idle {} s", o.idle),
+            format!("{:.2} s", u.idle_cpu),
+            format!("{:.2} s", w.idle_cpu),
+            r(u.idle_cpu, w.idle_cpu),
+        );
+        row(
+            &mut out,
+            *n,
+            m,
+            "RSS at the end (peak)",
+            format!("{:.0} ({:.0}) MiB", u.rss_mib, u.peak_mib),
+            format!("{:.0} ({:.0}) MiB", w.rss_mib, w.peak_mib),
+            r(u.peak_mib, w.peak_mib),
+        );
     }
     out
 }
@@ -625,7 +691,8 @@ fn table(o: &Opts, results: &BTreeMap<u32, (Figures, Figures)>) -> String {
 fn write_into(path: &std::path::Path, mode: &str, text: &str) -> Result<()> {
     let begin = format!("<!-- kp-compare {mode} begin -->");
     let end = format!("<!-- kp-compare {mode} end -->");
-    let doc = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let doc =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let block = format!("{begin}\n{text}{end}");
     let new = match (doc.find(&begin), doc.find(&end)) {
         (Some(a), Some(b)) if b > a => format!("{}{block}{}", &doc[..a], &doc[b + end.len()..]),

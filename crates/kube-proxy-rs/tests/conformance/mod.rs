@@ -76,6 +76,9 @@ pub fn binaries_for(mode: &str) -> bool {
 /// The real control plane of an API-sourced [`Env`].
 pub struct RealApi {
     pub cp: ControlPlane,
+    /// The namespace of the control plane's LAN host (fault tests cut its
+    /// network).
+    pub ns: String,
     pub bins: K8sBinaries,
     /// The proxies' kubeconfig: a ServiceAccount token with the proxy's RBAC.
     pub kubeconfig: PathBuf,
@@ -153,6 +156,15 @@ impl Env {
         self.api
             .as_ref()
             .expect("this environment reads manifests, not an API server")
+    }
+
+    /// The real control plane, to stop and start its processes (fault tests).
+    pub fn control_plane(&mut self) -> &mut ControlPlane {
+        &mut self
+            .api
+            .as_mut()
+            .expect("this environment reads manifests, not an API server")
+            .cp
     }
 
     /// Writes an object: atomically into the manifest directory (the proxy
@@ -348,7 +360,12 @@ impl Env {
 
     /// Waits until `f` holds, or fails the test with the proxies' logs.
     pub fn wait(&self, what: &str, f: impl FnMut() -> bool) {
-        if !wait_until(sync_wait(), POLL, f) {
+        self.wait_for(what, sync_wait(), f)
+    }
+
+    /// [`Env::wait`] with its own time limit.
+    pub fn wait_for(&self, what: &str, limit: Duration, f: impl FnMut() -> bool) {
+        if !wait_until(limit, POLL, f) {
             panic!(
                 "timed out waiting for {what}\n--- node1 log (tail) ---\n{}\n--- node2 log (tail) ---\n{}\n--- node1 ruleset ---\n{}",
                 tail(&self.log(1)),
@@ -508,6 +525,7 @@ impl RealApi {
         .unwrap_or_else(|e| panic!("creating the proxy's token: {e}"));
         RealApi {
             cp,
+            ns: host.ns,
             bins,
             kubeconfig,
             objects: Default::default(),

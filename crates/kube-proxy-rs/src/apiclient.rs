@@ -1,0 +1,116 @@
+//! The API client: kube's stack (base URI, retries of 429/503/504,
+//! authentication, extra headers) over a connector with TCP keepalive.
+//!
+//! Why not `kube::Client::try_from(config)`: its connector has no keepalive,
+//! and a watch is a long response the client never writes to. An API server
+//! that goes away without a FIN or RST (a network partition, a dead node or
+//! load balancer) then leaves the watches waiting for kube-runtime's idle
+//! timeout, 295 s, while /healthz says the source is connected and changes
+//! pile up unseen; after the partition the stalled connections resume only
+//! at the next TCP retransmission (measured: nothing noticed in 150 s, the
+//! change programmed 28 s after the network came back). client-go has the
+//! same need and answers it with HTTP/2 health pings (30 s idle, 15 s
+//! timeout). With keepalive the kernel probes a connection that has been
+//! silent for [`KEEPALIVE_IDLE`] and fails it after [`KEEPALIVE_RETRIES`]
+//! unanswered probes: about 30 s. A healthy quiet watch costs one empty
+//! segment each way per probe.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use kube::client::ConfigExt;
+use tower::{BoxError, ServiceBuilder};
+
+/// Silence before the first keepalive probe.
+pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(15);
+/// Between unanswered probes.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+/// Unanswered probes before the kernel fails the connection.
+pub const KEEPALIVE_RETRIES: u32 = 3;
+
+/// A client for `config` whose connections use TCP keepalive (see the
+/// module documentation). A proxy URL in `config` goes through kube's own
+/// builder, which implements proxies (without keepalive).
+pub fn client(config: kube::Config) -> Result<kube::Client> {
+    if config.proxy_url.is_some() {
+        return kube::Client::try_from(config).context("building the API client");
+    }
+    let mut http = HttpConnector::new();
+    // The TLS layer above carries https.
+    http.enforce_http(false);
+    http.set_connect_timeout(config.connect_timeout);
+    http.set_keepalive(Some(KEEPALIVE_IDLE));
+    http.set_keepalive_interval(Some(KEEPALIVE_INTERVAL));
+    http.set_keepalive_retries(Some(KEEPALIVE_RETRIES));
+    let https = config
+        .rustls_https_connector_with_connector(http)
+        .context("setting up TLS for the API server")?;
+    let hyper = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(https);
+    // The layers, and their order, of kube's own builder.
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(config.default_retry.then(|| {
+            tower::retry::RetryLayer::new(kube::client::retry::RetryPolicy::server_retry())
+        }))
+        .option_layer(config.auth_layer().context("API credentials")?)
+        .layer(config.extra_headers_layer().context("API headers")?)
+        .map_err(BoxError::from)
+        .service(hyper);
+    Ok(kube::Client::new(service, config.default_namespace))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `tr` (timer) and `tm->when` (clock ticks) fields of the TCP socket
+    /// from local port `local` to remote port `remote` in /proc/net/tcp.
+    fn timer(local: u16, remote: u16) -> Option<(u8, u64)> {
+        let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+        table.lines().skip(1).find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let port = |a: &str| u16::from_str_radix(a.rsplit(':').next()?, 16).ok();
+            if port(f[1])? != local || port(f[2])? != remote {
+                return None;
+            }
+            let (tr, when) = f[5].split_once(':')?;
+            Some((tr.parse().ok()?, u64::from_str_radix(when, 16).ok()?))
+        })
+    }
+
+    /// A request the server never answers leaves the client's connection
+    /// silent: the kernel's keepalive timer (tr 2) is what runs on it, due
+    /// within KEEPALIVE_IDLE. Without SO_KEEPALIVE no timer runs at all.
+    #[tokio::test]
+    async fn connections_use_tcp_keepalive() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let config = kube::Config::new(format!("http://127.0.0.1:{port}").parse().unwrap());
+        let c = client(config).unwrap();
+        let request = tokio::spawn(async move {
+            kube::Api::<k8s_openapi::api::core::v1::Node>::all(c)
+                .get("node1")
+                .await
+        });
+        let (_held, peer) = listener.accept().await.unwrap();
+        let mut seen = None;
+        for _ in 0..50 {
+            seen = timer(peer.port(), port);
+            if seen.is_some_and(|(tr, _)| tr == 2) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        request.abort();
+        let (tr, when) = seen.expect("the client's socket is in /proc/net/tcp");
+        assert_eq!(tr, 2, "no keepalive timer on the client's connection");
+        // In clock ticks (USER_HZ, 100 per second on Linux); the system
+        // default would be 7200 s.
+        assert!(
+            when <= KEEPALIVE_IDLE.as_secs() * 100,
+            "keepalive due in {when} ticks"
+        );
+    }
+}
