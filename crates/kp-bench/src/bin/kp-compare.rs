@@ -381,12 +381,14 @@ impl Proxy<'_> {
     fn cpu_secs(&self) -> f64 {
         let stat =
             std::fs::read_to_string(format!("/proc/{}/stat", self.guard.pid())).unwrap_or_default();
-        // Fields after the parenthesised name: utime is the 14th, stime the 15th.
+        // Fields after the parenthesised name: utime, stime, cutime, cstime
+        // are the 14th to 17th. Children count: upstream runs `nft` (and
+        // both proxies `iptables-restore`) as programs it waits for.
         let rest = stat.rsplit(')').next().unwrap_or("");
         let f: Vec<&str> = rest.split_whitespace().collect();
         let tick = 100.0; // USER_HZ on Linux
         let get = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-        (get(11) + get(12)) / tick
+        (get(11) + get(12) + get(13) + get(14)) / tick
     }
 
     fn status_mib(&self, field: &str) -> f64 {
@@ -519,7 +521,12 @@ fn measure(lab: &Lab, o: &Opts, n: u32, upstream: bool, generation: &mut u32) ->
             .await?;
         anyhow::Ok(())
     })?;
-    f.delete = p.programmed(t0, |r| !has_ip(r, ip))?;
+    // Gone = no longer dispatched. Upstream leaves a deleted Service's
+    // chain (iptables) or flushed chain (nftables) until its next full sync,
+    // hourly in a cluster this size: in iptables mode only KUBE-SERVICES
+    // tells.
+    let dispatch = |l: &&str| o.mode != "iptables" || l.starts_with("-A KUBE-SERVICES ");
+    f.delete = p.programmed(t0, |r| !r.lines().filter(dispatch).any(|l| has_ip(l, ip)))?;
     eprintln!(
         "  add {:.1} ms, delete {:.1} ms",
         secs(f.add) * 1e3,
