@@ -39,4 +39,5 @@ fi
 echo "demo.sh: building (release; the first build takes a few minutes)" >&2
 cargo build --release -p kube-proxy-rs --bins
 
-exec target/release/kp-demo
+# Where cargo put it (CARGO_TARGET_DIR may move the target directory).
+exec "${CARGO_TARGET_DIR:-target}/release/kp-demo"
