@@ -240,7 +240,9 @@ fn unpack_shared() -> Result<PathBuf> {
 #[derive(Debug, Clone)]
 pub struct ControlPlaneOpts {
     /// Network namespace (`ip netns`) to run etcd, the API server and kubectl
-    /// in; `None` runs them in the caller's, on loopback with free ports.
+    /// in; `None` runs them in the caller's, on free ports. On 127.0.0.1 the
+    /// server cannot publish the `kubernetes` Service's endpoint (loopback
+    /// is invalid there): it logs that and serves everything else.
     pub netns: Option<String>,
     /// The API server's serving (and advertised) address.
     pub address: IpAddr,
