@@ -5,7 +5,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -15,28 +15,8 @@ use kp_netlab::wait_until;
 use kp_testkit::ApiServer;
 use serde_json::json;
 
-struct Ns(String);
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
-/// A temporary file removed on drop, even when the test fails.
-struct TempFile(PathBuf);
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-struct Proc(Child);
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+mod scratch;
+use scratch::{ruleset, Ns, Proc, TempFile};
 
 fn service(ip: &str) -> Service {
     serde_json::from_value(json!({
@@ -78,23 +58,6 @@ fn http_get(ns: &str, addr: &str, path: &str) -> Option<(u16, String)> {
     })
     .ok()
     .flatten()
-}
-
-fn ruleset(ns: &str) -> String {
-    let out = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            ns,
-            "nft",
-            "list",
-            "table",
-            "ip",
-            "kube-proxy-rs",
-        ])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 #[test]

@@ -10,6 +10,9 @@ use std::time::{Duration, Instant};
 
 use kp_netlab::wait_until;
 
+mod scratch;
+use scratch::{ruleset, Ns, Proc, TempFile};
+
 const SERVICES: &str = r#"
 apiVersion: v1
 kind: List
@@ -78,22 +81,6 @@ impl Dir {
 impl Drop for Dir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// The proxy's log, removed on drop.
-struct Log(PathBuf);
-impl Drop for Log {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-struct Proc(Child);
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 
@@ -204,30 +191,6 @@ fn waits_for_the_pod_cidrs() {
     );
 }
 
-struct Ns(String);
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
-fn ruleset(ns: &str) -> String {
-    let out = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            ns,
-            "nft",
-            "list",
-            "table",
-            "ip",
-            "kube-proxy-rs",
-        ])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// Upstream exits when its podCIDRs change (the DaemonSet restarts it with the
 /// new ones); the rules stay meanwhile.
 #[test]
@@ -242,7 +205,7 @@ fn exits_when_the_pod_cidrs_change() {
     let dir = Dir::new("change");
     dir.write_node(&["10.244.1.0/24"]);
     let log = std::env::temp_dir().join(format!("{ns}.log"));
-    let _log = Log(log.clone());
+    let _log = TempFile(log.clone());
     let child = Command::new("ip")
         .args(["netns", "exec", &ns, env!("CARGO_BIN_EXE_kube-proxy-rs")])
         .arg(format!("--manifests={}", dir.path().display()))
