@@ -1,5 +1,5 @@
 //! Shell completions and the man page, generated from the clap flag
-//! definitions (config.rs) so they always list exactly the flags the binary
+//! definitions (config/flags.rs) so they always list exactly the flags the binary
 //! takes. `kp-docgen` writes them; the Dockerfile installs them in the image.
 
 use std::io::Write;

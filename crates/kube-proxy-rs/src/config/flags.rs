@@ -1,0 +1,257 @@
+//! Upstream kube-proxy's command-line flags (clap), and the proxy and
+//! local-detection modes they name.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use clap::Parser;
+
+use super::duration::duration_arg;
+use super::LONG_VERSION;
+
+/// Proxy mode. `userspace` is accepted for compatibility with old configs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ProxyMode {
+    Nftables,
+    Iptables,
+    Ipvs,
+    Userspace,
+}
+
+impl ProxyMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProxyMode::Nftables => "nftables",
+            ProxyMode::Iptables => "iptables",
+            ProxyMode::Ipvs => "ipvs",
+            ProxyMode::Userspace => "userspace",
+        }
+    }
+}
+
+impl FromStr for ProxyMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            // Empty is upstream's "the platform default"; ours is nftables.
+            "" | "nftables" => Ok(ProxyMode::Nftables),
+            "iptables" => Ok(ProxyMode::Iptables),
+            "ipvs" => Ok(ProxyMode::Ipvs),
+            "userspace" => Ok(ProxyMode::Userspace),
+            other => Err(format!(
+                "unknown proxy mode {other:?} (expected nftables, iptables, ipvs or userspace)"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for ProxyMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// --detect-local-mode / detectLocalMode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DetectLocalMode {
+    ClusterCidr,
+    NodeCidr,
+    BridgeInterface,
+    InterfaceNamePrefix,
+}
+
+impl DetectLocalMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DetectLocalMode::ClusterCidr => "ClusterCIDR",
+            DetectLocalMode::NodeCidr => "NodeCIDR",
+            DetectLocalMode::BridgeInterface => "BridgeInterface",
+            DetectLocalMode::InterfaceNamePrefix => "InterfaceNamePrefix",
+        }
+    }
+}
+
+impl FromStr for DetectLocalMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "" | "ClusterCIDR" => Ok(DetectLocalMode::ClusterCidr),
+            "NodeCIDR" => Ok(DetectLocalMode::NodeCidr),
+            "BridgeInterface" => Ok(DetectLocalMode::BridgeInterface),
+            "InterfaceNamePrefix" => Ok(DetectLocalMode::InterfaceNamePrefix),
+            other => Err(format!(
+                "unknown mode {other:?} (expected ClusterCIDR, NodeCIDR, BridgeInterface or InterfaceNamePrefix)"
+            )),
+        }
+    }
+}
+
+/// Upstream kube-proxy's flags (names and defaults), plus a few of ours.
+/// Boolean flags accept `--flag`, `--flag=true` and `--flag=false` like Go's.
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "kube-proxy",
+    display_name = "kube-proxy-rs",
+    version,
+    long_version = LONG_VERSION,
+    about = "The Kubernetes network proxy (kube-proxy-rs)"
+)]
+pub struct Cli {
+    /// The path to the configuration file.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// If set, write the effective configuration to this file and exit.
+    #[arg(long)]
+    pub write_config_to: Option<PathBuf>,
+    /// Path to kubeconfig file with authorization information.
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// The address of the Kubernetes API server (overrides any value in kubeconfig).
+    #[arg(long)]
+    pub master: Option<String>,
+    /// Which proxy mode to use: nftables (default), iptables, ipvs or userspace.
+    #[arg(long, default_value = "nftables", value_parser = ProxyMode::from_str)]
+    pub proxy_mode: ProxyMode,
+    /// If non-empty, will be used as the name of the Node kube-proxy is running on.
+    #[arg(long, default_value = "")]
+    pub hostname_override: String,
+    /// Overrides kube-proxy's idea of what its node's primary IP is.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub bind_address: IpAddr,
+    /// If true, failure to bind a port is fatal.
+    #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub bind_address_hard_fail: bool,
+    /// IP:port of the health check server; empty disables it.
+    #[arg(long, default_value = "0.0.0.0:10256")]
+    pub healthz_bind_address: String,
+    /// IP:port of the metrics server; empty disables it.
+    #[arg(long, default_value = "127.0.0.1:10249")]
+    pub metrics_bind_address: String,
+    /// The CIDR range(s) of pods in the cluster, comma-separated (one per family).
+    #[arg(long, default_value = "")]
+    pub cluster_cidr: String,
+    /// How local traffic is detected: ClusterCIDR, NodeCIDR, BridgeInterface, InterfaceNamePrefix.
+    #[arg(long, default_value = "ClusterCIDR", value_parser = DetectLocalMode::from_str)]
+    pub detect_local_mode: DetectLocalMode,
+    /// Bridge interface name, with --detect-local-mode=BridgeInterface.
+    #[arg(long, default_value = "")]
+    pub pod_bridge_interface: String,
+    /// Interface name prefix, with --detect-local-mode=InterfaceNamePrefix.
+    #[arg(long, default_value = "")]
+    pub pod_interface_name_prefix: String,
+    /// CIDRs (comma-separated) or the keywords primary, all, localhost for NodePorts.
+    #[arg(long, value_delimiter = ',')]
+    pub nodeport_addresses: Vec<String>,
+    /// SNAT all traffic sent via Service cluster IPs.
+    #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub masquerade_all: bool,
+    /// The bit of the fwmark space to mark packets requiring SNAT (0..=31).
+    #[arg(long, default_value_t = 14)]
+    pub iptables_masquerade_bit: i32,
+    /// How often rules are fully re-synced.
+    #[arg(long, default_value = "30s", value_parser = duration_arg)]
+    pub iptables_sync_period: Duration,
+    /// The minimum period between rule re-syncs.
+    #[arg(long, default_value = "1s", value_parser = duration_arg)]
+    pub iptables_min_sync_period: Duration,
+    /// Allow NodePorts on localhost (iptables mode, IPv4).
+    #[arg(long, num_args = 0..=1, default_value = "true", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub iptables_localhost_nodeports: bool,
+    /// How often configuration from the apiserver is refreshed.
+    #[arg(long, default_value = "15m", value_parser = duration_arg)]
+    pub config_sync_period: Duration,
+    /// The ipvs scheduler type.
+    #[arg(long, default_value = "")]
+    pub ipvs_scheduler: String,
+    #[arg(long, default_value = "30s", value_parser = duration_arg)]
+    pub ipvs_sync_period: Duration,
+    #[arg(long, default_value = "0s", value_parser = duration_arg)]
+    pub ipvs_min_sync_period: Duration,
+    /// CIDRs the ipvs proxier should not touch when cleaning up.
+    #[arg(long, value_delimiter = ',')]
+    pub ipvs_exclude_cidrs: Vec<String>,
+    #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub ipvs_strict_arp: bool,
+    #[arg(long, default_value = "0s", value_parser = duration_arg)]
+    pub ipvs_tcp_timeout: Duration,
+    #[arg(long, default_value = "0s", value_parser = duration_arg)]
+    pub ipvs_tcpfin_timeout: Duration,
+    #[arg(long, default_value = "0s", value_parser = duration_arg)]
+    pub ipvs_udp_timeout: Duration,
+    /// Maximum tracked NAT connections per CPU core (0 leaves the limit as is).
+    #[arg(long, default_value_t = 32768)]
+    pub conntrack_max_per_core: i32,
+    #[arg(long, default_value_t = 131072)]
+    pub conntrack_min: i32,
+    #[arg(long, default_value = "24h0m0s", value_parser = duration_arg)]
+    pub conntrack_tcp_timeout_established: Duration,
+    #[arg(long, default_value = "1h0m0s", value_parser = duration_arg)]
+    pub conntrack_tcp_timeout_close_wait: Duration,
+    #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub conntrack_tcp_be_liberal: bool,
+    #[arg(long, default_value = "0s", value_parser = duration_arg)]
+    pub conntrack_udp_timeout: Duration,
+    #[arg(long, default_value = "0s", value_parser = duration_arg)]
+    pub conntrack_udp_timeout_stream: Duration,
+    /// Remove our rules and exit.
+    #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub cleanup: bool,
+    /// Log verbosity.
+    #[arg(short = 'v', long = "v", default_value_t = 0)]
+    pub verbosity: u8,
+    /// Accepted for compatibility.
+    #[arg(long, default_value_t = -999, allow_negative_numbers = true)]
+    pub oom_score_adj: i32,
+    /// key=value pairs, comma-separated.
+    #[arg(long, default_value = "")]
+    pub feature_gates: String,
+    /// Accepted for compatibility.
+    #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub profiling: bool,
+    /// Accepted for compatibility.
+    #[arg(long, default_value = "")]
+    pub show_hidden_metrics_for_version: String,
+    #[arg(long, default_value_t = 5.0)]
+    pub kube_api_qps: f32,
+    #[arg(long, default_value_t = 10)]
+    pub kube_api_burst: i32,
+    #[arg(long, default_value = "application/vnd.kubernetes.protobuf")]
+    pub kube_api_content_type: String,
+    /// Accepted for compatibility.
+    #[arg(long)]
+    pub vmodule: Option<String>,
+    /// Accepted for compatibility.
+    #[arg(long)]
+    pub log_flush_frequency: Option<String>,
+    /// Perform the host setup that needs full root privileges (conntrack
+    /// sysctls, the mode's sysctls), then exit; a later start then needs only
+    /// CAP_NET_ADMIN.
+    #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub init_only: bool,
+
+    // --- kube-proxy-rs additions ---
+    /// Directory of Service/EndpointSlice/Node manifests to serve from, when no
+    /// API server is configured.
+    #[arg(long)]
+    pub manifests: Option<PathBuf>,
+    /// Print the rules that would be installed instead of installing them.
+    #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub dry_run: bool,
+    /// Log format: text or json (upstream's --logging-format is an alias).
+    #[arg(long, alias = "logging-format", default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
+    /// Only handle Services labelled service.kubernetes.io/service-proxy-name=NAME
+    /// (instead of the unlabelled ones).
+    #[arg(long)]
+    pub service_proxy_name: Option<String>,
+    /// iptables mode: which iptables backend to program: auto (detect like
+    /// upstream: the one holding Kubernetes chains, else the one with more
+    /// rules, else nft), nft or legacy.
+    #[arg(long, env = "KUBE_PROXY_RS_IPTABLES_BACKEND", default_value = "auto", value_parser = ["auto", "nft", "legacy"])]
+    pub iptables_backend: String,
+    #[command(flatten)]
+    pub userspace: crate::modes::userspace::UserspaceFlags,
+}

@@ -1,0 +1,419 @@
+//! Upstream's defaulting and validation: the file schema (with the flags laid
+//! over it) becomes [`ProxyConfig`]. The schema is updated in place with every
+//! default, so that it can be written back out.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+use super::duration::GoDuration;
+use super::file::KubeProxyConfiguration;
+use super::flags::{DetectLocalMode, ProxyMode};
+use super::settings::{ClientSettings, ConntrackSettings, IpvsSettings, ProxyConfig};
+use super::{invalid, ConfigError, API_VERSION, DEFAULT_HEALTHZ_PORT, DEFAULT_METRICS_PORT, KIND};
+
+/// A duration field: unset or zero takes `default` (upstream's defaulting).
+fn duration_field(value: Option<GoDuration>, default: Duration) -> Duration {
+    match value {
+        Some(GoDuration(d)) if !d.is_zero() => d,
+        _ => default,
+    }
+}
+
+/// A duration field where zero is meaningful (kept as zero).
+fn duration_field_keep_zero(value: Option<GoDuration>) -> Duration {
+    value.map_or(Duration::ZERO, |g| g.0)
+}
+
+fn masquerade_bit(field: &str, v: i32) -> Result<u8, ConfigError> {
+    if (0..=31).contains(&v) {
+        Ok(v as u8)
+    } else {
+        Err(invalid(field, format!("{v} is not in 0..=31")))
+    }
+}
+
+fn parse_cidr(field: &str, s: &str) -> Result<IpNet, ConfigError> {
+    let s = s.trim();
+    // Upstream accepts a bare IP in a few places; a CIDR is required here.
+    IpNet::from_str(s)
+        .map(|n| n.trunc())
+        .map_err(|_| invalid(field, format!("{s:?} is not a valid CIDR")))
+}
+
+/// "ip:port", "[v6]:port", or a bare IP (which takes `default_port`).
+fn parse_bind(field: &str, s: &str, default_port: u16) -> Result<SocketAddr, ConfigError> {
+    let s = s.trim();
+    if let Ok(sa) = SocketAddr::from_str(s) {
+        return Ok(sa);
+    }
+    let bare = s.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = IpAddr::from_str(bare) {
+        return Ok(SocketAddr::new(ip, default_port));
+    }
+    Err(invalid(
+        field,
+        format!("{s:?} is not an IP:port address (e.g. 0.0.0.0:{default_port})"),
+    ))
+}
+
+/// This machine's hostname, lowercased.
+fn machine_hostname() -> Result<String, ConfigError> {
+    if let Ok(s) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
+        let s = s.trim();
+        if !s.is_empty() {
+            return Ok(s.to_lowercase());
+        }
+    }
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates
+    // when the name fits, and we bound the read by the buffer length anyway.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return Err(ConfigError::Hostname(
+            std::io::Error::last_os_error().to_string(),
+        ));
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    let name = String::from_utf8_lossy(&buf[..end]).trim().to_lowercase();
+    if name.is_empty() {
+        return Err(ConfigError::Hostname("the hostname is empty".to_string()));
+    }
+    Ok(name)
+}
+
+/// Applies defaults to `raw` (in place, so it can be written back out) and
+/// builds the validated settings.
+pub(super) fn resolve(mut raw: KubeProxyConfiguration) -> Result<ProxyConfig, ConfigError> {
+    raw.api_version = Some(API_VERSION.to_string());
+    raw.kind = Some(KIND.to_string());
+
+    let mode = ProxyMode::from_str(&raw.mode).map_err(|e| invalid("mode", e))?;
+    raw.mode = mode.as_str().to_string();
+
+    // bindAddress and the listen addresses.
+    let bind_address = if raw.bind_address.trim().is_empty() {
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+    } else {
+        IpAddr::from_str(raw.bind_address.trim()).map_err(|_| {
+            invalid(
+                "bindAddress",
+                format!("{:?} is not a valid IP address", raw.bind_address),
+            )
+        })?
+    };
+    raw.bind_address = bind_address.to_string();
+    let v6 = bind_address.is_ipv6();
+    if raw.healthz_bind_address.trim().is_empty() {
+        let ip: IpAddr = if v6 {
+            Ipv6Addr::UNSPECIFIED.into()
+        } else {
+            Ipv4Addr::UNSPECIFIED.into()
+        };
+        raw.healthz_bind_address = SocketAddr::new(ip, DEFAULT_HEALTHZ_PORT).to_string();
+    }
+    if raw.metrics_bind_address.trim().is_empty() {
+        let ip: IpAddr = if v6 {
+            Ipv6Addr::LOCALHOST.into()
+        } else {
+            Ipv4Addr::LOCALHOST.into()
+        };
+        raw.metrics_bind_address = SocketAddr::new(ip, DEFAULT_METRICS_PORT).to_string();
+    }
+    let healthz = parse_bind(
+        "healthzBindAddress",
+        &raw.healthz_bind_address,
+        DEFAULT_HEALTHZ_PORT,
+    )?;
+    let metrics = parse_bind(
+        "metricsBindAddress",
+        &raw.metrics_bind_address,
+        DEFAULT_METRICS_PORT,
+    )?;
+
+    // clusterCIDR: comma-separated, at most one per family.
+    let mut cluster_cidrs = Vec::new();
+    for part in raw
+        .cluster_cidr
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+    {
+        cluster_cidrs.push(parse_cidr("clusterCIDR", part)?);
+    }
+    let v4 = cluster_cidrs
+        .iter()
+        .filter(|c| matches!(c, IpNet::V4(_)))
+        .count();
+    if cluster_cidrs.len() > 2 || v4 > 1 || cluster_cidrs.len() - v4 > 1 {
+        return Err(invalid(
+            "clusterCIDR",
+            format!(
+                "{:?}: at most one CIDR per IP family is allowed",
+                raw.cluster_cidr
+            ),
+        ));
+    }
+
+    let detect_local_mode = DetectLocalMode::from_str(&raw.detect_local_mode)
+        .map_err(|e| invalid("detectLocalMode", e))?;
+    raw.detect_local_mode = detect_local_mode.as_str().to_string();
+    match detect_local_mode {
+        DetectLocalMode::BridgeInterface if raw.detect_local.bridge_interface.is_empty() => {
+            return Err(invalid(
+                "detectLocal.bridgeInterface",
+                "required when detectLocalMode is BridgeInterface",
+            ))
+        }
+        DetectLocalMode::InterfaceNamePrefix
+            if raw.detect_local.interface_name_prefix.is_empty() =>
+        {
+            return Err(invalid(
+                "detectLocal.interfaceNamePrefix",
+                "required when detectLocalMode is InterfaceNamePrefix",
+            ))
+        }
+        _ => {}
+    }
+
+    // nodePortAddresses: unset means "primary" in nftables mode and "all"
+    // elsewhere, as upstream.
+    let mut nodeport_addresses = Vec::new();
+    let mut nodeport_primary = false;
+    match &raw.node_port_addresses {
+        None => nodeport_primary = mode == ProxyMode::Nftables,
+        Some(list) => {
+            for (i, item) in list.iter().enumerate() {
+                let field = format!("nodePortAddresses[{i}]");
+                match item.trim() {
+                    "primary" => nodeport_primary = true,
+                    "all" => {
+                        nodeport_addresses.push(parse_cidr(&field, "0.0.0.0/0")?);
+                        nodeport_addresses.push(parse_cidr(&field, "::/0")?);
+                    }
+                    "localhost" => {
+                        nodeport_addresses.push(parse_cidr(&field, "127.0.0.0/8")?);
+                        nodeport_addresses.push(parse_cidr(&field, "::1/128")?);
+                    }
+                    other => nodeport_addresses.push(parse_cidr(&field, other)?),
+                }
+            }
+        }
+    }
+
+    // Masquerading and sync periods: the running mode's section wins; an unset
+    // nftables field falls back to the iptables one (so an upstream config
+    // written for the iptables default keeps its meaning here).
+    let ipt = raw.iptables.clone();
+    let nft = raw.nftables.clone();
+    let ipt_bit = masquerade_bit("iptables.masqueradeBit", ipt.masquerade_bit.unwrap_or(14))?;
+    let nft_bit = match nft.masquerade_bit {
+        Some(b) => masquerade_bit("nftables.masqueradeBit", b)?,
+        None => ipt_bit,
+    };
+    let ipt_sync = duration_field(ipt.sync_period, Duration::from_secs(30));
+    let ipt_min = duration_field(ipt.min_sync_period, Duration::from_secs(1));
+    let nft_sync = duration_field(nft.sync_period, ipt_sync);
+    let nft_min = duration_field(nft.min_sync_period, ipt_min);
+    let ipvs_sync = duration_field(raw.ipvs.sync_period, Duration::from_secs(30));
+    let ipvs_min = duration_field_keep_zero(raw.ipvs.min_sync_period);
+    let localhost_nodeports = ipt.localhost_node_ports.unwrap_or(true);
+    raw.iptables.masquerade_bit = Some(i32::from(ipt_bit));
+    raw.iptables.sync_period = Some(GoDuration(ipt_sync));
+    raw.iptables.min_sync_period = Some(GoDuration(ipt_min));
+    raw.iptables.localhost_node_ports = Some(localhost_nodeports);
+    raw.nftables.masquerade_bit = Some(i32::from(nft_bit));
+    raw.nftables.sync_period = Some(GoDuration(nft_sync));
+    raw.nftables.min_sync_period = Some(GoDuration(nft_min));
+    raw.nftables.masquerade_all = nft.masquerade_all || ipt.masquerade_all;
+    raw.ipvs.sync_period = Some(GoDuration(ipvs_sync));
+    raw.ipvs.min_sync_period = Some(GoDuration(ipvs_min));
+
+    let (mut sync_period, mut min_sync_period, masquerade_all, masquerade_bit) = match mode {
+        ProxyMode::Nftables => (nft_sync, nft_min, raw.nftables.masquerade_all, nft_bit),
+        ProxyMode::Ipvs => (ipvs_sync, ipvs_min, ipt.masquerade_all, ipt_bit),
+        ProxyMode::Iptables | ProxyMode::Userspace => {
+            (ipt_sync, ipt_min, ipt.masquerade_all, ipt_bit)
+        }
+    };
+    if raw.sync_period.is_some() {
+        sync_period = duration_field(raw.sync_period, sync_period);
+        raw.sync_period = Some(GoDuration(sync_period));
+    }
+    if raw.min_sync_period.is_some() {
+        min_sync_period = duration_field_keep_zero(raw.min_sync_period);
+        raw.min_sync_period = Some(GoDuration(min_sync_period));
+    }
+    if min_sync_period > sync_period {
+        return Err(invalid(
+            "minSyncPeriod",
+            format!(
+                "{} is longer than syncPeriod {}",
+                GoDuration(min_sync_period),
+                GoDuration(sync_period)
+            ),
+        ));
+    }
+
+    let mut exclude_cidrs = Vec::new();
+    for (i, c) in raw.ipvs.exclude_cidrs.iter().flatten().enumerate() {
+        exclude_cidrs.push(parse_cidr(&format!("ipvs.excludeCIDRs[{i}]"), c)?);
+    }
+    let ipvs = IpvsSettings {
+        scheduler: raw.ipvs.scheduler.clone(),
+        sync_period: ipvs_sync,
+        min_sync_period: ipvs_min,
+        exclude_cidrs,
+        strict_arp: raw.ipvs.strict_arp,
+        tcp_timeout: duration_field_keep_zero(raw.ipvs.tcp_timeout),
+        tcp_fin_timeout: duration_field_keep_zero(raw.ipvs.tcp_fin_timeout),
+        udp_timeout: duration_field_keep_zero(raw.ipvs.udp_timeout),
+    };
+    raw.ipvs.tcp_timeout = Some(GoDuration(ipvs.tcp_timeout));
+    raw.ipvs.tcp_fin_timeout = Some(GoDuration(ipvs.tcp_fin_timeout));
+    raw.ipvs.udp_timeout = Some(GoDuration(ipvs.udp_timeout));
+
+    let ct = &raw.conntrack;
+    let conntrack = ConntrackSettings {
+        max_per_core: ct.max_per_core.unwrap_or(32768),
+        min: ct.min.unwrap_or(131072),
+        tcp_established_timeout: duration_field(
+            ct.tcp_established_timeout,
+            Duration::from_secs(24 * 3600),
+        ),
+        tcp_close_wait_timeout: duration_field(
+            ct.tcp_close_wait_timeout,
+            Duration::from_secs(3600),
+        ),
+        tcp_be_liberal: ct.tcp_be_liberal,
+        udp_timeout: duration_field_keep_zero(ct.udp_timeout),
+        udp_stream_timeout: duration_field_keep_zero(ct.udp_stream_timeout),
+    };
+    if conntrack.max_per_core < 0 {
+        return Err(invalid(
+            "conntrack.maxPerCore",
+            format!("{} must be >= 0", conntrack.max_per_core),
+        ));
+    }
+    if conntrack.min < 0 {
+        return Err(invalid(
+            "conntrack.min",
+            format!("{} must be >= 0", conntrack.min),
+        ));
+    }
+    raw.conntrack.max_per_core = Some(conntrack.max_per_core);
+    raw.conntrack.min = Some(conntrack.min);
+    raw.conntrack.tcp_established_timeout = Some(GoDuration(conntrack.tcp_established_timeout));
+    raw.conntrack.tcp_close_wait_timeout = Some(GoDuration(conntrack.tcp_close_wait_timeout));
+    raw.conntrack.udp_timeout = Some(GoDuration(conntrack.udp_timeout));
+    raw.conntrack.udp_stream_timeout = Some(GoDuration(conntrack.udp_stream_timeout));
+
+    let config_sync_period = duration_field(raw.config_sync_period, Duration::from_secs(15 * 60));
+    raw.config_sync_period = Some(GoDuration(config_sync_period));
+
+    let oom_score_adj = raw.oom_score_adj.unwrap_or(-999);
+    if !(-1000..=1000).contains(&oom_score_adj) {
+        return Err(invalid(
+            "oomScoreAdj",
+            format!("{oom_score_adj} is not in -1000..=1000"),
+        ));
+    }
+    raw.oom_score_adj = Some(oom_score_adj);
+
+    // clientConnection defaults.
+    let cc = &mut raw.client_connection;
+    if cc.content_type.is_empty() {
+        cc.content_type = "application/vnd.kubernetes.protobuf".to_string();
+    }
+    if cc.qps == 0.0 {
+        cc.qps = 5.0;
+    }
+    if cc.burst == 0 {
+        cc.burst = 10;
+    }
+    if cc.qps < 0.0 {
+        return Err(invalid(
+            "clientConnection.qps",
+            format!("{} must be >= 0", cc.qps),
+        ));
+    }
+    if cc.burst < 0 {
+        return Err(invalid(
+            "clientConnection.burst",
+            format!("{} must be >= 0", cc.burst),
+        ));
+    }
+    let client = ClientSettings {
+        qps: cc.qps,
+        burst: cc.burst,
+        content_type: cc.content_type.clone(),
+    };
+    let kubeconfig = if cc.kubeconfig.is_empty() {
+        None
+    } else {
+        Some(PathBuf::from(&cc.kubeconfig))
+    };
+
+    let log_json = match raw.logging.format.as_deref() {
+        None | Some("") | Some("text") => false,
+        Some("json") => true,
+        Some(other) => {
+            return Err(invalid(
+                "logging.format",
+                format!("{other:?} is not text or json"),
+            ))
+        }
+    };
+    let verbosity = raw.logging.verbosity.unwrap_or(0);
+    let verbosity = u8::try_from(verbosity)
+        .map_err(|_| invalid("logging.verbosity", format!("{verbosity} is too large")))?;
+
+    let hostname = if raw.hostname_override.trim().is_empty() {
+        machine_hostname()?
+    } else {
+        raw.hostname_override.trim().to_lowercase()
+    };
+
+    Ok(ProxyConfig {
+        mode,
+        hostname,
+        bind_address,
+        bind_address_hard_fail: raw.bind_address_hard_fail,
+        healthz_bind_address: Some(healthz),
+        metrics_bind_address: Some(metrics),
+        cluster_cidrs,
+        detect_local_mode,
+        pod_bridge_interface: raw.detect_local.bridge_interface.clone(),
+        pod_interface_name_prefix: raw.detect_local.interface_name_prefix.clone(),
+        nodeport_addresses,
+        nodeport_primary,
+        masquerade_all,
+        masquerade_bit,
+        sync_period,
+        min_sync_period,
+        localhost_nodeports,
+        config_sync_period,
+        kubeconfig,
+        master: None,
+        client,
+        manifests: None,
+        cleanup: false,
+        dry_run: false,
+        init_only: false,
+        verbosity,
+        log_json,
+        service_proxy_name: None,
+        iptables_backend: None,
+        userspace: Default::default(),
+        ipvs,
+        conntrack,
+        oom_score_adj,
+        feature_gates: raw.feature_gates.clone(),
+        config_file: None,
+        write_config_to: None,
+        configuration: raw,
+    })
+}
