@@ -14,6 +14,7 @@
 mod ipset;
 mod ipvs;
 mod kernel;
+pub mod leftovers;
 mod plan;
 mod proxier;
 mod rtnl;

@@ -273,3 +273,53 @@ fn decodes_address_answers() {
     );
     assert!(parse_addr(&[2, 32]).is_none());
 }
+
+/// ipset over nfnetlink (include/uapi/linux/netfilter/ipset/ip_set.h): the
+/// name-only dump and a destroy, as the leftover cleanup sends them.
+#[test]
+fn ipset_messages() {
+    use kp_ipvs::leftovers::msg;
+    // len 36, type (NFNL_SUBSYS_IPSET 6 << 8) | IPSET_CMD_LIST 7, flags
+    // REQUEST|DUMP, seq 9, pid 0; nfgenmsg AF_INET v0 res 0; PROTOCOL u8 7
+    // (padded); FLAGS be32 LIST_SETNAME (1 << 1).
+    assert_eq!(
+        hex(&msg::list_names(9)),
+        "24000000070601030900000000000000\
+         02000000\
+         0500010007000000\
+         0800060000000002"
+    );
+    // type 0x0603 DESTROY, flags REQUEST|ACK; PROTOCOL 7; SETNAME "KUBE-X\0".
+    assert_eq!(
+        hex(&msg::destroy(3, "KUBE-X")),
+        "28000000030605000300000000000000\
+         02000000\
+         0500010007000000\
+         0b0002004b5542452d580000"
+    );
+}
+
+#[test]
+fn ipvs_mode_set_names() {
+    use kp_ipvs::leftovers::is_ipvs_set;
+    for n in [
+        "KUBE-CLUSTER-IP",
+        "KUBE-6-CLUSTER-IP",
+        "KUBE-LOAD-BALANCER-SOURCE-IP",
+        // upstream cuts IPv6 names at 31 characters; ours shortens them
+        "KUBE-6-LOAD-BALANCER-SOURCE-CID",
+        "KUBE-6-LOAD-BALANCER-SRC-CIDR",
+        "KUBE-6-NODE-PORT-LOCAL-SCTP",
+    ] {
+        assert!(is_ipvs_set(n), "{n}");
+    }
+    for n in [
+        "KUBE-6-",
+        "KUBE-CLUSTER",
+        "KUBE-6-KUBE-CLUSTER-IP",
+        "USER",
+        "",
+    ] {
+        assert!(!is_ipvs_set(n), "{n}");
+    }
+}

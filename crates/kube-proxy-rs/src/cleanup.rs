@@ -8,14 +8,13 @@
 //!   upstream iptables mode's, plus upstream ipvs mode's own chains and old
 //!   `KUBE-XLB-` chains, with every rule that jumps into them;
 //! - ipvs mode's leftovers: the `kube-ipvs0` link, upstream's ipsets (`KUBE-*`,
-//!   `KUBE-6-*` by name), and the IPVS virtual servers (`ipvsadm --clear`,
-//!   only where the kernel has IPVS).
-
-use std::path::Path;
-use std::process::Command;
+//!   `KUBE-6-*` by name), and the IPVS virtual servers (all of them, as
+//!   `ipvsadm --clear`, only where the kernel has IPVS), removed over netlink
+//!   by kp-ipvs's own code (`kp_ipvs::leftovers`), which also owns the names.
 
 use kp_iptables::leftovers::{is_ipvs_mode_chain, is_kube_proxy_chain, sweep};
 use kp_iptables::{is_our_chain, IptablesCli, Variant};
+use kp_ipvs::leftovers as ipvs_leftovers;
 use kp_model::IpFamily;
 use kp_nftables::{NftBackend, NftNetlink, TABLE_NAME};
 
@@ -24,34 +23,11 @@ use crate::config::ProxyMode;
 /// Upstream kube-proxy's nftables table name (ip and ip6 families).
 pub const UPSTREAM_NFT_TABLE: &str = "kube-proxy";
 /// The dummy interface upstream's ipvs mode binds Service IPs to.
-pub const IPVS_LINK: &str = "kube-ipvs0";
-/// Upstream ipvs mode's ipsets (IPv4 names; IPv6 ones are `KUBE-6-` + the rest).
-pub const IPVS_IPSETS: [&str; 17] = [
-    "KUBE-LOOP-BACK",
-    "KUBE-CLUSTER-IP",
-    "KUBE-EXTERNAL-IP",
-    "KUBE-EXTERNAL-IP-LOCAL",
-    "KUBE-LOAD-BALANCER",
-    "KUBE-LOAD-BALANCER-LOCAL",
-    "KUBE-LOAD-BALANCER-FW",
-    "KUBE-LOAD-BALANCER-SOURCE-IP",
-    "KUBE-LOAD-BALANCER-SOURCE-CIDR",
-    "KUBE-NODE-PORT-TCP",
-    "KUBE-NODE-PORT-LOCAL-TCP",
-    "KUBE-NODE-PORT-UDP",
-    "KUBE-NODE-PORT-LOCAL-UDP",
-    "KUBE-NODE-PORT-SCTP-HASH",
-    "KUBE-NODE-PORT-LOCAL-SCTP-HASH",
-    "KUBE-HEALTH-CHECK-NODE-PORT",
-    "KUBE-IPVS-IPS",
-];
+pub const IPVS_LINK: &str = kp_ipvs::DUMMY_DEV;
 
-/// Whether `name` is one of upstream ipvs mode's ipsets.
+/// Whether `name` is one of upstream ipvs mode's ipsets (kp-ipvs knows them).
 pub fn is_ipvs_ipset(name: &str) -> bool {
-    IPVS_IPSETS.contains(&name)
-        || name
-            .strip_prefix("KUBE-6-")
-            .is_some_and(|rest| IPVS_IPSETS.iter().any(|s| s[5..] == *rest))
+    ipvs_leftovers::is_ipvs_set(name)
 }
 
 /// What to remove.
@@ -182,59 +158,37 @@ fn iptables_chains(scope: Scope, choice: Option<Variant>, out: &mut Outcome) {
     }
 }
 
-fn run(argv: &[&str]) -> Option<std::process::Output> {
-    Command::new(argv[0]).args(&argv[1..]).output().ok()
-}
-
 fn ipvs(scope: Scope, out: &mut Outcome) {
     // The link first: while it holds the Service IPs they are local addresses.
-    match run(&["ip", "-o", "link", "show", "dev", IPVS_LINK]) {
-        Some(o) if o.status.success() => match run(&["ip", "link", "del", IPVS_LINK]) {
-            Some(d) if d.status.success() => out.removed.push(format!("link {IPVS_LINK}")),
-            Some(d) => out.failed.push(format!(
-                "link {IPVS_LINK}: {}",
-                String::from_utf8_lossy(&d.stderr).trim()
-            )),
-            None => out.failed.push(format!("link {IPVS_LINK}: cannot run ip")),
-        },
-        Some(_) => {}
-        None => out.skipped.push("links: the ip program is missing".into()),
+    match ipvs_leftovers::remove_link() {
+        Ok(true) => out.removed.push(format!("link {IPVS_LINK}")),
+        Ok(false) => {}
+        Err(e) => out.failed.push(format!("link {IPVS_LINK}: {e}")),
     }
 
     // Virtual servers: only a kernel with IPVS has any.
-    if Path::new("/proc/net/ip_vs").exists() {
-        match run(&["ipvsadm", "--clear"]) {
-            Some(o) if o.status.success() => out.removed.push("ipvs virtual servers".into()),
-            Some(o) => out.failed.push(format!(
-                "ipvs virtual servers: {}",
-                String::from_utf8_lossy(&o.stderr).trim()
-            )),
-            None => out
-                .skipped
-                .push("ipvs virtual servers: ipvsadm is missing".into()),
-        }
-    } else {
-        out.skipped
-            .push("ipvs virtual servers: no IPVS in this kernel".into());
+    match ipvs_leftovers::clear_virtual_servers() {
+        Ok(Some(n)) => out.removed.push(format!("ipvs virtual servers ({n})")),
+        Ok(None) => out
+            .skipped
+            .push("ipvs virtual servers: no IPVS in this kernel".into()),
+        Err(e) => out.failed.push(format!("ipvs virtual servers: {e}")),
     }
 
     // ipsets last: a set is busy while an iptables rule uses it.
-    let list = match run(&["ipset", "list", "-n"]) {
-        Some(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
-        Some(_) | None => {
-            out.skipped
-                .push("ipsets: the ipset program is missing or failed".into());
+    let listed = ipvs_leftovers::Ipsets::open().and_then(|mut s| Ok((s.names()?, s)));
+    let (names, mut sets) = match listed {
+        Ok(l) => l,
+        Err(e) => {
+            out.skipped.push(format!("ipsets: {e}"));
             return;
         }
     };
-    for name in list.lines().map(str::trim).filter(|n| is_ipvs_ipset(n)) {
-        match run(&["ipset", "destroy", name]) {
-            Some(o) if o.status.success() => out.removed.push(format!("ipset {name}")),
-            Some(o) => {
-                let msg = format!(
-                    "ipset {name}: {}",
-                    String::from_utf8_lossy(&o.stderr).trim()
-                );
+    for name in names.into_iter().filter(|n| is_ipvs_ipset(n)) {
+        match sets.destroy(&name) {
+            Ok(()) => out.removed.push(format!("ipset {name}")),
+            Err(e) => {
+                let msg = e.to_string();
                 // Starting in iptables mode, upstream's ipvs rules in the
                 // shared KUBE-SERVICES chain still use the sets until our
                 // first sync rewrites it; `--cleanup` removes them.
@@ -244,7 +198,6 @@ fn ipvs(scope: Scope, out: &mut Outcome) {
                     out.failed.push(msg);
                 }
             }
-            None => out.failed.push(format!("ipset {name}: cannot run ipset")),
         }
     }
 }

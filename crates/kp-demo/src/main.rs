@@ -90,7 +90,7 @@ fn check_prerequisites() -> Result<PathBuf> {
     let proxy = exe.with_file_name("kube-proxy-rs");
     if !proxy.is_file() {
         bail!(
-            "{} not found; build both binaries with `cargo build --release -p kube-proxy-rs --bins`",
+            "{} not found; build both binaries with `cargo build --release -p kube-proxy-rs -p kp-demo`",
             proxy.display()
         );
     }
