@@ -32,6 +32,9 @@ ls /lib/modules/*-amd64/kernel/net/netfilter/ipvs/ip_vs.ko >/dev/null 2>&1 || vm
 dpkg -s busybox-static >/dev/null 2>&1 || vm+=(busybox-static)
 command -v cpio >/dev/null 2>&1 || vm+=(cpio)
 command -v modinfo >/dev/null 2>&1 || vm+=(kmod)
+# promtool checks deploy/monitoring's alert rules (Debian ships it in the
+# prometheus package; without recommends, so no exporters come along).
+command -v promtool >/dev/null 2>&1 || vm+=(prometheus)
 if [ ${#missing[@]} -gt 0 ] || [ ${#vm[@]} -gt 0 ]; then
   echo "installing ${missing[*]} ${vm[*]}"
   apt-get update -qq

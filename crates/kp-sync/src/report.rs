@@ -29,6 +29,8 @@ pub trait SyncMetrics: Send {
     fn sync_failed(&self, family: IpFamily, mode: &str, full: bool);
     /// One stale-conntrack cleanup pass: its duration and deleted entries.
     fn conntrack_reconciled(&self, family: IpFamily, secs: f64, deleted: u64);
+    /// The source lost (false) or regained (true) its connection.
+    fn source_connected(&self, connected: bool);
 }
 
 /// Health the sync loop reports (upstream's ProxyHealthServer updates).
@@ -58,6 +60,7 @@ impl SyncMetrics for NoReport {
     fn programming_latency(&self, _: IpFamily, _: f64) {}
     fn sync_failed(&self, _: IpFamily, _: &str, _: bool) {}
     fn conntrack_reconciled(&self, _: IpFamily, _: f64, _: u64) {}
+    fn source_connected(&self, _: bool) {}
 }
 
 impl SyncHealth for NoReport {

@@ -232,10 +232,12 @@ impl SyncLoop {
             SourceEvent::Disconnected(why) => {
                 tracing::warn!("source disconnected, keeping the programmed rules: {why}");
                 self.health.set_source_connected(false);
+                self.metrics.source_connected(false);
             }
             SourceEvent::Reconnected => {
                 tracing::info!("source reconnected");
                 self.health.set_source_connected(true);
+                self.metrics.source_connected(true);
             }
             SourceEvent::Synced => {}
         }

@@ -96,6 +96,7 @@ impl Conntrack for NoConntrack {
 struct Metrics {
     failed: Arc<Mutex<Vec<(String, bool)>>>,
     pending: Arc<Mutex<Vec<(u64, u64)>>>,
+    connected: Arc<Mutex<Vec<bool>>>,
 }
 
 impl SyncMetrics for Metrics {
@@ -113,6 +114,9 @@ impl SyncMetrics for Metrics {
         self.failed.lock().unwrap().push((mode.to_string(), full));
     }
     fn conntrack_reconciled(&self, _: IpFamily, _: f64, _: u64) {}
+    fn source_connected(&self, c: bool) {
+        self.connected.lock().unwrap().push(c);
+    }
 }
 
 /// A loop with one IPv4 family on a fake dataplane, its virtual clock and
@@ -235,6 +239,16 @@ fn no_sync_at_all_without_synced() {
     clock.at(ms(0), service("a", 1));
     run(lp, &clock, rx, secs(300));
     assert!(rec.calls().is_empty(), "{:?}", rec.calls());
+}
+
+#[test]
+fn source_connection_is_reported_to_metrics() {
+    let (lp, clock, rx, _, metrics) = start(secs(1), secs(30));
+    clock.at(ms(0), SourceEvent::Synced);
+    clock.at(secs(2), SourceEvent::Disconnected("refused".into()));
+    clock.at(secs(9), SourceEvent::Reconnected);
+    run(lp, &clock, rx, secs(10));
+    assert_eq!(*metrics.connected.lock().unwrap(), vec![false, true]);
 }
 
 #[test]

@@ -14,5 +14,6 @@ pub mod logging;
 pub mod metrics;
 pub mod modes;
 pub mod nodecidr;
+pub mod process_metrics;
 pub mod server;
 pub mod source;

@@ -72,6 +72,7 @@ fn run(cfg: ProxyConfig) -> Result<()> {
     };
     let node_ips = host::local_addresses();
     let metrics = Metrics::new();
+    metrics.init_series(&FAMILIES);
     let mut dataplanes = Vec::new();
     let cidrs = pod_cidrs.as_ref().map_or(&[][..], |p| &p.cidrs[..]);
     for f in FAMILIES {

@@ -88,6 +88,7 @@ struct Inner {
     userspace_active: GaugeVec,
     userspace_bytes: CounterVec,
     userspace_errors: CounterVec,
+    source_connected: Gauge,
 }
 
 /// All metrics of one process. Cheap to clone (shared).
@@ -271,6 +272,25 @@ impl Metrics {
             "Userspace-mode connection errors, by service",
             userspace_errors.clone(),
         );
+        let source_connected = Gauge::default();
+        // Connected until the source says otherwise, as /healthz's
+        // sourceConnected.
+        source_connected.set(1);
+        r.register(
+            "kubeproxy_rs_source_connected",
+            "Whether the API source is connected (1) or has lost the API server (0)",
+            source_connected.clone(),
+        );
+        let build_info = GaugeVec::default();
+        build_info
+            .get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_string())])
+            .set(1);
+        r.register(
+            "kubeproxy_rs_build_info",
+            "A constant 1, labelled with the kube-proxy-rs version",
+            build_info,
+        );
+        r.register_collector(Box::new(crate::process_metrics::ProcessCollector));
 
         Metrics {
             inner: Arc::new(Inner {
@@ -301,6 +321,7 @@ impl Metrics {
                 userspace_active,
                 userspace_bytes,
                 userspace_errors,
+                source_connected,
             }),
         }
     }
@@ -508,6 +529,40 @@ impl Metrics {
         }
     }
 
+    /// Creates the labelled series the alert rules and dashboard read, at 0,
+    /// for the families that run: a family with no series is not exported at
+    /// all, and `increase()` over a counter that appears at 1 misses its first
+    /// event.
+    pub fn init_series(&self, families: &[IpFamily]) {
+        let i = &self.inner;
+        for &f in families {
+            let l = fam(f);
+            drop(i.rules_lost.get_or_create(&l));
+            drop(i.sync_retries.get_or_create(&l));
+            drop(i.nftables_sync_failures.get_or_create(&l));
+            drop(i.iptables_restore_failures.get_or_create(&l));
+            drop(i.iptables_partial_restore_failures.get_or_create(&l));
+            drop(i.conntrack_deleted.get_or_create(&l));
+            drop(i.sync_full_duration.get_or_create(&l));
+            drop(i.sync_partial_duration.get_or_create(&l));
+        }
+        for kind in ["Service", "EndpointSlice"] {
+            drop(
+                i.invalid_objects
+                    .get_or_create(&vec![("kind", kind.to_string())]),
+            );
+        }
+        for code in ["200", "503"] {
+            drop(i.healthz.get_or_create(&vec![("code", code.to_string())]));
+            drop(i.livez.get_or_create(&vec![("code", code.to_string())]));
+        }
+    }
+
+    /// The API source lost (false) or regained (true) the API server.
+    pub fn set_source_connected(&self, connected: bool) {
+        self.inner.source_connected.set(i64::from(connected));
+    }
+
     /// OpenMetrics text, `# EOF` included.
     pub fn encode_openmetrics(&self) -> String {
         let mut out = String::new();
@@ -563,6 +618,9 @@ impl kp_sync::SyncMetrics for Metrics {
     }
     fn conntrack_reconciled(&self, family: IpFamily, secs: f64, deleted: u64) {
         self.observe_conntrack_reconcile(family, secs, deleted);
+    }
+    fn source_connected(&self, connected: bool) {
+        self.set_source_connected(connected);
     }
 }
 
