@@ -357,9 +357,7 @@ impl NftablesProxier {
             prog.services.insert(name.clone(), objs);
         }
         tx.ops += adds.len();
-        let mut ops = Vec::new();
-        self.elements(&mut ops, Verb::Add, adds);
-        tx.add_elements.extend(ops);
+        self.elements(&mut tx.add_elements, Verb::Add, adds);
         // Endpoint-map shards: those in the kernel are kept and emptied (the
         // elements above refill them), new ones declared.
         let mut declared = BTreeSet::new();
@@ -539,12 +537,8 @@ impl NftablesProxier {
             prog.slots.declared.insert(m);
         }
         tx.ops += del_elems.len() + add_elems.len();
-        let mut ops = Vec::new();
-        self.elements(&mut ops, Verb::Delete, del_elems);
-        tx.del_elements.extend(ops);
-        let mut ops = Vec::new();
-        self.elements(&mut ops, Verb::Add, add_elems);
-        tx.add_elements.extend(ops);
+        self.elements(&mut tx.del_elements, Verb::Delete, del_elems);
+        self.elements(&mut tx.add_elements, Verb::Add, add_elems);
         tx
     }
 }

@@ -7,7 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 use ipnet::IpNet;
 use kp_model::{IpFamily, LocalDetector, Protocol};
 
-use crate::types::{Addr, AddrValue, Expr, Rule, Slots, Verdict};
+use crate::types::{Addr, AddrValue, Expr, KeyField, Rule, Slots, Verdict};
 
 pub const MARK_MASQ_CHAIN: &str = "mark-for-masquerade";
 
@@ -109,7 +109,7 @@ pub fn node_local_to_cluster(target: &str) -> [Rule; 2] {
 pub fn affinity_check(set: &str, target: &str) -> Rule {
     Rule::new(vec![
         Expr::Lookup {
-            key: vec![crate::types::KeyField::Addr(Addr::Saddr)],
+            key: vec![KeyField::Addr(Addr::Saddr)],
             set: set.into(),
         },
         Expr::Verdict(Verdict::Goto(target.into())),

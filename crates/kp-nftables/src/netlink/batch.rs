@@ -15,7 +15,8 @@ use super::nla::{
     msg, put_msg, udata, NftAttrs, NFNL_MSG_BATCH_BEGIN, NFNL_MSG_BATCH_END, NFNL_SUBSYS_NFTABLES,
 };
 use crate::types::{
-    clean, DType, ElemKey, NumgenValue, Object, Op, Set, SetType, Transaction, Verb,
+    clean, AddrValue, ChainType, DType, ElemKey, Expr, Hook, NumgenValue, Object, Op, Set, SetType,
+    Transaction, Verb,
 };
 
 /// An operation the encoder cannot turn into netlink (the transaction is not
@@ -118,8 +119,8 @@ pub fn max_messages(tx: &Transaction) -> usize {
                     .filter(|e| {
                         matches!(
                             e,
-                            crate::types::Expr::AddrMatch {
-                                value: crate::types::AddrValue::Set(_),
+                            Expr::AddrMatch {
+                                value: AddrValue::Set(_),
                                 ..
                             }
                         )
@@ -177,15 +178,15 @@ fn encode_op(b: &mut Batch, line: usize, fam: Family, table: &str, op: &Op) -> R
             a.str(1, table).str(3, &c.name);
             if let Some(base) = &c.base {
                 let ty = match base.ty {
-                    crate::types::ChainType::Filter => "filter",
-                    crate::types::ChainType::Nat => "nat",
+                    ChainType::Filter => "filter",
+                    ChainType::Nat => "nat",
                 };
                 let hook = match base.hook {
-                    crate::types::Hook::Prerouting => 0u32,
-                    crate::types::Hook::Input => 1,
-                    crate::types::Hook::Forward => 2,
-                    crate::types::Hook::Output => 3,
-                    crate::types::Hook::Postrouting => 4,
+                    Hook::Prerouting => 0u32,
+                    Hook::Input => 1,
+                    Hook::Forward => 2,
+                    Hook::Output => 3,
+                    Hook::Postrouting => 4,
                 };
                 // Policy accept (1).
                 a.str(7, ty).u32be(5, 1);

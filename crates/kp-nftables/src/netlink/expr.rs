@@ -9,7 +9,9 @@ use kp_model::{IpFamily, Protocol};
 use kp_netlink::{Attrs, Nest};
 
 use super::nla::{udata, NftAttrs};
-use crate::types::{Addr, AddrValue, CtState, ElemValue, Expr, KeyField, MarkOp, Rule, Verdict};
+use crate::types::{
+    clean, Addr, AddrValue, CtState, ElemValue, Expr, KeyField, MarkOp, Rule, Verdict,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
@@ -487,7 +489,7 @@ pub fn encode_rule(
                 name,
                 wildcard,
             } => {
-                let name = crate::types::clean(name);
+                let name = clean(name);
                 let data = if *wildcard {
                     name.as_bytes().to_vec()
                 } else {
