@@ -5,11 +5,14 @@ use std::process::{Command, Stdio};
 
 use kp_model::{DataplaneError, IpFamily};
 
-/// Applies one nft transaction atomically. The `nft` program is the first cut;
-/// a netlink backend implements the same trait.
+use crate::types::{family_kw, Transaction};
+
+/// Applies one nft transaction atomically: the netlink backend encodes the
+/// typed objects, the `nft` program gets them as nft text.
 pub trait NftBackend: Send {
-    /// Applies the script as one transaction: all of it or none of it.
-    fn apply(&mut self, script: &str) -> Result<(), DataplaneError>;
+    /// Applies the transaction: all of it or none of it. Returns the bytes
+    /// handed to the kernel or the tool (netlink batch, script).
+    fn apply(&mut self, tx: &Transaction) -> Result<usize, DataplaneError>;
     /// Whether our table exists (canary: `nft flush ruleset` removes it).
     fn table_exists(&mut self, family: IpFamily, table: &str) -> Result<bool, DataplaneError>;
     /// Whether `chain` of our table exists and holds at least one rule (canary:
@@ -39,7 +42,8 @@ impl Default for NftCli {
 }
 
 impl NftBackend for NftCli {
-    fn apply(&mut self, script: &str) -> Result<(), DataplaneError> {
+    fn apply(&mut self, tx: &Transaction) -> Result<usize, DataplaneError> {
+        let script = tx.to_string();
         let mut child = Command::new(&self.program)
             .args(["-f", "-"])
             .stdin(Stdio::piped())
@@ -63,7 +67,7 @@ impl NftBackend for NftCli {
             source: e,
         })?;
         if out.status.success() {
-            Ok(())
+            Ok(script.len())
         } else {
             let stderr = String::from_utf8_lossy(&out.stderr);
             // nft repeats every failing line; the first few say what went wrong.
@@ -76,7 +80,7 @@ impl NftBackend for NftCli {
     }
 
     fn table_exists(&mut self, family: IpFamily, table: &str) -> Result<bool, DataplaneError> {
-        let fam = crate::render::family_kw(family);
+        let fam = family_kw(family);
         let out = Command::new(&self.program)
             .args(["list", "tables", fam])
             .output()
@@ -102,7 +106,7 @@ impl NftBackend for NftCli {
         table: &str,
         chain: &str,
     ) -> Result<bool, DataplaneError> {
-        let fam = crate::render::family_kw(family);
+        let fam = family_kw(family);
         let out = Command::new(&self.program)
             .args(["list", "chain", fam, table, chain])
             .output()

@@ -1,18 +1,21 @@
 //! The nftables dataplane.
 //!
-//! [`render`] turns the model into [`ServiceObjects`] (chains, rules, map
-//! elements) per service port; [`NftablesProxier`] remembers what it last
-//! programmed and sends the kernel only the difference, as one transaction, through
-//! an [`NftBackend`]. The layout is described in docs/nftables.md.
+//! [`render_service`] turns the model into [`ServiceObjects`] (chains of typed
+//! rules, map elements) per service port; [`NftablesProxier`] remembers what
+//! it last programmed and sends the kernel only the difference, as one typed
+//! [`Transaction`], through an [`NftBackend`]: netlink encodes the objects,
+//! `nft -f` and --dry-run get them as nft text. The layout is described in
+//! docs/nftables.md.
 
 mod backend;
 mod netlink;
 mod proxier;
 mod render;
 mod rule;
+pub mod types;
 
 pub use backend::{NftBackend, NftCli};
-pub use netlink::{NftNetlink, ScriptError};
+pub use netlink::{EncodeError, NftNetlink};
 pub use proxier::NftablesProxier;
 pub use render::{render_service, Element, ServiceObjects, Skeleton, TABLE_NAME};
-pub use rule::{Rule, Verdict};
+pub use types::{Rule, Transaction, Verdict};

@@ -1,17 +1,16 @@
 //! The nftables proxier: remembers what it programmed, sends the difference.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::fmt::Write;
 use std::time::Instant;
 
 use kp_model::{Dataplane, DataplaneError, ProxierConfig, ProxyState, ServicePortName, SyncReport};
 
 use crate::backend::NftBackend;
 use crate::render::{
-    comment, family_kw, render_service, ElemKey, Element, MapName, Pool, PoolKind, ServiceObjects,
-    Skeleton, SET_NODEPORT_IPS, TABLE_NAME,
+    affinity_set, render_service, shard_set, ElemKey, Element, MapName, Pool, PoolKind,
+    ServiceObjects, Skeleton, SET_NODEPORT_IPS, TABLE_NAME,
 };
-use crate::rule::Rule;
+use crate::types::{Chain, Expr, Object, Op, Rule, Transaction, Verb};
 
 /// What is in the kernel, as far as we know.
 #[derive(Default)]
@@ -111,17 +110,11 @@ impl Slots {
             }
         }
         for (_, rules) in new.chains.iter_mut() {
-            for r in rules.iter_mut() {
-                if let Rule::NumgenDnat {
-                    pool, map, offset, ..
-                }
-                | Rule::NumgenGoto {
-                    pool, map, offset, ..
-                } = r
-                {
-                    if let Some(p) = new.pools.get(*pool) {
-                        *map = p.map;
-                        *offset = p.base;
+            for e in rules.iter_mut().flat_map(|r| r.exprs.iter_mut()) {
+                if let Expr::NumgenDnat { slots, .. } | Expr::NumgenVmap { slots, .. } = e {
+                    if let Some(p) = new.pools.get(slots.pool) {
+                        slots.map = p.map;
+                        slots.offset = p.base;
                     }
                 }
             }
@@ -162,28 +155,61 @@ pub struct NftablesProxier {
 /// created before anything refers to them and deleted after nothing does.
 #[derive(Default)]
 struct Tx {
-    head: String,
-    add_objects: String,
-    rules: String,
-    del_elements: String,
-    add_elements: String,
+    head: Vec<Op>,
+    add_objects: Vec<Op>,
+    rules: Vec<Op>,
+    del_elements: Vec<Op>,
+    add_elements: Vec<Op>,
     /// Stale chains are all flushed before any is deleted: one may still jump
     /// to another (external- to service-) until it is emptied.
-    flush_stale: String,
-    del_objects: String,
+    flush_stale: Vec<Op>,
+    del_objects: Vec<Op>,
     ops: usize,
 }
 
+fn op(verb: Verb, object: Object) -> Op {
+    Op { verb, object }
+}
+
+fn add_rule(chain: &str, rule: Rule) -> Op {
+    op(
+        Verb::Add,
+        Object::Rule {
+            chain: chain.to_string(),
+            rule,
+        },
+    )
+}
+
+fn chain(name: &str) -> Object {
+    Object::Chain(Chain::regular(name))
+}
+
+const TABLE_COMMENT: &str = "rules for kube-proxy-rs";
+
 impl Tx {
-    fn finish(self) -> (String, usize) {
-        let mut s = self.head;
-        s.push_str(&self.add_objects);
-        s.push_str(&self.rules);
-        s.push_str(&self.del_elements);
-        s.push_str(&self.add_elements);
-        s.push_str(&self.flush_stale);
-        s.push_str(&self.del_objects);
-        (s, self.ops)
+    fn finish(self, family: kp_model::IpFamily, table: &str) -> (Transaction, usize) {
+        let mut t = Transaction::new(family, table);
+        let n = self.head.len()
+            + self.add_objects.len()
+            + self.rules.len()
+            + self.del_elements.len()
+            + self.add_elements.len()
+            + self.flush_stale.len()
+            + self.del_objects.len();
+        t.ops.reserve_exact(n);
+        for part in [
+            self.head,
+            self.add_objects,
+            self.rules,
+            self.del_elements,
+            self.add_elements,
+            self.flush_stale,
+            self.del_objects,
+        ] {
+            t.ops.extend(part);
+        }
+        (t, self.ops)
     }
 }
 
@@ -205,110 +231,118 @@ impl NftablesProxier {
         self
     }
 
-    fn prefix(&self) -> String {
-        format!("{} {}", family_kw(self.cfg.family), self.table)
+    /// The transaction a full sync of `state` would send to a kernel without
+    /// our table: what --dry-run prints (as nft text), and what the tests
+    /// hand to the encoders.
+    pub fn full_transaction(&self, state: &ProxyState) -> Transaction {
+        let (tx, _) = self.full_tx(state, true);
+        tx.finish(self.cfg.family, &self.table).0
     }
 
     fn add_service(&self, tx: &mut Tx, objs: &ServiceObjects) {
-        let p = self.prefix();
         for (set, timeout) in &objs.affinity_sets {
-            let _ = writeln!(tx.add_objects, "{}", self.affinity_set_decl(set, *timeout));
+            tx.add_objects.push(op(
+                Verb::Add,
+                Object::Set(affinity_set(self.cfg.family, set, *timeout)),
+            ));
             tx.ops += 1;
         }
-        for (chain, rules) in &objs.chains {
-            let _ = writeln!(tx.add_objects, "add chain {p} {chain}");
+        for (name, rules) in &objs.chains {
+            tx.add_objects.push(op(Verb::Add, chain(name)));
             tx.ops += 1;
-            self.add_rules(tx, chain, rules);
+            self.add_rules(tx, name, rules);
         }
     }
 
-    /// `add rule` lines for every rule of `chain`.
+    /// `add rule` for every rule of `chain`.
     fn add_rules(&self, tx: &mut Tx, chain: &str, rules: &[Rule]) {
-        let p = self.prefix();
         for r in rules {
-            for line in r.text(self.cfg.family) {
-                let _ = writeln!(tx.rules, "add rule {p} {chain} {line}");
-                tx.ops += 1;
-            }
+            tx.rules.push(add_rule(chain, r.clone()));
+            tx.ops += 1;
         }
     }
 
-    fn elements(&self, out: &mut String, verb: &str, elems: &[&Element]) {
-        // Group by map: one command per map keeps the script short.
-        let p = self.prefix();
-        let mut by_map: BTreeMap<MapName, Vec<String>> = BTreeMap::new();
+    fn elements(&self, out: &mut Vec<Op>, verb: Verb, elems: Vec<Element>) {
+        // Grouped by map: one operation per map (and per 128 elements: a
+        // netlink attribute length is 16 bits, and chain names make verdict
+        // elements long) keeps the transaction short.
+        let mut by_map: BTreeMap<MapName, Vec<_>> = BTreeMap::new();
         for e in elems {
-            by_map.entry(e.map).or_default().push(e.text());
+            by_map.entry(e.map).or_default().push((e.key, e.value));
         }
         for (map, items) in by_map {
-            // A netlink attribute length is 16 bits: keep each element list
-            // well under 64 KiB (chain names make verdict elements long).
-            for chunk in items.chunks(128) {
-                let _ = writeln!(out, "{verb} element {p} {map} {{ {} }}", chunk.join(", "));
+            let mut items = items.into_iter().peekable();
+            while items.peek().is_some() {
+                let chunk: Vec<_> = items.by_ref().take(128).collect();
+                out.push(op(
+                    verb,
+                    Object::Elements {
+                        set: map,
+                        elems: chunk,
+                    },
+                ));
             }
         }
     }
 
-    fn skeleton_script(&self, tx: &mut Tx, fresh: bool) {
-        let p = self.prefix();
-        let _ = writeln!(
-            tx.head,
-            "add table {p} {{ comment {} ; }}",
-            comment("rules for kube-proxy-rs")
-        );
+    fn skeleton_ops(&self, tx: &mut Tx, fresh: bool) {
+        let table = || Object::Table {
+            comment: Some(TABLE_COMMENT.into()),
+        };
+        tx.head.push(op(Verb::Add, table()));
         if fresh {
             // Start from nothing: the delete and re-create are one transaction, so
             // packets see the old table or the new one, never neither.
-            let _ = writeln!(tx.head, "delete table {p}");
-            let _ = writeln!(
-                tx.head,
-                "add table {p} {{ comment {} ; }}",
-                comment("rules for kube-proxy-rs")
-            );
+            tx.head
+                .push(op(Verb::Delete, Object::Table { comment: None }));
+            tx.head.push(op(Verb::Add, table()));
         } else {
             // Keeps chains, sets and affinity state; drops every rule.
-            let _ = writeln!(tx.head, "flush table {p}");
+            tx.head
+                .push(op(Verb::Flush, Object::Table { comment: None }));
         }
         tx.ops += 2;
-        for (name, decl) in &self.skeleton.sets {
-            let kind = if Skeleton::is_map(name) { "map" } else { "set" };
-            let _ = writeln!(tx.head, "add {kind} {p} {name} {{ {decl} }}");
+        for set in &self.skeleton.sets {
+            tx.head.push(op(Verb::Add, Object::Set(set.clone())));
             if !fresh {
-                let _ = writeln!(tx.head, "flush {kind} {p} {name}");
+                tx.head.push(op(Verb::Flush, Object::Set(set.clone())));
             }
             tx.ops += 1;
         }
-        for (name, decl, rules) in &self.skeleton.chains {
-            if decl.is_empty() {
-                let _ = writeln!(tx.head, "add chain {p} {name}");
-            } else {
-                let _ = writeln!(tx.head, "add chain {p} {name} {{ {decl} }}");
-            }
+        for (name, base, rules) in &self.skeleton.chains {
+            tx.head.push(op(
+                Verb::Add,
+                Object::Chain(Chain {
+                    name: name.to_string(),
+                    base: *base,
+                }),
+            ));
             tx.ops += 1;
             for r in rules {
-                let _ = writeln!(tx.rules, "add rule {p} {name} {r}");
+                tx.rules.push(add_rule(name, r.clone()));
                 tx.ops += 1;
             }
         }
         if !self.skeleton.nodeport_ips.is_empty() {
-            let ips: Vec<String> = self
-                .skeleton
-                .nodeport_ips
-                .iter()
-                .map(|i| i.to_string())
-                .collect();
-            let _ = writeln!(
-                tx.add_elements,
-                "add element {p} {SET_NODEPORT_IPS} {{ {} }}",
-                ips.join(", ")
-            );
+            tx.add_elements.push(op(
+                Verb::Add,
+                Object::Elements {
+                    set: MapName::Fixed(SET_NODEPORT_IPS),
+                    elems: self
+                        .skeleton
+                        .nodeport_ips
+                        .iter()
+                        .map(|i| (ElemKey::Ip(*i), None))
+                        .collect(),
+                },
+            ));
         }
     }
 
     /// The full transaction for `state`, and what it programs.
     fn full_tx(&self, state: &ProxyState, fresh: bool) -> (Tx, Programmed) {
         let mut tx = Tx::default();
-        self.skeleton_script(&mut tx, fresh);
+        self.skeleton_ops(&mut tx, fresh);
         let mut prog = Programmed::default();
         let mut adds: Vec<Element> = Vec::new();
         for (name, sp) in &state.services {
@@ -323,10 +357,7 @@ impl NftablesProxier {
             prog.services.insert(name.clone(), objs);
         }
         tx.ops += adds.len();
-        let refs: Vec<&Element> = adds.iter().collect();
-        let mut s = String::new();
-        self.elements(&mut s, "add", &refs);
-        tx.add_elements.push_str(&s);
+        self.elements(&mut tx.add_elements, Verb::Add, adds);
         // Endpoint-map shards: those in the kernel are kept and emptied (the
         // elements above refill them), new ones declared.
         let mut declared = BTreeSet::new();
@@ -336,15 +367,15 @@ impl NftablesProxier {
             }
         }
         for m in &declared {
-            let _ = writeln!(tx.head, "{}", self.shard_decl(*m));
-            let _ = writeln!(tx.head, "flush map {} {m}", self.prefix());
+            tx.head.push(op(Verb::Add, Object::Set(shard_set(*m))));
+            tx.head.push(op(Verb::Flush, Object::Set(shard_set(*m))));
             tx.ops += 2;
         }
-        // Sorted: the script is deterministic.
+        // Sorted: the transaction is deterministic.
         let used: BTreeSet<MapName> = prog.slots.shards.keys().copied().collect();
         for m in used {
             if declared.insert(m) {
-                let _ = writeln!(tx.head, "{}", self.shard_decl(m));
+                tx.head.push(op(Verb::Add, Object::Set(shard_set(m))));
                 tx.ops += 1;
             }
         }
@@ -362,50 +393,28 @@ impl NftablesProxier {
     }
 
     fn delete_stale(&self, tx: &mut Tx, old: &ServiceObjects, new: Option<&ServiceObjects>) {
-        let p = self.prefix();
         let chains: HashSet<&str> = new
             .map(|n| n.chains.iter().map(|(c, _)| c.as_str()).collect())
             .unwrap_or_default();
         let sets: HashSet<&str> = new
             .map(|n| n.affinity_sets.iter().map(|(s, _)| s.as_str()).collect())
             .unwrap_or_default();
-        for (chain, _) in &old.chains {
-            if !chains.contains(chain.as_str()) {
-                let _ = writeln!(tx.flush_stale, "flush chain {p} {chain}");
-                let _ = writeln!(tx.del_objects, "delete chain {p} {chain}");
+        for (name, _) in &old.chains {
+            if !chains.contains(name.as_str()) {
+                tx.flush_stale.push(op(Verb::Flush, chain(name)));
+                tx.del_objects.push(op(Verb::Delete, chain(name)));
                 tx.ops += 2;
             }
         }
-        for (set, _) in &old.affinity_sets {
+        for (set, timeout) in &old.affinity_sets {
             if !sets.contains(set.as_str()) {
-                let _ = writeln!(tx.del_objects, "delete set {p} {set}");
+                tx.del_objects.push(op(
+                    Verb::Delete,
+                    Object::Set(affinity_set(self.cfg.family, set, *timeout)),
+                ));
                 tx.ops += 1;
             }
         }
-    }
-
-    /// `add map` for an endpoint-map shard.
-    fn shard_decl(&self, m: MapName) -> String {
-        let ip = family_kw(self.cfg.family);
-        let value = match m {
-            MapName::Endpoints(proto, _) => format!("{ip} daddr . {} dport", proto.as_lower()),
-            _ => "verdict".to_string(),
-        };
-        format!(
-            "add map {} {m} {{ typeof numgen random mod 1 : {value} ; }}",
-            self.prefix()
-        )
-    }
-
-    fn affinity_set_decl(&self, set: &str, timeout: u32) -> String {
-        let addr_t = match self.cfg.family {
-            kp_model::IpFamily::V4 => "ipv4_addr",
-            kp_model::IpFamily::V6 => "ipv6_addr",
-        };
-        format!(
-            "add set {} {set} {{ type {addr_t} ; flags dynamic,timeout ; timeout {timeout}s ; }}",
-            self.prefix()
-        )
     }
 
     /// The transaction that moves the kernel from `prog` to `state` for the
@@ -416,7 +425,6 @@ impl NftablesProxier {
         changed: &BTreeSet<ServicePortName>,
         prog: &mut Programmed,
     ) -> Tx {
-        let p = self.prefix();
         let mut tx = Tx::default();
         let mut del_elems: Vec<Element> = Vec::new();
         let mut add_elems: Vec<Element> = Vec::new();
@@ -454,21 +462,24 @@ impl NftablesProxier {
                 o.chains.iter().map(|(c, r)| (c.as_str(), r)).collect();
             for (set, timeout) in &n.affinity_sets {
                 if !old_sets.contains(set.as_str()) {
-                    let _ = writeln!(tx.add_objects, "{}", self.affinity_set_decl(set, *timeout));
+                    tx.add_objects.push(op(
+                        Verb::Add,
+                        Object::Set(affinity_set(self.cfg.family, set, *timeout)),
+                    ));
                     tx.ops += 1;
                 }
             }
-            for (chain, rules) in &n.chains {
-                match old_chains.get(chain.as_str()) {
+            for (name, rules) in &n.chains {
+                match old_chains.get(name.as_str()) {
                     Some(old_rules) if *old_rules == rules => {}
                     found => {
                         if found.is_none() {
-                            let _ = writeln!(tx.add_objects, "add chain {p} {chain}");
+                            tx.add_objects.push(op(Verb::Add, chain(name)));
                         } else {
-                            let _ = writeln!(tx.rules, "flush chain {p} {chain}");
+                            tx.rules.push(op(Verb::Flush, chain(name)));
                         }
                         tx.ops += 1;
-                        self.add_rules(&mut tx, chain, rules);
+                        self.add_rules(&mut tx, name, rules);
                     }
                 }
             }
@@ -520,19 +531,14 @@ impl NftablesProxier {
             .copied()
             .collect();
         for m in new_shards {
-            let _ = writeln!(tx.add_objects, "{}", self.shard_decl(m));
+            tx.add_objects
+                .push(op(Verb::Add, Object::Set(shard_set(m))));
             tx.ops += 1;
             prog.slots.declared.insert(m);
         }
         tx.ops += del_elems.len() + add_elems.len();
-        let del: Vec<&Element> = del_elems.iter().collect();
-        let add: Vec<&Element> = add_elems.iter().collect();
-        let mut s = String::new();
-        self.elements(&mut s, "delete", &del);
-        tx.del_elements.push_str(&s);
-        let mut s = String::new();
-        self.elements(&mut s, "add", &add);
-        tx.add_elements.push_str(&s);
+        self.elements(&mut tx.del_elements, Verb::Delete, del_elems);
+        self.elements(&mut tx.add_elements, Verb::Add, add_elems);
         tx
     }
 }
@@ -557,7 +563,7 @@ impl Programmed {
             match self.map_owner.get(&k) {
                 Some(o) if o != owner => {
                     tracing::warn!(
-                        service = %owner, holder = %o, element = %e.key.text(), map = %e.map,
+                        service = %owner, holder = %o, element = %e.key, map = %e.map,
                         "address and port already used by another Service; ignored"
                     );
                     false
@@ -620,22 +626,24 @@ impl Dataplane for NftablesProxier {
             let tx = self.partial_tx(state, changed, &mut prog);
             (tx, prog)
         };
-        let (script, ops) = tx.finish();
+        let (txn, ops) = tx.finish(self.cfg.family, &self.table);
         let render = t0.elapsed();
         let t1 = Instant::now();
         let mut report = SyncReport {
             full: is_full,
-            bytes: script.len(),
             ops,
             render,
             ..Default::default()
         };
-        if !script.is_empty() {
-            if let Err(e) = self.backend.apply(&script) {
-                // Nothing was applied (one transaction); forget what we think is
-                // there so the retry is a full sync.
-                self.programmed = None;
-                return Err(e);
+        if !txn.is_empty() {
+            match self.backend.apply(&txn) {
+                Ok(bytes) => report.bytes = bytes,
+                Err(e) => {
+                    // Nothing was applied (one transaction); forget what we think
+                    // is there so the retry is a full sync.
+                    self.programmed = None;
+                    return Err(e);
+                }
             }
         }
         report.apply = t1.elapsed();
@@ -648,8 +656,7 @@ impl Dataplane for NftablesProxier {
     }
 
     fn render(&self, state: &ProxyState) -> String {
-        let (tx, _) = self.full_tx(state, true);
-        tx.finish().0
+        self.full_transaction(state).to_string()
     }
 
     fn rules_lost(&mut self) -> bool {
@@ -675,10 +682,11 @@ impl Dataplane for NftablesProxier {
     }
 
     fn cleanup(&mut self) -> Result<(), DataplaneError> {
-        let p = self.prefix();
         // `add` first so that deleting a table that is not there is no error.
-        let script = format!("add table {p}\ndelete table {p}\n");
+        let mut tx = Transaction::new(self.cfg.family, &self.table);
+        tx.add(Object::Table { comment: None })
+            .delete(Object::Table { comment: None });
         self.programmed = None;
-        self.backend.apply(&script)
+        self.backend.apply(&tx).map(|_| ())
     }
 }

@@ -8,7 +8,12 @@ use kp_model::{
     ServicePort,
 };
 
-use crate::rule::{quote, Rule, Verdict, MARK_MASQ_CHAIN};
+use crate::rule::{self, MARK_MASQ_CHAIN};
+use crate::types::{
+    Addr, AddrValue, BaseChain, ChainType, CtState, DType, Expr, Hook, KeyField, MarkOp,
+    NumgenValue, Rule, Set, SetType, Slots, Verdict,
+};
+pub use crate::types::{ElemKey, ElemValue, MapName};
 
 /// Our table, one per family (`ip` and `ip6`). Not upstream's `kube-proxy`, so
 /// that the two never fight over one table during a migration.
@@ -23,35 +28,6 @@ pub const MAP_FIREWALL_IPS: &str = "firewall-ips";
 pub const SET_CLUSTER_IPS: &str = "cluster-ips";
 pub const SET_NODEPORT_IPS: &str = "nodeport-ips";
 pub const SET_HAIRPIN: &str = "hairpin";
-/// Name of one of the table's sets or maps: a fixed one of the skeleton, or a
-/// shard of the shared endpoint maps.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum MapName {
-    Fixed(&'static str),
-    /// `endpoints-PROTO-N`: slot -> `address . port`, DNAT targets.
-    Endpoints(Protocol, u32),
-    /// `endpoint-chains-N`: slot -> `goto endpoint-…` (session affinity).
-    EndpointChains(u32),
-}
-
-impl std::fmt::Display for MapName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            MapName::Fixed(n) => f.write_str(n),
-            MapName::Endpoints(p, k) => write!(f, "endpoints-{}-{k}", p.as_lower()),
-            MapName::EndpointChains(k) => write!(f, "endpoint-chains-{k}"),
-        }
-    }
-}
-
-impl MapName {
-    pub fn is_map(&self) -> bool {
-        match self {
-            MapName::Fixed(n) => Skeleton::is_map(n),
-            _ => true,
-        }
-    }
-}
 
 /// Which shared endpoint maps a [`Pool`] lives in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -69,48 +45,6 @@ impl PoolKind {
     }
 }
 
-/// Key of a map or set element.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum ElemKey {
-    IpProtoPort(IpAddr, Protocol, u16),
-    ProtoPort(Protocol, u16),
-    Ip(IpAddr),
-    /// `saddr . daddr` of the hairpin set: both the endpoint's IP.
-    IpPair(IpAddr),
-    /// A slot of the shared endpoint maps (written in hex, which marks a
-    /// 32-bit integer key in our script grammar).
-    Slot(u32),
-}
-
-impl ElemKey {
-    pub fn text(&self) -> String {
-        match self {
-            ElemKey::IpProtoPort(ip, p, port) => format!("{ip} . {} . {port}", p.as_lower()),
-            ElemKey::ProtoPort(p, port) => format!("{} . {port}", p.as_lower()),
-            ElemKey::Ip(ip) => ip.to_string(),
-            ElemKey::IpPair(ip) => format!("{ip} . {ip}"),
-            ElemKey::Slot(n) => format!("0x{n:x}"),
-        }
-    }
-}
-
-/// What a map element maps its key to.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum ElemValue {
-    Verdict(Verdict),
-    /// DNAT target in the endpoint map.
-    Endpoint(SocketAddr),
-}
-
-impl ElemValue {
-    pub fn text(&self) -> String {
-        match self {
-            ElemValue::Verdict(v) => v.text(),
-            ElemValue::Endpoint(a) => format!("{} . {}", a.ip(), a.port()),
-        }
-    }
-}
-
 /// One element of one of the table's global sets or maps.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Element {
@@ -123,8 +57,8 @@ pub struct Element {
 impl Element {
     pub fn text(&self) -> String {
         match &self.value {
-            Some(v) => format!("{} : {}", self.key.text(), v.text()),
-            None => self.key.text(),
+            Some(v) => format!("{} : {v}", self.key),
+            None => self.key.to_string(),
         }
     }
 }
@@ -217,23 +151,22 @@ fn selection(
         pools.len() - 1
     };
     match sp.session_affinity_timeout {
-        None if eps.len() == 1 => vec![Rule::Dnat {
-            protocol: sp.protocol,
-            endpoint: eps[0].socket_addr(),
-        }],
+        None if eps.len() == 1 => vec![rule::dnat(sp.protocol, eps[0].socket_addr())],
         None => {
             let values = eps
                 .iter()
                 .map(|e| ElemValue::Endpoint(e.socket_addr()))
                 .collect();
             let kind = PoolKind::Endpoints(sp.protocol);
-            vec![Rule::NumgenDnat {
-                protocol: sp.protocol,
-                count: eps.len() as u32,
-                pool: pool(kind, values),
-                map: kind.shard(0),
-                offset: 0,
-            }]
+            vec![rule::numgen_dnat(
+                sp.protocol,
+                eps.len() as u32,
+                Slots {
+                    pool: pool(kind, values),
+                    map: kind.shard(0),
+                    offset: 0,
+                },
+            )]
         }
         Some(timeout) => {
             // Affinity needs to know which endpoint a client got: one chain and one
@@ -257,38 +190,34 @@ fn selection(
                     chains.push((
                         chain.clone(),
                         vec![
-                            Rule::AffinityUpdate { set: set.clone() },
-                            Rule::Dnat {
-                                protocol: sp.protocol,
-                                endpoint: SocketAddr::new(ep.ip, ep.port),
-                            },
+                            rule::affinity_update(&set),
+                            rule::dnat(sp.protocol, SocketAddr::new(ep.ip, ep.port)),
                         ],
                     ));
                     sets.push((set.clone(), timeout));
                 }
-                rules.push(Rule::AffinityCheck {
-                    set,
-                    target: chain.clone(),
-                });
+                rules.push(rule::affinity_check(&set, &chain));
                 targets.push(chain);
             }
             if targets.len() == 1 {
-                rules.push(Rule::Verdict {
-                    verdict: Verdict::Goto(targets.remove(0)),
-                    comment: "one endpoint".into(),
-                });
+                rules.push(rule::verdict(
+                    Verdict::Goto(targets.remove(0)),
+                    "one endpoint",
+                ));
             } else {
                 let count = targets.len() as u32;
                 let values = targets
                     .into_iter()
                     .map(|t| ElemValue::Verdict(Verdict::Goto(t)))
                     .collect();
-                rules.push(Rule::NumgenGoto {
+                rules.push(rule::numgen_goto(
                     count,
-                    pool: pool(PoolKind::EndpointChains, values),
-                    map: PoolKind::EndpointChains.shard(0),
-                    offset: 0,
-                });
+                    Slots {
+                        pool: pool(PoolKind::EndpointChains, values),
+                        map: PoolKind::EndpointChains.shard(0),
+                        offset: 0,
+                    },
+                ));
             }
             rules
         }
@@ -334,17 +263,18 @@ pub fn render_service(
         sp.external_policy_local && cat.local.is_empty(),
     );
 
-    let masq_rule = Rule::MarkMasqUnlessLocal {
-        ip: sp.cluster_ip,
-        protocol: sp.protocol,
-        port: sp.port,
-        detector: cfg.local_detector.clone(),
-        masquerade_all: cfg.masquerade_all,
-    };
+    let masq_rule = rule::mark_masq_unless_local(
+        cfg.family,
+        sp.cluster_ip,
+        sp.protocol,
+        sp.port,
+        &cfg.local_detector,
+        cfg.masquerade_all,
+    );
     if !cat.cluster.is_empty() {
         let mut rules = Vec::new();
         if !sp.internal_policy_local {
-            rules.push(masq_rule.clone());
+            rules.extend(masq_rule.clone());
         }
         rules.extend(selection(
             sp,
@@ -358,7 +288,7 @@ pub fn render_service(
     if sp.uses_local_endpoints() && !cat.local.is_empty() {
         let mut rules = Vec::new();
         if sp.internal_policy_local {
-            rules.push(masq_rule);
+            rules.extend(masq_rule);
         }
         rules.extend(selection(
             sp,
@@ -375,24 +305,23 @@ pub fn render_service(
         let mut rules = Vec::new();
         if sp.external_policy_local {
             if !cat.cluster.is_empty() {
-                rules.push(Rule::GotoIfFromCluster {
-                    detector: cfg.local_detector.clone(),
-                    target: svc_chain.clone(),
-                });
-                rules.push(Rule::NodeLocalToCluster {
-                    target: svc_chain.clone(),
-                });
+                rules.extend(rule::goto_if_from_cluster(
+                    cfg.family,
+                    &cfg.local_detector,
+                    &svc_chain,
+                ));
+                rules.extend(rule::node_local_to_cluster(&svc_chain));
             }
-            rules.push(Rule::Verdict {
-                verdict: Verdict::Goto(local_chain.clone()),
-                comment: "local endpoints only".into(),
-            });
+            rules.push(rule::verdict(
+                Verdict::Goto(local_chain.clone()),
+                "local endpoints only",
+            ));
         } else {
-            rules.push(Rule::MarkMasq);
-            rules.push(Rule::Verdict {
-                verdict: Verdict::Goto(svc_chain.clone()),
-                comment: "cluster endpoints".into(),
-            });
+            rules.push(rule::mark_masq());
+            rules.push(rule::verdict(
+                Verdict::Goto(svc_chain.clone()),
+                "cluster endpoints",
+            ));
         }
         out.chains.push((ext_chain.clone(), rules));
     }
@@ -466,9 +395,9 @@ pub fn render_service(
     if !sp.load_balancer_source_ranges.is_empty() && !sp.load_balancer_ips.is_empty() {
         out.chains.push((
             fw_chain.clone(),
-            vec![Rule::DropUnlessSource {
-                ranges: sp.load_balancer_source_ranges.clone(),
-            }],
+            vec![rule::drop_unless_source(
+                sp.load_balancer_source_ranges.clone(),
+            )],
         ));
         for ip in &sp.load_balancer_ips {
             out.elements.push(Element {
@@ -498,29 +427,70 @@ pub fn render_service(
 /// chains, and the global sets and maps the per-service objects fill.
 pub struct Skeleton {
     pub family: IpFamily,
-    /// (name, declaration inside `{ }` or empty for a regular chain, rules).
-    pub chains: Vec<(&'static str, String, Vec<String>)>,
-    /// (name, declaration).
-    pub sets: Vec<(&'static str, String)>,
+    /// (name, hook for a base chain, rules).
+    pub chains: Vec<(&'static str, Option<BaseChain>, Vec<Rule>)>,
+    pub sets: Vec<Set>,
     /// Static elements of `nodeport-ips`.
     pub nodeport_ips: Vec<IpAddr>,
+}
+
+fn jump(chain: &str) -> Expr {
+    Expr::Verdict(Verdict::Jump(chain.into()))
+}
+
+/// `ct state new jump CHAIN`
+fn new_jump(chain: &str) -> Rule {
+    Rule::new(vec![Expr::Ct(CtState::New), jump(chain)])
+}
+
+/// `ip daddr . meta l4proto . th dport vmap @MAP`
+fn dispatch(map: &str) -> Expr {
+    Expr::Vmap {
+        key: vec![
+            KeyField::Addr(Addr::Daddr),
+            KeyField::L4Proto,
+            KeyField::ThDport,
+        ],
+        map: map.into(),
+    }
 }
 
 impl Skeleton {
     pub fn new(cfg: &ProxierConfig) -> Skeleton {
         let fam = cfg.family;
-        let (ip, addr_t, lo) = match fam {
-            IpFamily::V4 => ("ip", "ipv4_addr", "127.0.0.0/8"),
-            IpFamily::V6 => ("ip6", "ipv6_addr", "::1"),
+        // Loopback: 127.0.0.0/8, ::1.
+        let lo_value = match fam {
+            IpFamily::V4 => AddrValue::Net(ipnet::IpNet::V4(ipnet::Ipv4Net::new_assert(
+                std::net::Ipv4Addr::new(127, 0, 0, 0),
+                8,
+            ))),
+            IpFamily::V6 => AddrValue::Ip(std::net::Ipv6Addr::LOCALHOST.into()),
         };
-        let mark = format!("0x{:x}", cfg.masquerade_mark());
-        let base = |hook: &str, ty: &str, prio: i32| {
-            format!("type {ty} hook {hook} priority {prio} ; policy accept ;")
-        };
-        let nodeport_match = if cfg.nodeport_addresses.is_empty() {
-            format!("fib daddr type local {ip} daddr != {lo}")
+        let mark = cfg.masquerade_mark();
+        let base =
+            |hook: Hook, ty: ChainType, priority: i32| Some(BaseChain { ty, hook, priority });
+        let nodeport_match: Vec<Expr> = if cfg.nodeport_addresses.is_empty() {
+            vec![
+                Expr::FibLocal(Addr::Daddr),
+                Expr::AddrMatch {
+                    field: Addr::Daddr,
+                    neg: true,
+                    value: lo_value,
+                },
+            ]
         } else {
-            format!("{ip} daddr @{SET_NODEPORT_IPS}")
+            vec![Expr::Lookup {
+                key: vec![KeyField::Addr(Addr::Daddr)],
+                set: SET_NODEPORT_IPS.into(),
+            }]
+        };
+        let nodeport_dispatch = |map: &str| {
+            let mut e = nodeport_match.clone();
+            e.push(Expr::Vmap {
+                key: vec![KeyField::L4Proto, KeyField::ThDport],
+                map: map.into(),
+            });
+            Rule::new(e)
         };
         let nodeport_ips: Vec<IpAddr> = cfg
             .node_ips
@@ -528,137 +498,161 @@ impl Skeleton {
             .filter(|a| cfg.nodeport_addresses.iter().any(|n| n.contains(*a)))
             .copied()
             .collect();
-        let mut services_rules = vec![format!(
-            "{ip} daddr . meta l4proto . th dport vmap @{MAP_SERVICE_IPS}"
-        )];
-        services_rules.push(format!(
-            "{nodeport_match} meta l4proto . th dport vmap @{MAP_SERVICE_NODEPORTS}"
-        ));
-        let mut cluster_check = vec![format!(
-            "{ip} daddr @{SET_CLUSTER_IPS} reject comment \"reject traffic to invalid ports of ClusterIPs\""
-        )];
+        let services_rules = vec![
+            Rule::new(vec![dispatch(MAP_SERVICE_IPS)]),
+            nodeport_dispatch(MAP_SERVICE_NODEPORTS),
+        ];
+        let mut cluster_check = vec![Rule::new(vec![
+            Expr::Lookup {
+                key: vec![KeyField::Addr(Addr::Daddr)],
+                set: SET_CLUSTER_IPS.into(),
+            },
+            Expr::Reject,
+        ])
+        .comment("reject traffic to invalid ports of ClusterIPs")];
         for cidr in cfg.service_cidrs.iter().filter(|n| {
             matches!(
                 (fam, n),
                 (IpFamily::V4, ipnet::IpNet::V4(_)) | (IpFamily::V6, ipnet::IpNet::V6(_))
             )
         }) {
-            cluster_check.push(format!(
-                "{ip} daddr {cidr} drop comment \"drop traffic to unallocated ClusterIPs\""
-            ));
+            cluster_check.push(
+                Rule::new(vec![
+                    Expr::AddrMatch {
+                        field: Addr::Daddr,
+                        neg: false,
+                        value: AddrValue::Net(*cidr),
+                    },
+                    Expr::Verdict(Verdict::Drop),
+                ])
+                .comment("drop traffic to unallocated ClusterIPs"),
+            );
         }
         let chains = vec![
             (
                 "filter-prerouting",
-                base("prerouting", "filter", -110),
-                vec!["ct state new jump firewall-check".to_string()],
+                base(Hook::Prerouting, ChainType::Filter, -110),
+                vec![new_jump("firewall-check")],
             ),
             (
                 "filter-input",
-                base("input", "filter", -110),
+                base(Hook::Input, ChainType::Filter, -110),
                 vec![
-                    "ct state new jump nodeport-endpoints-check".to_string(),
-                    "ct state new jump service-endpoints-check".to_string(),
+                    new_jump("nodeport-endpoints-check"),
+                    new_jump("service-endpoints-check"),
                 ],
             ),
             (
                 "filter-forward",
-                base("forward", "filter", -110),
+                base(Hook::Forward, ChainType::Filter, -110),
                 vec![
                     // Out-of-window TCP packets marked INVALID would otherwise be
                     // forwarded un-NATed and reset the connection (upstream's
                     // conntrack e2e "invalid state" case).
-                    "ct state invalid drop".to_string(),
-                    "ct state new jump service-endpoints-check".to_string(),
-                    "ct state new jump cluster-ips-check".to_string(),
+                    Rule::new(vec![
+                        Expr::Ct(CtState::Invalid),
+                        Expr::Verdict(Verdict::Drop),
+                    ]),
+                    new_jump("service-endpoints-check"),
+                    new_jump("cluster-ips-check"),
                 ],
             ),
             (
                 "filter-output",
-                base("output", "filter", -110),
+                base(Hook::Output, ChainType::Filter, -110),
                 vec![
-                    "ct state new jump service-endpoints-check".to_string(),
-                    "ct state new jump firewall-check".to_string(),
+                    new_jump("service-endpoints-check"),
+                    new_jump("firewall-check"),
                 ],
             ),
             (
                 "filter-output-post-dnat",
-                base("output", "filter", -90),
-                vec!["ct state new jump cluster-ips-check".to_string()],
+                base(Hook::Output, ChainType::Filter, -90),
+                vec![new_jump("cluster-ips-check")],
             ),
             (
                 "nat-prerouting",
-                base("prerouting", "nat", -100),
-                vec!["jump services".to_string()],
+                base(Hook::Prerouting, ChainType::Nat, -100),
+                vec![Rule::new(vec![jump("services")])],
             ),
             (
                 "nat-output",
-                base("output", "nat", -100),
-                vec!["jump services".to_string()],
+                base(Hook::Output, ChainType::Nat, -100),
+                vec![Rule::new(vec![jump("services")])],
             ),
             (
                 "nat-postrouting",
-                base("postrouting", "nat", 100),
-                vec!["jump masquerading".to_string()],
+                base(Hook::Postrouting, ChainType::Nat, 100),
+                vec![Rule::new(vec![jump("masquerading")])],
             ),
             (
                 MARK_MASQ_CHAIN,
-                String::new(),
-                vec![format!("meta mark set meta mark or {mark}")],
+                None,
+                vec![Rule::new(vec![Expr::MarkSet(MarkOp::Or, mark)])],
             ),
             (
                 "masquerading",
-                String::new(),
+                None,
                 vec![
-                    format!(
-                        "{ip} saddr . {ip} daddr @{SET_HAIRPIN} masquerade fully-random comment \"hairpin: a pod reached itself through a Service\""
-                    ),
-                    format!("meta mark and {mark} == 0 return"),
-                    format!("meta mark set meta mark xor {mark}"),
-                    "masquerade fully-random".to_string(),
+                    Rule::new(vec![
+                        Expr::Lookup {
+                            key: vec![KeyField::Addr(Addr::Saddr), KeyField::Addr(Addr::Daddr)],
+                            set: SET_HAIRPIN.into(),
+                        },
+                        Expr::Masquerade { fully_random: true },
+                    ])
+                    .comment("hairpin: a pod reached itself through a Service"),
+                    Rule::new(vec![
+                        Expr::MarkMatch {
+                            mask: mark,
+                            neg: false,
+                            value: 0,
+                        },
+                        Expr::Verdict(Verdict::Return),
+                    ]),
+                    Rule::new(vec![Expr::MarkSet(MarkOp::Xor, mark)]),
+                    Rule::new(vec![Expr::Masquerade { fully_random: true }]),
                 ],
             ),
-            ("services", String::new(), services_rules),
+            ("services", None, services_rules),
             (
                 "firewall-check",
-                String::new(),
-                vec![format!(
-                    "{ip} daddr . meta l4proto . th dport vmap @{MAP_FIREWALL_IPS}"
-                )],
+                None,
+                vec![Rule::new(vec![dispatch(MAP_FIREWALL_IPS)])],
             ),
-            (REJECT_CHAIN, String::new(), vec!["reject".to_string()]),
+            (REJECT_CHAIN, None, vec![Rule::new(vec![Expr::Reject])]),
             (
                 "service-endpoints-check",
-                String::new(),
-                vec![format!(
-                    "{ip} daddr . meta l4proto . th dport vmap @{MAP_NO_EP_SERVICES}"
-                )],
+                None,
+                vec![Rule::new(vec![dispatch(MAP_NO_EP_SERVICES)])],
             ),
             (
                 "nodeport-endpoints-check",
-                String::new(),
-                vec![format!(
-                    "{nodeport_match} meta l4proto . th dport vmap @{MAP_NO_EP_NODEPORTS}"
-                )],
+                None,
+                vec![nodeport_dispatch(MAP_NO_EP_NODEPORTS)],
             ),
-            ("cluster-ips-check", String::new(), cluster_check),
+            ("cluster-ips-check", None, cluster_check),
         ];
-        let ipp = format!("type {addr_t} . inet_proto . inet_service : verdict ;");
+        let addr = DType::addr(fam);
+        let set = |name: &str, key: Vec<DType>, verdict_map: bool| Set {
+            name: name.into(),
+            ty: SetType::Typed {
+                key,
+                verdict_map,
+                timeout: None,
+            },
+        };
+        let ipp = vec![addr, DType::InetProto, DType::InetService];
+        let pp = vec![DType::InetProto, DType::InetService];
         let sets = vec![
-            (SET_CLUSTER_IPS, format!("type {addr_t} ;")),
-            (SET_NODEPORT_IPS, format!("type {addr_t} ;")),
-            (SET_HAIRPIN, format!("type {addr_t} . {addr_t} ;")),
-            (MAP_SERVICE_IPS, ipp.clone()),
-            (
-                MAP_SERVICE_NODEPORTS,
-                "type inet_proto . inet_service : verdict ;".to_string(),
-            ),
-            (MAP_NO_EP_SERVICES, ipp.clone()),
-            (
-                MAP_NO_EP_NODEPORTS,
-                "type inet_proto . inet_service : verdict ;".to_string(),
-            ),
-            (MAP_FIREWALL_IPS, ipp),
+            set(SET_CLUSTER_IPS, vec![addr], false),
+            set(SET_NODEPORT_IPS, vec![addr], false),
+            set(SET_HAIRPIN, vec![addr, addr], false),
+            set(MAP_SERVICE_IPS, ipp.clone(), true),
+            set(MAP_SERVICE_NODEPORTS, pp.clone(), true),
+            set(MAP_NO_EP_SERVICES, ipp.clone(), true),
+            set(MAP_NO_EP_NODEPORTS, pp, true),
+            set(MAP_FIREWALL_IPS, ipp, true),
         ];
         Skeleton {
             family: fam,
@@ -667,26 +661,28 @@ impl Skeleton {
             nodeport_ips,
         }
     }
+}
 
-    pub fn is_map(name: &str) -> bool {
-        matches!(
-            name,
-            MAP_SERVICE_IPS
-                | MAP_SERVICE_NODEPORTS
-                | MAP_NO_EP_SERVICES
-                | MAP_NO_EP_NODEPORTS
-                | MAP_FIREWALL_IPS
-        )
+/// The declaration of an endpoint-map shard.
+pub fn shard_set(m: MapName) -> Set {
+    let value = match m {
+        MapName::Endpoints(proto, _) => NumgenValue::AddrPort(proto),
+        _ => NumgenValue::Verdict,
+    };
+    Set {
+        name: m.to_string(),
+        ty: SetType::Numgen(value),
     }
 }
 
-pub(crate) fn family_kw(f: IpFamily) -> &'static str {
-    match f {
-        IpFamily::V4 => "ip",
-        IpFamily::V6 => "ip6",
+/// The declaration of a session-affinity set.
+pub fn affinity_set(family: IpFamily, name: &str, timeout: u32) -> Set {
+    Set {
+        name: name.into(),
+        ty: SetType::Typed {
+            key: vec![DType::addr(family)],
+            verdict_map: false,
+            timeout: Some(timeout),
+        },
     }
-}
-
-pub(crate) fn comment(s: &str) -> String {
-    quote(s)
 }

@@ -83,3 +83,65 @@ pub fn ready(
 ) -> (&'static str, &'static str, bool, bool, bool) {
     (ip, node, true, true, false)
 }
+
+/// A network namespace with a unique name, deleted on drop even when the
+/// test fails.
+pub struct Ns(pub String);
+
+impl Ns {
+    pub fn new(tag: &str) -> Ns {
+        let name = format!("kpnl{tag}{}", std::process::id());
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &name])
+            .status();
+        let ok = std::process::Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "creating namespace {name}");
+        Ns(name)
+    }
+
+    /// Runs `f` on a thread that has entered the namespace (sockets it opens
+    /// and processes it starts live there).
+    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        use std::os::fd::AsRawFd;
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let file = std::fs::File::open(format!("/var/run/netns/{}", self.0)).unwrap();
+                let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+                assert_eq!(rc, 0, "setns {}", self.0);
+                f()
+            })
+            .join()
+            .unwrap()
+        })
+    }
+
+    /// `nft ARGS` in the namespace: stdout, or stderr as the error.
+    pub fn nft(&self, args: &[&str]) -> Result<String, String> {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &self.0, "nft"])
+            .args(args)
+            .output()
+            .unwrap();
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).to_string())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).to_string())
+        }
+    }
+
+    pub fn ruleset(&self) -> String {
+        self.nft(&["list", "ruleset"]).unwrap()
+    }
+}
+
+impl Drop for Ns {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.0])
+            .status();
+    }
+}

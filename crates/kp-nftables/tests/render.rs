@@ -9,7 +9,7 @@ use std::process::Command;
 
 use common::*;
 use kp_model::{Dataplane, IpFamily, LocalDetector, ProxierConfig};
-use kp_nftables::{NftBackend, NftablesProxier};
+use kp_nftables::{NftBackend, NftablesProxier, Transaction};
 use serde_json::json;
 
 /// Records scripts instead of applying them.
@@ -17,9 +17,11 @@ use serde_json::json;
 struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
 
 impl NftBackend for Recorder {
-    fn apply(&mut self, script: &str) -> Result<(), kp_model::DataplaneError> {
-        self.0.lock().unwrap().push(script.to_string());
-        Ok(())
+    fn apply(&mut self, tx: &Transaction) -> Result<usize, kp_model::DataplaneError> {
+        let script = tx.to_string();
+        let n = script.len();
+        self.0.lock().unwrap().push(script);
+        Ok(n)
     }
     fn table_exists(&mut self, _: IpFamily, _: &str) -> Result<bool, kp_model::DataplaneError> {
         Ok(true)

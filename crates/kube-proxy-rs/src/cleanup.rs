@@ -16,7 +16,8 @@ use kp_iptables::leftovers::{is_ipvs_mode_chain, is_kube_proxy_chain, sweep};
 use kp_iptables::{is_our_chain, IptablesCli, Variant};
 use kp_ipvs::leftovers as ipvs_leftovers;
 use kp_model::IpFamily;
-use kp_nftables::{NftBackend, NftNetlink, TABLE_NAME};
+use kp_nftables::types::Object;
+use kp_nftables::{NftBackend, NftNetlink, Transaction, TABLE_NAME};
 
 use crate::config::ProxyMode;
 
@@ -105,9 +106,10 @@ fn nftables(scope: Scope, out: &mut Outcome) {
             match nl.table_exists(f, t) {
                 Ok(false) => {}
                 Ok(true) => {
-                    let script = format!("delete table {} {t}\n", nft_family(f));
-                    match nl.apply(&script) {
-                        Ok(()) => out.removed.push(format!("nftables {} {t}", nft_family(f))),
+                    let mut tx = Transaction::new(f, *t);
+                    tx.delete(Object::Table { comment: None });
+                    match nl.apply(&tx) {
+                        Ok(_) => out.removed.push(format!("nftables {} {t}", nft_family(f))),
                         Err(e) => out
                             .failed
                             .push(format!("nftables {} {t}: {e}", nft_family(f))),

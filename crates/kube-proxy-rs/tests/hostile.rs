@@ -296,8 +296,8 @@ fn cluster() -> impl Strategy<Value = Vec<Value>> {
 
 struct NoNft;
 impl kp_nftables::NftBackend for NoNft {
-    fn apply(&mut self, _: &str) -> Result<(), DataplaneError> {
-        Ok(())
+    fn apply(&mut self, _: &kp_nftables::Transaction) -> Result<usize, DataplaneError> {
+        Ok(0)
     }
     fn table_exists(&mut self, _: IpFamily, _: &str) -> Result<bool, DataplaneError> {
         Ok(true)
@@ -374,8 +374,8 @@ fn load(dir: &Path) -> (Vec<ProxyState>, usize) {
     (states, rejected)
 }
 
-/// (nft script, iptables-restore input) per family.
-fn render(states: &[ProxyState]) -> Vec<(IpFamily, String, String)> {
+/// (nft transaction, iptables-restore input) per family.
+fn render(states: &[ProxyState]) -> Vec<(IpFamily, kp_nftables::Transaction, String)> {
     [IpFamily::V4, IpFamily::V6]
         .into_iter()
         .zip(states)
@@ -383,7 +383,7 @@ fn render(states: &[ProxyState]) -> Vec<(IpFamily, String, String)> {
             let nft = kp_nftables::NftablesProxier::new(proxier_config(family), Box::new(NoNft));
             let ipt = kp_iptables::IptablesProxier::new(proxier_config(family), Box::new(NoIpt))
                 .with_route_localnet(false);
-            (family, nft.render(st), ipt.render(st))
+            (family, nft.full_transaction(st), ipt.render(st))
         })
         .collect()
 }
@@ -486,6 +486,7 @@ fn arbitrary_clusters_render_rulesets_the_kernel_accepts() {
                     "netlink encoder ({family}): {e}\n{nft}"
                 )));
             }
+            let nft = nft.to_string();
             if let Err(e) = ns.feed(&["nft", "-c", "-f", "-"], &nft) {
                 return Err(TestCaseError::fail(format!(
                     "nft -c ({family}): {e}\n{nft}"

@@ -1,12 +1,17 @@
-//! Rule bodies: the statement shapes of rule.rs and render.rs, as nf_tables
-//! expressions with nft's register layout.
+//! Rule bodies: the typed expressions of types.rs as nf_tables expressions,
+//! with nft's register layout (so that `nft list` prints them back as the
+//! same statements).
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 
+use ipnet::IpNet;
+use kp_model::{IpFamily, Protocol};
 use kp_netlink::{Attrs, Nest};
 
 use super::nla::{udata, NftAttrs};
-use super::script::{AnonSet, Cur, Tok};
+use crate::types::{
+    clean, Addr, AddrValue, CtState, ElemValue, Expr, KeyField, MarkOp, Rule, Verdict,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
@@ -14,17 +19,20 @@ pub enum Family {
     V6,
 }
 
+impl From<IpFamily> for Family {
+    fn from(f: IpFamily) -> Family {
+        match f {
+            IpFamily::V4 => Family::V4,
+            IpFamily::V6 => Family::V6,
+        }
+    }
+}
+
 impl Family {
     pub fn nfproto(self) -> u8 {
         match self {
             Family::V4 => 2,
             Family::V6 => 10,
-        }
-    }
-    fn kw(self) -> &'static str {
-        match self {
-            Family::V4 => "ip",
-            Family::V6 => "ip6",
         }
     }
     pub fn addr_len(self) -> usize {
@@ -39,14 +47,19 @@ impl Family {
             Family::V6 => 8,
         }
     }
+    fn name(self) -> &'static str {
+        match self {
+            Family::V4 => "ip",
+            Family::V6 => "ip6",
+        }
+    }
 }
 
-pub fn proto_number(w: &str) -> Option<u8> {
-    match w {
-        "tcp" => Some(6),
-        "udp" => Some(17),
-        "sctp" => Some(132),
-        _ => None,
+pub fn proto_number(p: Protocol) -> u8 {
+    match p {
+        Protocol::Tcp => 6,
+        Protocol::Udp => 17,
+        Protocol::Sctp => 132,
     }
 }
 
@@ -54,34 +67,25 @@ pub fn addr_bytes(ip: IpAddr, fam: Family) -> Result<Vec<u8>, String> {
     match (ip, fam) {
         (IpAddr::V4(a), Family::V4) => Ok(a.octets().to_vec()),
         (IpAddr::V6(a), Family::V6) => Ok(a.octets().to_vec()),
-        _ => Err(format!("address {ip} is not of the table's family")),
+        _ => Err(format!(
+            "address {ip} is not of the table's family ({})",
+            fam.name()
+        )),
     }
 }
 
-pub enum Verdict {
-    Accept,
-    Drop,
-    Return,
-    Jump(String),
-    Goto(String),
-}
-
-pub fn parse_verdict(c: &mut Cur) -> Result<Verdict, String> {
-    match c.word("a verdict")? {
-        "accept" => Ok(Verdict::Accept),
-        "drop" => Ok(Verdict::Drop),
-        "return" => Ok(Verdict::Return),
-        "jump" => Ok(Verdict::Jump(c.word("a chain")?.to_string())),
-        "goto" => Ok(Verdict::Goto(c.word("a chain")?.to_string())),
-        v => Err(format!("verdict `{v}` not supported")),
-    }
+/// A DNAT target as a map value: address, port, padded to 4 bytes.
+pub fn endpoint_bytes(a: SocketAddr, fam: Family) -> Result<Vec<u8>, String> {
+    let mut v = addr_bytes(a.ip(), fam)?;
+    v.extend_from_slice(&a.port().to_be_bytes());
+    v.extend_from_slice(&[0, 0]);
+    Ok(v)
 }
 
 /// NFTA_DATA_VERDICT { code, chain } inside an already opened data nest.
 pub fn put_verdict(a: &mut Attrs, v: &Verdict) {
     let n = a.begin_nest(2);
     let (code, chain): (i32, Option<&str>) = match v {
-        Verdict::Accept => (1, None),
         Verdict::Drop => (0, None),
         Verdict::Return => (-5, None),
         Verdict::Jump(c) => (-3, Some(c)),
@@ -92,6 +96,17 @@ pub fn put_verdict(a: &mut Attrs, v: &Verdict) {
         a.str(2, c);
     }
     a.end_nest(n);
+}
+
+/// A map element's value inside an already opened NFTA_SET_ELEM_DATA nest.
+pub fn put_elem_value(a: &mut Attrs, v: &ElemValue, fam: Family) -> Result<(), String> {
+    match v {
+        ElemValue::Verdict(v) => put_verdict(a, v),
+        ElemValue::Endpoint(ep) => {
+            a.attr(1, &endpoint_bytes(*ep, fam)?);
+        }
+    }
+    Ok(())
 }
 
 /// nft numbers registers in 32-bit words and sends the legacy 128-bit number
@@ -180,79 +195,63 @@ fn numgen(modulus: u32, offset: u32) -> Attrs {
     })
 }
 
-fn addr_offset(fam: Family, which: &str) -> Result<u32, String> {
+fn nat(fam: Family, proto_reg: u32, flags: Option<u32>) -> Attrs {
+    ex("nat", |a| {
+        a.u32be(1, 1)
+            .u32be(2, fam.nfproto() as u32)
+            .u32be(3, 1)
+            .u32be(5, proto_reg);
+        if let Some(f) = flags {
+            a.u32be(7, f);
+        }
+    })
+}
+
+fn addr_offset(fam: Family, which: Addr) -> u32 {
     match (fam, which) {
-        (Family::V4, "saddr") => Ok(12),
-        (Family::V4, "daddr") => Ok(16),
-        (Family::V6, "saddr") => Ok(8),
-        (Family::V6, "daddr") => Ok(24),
-        (_, w) => Err(format!("`{w}` not supported (saddr, daddr)")),
+        (Family::V4, Addr::Saddr) => 12,
+        (Family::V4, Addr::Daddr) => 16,
+        (Family::V6, Addr::Saddr) => 8,
+        (Family::V6, Addr::Daddr) => 24,
     }
 }
 
-/// One field of a match or key.
-#[derive(Clone, Copy)]
-enum Sel {
-    Addr(u32),
-    L4Proto,
-    Dport,
-}
-
-impl Sel {
+impl KeyField {
     fn len(self, fam: Family) -> usize {
         match self {
-            Sel::Addr(_) => fam.addr_len(),
-            Sel::L4Proto => 1,
-            Sel::Dport => 2,
+            KeyField::Addr(_) => fam.addr_len(),
+            KeyField::L4Proto => 1,
+            KeyField::ThDport => 2,
         }
     }
     fn load(self, fam: Family, dreg: u32) -> Attrs {
         match self {
-            Sel::Addr(off) => payload(1, off, fam.addr_len() as u32, dreg),
-            Sel::L4Proto => meta_load(16, dreg),
-            Sel::Dport => payload(2, 2, 2, dreg),
+            KeyField::Addr(a) => payload(1, addr_offset(fam, a), fam.addr_len() as u32, dreg),
+            KeyField::L4Proto => meta_load(16, dreg),
+            KeyField::ThDport => payload(2, 2, 2, dreg),
         }
     }
 }
 
-fn parse_sel(c: &mut Cur, fam: Family) -> Result<Sel, String> {
-    let w = c.word("a selector")?;
-    match w {
-        "ip" | "ip6" => {
-            if w != fam.kw() {
-                return Err(format!("`{w}` in a table of family {}", fam.kw()));
-            }
-            Ok(Sel::Addr(addr_offset(fam, c.word("saddr or daddr")?)?))
-        }
-        "meta" => {
-            c.expect_word("l4proto")?;
-            Ok(Sel::L4Proto)
-        }
-        "th" => {
-            c.expect_word("dport")?;
-            Ok(Sel::Dport)
-        }
-        w => Err(format!("selector `{w}` not supported")),
+/// Loads a (concatenated) key into consecutive registers starting at 1.
+fn load_key(out: &mut Vec<Attrs>, fam: Family, key: &[KeyField]) -> Result<(), String> {
+    if key.is_empty() {
+        return Err("empty lookup key".into());
     }
+    let mut word = 0usize;
+    for k in key {
+        out.push(k.load(fam, reg(word)));
+        word += k.len(fam).div_ceil(4);
+    }
+    Ok(())
 }
 
 /// An address or prefix as (bytes, prefix length).
-fn parse_net(w: &str, fam: Family) -> Result<(Vec<u8>, usize), String> {
-    let (a, p) = match w.split_once('/') {
-        Some((a, p)) => (
-            a,
-            Some(
-                p.parse::<usize>()
-                    .map_err(|_| format!("bad prefix length in `{w}`"))?,
-            ),
-        ),
-        None => (w, None),
-    };
-    let ip: IpAddr = a.parse().map_err(|_| format!("`{w}` is not an address"))?;
-    let bytes = addr_bytes(ip, fam)?;
-    let plen = p.unwrap_or(bytes.len() * 8);
-    if plen == 0 || plen > bytes.len() * 8 {
-        return Err(format!("prefix length of `{w}` not supported"));
+fn net_bytes(n: &IpNet, fam: Family) -> Result<(Vec<u8>, usize), String> {
+    let bytes = addr_bytes(n.addr(), fam)?;
+    let plen = n.prefix_len() as usize;
+    if plen == 0 {
+        return Err(format!("prefix length of `{n}` not supported"));
     }
     Ok((bytes, plen))
 }
@@ -270,13 +269,19 @@ fn mask_bytes(len: usize, plen: usize) -> Vec<u8> {
         .collect()
 }
 
-pub struct CompiledRule {
-    pub exprs: Vec<Attrs>,
-    pub anon: Vec<AnonSet>,
-    pub comment: Option<String>,
+/// An anonymous set a rule needs, sent before the rule.
+pub struct AnonSet {
+    pub set: Attrs,
+    pub elems: Attrs,
 }
 
-#[allow(clippy::too_many_arguments)] // one call per anonymous set kind; a struct adds nothing
+/// One encoded rule body.
+pub struct EncodedRule {
+    pub exprs: Vec<Attrs>,
+    pub anon: Vec<AnonSet>,
+}
+
+#[allow(clippy::too_many_arguments)] // the set's attributes, one each; a struct adds nothing
 fn anon_set_head(
     table: &str,
     name: &str,
@@ -311,12 +316,11 @@ fn elems_head(table: &str, name: &str, id: u32) -> (Attrs, Nest) {
 /// `{ 10.0.0.0/8, 192.168.0.0/16 }` as an anonymous interval set, encoded as
 /// nft does: sorted, merged, each range a start element and an end element one
 /// past its last address, and an end marker at zero when nothing starts there.
-fn interval_set(c: &mut Cur, fam: Family, table: &str, id: u32) -> Result<AnonSet, String> {
+fn interval_set(nets: &[IpNet], fam: Family, table: &str, id: u32) -> Result<AnonSet, String> {
     let mut ranges: Vec<(u128, u128)> = Vec::new();
     let bits = fam.addr_len() * 8;
-    loop {
-        let w = c.word("an address or prefix")?;
-        let (bytes, plen) = parse_net(w, fam)?;
+    for n in nets {
+        let (bytes, plen) = net_bytes(n, fam)?;
         let mut v: u128 = 0;
         for b in &bytes {
             v = (v << 8) | *b as u128;
@@ -330,11 +334,6 @@ fn interval_set(c: &mut Cur, fam: Family, table: &str, id: u32) -> Result<AnonSe
         };
         let start = v & !host;
         ranges.push((start, start | host));
-        if c.eat(&Tok::Comma) {
-            continue;
-        }
-        c.expect(Tok::RBrace)?;
-        break;
     }
     ranges.sort();
     let mut merged: Vec<(u128, u128)> = Vec::new();
@@ -402,458 +401,198 @@ fn interval_set(c: &mut Cur, fam: Family, table: &str, id: u32) -> Result<AnonSe
     Ok(AnonSet { set, elems: ea })
 }
 
-/// `numgen random mod N vmap|map { 0 : X, 1 : Y }`: the anonymous map, with
-/// values from `value` (verdict or concatenated data).
-fn numgen_map(
-    c: &mut Cur,
-    table: &str,
-    id: u32,
-    data: Option<(u32, u32)>,
-    mut value: impl FnMut(&mut Cur, &mut Attrs) -> Result<(), String>,
-) -> Result<(AnonSet, u32), String> {
-    c.expect(Tok::LBrace)?;
-    let (mut ea, l) = elems_head(table, "__map%d", id);
-    let mut n = 0u32;
-    loop {
-        let k = c.word("a numgen key")?;
-        let k: u32 = k.parse().map_err(|_| format!("`{k}` is not a number"))?;
-        if k != n {
-            return Err(format!("numgen map keys must be 0..N in order, found {k}"));
-        }
-        c.expect_word(":")?;
-        let e = ea.begin_nest(1);
-        ea.data_value(1, &k.to_ne_bytes());
-        let d = ea.begin_nest(2);
-        value(c, &mut ea)?;
-        ea.end_nest(d);
-        ea.end_nest(e);
-        n += 1;
-        if c.eat(&Tok::Comma) {
-            continue;
-        }
-        c.expect(Tok::RBrace)?;
-        break;
-    }
-    ea.end_nest(l);
-    let mut ud = Vec::new();
-    udata(&mut ud, 0, &1u32.to_ne_bytes());
-    udata(&mut ud, 1, &0u32.to_ne_bytes());
-    let verdict = data.is_none();
-    if verdict {
-        let mut nest = Vec::new();
-        udata(&mut nest, 0, &1u32.to_ne_bytes());
-        udata(&mut nest, 1, &[]);
-        udata(&mut ud, 4, &nest);
-    }
-    udata(&mut ud, 6, &0u32.to_ne_bytes());
-    let set = anon_set_head(
-        table,
-        "__map%d",
-        0xb,
-        (4, 4),
-        Some(data.unwrap_or((0xffff_ff00, 0))),
-        id,
-        n,
-        &ud,
-    );
-    Ok((AnonSet { set, elems: ea }, n))
-}
-
-/// `numgen random mod N [offset B]`.
-fn parse_numgen_head(c: &mut Cur) -> Result<(u32, u32), String> {
-    c.expect_word("numgen")?;
-    c.expect_word("random")?;
-    c.expect_word("mod")?;
-    let m = c.word("a modulus")?;
-    let m = m
-        .parse::<u32>()
-        .ok()
-        .filter(|m| *m > 0)
-        .ok_or_else(|| format!("bad modulus `{m}`"))?;
-    let offset = if c.eat_word("offset") {
-        parse_hex_or_dec(c.word("an offset")?)?
+/// An address compared with one address or prefix, as nft encodes it: the
+/// whole address, the whole bytes of a byte-aligned prefix, or masked.
+fn addr_cmp(out: &mut Vec<Attrs>, fam: Family, off: u32, neg: bool, bytes: &[u8], plen: usize) {
+    let full = bytes.len() * 8;
+    if plen >= full {
+        out.push(payload(1, off, bytes.len() as u32, 1));
+        out.push(cmp(1, neg, bytes));
+    } else if plen.is_multiple_of(8) {
+        let n = plen / 8;
+        out.push(payload(1, off, n as u32, 1));
+        out.push(cmp(1, neg, &bytes[..n]));
     } else {
-        0
-    };
-    Ok((m, offset))
-}
-
-/// `@name` after `map`/`vmap`: a lookup in a named map (None: an anonymous
-/// `{ ... }` map follows).
-fn named_map(c: &mut Cur) -> Result<Option<String>, String> {
-    match c.peek_word() {
-        Some(w) => match w.strip_prefix('@') {
-            Some(n) => {
-                c.next();
-                Ok(Some(n.to_string()))
-            }
-            None => Err(format!("expected @map or {{, found `{w}`")),
-        },
-        None => Ok(None),
+        let mask = mask_bytes(bytes.len(), plen);
+        let masked: Vec<u8> = bytes.iter().zip(&mask).map(|(b, m)| b & m).collect();
+        out.push(payload(1, off, fam.addr_len() as u32, 1));
+        out.push(bitwise(1, &mask, &vec![0; bytes.len()]));
+        out.push(cmp(1, neg, &masked));
     }
 }
 
-fn parse_hex_or_dec(w: &str) -> Result<u32, String> {
-    let r = match w.strip_prefix("0x") {
-        Some(h) => u32::from_str_radix(h, 16),
-        None => w.parse(),
-    };
-    r.map_err(|_| format!("`{w}` is not a number"))
-}
-
-/// Compiles the body of `add rule <fam> <table> <chain> BODY`.
-pub fn compile_rule(
-    c: &mut Cur,
+/// Encodes one rule body; `next_id` hands out the batch's anonymous set ids.
+pub fn encode_rule(
+    rule: &Rule,
     fam: Family,
     table: &str,
     next_id: &mut dyn FnMut() -> u32,
-) -> Result<CompiledRule, String> {
-    let mut r = CompiledRule {
-        exprs: Vec::new(),
+) -> Result<EncodedRule, String> {
+    let mut r = EncodedRule {
+        exprs: Vec::with_capacity(rule.exprs.len() * 2),
         anon: Vec::new(),
-        comment: None,
     };
-    let mut terminal = false;
-    while let Some(tok) = c.peek() {
-        let w = match tok {
-            Tok::Word(w) => w.as_str(),
-            t => return Err(format!("unexpected {t:?}")),
-        };
-        if terminal && w != "comment" {
-            return Err(format!("`{w}` after the rule's verdict"));
-        }
-        match w {
-            "comment" => {
-                c.next();
-                r.comment = Some(c.string("comment")?.to_string());
-                c.end()?;
-                break;
-            }
-            "ct" => {
-                c.next();
-                c.expect_word("state")?;
-                let mut bits = 0u32;
-                loop {
-                    bits |= match c.word("a ct state")? {
-                        "invalid" => 1,
-                        "established" => 2,
-                        "related" => 4,
-                        "new" => 8,
-                        "untracked" => 64,
-                        s => return Err(format!("ct state `{s}` not supported")),
-                    };
-                    if !c.eat(&Tok::Comma) {
-                        break;
-                    }
-                }
-                r.exprs.push(ex("ct", |a| {
+    let out = &mut r.exprs;
+    for e in &rule.exprs {
+        match e {
+            Expr::Ct(state) => {
+                let bits: u32 = match state {
+                    CtState::Invalid => 1,
+                    CtState::New => 8,
+                };
+                out.push(ex("ct", |a| {
                     a.u32be(2, 0).u32be(1, 1);
                 }));
-                r.exprs.push(bitwise(1, &bits.to_ne_bytes(), &[0; 4]));
-                r.exprs.push(cmp(1, true, &[0; 4]));
+                out.push(bitwise(1, &bits.to_ne_bytes(), &[0; 4]));
+                out.push(cmp(1, true, &[0; 4]));
             }
-            "tcp" | "udp" | "sctp" => {
-                let p = proto_number(w).unwrap_or(0);
-                c.next();
-                c.expect_word("dport")?;
-                let port = c.word("a port")?;
-                let port: u16 = port.parse().map_err(|_| format!("bad port `{port}`"))?;
-                r.exprs.push(meta_load(16, 1));
-                r.exprs.push(cmp(1, false, &[p]));
-                r.exprs.push(payload(2, 2, 2, 1));
-                r.exprs.push(cmp(1, false, &port.to_be_bytes()));
-            }
-            "meta" if c.peek_word_at(1) == Some("mark") => {
-                c.next();
-                c.next();
-                if c.eat_word("set") {
-                    c.expect_word("meta")?;
-                    c.expect_word("mark")?;
-                    let op = c.word("or or xor")?;
-                    let v = parse_hex_or_dec(c.word("a mark")?)?;
-                    let (mask, xor) = match op {
-                        "or" => (!v, v),
-                        "xor" => (u32::MAX, v),
-                        o => return Err(format!("mark operation `{o}` not supported")),
-                    };
-                    r.exprs.push(meta_load(3, 1));
-                    r.exprs
-                        .push(bitwise(1, &mask.to_ne_bytes(), &xor.to_ne_bytes()));
-                    r.exprs.push(ex("meta", |a| {
-                        a.u32be(2, 3).u32be(3, 1);
-                    }));
-                } else {
-                    c.expect_word("and")?;
-                    let v = parse_hex_or_dec(c.word("a mask")?)?;
-                    let neq = match c.word("== or !=")? {
-                        "==" => false,
-                        "!=" => true,
-                        o => return Err(format!("operator `{o}` not supported")),
-                    };
-                    let want = parse_hex_or_dec(c.word("a value")?)?;
-                    r.exprs.push(meta_load(3, 1));
-                    r.exprs.push(bitwise(1, &v.to_ne_bytes(), &[0; 4]));
-                    r.exprs.push(cmp(1, neq, &want.to_ne_bytes()));
-                }
-            }
-            "meta" if c.peek_word_at(2) != Some(".") => {
-                // meta l4proto tcp
-                c.next();
-                c.expect_word("l4proto")?;
-                let p = c.word("a protocol")?;
-                let p = proto_number(p).ok_or_else(|| format!("protocol `{p}` not supported"))?;
-                r.exprs.push(meta_load(16, 1));
-                r.exprs.push(cmp(1, false, &[p]));
-            }
-            "ip" | "ip6" | "meta" | "th" => {
-                let mut sels = vec![parse_sel(c, fam)?];
-                while c.eat_word(".") {
-                    sels.push(parse_sel(c, fam)?);
-                }
-                if sels.len() > 1
-                    || c.peek_word()
-                        .is_some_and(|w| w.starts_with('@') || w == "vmap")
-                {
-                    // Concatenated (or single) key looked up in a named set/map.
-                    let mut word = 0usize;
-                    for s in &sels {
-                        r.exprs.push(s.load(fam, reg(word)));
-                        word += s.len(fam).div_ceil(4);
+            Expr::AddrMatch { field, neg, value } => {
+                let off = addr_offset(fam, *field);
+                match value {
+                    AddrValue::Ip(ip) => {
+                        let b = addr_bytes(*ip, fam)?;
+                        let plen = b.len() * 8;
+                        addr_cmp(out, fam, off, *neg, &b, plen);
                     }
-                    let vmap = c.eat_word("vmap");
-                    let set = c.word("@set")?;
-                    let set = set
-                        .strip_prefix('@')
-                        .ok_or_else(|| format!("expected @set, found `{set}`"))?;
-                    r.exprs.push(lookup(1, vmap.then_some(0), set, None, false));
-                    if vmap {
-                        terminal = true;
+                    // nft turns a one-element anonymous set into a plain match.
+                    AddrValue::Net(n) => {
+                        let (b, plen) = net_bytes(n, fam)?;
+                        addr_cmp(out, fam, off, *neg, &b, plen);
                     }
-                    continue;
-                }
-                let off = match sels[0] {
-                    Sel::Addr(off) => off,
-                    _ => return Err("only address matches may compare a value".into()),
-                };
-                let neq = c.eat_word("!=");
-                // nft turns a one-element anonymous set into a plain match.
-                let single = c.peek() == Some(&Tok::LBrace)
-                    && matches!(c.peek_at(1), Some(Tok::Word(_)))
-                    && c.peek_at(2) == Some(&Tok::RBrace);
-                if single {
-                    c.next();
-                }
-                if !single && c.eat(&Tok::LBrace) {
-                    let id = next_id();
-                    let anon = interval_set(c, fam, table, id)?;
-                    r.anon.push(anon);
-                    r.exprs.push(payload(1, off, fam.addr_len() as u32, 1));
-                    r.exprs.push(lookup(1, None, "__set%d", Some(id), neq));
-                    continue;
-                }
-                let (bytes, plen) = parse_net(c.word("an address")?, fam)?;
-                if single {
-                    c.expect(Tok::RBrace)?;
-                }
-                let full = bytes.len() * 8;
-                if plen == full {
-                    r.exprs.push(payload(1, off, bytes.len() as u32, 1));
-                    r.exprs.push(cmp(1, neq, &bytes));
-                } else if plen % 8 == 0 {
-                    let n = plen / 8;
-                    r.exprs.push(payload(1, off, n as u32, 1));
-                    r.exprs.push(cmp(1, neq, &bytes[..n]));
-                } else {
-                    let mask = mask_bytes(bytes.len(), plen);
-                    let masked: Vec<u8> = bytes.iter().zip(&mask).map(|(b, m)| b & m).collect();
-                    r.exprs.push(payload(1, off, bytes.len() as u32, 1));
-                    r.exprs.push(bitwise(1, &mask, &vec![0; bytes.len()]));
-                    r.exprs.push(cmp(1, neq, &masked));
-                }
-            }
-            "fib" => {
-                c.next();
-                let flags = match c.word("saddr or daddr")? {
-                    "saddr" => 1u32,
-                    "daddr" => 2,
-                    x => return Err(format!("fib `{x}` not supported")),
-                };
-                c.expect_word("type")?;
-                c.expect_word("local")?;
-                r.exprs.push(ex("fib", |a| {
-                    a.u32be(1, 1).u32be(2, 3).u32be(3, flags);
-                }));
-                r.exprs.push(cmp(1, false, &2u32.to_ne_bytes()));
-            }
-            "iifname" => {
-                c.next();
-                let neq = c.eat_word("!=");
-                let name = c.string("interface name")?;
-                let data = match name.strip_suffix('*') {
-                    Some(prefix) => prefix.as_bytes().to_vec(),
-                    None => {
-                        if name.len() >= 16 {
-                            return Err(format!("interface name `{name}` too long"));
+                    AddrValue::Set(nets) if nets.len() == 1 => {
+                        let (b, plen) = net_bytes(&nets[0], fam)?;
+                        addr_cmp(out, fam, off, *neg, &b, plen);
+                    }
+                    AddrValue::Set(nets) => {
+                        if nets.is_empty() {
+                            return Err("empty address set".into());
                         }
-                        let mut v = name.as_bytes().to_vec();
-                        v.resize(16, 0);
-                        v
+                        let id = next_id();
+                        r.anon.push(interval_set(nets, fam, table, id)?);
+                        out.push(payload(1, off, fam.addr_len() as u32, 1));
+                        out.push(lookup(1, None, "__set%d", Some(id), *neg));
                     }
+                }
+            }
+            Expr::Dport(p, port) => {
+                out.push(meta_load(16, 1));
+                out.push(cmp(1, false, &[proto_number(*p)]));
+                out.push(payload(2, 2, 2, 1));
+                out.push(cmp(1, false, &port.to_be_bytes()));
+            }
+            Expr::L4Proto(p) => {
+                out.push(meta_load(16, 1));
+                out.push(cmp(1, false, &[proto_number(*p)]));
+            }
+            Expr::Iifname {
+                neg,
+                name,
+                wildcard,
+            } => {
+                let name = clean(name);
+                let data = if *wildcard {
+                    name.as_bytes().to_vec()
+                } else {
+                    if name.len() >= 16 {
+                        return Err(format!("interface name `{name}` too long"));
+                    }
+                    let mut v = name.as_bytes().to_vec();
+                    v.resize(16, 0);
+                    v
                 };
-                if data.is_empty() {
+                if name.is_empty() {
                     return Err("empty interface name".into());
                 }
-                r.exprs.push(meta_load(6, 1));
-                r.exprs.push(cmp(1, neq, &data));
+                if data.len() > 16 {
+                    return Err(format!("interface name `{name}` too long"));
+                }
+                out.push(meta_load(6, 1));
+                out.push(cmp(1, *neg, &data));
             }
-            "numgen" => {
-                let (m, offset) = parse_numgen_head(c)?;
-                c.expect_word("vmap")?;
-                if let Some(map) = named_map(c)? {
-                    r.exprs.push(numgen(m, offset));
-                    r.exprs.push(lookup(1, Some(0), &map, None, false));
-                    terminal = true;
-                    continue;
-                }
-                if offset != 0 {
-                    return Err("an anonymous numgen map cannot have an offset".into());
-                }
-                let id = next_id();
-                let (anon, n) = numgen_map(c, table, id, None, |c, a| {
-                    let v = parse_verdict(c)?;
-                    put_verdict(a, &v);
-                    Ok(())
-                })?;
-                if n != m {
-                    return Err(format!("numgen mod {m} with {n} map entries"));
-                }
-                r.anon.push(anon);
-                r.exprs.push(numgen(m, 0));
-                r.exprs.push(lookup(1, Some(0), "__map%d", Some(id), false));
-                terminal = true;
+            Expr::FibLocal(a) => {
+                let flags = match a {
+                    Addr::Saddr => 1u32,
+                    Addr::Daddr => 2,
+                };
+                out.push(ex("fib", |a| {
+                    a.u32be(1, 1).u32be(2, 3).u32be(3, flags);
+                }));
+                out.push(cmp(1, false, &2u32.to_ne_bytes()));
             }
-            "dnat" => {
-                c.next();
-                let kw = c.word("ip or ip6")?;
-                if kw != fam.kw() {
-                    return Err(format!("dnat `{kw}` in a table of family {}", fam.kw()));
-                }
-                if c.eat_word("addr") {
-                    c.expect_word(".")?;
-                    c.expect_word("port")?;
-                    c.expect_word("to")?;
-                    let (m, offset) = parse_numgen_head(c)?;
-                    c.expect_word("map")?;
-                    let preg = reg(fam.addr_len() / 4);
-                    if let Some(map) = named_map(c)? {
-                        r.exprs.push(numgen(m, offset));
-                        r.exprs.push(lookup(1, Some(1), &map, None, false));
-                        r.exprs.push(nat(fam, preg, None));
-                        terminal = true;
-                        continue;
-                    }
-                    if offset != 0 {
-                        return Err("an anonymous numgen map cannot have an offset".into());
-                    }
-                    let id = next_id();
-                    let data_type = (fam.addr_type() << 6) | 13;
-                    let data_len = fam.addr_len() as u32 + 4;
-                    let (anon, n) =
-                        numgen_map(c, table, id, Some((data_type, data_len)), |c, a| {
-                            let ip: IpAddr = c
-                                .word("an address")?
-                                .parse()
-                                .map_err(|_| "endpoint is not an address".to_string())?;
-                            c.expect_word(".")?;
-                            let p = c.word("a port")?;
-                            let port: u16 = p.parse().map_err(|_| format!("bad port `{p}`"))?;
-                            let mut v = addr_bytes(ip, fam)?;
-                            v.extend_from_slice(&port.to_be_bytes());
-                            v.extend_from_slice(&[0, 0]);
-                            a.attr(1, &v);
-                            Ok(())
-                        })?;
-                    if n != m {
-                        return Err(format!("numgen mod {m} with {n} map entries"));
-                    }
-                    r.anon.push(anon);
-                    r.exprs.push(numgen(m, 0));
-                    r.exprs.push(lookup(1, Some(1), "__map%d", Some(id), false));
-                    r.exprs.push(nat(fam, preg, None));
-                } else {
-                    c.expect_word("to")?;
-                    let t = c.word("address:port")?;
-                    let sa: std::net::SocketAddr = t
-                        .parse()
-                        .map_err(|_| format!("`{t}` is not address:port"))?;
-                    r.exprs.push(immediate_data(1, &addr_bytes(sa.ip(), fam)?));
-                    r.exprs.push(immediate_data(2, &sa.port().to_be_bytes()));
-                    // NF_NAT_RANGE_PROTO_SPECIFIED, as nft sets for an explicit port.
-                    r.exprs.push(nat(fam, 2, Some(2)));
-                }
-                terminal = true;
+            Expr::Lookup { key, set } => {
+                load_key(out, fam, key)?;
+                out.push(lookup(1, None, set, None, false));
             }
-            "masquerade" => {
-                c.next();
-                let random = c.eat_word("fully-random");
-                r.exprs.push(ex("masq", |a| {
+            Expr::Vmap { key, map } => {
+                load_key(out, fam, key)?;
+                out.push(lookup(1, Some(0), map, None, false));
+            }
+            Expr::MarkMatch { mask, neg, value } => {
+                out.push(meta_load(3, 1));
+                out.push(bitwise(1, &mask.to_ne_bytes(), &[0; 4]));
+                out.push(cmp(1, *neg, &value.to_ne_bytes()));
+            }
+            Expr::MarkSet(op, v) => {
+                let (mask, xor) = match op {
+                    MarkOp::Or => (!v, *v),
+                    MarkOp::Xor => (u32::MAX, *v),
+                };
+                out.push(meta_load(3, 1));
+                out.push(bitwise(1, &mask.to_ne_bytes(), &xor.to_ne_bytes()));
+                out.push(ex("meta", |a| {
+                    a.u32be(2, 3).u32be(3, 1);
+                }));
+            }
+            Expr::Update { set, key } => {
+                let off = addr_offset(fam, *key);
+                out.push(payload(1, off, fam.addr_len() as u32, 1));
+                out.push(ex("dynset", |a| {
+                    a.str(1, set).u32be(3, 1).u32be(4, 1);
+                }));
+            }
+            Expr::NumgenVmap { count, slots } => {
+                if *count == 0 {
+                    return Err("numgen modulus 0".into());
+                }
+                out.push(numgen(*count, slots.offset));
+                out.push(lookup(1, Some(0), &slots.map.to_string(), None, false));
+            }
+            Expr::NumgenDnat { count, slots } => {
+                if *count == 0 {
+                    return Err("numgen modulus 0".into());
+                }
+                out.push(numgen(*count, slots.offset));
+                out.push(lookup(1, Some(1), &slots.map.to_string(), None, false));
+                out.push(nat(fam, reg(fam.addr_len() / 4), None));
+            }
+            Expr::Dnat(to) => {
+                out.push(immediate_data(1, &addr_bytes(to.ip(), fam)?));
+                out.push(immediate_data(2, &to.port().to_be_bytes()));
+                // NF_NAT_RANGE_PROTO_SPECIFIED, as nft sets for an explicit port.
+                out.push(nat(fam, 2, Some(2)));
+            }
+            Expr::Masquerade { fully_random } => {
+                let random = *fully_random;
+                out.push(ex("masq", |a| {
                     if random {
                         a.u32be(1, 0x10);
                     }
                 }));
-                terminal = true;
             }
-            "reject" => {
-                c.next();
+            Expr::Reject => {
                 let code = match fam {
                     Family::V4 => 3u8, // ICMP port unreachable
                     Family::V6 => 4,   // ICMPv6 port unreachable
                 };
-                r.exprs.push(ex("reject", |a| {
+                out.push(ex("reject", |a| {
                     a.u32be(1, 0).u8(2, code);
                 }));
-                terminal = true;
             }
-            "update" => {
-                c.next();
-                let set = c.word("@set")?;
-                let set = set
-                    .strip_prefix('@')
-                    .ok_or_else(|| format!("expected @set, found `{set}`"))?
-                    .to_string();
-                c.expect(Tok::LBrace)?;
-                let sel = parse_sel(c, fam)?;
-                c.expect(Tok::RBrace)?;
-                let Sel::Addr(off) = sel else {
-                    return Err("update key must be an address".into());
-                };
-                r.exprs.push(payload(1, off, fam.addr_len() as u32, 1));
-                r.exprs.push(ex("dynset", |a| {
-                    a.str(1, &set).u32be(3, 1).u32be(4, 1);
-                }));
-            }
-            "jump" | "goto" | "drop" | "return" | "accept" => {
-                let v = parse_verdict(c)?;
-                r.exprs.push(immediate_verdict(&v));
-                terminal = true;
-            }
-            w => return Err(format!("statement `{w}` not supported")),
+            Expr::Verdict(v) => out.push(immediate_verdict(v)),
         }
     }
     if r.exprs.is_empty() {
         return Err("empty rule".into());
     }
     Ok(r)
-}
-
-fn nat(fam: Family, proto_reg: u32, flags: Option<u32>) -> Attrs {
-    ex("nat", |a| {
-        a.u32be(1, 1)
-            .u32be(2, fam.nfproto() as u32)
-            .u32be(3, 1)
-            .u32be(5, proto_reg);
-        if let Some(f) = flags {
-            a.u32be(7, f);
-        }
-    })
 }

@@ -1,10 +1,10 @@
-//! nf_tables over netlink: the proxier's nft scripts sent as one batch of
-//! nf_tables messages, without the `nft` program (whose cost grows faster than
-//! linearly with the number of chains).
+//! nf_tables over netlink: the proxier's typed transactions encoded as one
+//! batch of nf_tables messages, without the `nft` program (whose cost grows
+//! faster than linearly with the number of chains) and without nft text.
 
+mod batch;
 mod expr;
 mod nla;
-mod script;
 
 use std::io;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -15,8 +15,9 @@ use kp_netlink::{
 };
 
 use crate::backend::NftBackend;
+use crate::types::Transaction;
 
-pub use script::ScriptError;
+pub use batch::EncodeError;
 
 const TOOL: &str = "nf_tables netlink";
 
@@ -37,10 +38,11 @@ impl NftNetlink {
         NftNetlink::default()
     }
 
-    /// Checks that `script` is in the subset this backend can encode, without
+    /// Checks that every object of `tx` can be encoded (addresses of the
+    /// table's family, interface names and comments that fit), without
     /// touching the kernel.
-    pub fn check(script: &str) -> Result<(), ScriptError> {
-        script::compile(script, 1).map(|_| ())
+    pub fn check(tx: &Transaction) -> Result<(), EncodeError> {
+        batch::encode(tx, 1).map(|_| ())
     }
 }
 
@@ -103,7 +105,7 @@ impl NftNetlink {
     }
 
     /// Sends one batch and returns the kernel's answers to it.
-    fn send_batch(&mut self, batch: &script::Batch) -> Result<Vec<Ack>, DataplaneError> {
+    fn send_batch(&mut self, batch: &batch::Batch) -> Result<Vec<Ack>, DataplaneError> {
         // Every message asks for an acknowledgement and the kernel queues them all
         // before we read: make room (an ack costs well under 1 KiB of buffer).
         let want = (batch.len() * 1024).max(1 << 20);
@@ -151,10 +153,7 @@ impl NftNetlink {
         what: &str,
         until: Until,
     ) -> Result<Result<Vec<Reply>, i32>, DataplaneError> {
-        let fam = match family {
-            IpFamily::V4 => expr::Family::V4,
-            IpFamily::V6 => expr::Family::V6,
-        };
+        let fam = expr::Family::from(family);
         let seq = next_seq(1);
         let mut buf = Vec::new();
         nla::put_msg(
@@ -180,17 +179,15 @@ impl NftNetlink {
 }
 
 impl NftBackend for NftNetlink {
-    fn apply(&mut self, script: &str) -> Result<(), DataplaneError> {
-        // Count lines first to reserve a sequence range; one message per line
-        // plus anonymous sets, bounded by twice the line count plus rules' sets.
-        let reserve = script.len() / 8 + 16;
-        let seq0 = next_seq(reserve);
-        let batch = script::compile(script, seq0).map_err(|e| DataplaneError::Apply {
+    fn apply(&mut self, tx: &Transaction) -> Result<usize, DataplaneError> {
+        // A sequence range for every message the batch may hold.
+        let seq0 = next_seq(batch::max_messages(tx));
+        let batch = batch::encode(tx, seq0).map_err(|e| DataplaneError::Apply {
             tool: TOOL.into(),
             message: e.to_string(),
         })?;
         if batch.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         let answers = match self.send_batch(&batch) {
             Ok(a) => a,
@@ -199,7 +196,6 @@ impl NftBackend for NftNetlink {
                 return Err(e);
             }
         };
-        let lines: Vec<&str> = script.lines().collect();
         let mut errors = Vec::new();
         let mut acked = 0usize;
         for a in &answers {
@@ -215,7 +211,7 @@ impl NftBackend for NftNetlink {
                 Some((_, l)) => errors.push(format!(
                     "line {l}: {}: `{}`",
                     errno_text(a.errno),
-                    lines.get(l - 1).map(|s| s.trim()).unwrap_or("")
+                    tx.op_text(l - 1)
                 )),
                 None => errors.push(format!(
                     "message {} (not ours): {}",
@@ -246,7 +242,7 @@ impl NftBackend for NftNetlink {
             bytes = batch.buf.len(),
             "nf_tables batch applied"
         );
-        Ok(())
+        Ok(batch.buf.len())
     }
 
     fn chain_has_rules(
