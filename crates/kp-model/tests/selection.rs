@@ -34,154 +34,52 @@ fn both() -> Vec<Endpoint> {
     vec![Endpoint::at(L).local(), Endpoint::at(R)]
 }
 
-struct Want {
-    internal: EndpointSet,
-    external: EndpointSet,
-    internal_eps: &'static [&'static str],
-    external_eps: &'static [&'static str],
-    no_local: (bool, bool),
-}
+use EndpointSet::{Cluster, Local};
 
-fn check(name: &str, sp: &ServicePort, eps: &[Endpoint], w: Want) {
-    let s = EndpointSelection::new(sp, eps, &node());
-    assert_eq!(s.internal, w.internal, "{name}: internal set");
-    assert_eq!(s.external, w.external, "{name}: external set");
-    assert_eq!(
-        addrs(s.internal_endpoints()),
-        w.internal_eps,
-        "{name}: internal"
-    );
-    assert_eq!(
-        addrs(s.external_endpoints()),
-        w.external_eps,
-        "{name}: external"
-    );
-    assert_eq!(s.has_internal(), !w.internal_eps.is_empty(), "{name}");
-    assert_eq!(s.has_external(), !w.external_eps.is_empty(), "{name}");
-    assert_eq!(s.no_local(), w.no_local, "{name}: no_local");
-    assert_eq!(s.externally_accessible, sp.node_port != 0, "{name}");
-}
+/// iTP Local, eTP Local -> the set serving internal and external traffic,
+/// and the no-local flags when this node has no endpoint.
+#[rustfmt::skip]
+const POLICIES: [(bool, bool, EndpointSet, EndpointSet, (bool, bool)); 4] = [
+    (false, false, Cluster, Cluster, (false, false)),
+    (false, true,  Cluster, Local,   (false, true)),
+    (true,  false, Local,   Cluster, (true,  false)),
+    (true,  true,  Local,   Local,   (true,  true)),
+];
 
 #[test]
-fn policy_table_with_local_and_remote_endpoints() {
-    use EndpointSet::{Cluster, Local};
-    let rows = [
-        (
-            "iTP Cluster, eTP Cluster",
-            false,
-            false,
-            Cluster,
-            Cluster,
-            &[L, R][..],
-            &[L, R][..],
-        ),
-        (
-            "iTP Cluster, eTP Local",
-            false,
-            true,
-            Cluster,
-            Local,
-            &[L, R],
-            &[L],
-        ),
-        (
-            "iTP Local, eTP Cluster",
-            true,
-            false,
-            Local,
-            Cluster,
-            &[L],
-            &[L, R],
-        ),
-        ("iTP Local, eTP Local", true, true, Local, Local, &[L], &[L]),
-    ];
-    for (name, itp, etp, internal, external, internal_eps, external_eps) in rows {
-        check(
-            name,
-            &svc(itp, etp, 30080),
-            &both(),
-            Want {
-                internal,
-                external,
-                internal_eps,
-                external_eps,
-                no_local: (false, false),
-            },
-        );
-    }
-}
-
-#[test]
-fn policy_table_without_local_endpoints() {
-    use EndpointSet::{Cluster, Local};
-    let remote = vec![Endpoint::at(R)];
-    let rows = [
-        (
-            "iTP Cluster, eTP Cluster",
-            false,
-            false,
-            Cluster,
-            Cluster,
-            &[R][..],
-            &[R][..],
-            (false, false),
-        ),
-        (
-            "iTP Cluster, eTP Local",
-            false,
-            true,
-            Cluster,
-            Local,
-            &[R],
-            &[],
-            (false, true),
-        ),
-        (
-            "iTP Local, eTP Cluster",
-            true,
-            false,
-            Local,
-            Cluster,
-            &[],
-            &[R],
-            (true, false),
-        ),
-        (
-            "iTP Local, eTP Local",
-            true,
-            true,
-            Local,
-            Local,
-            &[],
-            &[],
-            (true, true),
-        ),
-    ];
-    for (name, itp, etp, internal, external, internal_eps, external_eps, no_local) in rows {
-        let sp = svc(itp, etp, 30080);
-        check(
-            name,
-            &sp,
-            &remote,
-            Want {
-                internal,
-                external,
-                internal_eps,
-                external_eps,
-                no_local,
-            },
-        );
-        // Endpoints exist elsewhere: traffic a Local policy leaves without
-        // any is dropped, not rejected.
-        let s = EndpointSelection::new(&sp, &remote, &node());
-        assert!(s.has_any, "{name}");
-        assert_eq!(s.no_endpoints(), NoEndpoints::Drop, "{name}");
+fn policy_table() {
+    // A local and a remote endpoint; then only the remote one.
+    let cases: [(Vec<Endpoint>, &[&str], &[&str]); 2] =
+        [(both(), &[L, R], &[L]), (vec![Endpoint::at(R)], &[R], &[])];
+    for (eps, cluster, local) in cases {
+        for (itp, etp, internal, external, no_local_without) in POLICIES {
+            let name = format!("iTP Local {itp}, eTP Local {etp}, local endpoints {local:?}");
+            let sp = svc(itp, etp, 30080);
+            let s = EndpointSelection::new(&sp, &eps, &node());
+            let of = |set| if set == Local { local } else { cluster };
+            assert_eq!(s.internal, internal, "{name}: internal set");
+            assert_eq!(s.external, external, "{name}: external set");
+            assert_eq!(addrs(s.internal_endpoints()), of(internal), "{name}");
+            assert_eq!(addrs(s.external_endpoints()), of(external), "{name}");
+            assert_eq!(s.has_internal(), !of(internal).is_empty(), "{name}");
+            assert_eq!(s.has_external(), !of(external).is_empty(), "{name}");
+            assert!(s.externally_accessible, "{name}");
+            let want = if local.is_empty() {
+                no_local_without
+            } else {
+                (false, false)
+            };
+            assert_eq!(s.no_local(), want, "{name}: no_local");
+            // Endpoints exist (somewhere): traffic a Local policy leaves
+            // without any is dropped, not rejected.
+            assert!(s.has_any, "{name}");
+            assert_eq!(s.no_endpoints(), NoEndpoints::Drop, "{name}");
+        }
     }
 }
 
 #[test]
 fn not_externally_accessible_has_no_external_traffic() {
-    use EndpointSet::{Cluster, Local};
     // eTP Local on a ClusterIP-only port (convert_service never sets it, a
     // hand-built port may): ignored, nothing counts as lacking local
     // endpoints for external traffic.
