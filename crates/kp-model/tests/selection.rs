@@ -38,8 +38,10 @@ use EndpointSet::{Cluster, Local};
 
 /// iTP Local, eTP Local -> the set serving internal and external traffic,
 /// and the no-local flags when this node has no endpoint.
+type Policy = (bool, bool, EndpointSet, EndpointSet, (bool, bool));
+
 #[rustfmt::skip]
-const POLICIES: [(bool, bool, EndpointSet, EndpointSet, (bool, bool)); 4] = [
+const POLICIES: [Policy; 4] = [
     (false, false, Cluster, Cluster, (false, false)),
     (false, true,  Cluster, Local,   (false, true)),
     (true,  false, Local,   Cluster, (true,  false)),
