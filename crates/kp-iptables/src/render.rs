@@ -10,8 +10,8 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use kp_model::{
-    categorize_endpoints, chain_hash, Endpoint, IpFamily, LocalDetector, NodeInfo, ProxierConfig,
-    ServicePort,
+    chain_hash, Endpoint, EndpointSelection, EndpointSet, IpFamily, LocalDetector, NoEndpoints,
+    NodeInfo, ProxierConfig, ServicePort,
 };
 
 pub const SERVICES_CHAIN: &str = "KUBE-SERVICES";
@@ -281,7 +281,7 @@ pub fn render_service(
     node: &NodeInfo,
 ) -> ServiceRules {
     let fam = cfg.family;
-    let cat = categorize_endpoints(endpoints, sp, node);
+    let sel = EndpointSelection::new(sp, endpoints, node);
     let hash = port_hash(sp);
     let svc = format!("KUBE-SVC-{hash}");
     let svl = format!("KUBE-SVL-{hash}");
@@ -292,28 +292,19 @@ pub fn render_service(
     let pmatch = format!("-m {proto} -p {proto}");
     let mut out = ServiceRules::default();
 
-    let internal_eps = if sp.internal_policy_local {
-        &cat.local
-    } else {
-        &cat.cluster
+    let set_chain = |set: EndpointSet| match set {
+        EndpointSet::Cluster => &svc,
+        EndpointSet::Local => &svl,
     };
-    let external_eps = if sp.external_policy_local {
-        &cat.local
-    } else {
-        &cat.cluster
-    };
-    let internal_chain = if sp.internal_policy_local { &svl } else { &svc };
-    let external_policy_chain = if sp.external_policy_local { &svl } else { &svc };
-    out.no_local = (
-        sp.internal_policy_local && cat.local.is_empty(),
-        sp.external_policy_local && cat.local.is_empty(),
-    );
-    let has_internal = !internal_eps.is_empty();
-    let has_external = sp.externally_accessible() && !external_eps.is_empty();
+    let internal_chain = set_chain(sel.internal);
+    let external_policy_chain = set_chain(sel.external);
+    out.no_local = sel.no_local();
+    let has_internal = sel.has_internal();
+    let has_external = sel.has_external();
 
     // Per-endpoint chains, for every endpoint either policy may pick.
     let mut seps: Vec<(String, Vec<String>)> = Vec::new();
-    for ep in &cat.all_reachable {
+    for ep in &sel.all_reachable {
         let chain = sep_chain(sp, ep);
         if seps.iter().any(|(c, _)| *c == chain) {
             continue;
@@ -379,37 +370,33 @@ pub fn render_service(
             .map(|m| format!("{cluster_args} {m} -j {MARK_MASQ_CHAIN}"))
     };
 
-    if !cat.cluster.is_empty() {
+    // The chain of the set serving internal traffic masquerades off-cluster
+    // sources.
+    for (set, chain) in [(EndpointSet::Cluster, &svc), (EndpointSet::Local, &svl)] {
+        let eps = sel.endpoints(set);
+        if eps.is_empty() {
+            continue;
+        }
         let mut rules = Vec::new();
-        if !sp.internal_policy_local {
+        if sel.internal == set {
             if let Some(m) = &masq {
-                rules.push(format!("-A {svc} {m}"));
+                rules.push(format!("-A {chain} {m}"));
             }
         }
-        selection(&svc, &cat.cluster, &mut rules);
-        out.nat_chains.push((svc.clone(), rules));
-    }
-    if sp.uses_local_endpoints() && !cat.local.is_empty() {
-        let mut rules = Vec::new();
-        if sp.internal_policy_local {
-            if let Some(m) = &masq {
-                rules.push(format!("-A {svl} {m}"));
-            }
-        }
-        selection(&svl, &cat.local, &mut rules);
-        out.nat_chains.push((svl.clone(), rules));
+        selection(chain, eps, &mut rules);
+        out.nat_chains.push((chain.clone(), rules));
     }
 
     if has_external {
         let mut rules = Vec::new();
-        if !sp.external_policy_local {
+        if !sel.external.is_local() {
             rules.push(format!(
                 "-A {ext} {} -j {MARK_MASQ_CHAIN}",
                 comment(&format!(
                     "masquerade traffic for {name} external destinations"
                 ))
             ));
-        } else if !cat.cluster.is_empty() {
+        } else if sel.has_cluster() {
             // Pods reaching an external address of the Service behave as if
             // they went out to the load balancer and back: Cluster policy.
             if let Some(m) = local_match(fam, &cfg.local_detector, false) {
@@ -438,10 +425,9 @@ pub fn render_service(
 
     // Where traffic with no usable endpoint goes: REJECT when the service has
     // none anywhere, DROP when it has some but not for this traffic's policy.
-    let (no_ep_target, no_ep_text) = if cat.has_any {
-        ("DROP", "has no local endpoints")
-    } else {
-        ("REJECT", "has no endpoints")
+    let (no_ep_target, no_ep_text) = match sel.no_endpoints() {
+        NoEndpoints::Drop => ("DROP", "has no local endpoints"),
+        NoEndpoints::Reject => ("REJECT", "has no endpoints"),
     };
 
     // Cluster IP.
@@ -450,14 +436,9 @@ pub fn render_service(
             "-A {SERVICES_CHAIN} {cluster_args} -j {internal_chain}"
         ));
     } else {
-        let (t, text) = if sp.internal_policy_local && cat.has_any {
-            ("DROP", "has no local endpoints")
-        } else {
-            ("REJECT", "has no endpoints")
-        };
         out.filter_services.push(format!(
-            "-A {SERVICES_CHAIN} {} {pmatch} -d {} --dport {} -j {t}",
-            comment(&format!("{name} {text}")),
+            "-A {SERVICES_CHAIN} {} {pmatch} -d {} --dport {} -j {no_ep_target}",
+            comment(&format!("{name} {no_ep_text}")),
             host(&sp.cluster_ip),
             sp.port
         ));

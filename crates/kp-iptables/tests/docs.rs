@@ -5,21 +5,17 @@
 use std::net::IpAddr;
 
 use kp_iptables::{render_service, ServiceRules};
-use kp_model::{
-    Endpoint, IpFamily, LocalDetector, NodeInfo, Protocol, ProxierConfig, ServicePort,
-    ServicePortName,
-};
+use kp_model::testing::ServicePortBuilder;
+use kp_model::{Endpoint, IpFamily, LocalDetector, NodeInfo, Protocol, ProxierConfig, ServicePort};
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
-fn sp(name: &str, cip: &str) -> ServicePort {
-    ServicePort::new(
-        ServicePortName::new("default", name, "http", Protocol::Tcp),
-        ip(cip),
-        80,
-    )
+fn sp(name: &str, cip: &str) -> ServicePortBuilder {
+    ServicePort::builder("default", name)
+        .port_name("http")
+        .cluster_ip(cip)
 }
 
 fn ep(addr: &str, local: bool) -> Endpoint {
@@ -34,68 +30,57 @@ fn two() -> Vec<Endpoint> {
 /// The Services behind the doc's examples (the doc's `--dry-run` setup:
 /// node1, `--cluster-cidr 10.244.0.0/16`, plus fd00:244::/48 for IPv6).
 fn example(title: &str) -> Option<(ServicePort, Vec<Endpoint>)> {
-    let s = match title {
+    let (s, eps) = match title {
         "ClusterIP with two endpoints" => (sp("web", "10.96.0.10"), two()),
         "No endpoints" => (sp("empty", "10.96.0.11"), vec![]),
-        "NodePort" => {
-            let mut s = sp("np", "10.96.0.12");
-            s.node_port = 30080;
-            (s, two())
-        }
-        "LoadBalancer with externalIPs and loadBalancerSourceRanges" => {
-            let mut s = sp("lb", "10.96.0.13");
-            s.node_port = 30081;
-            s.external_ips = vec![ip("203.0.113.10")];
-            s.load_balancer_ips = vec![ip("203.0.113.20")];
-            s.load_balancer_source_ranges = vec!["198.51.100.0/24".parse().unwrap()];
-            (s, two())
-        }
-        "externalTrafficPolicy: Local" => {
-            let mut s = sp("local", "10.96.0.14");
-            s.node_port = 30082;
-            s.load_balancer_ips = vec![ip("203.0.113.21")];
-            s.external_policy_local = true;
-            s.health_check_node_port = 32100;
-            (s, two())
-        }
-        "externalTrafficPolicy: Local without a local endpoint" => {
-            let mut s = sp("remote", "10.96.0.18");
-            s.node_port = 30083;
-            s.load_balancer_ips = vec![ip("203.0.113.22")];
-            s.external_policy_local = true;
-            s.health_check_node_port = 32101;
-            (s, vec![ep("10.244.2.6", false)])
-        }
-        "internalTrafficPolicy: Local" => {
-            let mut s = sp("itp", "10.96.0.15");
-            s.internal_policy_local = true;
-            (s, two())
-        }
-        "sessionAffinity: ClientIP" => {
-            let mut s = sp("sticky", "10.96.0.16");
-            s.session_affinity_timeout = Some(600);
-            (s, two())
-        }
-        "Terminating fallback" => {
-            let mut t = ep("10.244.1.7", true);
-            t.ready = false;
-            t.terminating = true;
-            (sp("term", "10.96.0.17"), vec![t, ep("10.244.2.8", false)])
-        }
-        "UDP" => {
-            let mut s = sp("dns", "10.96.0.19");
-            s.name = ServicePortName::new("default", "dns", "dns", Protocol::Udp);
-            s.protocol = Protocol::Udp;
-            s.port = 53;
-            (s, vec![ep("10.244.1.5", true)])
-        }
+        "NodePort" => (sp("np", "10.96.0.12").node_port(30080), two()),
+        "LoadBalancer with externalIPs and loadBalancerSourceRanges" => (
+            sp("lb", "10.96.0.13")
+                .node_port(30081)
+                .external_ips(&["203.0.113.10"])
+                .load_balancer_ips(&["203.0.113.20"])
+                .source_ranges(&["198.51.100.0/24"]),
+            two(),
+        ),
+        "externalTrafficPolicy: Local" => (
+            sp("local", "10.96.0.14")
+                .node_port(30082)
+                .load_balancer_ips(&["203.0.113.21"])
+                .local_external()
+                .health_check_node_port(32100),
+            two(),
+        ),
+        "externalTrafficPolicy: Local without a local endpoint" => (
+            sp("remote", "10.96.0.18")
+                .node_port(30083)
+                .load_balancer_ips(&["203.0.113.22"])
+                .local_external()
+                .health_check_node_port(32101),
+            vec![ep("10.244.2.6", false)],
+        ),
+        "internalTrafficPolicy: Local" => (sp("itp", "10.96.0.15").local_internal(), two()),
+        "sessionAffinity: ClientIP" => (sp("sticky", "10.96.0.16").affinity(600), two()),
+        "Terminating fallback" => (
+            sp("term", "10.96.0.17"),
+            vec![
+                ep("10.244.1.7", true).serving_terminating(),
+                ep("10.244.2.8", false),
+            ],
+        ),
+        "UDP" => (
+            sp("dns", "10.96.0.19")
+                .port_name("dns")
+                .protocol(Protocol::Udp)
+                .port(53),
+            vec![ep("10.244.1.5", true)],
+        ),
         "IPv6" => (
             sp("web6", "fd00:96::10"),
             vec![ep("fd00:244:1::5", true), ep("fd00:244:2::6", false)],
         ),
         _ => return None,
     };
-    Some(s)
+    Some((s.build(), eps))
 }
 
 fn cfg(family: IpFamily) -> ProxierConfig {
@@ -173,10 +158,7 @@ fn every_example_in_the_doc_is_what_we_render() {
         } else {
             IpFamily::V4
         };
-        let node = NodeInfo {
-            name: "node1".into(),
-            zone: None,
-        };
+        let node = NodeInfo::named("node1");
         let got = shown(&render_service(&s, &eps, &cfg(family), &node));
         assert_eq!(
             lines,

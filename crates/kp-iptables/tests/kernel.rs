@@ -8,9 +8,10 @@ use std::process::Command;
 use std::sync::Arc;
 
 use kp_iptables::{detect_variant, svc_chain, IptablesCli, IptablesProxier, Variant};
+use kp_model::testing::ServicePortBuilder;
 use kp_model::{
-    Dataplane, Endpoint, IpFamily, LocalDetector, NodeInfo, Protocol, ProxierConfig, ProxyState,
-    ServicePort, ServicePortName,
+    Dataplane, Endpoint, IpFamily, LocalDetector, NodeInfo, ProxierConfig, ProxyState, ServicePort,
+    ServicePortName,
 };
 
 /// A network namespace and a directory of wrapper programs that run iptables
@@ -99,47 +100,18 @@ impl Drop for Netns {
     }
 }
 
-fn service(name: &str, cip: &str) -> ServicePort {
-    ServicePort {
-        name: ServicePortName::new("default", name, "http", Protocol::Tcp),
-        cluster_ip: cip.parse().unwrap(),
-        port: 80,
-        protocol: Protocol::Tcp,
-        node_port: 0,
-        external_ips: vec![],
-        load_balancer_ips: vec![],
-        load_balancer_source_ranges: vec![],
-        session_affinity_timeout: None,
-        external_policy_local: false,
-        internal_policy_local: false,
-        health_check_node_port: 0,
-        traffic_distribution: None,
-    }
+fn service(name: &str, cip: &str) -> ServicePortBuilder {
+    ServicePort::builder("default", name)
+        .port_name("http")
+        .cluster_ip(cip)
 }
 
 fn ep(ip: &str, local: bool) -> Endpoint {
-    Endpoint {
-        ip: ip.parse().unwrap(),
-        port: 8080,
-        is_local: local,
-        ready: true,
-        serving: true,
-        terminating: false,
-        node_name: None,
-        zone: None,
-        zone_hints: Default::default(),
-        node_hints: Default::default(),
-    }
+    Endpoint::ready(ip.parse().unwrap(), 8080, local)
 }
 
 fn state(family: IpFamily, services: Vec<(ServicePort, Vec<Endpoint>)>) -> ProxyState {
-    let mut st = ProxyState::new(
-        family,
-        NodeInfo {
-            name: "node1".into(),
-            zone: None,
-        },
-    );
+    let mut st = ProxyState::new(family, NodeInfo::named("node1"));
     for (s, eps) in services {
         st.endpoints.insert(s.name.clone(), Arc::new(eps));
         st.services.insert(s.name.clone(), Arc::new(s));
@@ -155,37 +127,41 @@ fn every_kind(v6: bool) -> Vec<(ServicePort, Vec<Endpoint>)> {
         ("10.96.0.", "10.244.1.5", "10.244.2.6", "203.0.113.")
     };
     let eps = || vec![ep(e1, true), ep(e2, false)];
-    let mut np = service("np", &format!("{c}2"));
-    np.node_port = 30080;
-    let mut lb = service("lb", &format!("{c}3"));
-    lb.node_port = 30081;
-    lb.load_balancer_ips = vec![format!("{x}20").parse().unwrap()];
-    lb.load_balancer_source_ranges = vec![if v6 {
-        "2001:db8:1::/64".parse().unwrap()
+    let ip = |suffix: &str| format!("{x}{suffix}");
+    let lb_range = if v6 {
+        "2001:db8:1::/64"
     } else {
-        "10.100.0.100/32".parse().unwrap()
-    }];
-    lb.external_ips = vec![format!("{x}10").parse().unwrap()];
-    let mut etp = service("etp", &format!("{c}4"));
-    etp.node_port = 30082;
-    etp.external_policy_local = true;
-    etp.health_check_node_port = 32100;
-    let mut itp = service("itp", &format!("{c}5"));
-    itp.internal_policy_local = true;
-    let mut aff = service("aff", &format!("{c}6"));
-    aff.session_affinity_timeout = Some(600);
-    let mut none = service("none", &format!("{c}7"));
-    none.node_port = 30083;
-    none.external_ips = vec![format!("{x}11").parse().unwrap()];
+        "10.100.0.100/32"
+    };
+    let svc = |name: &str, n: u8| service(name, &format!("{c}{n}"));
     vec![
-        (service("web", &format!("{c}1")), eps()),
-        (np, eps()),
-        (lb, eps()),
-        (etp, eps()),
-        (itp, eps()),
-        (aff, eps()),
-        (none, vec![]),
+        (svc("web", 1), eps()),
+        (svc("np", 2).node_port(30080), eps()),
+        (
+            svc("lb", 3)
+                .node_port(30081)
+                .load_balancer_ips(&[&ip("20")])
+                .source_ranges(&[lb_range])
+                .external_ips(&[&ip("10")]),
+            eps(),
+        ),
+        (
+            svc("etp", 4)
+                .node_port(30082)
+                .local_external()
+                .health_check_node_port(32100),
+            eps(),
+        ),
+        (svc("itp", 5).local_internal(), eps()),
+        (svc("aff", 6).affinity(600), eps()),
+        (
+            svc("none", 7).node_port(30083).external_ips(&[&ip("11")]),
+            vec![],
+        ),
     ]
+    .into_iter()
+    .map(|(s, eps)| (s.build(), eps))
+    .collect()
 }
 
 fn cfg(family: IpFamily) -> ProxierConfig {

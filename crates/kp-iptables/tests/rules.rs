@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use kp_iptables::{render_service, sep_chain, svc_chain, IptablesBackend, IptablesProxier};
 use kp_model::{
-    chain_hash, Dataplane, DataplaneError, Endpoint, IpFamily, LocalDetector, NodeInfo, Protocol,
+    chain_hash, Dataplane, DataplaneError, Endpoint, IpFamily, LocalDetector, NodeInfo,
     ProxierConfig, ProxyState, ServicePort, ServicePortName,
 };
 
@@ -15,12 +15,10 @@ fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
-fn sp(name: &str, cip: &str) -> ServicePort {
-    ServicePort::new(
-        ServicePortName::new("default", name, "http", Protocol::Tcp),
-        ip(cip),
-        80,
-    )
+fn sp(name: &str, cip: &str) -> kp_model::testing::ServicePortBuilder {
+    ServicePort::builder("default", name)
+        .port_name("http")
+        .cluster_ip(cip)
 }
 
 fn ep(addr: &str, local: bool) -> Endpoint {
@@ -28,11 +26,7 @@ fn ep(addr: &str, local: bool) -> Endpoint {
 }
 
 fn terminating(addr: &str, local: bool) -> Endpoint {
-    Endpoint {
-        ready: false,
-        terminating: true,
-        ..ep(addr, local)
-    }
+    ep(addr, local).serving_terminating()
 }
 
 fn cfg() -> ProxierConfig {
@@ -42,10 +36,7 @@ fn cfg() -> ProxierConfig {
 }
 
 fn node() -> NodeInfo {
-    NodeInfo {
-        name: "node1".into(),
-        zone: None,
-    }
+    NodeInfo::named("node1")
 }
 
 fn chain<'a>(r: &'a kp_iptables::ServiceRules, name: &str) -> &'a [String] {
@@ -60,7 +51,7 @@ const H: &str = "default/web:http";
 
 #[test]
 fn chain_names_use_upstreams_hash() {
-    let s = sp("web", "10.96.0.10");
+    let s = sp("web", "10.96.0.10").build();
     let e = ep("10.244.1.5", true);
     assert_eq!(
         svc_chain(&s),
@@ -74,16 +65,13 @@ fn chain_names_use_upstreams_hash() {
         )
     );
     // The well-known name of the kubernetes Service's chain on every cluster.
-    let k = ServicePort {
-        name: ServicePortName::new("default", "kubernetes", "https", Protocol::Tcp),
-        ..sp("kubernetes", "10.96.0.1")
-    };
+    let k = sp("kubernetes", "10.96.0.1").port_name("https").build();
     assert_eq!(svc_chain(&k), "KUBE-SVC-NPX46M4PTMTKRN6Y");
 }
 
 #[test]
 fn clusterip_load_balances_with_upstreams_probabilities() {
-    let s = sp("web", "10.96.0.10");
+    let s = sp("web", "10.96.0.10").build();
     let eps = vec![
         ep("10.244.1.5", true),
         ep("10.244.2.6", false),
@@ -122,7 +110,7 @@ fn clusterip_load_balances_with_upstreams_probabilities() {
 
 #[test]
 fn masquerade_all_and_no_detector() {
-    let s = sp("web", "10.96.0.10");
+    let s = sp("web", "10.96.0.10").build();
     let eps = vec![ep("10.244.1.5", true)];
     let mut c = cfg();
     c.masquerade_all = true;
@@ -139,9 +127,10 @@ fn masquerade_all_and_no_detector() {
 
 #[test]
 fn no_endpoints_rejects_in_filter() {
-    let mut s = sp("web", "10.96.0.10");
-    s.node_port = 30080;
-    s.external_ips = vec![ip("203.0.113.10")];
+    let s = sp("web", "10.96.0.10")
+        .node_port(30080)
+        .external_ips(&["203.0.113.10"])
+        .build();
     let r = render_service(&s, &[], &cfg(), &node());
     assert!(r.nat_chains.is_empty());
     assert!(r.nat_services.is_empty());
@@ -161,8 +150,7 @@ fn no_endpoints_rejects_in_filter() {
 
 #[test]
 fn nodeport_jumps_to_ext_which_masquerades() {
-    let mut s = sp("web", "10.96.0.10");
-    s.node_port = 30080;
+    let s = sp("web", "10.96.0.10").node_port(30080).build();
     let eps = vec![ep("10.244.2.6", false)];
     let r = render_service(&s, &eps, &cfg(), &node());
     let ext = svc_chain(&s).replace("KUBE-SVC-", "KUBE-EXT-");
@@ -211,10 +199,11 @@ fn nodeport_addresses_and_localhost() {
 
 #[test]
 fn load_balancer_with_source_ranges_goes_through_fw() {
-    let mut s = sp("web", "10.96.0.10");
-    s.node_port = 30081;
-    s.load_balancer_ips = vec![ip("203.0.113.20")];
-    s.load_balancer_source_ranges = vec!["10.100.0.100/32".parse().unwrap()];
+    let s = sp("web", "10.96.0.10")
+        .node_port(30081)
+        .load_balancer_ips(&["203.0.113.20"])
+        .source_ranges(&["10.100.0.100/32"])
+        .build();
     let r = render_service(&s, &[ep("10.244.1.5", true)], &cfg(), &node());
     let fw = svc_chain(&s).replace("KUBE-SVC-", "KUBE-FW-");
     let ext = svc_chain(&s).replace("KUBE-SVC-", "KUBE-EXT-");
@@ -238,8 +227,9 @@ fn load_balancer_with_source_ranges_goes_through_fw() {
 
 #[test]
 fn external_ips() {
-    let mut s = sp("web", "10.96.0.10");
-    s.external_ips = vec![ip("203.0.113.10")];
+    let s = sp("web", "10.96.0.10")
+        .external_ips(&["203.0.113.10"])
+        .build();
     let r = render_service(&s, &[ep("10.244.1.5", true)], &cfg(), &node());
     let ext = svc_chain(&s).replace("KUBE-SVC-", "KUBE-EXT-");
     assert!(r.nat_services.contains(&format!(
@@ -250,10 +240,11 @@ fn external_ips() {
 
 #[test]
 fn external_policy_local() {
-    let mut s = sp("web", "10.96.0.10");
-    s.node_port = 30060;
-    s.external_policy_local = true;
-    s.health_check_node_port = 32100;
+    let s = sp("web", "10.96.0.10")
+        .node_port(30060)
+        .local_external()
+        .health_check_node_port(32100)
+        .build();
     let eps = vec![ep("10.244.1.5", true), ep("10.244.2.6", false)];
     let r = render_service(&s, &eps, &cfg(), &node());
     let svc = svc_chain(&s);
@@ -296,8 +287,7 @@ fn external_policy_local() {
 
 #[test]
 fn internal_policy_local() {
-    let mut s = sp("web", "10.96.0.10");
-    s.internal_policy_local = true;
+    let s = sp("web", "10.96.0.10").local_internal().build();
     let eps = vec![ep("10.244.1.5", true), ep("10.244.2.6", false)];
     let r = render_service(&s, &eps, &cfg(), &node());
     let svl = svc_chain(&s).replace("KUBE-SVC-", "KUBE-SVL-");
@@ -321,8 +311,7 @@ fn internal_policy_local() {
 
 #[test]
 fn session_affinity() {
-    let mut s = sp("web", "10.96.0.10");
-    s.session_affinity_timeout = Some(600);
+    let s = sp("web", "10.96.0.10").affinity(600).build();
     let eps = vec![ep("10.244.1.5", true), ep("10.244.2.6", false)];
     let r = render_service(&s, &eps, &cfg(), &node());
     let svc = svc_chain(&s);
@@ -345,7 +334,7 @@ fn session_affinity() {
 
 #[test]
 fn terminating_fallback() {
-    let s = sp("web", "10.96.0.10");
+    let s = sp("web", "10.96.0.10").build();
     // A ready endpoint wins over a terminating one.
     let eps = vec![terminating("10.244.1.5", true), ep("10.244.2.6", false)];
     let r = render_service(&s, &eps, &cfg(), &node());
@@ -360,11 +349,7 @@ fn terminating_fallback() {
     // None ready: the serving terminating endpoint is used.
     let eps = vec![
         terminating("10.244.1.5", true),
-        Endpoint {
-            ready: false,
-            serving: false,
-            ..ep("10.244.2.6", false)
-        },
+        ep("10.244.2.6", false).unready(),
     ];
     let r = render_service(&s, &eps, &cfg(), &node());
     let rules = chain(&r, &svc);
@@ -379,11 +364,8 @@ fn ipv6_and_comment_escaping() {
         "10.244.0.0/16".parse().unwrap(),
         "fd00:244::/64".parse().unwrap(),
     ]);
-    let s = sp("web", "fd00:96::10");
-    let e = Endpoint {
-        ip: ip("fd00:244::5"),
-        ..ep("10.0.0.1", true)
-    };
+    let s = sp("web", "fd00:96::10").build();
+    let e = ep("fd00:244::5", true);
     let r = render_service(&s, std::slice::from_ref(&e), &c, &node());
     assert!(r.nat_services[0].contains("-d fd00:96::10/128 --dport 80"));
     let svc = chain(&r, &svc_chain(&s));
@@ -547,8 +529,8 @@ fn declared_nat(input: &str) -> BTreeSet<String> {
 fn partial_sync_writes_only_changed_chains() {
     let rec = Recorder::default();
     let mut p = IptablesProxier::new(cfg(), Box::new(rec.clone()));
-    let web = sp("web", "10.96.0.10");
-    let db = sp("db", "10.96.0.11");
+    let web = sp("web", "10.96.0.10").build();
+    let db = sp("db", "10.96.0.11").build();
     let web_eps = vec![ep("10.244.1.5", true), ep("10.244.2.6", false)];
     let db_eps = vec![ep("10.244.1.9", true)];
     let st = state(vec![
@@ -644,7 +626,7 @@ fn canary_and_cleanup() {
     let rec = Recorder::default();
     let mut p = IptablesProxier::new(cfg(), Box::new(rec.clone()));
     let st = state(vec![(
-        sp("web", "10.96.0.10"),
+        sp("web", "10.96.0.10").build(),
         vec![ep("10.244.1.5", true)],
     )]);
     assert!(!p.rules_lost(), "nothing programmed yet");
@@ -691,7 +673,7 @@ fn canary_and_cleanup() {
 #[test]
 fn dry_run_render_is_the_full_restore_input() {
     let p = IptablesProxier::new(cfg(), Box::new(Recorder::default()));
-    let web = sp("web", "10.96.0.10");
+    let web = sp("web", "10.96.0.10").build();
     let st = state(vec![(web.clone(), vec![ep("10.244.1.5", true)])]);
     let out = p.render(&st);
     assert!(out.starts_with("*mangle\n"));

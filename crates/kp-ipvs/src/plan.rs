@@ -6,7 +6,7 @@ use std::fmt;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use kp_model::{categorize_endpoints, Protocol, ProxierConfig, ProxyState, ServicePort};
+use kp_model::{EndpointSelection, Protocol, ProxierConfig, ProxyState, ServicePort};
 
 use crate::ipset;
 use crate::ipvs::{RealServer, VsKey, VsSpec, SCHEDULERS};
@@ -146,7 +146,7 @@ fn plan_service(
 ) {
     let fam = cfg.proxier.family;
     let owner = sp.name.to_string();
-    let cat = categorize_endpoints(endpoints, sp, &state.node);
+    let sel = EndpointSelection::new(sp, endpoints, &state.node);
     let to_dests = |eps: &[&kp_model::Endpoint]| -> BTreeMap<RealServer, u32> {
         eps.iter()
             .map(|e| {
@@ -160,18 +160,9 @@ fn plan_service(
             })
             .collect()
     };
-    let cluster = to_dests(&cat.cluster);
-    let local = to_dests(&cat.local);
-    let internal = if sp.internal_policy_local {
-        &local
-    } else {
-        &cluster
-    };
-    let external = if sp.external_policy_local {
-        &local
-    } else {
-        &cluster
-    };
+    let internal = &to_dests(sel.internal_endpoints());
+    let external = &to_dests(sel.external_endpoints());
+    let external_local = sel.external.is_local();
     let spec = VsSpec {
         scheduler: cfg.scheduler.clone(),
         persistence: sp.session_affinity_timeout,
@@ -201,7 +192,7 @@ fn plan_service(
     for ip in &sp.external_ips {
         add_vs(out, *ip, sp.port, external);
         out.bound.insert(*ip);
-        let set = if sp.external_policy_local {
+        let set = if external_local {
             "KUBE-EXTERNAL-IP-LOCAL"
         } else {
             "KUBE-EXTERNAL-IP"
@@ -212,7 +203,7 @@ fn plan_service(
         add_vs(out, *ip, sp.port, external);
         out.bound.insert(*ip);
         out.set_add(&n("KUBE-LOAD-BALANCER"), pp(ip), &owner);
-        if sp.external_policy_local {
+        if external_local {
             out.set_add(&n("KUBE-LOAD-BALANCER-LOCAL"), pp(ip), &owner);
         }
         if !sp.load_balancer_source_ranges.is_empty() {
@@ -237,7 +228,7 @@ fn plan_service(
             Protocol::Tcp | Protocol::Udp => {
                 let up = sp.protocol.as_k8s();
                 out.set_add(&n(&format!("KUBE-NODE-PORT-{up}")), port.clone(), &owner);
-                if sp.external_policy_local {
+                if external_local {
                     out.set_add(&n(&format!("KUBE-NODE-PORT-LOCAL-{up}")), port, &owner);
                 }
             }
@@ -245,7 +236,7 @@ fn plan_service(
                 for ip in nodeport_ips {
                     let e = ip_port(ip, sp.protocol, sp.node_port);
                     out.set_add(&n("KUBE-NODE-PORT-SCTP-HASH"), e.clone(), &owner);
-                    if sp.external_policy_local {
+                    if external_local {
                         out.set_add(&n("KUBE-NODE-PORT-LOCAL-SCTP-HASH"), e, &owner);
                     }
                 }
@@ -261,7 +252,7 @@ fn plan_service(
     }
     // Hairpin: a local endpoint reaching itself through the Service is
     // masqueraded (KUBE-LOOP-BACK in POSTROUTING).
-    for e in cat.all_reachable.iter().filter(|e| e.is_local) {
+    for e in sel.all_reachable.iter().filter(|e| e.is_local) {
         out.set_add(
             &n("KUBE-LOOP-BACK"),
             format!("{},{},{}", e.ip, proto_entry(sp.protocol, e.port), e.ip),

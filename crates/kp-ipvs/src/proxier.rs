@@ -426,13 +426,10 @@ impl Dataplane for IpvsProxier {
             ..Default::default()
         };
         for (name, sp) in &state.services {
-            let cat = kp_model::categorize_endpoints(state.endpoints_of(name), sp, &state.node);
-            if sp.internal_policy_local && cat.local.is_empty() {
-                report.no_local_endpoints.0 += 1;
-            }
-            if sp.external_policy_local && sp.externally_accessible() && cat.local.is_empty() {
-                report.no_local_endpoints.1 += 1;
-            }
+            let sel = kp_model::EndpointSelection::new(sp, state.endpoints_of(name), &state.node);
+            let (internal, external) = sel.no_local();
+            report.no_local_endpoints.0 += u64::from(internal);
+            report.no_local_endpoints.1 += u64::from(external);
         }
         tracing::debug!(ops = ops.len(), full = is_full, "ipvs sync applied");
         self.programmed = Some(layout);

@@ -5,21 +5,19 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use kp_ipvs::{diff, plan, IpvsConfig, Layout, Op};
+use kp_model::testing::ServicePortBuilder;
 use kp_model::{
     Endpoint, IpFamily, LocalDetector, NodeInfo, Protocol, ProxierConfig, ProxyState, ServicePort,
-    ServicePortName,
 };
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
-fn sp(name: &str, cip: &str) -> ServicePort {
-    ServicePort::new(
-        ServicePortName::new("default", name, "http", Protocol::Tcp),
-        ip(cip),
-        80,
-    )
+fn sp(name: &str, cip: &str) -> ServicePortBuilder {
+    ServicePort::builder("default", name)
+        .port_name("http")
+        .cluster_ip(cip)
 }
 
 fn ep(addr: &str, local: bool) -> Endpoint {
@@ -33,13 +31,7 @@ fn cfg(family: IpFamily) -> IpvsConfig {
 }
 
 fn state(family: IpFamily, svcs: Vec<(ServicePort, Vec<Endpoint>)>) -> ProxyState {
-    let mut st = ProxyState::new(
-        family,
-        NodeInfo {
-            name: "node1".into(),
-            zone: None,
-        },
-    );
+    let mut st = ProxyState::new(family, NodeInfo::named("node1"));
     for (s, eps) in svcs {
         st.endpoints.insert(s.name.clone(), Arc::new(eps));
         st.services.insert(s.name.clone(), Arc::new(s));
@@ -64,7 +56,7 @@ fn clusterip_service() {
     let st = state(
         IpFamily::V4,
         vec![(
-            sp("web", "10.96.0.10"),
+            sp("web", "10.96.0.10").build(),
             vec![ep("10.244.1.2", true), ep("10.244.2.3", false)],
         )],
     );
@@ -84,8 +76,7 @@ fn clusterip_service() {
 
 #[test]
 fn nodeport_service_on_each_node_address() {
-    let mut s = sp("np", "10.96.0.20");
-    s.node_port = 30080;
+    let s = sp("np", "10.96.0.20").node_port(30080).build();
     let st = state(IpFamily::V4, vec![(s, vec![ep("10.244.2.3", false)])]);
     let ops = ops_from_empty(&st, &cfg(IpFamily::V4));
     assert_eq!(
@@ -110,12 +101,13 @@ fn nodeport_service_on_each_node_address() {
 
 #[test]
 fn loadbalancer_with_source_ranges_and_local_policy() {
-    let mut s = sp("lb", "10.96.0.30");
-    s.node_port = 30081;
-    s.load_balancer_ips = vec![ip("203.0.113.20")];
-    s.load_balancer_source_ranges = vec!["10.100.0.100/32".parse().unwrap()];
-    s.external_policy_local = true;
-    s.health_check_node_port = 32100;
+    let s = sp("lb", "10.96.0.30")
+        .node_port(30081)
+        .load_balancer_ips(&["203.0.113.20"])
+        .source_ranges(&["10.100.0.100/32"])
+        .local_external()
+        .health_check_node_port(32100)
+        .build();
     let st = state(
         IpFamily::V4,
         vec![(s, vec![ep("10.244.1.2", true), ep("10.244.2.3", false)])],
@@ -151,11 +143,13 @@ fn loadbalancer_with_source_ranges_and_local_policy() {
 
 #[test]
 fn external_ips_by_policy() {
-    let mut s = sp("ext", "10.96.0.40");
-    s.external_ips = vec![ip("203.0.113.10")];
-    let mut l = sp("extl", "10.96.0.41");
-    l.external_ips = vec![ip("203.0.113.11")];
-    l.external_policy_local = true;
+    let s = sp("ext", "10.96.0.40")
+        .external_ips(&["203.0.113.10"])
+        .build();
+    let l = sp("extl", "10.96.0.41")
+        .external_ips(&["203.0.113.11"])
+        .local_external()
+        .build();
     let st = state(
         IpFamily::V4,
         vec![
@@ -179,8 +173,7 @@ fn external_ips_by_policy() {
 
 #[test]
 fn session_affinity_is_persistence_and_scheduler_is_configurable() {
-    let mut s = sp("aff", "10.96.0.50");
-    s.session_affinity_timeout = Some(600);
+    let s = sp("aff", "10.96.0.50").affinity(600).build();
     let st = state(IpFamily::V4, vec![(s, vec![ep("10.244.1.2", true)])]);
     let mut c = cfg(IpFamily::V4);
     c.scheduler = "wlc".into();
@@ -195,13 +188,12 @@ fn session_affinity_is_persistence_and_scheduler_is_configurable() {
 
 #[test]
 fn internal_policy_local_and_no_endpoints() {
-    let mut s = sp("itp", "10.96.0.60");
-    s.internal_policy_local = true;
+    let s = sp("itp", "10.96.0.60").local_internal().build();
     let st = state(
         IpFamily::V4,
         vec![
             (s, vec![ep("10.244.1.2", true), ep("10.244.2.3", false)]),
-            (sp("empty", "10.96.0.61"), vec![]),
+            (sp("empty", "10.96.0.61").build(), vec![]),
         ],
     );
     let ops = ops_from_empty(&st, &cfg(IpFamily::V4));
@@ -215,14 +207,16 @@ fn internal_policy_local_and_no_endpoints() {
 
 #[test]
 fn udp_sctp_and_ipv6() {
-    let mut u = sp("dns", "fd00:96::10");
-    u.name = ServicePortName::new("default", "dns", "dns", Protocol::Udp);
-    u.protocol = Protocol::Udp;
-    u.port = 53;
-    u.node_port = 30053;
-    let mut sc = sp("sctp", "fd00:96::11");
-    sc.protocol = Protocol::Sctp;
-    sc.node_port = 30132;
+    let u = sp("dns", "fd00:96::10")
+        .port_name("dns")
+        .protocol(Protocol::Udp)
+        .port(53)
+        .node_port(30053)
+        .build();
+    let sc = sp("sctp", "fd00:96::11")
+        .protocol(Protocol::Sctp)
+        .node_port(30132)
+        .build();
     let st = state(
         IpFamily::V6,
         vec![(u, vec![ep("fd00:244:1::2", true)]), (sc, vec![])],
@@ -245,15 +239,11 @@ fn udp_sctp_and_ipv6() {
 
 #[test]
 fn terminating_endpoints_are_a_fallback() {
-    let term = |a: &str| Endpoint {
-        ready: false,
-        terminating: true,
-        ..ep(a, true)
-    };
+    let term = |a: &str| ep(a, true).serving_terminating();
     let st = state(
         IpFamily::V4,
         vec![(
-            sp("t", "10.96.0.90"),
+            sp("t", "10.96.0.90").build(),
             vec![term("10.244.1.2"), ep("10.244.2.3", false)],
         )],
     );
@@ -261,7 +251,7 @@ fn terminating_endpoints_are_a_fallback() {
     assert!(!ops.iter().any(|o| o.contains("-> 10.244.1.2")), "{ops:#?}");
     let st = state(
         IpFamily::V4,
-        vec![(sp("t", "10.96.0.90"), vec![term("10.244.1.2")])],
+        vec![(sp("t", "10.96.0.90").build(), vec![term("10.244.1.2")])],
     );
     let ops = ops_from_empty(&st, &cfg(IpFamily::V4));
     assert!(ops.contains(&"add-dest tcp 10.96.0.90:80 -> 10.244.1.2:8080 weight 1".to_string()));
@@ -271,20 +261,24 @@ fn terminating_endpoints_are_a_fallback() {
 fn diff_touches_only_what_changed_and_drains_tcp() {
     let c = cfg(IpFamily::V4);
     let ips = vec![ip("10.100.0.11")];
-    let mut dns = sp("dns", "10.96.0.11");
-    dns.name = ServicePortName::new("default", "dns", "dns", Protocol::Udp);
-    dns.protocol = Protocol::Udp;
-    dns.port = 53;
+    let dns = sp("dns", "10.96.0.11")
+        .port_name("dns")
+        .protocol(Protocol::Udp)
+        .port(53)
+        .build();
     let before = plan(
         &state(
             IpFamily::V4,
             vec![
                 (
-                    sp("web", "10.96.0.10"),
+                    sp("web", "10.96.0.10").build(),
                     vec![ep("10.244.1.2", true), ep("10.244.2.3", false)],
                 ),
                 (dns.clone(), vec![ep("10.244.1.2", true)]),
-                (sp("gone", "10.96.0.12"), vec![ep("10.244.1.5", true)]),
+                (
+                    sp("gone", "10.96.0.12").build(),
+                    vec![ep("10.244.1.5", true)],
+                ),
             ],
         ),
         &c,
@@ -295,7 +289,7 @@ fn diff_touches_only_what_changed_and_drains_tcp() {
             IpFamily::V4,
             vec![
                 (
-                    sp("web", "10.96.0.10"),
+                    sp("web", "10.96.0.10").build(),
                     vec![ep("10.244.2.3", false), ep("10.244.2.4", false)],
                 ),
                 (dns, vec![ep("10.244.2.9", false)]),
@@ -340,8 +334,7 @@ fn diff_touches_only_what_changed_and_drains_tcp() {
 #[test]
 fn dry_run_render_has_every_part() {
     use kp_model::Dataplane;
-    let mut s = sp("web", "10.96.0.10");
-    s.session_affinity_timeout = Some(10800);
+    let s = sp("web", "10.96.0.10").affinity(10800).build();
     let st = state(IpFamily::V4, vec![(s, vec![ep("10.244.1.2", true)])]);
     let p = kp_ipvs::IpvsProxier::new(cfg(IpFamily::V4));
     let out = p.render(&st);

@@ -9,8 +9,7 @@ use std::sync::Arc;
 
 use kp_ipvs::{diff, plan, restore_input, IpvsConfig, Layout, Op};
 use kp_model::{
-    Endpoint, IpFamily, LocalDetector, NodeInfo, Protocol, ProxierConfig, ProxyState, ServicePort,
-    ServicePortName,
+    Endpoint, IpFamily, LocalDetector, NodeInfo, ProxierConfig, ProxyState, ServicePort,
 };
 
 struct Netns(String);
@@ -61,34 +60,17 @@ fn service(family: IpFamily) -> (ServicePort, Vec<Endpoint>) {
             "fd00:100::/64",
         ),
     };
-    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
-    let sp = ServicePort {
-        name: ServicePortName::new("default", "lb", "http", Protocol::Tcp),
-        cluster_ip: ip(cip),
-        port: 80,
-        protocol: Protocol::Tcp,
-        node_port: 30080,
-        external_ips: vec![ip(lb)],
-        load_balancer_ips: vec![ip(lb)],
-        load_balancer_source_ranges: vec![src.parse().unwrap()],
-        session_affinity_timeout: None,
-        external_policy_local: true,
-        internal_policy_local: false,
-        health_check_node_port: 32100,
-        traffic_distribution: None,
-    };
-    let e = Endpoint {
-        ip: ip(ep),
-        port: 8080,
-        is_local: true,
-        ready: true,
-        serving: true,
-        terminating: false,
-        node_name: None,
-        zone: None,
-        zone_hints: Default::default(),
-        node_hints: Default::default(),
-    };
+    let sp = ServicePort::builder("default", "lb")
+        .port_name("http")
+        .cluster_ip(cip)
+        .node_port(30080)
+        .external_ips(&[lb])
+        .load_balancer_ips(&[lb])
+        .source_ranges(&[src])
+        .local_external()
+        .health_check_node_port(32100)
+        .build();
+    let e = Endpoint::ready(ep.parse().unwrap(), 8080, true);
     (sp, vec![e])
 }
 
@@ -103,13 +85,7 @@ fn check_family(family: IpFamily) {
         IpFamily::V6 => "fd00:244::/48".parse().unwrap(),
     }]);
     let cfg = IpvsConfig::new(pc.clone());
-    let mut st = ProxyState::new(
-        family,
-        NodeInfo {
-            name: "node1".into(),
-            zone: None,
-        },
-    );
+    let mut st = ProxyState::new(family, NodeInfo::named("node1"));
     let (sp, eps) = service(family);
     st.endpoints.insert(sp.name.clone(), Arc::new(eps));
     st.services.insert(sp.name.clone(), Arc::new(sp));

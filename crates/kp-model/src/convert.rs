@@ -489,8 +489,96 @@ pub struct PodCidrs {
     pub invalid: Vec<String>,
 }
 
+/// The label upstream reads this node's zone from (topology hints).
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+/// The taint the cluster autoscaler puts on a node it is about to delete.
+pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
+
+/// What kube-proxy reads of a Node, built by [`convert_node`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeDetails {
+    /// `metadata.name` ("" when missing).
+    pub name: String,
+    /// The topology.kubernetes.io/zone label, as written.
+    pub zone: Option<String>,
+    /// `status.addresses` of type InternalIP that parse, in order, both
+    /// families.
+    pub internal_ips: Vec<IpAddr>,
+    /// `status.addresses` of type ExternalIP that parse, in order, both
+    /// families.
+    pub external_ips: Vec<IpAddr>,
+    /// `spec.podCIDRs`, for `--detect-local-mode=NodeCIDR`.
+    pub pod_cidrs: PodCidrs,
+    /// Being deleted (deletionTimestamp set) or tainted
+    /// [`TO_BE_DELETED_TAINT`]: load balancers should go elsewhere.
+    pub to_be_deleted: bool,
+}
+
+impl NodeDetails {
+    /// What endpoint selection needs of the node (name, zone).
+    pub fn info(&self) -> NodeInfo {
+        NodeInfo {
+            name: self.name.clone(),
+            zone: self.zone.clone(),
+        }
+    }
+    /// The node's addresses of `family`: InternalIPs first, then
+    /// ExternalIPs, each in the order the Node lists them.
+    pub fn ips_of(&self, family: IpFamily) -> Vec<IpAddr> {
+        self.internal_ips
+            .iter()
+            .chain(self.external_ips.iter())
+            .filter(|ip| family.matches(ip))
+            .copied()
+            .collect()
+    }
+    /// The node's primary address of `family` (its first InternalIP of the
+    /// family, else its first ExternalIP), as upstream's GetNodeHostIPs.
+    pub fn primary_ip(&self, family: IpFamily) -> Option<IpAddr> {
+        self.ips_of(family).first().copied()
+    }
+}
+
+/// Reads a Node: name, zone label, addresses, podCIDRs and whether it is
+/// going away. Addresses that do not parse are skipped.
+pub fn convert_node(node: &Node) -> NodeDetails {
+    let mut out = NodeDetails {
+        name: node.metadata.name.clone().unwrap_or_default(),
+        zone: node
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(ZONE_LABEL))
+            .cloned(),
+        pod_cidrs: node_pod_cidrs(node),
+        ..Default::default()
+    };
+    let addresses = node
+        .status
+        .as_ref()
+        .and_then(|s| s.addresses.as_deref())
+        .unwrap_or_default();
+    for a in addresses.iter().take(MAX_IPS_PER_FIELD) {
+        let list = match a.type_.as_str() {
+            "InternalIP" => &mut out.internal_ips,
+            "ExternalIP" => &mut out.external_ips,
+            _ => continue,
+        };
+        if let Some(ip) = parse_ip_sloppy(a.address.trim()) {
+            list.push(ip);
+        }
+    }
+    let tainted = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == TO_BE_DELETED_TAINT));
+    out.to_be_deleted = node.metadata.deletion_timestamp.is_some() || tainted;
+    out
+}
+
 /// The pod CIDRs allocated to `node` (its `spec.podCIDRs`).
-pub fn node_pod_cidrs(node: &Node) -> PodCidrs {
+fn node_pod_cidrs(node: &Node) -> PodCidrs {
     let spec = node.spec.as_ref();
     let mut raw: Vec<String> = spec
         .and_then(|s| s.pod_cidrs.clone())

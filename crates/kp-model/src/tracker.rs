@@ -8,11 +8,12 @@ use std::time::SystemTime;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
-use crate::convert::{convert_endpoint_slice, convert_service, ConvertError, SliceEndpoints};
+use crate::convert::{
+    convert_endpoint_slice, convert_node, convert_service, ConvertError, SliceEndpoints,
+};
 use crate::topology::categorize_endpoints;
 use crate::types::*;
 
-pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 /// Set by the EndpointSlice controller: when the change that produced this slice
 /// happened. Used for kubeproxy_network_programming_duration_seconds.
 pub const TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
@@ -300,12 +301,7 @@ impl ChangeTracker {
         if node.metadata.name.as_deref() != Some(self.cfg.node_name.as_str()) {
             return;
         }
-        let zone = node
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(ZONE_LABEL))
-            .cloned();
+        let zone = convert_node(node).zone;
         if zone != self.state.node.zone {
             self.state.node.zone = zone;
             self.node_changed = true;

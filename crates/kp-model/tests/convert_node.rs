@@ -1,13 +1,19 @@
-//! node_pod_cidrs: a Node's spec.podCIDRs as NodeCIDR local-traffic detection
-//! uses them (upstream: MapCIDRsByIPFamily, then the first CIDR per family).
+//! convert_node: what kube-proxy reads of a Node. Its spec.podCIDRs as
+//! NodeCIDR local-traffic detection uses them (upstream: MapCIDRsByIPFamily,
+//! then the first CIDR per family), its addresses, zone label and whether it
+//! is going away.
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
-use kp_model::{node_pod_cidrs, PodCidrs};
+use kp_model::{convert_node, IpFamily, NodeDetails, NodeInfo, PodCidrs};
 use serde_json::{json, Value};
 
 fn node(spec: Value) -> Node {
     serde_json::from_value(json!({"metadata": {"name": "node1"}, "spec": spec})).unwrap()
+}
+
+fn node_pod_cidrs(n: &Node) -> PodCidrs {
+    convert_node(n).pod_cidrs
 }
 
 fn nets(list: &[&str]) -> Vec<IpNet> {
@@ -56,4 +62,105 @@ fn missing_pod_cidrs() {
     let got = node_pod_cidrs(&node(json!({"podCIDR": "10.244.3.0/24"})));
     assert_eq!(got.cidrs, nets(&["10.244.3.0/24"]));
     assert_eq!(got.raw, ["10.244.3.0/24"]);
+}
+
+fn from(v: Value) -> NodeDetails {
+    convert_node(&serde_json::from_value(v).unwrap())
+}
+
+fn ips(list: &[&str]) -> Vec<std::net::IpAddr> {
+    list.iter().map(|s| s.parse().unwrap()).collect()
+}
+
+#[test]
+fn name_zone_and_addresses() {
+    let n = from(json!({
+        "metadata": {"name": "node1", "labels": {
+            "topology.kubernetes.io/zone": "zone-a",
+            "topology.kubernetes.io/region": "r1",
+        }},
+        "spec": {"podCIDRs": ["10.244.1.0/24"]},
+        "status": {"addresses": [
+            {"type": "Hostname", "address": "node1"},
+            {"type": "ExternalIP", "address": "203.0.113.7"},
+            {"type": "InternalIP", "address": "192.168.0.11"},
+            {"type": "InternalIP", "address": "fd00::11"},
+            {"type": "InternalIP", "address": "not-an-ip"},
+            {"type": "InternalIP", "address": "192.168.0.12"},
+            {"type": "ExternalIP", "address": "2001:db8::7"},
+            {"type": "InternalDNS", "address": "node1.cluster.local"},
+        ]},
+    }));
+    assert_eq!(n.name, "node1");
+    assert_eq!(n.zone.as_deref(), Some("zone-a"));
+    // In the order listed, unparsable ones and other types skipped.
+    assert_eq!(
+        n.internal_ips,
+        ips(&["192.168.0.11", "fd00::11", "192.168.0.12"])
+    );
+    assert_eq!(n.external_ips, ips(&["203.0.113.7", "2001:db8::7"]));
+    assert_eq!(n.pod_cidrs.cidrs, nets(&["10.244.1.0/24"]));
+    assert!(!n.to_be_deleted);
+    assert_eq!(
+        n.info(),
+        NodeInfo {
+            name: "node1".into(),
+            zone: Some("zone-a".into())
+        }
+    );
+    // Per family: InternalIPs before ExternalIPs, though listed after.
+    assert_eq!(
+        n.ips_of(IpFamily::V4),
+        ips(&["192.168.0.11", "192.168.0.12", "203.0.113.7"])
+    );
+    assert_eq!(n.ips_of(IpFamily::V6), ips(&["fd00::11", "2001:db8::7"]));
+    assert_eq!(n.primary_ip(IpFamily::V4), Some(ips(&["192.168.0.11"])[0]));
+    assert_eq!(n.primary_ip(IpFamily::V6), Some(ips(&["fd00::11"])[0]));
+}
+
+#[test]
+fn only_external_ips_and_sloppy_ipv4() {
+    let n = from(json!({
+        "metadata": {"name": "n2"},
+        "status": {"addresses": [
+            {"type": "ExternalIP", "address": "010.001.002.003"},
+        ]},
+    }));
+    assert!(n.internal_ips.is_empty());
+    // Leading zeros read as decimal, as upstream's ParseIPSloppy.
+    assert_eq!(n.external_ips, ips(&["10.1.2.3"]));
+    assert_eq!(n.primary_ip(IpFamily::V4), Some(ips(&["10.1.2.3"])[0]));
+    assert_eq!(n.primary_ip(IpFamily::V6), None);
+    assert_eq!(n.zone, None);
+}
+
+#[test]
+fn bare_node() {
+    let n = from(json!({}));
+    assert_eq!(n, NodeDetails::default());
+    assert_eq!(n.info(), NodeInfo::default());
+    // An empty zone label is kept as written (topology treats it as none).
+    let n = from(json!({"metadata": {"name": "n", "labels": {"topology.kubernetes.io/zone": ""}}}));
+    assert_eq!(n.zone.as_deref(), Some(""));
+}
+
+#[test]
+fn going_away() {
+    let deleting = from(json!({
+        "metadata": {"name": "n", "deletionTimestamp": "2024-01-01T00:00:00Z"},
+    }));
+    assert!(deleting.to_be_deleted);
+    let tainted = from(json!({
+        "metadata": {"name": "n"},
+        "spec": {"taints": [
+            {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"},
+            {"key": "ToBeDeletedByClusterAutoscaler", "value": "1700000000", "effect": "NoSchedule"},
+        ]},
+    }));
+    assert!(tainted.to_be_deleted);
+    let other_taint = from(json!({
+        "metadata": {"name": "n"},
+        "spec": {"taints": [{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}]},
+    }));
+    assert!(!other_taint.to_be_deleted);
 }

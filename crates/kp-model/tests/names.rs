@@ -24,19 +24,7 @@ fn sep_chain(spn: &ServicePortName, ep: &Endpoint) -> String {
 }
 
 fn endpoint(addr: &str) -> Endpoint {
-    let sa: std::net::SocketAddr = addr.parse().unwrap();
-    Endpoint {
-        ip: sa.ip(),
-        port: sa.port(),
-        is_local: false,
-        ready: true,
-        serving: true,
-        terminating: false,
-        node_name: None,
-        zone: None,
-        zone_hints: Default::default(),
-        node_hints: Default::default(),
-    }
+    Endpoint::at(addr)
 }
 
 #[test]

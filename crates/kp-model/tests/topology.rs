@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use kp_model::{categorize_endpoints, Endpoint, NodeInfo, Protocol, ServicePort, ServicePortName};
+use kp_model::{categorize_endpoints, Endpoint, NodeInfo, ServicePort};
 
 #[derive(Clone, Copy, Default)]
 struct Svc {
@@ -13,21 +13,17 @@ struct Svc {
 }
 
 fn service_port(s: Svc) -> ServicePort {
-    ServicePort {
-        name: ServicePortName::new("ns1", "svc1", "p80", Protocol::Tcp),
-        cluster_ip: "172.30.0.41".parse().unwrap(),
-        port: 80,
-        protocol: Protocol::Tcp,
-        node_port: s.node_port,
-        external_ips: vec![],
-        load_balancer_ips: vec![],
-        load_balancer_source_ranges: vec![],
-        session_affinity_timeout: None,
-        external_policy_local: s.etp_local,
-        internal_policy_local: s.itp_local,
-        health_check_node_port: 0,
-        traffic_distribution: None,
+    let mut b = ServicePort::builder("ns1", "svc1")
+        .port_name("p80")
+        .cluster_ip("172.30.0.41")
+        .node_port(s.node_port);
+    if s.etp_local {
+        b = b.local_external();
     }
+    if s.itp_local {
+        b = b.local_internal();
+    }
+    b.build()
 }
 
 #[derive(Clone, Default)]
@@ -42,20 +38,15 @@ struct Ep {
 }
 
 fn endpoint(e: &Ep) -> Endpoint {
-    let sa: std::net::SocketAddr = e.addr.parse().unwrap();
-    Endpoint {
-        ip: sa.ip(),
-        port: sa.port(),
-        is_local: e.local,
-        ready: e.ready,
-        // Upstream's test endpoints are "serving" whenever they are ready.
-        serving: e.serving || e.ready,
-        terminating: e.terminating,
-        node_name: None,
-        zone: None,
-        zone_hints: e.zones.iter().map(|s| s.to_string()).collect(),
-        node_hints: e.nodes.iter().map(|s| s.to_string()).collect(),
-    }
+    let mut ep = Endpoint::at(e.addr)
+        .with_zone_hints(e.zones)
+        .with_node_hints(e.nodes);
+    ep.is_local = e.local;
+    ep.ready = e.ready;
+    // Upstream's test endpoints are "serving" whenever they are ready.
+    ep.serving = e.serving || e.ready;
+    ep.terminating = e.terminating;
+    ep
 }
 
 fn ready(addr: &'static str, zones: &'static [&'static str]) -> Ep {
@@ -112,8 +103,8 @@ fn addrs(v: &[&Endpoint]) -> BTreeSet<String> {
 fn run(cases: Vec<Case>) {
     for c in cases {
         let node = NodeInfo {
-            name: "node1".into(),
             zone: c.zone.map(String::from),
+            ..NodeInfo::named("node1")
         };
         let sp = service_port(c.svc);
         let eps: Vec<Endpoint> = c.endpoints.iter().map(endpoint).collect();
@@ -715,10 +706,7 @@ fn all_reachable_has_no_duplicates_with_terminating_local_fallback() {
         etp_local: true,
         ..NP
     });
-    let node = NodeInfo {
-        name: "node1".into(),
-        zone: None,
-    };
+    let node = NodeInfo::named("node1");
     let got = categorize_endpoints(&eps, &sp, &node);
     assert_eq!(addrs(&got.cluster), set(&["10.0.0.1:80", "10.0.0.2:80"]));
     assert_eq!(addrs(&got.local), set(&["10.0.0.1:80"]));

@@ -4,8 +4,8 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 
 use kp_model::{
-    categorize_endpoints, chain_hash, Endpoint, IpFamily, NodeInfo, Protocol, ProxierConfig,
-    ServicePort,
+    chain_hash, Endpoint, EndpointSelection, EndpointSet, IpFamily, NoEndpoints, NodeInfo,
+    Protocol, ProxierConfig, ServicePort,
 };
 
 use crate::rule::{self, MARK_MASQ_CHAIN};
@@ -234,7 +234,7 @@ pub fn render_service(
     cfg: &ProxierConfig,
     node: &NodeInfo,
 ) -> ServiceObjects {
-    let cat = categorize_endpoints(endpoints, sp, node);
+    let cat = EndpointSelection::new(sp, endpoints, node);
     let base = chain_base(sp);
     let svc_chain = format!("service-{base}");
     let local_chain = format!("local-{base}");
@@ -243,25 +243,11 @@ pub fn render_service(
     let mut out = ServiceObjects::default();
     let mut ep_chains: Vec<(String, Vec<Rule>)> = Vec::new();
 
-    let internal_eps = if sp.internal_policy_local {
-        &cat.local
-    } else {
-        &cat.cluster
+    let internal_chain = match cat.internal {
+        EndpointSet::Cluster => &svc_chain,
+        EndpointSet::Local => &local_chain,
     };
-    let external_eps = if sp.external_policy_local {
-        &cat.local
-    } else {
-        &cat.cluster
-    };
-    let internal_chain = if sp.internal_policy_local {
-        &local_chain
-    } else {
-        &svc_chain
-    };
-    out.no_local = (
-        sp.internal_policy_local && cat.local.is_empty(),
-        sp.external_policy_local && cat.local.is_empty(),
-    );
+    out.no_local = cat.no_local();
 
     let masq_rule = rule::mark_masq_unless_local(
         cfg.family,
@@ -285,7 +271,7 @@ pub fn render_service(
         ));
         out.chains.push((svc_chain.clone(), rules));
     }
-    if sp.uses_local_endpoints() && !cat.local.is_empty() {
+    if cat.has_local() {
         let mut rules = Vec::new();
         if sp.internal_policy_local {
             rules.extend(masq_rule);
@@ -300,7 +286,7 @@ pub fn render_service(
         out.chains.push((local_chain.clone(), rules));
     }
 
-    let has_external = sp.externally_accessible() && !external_eps.is_empty();
+    let has_external = cat.has_external();
     if has_external {
         let mut rules = Vec::new();
         if sp.external_policy_local {
@@ -329,10 +315,9 @@ pub fn render_service(
 
     // Where traffic with no usable endpoint goes: reject when the service has
     // none anywhere, drop when it has some but not for this traffic's policy.
-    let no_ep_verdict = if cat.has_any {
-        Verdict::Drop
-    } else {
-        Verdict::Goto(REJECT_CHAIN.into())
+    let no_ep_verdict = match cat.no_endpoints() {
+        NoEndpoints::Drop => Verdict::Drop,
+        NoEndpoints::Reject => Verdict::Goto(REJECT_CHAIN.into()),
     };
     let key = |ip: IpAddr| ElemKey::IpProtoPort(ip, sp.protocol, sp.port);
 
@@ -341,7 +326,7 @@ pub fn render_service(
         key: ElemKey::Ip(sp.cluster_ip),
         value: None,
     });
-    if internal_eps.is_empty() {
+    if !cat.has_internal() {
         out.elements.push(Element {
             map: MapName::Fixed(MAP_NO_EP_SERVICES),
             key: key(sp.cluster_ip),

@@ -11,19 +11,16 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+pub use kp_model::TO_BE_DELETED_TAINT;
 use kp_model::{
-    categorize_endpoints, ChangeTracker, Dataplane, IpFamily, ServiceName, ServicePortName,
-    StaleConntrack,
+    convert_node, ChangeTracker, Dataplane, EndpointSelection, IpFamily, ServiceName,
+    ServicePortName, StaleConntrack,
 };
 use kp_source::SourceEvent;
 
 use crate::clock::Clock;
 use crate::conntrack::Conntrack;
 use crate::report::{SyncHealth, SyncMetrics};
-
-/// Taint the Cluster Autoscaler puts on a node it is about to delete: such a
-/// node fails /healthz so that load balancers move away.
-pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
 
 /// Token bucket of upstream's BoundedFrequencyRunner.
 pub struct Pacer {
@@ -212,13 +209,8 @@ impl SyncLoop {
                 if node.metadata.name.as_deref() == Some(self.node_name.as_str()) {
                     // A node being deleted or drained by the autoscaler tells load
                     // balancers to go elsewhere via /healthz, as upstream.
-                    let deleting = node.metadata.deletion_timestamp.is_some();
-                    let tainted = node
-                        .spec
-                        .as_ref()
-                        .and_then(|s| s.taints.as_ref())
-                        .is_some_and(|t| t.iter().any(|t| t.key == TO_BE_DELETED_TAINT));
-                    self.health.set_node_eligible(!deleting && !tainted);
+                    self.health
+                        .set_node_eligible(!convert_node(&node).to_be_deleted);
                 }
                 for f in &mut self.families {
                     f.tracker.update_node(&node);
@@ -329,8 +321,8 @@ impl SyncLoop {
                     hc.ports
                         .insert(name.service.clone(), sp.health_check_node_port);
                     let eps = state.endpoints_of(name);
-                    let cat = categorize_endpoints(eps, sp, &state.node);
-                    let n = cat.local.iter().filter(|e| e.ready).count();
+                    let sel = EndpointSelection::new(sp, eps, &state.node);
+                    let n = sel.local.iter().filter(|e| e.ready).count();
                     hc.local_endpoints.insert(name.service.clone(), n);
                 }
             }

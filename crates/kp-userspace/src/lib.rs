@@ -2,7 +2,7 @@
 //! NAT rules. Every Service address and port (ClusterIP, NodePort,
 //! externalIP, LoadBalancer IP) gets a listening socket; connections and
 //! datagrams are forwarded to an endpoint picked with the model's rules
-//! (categorize_endpoints: traffic policies, terminating fallback, topology),
+//! (EndpointSelection: traffic policies, terminating fallback, topology),
 //! round robin or least connections, with ClientIP affinity.
 //!
 //! With CAP_NET_ADMIN the Service IPs are added to the loopback interface
@@ -805,16 +805,11 @@ impl Dataplane for UserspaceProxier {
         for (k, spec) in &plan.listeners {
             let sp = state.services.get(&spec.service);
             let eps = state.endpoints_of(&spec.service);
-            let (cluster, local): (Vec<String>, Vec<String>) = match sp {
-                Some(sp) => {
-                    let cat = kp_model::categorize_endpoints(eps, sp, &state.node);
-                    (
-                        cat.cluster.iter().map(|e| e.addr_string()).collect(),
-                        cat.local.iter().map(|e| e.addr_string()).collect(),
-                    )
-                }
-                None => (Vec::new(), Vec::new()),
+            let sel = sp.map(|sp| kp_model::EndpointSelection::new(sp, eps, &state.node));
+            let addrs = |eps: &[&kp_model::Endpoint]| -> Vec<String> {
+                eps.iter().map(|e| e.addr_string()).collect()
             };
+            let cluster = sel.as_ref().map(|s| addrs(&s.cluster)).unwrap_or_default();
             let kind = match spec.kind {
                 plan::Kind::Cluster => "cluster",
                 plan::Kind::External => "external",
@@ -827,8 +822,8 @@ impl Dataplane for UserspaceProxier {
                 spec.service,
                 cluster.join(" ")
             );
-            if sp.is_some_and(|s| s.internal_policy_local || s.external_policy_local) {
-                let _ = write!(out, " local [{}]", local.join(" "));
+            if let Some(s) = sel.filter(|s| s.internal.is_local() || s.external.is_local()) {
+                let _ = write!(out, " local [{}]", addrs(&s.local).join(" "));
             }
             if !spec.source_ranges.is_empty() {
                 let r: Vec<String> = spec.source_ranges.iter().map(|n| n.to_string()).collect();

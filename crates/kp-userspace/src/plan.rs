@@ -450,21 +450,12 @@ mod tests {
     use std::sync::Arc;
 
     fn sp(name: &str, ip: &str, port: u16, proto: Protocol) -> ServicePort {
-        ServicePort {
-            name: ServicePortName::new("default", name, "p", proto),
-            cluster_ip: ip.parse().unwrap(),
-            port,
-            protocol: proto,
-            node_port: 0,
-            external_ips: vec![],
-            load_balancer_ips: vec![],
-            load_balancer_source_ranges: vec![],
-            session_affinity_timeout: None,
-            external_policy_local: false,
-            internal_policy_local: false,
-            health_check_node_port: 0,
-            traffic_distribution: None,
-        }
+        ServicePort::builder("default", name)
+            .port_name("p")
+            .protocol(proto)
+            .cluster_ip(ip)
+            .port(port)
+            .build()
     }
 
     fn state(ports: Vec<ServicePort>) -> ProxyState {

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
-use kp_model::{categorize_endpoints, Endpoint, NodeInfo, ServicePort, ServicePortName};
+use kp_model::{Endpoint, EndpointSelection, NodeInfo, ServicePort, ServicePortName};
 use tokio::sync::watch;
 
 use crate::balancer::{pick, AffinityTable, Algorithm};
@@ -75,13 +75,15 @@ impl Pool {
     }
 }
 
-/// The endpoints of each traffic policy, as categorize_endpoints gives them.
+/// The endpoints of each traffic policy, as [`EndpointSelection`] picks them.
 #[derive(Default)]
 pub(crate) struct Pools {
     cluster: Pool,
     local: Pool,
     internal_local: bool,
     external_local: bool,
+    /// [`EndpointSelection::no_local`].
+    no_local: (bool, bool),
     inside: Arc<Inside>,
 }
 
@@ -189,9 +191,7 @@ impl ServiceRt {
 
     /// (has a Local internal policy without local endpoints, same for external).
     pub fn missing_local(&self) -> (bool, bool) {
-        let p = self.pools();
-        let none = p.local.backends.is_empty();
-        (p.internal_local && none, p.external_local && none)
+        self.pools().no_local
     }
 
     /// Picks an endpoint for a new connection or flow from `client`,
@@ -243,7 +243,7 @@ impl ServiceRt {
         inside: Arc<Inside>,
         rt: &tokio::runtime::Handle,
     ) {
-        let cat = categorize_endpoints(endpoints, sp, node);
+        let sel = EndpointSelection::new(sp, endpoints, node);
         let mut reg = lock(&self.registry);
         let mut get = |e: &Endpoint| -> Arc<Backend> {
             let addr = e.socket_addr();
@@ -257,9 +257,9 @@ impl ServiceRt {
             }
             b
         };
-        let cluster: Vec<Arc<Backend>> = cat.cluster.iter().map(|e| get(e)).collect();
-        let local: Vec<Arc<Backend>> = cat.local.iter().map(|e| get(e)).collect();
-        let keep: Vec<SocketAddr> = cat.all_reachable.iter().map(|e| e.socket_addr()).collect();
+        let cluster: Vec<Arc<Backend>> = sel.cluster.iter().map(|e| get(e)).collect();
+        let local: Vec<Arc<Backend>> = sel.local.iter().map(|e| get(e)).collect();
+        let keep: Vec<SocketAddr> = sel.all_reachable.iter().map(|e| e.socket_addr()).collect();
         let mut gone = Vec::new();
         for (addr, b) in reg.iter() {
             if !keep.contains(addr) && !b.removed.swap(true, Ordering::AcqRel) {
@@ -287,8 +287,9 @@ impl ServiceRt {
         let pools = Pools {
             cluster: Pool::new(cluster),
             local: Pool::new(local),
-            internal_local: sp.internal_policy_local,
-            external_local: sp.external_policy_local,
+            internal_local: sel.internal.is_local(),
+            external_local: sel.external.is_local(),
+            no_local: sel.no_local(),
             inside,
         };
         *self.pools.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(pools);

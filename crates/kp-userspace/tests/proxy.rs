@@ -18,38 +18,18 @@ use kp_userspace::{NoMetrics, UserspaceConfig, UserspaceProxier, VipMode};
 const PORT: u16 = 18080;
 
 fn endpoint(addr: SocketAddr) -> Endpoint {
-    Endpoint {
-        ip: addr.ip(),
-        port: addr.port(),
-        is_local: true,
-        ready: true,
-        serving: true,
-        terminating: false,
-        node_name: None,
-        zone: None,
-        zone_hints: BTreeSet::new(),
-        node_hints: BTreeSet::new(),
-    }
+    Endpoint::ready(addr.ip(), addr.port(), true)
 }
 
 /// A state with one Service port on `vip`:PORT (an externalIP) sending to `eps`.
 fn state(vip: &str, proto: Protocol, eps: &[SocketAddr]) -> ProxyState {
-    let name = ServicePortName::new("t", "svc", "p", proto);
-    let sp = ServicePort {
-        name: name.clone(),
-        cluster_ip: "10.96.0.1".parse().unwrap(),
-        port: PORT,
-        protocol: proto,
-        node_port: 0,
-        external_ips: vec![vip.parse().unwrap()],
-        load_balancer_ips: vec![],
-        load_balancer_source_ranges: vec![],
-        session_affinity_timeout: None,
-        external_policy_local: false,
-        internal_policy_local: false,
-        health_check_node_port: 0,
-        traffic_distribution: None,
-    };
+    let sp = ServicePort::builder("t", "svc")
+        .port_name("p")
+        .protocol(proto)
+        .port(PORT)
+        .external_ips(&[vip])
+        .build();
+    let name = sp.name.clone();
     let mut s = ProxyState::new(IpFamily::V4, NodeInfo::default());
     s.services.insert(name.clone(), Arc::new(sp));
     s.endpoints
@@ -485,8 +465,12 @@ fn service_ips_follow_partial_syncs_in_a_network_namespace() {
         let mut st = ProxyState::new(IpFamily::V4, NodeInfo::default());
         let ep: SocketAddr = "127.0.0.1:9".parse().unwrap();
         let add = |st: &mut ProxyState, name: &str, ip: &str, port: u16| {
-            let n = ServicePortName::new("t", name, "p", Protocol::Tcp);
-            let sp = ServicePort::new(n.clone(), ip.parse().unwrap(), port);
+            let sp = ServicePort::builder("t", name)
+                .port_name("p")
+                .cluster_ip(ip)
+                .port(port)
+                .build();
+            let n = sp.name.clone();
             st.services.insert(n.clone(), Arc::new(sp));
             st.endpoints.insert(n.clone(), Arc::new(vec![endpoint(ep)]));
             n
@@ -565,9 +549,12 @@ fn address_changes_are_noticed_from_notifications_in_a_network_namespace() {
         c.nodeport_addresses = vec!["10.200.0.0/16".parse().unwrap()];
         let mut p = UserspaceProxier::new(c, Arc::new(NoMetrics), rt).unwrap();
         let mut st = ProxyState::new(IpFamily::V4, NodeInfo::default());
-        let n = ServicePortName::new("t", "np", "p", Protocol::Tcp);
-        let mut sp = ServicePort::new(n.clone(), "10.96.0.60".parse().unwrap(), 80);
-        sp.node_port = 30080;
+        let sp = ServicePort::builder("t", "np")
+            .port_name("p")
+            .cluster_ip("10.96.0.60")
+            .node_port(30080)
+            .build();
+        let n = sp.name.clone();
         st.services.insert(n.clone(), Arc::new(sp));
         st.endpoints.insert(
             n.clone(),

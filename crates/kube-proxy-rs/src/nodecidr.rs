@@ -8,7 +8,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
-use kp_model::{node_pod_cidrs, PodCidrs};
+use kp_model::{convert_node, PodCidrs};
 use tokio::time::Instant;
 
 /// How long upstream waits for the allocator to assign podCIDRs.
@@ -63,7 +63,7 @@ where
             // Upstream accepts any non-empty spec.podCIDRs; entries that do
             // not parse only lose local-traffic detection for their family.
             Ok(Ok(Some(n))) => {
-                let cidrs = node_pod_cidrs(&n);
+                let cidrs = convert_node(&n).pod_cidrs;
                 if !cidrs.raw.is_empty() {
                     return Ok(cidrs);
                 }
@@ -116,7 +116,7 @@ impl PodCidrWatch {
         if n.metadata.name.as_deref() != Some(self.node.as_str()) {
             return Ok(());
         }
-        let now = node_pod_cidrs(n).raw;
+        let now = convert_node(n).pod_cidrs.raw;
         if now == self.raw {
             return Ok(());
         }
@@ -232,7 +232,7 @@ mod tests {
 
     #[test]
     fn a_change_of_our_pod_cidrs_is_an_error() {
-        let start = node_pod_cidrs(&node("n1", &["10.244.1.0/24"]));
+        let start = convert_node(&node("n1", &["10.244.1.0/24"])).pod_cidrs;
         let w = PodCidrWatch::new("n1", &start);
         assert!(w.check(&node("n1", &["10.244.1.0/24"])).is_ok());
         assert!(w.check(&node("other", &["10.9.0.0/24"])).is_ok());

@@ -117,34 +117,10 @@ fn rr_server(threads: usize) -> SocketAddr {
 
 fn service(name: &str, port: u16, ep: SocketAddr) -> (ServicePort, Vec<Endpoint>) {
     let spn = ServicePortName::new("bench", name, "p", Protocol::Tcp);
-    let sp = ServicePort {
-        name: spn,
-        // Not local: not served; the externalIP below is.
-        cluster_ip: "10.96.0.1".parse().expect("ip"),
-        port,
-        protocol: Protocol::Tcp,
-        node_port: 0,
-        external_ips: vec!["127.0.0.1".parse().expect("ip")],
-        load_balancer_ips: vec![],
-        load_balancer_source_ranges: vec![],
-        session_affinity_timeout: None,
-        external_policy_local: false,
-        internal_policy_local: false,
-        health_check_node_port: 0,
-        traffic_distribution: None,
-    };
-    let e = Endpoint {
-        ip: ep.ip(),
-        port: ep.port(),
-        is_local: true,
-        ready: true,
-        serving: true,
-        terminating: false,
-        node_name: None,
-        zone: None,
-        zone_hints: BTreeSet::new(),
-        node_hints: BTreeSet::new(),
-    };
+    // Not local: not served; the externalIP below is.
+    let mut sp = ServicePort::new(spn, "10.96.0.1".parse().expect("ip"), port);
+    sp.external_ips = vec!["127.0.0.1".parse().expect("ip")];
+    let e = Endpoint::ready(ep.ip(), ep.port(), true);
     (sp, vec![e])
 }
 
