@@ -20,6 +20,7 @@ use kp_nftables::types::Object;
 use kp_nftables::{NftBackend, NftNetlink, Transaction, TABLE_NAME};
 
 use crate::config::ProxyMode;
+pub use crate::outcome::Outcome;
 
 /// Upstream kube-proxy's nftables table name (ip and ip6 families).
 pub const UPSTREAM_NFT_TABLE: &str = "kube-proxy";
@@ -41,32 +42,6 @@ pub enum Scope {
     /// do not replace by name. iptables and ipvs mode keep the chains (and
     /// ipvs mode the link and ipsets) they take over by name.
     StartingIn(ProxyMode),
-}
-
-/// What a cleanup did.
-#[derive(Debug, Default)]
-pub struct Outcome {
-    /// Objects removed, e.g. `nftables ip kube-proxy`, `iptables-legacy IPv4 nat/KUBE-SERVICES`.
-    pub removed: Vec<String>,
-    /// Removals that failed (the object is still there).
-    pub failed: Vec<String>,
-    /// Things not looked at, and why (a backend or tool missing).
-    pub skipped: Vec<String>,
-}
-
-impl Outcome {
-    /// Logs what was removed (info), skipped (debug) and failed (warn).
-    pub fn log(&self, context: &str) {
-        for r in &self.removed {
-            tracing::info!(object = %r, "{context}: removed");
-        }
-        for s in &self.skipped {
-            tracing::debug!(reason = %s, "{context}: skipped");
-        }
-        for f in &self.failed {
-            tracing::warn!(error = %f, "{context}: could not remove");
-        }
-    }
 }
 
 const FAMILIES: [IpFamily; 2] = [IpFamily::V4, IpFamily::V6];

@@ -63,16 +63,7 @@ fn http_get(ns: &str, addr: &str, path: &str) -> Option<(u16, String)> {
 #[test]
 fn binary_follows_the_api_server() {
     let ns = format!("kpapi{}", std::process::id());
-    assert!(Command::new("ip")
-        .args(["netns", "add", &ns])
-        .status()
-        .unwrap()
-        .success());
-    let _ns = Ns(ns.clone());
-    Command::new("ip")
-        .args(["netns", "exec", &ns, "ip", "link", "set", "lo", "up"])
-        .status()
-        .unwrap();
+    let _ns = Ns::create(&ns);
 
     // The API server runs on a runtime whose threads live in the namespace.
     let (srv_tx, srv_rx) = mpsc::channel::<ApiServer>();

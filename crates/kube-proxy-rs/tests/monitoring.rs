@@ -140,17 +140,7 @@ fn http_get(addr: &str, path: &str) -> std::io::Result<String> {
 #[test]
 fn dashboard_and_rules_use_only_exported_metrics() {
     let ns = format!("kpmon{}", std::process::id());
-    assert!(Command::new("ip")
-        .args(["netns", "add", &ns])
-        .status()
-        .unwrap()
-        .success());
-    let _ns = Ns(ns.clone());
-    assert!(Command::new("ip")
-        .args(["-n", &ns, "link", "set", "lo", "up"])
-        .status()
-        .unwrap()
-        .success());
+    let _ns = Ns::create(&ns);
     let dir = std::env::temp_dir().join(format!("{ns}-manifests"));
     std::fs::create_dir_all(&dir).unwrap();
     let manifest = TempFile(dir.join("web.yaml"));

@@ -196,12 +196,7 @@ fn waits_for_the_pod_cidrs() {
 #[test]
 fn exits_when_the_pod_cidrs_change() {
     let ns = format!("kpncidr{}", std::process::id());
-    assert!(Command::new("ip")
-        .args(["netns", "add", &ns])
-        .status()
-        .unwrap()
-        .success());
-    let _ns = Ns(ns.clone());
+    let _ns = Ns::create(&ns);
     let dir = Dir::new("change");
     dir.write_node(&["10.244.1.0/24"]);
     let log = std::env::temp_dir().join(format!("{ns}.log"));

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use super::duration::duration_arg;
 use super::LONG_VERSION;
+use crate::duration::duration_arg;
 
 /// Proxy mode. `userspace` is accepted for compatibility with old configs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

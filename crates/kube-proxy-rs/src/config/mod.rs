@@ -9,14 +9,13 @@ use std::path::PathBuf;
 
 use clap::{CommandFactory, FromArgMatches};
 
-mod duration;
 mod file;
 mod flags;
 mod overlay;
 mod resolve;
 mod settings;
 
-pub use duration::{format_go_duration, parse_go_duration, DurationError, GoDuration};
+pub use crate::duration::{format_go_duration, parse_go_duration, DurationError, GoDuration};
 pub use file::*;
 pub use flags::{Cli, DetectLocalMode, ProxyMode};
 pub use settings::{ClientSettings, ConntrackSettings, IpvsSettings, ProxyConfig};

@@ -7,10 +7,10 @@ use std::collections::BTreeMap;
 use clap::parser::ValueSource;
 use clap::ArgMatches;
 
-use super::duration::GoDuration;
 use super::file::KubeProxyConfiguration;
 use super::flags::{Cli, ProxyMode};
 use super::{invalid, ConfigError};
+use crate::duration::GoDuration;
 
 /// True when the flag was set by the user (not clap's default).
 pub(super) fn given(m: &ArgMatches, id: &str) -> bool {

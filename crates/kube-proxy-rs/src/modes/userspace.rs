@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use kp_model::{Dataplane, ProxierConfig};
 use kp_userspace::{Algorithm, Direction, UserspaceConfig, UserspaceProxier, VipMode};
 
-use crate::config::parse_go_duration;
+use crate::duration::parse_go_duration;
 use crate::metrics::Metrics;
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -108,7 +108,7 @@ pub fn make_dataplane(
 /// Removes the Service IPs userspace mode put on lo (both families, only
 /// the ones carrying its mark): for `--cleanup`, and when another mode
 /// starts (they would keep answering locally for Service IPs).
-pub fn remove_leftovers(out: &mut crate::cleanup::Outcome) {
+pub fn remove_leftovers(out: &mut crate::outcome::Outcome) {
     let mut rtnl = match kp_userspace::netlink::Rtnl::open() {
         Ok(r) => r,
         Err(e) => {

@@ -9,6 +9,24 @@ use std::process::{Child, Command};
 
 /// A network namespace (created by the test), deleted on drop.
 pub struct Ns(pub String);
+
+impl Ns {
+    /// Creates namespace `name` with its loopback up.
+    pub fn create(name: &str) -> Ns {
+        let ok = Command::new("ip")
+            .args(["netns", "add", name])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "ip netns add {name} failed");
+        let ns = Ns(name.to_string());
+        let up = Command::new("ip")
+            .args(["-n", name, "link", "set", "lo", "up"])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(up, "setting lo up in {name} failed");
+        ns
+    }
+}
 impl Drop for Ns {
     fn drop(&mut self) {
         let _ = Command::new("ip").args(["netns", "del", &self.0]).status();

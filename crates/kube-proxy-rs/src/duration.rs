@@ -205,7 +205,7 @@ impl<'de> Deserialize<'de> for GoDuration {
     }
 }
 
-pub(super) fn duration_arg(s: &str) -> Result<Duration, String> {
+pub(crate) fn duration_arg(s: &str) -> Result<Duration, String> {
     parse_go_duration(s).map_err(|e| e.to_string())
 }
 #[cfg(test)]
