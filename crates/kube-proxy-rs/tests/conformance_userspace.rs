@@ -54,6 +54,10 @@ fn c13_ipv6_clusterip() {
 fn c14_localhost_nodeport() {
     conformance::localhost_nodeport(MODE);
 }
+#[test]
+fn c15_udp_before_endpoints() {
+    conformance::udp_before_endpoints(MODE);
+}
 
 // ---------------------------------------------------------------------------
 // This mode's own cases
