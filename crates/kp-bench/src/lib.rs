@@ -90,3 +90,40 @@ pub fn slice(i: u32, m: u32, generation: u32, multi: bool) -> Value {
                      "labels": {"kubernetes.io/service-name": format!("svc-{i}")}},
         "addressType": "IPv4", "ports": ports, "endpoints": eps})
 }
+
+/// One Service with `ports` TCP ports (80.. upwards, named `p0`..) and
+/// `m` endpoints, as the EndpointSlice controller writes it: slices of at
+/// most 100 ports (the API's limit per slice). `generation` moves the last
+/// endpoint of the first slice, as [`slice`] does.
+pub fn many_ports(ports: u32, m: u32, generation: u32) -> Synthetic {
+    let svc_ports: Vec<Value> = (0..ports)
+        .map(|p| json!({"name": format!("p{p}"), "port": 80 + p, "protocol": "TCP", "targetPort": 20000 + p}))
+        .collect();
+    let cip = "10.96.200.1";
+    let service = json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"namespace": "bench", "name": "many-ports"},
+        "spec": {"clusterIP": cip, "clusterIPs": [cip], "type": "ClusterIP", "ports": svc_ports}});
+    let slices = (0..ports.div_ceil(100))
+        .map(|k| {
+            let sl_ports: Vec<Value> = (k * 100..((k + 1) * 100).min(ports))
+                .map(|p| json!({"name": format!("p{p}"), "port": 20000 + p, "protocol": "TCP"}))
+                .collect();
+            let eps: Vec<Value> = (0..m)
+                .map(|j| {
+                    let shift = if k == 0 && j + 1 == m { generation } else { 0 };
+                    json!({"addresses": [ip4(0x0a80_0000, j + shift * m)],
+                           "nodeName": format!("node{}", j % 4 + 1),
+                           "conditions": {"ready": true}})
+                })
+                .collect();
+            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"namespace": "bench", "name": format!("many-ports-{k}"),
+                             "labels": {"kubernetes.io/service-name": "many-ports"}},
+                "addressType": "IPv4", "ports": sl_ports, "endpoints": eps})
+        })
+        .collect();
+    Synthetic {
+        services: vec![service],
+        slices,
+    }
+}

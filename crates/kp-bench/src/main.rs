@@ -4,7 +4,8 @@
 //! `cargo run --release -p kp-bench -- [--mode nftables|iptables|userspace]
 //! [--sizes 1000,10000,50000] [--endpoints 10] [--changes 100] [--burst 1000]
 //! [--big 5000] [--backend netlink|nft] [--iptables-backend auto|nft|legacy]
-//! [--no-affinity] [--no-apply]`.
+//! [--no-affinity] [--no-apply] [--ports 5000]`.
+//! `--ports N` measures one Service with N ports instead of the table.
 //! Needs root for the apply columns: each size is programmed into a fresh
 //! network namespace (never the host's ruleset).
 
@@ -189,6 +190,108 @@ fn run_size(o: &Opts, n: u32, m: u32, affinity: bool, home: &std::fs::File) -> R
     }
     drop(guard);
     result
+}
+
+/// One Service with `ports` ports and `m` endpoints (issue 19, item 6):
+/// model, render, full syncs and the partial syncs that touch it.
+fn run_ports(o: &Opts, ports: u32, m: u32, home: &std::fs::File) -> Result<()> {
+    let parse = |syn: kp_bench::Synthetic| -> Result<(Vec<Service>, Vec<EndpointSlice>)> {
+        Ok((
+            syn.services
+                .into_iter()
+                .map(serde_json::from_value)
+                .collect::<Result<_, _>>()?,
+            syn.slices
+                .into_iter()
+                .map(serde_json::from_value)
+                .collect::<Result<_, _>>()?,
+        ))
+    };
+    let (svcs, slices) = parse(kp_bench::many_ports(ports, m, 0))?;
+    let t0 = Instant::now();
+    let mut tr = tracker();
+    let now = SystemTime::now();
+    for s in &svcs {
+        tr.update_service(s, now)
+            .map_err(|e| anyhow::anyhow!("{}", e.0))?;
+    }
+    for s in &slices {
+        tr.update_endpoint_slice(s, now)
+            .map_err(|e| anyhow::anyhow!("{}", e.0))?;
+    }
+    tr.take_changes();
+    let model = t0.elapsed();
+    let programmed = tr.state().services.len();
+
+    let ns = format!("kpbench{}p{ports}", std::process::id());
+    let wrapper = format!("/tmp/{ns}-nft");
+    if !Command::new("ip")
+        .args(["netns", "add", &ns])
+        .status()?
+        .success()
+    {
+        bail!("ip netns add failed (run as root)");
+    }
+    let guard = Netns(ns.clone());
+    std::fs::write(
+        &wrapper,
+        format!("#!/bin/sh\nexec ip netns exec {ns} nft \"$@\"\n"),
+    )?;
+    Command::new("chmod").args(["+x", &wrapper]).status()?;
+    let f = std::fs::File::open(format!("/run/netns/{ns}"))?;
+    enter_netns_file(&f).context("entering the bench namespace")?;
+    let result = (|| -> Result<String> {
+        let mut dp = dataplane(o, &wrapper)?;
+        let t1 = Instant::now();
+        let script = dp.render(tr.state());
+        let render = t1.elapsed();
+        let t = Instant::now();
+        dp.sync(tr.state(), &BTreeSet::new(), true)?;
+        let full_fresh = t.elapsed();
+        let t = Instant::now();
+        dp.sync(tr.state(), &BTreeSet::new(), true)?;
+        let full_again = t.elapsed();
+        // One endpoint replaced: every port of the first slice (100) changes.
+        let mut ep = Vec::new();
+        for g in 1..=o.changes.min(20) as u32 {
+            let (_, sl) = parse(kp_bench::many_ports(ports, m, g))?;
+            let t = Instant::now();
+            let _ = tr.update_endpoint_slice(&sl[0], SystemTime::now());
+            let cs = tr.take_changes();
+            dp.sync(tr.state(), &cs.changed, false)?;
+            ep.push(t.elapsed());
+        }
+        // One port more, then one fewer: the Service object changes.
+        let (more, _) = parse(kp_bench::many_ports(ports + 1, m, 0))?;
+        let t = Instant::now();
+        let _ = tr.update_service(&more[0], SystemTime::now());
+        let cs = tr.take_changes();
+        dp.sync(tr.state(), &cs.changed, false)?;
+        let add_port = t.elapsed();
+        let t = Instant::now();
+        let _ = tr.update_service(&svcs[0], SystemTime::now());
+        let cs = tr.take_changes();
+        dp.sync(tr.state(), &cs.changed, false)?;
+        let del_port = t.elapsed();
+        Ok(format!(
+            "| {ports} | {programmed} | {m} | {} ms | {} ms ({:.1} MiB) | {} ms | {} ms | {} ms | {} ms | {} ms |",
+            ms(model),
+            ms(render),
+            script.len() as f64 / 1048576.0,
+            ms(full_fresh),
+            ms(full_again),
+            p50_p99(&mut ep),
+            ms(add_port),
+            ms(del_port),
+        ))
+    })();
+    enter_netns_file(home)?;
+    drop(guard);
+    println!("mode: {}", o.mode);
+    println!("| ports | service ports programmed | endpoints | model (convert+track) | render full | full sync (empty kernel) | full sync (again) | 1 endpoint replaced p50 / p99 | 1 port added | 1 port removed |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("{}", result?);
+    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -377,6 +480,12 @@ fn main() -> Result<()> {
         bail!("--mode must be nftables, iptables or userspace");
     }
     let affinity = !has("--no-affinity");
+    if let Some(p) = get("--ports") {
+        let p: u32 = p.parse().context("--ports")?;
+        let home =
+            std::fs::File::open("/proc/self/ns/net").context("opening our network namespace")?;
+        return run_ports(&o, p, m, &home);
+    }
     println!(
         "mode: {}{}; Services with session affinity: {}",
         o.mode,

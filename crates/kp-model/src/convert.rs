@@ -11,9 +11,13 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use crate::names::{is_dns_label, is_dns_subdomain, is_port_name};
 use crate::types::*;
 
+/// The most ports a Service the API server accepts can have: its ports are
+/// distinct (port, protocol) pairs, so 65,535 x 3. The API server sets no
+/// smaller limit, so neither do we: a longer list must repeat a pair, and is
+/// rejected here before it is walked.
+pub const MAX_PORTS_PER_SERVICE: usize = 65_535 * 3;
 /// Upper bounds that no real cluster reaches; past them an object is treated as
 /// hostile and skipped rather than allowed to blow up rule sets.
-pub const MAX_PORTS_PER_SERVICE: usize = 1000;
 pub const MAX_ENDPOINTS_PER_SLICE: usize = 10_000;
 pub const MAX_PORTS_PER_SLICE: usize = 1000;
 pub const MAX_IPS_PER_FIELD: usize = 1000;
@@ -144,7 +148,7 @@ pub fn convert_service(
     let ports = spec.ports.as_deref().unwrap_or(&[]);
     if ports.len() > MAX_PORTS_PER_SERVICE {
         return Err(e(format!(
-            "spec.ports has {} entries, more than the limit of {MAX_PORTS_PER_SERVICE}",
+            "spec.ports has {} entries, more than the {MAX_PORTS_PER_SERVICE} distinct port/protocol pairs there are",
             ports.len()
         )));
     }

@@ -7,6 +7,7 @@
 //! updates into one [`ChangeSet`] per sync. Nothing in this crate does I/O, so
 //! it is tested fast and fuzzed. [`testing`] has builders for tests.
 
+pub mod claims;
 mod convert;
 mod dataplane;
 mod names;
@@ -16,6 +17,7 @@ mod topology;
 mod tracker;
 mod types;
 
+pub use claims::{AddressKey, RefusedClaim};
 pub use convert::{
     convert_endpoint_slice, convert_node, convert_service, ConvertError, NodeDetails, PodCidrs,
     SliceEndpoints, TO_BE_DELETED_TAINT, ZONE_LABEL,

@@ -8,6 +8,9 @@ use std::time::SystemTime;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
+use crate::claims::{
+    claims_of, effective_port, AddressKey, ClaimIndex, Claimant, Created, RefusedClaim,
+};
 use crate::convert::{
     convert_endpoint_slice, convert_node, convert_service, ConvertError, SliceEndpoints,
 };
@@ -80,6 +83,10 @@ pub struct ChangeSet {
     pub trigger_times: Vec<SystemTime>,
     pub service_changes: u64,
     pub endpoint_changes: u64,
+    /// Claims that lost an address in this set (to another Service or to a
+    /// host process, see [`crate::claims`]); each is reported once, when it
+    /// starts losing.
+    pub refused: Vec<RefusedClaim>,
 }
 
 /// An object that was skipped: the error names it and the field.
@@ -137,6 +144,19 @@ pub struct ChangeTracker {
     service_changes: u64,
     endpoint_changes: u64,
     state: ProxyState,
+    /// Each Service's creationTimestamp (who is older wins an address).
+    created: HashMap<ServiceName, Created>,
+    /// Every claim of every Service, and the host's reserved addresses.
+    claims: ClaimIndex,
+    /// What each Service has in `claims`.
+    service_claims: HashMap<ServiceName, Vec<(AddressKey, Claimant)>>,
+    /// Node addresses and ports a host process listens on.
+    reserved: BTreeSet<AddressKey>,
+    /// Addresses whose claims changed without their Services changing (the
+    /// reserved set moved): their claimants are recomputed.
+    touched: HashSet<AddressKey>,
+    /// Claims each service port lost at the last computation.
+    refused: HashMap<ServicePortName, BTreeSet<AddressKey>>,
 }
 
 fn usable(e: &Endpoint) -> bool {
@@ -161,6 +181,12 @@ impl ChangeTracker {
             service_changes: 0,
             endpoint_changes: 0,
             state,
+            created: HashMap::new(),
+            claims: ClaimIndex::default(),
+            service_claims: HashMap::new(),
+            reserved: BTreeSet::new(),
+            touched: HashSet::new(),
+            refused: HashMap::new(),
         }
     }
 
@@ -204,10 +230,22 @@ impl ChangeTracker {
             svc.metadata.name.as_deref().unwrap_or(""),
         );
         let ports: Vec<Arc<ServicePort>> = ports.into_iter().map(Arc::new).collect();
+        let created = Created(
+            svc.metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| (t.0.as_second(), t.0.subsec_nanosecond())),
+        );
+        let created_changed = self.created.get(&name).is_some_and(|c| *c != created);
         let changed = match self.services.get(&name) {
-            Some(old) => *old != ports,
+            Some(old) => *old != ports || created_changed,
             None => !ports.is_empty(),
         };
+        if ports.is_empty() {
+            self.created.remove(&name);
+        } else {
+            self.created.insert(name.clone(), created);
+        }
         if ports.is_empty() {
             self.services.remove(&name);
         } else {
@@ -223,6 +261,7 @@ impl ChangeTracker {
 
     pub fn delete_service(&mut self, namespace: &str, name: &str, now: SystemTime) {
         let key = ServiceName::new(namespace, name);
+        self.created.remove(&key);
         if self.services.remove(&key).is_some() {
             self.service_changes += 1;
             self.triggers.push(now);
@@ -310,6 +349,118 @@ impl ChangeTracker {
         }
     }
 
+    /// Sets the node addresses and ports that host processes listen on:
+    /// externalIPs and LoadBalancer IPs there are refused (see
+    /// [`crate::claims`]). The caller finds them (this crate does no I/O);
+    /// the Services whose claims this changes are recomputed at the next
+    /// [`Self::take_changes`].
+    pub fn set_host_reserved(&mut self, reserved: BTreeSet<AddressKey>) {
+        if reserved == self.reserved {
+            return;
+        }
+        for k in self.reserved.symmetric_difference(&reserved) {
+            self.touched.insert(*k);
+        }
+        for k in self.reserved.difference(&reserved) {
+            self.claims.remove(k, &Claimant::host());
+        }
+        for k in reserved.difference(&self.reserved) {
+            self.claims.add(*k, Claimant::host());
+        }
+        self.reserved = reserved;
+    }
+
+    /// Every externalIP and LoadBalancer IP some Service claims: what a
+    /// caller needs to check against the host's listeners.
+    pub fn claimed_external_ips(&self) -> BTreeSet<IpAddr> {
+        self.services
+            .values()
+            .flatten()
+            .flat_map(|p| p.external_ips.iter().chain(p.load_balancer_ips.iter()))
+            .copied()
+            .collect()
+    }
+
+    /// Re-indexes the claims of the dirty Services and returns every Service
+    /// whose programmed ports may differ: the dirty ones and all other
+    /// claimants of the addresses they (or the reserved set) touched.
+    fn update_claims(&mut self, dirty: Vec<ServiceName>) -> BTreeSet<ServiceName> {
+        let mut touched = std::mem::take(&mut self.touched);
+        for svc in &dirty {
+            for (k, c) in self.service_claims.remove(svc).unwrap_or_default() {
+                self.claims.remove(&k, &c);
+                touched.insert(k);
+            }
+            let created = self.created.get(svc).copied().unwrap_or_default();
+            let new: Vec<(AddressKey, Claimant)> = self
+                .services
+                .get(svc)
+                .into_iter()
+                .flatten()
+                .flat_map(|p| claims_of(p, created))
+                .collect();
+            for (k, c) in &new {
+                self.claims.add(*k, c.clone());
+                touched.insert(*k);
+            }
+            if !new.is_empty() {
+                self.service_claims.insert(svc.clone(), new);
+            }
+        }
+        let mut todo: BTreeSet<ServiceName> = dirty.into_iter().collect();
+        for k in &touched {
+            for c in self.claims.claimants(k) {
+                if let Some(o) = &c.owner {
+                    todo.insert(o.service.clone());
+                }
+            }
+        }
+        todo
+    }
+
+    /// `svc`'s ports as programmed (addresses it lost removed), and the
+    /// claims that started losing since the last time.
+    fn effective_ports(
+        &mut self,
+        svc: &ServiceName,
+        refused: &mut Vec<RefusedClaim>,
+    ) -> Vec<Arc<ServicePort>> {
+        let declared = self.services.get(svc).cloned().unwrap_or_default();
+        let created = self.created.get(svc).copied().unwrap_or_default();
+        let mut out = Vec::with_capacity(declared.len());
+        for p in &declared {
+            let lost: BTreeSet<AddressKey> = claims_of(p, created)
+                .into_iter()
+                .map(|(k, _)| k)
+                .filter(|k| !self.claims.owns(k, &p.name))
+                .collect();
+            let before = self.refused.get(&p.name);
+            for k in &lost {
+                if before.is_none_or(|b| !b.contains(k)) {
+                    refused.push(RefusedClaim {
+                        service: p.name.clone(),
+                        address: *k,
+                        holder: self.claims.winner(k).and_then(|c| c.owner.clone()),
+                    });
+                }
+            }
+            if lost.is_empty() {
+                self.refused.remove(&p.name);
+                out.push(Arc::clone(p));
+                continue;
+            }
+            self.refused.insert(p.name.clone(), lost);
+            if let Some(e) = effective_port(p, &self.claims) {
+                out.push(Arc::new(e));
+            }
+        }
+        // Ports that went away take their refusals with them.
+        let names: BTreeSet<&ServicePortName> = declared.iter().map(|p| &p.name).collect();
+        self.refused
+            .retain(|n, _| n.service != *svc || names.contains(n));
+        out
+    }
+
     /// Merged endpoints of one service port across all slices of its service.
     fn merged_endpoints(&self, spn: &ServicePortName) -> Arc<Vec<Endpoint>> {
         let lists: Vec<&Arc<Vec<Endpoint>>> = self
@@ -362,7 +513,8 @@ impl ChangeTracker {
         };
         let node_changed = std::mem::take(&mut self.node_changed);
         let dirty: Vec<ServiceName> = self.dirty.drain().collect();
-        for svc in dirty {
+        let todo = self.update_claims(dirty);
+        for svc in todo {
             // Old ports of this service.
             let old_names: Vec<ServicePortName> = self
                 .state
@@ -377,8 +529,7 @@ impl ChangeTracker {
                 .take_while(|(k, _)| k.service == svc)
                 .map(|(k, _)| k.clone())
                 .collect();
-            let new_ports: Vec<Arc<ServicePort>> =
-                self.services.get(&svc).cloned().unwrap_or_default();
+            let new_ports = self.effective_ports(&svc, &mut cs.refused);
             let new_names: BTreeSet<&ServicePortName> = new_ports.iter().map(|p| &p.name).collect();
 
             for old in &old_names {

@@ -610,13 +610,27 @@ fn invalid_names_rejected() {
 }
 
 #[test]
-fn too_many_ports_rejected() {
+fn many_ports_accepted_as_the_api_server_does() {
+    // The API server has no port count limit: 10,000 distinct ports convert.
     let ports: Vec<Value> = (0..10_000)
-        .map(|i| json!({"name": format!("p{i}"), "port": (i % 65535) + 1}))
+        .map(|i| json!({"name": format!("p{i}"), "port": i + 1}))
+        .collect();
+    let s = svc_spec(json!({"clusterIP": "172.30.0.41", "ports": ports}));
+    let v = conv_ok(&s, IpFamily::V4);
+    assert_eq!(v.len(), 10_000);
+    assert_eq!(v[9_999].port, 10_000);
+}
+
+#[test]
+fn more_ports_than_distinct_pairs_rejected() {
+    // 65,535 x 3 + 1 entries must repeat a (port, protocol) pair.
+    let protos = ["TCP", "UDP", "SCTP"];
+    let ports: Vec<Value> = (0..65_535 * 3 + 1)
+        .map(|i| json!({"name": format!("p{i}"), "port": i % 65_535 + 1, "protocol": protos[(i / 65_535) % 3]}))
         .collect();
     let s = svc_spec(json!({"clusterIP": "172.30.0.41", "ports": ports}));
     let r = reason(conv(&s, IpFamily::V4));
-    assert!(r.contains("spec.ports") && r.contains("10000"), "{r}");
+    assert!(r.contains("spec.ports") && r.contains("196606"), "{r}");
 }
 
 #[test]

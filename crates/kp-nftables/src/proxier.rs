@@ -545,8 +545,10 @@ impl NftablesProxier {
 
 impl Programmed {
     /// Records that `owner` wants `e`; true when it must be added to the kernel.
-    /// Set elements are reference counted; a map key belongs to its first claimant
-    /// (two Services claiming one IP and port is a conflict: the other is logged).
+    /// Set elements are reference counted. Which Service owns a contested
+    /// address is decided in the model (kp_model::claims), so two service
+    /// ports never bring the same map key; should one, the first keeps it
+    /// and the other is logged.
     fn claim(&mut self, owner: &ServicePortName, e: &Element) -> bool {
         // Endpoint-map slots belong to the one Service the allocator gave
         // them to: no owner to record (they are most of the elements, and

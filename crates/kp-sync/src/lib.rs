@@ -15,6 +15,7 @@
 
 pub mod clock;
 pub mod conntrack;
+pub mod hostports;
 pub mod report;
 pub mod sync;
 

@@ -19,6 +19,9 @@ pub trait SyncMetrics: Send {
     fn changes(&self, services: u64, endpoints: u64);
     /// The canary found `family`'s rules gone.
     fn rules_lost(&self, family: IpFamily);
+    /// Address claims refused this sync: lost to a host process listening
+    /// there, or to another Service (kp_model::claims).
+    fn claims_refused(&self, _family: IpFamily, _to_host: u64, _to_service: u64) {}
     /// `family` synced successfully in `secs`.
     fn synced(&self, family: IpFamily, report: &SyncReport, secs: f64);
     /// A change reached the kernel `secs` after its trigger time.

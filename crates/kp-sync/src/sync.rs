@@ -263,9 +263,25 @@ impl SyncLoop {
         let mut hc = HealthCheckData::default();
         for f in &mut self.families {
             let fam = f.family();
+            // Node addresses a host process listens on are not given to
+            // Services (checked only when a Service claims one).
+            let claimed = f.tracker.claimed_external_ips();
+            f.tracker
+                .set_host_reserved(crate::hostports::reserved(fam, &claimed));
             let cs = f.tracker.take_changes();
             self.metrics
                 .changes(cs.service_changes, cs.endpoint_changes);
+            if !cs.refused.is_empty() {
+                let mut to_host = 0;
+                for r in &cs.refused {
+                    if r.holder.is_none() {
+                        to_host += 1;
+                    }
+                    tracing::warn!(family = %fam, claim = %r, "address claim refused; the address keeps its owner");
+                }
+                self.metrics
+                    .claims_refused(fam, to_host, cs.refused.len() as u64 - to_host);
+            }
             f.pending.extend(cs.changed);
             f.stale.extend(cs.stale);
             f.triggers.extend(cs.trigger_times);

@@ -83,6 +83,7 @@ struct Inner {
     invalid_objects: CounterVec,
     invalid_fields: CounterVec,
     rules_lost: CounterVec,
+    refused_claims: CounterVec,
     sync_bytes: GaugeVec,
     sync_retries: CounterVec,
     userspace_active: GaugeVec,
@@ -242,6 +243,12 @@ impl Metrics {
             "Times our rules were found missing or flushed by someone else",
             rules_lost.clone(),
         );
+        let refused_claims = CounterVec::default();
+        r.register(
+            "kubeproxy_rs_refused_claims",
+            "Service address claims refused, by holder: a host process listening on the node address and port (host), or an older or higher-precedence Service (service)",
+            refused_claims.clone(),
+        );
         let sync_bytes = GaugeVec::default();
         r.register(
             "kubeproxy_rs_sync_bytes",
@@ -316,6 +323,7 @@ impl Metrics {
                 invalid_objects,
                 invalid_fields,
                 rules_lost,
+                refused_claims,
                 sync_bytes,
                 sync_retries,
                 userspace_active,
@@ -600,6 +608,15 @@ impl kp_sync::SyncMetrics for Metrics {
     }
     fn rules_lost(&self, family: IpFamily) {
         self.inc_rules_lost(family);
+    }
+    fn claims_refused(&self, family: IpFamily, to_host: u64, to_service: u64) {
+        for (holder, n) in [("host", to_host), ("service", to_service)] {
+            if n > 0 {
+                let mut l = fam(family);
+                l.push(("holder", holder.to_string()));
+                self.inner.refused_claims.get_or_create(&l).inc_by(n);
+            }
+        }
     }
     fn synced(&self, family: IpFamily, report: &SyncReport, secs: f64) {
         self.observe_sync_report(family, report, secs);

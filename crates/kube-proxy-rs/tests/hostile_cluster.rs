@@ -52,6 +52,21 @@ fn hostile(mode: &str) {
         &slice("labelled", "1", "IPv4", &ready(&[&b])),
     );
 
+    // 10,000 distinct ports: large but valid for the API server, so
+    // accepted and programmed (it used to be rejected as hostile).
+    env.put(
+        "many-ports",
+        &svc(
+            "many-ports",
+            "10.96.8.24",
+            Value::Array(
+                (1..=10_000)
+                    .map(|p| json!({"name": format!("p{p}"), "port": p, "protocol": "TCP"}))
+                    .collect(),
+            ),
+        ),
+    );
+
     // Rejected objects, each with a name the log must show.
     let long = "n".repeat(253);
     let rejected: Vec<(&str, Value)> = vec![
@@ -81,18 +96,6 @@ fn hostile(mode: &str) {
             ),
         ),
         (long.as_str(), svc(&long, "10.96.9.23", p80.clone())),
-        (
-            "many-ports",
-            svc(
-                "many-ports",
-                "10.96.9.24",
-                Value::Array(
-                    (1..=10_000)
-                        .map(|p| json!({"name": format!("p{p}"), "port": p, "protocol": "TCP"}))
-                        .collect(),
-                ),
-            ),
-        ),
         (
             "evil\\\"; flush ruleset",
             svc(
@@ -173,6 +176,10 @@ fn hostile(mode: &str) {
         );
     }
     assert!(!rules.contains("fd00:244:1::99") && !rules.contains("10.200."));
+    assert!(
+        rules.contains("10.96.8.24"),
+        "the 10,000-port Service is not programmed"
+    );
     // Still healthy, still syncing: a later change lands.
     env.put("good-eps", &slice("good", "1", "IPv4", &ready(&[&b])));
     env.wait("a change after the hostile objects", || {

@@ -7,9 +7,10 @@
 
 mod conformance;
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
-use conformance::{http_get, ready, sa, service, slice, Env, T};
+use conformance::{http_get, metric_value, ready, sa, service, slice, Env, T};
 use kp_netlab::{tcp_hello, ServeSpec};
 use serde_json::json;
 
@@ -267,4 +268,66 @@ fn cleanup_keeps_user_objects_nftables() {
 #[test]
 fn cleanup_keeps_user_objects_iptables() {
     cleanup_keeps_user_objects("iptables");
+}
+
+/// A Service declaring the node's own address and SSH port as an externalIP
+/// (CVE-2020-8554's shape): the claim is refused, logged and counted, the
+/// node's listener stays reachable on that address and port, and the
+/// Service still answers on its ClusterIP.
+fn node_ssh_survives_an_external_ip_claim(mode: &str) {
+    let mut env = Env::new("sshclaim", mode);
+    let a = env.pod(1, "a");
+    let client = env.pod(1, "client");
+    let node_ip = env.cluster.node_ip(1);
+    // sshd's stand-in: an echo server in the node's namespace on port 22.
+    let _sshd = env
+        .cluster
+        .serve(env.cluster.node_ns(1), "sshd", ServeSpec::tcp(&[22]))
+        .expect("listener on the node");
+    let ssh = SocketAddr::new(node_ip, 22);
+    assert_eq!(
+        tcp_hello(env.cluster.client_ns(), ssh, T)
+            .expect("ssh before")
+            .server,
+        "sshd"
+    );
+    env.put(
+        "svc",
+        &service(
+            "grab",
+            &["10.96.8.22"],
+            json!({
+                "externalIPs": [node_ip.to_string()],
+                "ports": [{"name": "http", "port": 22, "protocol": "TCP", "targetPort": 8080}],
+            }),
+        ),
+    );
+    env.put("eps", &slice("grab", "1", "IPv4", &ready(&[&a])));
+    env.start(1, &[]);
+    assert_eq!(env.wait_tcp(client.ns(), sa("10.96.8.22", 22)).server, "a");
+    for _ in 0..5 {
+        let r = tcp_hello(env.cluster.client_ns(), ssh, T).expect("ssh after the claim");
+        assert_eq!(r.server, "sshd", "the Service took the node's SSH");
+    }
+    let log = env.log(1);
+    assert!(
+        log.contains("address claim refused") && log.contains("listens"),
+        "no warning in the log:\n{log}"
+    );
+    let m = env.metrics(1);
+    let refused = metric_value(&m, "kubeproxy_rs_refused_claims_total").unwrap_or(0.0);
+    assert!(
+        refused >= 1.0,
+        "kubeproxy_rs_refused_claims_total = {refused}\n{m}"
+    );
+}
+
+#[test]
+fn node_ssh_survives_an_external_ip_claim_nftables() {
+    node_ssh_survives_an_external_ip_claim("nftables");
+}
+
+#[test]
+fn node_ssh_survives_an_external_ip_claim_iptables() {
+    node_ssh_survives_an_external_ip_claim("iptables");
 }

@@ -1,0 +1,724 @@
+//! Partial syncs equal full syncs (issue 19, item 1).
+//!
+//! Random 50-step sequences of Service and EndpointSlice updates (added,
+//! changed, deleted; types, ports, externalIPs and LoadBalancer IPs changed;
+//! addresses that collide on purpose; session affinity on and off;
+//! dual-stack) drive a `ChangeTracker` per family and a dataplane per family
+//! through partial syncs, as the sync loop does. After every step the
+//! kernel's table, read back and normalised, must equal what a fresh full
+//! sync of the same state installs in a fresh network namespace. Any
+//! difference is a bug in the partial path (or in a rule that depends on the
+//! order of syncs).
+//!
+//! Each case runs in anonymous network namespaces (`unshare` on a thread of
+//! its own): nothing is named, nothing outlives the thread, the root
+//! namespace is never touched. `PROPTEST_CASES=N` sets the number of random
+//! cases (default 20 for nftables, fewer for the iptables backends, whose
+//! tools cost ~10 ms a call); the seeds of past failures are replayed from
+//! `partial_sync.proptest-regressions` first.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
+use std::time::SystemTime;
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kp_iptables::{IptablesCli, IptablesProxier, Variant};
+use kp_model::{
+    ChangeTracker, Dataplane, IpFamily, LocalDetector, ProxierConfig, ProxyState, TrackerConfig,
+};
+use kp_nftables::{NftNetlink, NftablesProxier};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
+use serde_json::{json, Value};
+
+const STEPS: usize = 50;
+const SERVICES: usize = 5;
+const V4_CLUSTER: [&str; 3] = ["10.96.0.1", "10.96.0.2", "10.96.0.3"];
+const V6_CLUSTER: [&str; 2] = ["fd00:96::1", "fd00:96::2"];
+/// Other Services' ClusterIPs, shared external addresses, the node's IP.
+const EXTERNAL: [&str; 7] = [
+    "10.96.0.1",
+    "10.96.0.2",
+    "203.0.113.1",
+    "203.0.113.2",
+    "10.0.0.1",
+    "fd00:96::1",
+    "2001:db8::1",
+];
+const LB: [&str; 4] = ["203.0.113.1", "10.96.0.2", "203.0.113.9", "fd00:96::2"];
+const V4_PODS: [&str; 3] = ["10.1.0.1", "10.1.0.2", "10.1.0.3"];
+const V6_PODS: [&str; 2] = ["fd00:1::1", "fd00:1::2"];
+const CREATED: [&str; 3] = [
+    "2024-01-01T00:00:00Z",
+    "2024-06-01T00:00:00Z",
+    "2025-01-01T00:00:00Z",
+];
+
+// ---------------------------------------------------------------------------
+// Update sequences
+// ---------------------------------------------------------------------------
+
+#[derive(Clone, Debug)]
+enum Step {
+    Apply(Value),
+    DeleteService(usize),
+    DeleteSlice(usize, usize),
+}
+
+fn pick<T: Clone + std::fmt::Debug + 'static>(pool: &'static [T]) -> impl Strategy<Value = T> {
+    proptest::sample::select(pool)
+}
+
+fn subset(pool: &'static [&'static str]) -> impl Strategy<Value = Vec<&'static str>> {
+    proptest::sample::subsequence(pool, 0..=2)
+}
+
+fn service_port() -> impl Strategy<Value = (u16, &'static str, u16)> {
+    (
+        pick(&[80u16, 443, 53]),
+        pick(&["TCP", "UDP"]),
+        pick(&[30001u16, 30002, 30003]),
+    )
+}
+
+fn service() -> impl Strategy<Value = Value> {
+    (
+        (
+            0..SERVICES,
+            0..V4_CLUSTER.len(),
+            0..V6_CLUSTER.len(),
+            0..4u8,
+        ),
+        (
+            pick(&["ClusterIP", "NodePort", "LoadBalancer"]),
+            proptest::collection::vec(service_port(), 1..=2),
+        ),
+        (subset(&EXTERNAL), subset(&LB), any::<bool>()),
+        (
+            proptest::option::of(pick(&[10u32, 100])),
+            any::<bool>(),
+            any::<bool>(),
+            pick(&CREATED),
+        ),
+    )
+        .prop_map(
+            |(
+                (i, v4, v6, fams),
+                (ty, ports),
+                (ext, lb, ranges),
+                (affinity, etp_local, itp_local, created),
+            )| {
+                let (v4, v6) = (V4_CLUSTER[v4], V6_CLUSTER[v6]);
+                let (ips, families): (Vec<&str>, Vec<&str>) = match fams {
+                    0 => (vec![v4], vec!["IPv4"]),
+                    1 => (vec![v6], vec!["IPv6"]),
+                    2 => (vec![v4, v6], vec!["IPv4", "IPv6"]),
+                    _ => (vec![v6, v4], vec!["IPv6", "IPv4"]),
+                };
+                let ports: Vec<Value> = ports
+                    .iter()
+                    .enumerate()
+                    .map(|(k, (port, proto, node_port))| {
+                        let mut p =
+                            json!({"name": format!("p{k}"), "port": port, "protocol": proto});
+                        if ty != "ClusterIP" {
+                            p["nodePort"] = json!(node_port);
+                        }
+                        p
+                    })
+                    .collect();
+                let mut spec = json!({
+                    "type": ty, "clusterIP": ips[0], "clusterIPs": ips,
+                    "ipFamilies": families, "ports": ports, "externalIPs": ext,
+                });
+                if let Some(t) = affinity {
+                    spec["sessionAffinity"] = json!("ClientIP");
+                    spec["sessionAffinityConfig"] = json!({"clientIP": {"timeoutSeconds": t}});
+                }
+                if itp_local {
+                    spec["internalTrafficPolicy"] = json!("Local");
+                }
+                let mut status = json!({});
+                if ty == "LoadBalancer" {
+                    if etp_local {
+                        spec["externalTrafficPolicy"] = json!("Local");
+                        spec["healthCheckNodePort"] = json!(32000);
+                    }
+                    if ranges {
+                        spec["loadBalancerSourceRanges"] = json!(["192.168.7.0/24", "fd00:7::/64"]);
+                    }
+                    let ingress: Vec<Value> = lb.iter().map(|ip| json!({"ip": ip})).collect();
+                    status = json!({"loadBalancer": {"ingress": ingress}});
+                }
+                json!({
+                    "apiVersion": "v1", "kind": "Service",
+                    "metadata": {"namespace": "default", "name": format!("s{i}"),
+                                 "creationTimestamp": created},
+                    "spec": spec, "status": status,
+                })
+            },
+        )
+}
+
+fn endpoint() -> impl Strategy<Value = (usize, &'static str, u8)> {
+    (0..3usize, pick(&["node1", "node2"]), 0..4u8)
+}
+
+fn slice() -> impl Strategy<Value = Value> {
+    (
+        (0..SERVICES, 0..2usize, any::<bool>()),
+        proptest::collection::vec((0..2usize, pick(&[8080u16, 8443]), pick(&["TCP", "UDP"])), 0..=2),
+        proptest::collection::vec(endpoint(), 0..=3),
+    )
+        .prop_map(|((i, j, v6), ports, eps)| {
+            let ports: Vec<Value> = ports
+                .iter()
+                .map(|(k, port, proto)| json!({"name": format!("p{k}"), "port": port, "protocol": proto}))
+                .collect();
+            let eps: Vec<Value> = eps
+                .iter()
+                .map(|(ip, node, cond)| {
+                    let addr = if v6 { V6_PODS[ip % V6_PODS.len()] } else { V4_PODS[*ip] };
+                    // ready; not ready; terminating but serving; terminating.
+                    let (ready, serving, terminating) = match cond {
+                        0 => (true, true, false),
+                        1 => (false, false, false),
+                        2 => (false, true, true),
+                        _ => (false, false, true),
+                    };
+                    json!({"addresses": [addr], "nodeName": node,
+                           "conditions": {"ready": ready, "serving": serving, "terminating": terminating}})
+                })
+                .collect();
+            json!({
+                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"namespace": "default", "name": format!("s{i}-{j}"),
+                             "labels": {"kubernetes.io/service-name": format!("s{i}")}},
+                "addressType": if v6 { "IPv6" } else { "IPv4" },
+                "ports": ports, "endpoints": eps,
+            })
+        })
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        5 => service().prop_map(Step::Apply),
+        5 => slice().prop_map(Step::Apply),
+        1 => (0..SERVICES).prop_map(Step::DeleteService),
+        1 => (0..SERVICES, 0..2usize).prop_map(|(i, j)| Step::DeleteSlice(i, j)),
+    ]
+}
+
+fn apply(t: &mut ChangeTracker, step: &Step) {
+    let now = SystemTime::now();
+    match step {
+        // Objects the model rejects (a duplicate port, say) leave the
+        // previous version in place, as in the binary.
+        Step::Apply(v) if v["kind"] == "Service" => {
+            let s: Service = serde_json::from_value(v.clone()).expect("generated Service");
+            let _ = t.update_service(&s, now);
+        }
+        Step::Apply(v) => {
+            let s: EndpointSlice =
+                serde_json::from_value(v.clone()).expect("generated EndpointSlice");
+            let _ = t.update_endpoint_slice(&s, now);
+        }
+        Step::DeleteService(i) => t.delete_service("default", &format!("s{i}"), now),
+        Step::DeleteSlice(i, j) => t.delete_endpoint_slice("default", &format!("s{i}-{j}"), now),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Dataplanes and their normalised listings
+// ---------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug)]
+enum Mode {
+    Nftables,
+    Iptables(Variant),
+}
+
+fn proxier_config(family: IpFamily) -> ProxierConfig {
+    let mut pc = ProxierConfig::new(family);
+    let (node, pods) = match family {
+        IpFamily::V4 => ("10.0.0.1", "10.1.0.0/16"),
+        IpFamily::V6 => ("fd00::1", "fd00:1::/64"),
+    };
+    pc.node_ips = vec![node.parse().expect("ip")];
+    pc.local_detector = LocalDetector::Cidrs(vec![pods.parse().expect("cidr")]);
+    pc
+}
+
+fn dataplane(mode: Mode, family: IpFamily) -> Box<dyn Dataplane> {
+    match mode {
+        Mode::Nftables => Box::new(NftablesProxier::new(
+            proxier_config(family),
+            Box::new(NftNetlink::new()),
+        )),
+        Mode::Iptables(v) => Box::new(
+            IptablesProxier::new(
+                proxier_config(family),
+                Box::new(IptablesCli::variant(family, v)),
+            )
+            .with_route_localnet(false),
+        ),
+    }
+}
+
+/// Runs `f` on a new thread in a new, anonymous network namespace: sockets
+/// it opens and programs it starts live there, and the namespace goes away
+/// with the thread (and its programs).
+fn in_fresh_netns<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: unshare affects only the calling thread's namespaces.
+            let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+            assert_eq!(
+                rc,
+                0,
+                "unshare(CLONE_NEWNET): {} (run as root)",
+                std::io::Error::last_os_error()
+            );
+            f()
+        })
+        .join()
+        .expect("namespace thread")
+    })
+}
+
+fn run(argv: &[&str]) -> String {
+    let out = Command::new(argv[0])
+        .args(&argv[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{argv:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Everything of ours in this namespace, normalised so that only meaning is
+/// compared: one line per fact, sorted where order means nothing.
+fn listing(mode: Mode) -> Vec<String> {
+    match mode {
+        // One listing for both families' tables: a process less per step.
+        Mode::Nftables => normalize_nft(&run(&["nft", "-j", "list", "ruleset"])),
+        Mode::Iptables(v) => ["iptables", "ip6tables"]
+            .iter()
+            .flat_map(|b| {
+                let text = run(&[&format!("{b}-{}-save", v.as_str())]);
+                normalize_iptables(b, &text)
+            })
+            .collect(),
+    }
+}
+
+/// iptables-save without counters and comments; chain declarations sorted,
+/// each chain's rules kept in their order (it is meaningful) and the chains
+/// sorted by name.
+fn normalize_iptables(tag: &str, text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut table = String::new();
+    let mut chains: BTreeSet<String> = BTreeSet::new();
+    let mut rules: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let flush = |table: &str,
+                 chains: &mut BTreeSet<String>,
+                 rules: &mut BTreeMap<String, Vec<String>>,
+                 out: &mut Vec<String>| {
+        for c in std::mem::take(chains) {
+            out.push(format!("{tag} {table} chain {c}"));
+        }
+        for (c, rs) in std::mem::take(rules) {
+            for (k, r) in rs.into_iter().enumerate() {
+                out.push(format!("{tag} {table} {c} #{k}: {r}"));
+            }
+        }
+    };
+    for l in text.lines() {
+        if l.starts_with('#') || l.trim().is_empty() {
+            continue;
+        }
+        if let Some(t) = l.strip_prefix('*') {
+            table = t.to_string();
+        } else if l == "COMMIT" {
+            flush(&table, &mut chains, &mut rules, &mut out);
+        } else if let Some(decl) = l.strip_prefix(':') {
+            // ":NAME POLICY [packets:bytes]"
+            let mut parts = decl.split_whitespace();
+            let name = parts.next().unwrap_or_default();
+            let policy = parts.next().unwrap_or_default();
+            chains.insert(format!("{name} {policy}"));
+        } else if let Some(rest) = l.strip_prefix("-A ") {
+            let chain = rest.split_whitespace().next().unwrap_or_default();
+            rules
+                .entry(chain.to_string())
+                .or_default()
+                .push(l.to_string());
+        } else {
+            out.push(format!("{tag} {table} other: {l}"));
+        }
+    }
+    out
+}
+
+/// `nft -j list table` as facts: chains (with their hooks), each chain's
+/// rules in order, each set's or map's declaration and sorted elements.
+/// Endpoint-map shards are where a partial sync legitimately differs (which
+/// slots a Service got depends on history), so they are not compared as
+/// maps: every rule that indexes one is rewritten to the list of values it
+/// can pick.
+fn normalize_nft(text: &str) -> Vec<String> {
+    let doc: Value = serde_json::from_str(text).expect("nft -j output");
+    let items = doc["nftables"].as_array().cloned().unwrap_or_default();
+    // Keyed by family and name: each family's table has its own maps.
+    let mut maps: BTreeMap<String, Vec<(i64, Value)>> = BTreeMap::new();
+    for it in &items {
+        if let Some(m) = it.get("map") {
+            let name = format!(
+                "{} {}",
+                m["family"].as_str().unwrap_or_default(),
+                m["name"].as_str().unwrap_or_default()
+            );
+            let elems = m["elem"].as_array().cloned().unwrap_or_default();
+            let slots = elems
+                .iter()
+                .filter_map(|e| {
+                    let pair = e.as_array()?;
+                    Some((pair.first()?.as_i64()?, pair.get(1)?.clone()))
+                })
+                .collect();
+            maps.insert(name, slots);
+        }
+    }
+    let is_shard =
+        |name: &str| name.starts_with("endpoints-") || name.starts_with("endpoint-chains-");
+    let mut facts = BTreeSet::new();
+    let mut rules: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for it in items {
+        let Some((kind, obj)) = it.as_object().and_then(|o| o.iter().next()) else {
+            continue;
+        };
+        let mut obj = obj.clone();
+        if let Some(o) = obj.as_object_mut() {
+            o.remove("handle");
+        }
+        let fam = obj["family"].as_str().unwrap_or_default().to_string();
+        match kind.as_str() {
+            "metainfo" | "table" => {}
+            "rule" => {
+                let chain = obj["chain"].as_str().unwrap_or_default().to_string();
+                let mut expr = obj["expr"].clone();
+                resolve_slots(&fam, &mut expr, &maps);
+                rules
+                    .entry(format!("{fam} {chain}"))
+                    .or_default()
+                    .push(expr.to_string());
+            }
+            "map" | "set" => {
+                let name = obj["name"].as_str().unwrap_or_default().to_string();
+                if is_shard(&name) {
+                    continue;
+                }
+                let mut elems: Vec<String> = obj["elem"]
+                    .as_array()
+                    .map(|a| a.iter().map(|e| e.to_string()).collect())
+                    .unwrap_or_default();
+                elems.sort();
+                if let Some(o) = obj.as_object_mut() {
+                    o.remove("elem");
+                }
+                facts.insert(format!("{fam} {kind} {obj}"));
+                for e in elems {
+                    facts.insert(format!("{fam} {kind} {name} element {e}"));
+                }
+            }
+            _ => {
+                facts.insert(format!("{fam} {kind} {obj}"));
+            }
+        }
+    }
+    let mut out: Vec<String> = facts.into_iter().collect();
+    for (chain, rs) in rules {
+        for (k, r) in rs.into_iter().enumerate() {
+            out.push(format!("rule {chain} #{k}: {r}"));
+        }
+    }
+    out
+}
+
+/// Replaces `{"map"|"vmap": {"key": {"numgen": {mod, offset}}, "data": "@shard"}}`
+/// with the values the numgen can pick.
+fn resolve_slots(fam: &str, v: &mut Value, maps: &BTreeMap<String, Vec<(i64, Value)>>) {
+    match v {
+        Value::Object(o) => {
+            for kw in ["map", "vmap"] {
+                let Some(inner) = o.get(kw) else { continue };
+                let ng = &inner["key"]["numgen"];
+                let Some(data) = inner["data"].as_str() else {
+                    continue;
+                };
+                let (Some(m), Some(name)) = (ng["mod"].as_i64(), data.strip_prefix('@')) else {
+                    continue;
+                };
+                let offset = ng["offset"].as_i64().unwrap_or(0);
+                let slots = maps
+                    .get(&format!("{fam} {name}"))
+                    .cloned()
+                    .unwrap_or_default();
+                let picked: Vec<Value> = (offset..offset + m)
+                    .map(|k| {
+                        slots
+                            .iter()
+                            .find(|(s, _)| *s == k)
+                            .map(|(_, v)| v.clone())
+                            .unwrap_or(Value::Null)
+                    })
+                    .collect();
+                o.insert(kw.to_string(), json!({"numgen-picks": picked}));
+                return;
+            }
+            for (_, x) in o.iter_mut() {
+                resolve_slots(fam, x, maps);
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(|x| resolve_slots(fam, x, maps)),
+        _ => {}
+    }
+}
+
+/// What a fresh proxier installs for `states` in an empty namespace.
+fn fresh_full(mode: Mode, states: &[&ProxyState]) -> Result<Vec<String>, String> {
+    in_fresh_netns(|| {
+        for st in states {
+            let mut dp = dataplane(mode, st.family);
+            dp.sync(st, &BTreeSet::new(), true)
+                .map_err(|e| format!("fresh full sync ({}): {e}", st.family))?;
+        }
+        Ok(listing(mode))
+    })
+}
+
+fn diff(partial: &[String], full: &[String]) -> String {
+    let a: BTreeSet<&String> = partial.iter().collect();
+    let b: BTreeSet<&String> = full.iter().collect();
+    let mut out = String::new();
+    for l in a.difference(&b).take(20) {
+        out.push_str(&format!("  only after partial syncs: {l}\n"));
+    }
+    for l in b.difference(&a).take(20) {
+        out.push_str(&format!("  only after a full sync:   {l}\n"));
+    }
+    out
+}
+
+/// One sequence: partial syncs in one namespace, each compared with a fresh
+/// full sync of the same state.
+fn check_sequence(mode: Mode, steps: &[Step]) -> Result<(), TestCaseError> {
+    let result: Result<(), String> = in_fresh_netns(|| {
+        let families = [IpFamily::V4, IpFamily::V6];
+        let mut trackers: Vec<ChangeTracker> = families
+            .iter()
+            .map(|&family| {
+                ChangeTracker::new(TrackerConfig {
+                    family,
+                    node_name: "node1".into(),
+                    service_proxy_name: None,
+                })
+            })
+            .collect();
+        let mut dps: Vec<Box<dyn Dataplane>> =
+            families.iter().map(|&f| dataplane(mode, f)).collect();
+        for (n, step) in steps.iter().enumerate() {
+            for (t, dp) in trackers.iter_mut().zip(dps.iter_mut()) {
+                apply(t, step);
+                let cs = t.take_changes();
+                dp.sync(t.state(), &cs.changed, false)
+                    .map_err(|e| format!("step {n}: partial sync ({}): {e}", t.family()))?;
+            }
+            let partial = listing(mode);
+            let states: Vec<&ProxyState> = trackers.iter().map(|t| t.state()).collect();
+            let full = fresh_full(mode, &states)?;
+            if partial != full {
+                return Err(format!(
+                    "{mode:?}: after step {n} ({step:?}) the kernel differs from a full sync:\n{}",
+                    diff(&partial, &full)
+                ));
+            }
+        }
+        Ok(())
+    });
+    result.map_err(TestCaseError::fail)
+}
+
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn property(mode: Mode, default_cases: u32) {
+    let mut runner = TestRunner::new(Config {
+        cases: cases(default_cases),
+        // Seeds of past failures, replayed first (then random ones).
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
+            "tests/partial_sync.proptest-regressions",
+        ))),
+        // A shrink step costs a whole sequence of kernel syncs.
+        max_shrink_iters: 64,
+        ..Config::default()
+    });
+    let result = runner.run(&proptest::collection::vec(step(), STEPS), |steps| {
+        check_sequence(mode, &steps)
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn partial_syncs_equal_full_syncs_nftables() {
+    property(Mode::Nftables, 20);
+}
+
+#[test]
+fn partial_syncs_equal_full_syncs_iptables_nft() {
+    if !Variant::Nft.available(IpFamily::V4) {
+        eprintln!("SKIPPED: no iptables-nft");
+        return;
+    }
+    property(Mode::Iptables(Variant::Nft), 8);
+}
+
+#[test]
+fn partial_syncs_equal_full_syncs_iptables_legacy() {
+    if !Variant::Legacy.available(IpFamily::V4) {
+        eprintln!("SKIPPED: no iptables-legacy");
+        return;
+    }
+    property(Mode::Iptables(Variant::Legacy), 8);
+}
+
+// ---------------------------------------------------------------------------
+// A large but valid Service (issue 19, item 6)
+// ---------------------------------------------------------------------------
+
+const BIG_PORTS: u16 = 5000;
+
+/// One Service with 5,000 TCP ports (80 + k -> 20000 + k) and one endpoint,
+/// in slices of 100 ports as the API allows.
+fn big_service(endpoint: &str) -> Vec<Step> {
+    let ports: Vec<Value> = (0..BIG_PORTS)
+        .map(|k| json!({"name": format!("p{k}"), "port": 80 + k, "protocol": "TCP"}))
+        .collect();
+    let mut steps = vec![Step::Apply(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"namespace": "default", "name": "big"},
+        "spec": {"clusterIP": "10.96.5.1", "clusterIPs": ["10.96.5.1"], "ports": ports},
+    }))];
+    for s in 0..BIG_PORTS / 100 {
+        let ports: Vec<Value> = (s * 100..(s + 1) * 100)
+            .map(|k| json!({"name": format!("p{k}"), "port": 20000 + k, "protocol": "TCP"}))
+            .collect();
+        steps.push(Step::Apply(json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"namespace": "default", "name": format!("big-{s}"),
+                         "labels": {"kubernetes.io/service-name": "big"}},
+            "addressType": "IPv4", "ports": ports,
+            "endpoints": [{"addresses": [endpoint], "conditions": {"ready": true}}],
+        })));
+    }
+    steps
+}
+
+/// The 5,000-port Service is programmed: a full sync then a partial one
+/// (all ports and endpoint unchanged but the last slice's), every port is
+/// in the kernel and a connection to the last one reaches the endpoint.
+fn big_service_is_programmed(mode: Mode) {
+    in_fresh_netns(|| {
+        for argv in [
+            &["ip", "link", "set", "lo", "up"][..],
+            &[
+                "ip", "link", "add", "ep0", "type", "veth", "peer", "name", "ep1",
+            ],
+            &["ip", "link", "set", "ep0", "up"],
+            &["ip", "link", "set", "ep1", "up"],
+            &["ip", "addr", "add", "10.1.0.1/32", "dev", "ep0"],
+            &["ip", "route", "add", "10.96.0.0/16", "dev", "ep0"],
+        ] {
+            run(argv);
+        }
+        let last = BIG_PORTS - 1;
+        let listener = std::net::TcpListener::bind(("10.1.0.1", 20000 + last)).expect("listener");
+        let mut t = ChangeTracker::new(TrackerConfig {
+            family: IpFamily::V4,
+            node_name: "node1".into(),
+            service_proxy_name: None,
+        });
+        let mut dp = dataplane(mode, IpFamily::V4);
+        for s in big_service("10.1.0.2") {
+            apply(&mut t, &s);
+        }
+        let cs = t.take_changes();
+        assert_eq!(t.state().services.len(), BIG_PORTS as usize);
+        dp.sync(t.state(), &cs.changed, true).expect("full sync");
+        // The endpoint moves to the listener's address: a partial sync.
+        for s in big_service("10.1.0.1").into_iter().skip(1) {
+            apply(&mut t, &s);
+        }
+        let cs = t.take_changes();
+        assert_eq!(cs.changed.len(), BIG_PORTS as usize);
+        let r = dp
+            .sync(t.state(), &cs.changed, false)
+            .expect("partial sync");
+        assert!(!r.full);
+        // Every port in the kernel.
+        let programmed = match mode {
+            Mode::Nftables => {
+                let text = run(&[
+                    "nft",
+                    "-j",
+                    "list",
+                    "map",
+                    "ip",
+                    "kube-proxy-rs",
+                    "service-ips",
+                ]);
+                text.matches("\"10.96.5.1\"").count()
+            }
+            Mode::Iptables(v) => {
+                let text = run(&[&format!("iptables-{}-save", v.as_str()), "-t", "nat"]);
+                text.lines()
+                    .filter(|l| l.starts_with("-A KUBE-SERVICES") && l.contains("-d 10.96.5.1/32"))
+                    .count()
+            }
+        };
+        assert_eq!(programmed, BIG_PORTS as usize, "{mode:?}");
+        // And the last one answers.
+        let target = std::net::SocketAddr::from(([10, 96, 5, 1], 80 + last));
+        let conn = std::net::TcpStream::connect_timeout(&target, std::time::Duration::from_secs(5));
+        assert!(conn.is_ok(), "{mode:?}: connecting to {target}: {conn:?}");
+        let (_, peer) = listener.accept().expect("accepted");
+        assert_eq!(peer.ip(), std::net::IpAddr::from([10, 1, 0, 1]));
+    });
+}
+
+#[test]
+fn five_thousand_port_service_is_programmed_nftables() {
+    big_service_is_programmed(Mode::Nftables);
+}
+
+#[test]
+fn five_thousand_port_service_is_programmed_iptables() {
+    // iptables-nft takes minutes for rulesets this size (BENCHMARKS.md);
+    // legacy when the host has it.
+    let v = if Variant::Legacy.available(IpFamily::V4) {
+        Variant::Legacy
+    } else {
+        Variant::Nft
+    };
+    big_service_is_programmed(Mode::Iptables(v));
+}
