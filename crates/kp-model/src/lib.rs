@@ -9,8 +9,10 @@
 
 mod convert;
 mod dataplane;
+pub mod explain;
 mod names;
 mod selection;
+pub mod status;
 pub mod testing;
 mod topology;
 mod tracker;
