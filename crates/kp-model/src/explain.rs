@@ -10,14 +10,14 @@
 //! nftables renderer, whose rules the iptables one mirrors.
 
 use std::fmt::Write;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use serde::Serialize;
 
 use crate::dataplane::{LocalDetector, ProxierConfig};
 use crate::selection::{EndpointSelection, EndpointSet, NoEndpoints};
 use crate::tracker::ProxyState;
-use crate::types::{Endpoint, IpFamily, NodeInfo, Protocol, ServicePort};
+use crate::types::{Endpoint, IpFamily, NodeInfo, Protocol, ServicePort, ServicePortName};
 
 /// The packet to explain: the first packet of a connection as it enters this
 /// node (or leaves a process on it).
@@ -66,6 +66,9 @@ pub struct Matched {
     pub node_port: u16,
     pub internal_traffic_policy: &'static str,
     pub external_traffic_policy: &'static str,
+    /// The name to look the port up by in a [`ProxyState`].
+    #[serde(skip)]
+    pub key: ServicePortName,
 }
 
 /// One endpoint of the matched Service port and whether this packet may go
@@ -84,6 +87,8 @@ pub struct Candidate {
     /// In the set this packet is sent to.
     pub kept: bool,
     pub why: String,
+    #[serde(skip)]
+    pub socket: SocketAddr,
 }
 
 /// What the proxy does with the packet.
@@ -174,6 +179,41 @@ pub struct Explanation {
     pub verdict: Verdict,
     /// Filled by the binary in nftables and iptables modes.
     pub dataplane: Option<DataplaneTrace>,
+    /// The endpoint set used, typed, for [`Explanation::route`].
+    #[serde(skip)]
+    pub set: Option<EndpointSet>,
+}
+
+/// The path of a matched packet, typed, for the dataplanes to name the
+/// chains it traverses (`kp_nftables::packet_chains`,
+/// `kp_iptables::packet_chains`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Route {
+    pub kind: MatchKind,
+    pub set: EndpointSet,
+    pub action: Action,
+    /// From a process on this node (nat output instead of prerouting).
+    pub from_node: bool,
+    /// The endpoints the packet may be DNATed to.
+    pub endpoints: Vec<SocketAddr>,
+}
+
+impl Explanation {
+    /// The typed path, when a Service port matched.
+    pub fn route(&self) -> Option<Route> {
+        Some(Route {
+            kind: self.matched.as_ref()?.kind,
+            set: self.set?,
+            action: self.verdict.action,
+            from_node: self.source_is_node,
+            endpoints: self
+                .endpoints
+                .iter()
+                .filter(|c| c.kept)
+                .map(|c| c.socket)
+                .collect(),
+        })
+    }
 }
 
 /// Explains `pkt` against the state of its family (`states` may hold both).
@@ -351,6 +391,7 @@ fn explain_family(state: &ProxyState, cfg: &ProxierConfig, pkt: &Packet) -> Expl
             why: String::new(),
         },
         dataplane: None,
+        set: None,
     };
     let (sp, kind) = match find_match(state, cfg, pkt) {
         Ok(m) => m,
@@ -374,6 +415,7 @@ fn explain_family(state: &ProxyState, cfg: &ProxierConfig, pkt: &Packet) -> Expl
         node_port: sp.node_port,
         internal_traffic_policy: policy(sp.internal_policy_local),
         external_traffic_policy: policy(sp.external_policy_local),
+        key: sp.name.clone(),
     });
     ex.session_affinity_seconds = sp.session_affinity_timeout;
 
@@ -420,6 +462,7 @@ fn explain_family(state: &ProxyState, cfg: &ProxierConfig, pkt: &Packet) -> Expl
         (sel.external, why)
     };
     ex.endpoint_set = Some(format!("{set:?}: {set_why}"));
+    ex.set = Some(set);
     let chosen = sel.endpoints(set);
     let is_chosen = |ep: &Endpoint| chosen.iter().any(|c| std::ptr::eq(*c, ep));
 
@@ -487,6 +530,7 @@ fn explain_family(state: &ProxyState, cfg: &ProxierConfig, pkt: &Packet) -> Expl
             zone: ep.zone.clone(),
             kept,
             why,
+            socket: ep.socket_addr(),
         });
     }
 

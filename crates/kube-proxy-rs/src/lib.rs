@@ -5,6 +5,7 @@
 pub mod apiclient;
 pub mod cleanup;
 pub mod config;
+pub mod debug;
 pub mod docgen;
 pub mod dryrun;
 pub mod events;
@@ -17,3 +18,4 @@ pub mod nodecidr;
 pub mod process_metrics;
 pub mod server;
 pub mod source;
+pub mod subcommands;
