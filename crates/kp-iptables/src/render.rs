@@ -709,10 +709,7 @@ pub fn packet_chains(
                 EndpointSet::Cluster => format!("KUBE-SVC-{hash}"),
                 EndpointSet::Local => format!("KUBE-SVL-{hash}"),
             }));
-            for ep in endpoints
-                .iter()
-                .filter(|e| route.endpoints.contains(&e.socket_addr()))
-            {
+            for ep in route.endpoints_in(endpoints) {
                 out.extend(own(sep_chain(sp, ep)));
             }
         }

@@ -16,6 +16,7 @@ use serde::Serialize;
 
 use crate::dataplane::{LocalDetector, ProxierConfig};
 use crate::selection::{EndpointSelection, EndpointSet, NoEndpoints};
+use crate::status::EndpointConditions;
 use crate::tracker::ProxyState;
 use crate::types::{Endpoint, IpFamily, NodeInfo, Protocol, ServicePort, ServicePortName};
 
@@ -76,14 +77,8 @@ pub struct Matched {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Candidate {
-    /// `ip:port`.
-    pub address: String,
-    pub ready: bool,
-    pub serving: bool,
-    pub terminating: bool,
-    pub local: bool,
-    pub node: Option<String>,
-    pub zone: Option<String>,
+    #[serde(flatten)]
+    pub endpoint: EndpointConditions,
     /// In the set this packet is sent to.
     pub kept: bool,
     pub why: String,
@@ -196,6 +191,14 @@ pub struct Route {
     pub from_node: bool,
     /// The endpoints the packet may be DNATed to.
     pub endpoints: Vec<SocketAddr>,
+}
+
+impl Route {
+    /// The endpoints of `all` this packet may be DNATed to.
+    pub fn endpoints_in<'a>(&'a self, all: &'a [Endpoint]) -> impl Iterator<Item = &'a Endpoint> {
+        all.iter()
+            .filter(|e| self.endpoints.contains(&e.socket_addr()))
+    }
 }
 
 impl Explanation {
@@ -521,13 +524,7 @@ fn explain_family(state: &ProxyState, cfg: &ProxierConfig, pkt: &Packet) -> Expl
             "serving but terminating, and not selected by topology hints".to_string()
         };
         ex.endpoints.push(Candidate {
-            address: ep.addr_string(),
-            ready: ep.ready,
-            serving: ep.serving,
-            terminating: ep.terminating,
-            local: ep.is_local,
-            node: ep.node_name.clone(),
-            zone: ep.zone.clone(),
+            endpoint: ep.into(),
             kept,
             why,
             socket: ep.socket_addr(),
@@ -731,10 +728,12 @@ impl Explanation {
             }
         }
         for c in &self.endpoints {
+            let (kept, why) = (c.kept, &c.why);
+            let c = &c.endpoint;
             let _ = writeln!(
                 o,
                 "  {} {:<22} {}{}{}: {}",
-                if c.kept { "+" } else { "-" },
+                if kept { "+" } else { "-" },
                 c.address,
                 if c.local { "local" } else { "remote" },
                 c.node
@@ -745,7 +744,7 @@ impl Explanation {
                     .as_deref()
                     .map(|z| format!(" zone {z}"))
                     .unwrap_or_default(),
-                c.why
+                why
             );
         }
         if let Some(t) = self.session_affinity_seconds {

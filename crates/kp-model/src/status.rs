@@ -12,17 +12,42 @@ use crate::selection::EndpointSelection;
 use crate::tracker::ProxyState;
 use crate::types::{Endpoint, ServicePort};
 
-/// One endpoint of a Service port.
+/// An endpoint and its conditions, as `/debug/services` and `explain`
+/// show them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct EndpointStatus {
+pub struct EndpointConditions {
+    /// `ip:port`.
     pub address: String,
     pub ready: bool,
     pub serving: bool,
     pub terminating: bool,
+    /// On this node.
     pub local: bool,
     pub node: Option<String>,
     pub zone: Option<String>,
+}
+
+impl From<&Endpoint> for EndpointConditions {
+    fn from(ep: &Endpoint) -> Self {
+        EndpointConditions {
+            address: ep.addr_string(),
+            ready: ep.ready,
+            serving: ep.serving,
+            terminating: ep.terminating,
+            local: ep.is_local,
+            node: ep.node_name.clone(),
+            zone: ep.zone.clone(),
+        }
+    }
+}
+
+/// One endpoint of a Service port.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointStatus {
+    #[serde(flatten)]
+    pub endpoint: EndpointConditions,
     /// Cluster-IP traffic may go to it.
     pub internal: bool,
     /// NodePort / external / LB traffic from outside may go to it.
@@ -87,13 +112,7 @@ fn port_status(sp: &ServicePort, endpoints: &[Endpoint], state: &ProxyState) -> 
         endpoints: endpoints
             .iter()
             .map(|ep| EndpointStatus {
-                address: ep.addr_string(),
-                ready: ep.ready,
-                serving: ep.serving,
-                terminating: ep.terminating,
-                local: ep.is_local,
-                node: ep.node_name.clone(),
-                zone: ep.zone.clone(),
+                endpoint: ep.into(),
                 internal: contains(sel.internal_endpoints(), ep),
                 external: contains(sel.external_endpoints(), ep),
             })
@@ -129,7 +148,8 @@ fn join<T: std::fmt::Display>(v: &[T]) -> String {
 
 /// Endpoint conditions in one word list: `ready`, `serving`, `terminating`,
 /// `local`, and which traffic uses it.
-fn endpoint_cell(e: &EndpointStatus) -> String {
+fn endpoint_cell(s: &EndpointStatus) -> String {
+    let e = &s.endpoint;
     let mut flags = Vec::new();
     if e.ready {
         flags.push("ready");
@@ -144,7 +164,7 @@ fn endpoint_cell(e: &EndpointStatus) -> String {
     if e.local {
         flags.push("local");
     }
-    if !e.internal && !e.external {
+    if !s.internal && !s.external {
         flags.push("unused");
     }
     format!("{}({})", e.address, flags.join(","))

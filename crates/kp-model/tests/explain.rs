@@ -62,14 +62,14 @@ fn kept(ex: &Explanation) -> Vec<&str> {
     ex.endpoints
         .iter()
         .filter(|c| c.kept)
-        .map(|c| c.address.as_str())
+        .map(|c| c.endpoint.address.as_str())
         .collect()
 }
 
 fn why<'a>(ex: &'a Explanation, addr: &str) -> &'a str {
     &ex.endpoints
         .iter()
-        .find(|c| c.address == addr)
+        .find(|c| c.endpoint.address == addr)
         .unwrap_or_else(|| panic!("no candidate {addr}: {ex:#?}"))
         .why
 }

@@ -713,10 +713,7 @@ pub fn packet_chains(
                 EndpointSet::Local => format!("local-{base}"),
             }));
             if sp.session_affinity_timeout.is_some() {
-                for ep in endpoints
-                    .iter()
-                    .filter(|e| route.endpoints.contains(&e.socket_addr()))
-                {
+                for ep in route.endpoints_in(endpoints) {
                     out.extend(own(format!("endpoint-{}", endpoint_chain_base(sp, ep).0)));
                 }
             }

@@ -546,23 +546,22 @@ fn programmed_snapshot_follows_successful_syncs_only() {
             .map(|f| f.state.services.keys().map(|k| k.to_string()).collect())
             .unwrap_or_default()
     };
-    let (lp, clock, rx, rec, _) = start(secs(1), secs(30));
-    let programmed = lp.programmed.clone();
-    rec.fail.store(3, Ordering::SeqCst);
-    clock.at(ms(0), service("a", 1));
-    clock.at(ms(0), slice("a", "a-1", 1, 2));
-    clock.at(ms(0), SourceEvent::Synced);
-    run(lp, &clock, rx, secs(10));
+    // Service a with 2 endpoints; the first 3 syncs fail (at 0, 2 and 6 s),
+    // the retry at 14 s succeeds; Service b arrives at 20 s.
+    let scenario = |end: u64| {
+        let (lp, clock, rx, rec, _) = start(secs(1), secs(30));
+        let programmed = lp.programmed.clone();
+        rec.fail.store(3, Ordering::SeqCst);
+        clock.at(ms(0), service("a", 1));
+        clock.at(ms(0), slice("a", "a-1", 1, 2));
+        clock.at(ms(0), SourceEvent::Synced);
+        clock.at(secs(20), service("b", 2));
+        run(lp, &clock, rx, secs(end));
+        programmed
+    };
+    let programmed = scenario(10);
     assert!(names(&programmed).is_empty(), "{:?}", names(&programmed));
-
-    let (lp, clock, rx, rec, _) = start(secs(1), secs(30));
-    let programmed = lp.programmed.clone();
-    rec.fail.store(3, Ordering::SeqCst);
-    clock.at(ms(0), service("a", 1));
-    clock.at(ms(0), slice("a", "a-1", 1, 2));
-    clock.at(ms(0), SourceEvent::Synced);
-    clock.at(secs(20), service("b", 2));
-    run(lp, &clock, rx, secs(25));
+    let programmed = scenario(25);
     assert_eq!(names(&programmed), ["ns1/a:p80", "ns1/b:p80"]);
     let g = programmed.read();
     let f = g.family(IpFamily::V4).unwrap();
