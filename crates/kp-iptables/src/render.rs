@@ -713,7 +713,7 @@ pub fn packet_chains(
                 out.extend(own(sep_chain(sp, ep)));
             }
         }
-        Action::Drop if fw_used => {
+        Action::Drop if route.source_ranges_drop => {
             out.push(nat(SERVICES_CHAIN.into()));
             out.extend(own(format!("KUBE-FW-{hash}")));
             out.push(("filter".into(), FIREWALL_CHAIN.into()));

@@ -177,6 +177,9 @@ pub struct Explanation {
     /// The endpoint set used, typed, for [`Explanation::route`].
     #[serde(skip)]
     pub set: Option<EndpointSet>,
+    /// Dropped by loadBalancerSourceRanges (before any endpoint check).
+    #[serde(skip)]
+    pub source_ranges_drop: bool,
 }
 
 /// The path of a matched packet, typed, for the dataplanes to name the
@@ -191,6 +194,8 @@ pub struct Route {
     pub from_node: bool,
     /// The endpoints the packet may be DNATed to.
     pub endpoints: Vec<SocketAddr>,
+    /// Dropped by loadBalancerSourceRanges, not for want of endpoints.
+    pub source_ranges_drop: bool,
 }
 
 impl Route {
@@ -215,6 +220,7 @@ impl Explanation {
                 .filter(|c| c.kept)
                 .map(|c| c.socket)
                 .collect(),
+            source_ranges_drop: self.source_ranges_drop,
         })
     }
 }
@@ -395,6 +401,7 @@ fn explain_family(state: &ProxyState, cfg: &ProxierConfig, pkt: &Packet) -> Expl
         },
         dataplane: None,
         set: None,
+        source_ranges_drop: false,
     };
     let (sp, kind) = match find_match(state, cfg, pkt) {
         Ok(m) => m,
@@ -545,6 +552,7 @@ fn explain_family(state: &ProxyState, cfg: &ProxierConfig, pkt: &Packet) -> Expl
             .iter()
             .map(|n| n.to_string())
             .collect();
+        ex.source_ranges_drop = true;
         ex.verdict = Verdict {
             action: Action::Drop,
             why: format!(
@@ -648,7 +656,7 @@ fn masquerade(
     match in_cluster {
         Tri::Yes => m(
             false,
-            format!("{detection}: in-cluster traffic keeps its source"),
+            "the source is in-cluster: it keeps its address".into(),
         ),
         Tri::No if matches!(cfg.local_detector, LocalDetector::None) => m(
             false,
@@ -656,7 +664,8 @@ fn masquerade(
         ),
         Tri::No => m(
             true,
-            format!("{detection}: off-cluster traffic to a cluster IP is masqueraded"),
+            "the source is not in-cluster: off-cluster traffic to a cluster IP is masqueraded"
+                .into(),
         ),
         Tri::Unknown => m(true, format!("{detection}; masqueraded unless it does")),
     }

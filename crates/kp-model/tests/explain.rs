@@ -86,7 +86,12 @@ fn cluster_ip_from_a_pod_dnats_without_masquerade() {
     assert_eq!(ex.source_in_cluster, Tri::Yes);
     let masq = ex.masquerade.as_ref().unwrap();
     assert!(!masq.masquerade, "{masq:?}");
-    assert!(masq.why.contains("10.244.0.0/16"), "{masq:?}");
+    assert!(masq.why.contains("in-cluster"), "{masq:?}");
+    assert!(
+        ex.local_detection.contains("10.244.0.0/16"),
+        "{}",
+        ex.local_detection
+    );
     let text = ex.render_text();
     assert!(
         text.contains("default/web:http matched as ClusterIP"),
@@ -99,9 +104,10 @@ fn cluster_ip_from_a_pod_dnats_without_masquerade() {
 fn cluster_ip_from_outside_the_pod_cidr_is_masqueraded() {
     let s = state(NodeInfo::named("node1"), vec![(web(), two())]);
     let ex = run(&s, &cfg(), pkt("172.16.0.3", "10.96.0.10", 80));
+    assert!(ex.local_detection.contains("outside the pod CIDRs"));
     let masq = ex.masquerade.unwrap();
     assert!(
-        masq.masquerade && masq.why.contains("outside the pod CIDRs"),
+        masq.masquerade && masq.why.contains("not in-cluster"),
         "{masq:?}"
     );
 }

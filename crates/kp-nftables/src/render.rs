@@ -721,7 +721,7 @@ pub fn packet_chains(
         Action::Drop | Action::Reject => {
             // Traffic without endpoints is stopped in the filter chains by
             // the no-endpoint maps (source-range drops stop above).
-            if out.is_empty() {
+            if !route.source_ranges_drop {
                 let hook = if route.from_node {
                     "filter-output"
                 } else {

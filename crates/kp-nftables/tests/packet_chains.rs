@@ -77,4 +77,17 @@ fn no_endpoints_and_source_ranges() {
     let fw = chains(&s, &c, "172.16.0.3", "198.51.100.9", 80);
     assert_eq!(&fw[..2], ["filter-prerouting", "firewall-check"]);
     assert!(fw[2].starts_with("firewall-"), "{fw:?}");
+    assert_eq!(fw.len(), 3, "dropped by the source ranges: {fw:?}");
+    // Allowed by the ranges but eTP=Local without a local endpoint: the
+    // firewall, then the no-endpoint check drops it.
+    let etp = ServicePort::builder("default", "lb")
+        .cluster_ip("10.96.0.11")
+        .load_balancer_ips(&["198.51.100.9"])
+        .source_ranges(&["203.0.113.0/24"])
+        .local_external()
+        .build();
+    let (s, c) = setup(etp, vec![Endpoint::at("10.244.2.6:8080")]);
+    let got = chains(&s, &c, "203.0.113.5", "198.51.100.9", 80);
+    assert_eq!(got[..2], ["filter-prerouting", "firewall-check"]);
+    assert_eq!(got[3..], ["filter-input", "service-endpoints-check"]);
 }
