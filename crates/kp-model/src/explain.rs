@@ -515,7 +515,8 @@ fn explain_family(state: &ProxyState, cfg: &ProxierConfig, pkt: &Packet) -> Expl
                 w.push_str("; topology hints match this node");
             }
             w
-        } else if !ep.ready && !(ep.serving && ep.terminating) {
+        } else if !(ep.ready || ep.serving && ep.terminating) {
+            // Neither ready nor a serving-terminating fallback candidate.
             format!("{}: never used", conditions(ep))
         } else if set.is_local() && !ep.is_local {
             "not on this node: traffic policy Local".to_string()

@@ -201,15 +201,7 @@ fn in_ns(ns: &str, args: &[&str]) -> Output {
 #[test]
 fn live_debug_endpoints_status_explain_and_drift() {
     let ns = format!("kpexp{}", std::process::id());
-    assert!(Command::new("ip")
-        .args(["netns", "add", &ns])
-        .status()
-        .unwrap()
-        .success());
-    let _ns = Ns(ns.clone());
-    assert!(in_ns(&ns, &["ip", "link", "set", "lo", "up"])
-        .status
-        .success());
+    let _ns = Ns::create(&ns);
     let d = manifests("live");
     let log = TempFile(std::env::temp_dir().join(format!("{ns}.log")));
     let child = Command::new("ip")

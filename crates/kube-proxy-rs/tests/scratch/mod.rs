@@ -9,6 +9,25 @@ use std::process::{Child, Command};
 
 /// A network namespace (created by the test), deleted on drop.
 pub struct Ns(pub String);
+
+impl Ns {
+    /// Creates namespace `name` with `lo` up.
+    pub fn create(name: &str) -> Ns {
+        let ok = |args: &[&str]| {
+            Command::new("ip")
+                .args(args)
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        assert!(ok(&["netns", "add", name]), "ip netns add {name}");
+        let ns = Ns(name.to_string());
+        assert!(
+            ok(&["-n", name, "link", "set", "lo", "up"]),
+            "lo up in {name}"
+        );
+        ns
+    }
+}
 impl Drop for Ns {
     fn drop(&mut self) {
         let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
