@@ -37,7 +37,9 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 
 echo "demo.sh: building (release; the first build takes a few minutes)" >&2
-cargo build --release -p kube-proxy-rs --bin kube-proxy-rs -p kp-demo
+# Both binaries by name: `--bin kube-proxy-rs` alone would also filter
+# kp-demo's binary out of `-p kp-demo`.
+cargo build --release -p kube-proxy-rs -p kp-demo --bin kube-proxy-rs --bin kp-demo
 
 # Where cargo put it (CARGO_TARGET_DIR may move the target directory).
 exec "${CARGO_TARGET_DIR:-target}/release/kp-demo"

@@ -3,7 +3,9 @@
 //! Service and its EndpointSlice into a manifest directory, runs the sibling
 //! `kube-proxy-rs` binary in nftables mode in node1's namespace, connects to
 //! the ClusterIP from a client pod, shows the ruleset and the sync metrics,
-//! adds a fourth endpoint and shows it taking traffic. Everything it creates
+//! adds a fourth endpoint and shows it taking traffic, then prints
+//! `kube-proxy-rs status` and `kube-proxy-rs explain` for one of the client's
+//! connections (with the kernel read-back: no drift). Everything it creates
 //! lives in fresh namespaces and a temp directory, removed on exit, on error
 //! and on Ctrl-C (a signal handler turns SIGINT/SIGTERM into an error at the
 //! next step, so the drop guards run).
@@ -140,6 +142,10 @@ fn put(dir: &Path, file: &str, obj: &Value) -> Result<()> {
     let dst = dir.join(format!("{file}.json"));
     std::fs::rename(&tmp, &dst).with_context(|| format!("writing {}", dst.display()))?;
     Ok(())
+}
+
+fn indent(text: &str) -> String {
+    text.lines().map(|l| format!("  {l}\n")).collect()
 }
 
 fn tail(text: &str, n: usize) -> String {
@@ -476,7 +482,28 @@ fn run() -> Result<()> {
         println!("  {l}");
     }
 
-    heading("8. Teardown")?;
+    heading("8. What kube-proxy-rs programmed (kube-proxy-rs status in node1)")?;
+    let bin = proxy_bin.to_string_lossy().into_owned();
+    let status = demo
+        .cluster
+        .exec_ok(&node1, &[&bin, "status"])
+        .context("running kube-proxy-rs status in node1")?;
+    print!("{}", indent(&status));
+
+    let (src, dst) = (client.ip().to_string(), vip().to_string());
+    heading(&format!(
+        "9. Why a connection from pod client went where it did (kube-proxy-rs explain {src} {dst})"
+    ))?;
+    let explained = demo
+        .cluster
+        .exec_ok(&node1, &[&bin, "explain", &src, &dst])
+        .context("running kube-proxy-rs explain in node1")?;
+    print!("{}", indent(&explained));
+    if !explained.contains("verdict  Dnat") || !explained.contains("drift    none") {
+        bail!("explain did not find the DNAT path in the kernel:\n{explained}");
+    }
+
+    heading("10. Teardown")?;
     let prefix = demo.cluster.prefix().to_string();
     let log = demo.log.clone();
     drop(demo);

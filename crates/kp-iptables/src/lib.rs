@@ -15,7 +15,8 @@ mod render;
 pub use backend::{detect_variant, IptablesBackend, IptablesCli, Variant};
 pub use proxier::{init_host, IptablesProxier};
 pub use render::{
-    comment, is_our_chain, jumps, missing_jumps, probability, render_service, sep_chain, svc_chain,
-    with_jumps, Jump, ServiceRules, Skeleton, CANARY_CHAIN, EXTERNAL_CHAIN, FIREWALL_CHAIN,
-    FORWARD_CHAIN, MARK_MASQ_CHAIN, NODEPORTS_CHAIN, POSTROUTING_CHAIN, SERVICES_CHAIN,
+    comment, is_our_chain, jumps, missing_jumps, packet_chains, probability, render_service,
+    sep_chain, svc_chain, with_jumps, Jump, ServiceRules, Skeleton, CANARY_CHAIN, EXTERNAL_CHAIN,
+    FIREWALL_CHAIN, FORWARD_CHAIN, MARK_MASQ_CHAIN, NODEPORTS_CHAIN, POSTROUTING_CHAIN,
+    SERVICES_CHAIN,
 };

@@ -668,3 +668,65 @@ impl Skeleton {
         ]
     }
 }
+
+/// The (table, chain) pairs a packet on `route` traverses, in order, for
+/// `kube-proxy-rs explain` to look up in the kernel. Per-service names come
+/// from [`render_service`] itself, so they are the ones a sync installs.
+pub fn packet_chains(
+    sp: &ServicePort,
+    endpoints: &[Endpoint],
+    cfg: &ProxierConfig,
+    node: &NodeInfo,
+    route: &kp_model::explain::Route,
+) -> Vec<(String, String)> {
+    use kp_model::explain::{Action, MatchKind};
+    let rules = render_service(sp, endpoints, cfg, node);
+    let hash = port_hash(sp);
+    let nat = |c: String| ("nat".to_string(), c);
+    let own = |c: String| {
+        rules
+            .nat_chains
+            .iter()
+            .any(|(n, _)| *n == c)
+            .then(|| nat(c))
+    };
+    let fw_used =
+        route.kind == MatchKind::LoadBalancerIngress && !sp.load_balancer_source_ranges.is_empty();
+    let mut out = Vec::new();
+    match route.action {
+        Action::Dnat => {
+            out.push(nat(SERVICES_CHAIN.into()));
+            if route.kind == MatchKind::NodePort {
+                out.push(nat(NODEPORTS_CHAIN.into()));
+            }
+            if fw_used {
+                out.extend(own(format!("KUBE-FW-{hash}")));
+            }
+            if route.kind.is_external() {
+                out.extend(own(format!("KUBE-EXT-{hash}")));
+            }
+            out.extend(own(match route.set {
+                EndpointSet::Cluster => format!("KUBE-SVC-{hash}"),
+                EndpointSet::Local => format!("KUBE-SVL-{hash}"),
+            }));
+            for ep in route.endpoints_in(endpoints) {
+                out.extend(own(sep_chain(sp, ep)));
+            }
+        }
+        Action::Drop if route.source_ranges_drop => {
+            out.push(nat(SERVICES_CHAIN.into()));
+            out.extend(own(format!("KUBE-FW-{hash}")));
+            out.push(("filter".into(), FIREWALL_CHAIN.into()));
+        }
+        Action::Drop | Action::Reject => {
+            let chain = if route.kind.is_external() {
+                EXTERNAL_CHAIN
+            } else {
+                SERVICES_CHAIN
+            };
+            out.push(("filter".into(), chain.into()));
+        }
+        Action::Untouched => {}
+    }
+    out
+}

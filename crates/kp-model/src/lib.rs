@@ -10,8 +10,10 @@
 pub mod claims;
 mod convert;
 mod dataplane;
+pub mod explain;
 mod names;
 mod selection;
+pub mod status;
 pub mod testing;
 mod topology;
 mod tracker;

@@ -17,5 +17,5 @@ pub mod types;
 pub use backend::{NftBackend, NftCli};
 pub use netlink::{EncodeError, NftNetlink};
 pub use proxier::NftablesProxier;
-pub use render::{render_service, Element, ServiceObjects, Skeleton, TABLE_NAME};
+pub use render::{packet_chains, render_service, Element, ServiceObjects, Skeleton, TABLE_NAME};
 pub use types::{Rule, Transaction, Verdict};

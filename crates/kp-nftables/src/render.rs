@@ -671,3 +671,74 @@ pub fn affinity_set(family: IpFamily, name: &str, timeout: u32) -> Set {
         },
     }
 }
+
+/// The chains of our table a packet on `route` traverses, in order (base
+/// chains, then this service port's own), for `kube-proxy-rs explain` to
+/// look up in the kernel. Names come from [`render_service`] itself, so they
+/// are exactly the ones a sync installs.
+pub fn packet_chains(
+    sp: &ServicePort,
+    endpoints: &[Endpoint],
+    cfg: &ProxierConfig,
+    node: &NodeInfo,
+    route: &kp_model::explain::Route,
+) -> Vec<String> {
+    use kp_model::explain::{Action, MatchKind};
+    let objs = render_service(sp, endpoints, cfg, node);
+    let base = chain_base(sp);
+    let own = |c: String| objs.chains.iter().any(|(n, _)| *n == c).then_some(c);
+    let mut out: Vec<String> = Vec::new();
+    if route.kind == MatchKind::LoadBalancerIngress && !sp.load_balancer_source_ranges.is_empty() {
+        let hook = if route.from_node {
+            "filter-output"
+        } else {
+            "filter-prerouting"
+        };
+        out.extend([hook.to_string(), "firewall-check".to_string()]);
+        out.extend(own(format!("firewall-{base}")));
+    }
+    match route.action {
+        Action::Dnat => {
+            let hook = if route.from_node {
+                "nat-output"
+            } else {
+                "nat-prerouting"
+            };
+            out.extend([hook.to_string(), "services".to_string()]);
+            if route.kind.is_external() {
+                out.extend(own(format!("external-{base}")));
+            }
+            out.extend(own(match route.set {
+                EndpointSet::Cluster => format!("service-{base}"),
+                EndpointSet::Local => format!("local-{base}"),
+            }));
+            if sp.session_affinity_timeout.is_some() {
+                for ep in route.endpoints_in(endpoints) {
+                    out.extend(own(format!("endpoint-{}", endpoint_chain_base(sp, ep).0)));
+                }
+            }
+        }
+        Action::Drop | Action::Reject => {
+            // Traffic without endpoints is stopped in the filter chains by
+            // the no-endpoint maps (source-range drops stop above).
+            if !route.source_ranges_drop {
+                let hook = if route.from_node {
+                    "filter-output"
+                } else {
+                    "filter-input"
+                };
+                let check = if route.kind == MatchKind::NodePort {
+                    "nodeport-endpoints-check"
+                } else {
+                    "service-endpoints-check"
+                };
+                out.extend([hook.to_string(), check.to_string()]);
+                if route.action == Action::Reject {
+                    out.push(REJECT_CHAIN.to_string());
+                }
+            }
+        }
+        Action::Untouched => {}
+    }
+    out
+}

@@ -8,6 +8,8 @@
 //!   testable without sleeping.
 //! * [`SyncMetrics`] / [`SyncHealth`]: what the loop reports; the binary
 //!   implements them (Prometheus, the health server).
+//! * [`ProgrammedState`]: what the last successful sync programmed, for
+//!   the binary's debug endpoints.
 //! * [`conntrack`]: deleting stale UDP flows (ctnetlink, or `conntrack`).
 //!
 //! No dataplane crate is a dependency: dataplanes come in as
@@ -16,11 +18,13 @@
 pub mod clock;
 pub mod conntrack;
 pub mod hostports;
+pub mod programmed;
 pub mod report;
 pub mod sync;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use conntrack::{Conntrack, ConntrackCli, ConntrackNetlink};
+pub use programmed::{Programmed, ProgrammedFamily, ProgrammedState};
 pub use report::{NoReport, SyncHealth, SyncMetrics};
 pub use sync::{
     FamilyProxier, HealthCheckData, Pacer, SyncLoop, FULL_SYNC_PERIOD, LARGE_CLUSTER_ENDPOINTS,

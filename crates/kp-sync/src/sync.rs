@@ -20,6 +20,7 @@ use kp_source::SourceEvent;
 
 use crate::clock::Clock;
 use crate::conntrack::Conntrack;
+use crate::programmed::ProgrammedState;
 use crate::report::{SyncHealth, SyncMetrics};
 
 /// Token bucket of upstream's BoundedFrequencyRunner.
@@ -116,6 +117,9 @@ pub struct SyncLoop {
     pub clock: Box<dyn Clock>,
     /// Receives health-check data after every sync.
     pub on_synced: Box<dyn FnMut(HealthCheckData) + Send>,
+    /// Updated after each successful sync of a family with the ports it
+    /// programmed (`/debug/services`, `/debug/explain`).
+    pub programmed: ProgrammedState,
 }
 
 /// Above this many endpoints (all families), periodic resyncs stop rebuilding
@@ -309,6 +313,7 @@ impl SyncLoop {
                             self.metrics.programming_latency(fam, d.as_secs_f64());
                         }
                     }
+                    self.programmed.record(state, &f.pending, report.full, now);
                     f.pending.clear();
                     f.needs_full = false;
                     self.health.updated(fam);

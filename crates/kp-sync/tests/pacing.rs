@@ -16,7 +16,8 @@ use kp_model::{
 };
 use kp_source::SourceEvent;
 use kp_sync::{
-    Conntrack, FamilyProxier, ManualClock, NoReport, SyncLoop, SyncMetrics, FULL_SYNC_PERIOD,
+    Conntrack, FamilyProxier, ManualClock, NoReport, ProgrammedState, SyncLoop, SyncMetrics,
+    FULL_SYNC_PERIOD,
 };
 use serde_json::json;
 
@@ -153,6 +154,7 @@ fn start(
         conntrack: Box::new(NoConntrack),
         clock: Box::new(clock.clone()),
         on_synced: Box::new(|_| {}),
+        programmed: ProgrammedState::new(),
     };
     (lp, clock, rx, rec, metrics)
 }
@@ -531,4 +533,44 @@ fn pending_changes_are_reported_until_taken() {
     let p = metrics.pending.lock().unwrap().clone();
     assert!(p.contains(&(1, 0)) && p.contains(&(1, 1)), "{p:?}");
     assert_eq!(p.last(), Some(&(0, 0)), "{p:?}");
+}
+
+/// The snapshot the debug endpoints read holds what the last successful
+/// sync programmed: nothing while syncs fail, then each port as it is
+/// programmed, with the kind of the last sync.
+#[test]
+fn programmed_snapshot_follows_successful_syncs_only() {
+    let names = |p: &ProgrammedState| -> Vec<String> {
+        p.read()
+            .family(IpFamily::V4)
+            .map(|f| f.state.services.keys().map(|k| k.to_string()).collect())
+            .unwrap_or_default()
+    };
+    // Service a with 2 endpoints; the first 3 syncs fail (at 0, 2 and 6 s),
+    // the retry at 14 s succeeds; Service b arrives at 20 s (when the run
+    // lasts that long).
+    let scenario = |end: u64| {
+        let (lp, clock, rx, rec, _) = start(secs(1), secs(30));
+        let programmed = lp.programmed.clone();
+        rec.fail.store(3, Ordering::SeqCst);
+        clock.at(ms(0), service("a", 1));
+        clock.at(ms(0), slice("a", "a-1", 1, 2));
+        clock.at(ms(0), SourceEvent::Synced);
+        if end > 20 {
+            // Scheduled events are all delivered before the end.
+            clock.at(secs(20), service("b", 2));
+        }
+        run(lp, &clock, rx, secs(end));
+        programmed
+    };
+    let programmed = scenario(10);
+    assert!(names(&programmed).is_empty(), "{:?}", names(&programmed));
+    let programmed = scenario(25);
+    assert_eq!(names(&programmed), ["ns1/a:p80", "ns1/b:p80"]);
+    let g = programmed.read();
+    let f = g.family(IpFamily::V4).unwrap();
+    assert!(f.last_sync.is_some());
+    assert!(!f.last_full, "the sync at 20 s was partial");
+    let a = f.state.services.keys().next().unwrap();
+    assert_eq!(f.state.endpoints_of(a).len(), 2);
 }

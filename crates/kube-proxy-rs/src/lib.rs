@@ -5,6 +5,7 @@
 pub mod apiclient;
 pub mod cleanup;
 pub mod config;
+pub mod debug;
 pub mod docgen;
 pub mod dryrun;
 pub mod duration;
@@ -19,3 +20,4 @@ pub mod outcome;
 pub mod process_metrics;
 pub mod server;
 pub mod source;
+pub mod subcommands;

@@ -8,10 +8,14 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use kp_model::Dataplane;
+use kp_model::{Dataplane, ProxierConfig};
 use kp_source::SourceEvent;
-use kp_sync::{Conntrack, ConntrackCli, ConntrackNetlink, FamilyProxier, SyncLoop, SystemClock};
+use kp_sync::{
+    Conntrack, ConntrackCli, ConntrackNetlink, FamilyProxier, ProgrammedState, SyncLoop,
+    SystemClock,
+};
 use kube_proxy_rs::config::{self, ConfigError, DetectLocalMode, ProxyConfig};
+use kube_proxy_rs::debug::DebugState;
 use kube_proxy_rs::healthcheck::ServiceHealthServer;
 use kube_proxy_rs::metrics::Metrics;
 use kube_proxy_rs::modes::{self, FAMILIES};
@@ -28,7 +32,13 @@ use kube_proxy_rs::{cleanup, dryrun, host, source};
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
-    let cfg = match config::load(std::env::args_os()) {
+    // `kube-proxy-rs explain|status ...` (subcommands.rs); anything else is
+    // upstream's flags, unchanged.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(code) = kube_proxy_rs::subcommands::dispatch(&args) {
+        std::process::exit(code);
+    }
+    let cfg = match config::load(args) {
         Ok(c) => c,
         Err(ConfigError::Cli(e)) => e.exit(),
         Err(e) => {
@@ -102,8 +112,13 @@ fn run(cfg: ProxyConfig) -> Result<()> {
         cleanup::remove_leftovers(cleanup::Scope::StartingIn(cfg.mode), cfg.iptables_backend)
             .log("removing other modes' leftovers");
     }
+    // The settings the dataplanes were built with, for /debug/explain.
+    let proxier_configs: Vec<ProxierConfig> = FAMILIES
+        .iter()
+        .map(|f| cfg.proxier_config(*f, &node_ips, cidrs))
+        .collect();
     let watch = pod_cidrs.map(|p| PodCidrWatch::new(&cfg.hostname, &p));
-    rt.block_on(serve(cfg, dataplanes, metrics, watch))
+    rt.block_on(serve(cfg, dataplanes, metrics, watch, proxier_configs))
 }
 
 async fn serve(
@@ -111,6 +126,7 @@ async fn serve(
     dataplanes: Vec<Box<dyn Dataplane>>,
     metrics: Metrics,
     pod_cidr_watch: Option<PodCidrWatch>,
+    proxier_configs: Vec<ProxierConfig>,
 ) -> Result<()> {
     let mut rx = source::start_source(&cfg).await?;
 
@@ -120,6 +136,7 @@ async fn serve(
     }
 
     let health = Arc::new(HealthState::new(&FAMILIES, cfg.sync_period * 2));
+    let programmed = ProgrammedState::new();
     if let Some(addr) = cfg.healthz_bind_address {
         let (h, m) = (health.clone(), metrics.clone());
         tokio::spawn(async move {
@@ -132,8 +149,15 @@ async fn serve(
         let m = metrics.clone();
         let mode = cfg.mode.as_str();
         let configz = cfg.to_configuration_json();
+        let debug = DebugState {
+            programmed: programmed.clone(),
+            configs: Arc::new(proxier_configs),
+            mode: cfg.mode,
+            node: cfg.hostname.clone(),
+            iptables_backend: cfg.iptables_backend,
+        };
         tokio::spawn(async move {
-            if let Err(e) = server::serve_metrics(addr, m, mode, configz).await {
+            if let Err(e) = server::serve_metrics(addr, m, mode, configz, Some(debug)).await {
                 tracing::error!("metrics server: {e}");
             }
         });
@@ -168,6 +192,7 @@ async fn serve(
             hcs.sync_services(&d.ports);
             hcs.sync_endpoints(&d.local_endpoints);
         }),
+        programmed,
     };
     let (std_tx, std_rx) = std::sync::mpsc::channel();
     let sync_thread = std::thread::Builder::new()

@@ -1,5 +1,6 @@
 //! The proxy's own HTTP servers: /healthz and /livez (default :10256), and
-//! /metrics, /proxyMode, /configz and /healthz (default 127.0.0.1:10249).
+//! /metrics, /proxyMode, /configz, /healthz and /debug/{services,explain}
+//! (default 127.0.0.1:10249; the debug endpoints are `debug.rs`).
 //!
 //! [`HealthState`] follows upstream's ProxyHealthServer: each IP family's
 //! proxier reports when an update was queued and when rules were last
@@ -458,15 +459,17 @@ pub async fn serve_health_on(
         })
 }
 
-/// Serves /metrics, /proxyMode, /configz and /healthz on `addr`.
+/// Serves /metrics, /proxyMode, /configz and /healthz on `addr`, and with
+/// `debug` /debug/services and /debug/explain.
 pub async fn serve_metrics(
     addr: SocketAddr,
     metrics: Metrics,
     mode: &'static str,
     configz: serde_json::Value,
+    debug: Option<crate::debug::DebugState>,
 ) -> Result<(), ServerError> {
     let listener = bind(addr).await?;
-    serve_metrics_on(listener, metrics, mode, configz).await
+    serve_metrics_on(listener, metrics, mode, configz, debug).await
 }
 
 /// As [`serve_metrics`], on a listener the caller bound.
@@ -475,11 +478,16 @@ pub async fn serve_metrics_on(
     metrics: Metrics,
     mode: &'static str,
     configz: serde_json::Value,
+    debug: Option<crate::debug::DebugState>,
 ) -> Result<(), ServerError> {
     if let Ok(a) = listener.local_addr() {
-        tracing::info!(address = %a, "serving /metrics, /proxyMode, /configz");
+        tracing::info!(address = %a, "serving /metrics, /proxyMode, /configz, /debug");
     }
-    axum::serve(listener, metrics_router(metrics, mode, configz))
+    let mut router = metrics_router(metrics, mode, configz);
+    if let Some(d) = debug {
+        router = router.merge(crate::debug::debug_router(d));
+    }
+    axum::serve(listener, router)
         .await
         .map_err(|source| ServerError::Serve {
             what: "metrics",

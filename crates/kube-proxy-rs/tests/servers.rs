@@ -185,7 +185,9 @@ async fn start_metrics(metrics: Metrics) -> SocketAddr {
     let listener = TcpListener::bind((LOCALHOST, 0)).await.unwrap();
     let addr = listener.local_addr().unwrap();
     let configz = serde_json::json!({"mode": "nftables", "bindAddress": "0.0.0.0"});
-    tokio::spawn(serve_metrics_on(listener, metrics, "nftables", configz));
+    tokio::spawn(serve_metrics_on(
+        listener, metrics, "nftables", configz, None,
+    ));
     addr
 }
 

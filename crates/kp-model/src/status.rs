@@ -1,0 +1,265 @@
+//! What `/debug/services` and `kube-proxy-rs status` show: the programmed
+//! state per Service port and family, with each endpoint's conditions and
+//! which traffic uses it (from [`EndpointSelection`]), as serde data and as a
+//! plain table like `kubectl get`.
+
+use std::fmt::Write;
+use std::net::IpAddr;
+
+use serde::Serialize;
+
+use crate::selection::EndpointSelection;
+use crate::tracker::ProxyState;
+use crate::types::{Endpoint, ServicePort};
+
+/// An endpoint and its conditions, as `/debug/services` and `explain`
+/// show them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointConditions {
+    /// `ip:port`.
+    pub address: String,
+    pub ready: bool,
+    pub serving: bool,
+    pub terminating: bool,
+    /// On this node.
+    pub local: bool,
+    pub node: Option<String>,
+    pub zone: Option<String>,
+}
+
+impl From<&Endpoint> for EndpointConditions {
+    fn from(ep: &Endpoint) -> Self {
+        EndpointConditions {
+            address: ep.addr_string(),
+            ready: ep.ready,
+            serving: ep.serving,
+            terminating: ep.terminating,
+            local: ep.is_local,
+            node: ep.node_name.clone(),
+            zone: ep.zone.clone(),
+        }
+    }
+}
+
+/// One endpoint of a Service port.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointStatus {
+    #[serde(flatten)]
+    pub endpoint: EndpointConditions,
+    /// Cluster-IP traffic may go to it.
+    pub internal: bool,
+    /// NodePort / external / LB traffic from outside may go to it.
+    pub external: bool,
+}
+
+/// One Service port of one family, as programmed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServicePortStatus {
+    /// `namespace/name:port`.
+    pub service_port: String,
+    pub protocol: String,
+    pub cluster_ip: IpAddr,
+    pub port: u16,
+    pub node_port: u16,
+    pub external_ips: Vec<IpAddr>,
+    pub load_balancer_ips: Vec<IpAddr>,
+    pub load_balancer_source_ranges: Vec<String>,
+    pub session_affinity_seconds: Option<u32>,
+    pub internal_traffic_policy: &'static str,
+    pub external_traffic_policy: &'static str,
+    pub health_check_node_port: u16,
+    pub endpoints: Vec<EndpointStatus>,
+}
+
+/// One family's programmed state and its last successful sync.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FamilyStatus {
+    pub family: String,
+    pub node: String,
+    pub zone: Option<String>,
+    /// RFC 3339; None before the first successful sync.
+    pub last_sync: Option<String>,
+    /// "full" or "partial".
+    pub last_sync_kind: Option<String>,
+    pub service_ports: Vec<ServicePortStatus>,
+}
+
+fn port_status(sp: &ServicePort, endpoints: &[Endpoint], state: &ProxyState) -> ServicePortStatus {
+    let sel = EndpointSelection::new(sp, endpoints, &state.node);
+    let contains = |set: &[&Endpoint], ep: &Endpoint| set.iter().any(|e| std::ptr::eq(*e, ep));
+    let policy = |local: bool| if local { "Local" } else { "Cluster" };
+    ServicePortStatus {
+        service_port: sp.name.to_string(),
+        protocol: sp.protocol.to_string(),
+        cluster_ip: sp.cluster_ip,
+        port: sp.port,
+        node_port: sp.node_port,
+        external_ips: sp.external_ips.clone(),
+        load_balancer_ips: sp.load_balancer_ips.clone(),
+        load_balancer_source_ranges: sp
+            .load_balancer_source_ranges
+            .iter()
+            .map(|n| n.to_string())
+            .collect(),
+        session_affinity_seconds: sp.session_affinity_timeout,
+        internal_traffic_policy: policy(sp.internal_policy_local),
+        external_traffic_policy: policy(sp.external_policy_local),
+        health_check_node_port: sp.health_check_node_port,
+        endpoints: endpoints
+            .iter()
+            .map(|ep| EndpointStatus {
+                endpoint: ep.into(),
+                internal: contains(sel.internal_endpoints(), ep),
+                external: contains(sel.external_endpoints(), ep),
+            })
+            .collect(),
+    }
+}
+
+/// The Service ports of `state` whose `namespace/name:port` starts with
+/// `filter` (all when None), in name order.
+pub fn service_ports(state: &ProxyState, filter: Option<&str>) -> Vec<ServicePortStatus> {
+    state
+        .services
+        .iter()
+        .filter(|(name, _)| filter.is_none_or(|f| name.to_string().starts_with(f)))
+        .map(|(name, sp)| port_status(sp, state.endpoints_of(name), state))
+        .collect()
+}
+
+fn or_dash(s: String) -> String {
+    if s.is_empty() {
+        "-".into()
+    } else {
+        s
+    }
+}
+
+fn join<T: std::fmt::Display>(v: &[T]) -> String {
+    v.iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Endpoint conditions in one word list: `ready`, `serving`, `terminating`,
+/// `local`, and which traffic uses it.
+fn endpoint_cell(s: &EndpointStatus) -> String {
+    let e = &s.endpoint;
+    let mut flags = Vec::new();
+    if e.ready {
+        flags.push("ready");
+    } else if e.serving {
+        flags.push("serving");
+    } else {
+        flags.push("unready");
+    }
+    if e.terminating {
+        flags.push("terminating");
+    }
+    if e.local {
+        flags.push("local");
+    }
+    if !s.internal && !s.external {
+        flags.push("unused");
+    }
+    format!("{}({})", e.address, flags.join(","))
+}
+
+/// A plain table, one header per family, one row per Service port.
+pub fn render_table(families: &[FamilyStatus]) -> String {
+    let mut o = String::new();
+    for f in families {
+        let _ = writeln!(
+            o,
+            "{}  node {}{}  last sync {}",
+            f.family,
+            f.node,
+            f.zone
+                .as_deref()
+                .map(|z| format!(" (zone {z})"))
+                .unwrap_or_default(),
+            match (&f.last_sync, &f.last_sync_kind) {
+                (Some(t), Some(k)) => format!("{t} ({k})"),
+                (Some(t), None) => t.clone(),
+                _ => "never".into(),
+            }
+        );
+        if f.service_ports.is_empty() {
+            let _ = writeln!(o, "  no Service ports\n");
+            continue;
+        }
+        let header = [
+            "SERVICE",
+            "PROTO",
+            "CLUSTER-IP",
+            "PORT",
+            "NODEPORT",
+            "EXTERNAL",
+            "POLICY",
+            "AFFINITY",
+            "ENDPOINTS",
+        ];
+        let rows: Vec<[String; 9]> = f
+            .service_ports
+            .iter()
+            .map(|s| {
+                let mut ext: Vec<String> = s.external_ips.iter().map(|i| i.to_string()).collect();
+                ext.extend(s.load_balancer_ips.iter().map(|i| format!("lb:{i}")));
+                [
+                    s.service_port.clone(),
+                    s.protocol.clone(),
+                    s.cluster_ip.to_string(),
+                    s.port.to_string(),
+                    if s.node_port == 0 {
+                        "-".into()
+                    } else {
+                        s.node_port.to_string()
+                    },
+                    or_dash(join(&ext)),
+                    format!(
+                        "i={},e={}",
+                        s.internal_traffic_policy, s.external_traffic_policy
+                    ),
+                    s.session_affinity_seconds
+                        .map(|t| format!("{t}s"))
+                        .unwrap_or_else(|| "-".into()),
+                    or_dash(
+                        s.endpoints
+                            .iter()
+                            .map(endpoint_cell)
+                            .collect::<Vec<_>>()
+                            .join(" "),
+                    ),
+                ]
+            })
+            .collect();
+        let mut width = header.map(str::len);
+        for r in &rows {
+            for (w, c) in width.iter_mut().zip(r.iter()).take(8) {
+                *w = (*w).max(c.len());
+            }
+        }
+        let line = |cells: Vec<&str>| {
+            let mut l = String::new();
+            for (i, c) in cells.iter().enumerate() {
+                if i == 8 {
+                    l.push_str(c);
+                } else {
+                    let _ = write!(l, "{:<w$}  ", c, w = width[i]);
+                }
+            }
+            l.trim_end().to_string()
+        };
+        let _ = writeln!(o, "{}", line(header.to_vec()));
+        for r in &rows {
+            let _ = writeln!(o, "{}", line(r.iter().map(String::as_str).collect()));
+        }
+        o.push('\n');
+    }
+    o
+}
