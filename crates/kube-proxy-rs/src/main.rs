@@ -139,11 +139,12 @@ async fn serve(
     let programmed = ProgrammedState::new();
     if let Some(addr) = cfg.healthz_bind_address {
         let (h, m) = (health.clone(), metrics.clone());
-        tokio::spawn(async move {
-            if let Err(e) = server::serve_health(addr, h, m).await {
-                tracing::error!("healthz server: {e}");
-            }
-        });
+        tokio::spawn(server::supervise(
+            "healthz",
+            metrics.clone(),
+            server::SERVER_RESTART_DELAY,
+            move || server::serve_health(addr, h.clone(), m.clone()),
+        ));
     }
     if let Some(addr) = cfg.metrics_bind_address {
         let m = metrics.clone();
@@ -156,11 +157,15 @@ async fn serve(
             node: cfg.hostname.clone(),
             iptables_backend: cfg.iptables_backend,
         };
-        tokio::spawn(async move {
-            if let Err(e) = server::serve_metrics(addr, m, mode, configz, Some(debug)).await {
-                tracing::error!("metrics server: {e}");
-            }
-        });
+        tokio::spawn(server::supervise(
+            "metrics",
+            metrics.clone(),
+            server::SERVER_RESTART_DELAY,
+            move || {
+                let (m, configz, debug) = (m.clone(), configz.clone(), debug.clone());
+                server::serve_metrics(addr, m, mode, configz, Some(debug))
+            },
+        ));
     }
     let hc_ips: Vec<IpAddr> = if cfg.bind_address.is_unspecified() {
         Vec::new()

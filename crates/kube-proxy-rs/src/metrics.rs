@@ -90,6 +90,7 @@ struct Inner {
     userspace_bytes: CounterVec,
     userspace_errors: CounterVec,
     source_connected: Gauge,
+    server_restarts: CounterVec,
 }
 
 /// All metrics of one process. Cheap to clone (shared).
@@ -288,6 +289,12 @@ impl Metrics {
             "Whether the API source is connected (1) or has lost the API server (0)",
             source_connected.clone(),
         );
+        let server_restarts = CounterVec::default();
+        r.register(
+            "kubeproxy_rs_server_restarts",
+            "Times the healthz or metrics server stopped or panicked and was started again, by server",
+            server_restarts.clone(),
+        );
         let build_info = GaugeVec::default();
         build_info
             .get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_string())])
@@ -330,6 +337,7 @@ impl Metrics {
                 userspace_bytes,
                 userspace_errors,
                 source_connected,
+                server_restarts,
             }),
         }
     }
@@ -564,6 +572,14 @@ impl Metrics {
             drop(i.healthz.get_or_create(&vec![("code", code.to_string())]));
             drop(i.livez.get_or_create(&vec![("code", code.to_string())]));
         }
+    }
+
+    /// The `server` ("healthz", "metrics") stopped and is started again.
+    pub fn inc_server_restart(&self, server: &str) {
+        self.inner
+            .server_restarts
+            .get_or_create(&vec![("server", server.to_string())])
+            .inc();
     }
 
     /// The API source lost (false) or regained (true) the API server.

@@ -432,6 +432,37 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
         .map_err(|source| ServerError::Bind { addr, source })
 }
 
+/// How long a stopped server waits before it is started again (upstream
+/// restarts its health and metrics servers every 5 s the same way).
+pub const SERVER_RESTART_DELAY: Duration = Duration::from_secs(5);
+
+/// Keeps a server running for the life of the process: when it stops (the
+/// port cannot be bound, serving fails) or its task panics, the reason is
+/// logged, counted in `kubeproxy_rs_server_restarts_total{server}`, and the
+/// server started again after `delay`, so a dead /healthz or /metrics never
+/// goes unnoticed. Returns only when the runtime cancels it (shutdown).
+pub async fn supervise<F, Fut>(what: &'static str, metrics: Metrics, delay: Duration, mut start: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), ServerError>> + Send + 'static,
+{
+    loop {
+        match tokio::spawn(start()).await {
+            Ok(Ok(())) => tracing::warn!(server = what, "server stopped; restarting"),
+            Ok(Err(e)) => {
+                tracing::error!(server = what, error = %e, ?delay, "server failed; restarting")
+            }
+            Err(e) if e.is_panic() => {
+                tracing::error!(server = what, ?delay, "server task panicked; restarting")
+            }
+            // Cancelled: the runtime is shutting down.
+            Err(_) => return,
+        }
+        metrics.inc_server_restart(what);
+        tokio::time::sleep(delay).await;
+    }
+}
+
 /// Serves /healthz and /livez on `addr` until the task is dropped.
 pub async fn serve_health(
     addr: SocketAddr,

@@ -421,3 +421,60 @@ async fn busy_health_port_is_retried_on_next_sync() {
         200
     );
 }
+
+/// A server whose task panics, or that cannot bind its port, is started
+/// again (and counted) until it serves: /healthz never stays dead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_or_panicked_server_is_started_again() {
+    use kube_proxy_rs::server::{serve_health, supervise};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let metrics = Metrics::new();
+    let state = Arc::new(HealthState::new(&[IpFamily::V4], Duration::from_secs(60)));
+    // The port is taken at first: binding fails until it is freed.
+    let blocker = std::net::TcpListener::bind((LOCALHOST, 0)).unwrap();
+    let addr = blocker.local_addr().unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (m, c) = (metrics.clone(), calls.clone());
+    let task = tokio::spawn(supervise(
+        "healthz",
+        metrics.clone(),
+        Duration::from_millis(50),
+        move || {
+            let n = c.fetch_add(1, Ordering::SeqCst);
+            let (st, m) = (state.clone(), m.clone());
+            async move {
+                if n == 0 {
+                    panic!("injected: the server task panics once");
+                }
+                serve_health(addr, st, m).await
+            }
+        },
+    ));
+    // A panic, then bind failures while the port is taken.
+    for _ in 0..200 {
+        if calls.load(Ordering::SeqCst) >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(calls.load(Ordering::SeqCst) >= 3);
+    drop(blocker);
+    let mut answered = None;
+    for _ in 0..200 {
+        if let Ok(r) = get(addr, "/healthz", None).await {
+            answered = Some(r.status);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(answered, Some(200), "the restarted server never answered");
+    let restarts = metrics
+        .encode()
+        .lines()
+        .find_map(|l| l.strip_prefix("kubeproxy_rs_server_restarts_total{server=\"healthz\"} "))
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert!(restarts >= 2.0, "restarts counted: {restarts}");
+    task.abort();
+}
