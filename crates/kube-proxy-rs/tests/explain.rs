@@ -1,7 +1,8 @@
 //! `kube-proxy-rs explain` and `status`, and the /debug endpoints behind
 //! them: offline from a manifest directory (no kernel), and live against the
 //! real binary in nftables mode in a throwaway network namespace (as root),
-//! including drift after one of our chains is deleted behind its back.
+//! including drift after one of our chains is deleted behind its back; and
+//! the same read-back in iptables mode (iptables-legacy).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -347,4 +348,115 @@ fn live_debug_endpoints_status_explain_and_drift() {
     let drift = ex["dataplane"]["drift"].as_array().unwrap();
     assert_eq!(drift.len(), 1, "{json}");
     assert!(drift[0].as_str().unwrap().contains(&svc_chain));
+}
+
+/// iptables mode: explain names the KUBE- chains the packet traverses, finds
+/// them in the kernel (`iptables -S` on the configured backend), and reports
+/// the one removed behind the proxy's back as drift.
+#[test]
+fn live_explain_reads_back_iptables_chains() {
+    let ns = format!("kpexpi{}", std::process::id());
+    let _ns = Ns::create(&ns);
+    let d = manifests("live-ipt");
+    let log = TempFile(std::env::temp_dir().join(format!("{ns}.log")));
+    let child = Command::new("ip")
+        .args(["netns", "exec", &ns, bin()])
+        .arg(format!("--manifests={}", d.0.display()))
+        .args([
+            "--proxy-mode=iptables",
+            "--iptables-backend=legacy",
+            "--hostname-override=node1",
+            "--cluster-cidr=10.244.0.0/16",
+            "--healthz-bind-address=",
+            "--metrics-bind-address=127.0.0.1:10249",
+            // No resync repairs the drift while the test looks at it.
+            "--iptables-sync-period=1h",
+        ])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log.0).unwrap())
+        .spawn()
+        .unwrap();
+    let _proc = Proc(child);
+    let logs = || std::fs::read_to_string(&log.0).unwrap_or_default();
+    let explain = || -> serde_json::Value {
+        let out = in_ns(
+            &ns,
+            &[
+                bin(),
+                "explain",
+                "10.244.1.9",
+                "10.96.0.10:80",
+                "-o",
+                "json",
+            ],
+        );
+        serde_json::from_slice(&out.stdout).unwrap_or_default()
+    };
+    let mut ex = serde_json::Value::Null;
+    assert!(
+        wait_until(Duration::from_secs(30), Duration::from_millis(300), || {
+            ex = explain();
+            ex["dataplane"]["chains"]
+                .as_array()
+                .is_some_and(|c| !c.is_empty() && c.iter().all(|c| c["present"] == true))
+        }),
+        "explain never found every chain in the kernel: {ex}\nlog:\n{}",
+        logs()
+    );
+    assert_eq!(ex["matched"]["kind"], "ClusterIP");
+    assert_eq!(ex["dataplane"]["mode"], "iptables");
+    assert_eq!(
+        ex["dataplane"]["drift"].as_array().unwrap().len(),
+        0,
+        "{ex}"
+    );
+    let names: Vec<String> = ex["dataplane"]["chains"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["chain"].as_str().unwrap().to_string())
+        .collect();
+    assert!(names.iter().any(|n| n == "KUBE-SERVICES"), "{names:?}");
+    let svc = names
+        .iter()
+        .find(|n| n.starts_with("KUBE-SVC-"))
+        .unwrap_or_else(|| panic!("no KUBE-SVC- chain in {names:?}"));
+    let sep = names
+        .iter()
+        .find(|n| n.starts_with("KUBE-SEP-"))
+        .unwrap_or_else(|| panic!("no KUBE-SEP- chain in {names:?}"));
+    // Empty every chain that jumps to the endpoint chain, then delete it, as
+    // a stray firewall tool would.
+    let ipt = |args: &[&str]| {
+        let mut argv = vec!["iptables-legacy", "-t", "nat"];
+        argv.extend(args);
+        let out = in_ns(&ns, &argv);
+        assert!(
+            out.status.success(),
+            "{argv:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let rules = ipt(&["-S"]);
+    let jump = format!("-j {sep}");
+    let referrers: std::collections::BTreeSet<String> = rules
+        .lines()
+        .filter(|l| l.starts_with("-A ") && l.contains(&jump))
+        .filter_map(|l| l.split_whitespace().nth(1).map(str::to_string))
+        .collect();
+    assert!(referrers.contains(svc.as_str()), "{rules}");
+    for chain in &referrers {
+        ipt(&["-F", chain]);
+    }
+    ipt(&["-F", sep]);
+    ipt(&["-X", sep]);
+    let ex = explain();
+    let drift: Vec<&str> = ex["dataplane"]["drift"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|d| d.as_str())
+        .collect();
+    assert!(drift.iter().any(|d| d.contains(sep.as_str())), "{ex}");
 }
