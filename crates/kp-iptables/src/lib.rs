@@ -7,6 +7,11 @@
 //! the chains of changed services (upstream's MinimizeIPTablesRestore), through
 //! `iptables-restore --noflush`. The layout is described in docs/iptables.md.
 
+// Data from outside (API objects, files, the kernel) must never panic the
+// proxy: no unwrap/expect outside tests (issue 19).
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
 mod backend;
 pub mod leftovers;
 mod proxier;

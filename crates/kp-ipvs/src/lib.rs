@@ -11,6 +11,11 @@
 //! rtnetlink (kube-ipvs0), `ipset restore` and `iptables-restore`.
 //! docs/ipvs.md describes the layout.
 
+// Data from outside (API objects, files, the kernel) must never panic the
+// proxy: no unwrap/expect outside tests (issue 19).
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
 mod ipset;
 mod ipvs;
 mod kernel;

@@ -7,6 +7,11 @@
 //! updates into one [`ChangeSet`] per sync. Nothing in this crate does I/O, so
 //! it is tested fast and fuzzed. [`testing`] has builders for tests.
 
+// Data from outside (API objects, files, the kernel) must never panic the
+// proxy: no unwrap/expect outside tests (issue 19).
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod claims;
 mod convert;
 mod dataplane;

@@ -22,6 +22,11 @@
 //! IPVS and rtnetlink messages are hand-encoded with [`Attrs`] (their bytes
 //! are pinned by tests), conntrack's with netlink-packet-netfilter.
 
+// Data from outside (API objects, files, the kernel) must never panic the
+// proxy: no unwrap/expect outside tests (issue 19).
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
 mod build;
 pub mod ifaddr;
 mod parse;

@@ -7,6 +7,11 @@
 //! `nft -f` and --dry-run get them as nft text. The layout is described in
 //! docs/nftables.md.
 
+// Data from outside (API objects, files, the kernel) must never panic the
+// proxy: no unwrap/expect outside tests (issue 19).
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
 mod backend;
 mod netlink;
 mod proxier;

@@ -4,6 +4,11 @@
 //! feeds them to the model's change tracker. A source never flushes anything by
 //! itself: after a relist it sends deletions only for objects that really went away.
 
+// Data from outside (API objects, files, the kernel) must never panic the
+// proxy: no unwrap/expect outside tests (issue 19).
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
 use std::path::PathBuf;
 
 use k8s_openapi::api::core::v1::{Node, Service};

@@ -15,6 +15,11 @@
 //! No dataplane crate is a dependency: dataplanes come in as
 //! `Box<dyn kp_model::Dataplane>`.
 
+// Data from outside (API objects, files, the kernel) must never panic the
+// proxy: no unwrap/expect outside tests (issue 19).
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod clock;
 pub mod conntrack;
 pub mod hostports;

@@ -10,6 +10,11 @@
 //! only NodePorts and Service IPs that are already local are served.
 //! docs/userspace.md describes the mode.
 
+// Data from outside (API objects, files, the kernel) must never panic the
+// proxy: no unwrap/expect outside tests (issue 19).
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod balancer;
 pub mod flows;
 pub mod netlink;

@@ -2,6 +2,11 @@
 //! (`modes/`), the HTTP servers and metrics. `main.rs` wires them together;
 //! the sync loop is kp-sync.
 
+// Data from outside (API objects, files, the kernel) must never panic the
+// proxy: no unwrap/expect outside tests (issue 19).
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod apiclient;
 pub mod cleanup;
 pub mod config;

@@ -4,6 +4,11 @@
 //! (kp-sync). `--init-only` is `host::init_only`; NodeCIDR waiting is
 //! `nodecidr.rs`.
 
+// Data from outside (API objects, files, the kernel) must never panic the
+// proxy: no unwrap/expect outside tests (issue 19).
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
 use std::net::IpAddr;
 use std::sync::Arc;
 

@@ -8,6 +8,11 @@
 //! kp-docgen man              > /usr/share/man/man8/kube-proxy-rs.8
 //! ```
 
+// Data from outside (API objects, files, the kernel) must never panic the
+// proxy: no unwrap/expect outside tests (issue 19).
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
 use std::io::Write;
 use std::str::FromStr;
 
