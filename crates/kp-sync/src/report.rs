@@ -22,6 +22,10 @@ pub trait SyncMetrics: Send {
     /// Address claims refused this sync: lost to a host process listening
     /// there, or to another Service (kp_model::claims).
     fn claims_refused(&self, _family: IpFamily, _to_host: u64, _to_service: u64) {}
+    /// One newly refused claim (also counted in `claims_refused`): the binary
+    /// posts a Warning Event on the Service, so its owner sees why the
+    /// address does not answer.
+    fn claim_refused(&self, _family: IpFamily, _claim: &kp_model::RefusedClaim) {}
     /// `family` synced successfully in `secs`.
     fn synced(&self, family: IpFamily, report: &SyncReport, secs: f64);
     /// A change reached the kernel `secs` after its trigger time.

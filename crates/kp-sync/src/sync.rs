@@ -282,6 +282,7 @@ impl SyncLoop {
                         to_host += 1;
                     }
                     tracing::warn!(family = %fam, claim = %r, "address claim refused; the address keeps its owner");
+                    self.metrics.claim_refused(fam, r);
                 }
                 self.metrics
                     .claims_refused(fam, to_host, cs.refused.len() as u64 - to_host);

@@ -64,3 +64,48 @@ pub async fn birth_cry(client: kube::Client, node: String) {
         }
     }
 }
+
+/// Reason of the Warning Event posted on a Service whose address claim was
+/// refused (an externalIP or LoadBalancer IP that another Service owns, or a
+/// node address and port a host process listens on).
+pub const CLAIM_REFUSED_REASON: &str = "AddressClaimRefused";
+pub const CLAIM_REFUSED_ACTION: &str = "ProgramAddress";
+
+/// Posts each refused claim as a Warning Event on its Service (the sync loop
+/// already logged it and counted kubeproxy_rs_refused_claims_total). Runs
+/// until the sender is dropped; a failed post is logged, never fatal.
+pub async fn post_claim_events(
+    client: kube::Client,
+    node: String,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<kp_model::RefusedClaim>,
+) {
+    let recorder = Recorder::new(
+        client,
+        Reporter {
+            controller: CONTROLLER.into(),
+            instance: Some(node),
+        },
+    );
+    while let Some(claim) = rx.recv().await {
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Service".into()),
+            namespace: Some(claim.service.service.namespace.clone()),
+            name: Some(claim.service.service.name.clone()),
+            ..Default::default()
+        };
+        // The API server caps an Event's note at 1 kB.
+        let mut note = format!("{claim}: the address is not programmed for this Service");
+        note.truncate(1000);
+        let ev = Event {
+            type_: EventType::Warning,
+            reason: CLAIM_REFUSED_REASON.into(),
+            note: Some(note),
+            action: CLAIM_REFUSED_ACTION.into(),
+            secondary: None,
+        };
+        if let Err(e) = recorder.publish(&ev, &reference).await {
+            tracing::warn!(error = %e, claim = %claim, "could not post the refused-claim event");
+        }
+    }
+}

@@ -133,7 +133,11 @@ async fn serve(
     pod_cidr_watch: Option<PodCidrWatch>,
     proxier_configs: Vec<ProxierConfig>,
 ) -> Result<()> {
-    let mut rx = source::start_source(&cfg).await?;
+    // Refused address claims: counted by the sync loop, posted as Events on
+    // their Services by the API source side (events.rs).
+    let (claim_tx, claim_rx) = tokio::sync::mpsc::unbounded_channel();
+    metrics.forward_claim_events(claim_tx);
+    let mut rx = source::start_source(&cfg, claim_rx).await?;
 
     if cfg.dry_run {
         dryrun::dry_run(&cfg, rx, &dataplanes).await;

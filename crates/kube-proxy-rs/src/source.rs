@@ -31,7 +31,12 @@ pub async fn kube_client(cfg: &ProxyConfig) -> Result<kube::Client> {
 }
 
 /// Starts the configured source; events arrive on the returned channel.
-pub async fn start_source(cfg: &ProxyConfig) -> Result<tokio::sync::mpsc::Receiver<SourceEvent>> {
+/// With the API server, refused address claims arriving on `claim_events`
+/// are posted as Events on their Services.
+pub async fn start_source(
+    cfg: &ProxyConfig,
+    claim_events: tokio::sync::mpsc::UnboundedReceiver<kp_model::RefusedClaim>,
+) -> Result<tokio::sync::mpsc::Receiver<SourceEvent>> {
     let (tx, rx) = tokio::sync::mpsc::channel(4096);
     if let Some(dir) = cfg.manifests.clone() {
         if !dir.is_dir() {
@@ -52,6 +57,11 @@ pub async fn start_source(cfg: &ProxyConfig) -> Result<tokio::sync::mpsc::Receiv
             tokio::spawn(crate::events::birth_cry(
                 client.clone(),
                 cfg.hostname.clone(),
+            ));
+            tokio::spawn(crate::events::post_claim_events(
+                client.clone(),
+                cfg.hostname.clone(),
+                claim_events,
             ));
         }
         let opts = kp_source::api::ApiSourceOptions {
