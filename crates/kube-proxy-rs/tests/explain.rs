@@ -199,28 +199,35 @@ fn in_ns(ns: &str, args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// The proxy in namespace `ns` reading `dir`, with `extra` flags; its stderr
+/// goes to `log`. Every test's proxy: node1, the pod CIDR, metrics on the
+/// namespace's loopback, and no resync repairing drift while a test looks.
+fn spawn_proxy(ns: &str, dir: &Path, log: &Path, extra: &[&str]) -> Proc {
+    let child = Command::new("ip")
+        .args(["netns", "exec", ns, bin()])
+        .arg(format!("--manifests={}", dir.display()))
+        .args(extra)
+        .args([
+            "--hostname-override=node1",
+            "--cluster-cidr=10.244.0.0/16",
+            "--healthz-bind-address=",
+            "--metrics-bind-address=127.0.0.1:10249",
+            "--iptables-sync-period=1h",
+        ])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap();
+    Proc(child)
+}
+
 #[test]
 fn live_debug_endpoints_status_explain_and_drift() {
     let ns = format!("kpexp{}", std::process::id());
     let _ns = Ns::create(&ns);
     let d = manifests("live");
     let log = TempFile(std::env::temp_dir().join(format!("{ns}.log")));
-    let child = Command::new("ip")
-        .args(["netns", "exec", &ns, bin()])
-        .arg(format!("--manifests={}", d.0.display()))
-        .args([
-            "--hostname-override=node1",
-            "--cluster-cidr=10.244.0.0/16",
-            "--healthz-bind-address=",
-            "--metrics-bind-address=127.0.0.1:10249",
-            // No resync repairs the drift while the test looks at it.
-            "--iptables-sync-period=1h",
-        ])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log.0).unwrap())
-        .spawn()
-        .unwrap();
-    let _proc = Proc(child);
+    let _proc = spawn_proxy(&ns, &d.0, &log.0, &[]);
     let get = |path: &str| {
         in_netns(&ns, || http_get("127.0.0.1:10249", path))
             .ok()
@@ -359,24 +366,12 @@ fn live_explain_reads_back_iptables_chains() {
     let _ns = Ns::create(&ns);
     let d = manifests("live-ipt");
     let log = TempFile(std::env::temp_dir().join(format!("{ns}.log")));
-    let child = Command::new("ip")
-        .args(["netns", "exec", &ns, bin()])
-        .arg(format!("--manifests={}", d.0.display()))
-        .args([
-            "--proxy-mode=iptables",
-            "--iptables-backend=legacy",
-            "--hostname-override=node1",
-            "--cluster-cidr=10.244.0.0/16",
-            "--healthz-bind-address=",
-            "--metrics-bind-address=127.0.0.1:10249",
-            // No resync repairs the drift while the test looks at it.
-            "--iptables-sync-period=1h",
-        ])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log.0).unwrap())
-        .spawn()
-        .unwrap();
-    let _proc = Proc(child);
+    let _proc = spawn_proxy(
+        &ns,
+        &d.0,
+        &log.0,
+        &["--proxy-mode=iptables", "--iptables-backend=legacy"],
+    );
     let logs = || std::fs::read_to_string(&log.0).unwrap_or_default();
     let explain = || -> serde_json::Value {
         let out = in_ns(
