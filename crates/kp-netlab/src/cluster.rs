@@ -263,6 +263,17 @@ impl Cluster {
         ];
         all.extend_from_slice(sysctls);
         sysctl_in(ns, &all)?;
+        // Nor the namespace's overall ICMP budget (1,000/s, bursts of 50),
+        // which parallel tests flooding rejects ran dry. Best effort: older
+        // kernels (the IPVS VM's 6.1) keep it host-wide, outside any
+        // namespace's reach.
+        let _ = sysctl_in(
+            ns,
+            &[
+                ("net.ipv4.icmp_msgs_per_sec", "1000000"),
+                ("net.ipv4.icmp_msgs_burst", "100000"),
+            ],
+        );
         ip_in(ns, &["link", "set", "lo", "up"])?;
         Ok(())
     }
