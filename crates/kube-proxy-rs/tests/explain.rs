@@ -4,8 +4,6 @@
 //! including drift after one of our chains is deleted behind its back; and
 //! the same read-back in iptables mode (iptables-legacy).
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
@@ -13,7 +11,7 @@ use std::time::Duration;
 use kp_netlab::{in_netns, wait_until};
 
 mod scratch;
-use scratch::{Ns, Proc, TempFile};
+use scratch::{http_get, Ns, Proc, TempFile};
 
 const MANIFEST: &str = r#"
 apiVersion: v1
@@ -174,21 +172,6 @@ fn explain_usage_errors() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("connecting to kube-proxy-rs"));
-}
-
-fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect(addr)?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw)?;
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    Ok((code, body.to_string()))
 }
 
 fn in_ns(ns: &str, args: &[&str]) -> Output {

@@ -5,8 +5,6 @@
 //! (run in a throwaway network namespace, as root).
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -14,7 +12,7 @@ use std::time::Duration;
 use kp_netlab::{in_netns, wait_until};
 
 mod scratch;
-use scratch::{Ns, Proc, TempFile};
+use scratch::{http_get, Ns, Proc, TempFile};
 
 fn monitoring_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/monitoring")
@@ -128,15 +126,6 @@ items:
   - {addresses: [10.244.1.2], nodeName: node1, conditions: {ready: true}}
 "#;
 
-fn http_get(addr: &str, path: &str) -> std::io::Result<String> {
-    let mut s = TcpStream::connect(addr)?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
-    let mut body = String::new();
-    s.read_to_string(&mut body)?;
-    Ok(body)
-}
-
 #[test]
 fn dashboard_and_rules_use_only_exported_metrics() {
     let ns = format!("kpmon{}", std::process::id());
@@ -160,10 +149,12 @@ fn dashboard_and_rules_use_only_exported_metrics() {
         .unwrap();
     let _proc = Proc(child);
     let scrape = || {
-        in_netns(&ns, || http_get("127.0.0.1:10249", "/metrics"))
-            .ok()
-            .and_then(Result::ok)
-            .unwrap_or_default()
+        in_netns(&ns, || {
+            http_get("127.0.0.1:10249", "/metrics").map(|(_, body)| body)
+        })
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default()
     };
     let mut metrics = String::new();
     // After the first sync every family the dashboard uses is declared.
