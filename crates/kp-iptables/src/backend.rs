@@ -5,6 +5,8 @@ use std::process::{Command, Stdio};
 
 use kp_model::{DataplaneError, IpFamily};
 
+use crate::render::{missing_jumps, Jump};
+
 /// What the proxier needs from iptables. The CLI is the implementation; tests
 /// may record calls instead.
 pub trait IptablesBackend: Send {
@@ -21,6 +23,23 @@ pub trait IptablesBackend: Send {
             .iter()
             .map(|c| format!(":{c} - [0:0]\n"))
             .collect())
+    }
+    /// What a full sync needs to know of `table`: its chains, and which of
+    /// `jumps` (those of this table) are missing. One `iptables-save` here;
+    /// backends that can ask more cheaply do.
+    fn survey(
+        &mut self,
+        table: &str,
+        jumps: &[Jump],
+    ) -> Result<(Vec<String>, Vec<Jump>), DataplaneError> {
+        let saved = self.save_table(table)?;
+        Ok((
+            chain_names(&saved).map(String::from).collect(),
+            missing_jumps(jumps, table, &saved)
+                .into_iter()
+                .cloned()
+                .collect(),
+        ))
     }
     /// Whether `chain` exists in `table` (`iptables -S CHAIN`; cheap).
     fn chain_exists(&mut self, table: &str, chain: &str) -> Result<bool, DataplaneError>;

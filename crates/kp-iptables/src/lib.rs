@@ -14,10 +14,12 @@
 
 mod backend;
 pub mod leftovers;
+mod nft;
 mod proxier;
 mod render;
 
-pub use backend::{detect_variant, IptablesBackend, IptablesCli, Variant};
+pub use backend::{chain_names, detect_variant, IptablesBackend, IptablesCli, Variant};
+pub use nft::IptablesNetlink;
 pub use proxier::{init_host, IptablesProxier};
 pub use render::{
     comment, is_our_chain, jumps, missing_jumps, packet_chains, probability, render_service,

@@ -11,10 +11,10 @@ use kp_model::{
 
 use kp_netlink::{Sysctl, SysctlError};
 
-use crate::backend::{chain_names, IptablesBackend};
+use crate::backend::IptablesBackend;
 use crate::render::{
-    is_our_chain, jumps, missing_jumps, render_service, with_jumps, ServiceRules, Skeleton,
-    CANARY_CHAIN, FILTER_CHAINS, MANGLE_CHAINS, NAT_CHAINS,
+    is_our_chain, jumps, render_service, with_jumps, Jump, ServiceRules, Skeleton, CANARY_CHAIN,
+    FILTER_CHAINS, MANGLE_CHAINS, NAT_CHAINS,
 };
 
 const ROUTE_LOCALNET: &str = "net/ipv4/conf/all/route_localnet";
@@ -207,22 +207,23 @@ impl IptablesProxier {
         // over from a previous run (or from a sync whose partial write failed),
         // as upstream finds them, and which jumps from the builtin chains are
         // missing.
-        let nat = self.backend.save_table("nat")?;
-        let filter = self.backend.save_table("filter")?;
-        let delete: BTreeSet<String> = chain_names(&nat)
-            .filter(|c| is_our_chain("nat", c) && !NAT_CHAINS.contains(c))
-            .filter(|c| !write.contains(c))
-            .map(str::to_string)
-            .collect();
         let jumps = jumps();
-        let mut missing = missing_jumps(&jumps, "filter", &filter);
-        missing.extend(missing_jumps(&jumps, "nat", &nat));
+        let (nat_chains, mut missing) = self.backend.survey("nat", &jumps)?;
+        let (_, filter_missing) = self.backend.survey("filter", &jumps)?;
+        missing.extend(filter_missing);
+        let delete: BTreeSet<String> = nat_chains
+            .iter()
+            .filter(|c| is_our_chain("nat", c) && !NAT_CHAINS.contains(&c.as_str()))
+            .filter(|c| !write.contains(c.as_str()))
+            .cloned()
+            .collect();
         let mut r = self.script(&services, &write, &delete, true);
         if !missing.is_empty() {
             // In the same restore as the chains they lead to: a separate
             // `iptables -C`/`-I` against a large table costs as much as the
             // restore itself.
             r.lines += missing.len();
+            let missing: Vec<&Jump> = missing.iter().collect();
             r.text = with_jumps(&r.text, &missing);
         }
         Ok((services, r))

@@ -29,6 +29,7 @@
 
 mod build;
 pub mod ifaddr;
+pub mod nftables;
 mod parse;
 mod socket;
 pub mod sysctl;

@@ -7,17 +7,15 @@
 //! if nft had added them; tests/netlink.rs compares the two in the kernel.
 
 use kp_model::Protocol;
-use kp_netlink::{Attrs, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST};
+use kp_netlink::{Attrs, NLM_F_APPEND, NLM_F_CREATE, NLM_F_EXCL};
 use thiserror::Error;
 
 use super::expr::{self, addr_bytes, encode_rule, put_elem_value, Family};
-use super::nla::{
-    msg, put_msg, udata, NftAttrs, NFNL_MSG_BATCH_BEGIN, NFNL_MSG_BATCH_END, NFNL_SUBSYS_NFTABLES,
-};
 use crate::types::{
     clean, AddrValue, ChainType, DType, ElemKey, Expr, Hook, NumgenValue, Object, Op, Set, SetType,
     Transaction, Verb,
 };
+use kp_netlink::nftables::{self, msg, udata, NftAttrs};
 
 /// An operation the encoder cannot turn into netlink (the transaction is not
 /// sent). `line` is the operation's 1-based line in the transaction's nft text.
@@ -29,65 +27,30 @@ pub struct EncodeError {
     pub why: String,
 }
 
-/// One encoded transaction: the batch bytes and which operation each message
-/// came from.
+/// One encoded transaction: the batch, whose operations are 1-based lines of
+/// the transaction's nft text, and the anonymous set ids it used.
 pub struct Batch {
-    pub buf: Vec<u8>,
-    /// (sequence number, 1-based operation) for every message between BEGIN
-    /// and END.
-    pub lines: Vec<(u32, usize)>,
-    pub begin_seq: u32,
-    seq: u32,
+    pub inner: nftables::Batch,
     set_id: u32,
 }
 
 impl Batch {
     fn new(seq0: u32, capacity: usize) -> Batch {
-        let mut b = Batch {
-            buf: Vec::with_capacity(capacity),
-            lines: Vec::new(),
-            begin_seq: seq0,
-            seq: seq0,
+        Batch {
+            inner: nftables::Batch::new(seq0, capacity),
             set_id: 0,
-        };
-        put_msg(
-            &mut b.buf,
-            NFNL_MSG_BATCH_BEGIN,
-            NLM_F_REQUEST,
-            seq0,
-            0,
-            NFNL_SUBSYS_NFTABLES,
-            &[],
-        );
-        b
+        }
     }
 
     fn push(&mut self, line: usize, fam: Family, ty: u16, flags: u16, attrs: &Attrs) {
-        self.seq = self.seq.wrapping_add(1);
-        put_msg(
-            &mut self.buf,
-            (NFNL_SUBSYS_NFTABLES << 8) | ty,
-            NLM_F_REQUEST | NLM_F_ACK | flags,
-            self.seq,
-            fam.nfproto(),
-            0,
-            attrs.as_bytes(),
-        );
-        self.lines.push((self.seq, line));
+        self.inner.push(line, fam.nfproto(), ty, flags, attrs);
     }
 
-    fn finish(mut self) -> Batch {
-        self.seq = self.seq.wrapping_add(1);
-        put_msg(
-            &mut self.buf,
-            NFNL_MSG_BATCH_END,
-            NLM_F_REQUEST,
-            self.seq,
-            0,
-            NFNL_SUBSYS_NFTABLES,
-            &[],
-        );
-        self
+    fn finish(self) -> Batch {
+        Batch {
+            inner: self.inner.finish(),
+            set_id: self.set_id,
+        }
     }
 
     /// A fresh set id for this batch (anonymous sets are found by id).
@@ -98,11 +61,11 @@ impl Batch {
 
     /// Messages in the batch, BEGIN and END excluded.
     pub fn len(&self) -> usize {
-        self.lines.len()
+        self.inner.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.lines.is_empty()
+        self.inner.is_empty()
     }
 }
 

@@ -8,10 +8,11 @@ use ipnet::IpNet;
 use kp_model::{IpFamily, Protocol};
 use kp_netlink::{Attrs, Nest};
 
-use super::nla::{udata, NftAttrs};
 use crate::types::{
     clean, Addr, AddrValue, CtState, ElemValue, Expr, KeyField, MarkOp, Rule, Verdict,
 };
+use kp_netlink::nftables::expr::{bitwise, cmp, ex, meta_load, payload};
+use kp_netlink::nftables::{udata, NftAttrs};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
@@ -117,45 +118,6 @@ fn reg(word: usize) -> u32 {
     } else {
         8 + word as u32
     }
-}
-
-fn ex(name: &str, f: impl FnOnce(&mut Attrs)) -> Attrs {
-    let mut a = Attrs::default();
-    let e = a.begin_nest(1);
-    a.str(1, name);
-    let d = a.begin_nest(2);
-    f(&mut a);
-    a.end_nest(d);
-    a.end_nest(e);
-    a
-}
-
-fn payload(base: u32, offset: u32, len: u32, dreg: u32) -> Attrs {
-    ex("payload", |a| {
-        a.u32be(1, dreg)
-            .u32be(2, base)
-            .u32be(3, offset)
-            .u32be(4, len);
-    })
-}
-
-fn meta_load(key: u32, dreg: u32) -> Attrs {
-    ex("meta", |a| {
-        a.u32be(2, key).u32be(1, dreg);
-    })
-}
-
-fn cmp(sreg: u32, neq: bool, data: &[u8]) -> Attrs {
-    ex("cmp", |a| {
-        a.u32be(1, sreg).u32be(2, neq as u32).data_value(3, data);
-    })
-}
-
-fn bitwise(reg: u32, mask: &[u8], xor: &[u8]) -> Attrs {
-    ex("bitwise", |a| {
-        a.u32be(1, reg).u32be(2, reg).u32be(3, mask.len() as u32);
-        a.data_value(4, mask).data_value(5, xor);
-    })
 }
 
 fn lookup(sreg: u32, dreg: Option<u32>, set: &str, id: Option<u32>, inv: bool) -> Attrs {

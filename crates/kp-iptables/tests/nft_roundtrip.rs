@@ -1,0 +1,431 @@
+//! iptables-nft over netlink against `iptables-nft-restore`, in the kernel.
+//!
+//! Every rule shape the renderer emits (every Service kind, TCP/UDP/SCTP,
+//! both families, every local-traffic detector and NodePort address
+//! setting) is synced through [`IptablesNetlink`] in one namespace and through
+//! `iptables-nft-restore` in another, for a first sync, endpoint changes,
+//! Service deletions and a forced full sync. After each step both kernels
+//! must hold the same rules byte for byte (every expression of every rule,
+//! counters aside) and `iptables-nft-save` must print the same text. A
+//! shape encoded differently from iptables-nft fails here.
+//!
+//! Runs as root, only inside namespaces it creates.
+
+use std::collections::BTreeSet;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+
+use kp_iptables::{chain_names, IptablesBackend, IptablesCli, IptablesNetlink, IptablesProxier};
+use kp_model::testing::ServicePortBuilder;
+use kp_model::{
+    Dataplane, Endpoint, IpFamily, LocalDetector, NodeInfo, Protocol, ProxierConfig, ProxyState,
+    ServicePort, ServicePortName,
+};
+use kp_netlab::in_netns;
+
+/// (table, chain, each rule's expressions).
+type ChainRules = (String, String, Vec<Vec<Vec<u8>>>);
+
+/// A network namespace and wrappers that run iptables-nft inside it; removed
+/// on drop, also when the test fails.
+struct Netns {
+    name: String,
+    dir: PathBuf,
+}
+
+impl Netns {
+    fn new(tag: &str) -> Netns {
+        let name = format!("kpiptnl-{}-{tag}", std::process::id());
+        let _ = Command::new("ip").args(["netns", "del", &name]).status();
+        let ok = Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "ip netns add {name}");
+        let dir = std::env::temp_dir().join(&name);
+        std::fs::create_dir_all(&dir).unwrap();
+        for b in ["iptables", "ip6tables"] {
+            for suffix in ["", "-restore", "-save"] {
+                let path = dir.join(format!("{b}{suffix}"));
+                std::fs::write(
+                    &path,
+                    format!("#!/bin/sh\nexec ip netns exec {name} {b}-nft{suffix} \"$@\"\n"),
+                )
+                .unwrap();
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+            }
+        }
+        Netns { name, dir }
+    }
+
+    fn cli(&self, family: IpFamily) -> IptablesCli {
+        let b = base(family);
+        let p = |s: &str| self.dir.join(format!("{b}{s}")).display().to_string();
+        IptablesCli::with_programs(family, &p(""), &p("-restore"), &p("-save"))
+    }
+
+    fn run(&self, argv: &[&str]) -> String {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.name])
+            .args(argv)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{argv:?}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    }
+
+    /// iptables-nft-save without its dated comment lines.
+    fn save(&self, family: IpFamily) -> String {
+        let text = self.run(&[&format!("{}-nft-save", base(family))]);
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| format!("{l}\n"))
+            .collect()
+    }
+
+    /// Every rule of every table, as the kernel holds it.
+    fn rules(&self, family: IpFamily) -> Vec<ChainRules> {
+        let saved = self.save(family);
+        let mut out = Vec::new();
+        let mut table = String::new();
+        let mut chains: Vec<(String, String)> = Vec::new();
+        for l in saved.lines() {
+            if let Some(t) = l.strip_prefix('*') {
+                table = t.to_string();
+            }
+            for c in chain_names(&format!("{l}\n")) {
+                chains.push((table.clone(), c.to_string()));
+            }
+        }
+        in_netns(&self.name, || {
+            let mut nl = IptablesNetlink::new(family);
+            for (t, c) in chains {
+                let r = nl.rule_expressions(&t, &c).unwrap();
+                out.push((t, c, r));
+            }
+        })
+        .unwrap();
+        out
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn base(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::V4 => "iptables",
+        IpFamily::V6 => "ip6tables",
+    }
+}
+
+fn service(name: &str, cip: &str) -> ServicePortBuilder {
+    ServicePort::builder("default", name)
+        .port_name("p")
+        .cluster_ip(cip)
+}
+
+fn state(family: IpFamily, services: &[(ServicePort, Vec<Endpoint>)]) -> ProxyState {
+    let mut st = ProxyState::new(family, NodeInfo::named("node1"));
+    for (s, eps) in services {
+        st.endpoints.insert(s.name.clone(), Arc::new(eps.clone()));
+        st.services.insert(s.name.clone(), Arc::new(s.clone()));
+    }
+    st
+}
+
+/// One Service of every kind the renderer distinguishes.
+fn every_kind(family: IpFamily) -> Vec<(ServicePort, Vec<Endpoint>)> {
+    let v6 = family == IpFamily::V6;
+    let (c, x) = if v6 {
+        ("fd00:96::", "2001:db8::")
+    } else {
+        ("10.96.0.", "203.0.113.")
+    };
+    let e = |n: u8, local: bool| {
+        let ip = if v6 {
+            format!("[fd00:244::{n}]:8080")
+        } else {
+            format!("10.244.1.{n}:8080")
+        };
+        let ep = Endpoint::at(&ip);
+        if local {
+            ep.local()
+        } else {
+            ep
+        }
+    };
+    let eps = || vec![e(5, true), e(6, false), e(7, false)];
+    let ip = |s: &str| format!("{x}{s}");
+    let range = if v6 {
+        "2001:db8:1::/64"
+    } else {
+        "10.100.0.0/24"
+    };
+    let node_range = if v6 {
+        "fd00:10::/64"
+    } else {
+        "192.168.10.0/24"
+    };
+    let svc = |name: &str, n: u8| service(name, &format!("{c}{n}"));
+    vec![
+        (svc("web", 1), eps()),
+        (svc("np", 2).node_port(30080), eps()),
+        (
+            svc("lb", 3)
+                .node_port(30081)
+                .load_balancer_ips(&[&ip("20")])
+                .source_ranges(&[range, node_range])
+                .external_ips(&[&ip("10")]),
+            eps(),
+        ),
+        (
+            svc("etp", 4)
+                .node_port(30082)
+                .load_balancer_ips(&[&ip("21")])
+                .local_external()
+                .health_check_node_port(32100),
+            eps(),
+        ),
+        (
+            svc("etpnone", 9).node_port(30084).local_external(),
+            vec![e(6, false)],
+        ),
+        (svc("itp", 5).local_internal(), eps()),
+        (svc("itpnone", 10).local_internal(), vec![e(6, false)]),
+        (svc("aff", 6).affinity(600).node_port(30085), eps()),
+        (
+            svc("none", 7)
+                .node_port(30083)
+                .external_ips(&[&ip("11")])
+                .load_balancer_ips(&[&ip("22")]),
+            vec![],
+        ),
+        (
+            svc("dns", 11)
+                .protocol(Protocol::Udp)
+                .port(53)
+                .node_port(30086),
+            eps(),
+        ),
+        (
+            svc("sctp", 12)
+                .protocol(Protocol::Sctp)
+                .port(9)
+                .node_port(30087),
+            eps(),
+        ),
+        (svc("sctpnone", 13).protocol(Protocol::Sctp).port(9), vec![]),
+    ]
+    .into_iter()
+    .map(|(s, eps)| (s.build(), eps))
+    .collect()
+}
+
+/// Every local-traffic detector and NodePort address setting.
+fn configs(family: IpFamily) -> Vec<(&'static str, ProxierConfig)> {
+    let v6 = family == IpFamily::V6;
+    let mut out = Vec::new();
+    let mut c = ProxierConfig::new(family);
+    c.local_detector = LocalDetector::Cidrs(vec![
+        "10.244.0.0/16".parse().unwrap(),
+        "fd00:244::/48".parse().unwrap(),
+    ]);
+    c.localhost_nodeports = !v6;
+    c.node_ips = vec![if v6 { "fd00:10::1" } else { "192.168.10.1" }
+        .parse()
+        .unwrap()];
+    out.push(("cidr", c));
+    let mut c = ProxierConfig::new(family);
+    // A prefix that is not whole bytes: masked, not shortened.
+    c.local_detector = LocalDetector::Cidrs(vec![
+        "10.240.0.0/12".parse().unwrap(),
+        "fd00:240::/29".parse().unwrap(),
+    ]);
+    c.nodeport_addresses = vec![
+        if v6 {
+            "fd00:10::/64"
+        } else {
+            "192.168.10.0/24"
+        }
+        .parse()
+        .unwrap(),
+        if v6 { "::1/128" } else { "127.0.0.0/8" }.parse().unwrap(),
+    ];
+    c.localhost_nodeports = !v6;
+    out.push(("nodeport-cidrs", c));
+    let mut c = ProxierConfig::new(family);
+    c.local_detector = LocalDetector::BridgeInterface("cbr0".into());
+    out.push(("bridge", c));
+    let mut c = ProxierConfig::new(family);
+    c.local_detector = LocalDetector::InterfaceNamePrefix("veth".into());
+    out.push(("prefix", c));
+    let mut c = ProxierConfig::new(family);
+    c.masquerade_all = true;
+    c.masquerade_bit = 9;
+    out.push(("masq-all", c));
+    out
+}
+
+/// The lines of `a` (netlink) and `b` (iptables-nft-restore) that differ,
+/// in place.
+fn diff(a: &str, b: &str) -> String {
+    let (la, lb): (Vec<&str>, Vec<&str>) = (a.lines().collect(), b.lines().collect());
+    let mut out = String::new();
+    for i in 0..la.len().max(lb.len()) {
+        let (x, y) = (la.get(i), lb.get(i));
+        if x != y {
+            out += &format!("line {}:\n  netlink: {x:?}\n  restore: {y:?}\n", i + 1);
+        }
+    }
+    out
+}
+
+fn changed(names: &[&ServicePortName]) -> BTreeSet<ServicePortName> {
+    names.iter().map(|n| (*n).clone()).collect()
+}
+
+#[test]
+fn every_rendered_shape_is_installed_as_iptables_nft_restore_installs_it() {
+    for family in [IpFamily::V4, IpFamily::V6] {
+        for (name, config) in configs(family) {
+            let tag = format!("{}{name}", if family == IpFamily::V4 { 4 } else { 6 });
+            let a = Netns::new(&format!("{tag}-nl"));
+            let b = Netns::new(&format!("{tag}-rs"));
+            // Another owner's chain and jump, which must survive every step.
+            for ns in [&a, &b] {
+                let ipt = format!("{}-nft", base(family));
+                ns.run(&[&ipt, "-t", "nat", "-N", "USER-CHAIN"]);
+                ns.run(&[&ipt, "-t", "nat", "-A", "PREROUTING", "-j", "USER-CHAIN"]);
+            }
+            let mut pa =
+                IptablesProxier::new(config.clone(), Box::new(IptablesNetlink::new(family)))
+                    .with_route_localnet(false);
+            let mut pb = IptablesProxier::new(config.clone(), Box::new(b.cli(family)))
+                .with_route_localnet(false);
+            let mut services = every_kind(family);
+            let mut step = |what: &str,
+                            st: &ProxyState,
+                            changed: &BTreeSet<ServicePortName>,
+                            full: bool| {
+                let ctx = format!("{family:?} {name}: {what}");
+                pb.sync(st, changed, full)
+                    .unwrap_or_else(|e| panic!("{ctx}: iptables-nft-restore: {e}"));
+                in_netns(&a.name, || pa.sync(st, changed, full))
+                    .unwrap()
+                    .unwrap_or_else(|e| panic!("{ctx}: netlink: {e}"));
+                let (sa, sb) = (a.save(family), b.save(family));
+                assert!(sa.contains("KUBE-SVC-"), "{ctx}: {sa}");
+                assert!(sa.contains("-A PREROUTING -j USER-CHAIN"), "{ctx}: {sa}");
+                assert!(!sa.contains("incompatible"), "{ctx}: {sa}");
+                assert!(
+                    sa == sb,
+                    "{ctx}: iptables-nft-save differs:\n{}",
+                    diff(&sa, &sb)
+                );
+                let (ra, rb) = (a.rules(family), b.rules(family));
+                for ((t, c, x), (_, _, y)) in ra.iter().zip(&rb) {
+                    for (i, (ex, ey)) in x.iter().zip(y).enumerate() {
+                        for (k, (bx, by)) in ex.iter().zip(ey).enumerate() {
+                            let at: Vec<usize> = (0..bx.len().max(by.len()))
+                                .filter(|j| bx.get(*j) != by.get(*j))
+                                .collect();
+                            assert!(
+                                at.is_empty(),
+                                "{ctx}: {t} {c} rule {} expression {k} ({}) differs at bytes {at:?}:\n  netlink: {bx:?}\n  restore: {by:?}",
+                                i + 1,
+                                String::from_utf8_lossy(&bx[4..bx.len().min(16)]),
+                            );
+                        }
+                        assert_eq!(
+                            ex.len(),
+                            ey.len(),
+                            "{ctx}: {t} {c} rule {}: expression count",
+                            i + 1
+                        );
+                    }
+                }
+                assert_eq!(ra, rb, "{ctx}: kernel rules differ");
+            };
+            let st = state(family, &services);
+            step("first sync", &st, &BTreeSet::new(), false);
+
+            // Endpoint changes: one endpoint replaced, one Service loses all.
+            let web = services[0].0.name.clone();
+            let aff = services[7].0.name.clone();
+            let mut eps = services[0].1.clone();
+            eps[2] = Endpoint::at(if family == IpFamily::V6 {
+                "[fd00:244::9]:8080"
+            } else {
+                "10.244.1.9:8080"
+            });
+            services[0].1 = eps;
+            services[7].1.clear();
+            let st = state(family, &services);
+            step("endpoint changes", &st, &changed(&[&web, &aff]), false);
+
+            // Service deletions.
+            let np = services[1].0.name.clone();
+            let lb = services[2].0.name.clone();
+            services.retain(|(s, _)| s.name != np && s.name != lb);
+            let st = state(family, &services);
+            step("service deletions", &st, &changed(&[&np, &lb]), false);
+            step("forced full sync", &st, &BTreeSet::new(), true);
+
+            in_netns(&a.name, || pa.cleanup()).unwrap().unwrap();
+            let left = a.save(family);
+            assert!(
+                !left.contains("KUBE-"),
+                "{family:?} {name}: after cleanup: {left}"
+            );
+            assert!(left.contains("-A PREROUTING -j USER-CHAIN"), "{left}");
+        }
+    }
+}
+
+#[test]
+fn a_refused_batch_names_the_line_and_changes_nothing() {
+    let ns = Netns::new("refused");
+    let input = "*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -m comment --comment \"ok\" -j RETURN\nCOMMIT\n";
+    in_netns(&ns.name, || {
+        IptablesNetlink::new(IpFamily::V4).restore(input)
+    })
+    .unwrap()
+    .unwrap();
+    let before = ns.save(IpFamily::V4);
+    // A jump to a chain that does not exist: the kernel refuses that message,
+    // and the flush before it must not happen either.
+    let bad = "*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -j KUBE-SVC-MISSING\nCOMMIT\n";
+    let e = in_netns(&ns.name, || IptablesNetlink::new(IpFamily::V4).restore(bad))
+        .unwrap()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("line 3") && e.contains("KUBE-SVC-MISSING"),
+        "{e}"
+    );
+    assert_eq!(ns.save(IpFamily::V4), before);
+    // Options render.rs never emits are refused before anything is sent.
+    let e = in_netns(&ns.name, || {
+        IptablesNetlink::new(IpFamily::V4)
+            .restore("*nat\n-A KUBE-SERVICES -m limit --limit 1/s -j RETURN\nCOMMIT\n")
+    })
+    .unwrap()
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("line 2") && e.contains("limit"), "{e}");
+}

@@ -1,0 +1,455 @@
+//! nf_tables over nfnetlink, the parts every writer of nf_tables shares: the
+//! framing, a batch of messages between BATCH_BEGIN and BATCH_END, one socket
+//! that sends a batch and collects the kernel's answer to every message, and
+//! the expressions both the nftables and the iptables(-nft) dataplanes emit.
+//! What the messages say (nft's objects, iptables-nft's rules) stays with each
+//! dataplane.
+
+use std::io;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::{Attrs, Error, Protocol, Reply, Socket, Until, Wait, NLMSG_DONE, NLM_F_ACK};
+use crate::{NLMSG_HDRLEN, NLM_F_REQUEST};
+
+pub const NFNL_SUBSYS_NFTABLES: u16 = 10;
+pub const NFNL_MSG_BATCH_BEGIN: u16 = 16;
+pub const NFNL_MSG_BATCH_END: u16 = 17;
+
+/// nfgenmsg families.
+pub const NFPROTO_IPV4: u8 = 2;
+pub const NFPROTO_IPV6: u8 = 10;
+
+/// nf_tables message types (low byte; the subsystem goes in the high byte).
+pub mod msg {
+    pub const NEWTABLE: u16 = 0;
+    pub const GETTABLE: u16 = 1;
+    pub const DELTABLE: u16 = 2;
+    pub const NEWCHAIN: u16 = 3;
+    pub const GETCHAIN: u16 = 4;
+    pub const DELCHAIN: u16 = 5;
+    pub const NEWRULE: u16 = 6;
+    pub const GETRULE: u16 = 7;
+    pub const DELRULE: u16 = 8;
+    pub const NEWSET: u16 = 9;
+    pub const DELSET: u16 = 11;
+    pub const NEWSETELEM: u16 = 12;
+    pub const DELSETELEM: u16 = 14;
+}
+
+/// The full message type of nf_tables message `ty`.
+pub const fn nft_type(ty: u16) -> u16 {
+    (NFNL_SUBSYS_NFTABLES << 8) | ty
+}
+
+/// Appends one nfnetlink message (header, nfgenmsg, attributes) to `out`.
+pub fn put_msg(
+    out: &mut Vec<u8>,
+    ty: u16,
+    flags: u16,
+    seq: u32,
+    family: u8,
+    res_id: u16,
+    attrs: &[u8],
+) {
+    // struct nfgenmsg: family, version 0, resource id (big-endian).
+    let [r0, r1] = res_id.to_be_bytes();
+    crate::push_message(out, ty, flags, seq, &[family, 0, r0, r1], attrs);
+}
+
+/// The attributes of an nf_tables message from the kernel (after nfgenmsg).
+pub fn nft_attrs(reply: &[u8]) -> &[u8] {
+    reply.get(NLMSG_HDRLEN + 4..).unwrap_or(&[])
+}
+
+/// nft's userdata TLV: one byte type, one byte length, value.
+pub fn udata(out: &mut Vec<u8>, ty: u8, value: &[u8]) {
+    out.push(ty);
+    out.push(value.len() as u8);
+    out.extend_from_slice(value);
+}
+
+pub trait NftAttrs {
+    /// A nest holding one `NFTA_DATA_VALUE`.
+    fn data_value(&mut self, ty: u16, value: &[u8]) -> &mut Self;
+}
+
+impl NftAttrs for Attrs {
+    fn data_value(&mut self, ty: u16, value: &[u8]) -> &mut Self {
+        let n = self.begin_nest(ty);
+        self.attr(1, value);
+        self.end_nest(n)
+    }
+}
+
+/// Sequence numbers unique within the process, so that answers from a batch
+/// can never be mistaken for another's: reserves `n` plus BEGIN and END.
+pub fn next_seq(n: usize) -> u32 {
+    static SEQ: AtomicU32 = AtomicU32::new(1);
+    SEQ.fetch_add(n as u32 + 2, Ordering::Relaxed)
+}
+
+/// One batch being built: BEGIN, then one message per [`Batch::push`], then
+/// END from [`Batch::finish`]. Each message remembers which of the caller's
+/// operations (`op`, any index the caller understands) it came from, so that
+/// an error answer can name it.
+pub struct Batch {
+    pub buf: Vec<u8>,
+    /// (sequence number, operation) of every message between BEGIN and END.
+    pub ops: Vec<(u32, usize)>,
+    pub begin_seq: u32,
+    seq: u32,
+}
+
+impl Batch {
+    pub fn new(seq0: u32, capacity: usize) -> Batch {
+        let mut b = Batch {
+            buf: Vec::with_capacity(capacity),
+            ops: Vec::new(),
+            begin_seq: seq0,
+            seq: seq0,
+        };
+        put_msg(
+            &mut b.buf,
+            NFNL_MSG_BATCH_BEGIN,
+            NLM_F_REQUEST,
+            seq0,
+            0,
+            NFNL_SUBSYS_NFTABLES,
+            &[],
+        );
+        b
+    }
+
+    /// Appends nf_tables message `ty` (low byte) for operation `op`; every
+    /// message asks for an acknowledgement.
+    pub fn push(&mut self, op: usize, family: u8, ty: u16, flags: u16, attrs: &Attrs) {
+        self.seq = self.seq.wrapping_add(1);
+        put_msg(
+            &mut self.buf,
+            nft_type(ty),
+            NLM_F_REQUEST | NLM_F_ACK | flags,
+            self.seq,
+            family,
+            0,
+            attrs.as_bytes(),
+        );
+        self.ops.push((self.seq, op));
+    }
+
+    pub fn finish(mut self) -> Batch {
+        self.seq = self.seq.wrapping_add(1);
+        put_msg(
+            &mut self.buf,
+            NFNL_MSG_BATCH_END,
+            NLM_F_REQUEST,
+            self.seq,
+            0,
+            NFNL_SUBSYS_NFTABLES,
+            &[],
+        );
+        self
+    }
+
+    /// Messages in the batch, BEGIN and END excluded.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+}
+
+/// An acknowledgement (errno 0) or error answer to one message of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ack {
+    pub seq: u32,
+    pub errno: i32,
+}
+
+/// What went wrong with a sent batch, per message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The kernel refused the whole transaction at commit.
+    Commit(i32),
+    /// The message of this operation was refused.
+    Op(usize, i32),
+    /// An error answer with a sequence number of the batch's range but no
+    /// message of ours.
+    Foreign(u32, i32),
+    /// Not every message was acknowledged: whether it applied is unknown.
+    Unacknowledged { acked: usize, sent: usize },
+}
+
+/// The refusals among `answers` to `batch`; empty when every message was
+/// acknowledged.
+pub fn refusals(batch: &Batch, answers: &[Ack]) -> Vec<Refusal> {
+    let mut out = Vec::new();
+    let mut acked = 0usize;
+    for a in answers {
+        if a.errno == 0 {
+            acked += 1;
+        } else if a.seq == batch.begin_seq {
+            out.push(Refusal::Commit(a.errno));
+        } else {
+            match batch.ops.iter().find(|(s, _)| *s == a.seq) {
+                Some((_, op)) => out.push(Refusal::Op(*op, a.errno)),
+                None => out.push(Refusal::Foreign(a.seq, a.errno)),
+            }
+        }
+    }
+    if out.is_empty() && acked != batch.len() {
+        out.push(Refusal::Unacknowledged {
+            acked,
+            sent: batch.len(),
+        });
+    }
+    out
+}
+
+/// `strerror` of a kernel errno.
+pub fn errno_text(errno: i32) -> String {
+    io::Error::from_raw_os_error(errno).to_string()
+}
+
+/// A socket-level failure of a batch or request, and at which step.
+#[derive(Debug, thiserror::Error)]
+#[error("{step}: {source}")]
+pub struct ExchangeError {
+    pub step: &'static str,
+    #[source]
+    pub source: io::Error,
+}
+
+/// One netfilter netlink socket for nf_tables batches and requests.
+///
+/// The socket is kept between batches: closing a netfilter netlink socket
+/// waits for an RCU grace period (8-16 ms here), which would otherwise be most
+/// of a small partial sync. It is opened in the network namespace of the
+/// thread that first uses it, and dropped after any socket error.
+#[derive(Debug, Default)]
+pub struct NftSocket {
+    sock: Option<Socket>,
+    rcvbuf: usize,
+}
+
+/// Every acknowledgement and error queued on the socket, read without
+/// blocking: a batch is processed inside sendmsg, so once `send` returns its
+/// answers are all queued.
+fn queued_acks(sock: &mut Socket) -> io::Result<Vec<Ack>> {
+    let mut out = Vec::new();
+    sock.recv_each(Wait::Drain, |m| {
+        if let Some(errno) = m.error() {
+            out.push(Ack { seq: m.seq, errno });
+        }
+        m.ty == NLMSG_DONE
+    })?;
+    Ok(out)
+}
+
+impl NftSocket {
+    pub fn new() -> NftSocket {
+        NftSocket::default()
+    }
+
+    fn socket(&mut self) -> Result<&mut Socket, ExchangeError> {
+        if self.sock.is_none() {
+            let s = Socket::open(Protocol::Netfilter).map_err(|source| ExchangeError {
+                step: "opening a netfilter netlink socket",
+                source,
+            })?;
+            // Without it (kernels before 4.2) error answers just carry the
+            // whole failed message: larger, still read.
+            let _ = s.set_cap_ack();
+            self.sock = Some(s);
+            self.rcvbuf = 0;
+        }
+        self.sock.as_mut().ok_or_else(|| ExchangeError {
+            step: "opening a netfilter netlink socket",
+            source: io::ErrorKind::NotConnected.into(),
+        })
+    }
+
+    /// Sends one batch and returns the kernel's answers to it. The socket is
+    /// dropped after an error.
+    pub fn send_batch(&mut self, batch: &Batch) -> Result<Vec<Ack>, ExchangeError> {
+        let r = self.exchange(batch);
+        if r.is_err() {
+            self.sock = None;
+        }
+        r
+    }
+
+    fn exchange(&mut self, batch: &Batch) -> Result<Vec<Ack>, ExchangeError> {
+        // Every message asks for an acknowledgement and the kernel queues them
+        // all before we read: make room (an ack costs well under 1 KiB).
+        let want = (batch.len() * 1024).max(1 << 20);
+        let grow = want > self.rcvbuf;
+        let sock = self.socket()?;
+        // Answers left from an interrupted exchange are not ours.
+        let _ = queued_acks(sock);
+        // Both sizes are best effort: too small a send buffer fails the send
+        // below (named there), too small a receive buffer shows as ENOBUFS or
+        // missing acks, both reported.
+        if grow {
+            let _ = sock.set_recv_buffer(want);
+        }
+        // The whole batch must be one datagram: nfnetlink processes a batch
+        // per skb.
+        let _ = sock.set_send_buffer(batch.buf.len() + 65536);
+        sock.send(&batch.buf).map_err(|source| ExchangeError {
+            step: "sending the nf_tables batch",
+            source,
+        })?;
+        let answers = queued_acks(sock).map_err(|source| ExchangeError {
+            step: "reading the kernel's answers to the nf_tables batch (the transaction may or may not have been applied)",
+            source,
+        })?;
+        if grow {
+            self.rcvbuf = want;
+        }
+        let (first, last) = (
+            batch.begin_seq,
+            batch.begin_seq.wrapping_add(batch.len() as u32 + 1),
+        );
+        Ok(answers
+            .into_iter()
+            .filter(|a| a.seq.wrapping_sub(first) <= last.wrapping_sub(first))
+            .collect())
+    }
+
+    /// Sends one nf_tables request (`ty`, low byte) and returns the data
+    /// messages of its answer, or the kernel's errno. The socket is dropped
+    /// after a socket error.
+    pub fn query(
+        &mut self,
+        family: u8,
+        ty: u16,
+        flags: u16,
+        attrs: &Attrs,
+        until: Until,
+    ) -> Result<Result<Vec<Reply>, i32>, ExchangeError> {
+        let seq = next_seq(1);
+        let mut buf = Vec::new();
+        put_msg(
+            &mut buf,
+            nft_type(ty),
+            NLM_F_REQUEST | flags,
+            seq,
+            family,
+            0,
+            attrs.as_bytes(),
+        );
+        // Answers left from an interrupted exchange carry other sequence
+        // numbers: the request skips them.
+        match self.socket()?.request(&buf, seq, until) {
+            Ok(replies) => Ok(Ok(replies)),
+            Err(Error::Kernel(errno)) => Ok(Err(errno)),
+            Err(Error::Io(source)) => {
+                self.sock = None;
+                Err(ExchangeError {
+                    step: "asking the kernel",
+                    source,
+                })
+            }
+        }
+    }
+}
+
+/// nf_tables expressions, as `NFTA_LIST_ELEM` entries of a rule's
+/// expression list. Registers are given as the caller allocates them.
+pub mod expr {
+    use crate::Attrs;
+
+    use super::NftAttrs;
+
+    /// `NFT_REG_VERDICT`.
+    pub const REG_VERDICT: u32 = 0;
+    /// The first 16-byte register (`NFT_REG_1`).
+    pub const REG_1: u32 = 1;
+
+    pub const PAYLOAD_NETWORK: u32 = 1;
+    pub const PAYLOAD_TRANSPORT: u32 = 2;
+
+    pub const META_MARK: u32 = 3;
+    pub const META_IIFNAME: u32 = 6;
+    pub const META_OIFNAME: u32 = 7;
+    pub const META_L4PROTO: u32 = 16;
+
+    pub const VERDICT_DROP: i32 = 0;
+    pub const VERDICT_ACCEPT: i32 = 1;
+    pub const VERDICT_JUMP: i32 = -3;
+    pub const VERDICT_GOTO: i32 = -4;
+    pub const VERDICT_RETURN: i32 = -5;
+
+    /// One list element: the expression's name and its data nest.
+    pub fn ex(name: &str, f: impl FnOnce(&mut Attrs)) -> Attrs {
+        let mut a = Attrs::new();
+        let elem = a.begin_nest(1);
+        a.str(1, name);
+        let data = a.begin_nest(2);
+        f(&mut a);
+        a.end_nest(data);
+        a.end_nest(elem);
+        a
+    }
+
+    pub fn payload(base: u32, offset: u32, len: u32, dreg: u32) -> Attrs {
+        ex("payload", |a| {
+            a.u32be(1, dreg)
+                .u32be(2, base)
+                .u32be(3, offset)
+                .u32be(4, len);
+        })
+    }
+
+    pub fn meta_load(key: u32, dreg: u32) -> Attrs {
+        ex("meta", |a| {
+            a.u32be(2, key).u32be(1, dreg);
+        })
+    }
+
+    pub fn cmp(sreg: u32, neq: bool, data: &[u8]) -> Attrs {
+        ex("cmp", |a| {
+            a.u32be(1, sreg).u32be(2, neq as u32).data_value(3, data);
+        })
+    }
+
+    /// `reg = (reg & mask) ^ xor`.
+    pub fn bitwise(reg: u32, mask: &[u8], xor: &[u8]) -> Attrs {
+        ex("bitwise", |a| {
+            a.u32be(1, reg).u32be(2, reg).u32be(3, mask.len() as u32);
+            a.data_value(4, mask).data_value(5, xor);
+        })
+    }
+
+    /// A verdict in the verdict register: `code`, and the chain of a jump or
+    /// goto.
+    pub fn immediate_verdict(code: i32, chain: Option<&str>) -> Attrs {
+        ex("immediate", |a| {
+            a.u32be(1, REG_VERDICT);
+            let d = a.begin_nest(2);
+            let v = a.begin_nest(2);
+            a.u32be(1, code as u32);
+            if let Some(c) = chain {
+                a.str(2, c);
+            }
+            a.end_nest(v);
+            a.end_nest(d);
+        })
+    }
+
+    pub fn counter() -> Attrs {
+        ex("counter", |a| {
+            a.u64be(1, 0).u64be(2, 0);
+        })
+    }
+
+    /// An x_tables match (`match`) or target (`target`) run by nft_compat:
+    /// its name, revision and the extension's own structure.
+    pub fn xt(kind: &str, name: &str, rev: u32, info: &[u8]) -> Attrs {
+        ex(kind, |a| {
+            a.str(1, name).u32be(2, rev).attr(3, info);
+        })
+    }
+}
