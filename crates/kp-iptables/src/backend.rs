@@ -340,3 +340,93 @@ impl IptablesBackend for IptablesCli {
         }
     }
 }
+
+/// The backend for `--iptables-backend` (`None`: detect, on first use so
+/// that --dry-run runs nothing): iptables-nft is written over netlink
+/// ([`crate::IptablesNetlink`]) unless `nft_restore` asks for
+/// `iptables-nft-restore`; iptables-legacy always goes through its programs.
+pub fn select(
+    family: IpFamily,
+    choice: Option<Variant>,
+    nft_restore: bool,
+) -> Box<dyn IptablesBackend> {
+    Box::new(Selected {
+        family,
+        choice,
+        nft_restore,
+        inner: None,
+    })
+}
+
+struct Selected {
+    family: IpFamily,
+    choice: Option<Variant>,
+    nft_restore: bool,
+    inner: Option<Box<dyn IptablesBackend>>,
+}
+
+impl Selected {
+    fn inner(&mut self) -> &mut dyn IptablesBackend {
+        let (family, choice, nft_restore) = (self.family, self.choice, self.nft_restore);
+        self.inner
+            .get_or_insert_with(|| {
+                let v = choice.unwrap_or_else(|| detect_variant(family));
+                let how = if v == Variant::Nft && !nft_restore {
+                    "netlink"
+                } else {
+                    "restore"
+                };
+                tracing::info!(
+                    family = %family,
+                    variant = v.as_str(),
+                    detected = choice.is_none(),
+                    writer = how,
+                    "using iptables backend"
+                );
+                if how == "netlink" {
+                    Box::new(crate::IptablesNetlink::new(family))
+                } else {
+                    Box::new(IptablesCli::variant(family, v))
+                }
+            })
+            .as_mut()
+    }
+}
+
+impl IptablesBackend for Selected {
+    fn restore(&mut self, input: &str) -> Result<(), DataplaneError> {
+        self.inner().restore(input)
+    }
+    fn chains(&mut self, table: &str) -> Result<Vec<String>, DataplaneError> {
+        self.inner().chains(table)
+    }
+    fn save_table(&mut self, table: &str) -> Result<String, DataplaneError> {
+        self.inner().save_table(table)
+    }
+    fn survey(
+        &mut self,
+        table: &str,
+        jumps: &[Jump],
+    ) -> Result<(Vec<String>, Vec<Jump>), DataplaneError> {
+        self.inner().survey(table, jumps)
+    }
+    fn chain_exists(&mut self, table: &str, chain: &str) -> Result<bool, DataplaneError> {
+        self.inner().chain_exists(table, chain)
+    }
+    fn rule_exists(
+        &mut self,
+        table: &str,
+        chain: &str,
+        args: &[String],
+    ) -> Result<bool, DataplaneError> {
+        self.inner().rule_exists(table, chain, args)
+    }
+    fn delete_rule(
+        &mut self,
+        table: &str,
+        chain: &str,
+        args: &[String],
+    ) -> Result<(), DataplaneError> {
+        self.inner().delete_rule(table, chain, args)
+    }
+}

@@ -18,7 +18,7 @@ mod nft;
 mod proxier;
 mod render;
 
-pub use backend::{chain_names, detect_variant, IptablesBackend, IptablesCli, Variant};
+pub use backend::{chain_names, detect_variant, select, IptablesBackend, IptablesCli, Variant};
 pub use nft::IptablesNetlink;
 pub use proxier::{init_host, IptablesProxier};
 pub use render::{

@@ -1,4 +1,5 @@
-//! The conformance suite in iptables mode (real kernel, network namespaces).
+//! The conformance suite in iptables mode (real kernel, network namespaces):
+//! iptables-nft, written over nf_tables netlink (the default).
 
 #[macro_use]
 mod conformance;

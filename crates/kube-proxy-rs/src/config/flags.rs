@@ -252,6 +252,11 @@ pub struct Cli {
     /// rules, else nft), nft or legacy.
     #[arg(long, env = "KUBE_PROXY_RS_IPTABLES_BACKEND", default_value = "auto", value_parser = ["auto", "nft", "legacy"])]
     pub iptables_backend: String,
+    /// iptables-nft: write the rules with `iptables-nft-restore` instead of
+    /// over nf_tables netlink (the same rules; the programs' speed, as
+    /// upstream). A fallback, off by default.
+    #[arg(long, env = "KUBE_PROXY_RS_IPTABLES_NFT_RESTORE")]
+    pub iptables_nft_restore: bool,
     #[command(flatten)]
     pub userspace: crate::modes::userspace::UserspaceFlags,
 }

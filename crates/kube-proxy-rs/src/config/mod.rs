@@ -120,6 +120,7 @@ pub fn load(cli_args: impl IntoIterator<Item = OsString>) -> Result<ProxyConfig,
         .map_err(|e| invalid("--service-proxy-name", e.to_string()))?;
     pc.iptables_backend = kp_iptables::Variant::parse_choice(&cli.iptables_backend)
         .map_err(|e| invalid("--iptables-backend", e))?;
+    pc.iptables_nft_restore = cli.iptables_nft_restore;
     pc.userspace = cli.userspace.clone();
     pc.config_file = cli.config.clone();
     pc.write_config_to = cli.write_config_to.clone();

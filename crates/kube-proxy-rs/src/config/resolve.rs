@@ -407,6 +407,7 @@ pub(super) fn resolve(mut raw: KubeProxyConfiguration) -> Result<ProxyConfig, Co
         log_json,
         service_proxy_name: None,
         iptables_backend: None,
+        iptables_nft_restore: false,
         userspace: Default::default(),
         ipvs,
         conntrack,

@@ -88,6 +88,8 @@ pub struct ProxyConfig {
     pub service_proxy_name: Option<String>,
     /// iptables backend (--iptables-backend); None: detect.
     pub iptables_backend: Option<kp_iptables::Variant>,
+    /// --iptables-nft-restore: iptables-nft through its program, not netlink.
+    pub iptables_nft_restore: bool,
     /// --userspace-* flags (userspace mode).
     pub userspace: crate::modes::userspace::UserspaceFlags,
     pub ipvs: IpvsSettings,

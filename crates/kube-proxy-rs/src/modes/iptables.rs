@@ -1,5 +1,7 @@
-//! iptables mode: `iptables-restore` with the backend `--iptables-backend`
-//! chooses (or the one the host uses).
+//! iptables mode, in the backend `--iptables-backend` chooses (or the one the
+//! host uses): iptables-nft written over nf_tables netlink (or with
+//! `iptables-nft-restore` under `--iptables-nft-restore`), iptables-legacy
+//! with `iptables-legacy-restore`.
 
 use anyhow::Result;
 use kp_model::{Dataplane, IpFamily, ProxierConfig};
@@ -10,10 +12,7 @@ use crate::config::ProxyConfig;
 pub fn dataplane(cfg: &ProxyConfig, family: IpFamily, pc: ProxierConfig) -> Box<dyn Dataplane> {
     Box::new(kp_iptables::IptablesProxier::new(
         pc,
-        Box::new(kp_iptables::IptablesCli::choose(
-            family,
-            cfg.iptables_backend,
-        )),
+        kp_iptables::select(family, cfg.iptables_backend, cfg.iptables_nft_restore),
     ))
 }
 

@@ -223,6 +223,11 @@ impl Env {
         if iptables_backend(&self.mode) == Some("legacy") {
             a.push("--iptables-backend=legacy".into());
         }
+        // "iptables-restore": iptables-nft written by its program (the
+        // fallback), not over netlink.
+        if split_mode(&self.mode).1 == "iptables-restore" {
+            a.push("--iptables-nft-restore".into());
+        }
         if self.api.is_some() {
             // Machine-wide conntrack settings stay as they are (both proxies
             // would otherwise write nf_conntrack_max from a namespace).
@@ -463,12 +468,13 @@ pub fn proxy_mode(mode: &str) -> &str {
     mode.split('-').next().unwrap_or(mode)
 }
 
-/// The iptables backend of a suite mode: "iptables" -> nft (what detection
-/// picks in a fresh namespace, and what `iptables` is on this machine),
+/// The iptables backend of a suite mode: "iptables" (over netlink) and
+/// "iptables-restore" -> nft (what detection picks in a fresh namespace, and
+/// what `iptables` is on this machine),
 /// "iptables-legacy" -> legacy; None outside iptables mode.
 pub fn iptables_backend(mode: &str) -> Option<&'static str> {
     match split_mode(mode).1 {
-        "iptables" => Some("nft"),
+        "iptables" | "iptables-restore" => Some("nft"),
         "iptables-legacy" => Some("legacy"),
         _ => None,
     }
