@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
+use std::hash::{Hash, Hasher};
 use std::time::Instant;
 
 use kp_model::{
@@ -14,7 +15,8 @@ use kp_netlink::{Sysctl, SysctlError};
 use crate::backend::IptablesBackend;
 use crate::render::{
     is_our_chain, jumps, render_service, with_jumps, Jump, ServiceRules, Skeleton, CANARY_CHAIN,
-    FILTER_CHAINS, MANGLE_CHAINS, NAT_CHAINS,
+    EXTERNAL_CHAIN, FIREWALL_CHAIN, FORWARD_CHAIN, MANGLE_CHAINS, MARK_MASQ_CHAIN, NAT_CHAINS,
+    NODEPORTS_CHAIN, POSTROUTING_CHAIN, SERVICES_CHAIN,
 };
 
 const ROUTE_LOCALNET: &str = "net/ipv4/conf/all/route_localnet";
@@ -40,6 +42,12 @@ pub fn init_host(cfg: &ProxierConfig, sysctl: &Sysctl) -> Result<bool, SysctlErr
 pub struct IptablesProxier {
     cfg: ProxierConfig,
     skeleton: Skeleton,
+    /// The skeleton's fixed rules of nat and filter KUBE-FORWARD, made once.
+    nat_static: Vec<String>,
+    forward: Vec<String>,
+    /// The top-level chains' hashes as last written; None until a sync
+    /// succeeded, and after a failed one (then every chain is written).
+    written: Option<TopLevel>,
     backend: Box<dyn IptablesBackend>,
     /// None until the first successful sync, and after a failed one: the next
     /// sync is then a full one.
@@ -48,6 +56,9 @@ pub struct IptablesProxier {
     /// start; off for proxiers in tests that must not touch sysctls).
     manage_route_localnet: bool,
 }
+
+/// Hashes of the top-level chains' rules, by (table, chain).
+type TopLevel = BTreeMap<(&'static str, &'static str), u64>;
 
 /// One iptables-restore input being built.
 struct Restore {
@@ -66,10 +77,14 @@ impl Restore {
 impl IptablesProxier {
     pub fn new(cfg: ProxierConfig, backend: Box<dyn IptablesBackend>) -> Self {
         let skeleton = Skeleton::new(&cfg);
+        let (nat_static, forward) = (skeleton.nat_static(), skeleton.forward_rules());
         let manage_route_localnet = cfg.localhost_nodeports && cfg.family == IpFamily::V4;
         IptablesProxier {
             cfg,
             skeleton,
+            nat_static,
+            forward,
+            written: None,
             backend,
             programmed: None,
             manage_route_localnet,
@@ -97,19 +112,82 @@ impl IptablesProxier {
             .collect()
     }
 
-    /// The restore input. Top-level chains are always rewritten; of the
-    /// per-service chains only those in `write` are; `delete` are removed.
+    /// The lines of `all` that append to `chain`.
+    fn chain_lines<'a>(&self, all: &'a [String], chain: &str) -> Vec<&'a str> {
+        all.iter()
+            .map(String::as_str)
+            .filter(|l| l.strip_prefix("-A ").and_then(|r| r.split(' ').next()) == Some(chain))
+            .collect()
+    }
+
+    /// The top-level chains of `table` with their lines, in the order
+    /// they are written.
+    fn top_level<'a>(
+        &'a self,
+        services: &'a BTreeMap<ServicePortName, ServiceRules>,
+        table: &str,
+    ) -> Vec<(&'static str, Vec<&'a str>)> {
+        let all = || services.values();
+        let lines = |f: fn(&ServiceRules) -> &Vec<String>| -> Vec<&'a str> {
+            all().flat_map(f).map(String::as_str).collect()
+        };
+        let sk = &self.skeleton;
+        match table {
+            "filter" => vec![
+                (SERVICES_CHAIN, lines(|s| &s.filter_services)),
+                (EXTERNAL_CHAIN, lines(|s| &s.filter_external)),
+                (
+                    FORWARD_CHAIN,
+                    self.forward.iter().map(String::as_str).collect(),
+                ),
+                (NODEPORTS_CHAIN, lines(|s| &s.filter_nodeports)),
+                (
+                    FIREWALL_CHAIN,
+                    sk.firewall_head
+                        .iter()
+                        .map(String::as_str)
+                        .chain(all().flat_map(|s| &s.filter_firewall).map(String::as_str))
+                        .collect(),
+                ),
+            ],
+            _ => vec![
+                (
+                    POSTROUTING_CHAIN,
+                    self.chain_lines(&self.nat_static, POSTROUTING_CHAIN),
+                ),
+                (
+                    MARK_MASQ_CHAIN,
+                    self.chain_lines(&self.nat_static, MARK_MASQ_CHAIN),
+                ),
+                (
+                    SERVICES_CHAIN,
+                    lines(|s| &s.nat_services)
+                        .into_iter()
+                        .chain(sk.nodeport_jumps.iter().map(String::as_str))
+                        .collect(),
+                ),
+                (NODEPORTS_CHAIN, lines(|s| &s.nat_nodeports)),
+            ],
+        }
+    }
+
+    /// The restore input. Of the top-level chains those whose rules differ
+    /// from `last` (all when `last` is None) are rewritten, of the
+    /// per-service chains those in `write`; `delete` are removed. Also
+    /// returns the top-level chains' hashes as written.
     fn script(
         &self,
         services: &BTreeMap<ServicePortName, ServiceRules>,
         write: &BTreeSet<&str>,
         delete: &BTreeSet<String>,
         with_canary: bool,
-    ) -> Restore {
+        last: Option<&TopLevel>,
+    ) -> (Restore, TopLevel) {
         let mut r = Restore {
             text: String::new(),
             lines: 0,
         };
+        let mut hashes = TopLevel::new();
         if with_canary {
             r.line("*mangle");
             for c in MANGLE_CHAINS {
@@ -117,73 +195,62 @@ impl IptablesProxier {
             }
             r.line("COMMIT");
         }
-
-        r.line("*filter");
-        for c in FILTER_CHAINS {
-            r.line(&format!(":{c} - [0:0]"));
-        }
-        let all = || services.values();
-        for l in all().flat_map(|s| &s.filter_services) {
-            r.line(l);
-        }
-        for l in all().flat_map(|s| &s.filter_external) {
-            r.line(l);
-        }
-        for l in self.skeleton.forward_rules() {
-            r.line(&l);
-        }
-        for l in all().flat_map(|s| &s.filter_nodeports) {
-            r.line(l);
-        }
-        for l in &self.skeleton.firewall_head {
-            r.line(l);
-        }
-        for l in all().flat_map(|s| &s.filter_firewall) {
-            r.line(l);
-        }
-        r.line("COMMIT");
-
-        r.line("*nat");
-        for c in NAT_CHAINS {
-            r.line(&format!(":{c} - [0:0]"));
-        }
-        for s in all() {
-            for (c, _) in &s.nat_chains {
-                if write.contains(c.as_str()) {
+        for table in ["filter", "nat"] {
+            let mut chains = self.top_level(services, table);
+            // A top-level chain whose rules did not change is left as it is
+            // in the kernel: one endpoint change then rewrites only its
+            // Service's chains, not KUBE-SERVICES with a line per Service.
+            chains.retain(|(c, lines)| {
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                lines.hash(&mut h);
+                let h = h.finish();
+                hashes.insert((table, c), h);
+                last.and_then(|l| l.get(&(table, c))) != Some(&h)
+            });
+            let nat = table == "nat";
+            let own: Vec<&(String, Vec<String>)> = if nat {
+                services
+                    .values()
+                    .flat_map(|s| &s.nat_chains)
+                    .filter(|(c, _)| write.contains(c.as_str()))
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            if chains.is_empty() && own.is_empty() && (!nat || delete.is_empty()) {
+                continue;
+            }
+            r.line(&format!("*{table}"));
+            for (c, _) in &chains {
+                r.line(&format!(":{c} - [0:0]"));
+            }
+            for (c, _) in &own {
+                r.line(&format!(":{c} - [0:0]"));
+            }
+            if nat {
+                // Declaring a chain flushes it; a stale chain must be empty to go.
+                for c in delete {
                     r.line(&format!(":{c} - [0:0]"));
                 }
             }
-        }
-        // Declaring a chain flushes it; a stale chain must be empty to go.
-        for c in delete {
-            r.line(&format!(":{c} - [0:0]"));
-        }
-        for l in self.skeleton.nat_static() {
-            r.line(&l);
-        }
-        for l in all().flat_map(|s| &s.nat_services) {
-            r.line(l);
-        }
-        for l in &self.skeleton.nodeport_jumps {
-            r.line(l);
-        }
-        for l in all().flat_map(|s| &s.nat_nodeports) {
-            r.line(l);
-        }
-        for s in all() {
-            for (c, rules) in &s.nat_chains {
-                if write.contains(c.as_str()) {
-                    for l in rules {
-                        r.line(l);
-                    }
+            for (_, lines) in &chains {
+                for l in lines {
+                    r.line(l);
                 }
             }
+            for (_, rules) in &own {
+                for l in rules {
+                    r.line(l);
+                }
+            }
+            if nat {
+                for c in delete {
+                    r.line(&format!("-X {c}"));
+                }
+            }
+            r.line("COMMIT");
         }
-        for c in delete {
-            r.line(&format!("-X {c}"));
-        }
-        r.line("COMMIT");
-        r
+        (r, hashes)
     }
 
     fn ensure_route_localnet(&self) {
@@ -200,7 +267,7 @@ impl IptablesProxier {
     fn full_sync(
         &mut self,
         state: &ProxyState,
-    ) -> Result<(BTreeMap<ServicePortName, ServiceRules>, Restore), DataplaneError> {
+    ) -> Result<(BTreeMap<ServicePortName, ServiceRules>, Restore, TopLevel), DataplaneError> {
         let services = self.render_all(state);
         let write: BTreeSet<&str> = services.values().flat_map(|s| s.chain_names()).collect();
         // One listing per table tells both which per-service chains are left
@@ -217,7 +284,7 @@ impl IptablesProxier {
             .filter(|c| !write.contains(c.as_str()))
             .cloned()
             .collect();
-        let mut r = self.script(&services, &write, &delete, true);
+        let (mut r, hashes) = self.script(&services, &write, &delete, true, None);
         if !missing.is_empty() {
             // In the same restore as the chains they lead to: a separate
             // `iptables -C`/`-I` against a large table costs as much as the
@@ -226,7 +293,7 @@ impl IptablesProxier {
             let missing: Vec<&Jump> = missing.iter().collect();
             r.text = with_jumps(&r.text, &missing);
         }
-        Ok((services, r))
+        Ok((services, r, hashes))
     }
 
     fn partial_sync(
@@ -234,7 +301,7 @@ impl IptablesProxier {
         state: &ProxyState,
         changed: &BTreeSet<ServicePortName>,
         mut services: BTreeMap<ServicePortName, ServiceRules>,
-    ) -> (BTreeMap<ServicePortName, ServiceRules>, Restore) {
+    ) -> (BTreeMap<ServicePortName, ServiceRules>, Restore, TopLevel) {
         let mut write_owned: BTreeSet<String> = BTreeSet::new();
         let mut delete: BTreeSet<String> = BTreeSet::new();
         for name in changed {
@@ -261,8 +328,8 @@ impl IptablesProxier {
             }
         }
         let write: BTreeSet<&str> = write_owned.iter().map(|s| s.as_str()).collect();
-        let r = self.script(&services, &write, &delete, false);
-        (services, r)
+        let (r, hashes) = self.script(&services, &write, &delete, false, self.written.as_ref());
+        (services, r, hashes)
     }
 }
 
@@ -280,18 +347,26 @@ impl Dataplane for IptablesProxier {
         let t0 = Instant::now();
         let is_full = full || self.programmed.is_none();
         let prev = self.programmed.take();
+        let written = self.written.take();
         let built = match prev {
-            Some(prev) if !is_full => Ok(self.partial_sync(state, changed, prev)),
+            Some(prev) if !is_full && written.is_some() => {
+                self.written = written;
+                let r = self.partial_sync(state, changed, prev);
+                self.written = None;
+                Ok(r)
+            }
             _ => self.full_sync(state),
         };
         // On any error `programmed` stays None: the retry is a full sync.
-        let (services, restore) = built?;
+        let (services, restore, hashes) = built?;
         let render = t0.elapsed();
         let t1 = Instant::now();
         if is_full {
             self.ensure_route_localnet();
         }
-        self.backend.restore(&restore.text)?;
+        if !restore.text.is_empty() {
+            self.backend.restore(&restore.text)?;
+        }
         let mut report = SyncReport {
             full: is_full,
             bytes: restore.text.len(),
@@ -305,13 +380,17 @@ impl Dataplane for IptablesProxier {
             report.no_local_endpoints.1 += s.no_local.1 as u64;
         }
         self.programmed = Some(services);
+        self.written = Some(hashes);
         Ok(report)
     }
 
     fn render(&self, state: &ProxyState) -> String {
         let services = self.render_all(state);
         let write: BTreeSet<&str> = services.values().flat_map(|s| s.chain_names()).collect();
-        let mut out = self.script(&services, &write, &BTreeSet::new(), true).text;
+        let mut out = self
+            .script(&services, &write, &BTreeSet::new(), true, None)
+            .0
+            .text;
         // Not part of the restore input: what a full sync also ensures.
         out.push_str("# jumps ensured in builtin chains:\n");
         for j in jumps() {

@@ -23,7 +23,7 @@ use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kp_iptables::{IptablesCli, IptablesProxier, Variant};
+use kp_iptables::{IptablesCli, IptablesNetlink, IptablesProxier, Variant};
 use kp_model::{
     ChangeTracker, Dataplane, IpFamily, LocalDetector, ProxierConfig, ProxyState, TrackerConfig,
 };
@@ -236,7 +236,10 @@ fn apply(t: &mut ChangeTracker, step: &Step) {
 #[derive(Clone, Copy, Debug)]
 enum Mode {
     Nftables,
+    /// iptables through its programs (`iptables-{nft,legacy}-restore`).
     Iptables(Variant),
+    /// iptables-nft written over netlink (the default for nft).
+    IptablesNetlink,
 }
 
 fn proxier_config(family: IpFamily) -> ProxierConfig {
@@ -260,6 +263,13 @@ fn dataplane(mode: Mode, family: IpFamily) -> Box<dyn Dataplane> {
             IptablesProxier::new(
                 proxier_config(family),
                 Box::new(IptablesCli::variant(family, v)),
+            )
+            .with_route_localnet(false),
+        ),
+        Mode::IptablesNetlink => Box::new(
+            IptablesProxier::new(
+                proxier_config(family),
+                Box::new(IptablesNetlink::new(family)),
             )
             .with_route_localnet(false),
         ),
@@ -306,9 +316,13 @@ fn listing(mode: Mode) -> Vec<String> {
     match mode {
         // One listing for both families' tables: a process less per step.
         Mode::Nftables => normalize_nft(&run(&["nft", "-j", "list", "ruleset"])),
-        Mode::Iptables(v) => ["iptables", "ip6tables"]
+        Mode::Iptables(_) | Mode::IptablesNetlink => ["iptables", "ip6tables"]
             .iter()
             .flat_map(|b| {
+                let v = match mode {
+                    Mode::Iptables(v) => v,
+                    _ => Variant::Nft,
+                };
                 let text = run(&[&format!("{b}-{}-save", v.as_str())]);
                 normalize_iptables(b, &text)
             })
@@ -594,6 +608,15 @@ fn partial_syncs_equal_full_syncs_iptables_nft() {
 }
 
 #[test]
+fn partial_syncs_equal_full_syncs_iptables_nft_netlink() {
+    if !Variant::Nft.available(IpFamily::V4) {
+        eprintln!("SKIPPED: no iptables-nft (to list the rules)");
+        return;
+    }
+    property(Mode::IptablesNetlink, 12);
+}
+
+#[test]
 fn partial_syncs_equal_full_syncs_iptables_legacy() {
     if !Variant::Legacy.available(IpFamily::V4) {
         eprintln!("SKIPPED: no iptables-legacy");
@@ -689,7 +712,11 @@ fn big_service_is_programmed(mode: Mode) {
                 ]);
                 text.matches("\"10.96.5.1\"").count()
             }
-            Mode::Iptables(v) => {
+            Mode::Iptables(_) | Mode::IptablesNetlink => {
+                let v = match mode {
+                    Mode::Iptables(v) => v,
+                    _ => Variant::Nft,
+                };
                 let text = run(&[&format!("iptables-{}-save", v.as_str()), "-t", "nat"]);
                 text.lines()
                     .filter(|l| l.starts_with("-A KUBE-SERVICES") && l.contains("-d 10.96.5.1/32"))
@@ -709,6 +736,11 @@ fn big_service_is_programmed(mode: Mode) {
 #[test]
 fn five_thousand_port_service_is_programmed_nftables() {
     big_service_is_programmed(Mode::Nftables);
+}
+
+#[test]
+fn five_thousand_port_service_is_programmed_iptables_nft_netlink() {
+    big_service_is_programmed(Mode::IptablesNetlink);
 }
 
 #[test]
