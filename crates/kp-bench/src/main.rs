@@ -3,7 +3,7 @@
 //!
 //! `cargo run --release -p kp-bench -- [--mode nftables|iptables|userspace]
 //! [--sizes 1000,10000,50000] [--endpoints 10] [--changes 100] [--burst 1000]
-//! [--big 5000] [--backend netlink|nft] [--iptables-backend auto|nft|legacy]
+//! [--big 5000] [--backend netlink|nft|restore] [--iptables-backend auto|nft|legacy]
 //! [--no-affinity] [--no-apply] [--ports 5000]`.
 //! `--ports N` measures one Service with N ports instead of the table.
 //! Needs root for the apply columns: each size is programmed into a fresh
@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{bail, Context, Result};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kp_iptables::{IptablesCli, IptablesProxier, Variant};
+use kp_iptables::{IptablesProxier, Variant};
 use kp_model::{ChangeTracker, Dataplane, IpFamily, LocalDetector, ProxierConfig, TrackerConfig};
 use kp_nftables::{NftBackend, NftCli, NftNetlink, NftablesProxier};
 use kp_userspace::{UserspaceConfig, UserspaceProxier, VipMode};
@@ -119,7 +119,7 @@ fn dataplane(o: &Opts, wrapper: &str) -> Result<Box<dyn Dataplane>> {
         return Ok(Box::new(
             IptablesProxier::new(
                 pc,
-                Box::new(IptablesCli::choose(IpFamily::V4, o.iptables_backend)),
+                kp_iptables::select(IpFamily::V4, o.iptables_backend, !o.netlink),
             )
             .with_route_localnet(false),
         ));
@@ -331,6 +331,10 @@ fn measure(
         ms(r.apply)
     );
 
+    if o.mode == "iptables" && o.netlink {
+        iptables_floor(n, o.changes)?;
+    }
+
     // One endpoint replaced in one Service, `changes` times.
     let mut lat = Vec::new();
     let mut bytes = Vec::new();
@@ -444,6 +448,36 @@ fn measure(
     ))
 }
 
+/// What the kernel alone costs iptables-nft at this size, whatever writes
+/// the rules: one batch adding one rule with a verdict (`-j RETURN`) to an
+/// empty chain of `nat` makes nf_tables validate every chain reachable from
+/// the table's base chains at commit; the same rule without a verdict does
+/// not. Printed beside the table (stderr).
+fn iptables_floor(n: u32, times: usize) -> Result<()> {
+    use kp_iptables::{IptablesBackend, IptablesNetlink};
+    let mut nl = IptablesNetlink::new(IpFamily::V4);
+    let mut row = Vec::new();
+    for (what, rule) in [
+        ("with a verdict", "-j RETURN"),
+        ("without", "-s 192.0.2.1/32"),
+    ] {
+        let mut lat = Vec::new();
+        for _ in 0..times.clamp(3, 20) {
+            let input = format!("*nat\n:KUBE-FLOOR - [0:0]\n-A KUBE-FLOOR {rule}\nCOMMIT\n");
+            let t = Instant::now();
+            nl.restore(&input)?;
+            lat.push(t.elapsed());
+        }
+        row.push(format!("{what} {} ms", p50_p99(&mut lat)));
+    }
+    nl.restore("*nat\n:KUBE-FLOOR - [0:0]\n-X KUBE-FLOOR\nCOMMIT\n")?;
+    eprintln!(
+        "  {n} Services: kernel floor, one rule into an empty nat chain (p50 / p99): {}",
+        row.join("; ")
+    );
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let get = |flag: &str| {
@@ -462,7 +496,9 @@ fn main() -> Result<()> {
     let big: u32 = get("--big").unwrap_or_else(|| "0".into()).parse()?;
     let o = Opts {
         mode: get("--mode").unwrap_or_else(|| "nftables".into()),
-        netlink: get("--backend").as_deref() != Some("nft"),
+        // nftables: netlink or the nft program; iptables: netlink (nft
+        // variant) or iptables-restore.
+        netlink: !matches!(get("--backend").as_deref(), Some("nft" | "restore")),
         apply: !has("--no-apply"),
         changes: get("--changes")
             .unwrap_or_else(|| "100".into())
@@ -493,9 +529,11 @@ fn main() -> Result<()> {
             ("nftables", true) => " (netlink)",
             ("nftables", false) => " (nft program)",
             ("userspace", _) => " (listeners and Service IPs on lo; nothing sent to netfilter)",
-            _ => match o.iptables_backend {
+            (_, netlink) => match o.iptables_backend {
                 Some(Variant::Legacy) => " (iptables-legacy-restore)",
+                Some(Variant::Nft) if netlink => " (iptables-nft over netlink)",
                 Some(Variant::Nft) => " (iptables-nft-restore)",
+                None if netlink => " (backend detected; iptables-nft over netlink)",
                 None => " (iptables-restore, backend detected)",
             },
         },

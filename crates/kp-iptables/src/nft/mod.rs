@@ -31,7 +31,7 @@ use kp_netlink::{
 use crate::backend::{IptablesBackend, IptablesCli, Variant};
 use crate::render::Jump;
 pub use encode::Family;
-use rule::{parse_restore, parse_rule, Line};
+use rule::{parse_rule, restore_lines, Line};
 
 const TOOL: &str = "iptables-nft over netlink";
 
@@ -211,13 +211,13 @@ impl IptablesNetlink {
 
     /// The input as one batch.
     fn encode(&mut self, input: &str) -> Result<Batch, DataplaneError> {
-        let lines = parse_restore(input).map_err(apply_err)?;
         let proto = nfproto(self.family);
         // Every line is at most two messages, plus tables and builtin chains.
-        let seq0 = next_seq(lines.len() * 2 + 32);
-        let mut b = Batch::new(seq0, input.len() * 3 + 64);
+        let seq0 = next_seq(input.lines().count() * 2 + 32);
+        let mut b = Batch::new(seq0, input.len() * 2 + 64);
         let mut table = String::new();
-        for (n, line) in lines {
+        for line in restore_lines(input) {
+            let (n, line) = line.map_err(apply_err)?;
             let need_table = || {
                 if table.is_empty() {
                     Err(apply_err(format!("line {n}: outside a table (`*table`)")))

@@ -164,20 +164,23 @@ pub fn split_args(text: &str) -> Result<Vec<String>, String> {
     Ok(out)
 }
 
-/// Parses iptables-restore input into its lines. Blank lines and comments
-/// are skipped; anything render.rs does not emit is an error naming the line.
-pub fn parse_restore(input: &str) -> Result<Vec<(usize, Line)>, String> {
-    let mut out = Vec::new();
-    for (i, raw) in input.lines().enumerate() {
+/// Parses iptables-restore input line by line, lazily (a full sync's input
+/// is tens of MB: its lines are encoded as they are read, never all held).
+/// Blank lines and comments are skipped; anything render.rs does not emit is
+/// an error naming the line.
+pub fn restore_lines(input: &str) -> impl Iterator<Item = Result<(usize, Line), String>> + '_ {
+    input.lines().enumerate().filter_map(|(i, raw)| {
         let n = i + 1;
         let l = raw.trim();
         if l.is_empty() || l.starts_with('#') {
-            continue;
+            return None;
         }
-        let line = parse_line(l).map_err(|e| format!("line {n}: {e}: `{l}`"))?;
-        out.push((n, line));
-    }
-    Ok(out)
+        Some(
+            parse_line(l)
+                .map(|line| (n, line))
+                .map_err(|e| format!("line {n}: {e}: `{l}`")),
+        )
+    })
 }
 
 fn parse_line(l: &str) -> Result<Line, String> {
@@ -623,7 +626,9 @@ mod tests {
                 .expect_err(text);
             assert!(e.contains(why), "{text}: {e}");
         }
-        let e = parse_restore("*nat\n:INPUT ACCEPT [0:0]\n").unwrap_err();
+        let e = restore_lines("*nat\n:INPUT ACCEPT [0:0]\n")
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap_err();
         assert!(e.starts_with("line 2:"), "{e}");
     }
 }
