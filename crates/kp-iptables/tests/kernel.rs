@@ -5,14 +5,12 @@ use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::Arc;
+
+mod common;
+use common::{every_kind, state};
 
 use kp_iptables::{detect_variant, svc_chain, IptablesCli, IptablesProxier, Variant};
-use kp_model::testing::ServicePortBuilder;
-use kp_model::{
-    Dataplane, Endpoint, IpFamily, LocalDetector, NodeInfo, ProxierConfig, ProxyState, ServicePort,
-    ServicePortName,
-};
+use kp_model::{Dataplane, IpFamily, LocalDetector, ProxierConfig, ServicePortName};
 
 /// A network namespace and a directory of wrapper programs that run iptables
 /// inside it; both removed on drop, also when the test fails.
@@ -100,70 +98,6 @@ impl Drop for Netns {
     }
 }
 
-fn service(name: &str, cip: &str) -> ServicePortBuilder {
-    ServicePort::builder("default", name)
-        .port_name("http")
-        .cluster_ip(cip)
-}
-
-fn ep(ip: &str, local: bool) -> Endpoint {
-    Endpoint::ready(ip.parse().unwrap(), 8080, local)
-}
-
-fn state(family: IpFamily, services: Vec<(ServicePort, Vec<Endpoint>)>) -> ProxyState {
-    let mut st = ProxyState::new(family, NodeInfo::named("node1"));
-    for (s, eps) in services {
-        st.endpoints.insert(s.name.clone(), Arc::new(eps));
-        st.services.insert(s.name.clone(), Arc::new(s));
-    }
-    st
-}
-
-/// One Service of every kind, so that the kernel parses every rule shape.
-fn every_kind(v6: bool) -> Vec<(ServicePort, Vec<Endpoint>)> {
-    let (c, e1, e2, x) = if v6 {
-        ("fd00:96::", "fd00:244::1:5", "fd00:244::2:6", "2001:db8::")
-    } else {
-        ("10.96.0.", "10.244.1.5", "10.244.2.6", "203.0.113.")
-    };
-    let eps = || vec![ep(e1, true), ep(e2, false)];
-    let ip = |suffix: &str| format!("{x}{suffix}");
-    let lb_range = if v6 {
-        "2001:db8:1::/64"
-    } else {
-        "10.100.0.100/32"
-    };
-    let svc = |name: &str, n: u8| service(name, &format!("{c}{n}"));
-    vec![
-        (svc("web", 1), eps()),
-        (svc("np", 2).node_port(30080), eps()),
-        (
-            svc("lb", 3)
-                .node_port(30081)
-                .load_balancer_ips(&[&ip("20")])
-                .source_ranges(&[lb_range])
-                .external_ips(&[&ip("10")]),
-            eps(),
-        ),
-        (
-            svc("etp", 4)
-                .node_port(30082)
-                .local_external()
-                .health_check_node_port(32100),
-            eps(),
-        ),
-        (svc("itp", 5).local_internal(), eps()),
-        (svc("aff", 6).affinity(600), eps()),
-        (
-            svc("none", 7).node_port(30083).external_ips(&[&ip("11")]),
-            vec![],
-        ),
-    ]
-    .into_iter()
-    .map(|(s, eps)| (s.build(), eps))
-    .collect()
-}
-
 fn cfg(family: IpFamily) -> ProxierConfig {
     let mut c = ProxierConfig::new(family);
     c.local_detector = LocalDetector::Cidrs(vec![
@@ -177,7 +111,7 @@ fn rendered_rules_pass_iptables_restore_test(variant: Variant) {
     let ns = Netns::new("test", variant);
     for (family, base) in [(IpFamily::V4, "iptables"), (IpFamily::V6, "ip6tables")] {
         let prog = format!("{base}-{}-restore", ns.variant);
-        let st = state(family, every_kind(family == IpFamily::V6));
+        let st = state(family, &every_kind(family));
         let mut c = cfg(family);
         c.localhost_nodeports = family == IpFamily::V4;
         let p = IptablesProxier::new(c, Box::new(ns.cli(family))).with_route_localnet(false);
@@ -203,8 +137,8 @@ fn sync_partial_canary_and_cleanup_in_a_namespace(variant: Variant) {
     assert!(ok, "{out}");
 
     let mut p = IptablesProxier::new(cfg(IpFamily::V4), Box::new(ns.cli(IpFamily::V4)));
-    let svcs = every_kind(false);
-    let st = state(IpFamily::V4, svcs.clone());
+    let svcs = every_kind(IpFamily::V4);
+    let st = state(IpFamily::V4, &svcs);
     let r = p.sync(&st, &BTreeSet::new(), false).unwrap();
     assert!(r.full);
     let nat = ns.save("iptables");
@@ -227,7 +161,7 @@ fn sync_partial_canary_and_cleanup_in_a_namespace(variant: Variant) {
     );
 
     // Partial: web goes away; its chain is deleted, the others stay.
-    let st2 = state(IpFamily::V4, svcs[1..].to_vec());
+    let st2 = state(IpFamily::V4, &svcs[1..]);
     let changed: BTreeSet<ServicePortName> = [svcs[0].0.name.clone()].into();
     let r = p.sync(&st2, &changed, false).unwrap();
     assert!(!r.full);
@@ -271,15 +205,12 @@ fn sync_partial_canary_and_cleanup_in_a_namespace(variant: Variant) {
 fn ipv6_sync_in_a_namespace(variant: Variant) {
     let ns = Netns::new("v6", variant);
     let mut p = IptablesProxier::new(cfg(IpFamily::V6), Box::new(ns.cli(IpFamily::V6)));
-    let svcs = every_kind(true);
-    p.sync(&state(IpFamily::V6, svcs.clone()), &BTreeSet::new(), false)
+    let svcs = every_kind(IpFamily::V6);
+    p.sync(&state(IpFamily::V6, &svcs), &BTreeSet::new(), false)
         .unwrap();
     let out = ns.save("ip6tables");
     assert!(out.contains(&svc_chain(&svcs[0].0)), "{out}");
-    assert!(
-        out.contains("--to-destination [fd00:244::1:5]:8080"),
-        "{out}"
-    );
+    assert!(out.contains("--to-destination [fd00:244::5]:8080"), "{out}");
     // The IPv4 tables were not touched.
     assert!(!ns.save("iptables").contains("KUBE-"));
     p.cleanup().unwrap();
@@ -291,7 +222,7 @@ fn only_in_backend(variant: Variant) {
     let ns = Netns::new("only", variant);
     let mut p = IptablesProxier::new(cfg(IpFamily::V4), Box::new(ns.cli(IpFamily::V4)));
     p.sync(
-        &state(IpFamily::V4, every_kind(false)),
+        &state(IpFamily::V4, &every_kind(IpFamily::V4)),
         &BTreeSet::new(),
         false,
     )
