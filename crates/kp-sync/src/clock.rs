@@ -133,6 +133,12 @@ impl ManualClock {
         g.schedule.insert((t, seq), ev);
     }
 
+    /// A sender on the loop's channel, for a test's own producer thread (a
+    /// flood); the channel stays open until it is dropped too.
+    pub fn sender(&self) -> Option<Sender<SourceEvent>> {
+        self.lock().tx.clone()
+    }
+
     /// Closes the channel once nothing is scheduled and the loop waits past
     /// `offset` after the start.
     pub fn end_at(&self, offset: Duration) {

@@ -355,6 +355,9 @@ impl SyncLoop {
     }
 
     /// Runs until the event channel closes. The first sync waits for `Synced`.
+    /// Syncs are paced by the min sync period and never starved: however
+    /// fast events arrive, a due sync runs after at most [`DRAIN_AT_MOST`]
+    /// of them.
     pub fn run(mut self, rx: Receiver<SourceEvent>) {
         let mut pacer = Pacer::new(self.min_sync_period, 2, self.clock.now());
         let mut synced = false;
@@ -379,23 +382,31 @@ impl SyncLoop {
             }
             match self.clock.recv_until(&rx, deadline) {
                 Ok(ev) => {
-                    let is_synced = matches!(ev, SourceEvent::Synced);
-                    dirty |= self.apply_event(ev);
-                    if is_synced && !synced {
-                        synced = true;
-                        dirty = true;
-                        tracing::info!("sources synced; running the first sync");
-                    }
-                    // Drain what is already queued before syncing.
-                    while let Ok(ev) = rx.try_recv() {
+                    let mut apply = |ev: SourceEvent| {
                         let is_synced = matches!(ev, SourceEvent::Synced);
                         dirty |= self.apply_event(ev);
                         if is_synced && !synced {
                             synced = true;
                             dirty = true;
+                            tracing::info!("sources synced; running the first sync");
+                        }
+                    };
+                    apply(ev);
+                    // Drain what is already queued before syncing, but not
+                    // forever: a flood that never empties the queue must not
+                    // hold syncs off (the tracker coalesces what waits).
+                    for _ in 0..DRAIN_AT_MOST {
+                        match rx.try_recv() {
+                            Ok(ev) => apply(ev),
+                            Err(_) => break,
                         }
                     }
-                    continue;
+                    // A sync that is due runs now, events queued or not.
+                    let now = self.clock.now();
+                    let paced = pacer.ready_at(now) <= now && retry_at.is_none_or(|r| now >= r);
+                    if !(synced && (now >= next_full || (dirty && paced))) {
+                        continue;
+                    }
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     tracing::info!("source closed; sync loop stops");
@@ -444,6 +455,9 @@ impl SyncLoop {
         }
     }
 }
+
+/// Events applied in a row before the loop checks whether a sync is due.
+pub const DRAIN_AT_MOST: usize = 4096;
 
 #[cfg(test)]
 mod tests {

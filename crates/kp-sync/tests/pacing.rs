@@ -267,6 +267,36 @@ fn events_queued_together_make_one_sync() {
 }
 
 #[test]
+fn a_flood_of_events_never_starves_syncs() {
+    // The loop is far behind a flood: Synced and then 20,000 changes are
+    // queued before it reads any (20 s of virtual time, 1 ms apart). It must
+    // not wait for the queue to empty before syncing.
+    let (lp, clock, rx, rec, _) = start(secs(1), secs(3600));
+    let tx = clock.sender().unwrap();
+    tx.send(SourceEvent::Synced).unwrap();
+    for i in 0..20_000u32 {
+        clock.advance(ms(1));
+        tx.send(service(&format!("s{i}"), i)).unwrap();
+    }
+    drop(tx);
+    run(lp, &clock, rx, secs(30));
+    let calls = rec.calls();
+    assert!(calls.len() >= 2, "{calls:?}");
+    // The first sync ran after at most DRAIN_AT_MOST more events (before the
+    // bound: one sync, after all 20,000).
+    assert!(
+        calls[0].changed <= kp_sync::DRAIN_AT_MOST + 1,
+        "the first sync waited for the flood: {calls:?}"
+    );
+    assert_eq!(calls.iter().map(|c| c.changed).sum::<usize>(), 20_000);
+    // Paced all the same: a burst of two, then one per min sync period.
+    assert!(
+        calls.len() >= 3 && calls[2].at >= calls[1].at + secs(1),
+        "{calls:?}"
+    );
+}
+
+#[test]
 fn min_sync_period_allows_a_burst_of_two_then_one_per_period() {
     let (lp, clock, rx, rec, _) = start(secs(1), secs(30));
     clock.at(ms(0), SourceEvent::Synced);

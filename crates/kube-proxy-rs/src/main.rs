@@ -208,7 +208,10 @@ async fn serve(
         }),
         programmed,
     };
-    let (std_tx, std_rx) = std::sync::mpsc::channel();
+    // Bounded: while a long sync runs the watch streams wait here (and the
+    // API server's watch buffers them) instead of queueing objects without
+    // limit; the tracker coalesces whatever the loop then reads.
+    let (std_tx, std_rx) = std::sync::mpsc::sync_channel(EVENT_QUEUE);
     let sync_thread = std::thread::Builder::new()
         .name("sync".into())
         .spawn(move || sync.run(std_rx))
@@ -226,9 +229,7 @@ async fn serve(
                     if let (SourceEvent::NodeApplied(n), Some(w)) = (&ev, &pod_cidr_watch) {
                         w.check(n)?;
                     }
-                    if std_tx.send(ev).is_err() {
-                        bail!("the sync loop stopped");
-                    }
+                    forward(&std_tx, ev).await?;
                 }
                 None => {
                     drop(std_tx);
@@ -244,4 +245,24 @@ async fn serve(
     // restart.
     tracing::info!("shutting down; programmed rules stay in place");
     Ok(())
+}
+
+/// Source events waiting for the sync loop, at most.
+const EVENT_QUEUE: usize = 8192;
+
+/// Hands `ev` to the sync thread, waiting (without blocking the runtime)
+/// while its queue is full.
+async fn forward(tx: &std::sync::mpsc::SyncSender<SourceEvent>, mut ev: SourceEvent) -> Result<()> {
+    loop {
+        match tx.try_send(ev) {
+            Ok(()) => return Ok(()),
+            Err(std::sync::mpsc::TrySendError::Full(back)) => {
+                ev = back;
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+            Err(std::sync::mpsc::TrySendError::Disconnected(_)) => {
+                bail!("the sync loop stopped")
+            }
+        }
+    }
 }
