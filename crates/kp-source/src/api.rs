@@ -17,7 +17,6 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ListParams};
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
 use kube::{Client, ResourceExt};
 use tokio::sync::mpsc::{self, Sender};
 use tokio::task::JoinHandle;
@@ -62,8 +61,33 @@ fn is_label_value(s: &str) -> bool {
         && b.last().is_none_or(u8::is_ascii_alphanumeric)
 }
 
-/// How often a disconnected source checks whether the API answers again.
-const PROBE_INTERVAL: Duration = Duration::from_secs(1);
+/// How often a disconnected source checks whether the API answers again:
+/// after 1 s, then 1.5 times longer each time up to 4 s, each wait varied by
+/// ±20% so that the nodes of a cluster do not probe in step. An API server
+/// answering errors for minutes sees one probe per node every ~4 s (two or
+/// three small lists), not one a second; recovery is still noticed within
+/// about 5 s (plus a probe's 5 s timeout through a partition; the outage
+/// tests hold it to that).
+fn probe_delay(attempt: u32, jitter: f64) -> Duration {
+    const FIRST: f64 = 1.0;
+    const MAX: f64 = 4.0;
+    let base = (FIRST * 1.5f64.powi(attempt.min(16) as i32)).min(MAX);
+    Duration::from_secs_f64(base * (0.8 + 0.4 * jitter.clamp(0.0, 1.0)))
+}
+
+/// A number in [0, 1) that differs between processes and calls (jitter
+/// needs no more than that).
+fn jitter() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
 /// How long one probe may take. Through a network partition a connection
 /// attempt would otherwise wait out the client's connect timeout (30 s)
 /// and the kernel's doubling SYN retransmissions, so a server reachable
@@ -190,19 +214,64 @@ fn watch_streams(
     cfg: &watcher::Config,
     node_cfg: &watcher::Config,
 ) -> SelectAll<BoxStream<'static, Item>> {
-    let services = watcher::watcher(Api::<Service>::all(client.clone()), cfg.clone())
-        .default_backoff()
-        .map(|r| Item::Service(Box::new(r)))
-        .boxed();
-    let slices = watcher::watcher(Api::<EndpointSlice>::all(client.clone()), cfg.clone())
-        .default_backoff()
-        .map(|r| Item::Slice(Box::new(r)))
-        .boxed();
-    let nodes = watcher::watcher(Api::<Node>::all(client.clone()), node_cfg.clone())
-        .default_backoff()
-        .map(|r| Item::Node(Box::new(r)))
-        .boxed();
+    let services = relist_backoff(watcher::watcher(
+        Api::<Service>::all(client.clone()),
+        cfg.clone(),
+    ))
+    .map(|r| Item::Service(Box::new(r)))
+    .boxed();
+    let slices = relist_backoff(watcher::watcher(
+        Api::<EndpointSlice>::all(client.clone()),
+        cfg.clone(),
+    ))
+    .map(|r| Item::Slice(Box::new(r)))
+    .boxed();
+    let nodes = relist_backoff(watcher::watcher(
+        Api::<Node>::all(client.clone()),
+        node_cfg.clone(),
+    ))
+    .map(|r| Item::Node(Box::new(r)))
+    .boxed();
     futures::stream::select_all([services, slices, nodes])
+}
+
+/// A watcher's retries: kube-runtime's default policy (0.8 s doubling to
+/// 30 s, jittered), except that only data resets it. kube-runtime's
+/// `default_backoff` resets on any success, and the watcher reports `Init`
+/// before each list: with lists failing (a server answering 500), every
+/// retry then came after 0.8 s, a list a second for as long as it lasted.
+fn relist_backoff<K: Send + 'static>(
+    s: impl futures::Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
+) -> BoxStream<'static, Result<Event<K>, watcher::Error>> {
+    futures::stream::unfold(
+        (s.boxed(), 0u32, None::<Duration>),
+        |(mut s, mut failures, wait)| async move {
+            if let Some(d) = wait {
+                tokio::time::sleep(d).await;
+            }
+            let item = s.next().await?;
+            let wait = match &item {
+                Err(_) => {
+                    failures += 1;
+                    Some(retry_delay(failures, jitter()))
+                }
+                Ok(Event::Init) => None,
+                Ok(_) => {
+                    failures = 0;
+                    None
+                }
+            };
+            Some((item, (s, failures, wait)))
+        },
+    )
+    .boxed()
+}
+
+/// The wait after the `failures`-th failure in a row: 0.8 s doubling up to
+/// 30 s, times 0.5 to 1.5 (`jitter` in [0, 1)).
+fn retry_delay(failures: u32, jitter: f64) -> Duration {
+    let base = (0.8 * 2f64.powi(failures.saturating_sub(1).min(16) as i32)).min(30.0);
+    Duration::from_secs_f64(base * (0.5 + jitter.clamp(0.0, 1.0)))
 }
 
 /// Lists each watched resource (one item) until all three answer.
@@ -217,8 +286,8 @@ async fn probe(client: Client, opts: ApiSourceOptions, ok: Sender<()>) {
     let services: Api<Service> = Api::all(client.clone());
     let slices: Api<EndpointSlice> = Api::all(client.clone());
     let nodes: Api<Node> = Api::all(client);
-    loop {
-        tokio::time::sleep(PROBE_INTERVAL).await;
+    for attempt in 0u32.. {
+        tokio::time::sleep(probe_delay(attempt, jitter())).await;
         let result = tokio::time::timeout(PROBE_TIMEOUT, async {
             services.list_metadata(&lp).await?;
             slices.list_metadata(&lp).await?;
@@ -360,6 +429,7 @@ pub async fn run_api_source(
             ),
         };
         let mut out = Vec::new();
+        let mut restart = false;
         match outcome {
             Ok((data, events)) => {
                 if data && !conn.connected {
@@ -369,6 +439,10 @@ pub async fn run_api_source(
                     }
                     info!(resource, "API watch delivering again");
                     out.push(SourceEvent::Reconnected);
+                    // The other watchers may sit in their backoff (up to
+                    // 45 s after a long outage): fresh ones relist now, as
+                    // after a successful probe.
+                    restart = true;
                 }
                 out.extend(events);
                 // The Node's list too: its zone label decides topology
@@ -412,12 +486,81 @@ pub async fn run_api_source(
                 return Ok(());
             }
         }
+        if restart {
+            merged = watch_streams(&client, &cfg, &node_cfg);
+            info!("API server reachable again; watches restarted");
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn probes_back_off_with_jitter_to_a_bounded_rate() {
+        // Without jitter: 1 s, 1.5 s, 2.25 s ... then 4 s for good.
+        let plain: Vec<f64> = (0..8).map(|a| probe_delay(a, 0.5).as_secs_f64()).collect();
+        assert_eq!(plain[..3], [1.0, 1.5, 2.25]);
+        assert!(plain.windows(2).all(|w| w[0] <= w[1]), "{plain:?}");
+        assert_eq!(probe_delay(1000, 0.5), Duration::from_secs(4));
+        // Jitter stays within ±20%.
+        assert_eq!(probe_delay(10, 0.0), Duration::from_secs_f64(3.2));
+        assert_eq!(probe_delay(10, 1.0), Duration::from_secs_f64(4.8));
+        // Two minutes of failures cost ~32 probes, not 120.
+        let mut t = 0.0;
+        let mut n = 0;
+        while t < 120.0 {
+            t += probe_delay(n, 0.5).as_secs_f64();
+            n += 1;
+        }
+        assert!((25..=40).contains(&n), "{n} probes in 2 minutes");
+        let j: Vec<f64> = (0..64).map(|_| jitter()).collect();
+        assert!(j.iter().all(|x| (0.0..1.0).contains(x)));
+        assert!(j.iter().any(|x| *x != j[0]), "jitter does not vary: {j:?}");
+    }
+
+    #[test]
+    fn watch_retries_double_to_30_s() {
+        let d: Vec<f64> = (1..=8).map(|f| retry_delay(f, 0.5).as_secs_f64()).collect();
+        assert_eq!(d, [0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0, 30.0]);
+        assert_eq!(retry_delay(3, 0.0), Duration::from_secs_f64(1.6));
+        assert_eq!(retry_delay(3, 1.0), Duration::from_secs_f64(4.8));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_list_is_retried_with_backoff_not_after_each_init() {
+        // What the watcher yields while its list keeps failing: Init, then
+        // the error, over and over.
+        let attempts = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let a = attempts.clone();
+        let inner = futures::stream::unfold((), move |()| {
+            let a = a.clone();
+            async move {
+                let n = a.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let item: Result<Event<Service>, watcher::Error> = if n.is_multiple_of(2) {
+                    Ok(Event::Init)
+                } else {
+                    Err(watcher::Error::NoResourceVersion)
+                };
+                Some((item, ()))
+            }
+        });
+        let mut s = relist_backoff(inner);
+        let t0 = tokio::time::Instant::now();
+        let mut errors = 0;
+        while t0.elapsed() < Duration::from_secs(120) {
+            if s.next().await.is_some_and(|r| r.is_err()) {
+                errors += 1;
+            }
+        }
+        // 0.8 + 1.6 + ... then 30 s apart (x0.5-1.5): about 8 in 2 minutes.
+        // Resetting on Init would retry every 0.4-1.2 s: over 100.
+        assert!(
+            (5..=15).contains(&errors),
+            "{errors} failed lists in 2 minutes"
+        );
+    }
 
     fn svc(ns: &str, name: &str) -> Service {
         let mut s = Service::default();

@@ -152,6 +152,10 @@ struct State {
     /// Resource requests seen, as RBAC sees them.
     calls: Mutex<std::collections::BTreeSet<ApiCall>>,
     list_delays: Mutex<HashMap<String, Duration>>,
+    /// Lists (not watches) of these plurals answer this HTTP status.
+    list_errors: Mutex<HashMap<String, u16>>,
+    /// When each list (not watch) arrived, by plural.
+    list_log: Mutex<Vec<(String, std::time::Instant)>>,
 }
 
 impl State {
@@ -566,6 +570,8 @@ impl ApiServer {
             requests: AtomicU64::new(0),
             calls: Mutex::default(),
             list_delays: Mutex::new(HashMap::new()),
+            list_errors: Mutex::new(HashMap::new()),
+            list_log: Mutex::new(Vec::new()),
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
         tokio::spawn(accept_loop(listener, state.clone(), shutdown_rx));
@@ -680,6 +686,32 @@ impl ApiServer {
         } else {
             d.insert(plural.to_owned(), delay);
         }
+    }
+
+    /// Makes every list (not watch) of `plural` answer HTTP `code` (e.g. 500);
+    /// `None` serves them again.
+    pub fn set_list_error(&self, plural: &str, code: Option<u16>) {
+        let mut e = self
+            .state()
+            .list_errors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match code {
+            Some(c) => e.insert(plural.to_owned(), c),
+            None => e.remove(plural),
+        };
+    }
+
+    /// When each list (not watch) of `plural` arrived, in order.
+    pub fn lists(&self, plural: &str) -> Vec<std::time::Instant> {
+        self.state()
+            .list_log
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(p, _)| p == plural)
+            .map(|(_, t)| *t)
+            .collect()
     }
 
     /// Every distinct resource request served so far, as an RBAC rule would
@@ -899,8 +931,27 @@ async fn route(
             if is_true(&q, "watch") {
                 start_watch(state, filter, &q)
             } else {
-                if let Some(d) = state.list_delay(kind.plural()) {
+                let plural = kind.plural();
+                state
+                    .list_log
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((plural.to_owned(), std::time::Instant::now()));
+                if let Some(d) = state.list_delay(plural) {
                     tokio::time::sleep(d).await;
+                }
+                let failing = state
+                    .list_errors
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(plural)
+                    .copied();
+                if let Some(code) = failing {
+                    return Err(Status {
+                        code,
+                        reason: "InternalError",
+                        message: format!("injected failure listing {plural}"),
+                    });
                 }
                 list(state, &filter, &q)
             }

@@ -439,7 +439,8 @@ fn api_outage_60s_and_broken_watches() {
         since < 5.0,
         "changes took {since:.2} s after the source reconnected (more than one sync)"
     );
-    // Probe interval (1 s) + relist + sync, with slack for a loaded CI box.
+    // Probe interval (at most 4.8 s once backed off) + relist + sync, with
+    // slack for a loaded CI box.
     assert!(caught_up < Duration::from_secs(12), "{caught_up:?}");
     env.wait("/healthz to report the source back", || {
         healthz(&env, 1).1["sourceConnected"] == true
@@ -465,6 +466,106 @@ fn api_outage_60s_and_broken_watches() {
         "connections across reconnect, truncation and relist",
         &after,
     );
+}
+
+/// A misbehaving API server (issue 19 item 5): after the history is
+/// compacted, every EndpointSlice list answers 500 for 2 minutes, so the
+/// proxy cannot relist. The rules stay exactly as they were and traffic
+/// flows, /healthz says the source is disconnected, and the lists it sends
+/// meanwhile stay few (the probe backs off to one every ~4 s with jitter;
+/// it used to list once a second in lockstep). When lists work again the
+/// change made meanwhile is programmed.
+#[test]
+fn endpointslice_lists_failing_for_2_minutes() {
+    let mut env = Env::new("list500", "nftables");
+    let a = env.pod(1, "a");
+    let c = env.pod(2, "c");
+    let client = env.pod(1, "client");
+    let api = Api::start(env.cluster.node_ns(1));
+    api.apply(&service("web", &["10.96.4.20"], json!({})));
+    api.apply(&slice("web", "1", "IPv4", &ready(&[&a])));
+    let kubeconfig = env.logs.join("kubeconfig");
+    api.srv.write_kubeconfig(&kubeconfig).unwrap();
+    let args = replace_arg(
+        env.proxy_args(1, &[]),
+        "--manifests=",
+        &format!("--kubeconfig={}", kubeconfig.display()),
+    );
+    let _proxy = env.spawn(1, &Env::binary(), &args, "node1.log");
+    let vip = sa("10.96.4.20", 80);
+    assert_eq!(env.wait_tcp(client.ns(), vip).server, "a");
+    let before = env.ruleset(1);
+
+    let load = Load::start(client.ns(), vip, Duration::from_millis(100));
+    api.srv.set_list_error("endpointslices", Some(500));
+    let fault_at = Instant::now();
+    // Watches resume from their resourceVersion unless it is gone: compact
+    // and drop them, so that the proxy must relist.
+    api.srv.compact();
+    api.srv.drop_watches();
+    env.wait("/healthz to report the lost source", || {
+        healthz(&env, 1).1["sourceConnected"] == false
+    });
+    // A change the proxy cannot see while lists fail.
+    api.apply(&slice("web", "1", "IPv4", &ready(&[&c])));
+    while fault_at.elapsed() < Duration::from_secs(120) {
+        std::thread::sleep(Duration::from_secs(5));
+        let (code, body) = healthz(&env, 1);
+        assert_eq!(code, 200, "/healthz failed while lists fail: {body}");
+        assert_eq!(body["sourceConnected"], false, "{body}");
+        assert_eq!(
+            env.ruleset(1),
+            before,
+            "the rules changed while lists failed"
+        );
+    }
+    let lists: Vec<Instant> = api
+        .srv
+        .lists("endpointslices")
+        .into_iter()
+        .filter(|t| *t >= fault_at)
+        .collect();
+    api.srv.set_list_error("endpointslices", None);
+    let healed = Instant::now();
+    let during = load.finish();
+    assert_no_failures("connections while lists failed", &during);
+    assert!(during.iter().all(|(_, r)| r.as_deref() == Ok("a")));
+
+    // Bounded: the probe's (~32 in 2 minutes at most 4.8 s apart, jittered)
+    // and kube-runtime's own relists (backoff to 30 s). A probe a second
+    // would be 120 and more.
+    let gaps: Vec<f64> = lists
+        .windows(2)
+        .map(|w| (w[1] - w[0]).as_secs_f64())
+        .collect();
+    eprintln!(
+        "{} EndpointSlice lists in 120 s of 500s; gaps {:?}",
+        lists.len(),
+        gaps.iter().map(|g| format!("{g:.2}")).collect::<Vec<_>>()
+    );
+    assert!(
+        (10..=60).contains(&lists.len()),
+        "{} EndpointSlice lists in 2 minutes",
+        lists.len()
+    );
+    // Jittered: the waits between the probe's lists (the long ones) differ.
+    let long: Vec<f64> = gaps.iter().copied().filter(|g| *g > 2.5).collect();
+    let spread = long.iter().cloned().fold(f64::MIN, f64::max)
+        - long.iter().cloned().fold(f64::MAX, f64::min);
+    assert!(long.len() >= 5 && spread > 0.2, "no jitter: {gaps:?}");
+
+    // Back: the change made meanwhile is programmed.
+    assert!(
+        wait_until(Duration::from_secs(30), Duration::from_millis(100), || {
+            tcp_hello(client.ns(), vip, Duration::from_millis(500)).is_ok_and(|r| r.server == "c")
+        }),
+        "the change made while lists failed was not programmed\n{}",
+        env.log(1)
+    );
+    eprintln!("programmed {:?} after lists worked again", healed.elapsed());
+    env.wait("/healthz to report the source back", || {
+        healthz(&env, 1).1["sourceConnected"] == true
+    });
 }
 
 // ---------------------------------------------------------------------------
@@ -1208,7 +1309,9 @@ fn iptables_restore_failure_keeps_previous_rules() {
         format!("PATH={}:/usr/sbin:/usr/bin:/sbin:/bin", bin.display()),
         Env::binary().display().to_string(),
     ];
-    args.extend(env.proxy_args(1, &[]));
+    // The programs' path (iptables-nft is written over netlink by default;
+    // its refused batches are kp-iptables' nft_roundtrip.rs).
+    args.extend(env.proxy_args(1, &["--iptables-nft-restore"]));
     let _proxy = env.spawn(1, std::path::Path::new("/usr/bin/env"), &args, "node1.log");
     let vip = sa("10.96.5.20", 80);
     assert_eq!(env.wait_tcp(client.ns(), vip).server, "a");
