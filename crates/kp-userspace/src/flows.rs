@@ -92,6 +92,22 @@ impl<V: Clone> FlowTable<V> {
         None
     }
 
+    /// When `max` flows are open, removes and returns the least recently
+    /// used one, to make room for a new client: every flow holds a socket,
+    /// and a client spraying source ports must not exhaust the process's
+    /// file descriptors. O(flows), only when full.
+    pub fn make_room(&mut self, max: usize) -> Option<V> {
+        if self.map.len() < max.max(1) {
+            return None;
+        }
+        let oldest = self
+            .map
+            .iter()
+            .min_by_key(|(_, e)| e.last_seen)
+            .map(|(k, _)| *k)?;
+        self.map.remove(&oldest).map(|e| e.value)
+    }
+
     /// Removes and returns the flows idle for the timeout or longer.
     pub fn expire(&mut self, now: Instant) -> Vec<(SocketAddr, V)> {
         let idle = self.idle;
@@ -126,6 +142,21 @@ mod tests {
 
     fn client(port: u16) -> SocketAddr {
         SocketAddr::from(([10, 244, 1, 9], port))
+    }
+
+    #[test]
+    fn a_full_table_gives_up_its_least_recent_flow() {
+        let t0 = Instant::now();
+        let mut t = FlowTable::new(Duration::from_secs(30));
+        for p in 0..4 {
+            t.insert(client(1000 + p), p, t0 + Duration::from_millis(p as u64));
+        }
+        // Traffic on the oldest makes the second-oldest the least recent.
+        t.touch(client(1000), t0 + Duration::from_secs(1));
+        assert_eq!(t.make_room(5), None);
+        assert_eq!(t.make_room(4), Some(1));
+        assert_eq!(t.len(), 3);
+        assert_eq!(t.make_room(4), None);
     }
 
     #[test]

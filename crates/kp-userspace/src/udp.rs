@@ -59,6 +59,10 @@ impl Drop for FlowGuard {
     }
 }
 
+/// UDP flows per Service port at most (each holds a socket: a file
+/// descriptor); beyond it the least recently used flow is closed.
+pub const MAX_FLOWS: usize = 4096;
+
 pub(crate) async fn serve(sock: UdpSocket, svc: Arc<ServiceRt>, ctx: Arc<ListenCtx>) {
     let sock = Arc::new(sock);
     let idle = svc.shared.udp_idle_timeout.max(Duration::from_millis(1));
@@ -157,6 +161,13 @@ async fn forward(
         other => {
             if let Lookup::Stale(old) = other {
                 old.abort.abort();
+            }
+            if let Some(old) = lock(table).make_room(MAX_FLOWS) {
+                // Counted as an error of the Service: a table this full is
+                // a client spraying source ports, or far too many clients.
+                old.abort.abort();
+                svc.error();
+                tracing::debug!(service = %svc.label, max = MAX_FLOWS, "UDP flow table full; the least recent flow gave way");
             }
             let Some(f) = new_flow(client, sock, svc, ctx, table) else {
                 svc.error();
