@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 /// Set inside the VM: a missing IPVS is then a failure, not a skip.
 const REQUIRE_ENV: &str = "KP_IPVS_REQUIRE";
-/// Upper bound for the whole VM run (boot + 14 cases).
+/// Upper bound for the whole VM run (boot + 15 cases).
 const VM_TIMEOUT: Duration = Duration::from_secs(25 * 60);
 
 /// Whether this kernel has IPVS (loading ip_vs if it can).
@@ -233,7 +233,7 @@ fn vm_unavailable(why: &str) {
     );
     eprintln!(
         "\n==================== SKIPPED: IPVS conformance VM ====================\n\
-         {why}.\nThe 14 IPVS-mode cases did NOT run on this machine; they need a kernel \
+         {why}.\nThe 15 IPVS-mode cases did NOT run on this machine; they need a kernel \
          with ip_vs (docs/ipvs.md).\n=====================================================================\n"
     );
 }
@@ -285,12 +285,8 @@ fn vm_ipvs_conformance() {
     let script = format!(
         "cd {cwd} && PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
          {REQUIRE_ENV}=1 KP_CONFORMANCE_SYNC_WAIT=120 RUST_BACKTRACE=1 {exe} --color never --test-threads=1 {filter}",
-        // c01 ... c14. Not c15 (UDP before endpoints): in IPVS mode a UDP
-        // flow that started before its Service existed intermittently stays
-        // unanswered after the Service is programmed (2 of 4 VM runs); a
-        // known IPVS-mode defect under investigation (docs/ipvs.md), run
-        // with KP_IPVS_VM_FILTER=c15 meanwhile.
-        filter = filter.as_deref().unwrap_or("c0 c10 c11 c12 c13 c14"),
+        // c01 ... c15.
+        filter = filter.as_deref().unwrap_or("c0 c1"),
         cwd = cwd.display(),
         exe = exe.display()
     );
@@ -381,7 +377,7 @@ fn vm_ipvs_conformance() {
     );
     // The cases really ran (not skipped) inside the VM.
     assert!(
-        filter.is_some() || console.contains("14 passed; 0 failed"),
-        "expected 14 IPVS cases to pass in the VM"
+        filter.is_some() || console.contains("15 passed; 0 failed"),
+        "expected 15 IPVS cases to pass in the VM"
     );
 }

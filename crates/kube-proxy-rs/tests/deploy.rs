@@ -137,17 +137,39 @@ fn every_manifest_is_a_kubernetes_object_and_they_fit_together() {
         spec.template.metadata.as_ref().unwrap().labels
     );
     let c = container(&ds);
-    let caps = c
-        .security_context
-        .as_ref()
-        .unwrap()
-        .capabilities
-        .as_ref()
-        .unwrap()
-        .add
-        .clone()
-        .unwrap();
-    assert_eq!(caps, vec!["NET_ADMIN", "NET_RAW"]);
+    // Least privilege, as conformance_caps_* runs the proxy.
+    let sc = c.security_context.as_ref().unwrap();
+    let caps = sc.capabilities.as_ref().unwrap();
+    assert_eq!(caps.drop.clone().unwrap(), vec!["ALL"]);
+    assert_eq!(caps.add.clone().unwrap(), vec!["NET_ADMIN"]);
+    assert_eq!(sc.privileged, Some(false));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(
+        sc.seccomp_profile.as_ref().map(|p| p.type_.as_str()),
+        Some("RuntimeDefault")
+    );
+    // The privileged setup is the init container's: the same binary and
+    // config with --init-only.
+    let init = pod.init_containers.as_ref().unwrap();
+    assert_eq!(init.len(), 1);
+    let args = init[0].args.clone().unwrap();
+    assert!(args.iter().any(|a| a == "--init-only"), "{args:?}");
+    assert_eq!(init[0].command, c.command);
+    assert_eq!(init[0].image, c.image);
+    assert!(
+        args.iter().any(|a| c
+            .args
+            .as_ref()
+            .unwrap()
+            .iter()
+            .any(|m| m == a && a.starts_with("--config="))),
+        "the init container reads the main container's config: {args:?}"
+    );
+    assert_eq!(
+        init[0].security_context.as_ref().and_then(|s| s.privileged),
+        Some(true)
+    );
 
     // The config volume is the ConfigMap, mounted where --config points.
     let cm_name = cm.metadata.name.clone().unwrap();

@@ -16,7 +16,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kp_netlab::{
     tcp_hello, tcp_hello_from, tcp_hello_many, tcp_hold, udp_ask, udp_session, wait_until, Cluster,
@@ -56,6 +56,9 @@ pub fn split_mode(mode: &str) -> (Source, &str) {
     match mode.split_once('/') {
         Some(("api", m)) => (Source::Api, m),
         Some(("upstream", m)) => (Source::Upstream, m),
+        // Manifests, the proxy run as the DaemonSet's main container: see
+        // [`Env::start`].
+        Some(("caps", m)) => (Source::Manifests, m),
         _ => (Source::Manifests, mode),
     }
 }
@@ -109,7 +112,17 @@ pub struct Env {
     /// started (the log is appended to across restarts).
     syncs_at_start: Vec<usize>,
     servers: Vec<ServerGuard>,
+    /// "caps/MODE": the proxy runs with deploy/'s privileges only.
+    least_privilege: bool,
 }
+
+/// Runs the rest of its arguments as deploy/daemonset.yaml's main container
+/// runs kube-proxy-rs: /proc/sys read-only (in a mount namespace of its
+/// own), no capability but NET_ADMIN, no new privileges. Every step execs,
+/// so the proxy keeps the spawned PID.
+const LEAST_PRIVILEGE: &str = "mount --bind /proc/sys /proc/sys && \
+    mount -o remount,bind,ro /proc/sys && \
+    exec setpriv --bounding-set=-all,+net_admin --inh-caps=-all --no-new-privs \"$@\"";
 
 impl Env {
     /// `mode` may name a source ("api/nftables", "upstream/iptables"): see
@@ -132,6 +145,7 @@ impl Env {
             proxies: vec![None, None, None],
             syncs_at_start: vec![0, 0, 0],
             servers: Vec::new(),
+            least_privilege: mode.starts_with("caps/"),
         }
     }
 
@@ -228,6 +242,15 @@ impl Env {
         if split_mode(&self.mode).1 == "iptables-restore" {
             a.push("--iptables-nft-restore".into());
         }
+        // The lab's nodes share one L2 segment and route everything on-link,
+        // so a node ARPs for a Service IP it has not bound yet. Without strict
+        // ARP the other node answers for its kube-ipvs0 and its IPVS takes the
+        // flow; that IPVS connection then rewrites the endpoint's later
+        // replies to the Service IP, which the first node drops as a martian
+        // (c15, docs/ipvs.md). Upstream's remedy on such networks.
+        if self.mode == "ipvs" {
+            a.push("--ipvs-strict-arp".into());
+        }
         if self.api.is_some() {
             // Machine-wide conntrack settings stay as they are (both proxies
             // would otherwise write nf_conntrack_max from a namespace).
@@ -246,12 +269,42 @@ impl Env {
     pub fn start(&mut self, node: usize, extra: &[&str]) {
         let args = self.proxy_args(node, extra);
         self.syncs_at_start[node] = self.syncs(node);
-        let g = self.spawn(
-            node,
-            &self.proxy_binary(),
-            &args,
-            &format!("node{node}.log"),
-        );
+        let log = format!("node{node}.log");
+        let g = if self.least_privilege {
+            // The DaemonSet's privileged init container first...
+            let init: Vec<String> = std::iter::once(Env::binary().display().to_string())
+                .chain(self.proxy_args(node, &["--init-only"]))
+                .collect();
+            let out = self
+                .cluster
+                .exec(self.cluster.node_ns(node), &init)
+                .expect("running --init-only");
+            assert!(out.status.success(), "--init-only failed: {out:?}");
+            // ... then the main container.
+            let mut wrapped: Vec<String> = [
+                "-m",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                LEAST_PRIVILEGE,
+                "kube-proxy-rs",
+            ]
+            .map(String::from)
+            .to_vec();
+            wrapped.push(self.proxy_binary().display().to_string());
+            wrapped.extend(args);
+            let g = self.spawn(
+                node,
+                std::path::Path::new("/usr/bin/unshare"),
+                &wrapped,
+                &log,
+            );
+            assert_least_privilege(g.pid());
+            g
+        } else {
+            self.spawn(node, &self.proxy_binary(), &args, &log)
+        };
         self.proxies[node] = Some(g);
     }
 
@@ -296,12 +349,10 @@ impl Env {
     /// Starts kube-proxy-rs on both nodes and waits for both first syncs.
     ///
     /// Until a node's proxy has synced, its pods' packets to a Service IP
-    /// leave the node and may be served by the other node's rules: in IPVS
-    /// mode the other node answers ARP for the Service IPs on its kube-ipvs0
-    /// (the lab's nodes route everything on-link, and IPVS mode does not set
-    /// arp_ignore unless --ipvs-strict-arp). A connection made that way
-    /// breaks (reset, or a lost handshake) as soon as the local proxy binds
-    /// the address, and a refusal that way is the other node's.
+    /// leave the node with an ARP request for it (the lab's nodes route
+    /// everything on-link). A case connecting then would see a timeout or
+    /// "no route to host", or, in IPVS mode without strict ARP, the other
+    /// node's answer ([`Env::proxy_args`]): none of it the local proxy's.
     pub fn start_all(&mut self) {
         self.start(1, &[]);
         self.start(2, &[]);
@@ -460,6 +511,47 @@ impl Drop for Env {
             let _ = std::fs::remove_dir_all(&self.logs);
         }
     }
+}
+
+/// Waits until `pid` runs kube-proxy-rs itself (past the wrapper's execs),
+/// then checks that it holds exactly CAP_NET_ADMIN and sees /proc/sys
+/// read-only.
+fn assert_least_privilege(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        if st
+            .lines()
+            .any(|l| l.starts_with("Name:") && l.contains("kube-proxy-rs"))
+        {
+            break st;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "pid {pid} never became kube-proxy-rs: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let cap = |field: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_default()
+    };
+    // Bit 12: CAP_NET_ADMIN.
+    assert_eq!(cap("CapEff:"), "0000000000001000", "{status}");
+    assert_eq!(cap("CapBnd:"), "0000000000001000", "{status}");
+    assert_eq!(cap("NoNewPrivs:"), "1", "{status}");
+    let mounts = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap_or_default();
+    assert!(
+        mounts.lines().any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.get(4) == Some(&"/proc/sys")
+                && f.get(5).is_some_and(|o| o.split(',').any(|x| x == "ro"))
+        }),
+        "/proc/sys is not read-only for the proxy:\n{mounts}"
+    );
 }
 
 /// The --proxy-mode of a suite mode name: "iptables-legacy" runs iptables mode.
@@ -1288,6 +1380,18 @@ pub fn udp_before_endpoints(mode: &str) {
     env.put("eps1", &slice("u1", "1", "IPv4", &ready(&[&a])));
     env.put("svc2", &service("u2", &["10.96.0.151"], udp(None)));
     env.put("eps2", &slice("u2", "1", "IPv4", &ready(&[&b])));
+    // s2's client keeps sending while the Service is programmed (a resolver
+    // retrying): datagrams that leave node1 before it serves 10.96.0.151
+    // must not end up anywhere that outlives the new rules. In IPVS mode
+    // without strict ARP they reached node2's IPVS, whose connection entry
+    // then broke the flow for good (docs/ipvs.md); sending here is what
+    // makes such a leak show up reliably.
+    env.wait("u2's endpoint programmed while its client sends", || {
+        for _ in 0..5 {
+            let _ = s2.ask(Duration::from_millis(100));
+        }
+        programmed(&env, &b)
+    });
     env.wait("u1's endpoint programmed", || programmed(&env, &a));
     answered_within_1s(&[&s1, &n1], "a");
     env.wait("u2's endpoint programmed", || programmed(&env, &b));

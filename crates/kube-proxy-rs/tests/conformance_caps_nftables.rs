@@ -1,0 +1,9 @@
+//! The conformance suite in nftables mode with the proxy run as
+//! deploy/daemonset.yaml runs it: a privileged `--init-only` first (the init
+//! container), then the proxy with only CAP_NET_ADMIN, no new privileges and a
+//! read-only /proc/sys (checked on the running process).
+
+#[macro_use]
+mod conformance;
+
+conformance_suite!("caps/nftables");
