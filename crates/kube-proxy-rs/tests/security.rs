@@ -331,3 +331,63 @@ fn node_ssh_survives_an_external_ip_claim_nftables() {
 fn node_ssh_survives_an_external_ip_claim_iptables() {
     node_ssh_survives_an_external_ip_claim("iptables");
 }
+
+/// At `-v=9` (everything at trace, HTTP and TLS libraries included) against
+/// the real kube-apiserver over TLS, the proxy's bearer token appears
+/// nowhere in its logs, while they do show its API traffic.
+#[test]
+fn bearer_token_is_never_logged() {
+    let mode = "api/nftables";
+    if !conformance::binaries_for(mode) {
+        return;
+    }
+    let mut env = Env::new("tokenlog", mode);
+    let a = env.pod(1, "a");
+    let client = env.pod(1, "client");
+    env.put("svc", &service("t", &["10.96.8.30"], json!({})));
+    env.put("eps", &slice("t", "1", "IPv4", &ready(&[&a])));
+    let args: Vec<String> = env
+        .proxy_args(1, &[])
+        .into_iter()
+        .map(|a| {
+            if a.starts_with("-v=") {
+                "-v=9".into()
+            } else {
+                a
+            }
+        })
+        .collect();
+    assert!(args.iter().any(|a| a == "-v=9"), "{args:?}");
+    let _proxy = env.spawn(1, &Env::binary(), &args, "node1.log");
+    env.wait_tcp(client.ns(), sa("10.96.8.30", 80));
+    let kubeconfig = std::fs::read_to_string(&env.api().kubeconfig).unwrap();
+    let token = kubeconfig
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("token:"))
+        .map(|t| t.trim().trim_matches('"').to_string())
+        .expect("the proxy's kubeconfig holds a bearer token");
+    assert!(token.len() > 20, "{token}");
+    assert!(env.api().kubeconfig.exists());
+    let log = env.log(1);
+    assert!(
+        log.lines().count() > 200,
+        "only {} log lines",
+        log.lines().count()
+    );
+    // Verbose for real: the client library traces every response's headers
+    // (kube-apiserver's audit-id), the TLS library its handshakes.
+    assert!(
+        log.contains("TRACE kube_client") && log.contains("audit-id") && log.contains("rustls"),
+        "no trace of the API traffic at -v=9"
+    );
+    for (what, needle) in [
+        ("the token", token.as_str()),
+        ("the token's first 16 characters", &token[..16]),
+        ("its last 16", &token[token.len() - 16..]),
+    ] {
+        assert!(
+            !log.contains(needle),
+            "{what} appears in the proxy's log at -v=9"
+        );
+    }
+}
