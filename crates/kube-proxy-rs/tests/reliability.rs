@@ -342,6 +342,23 @@ impl Drop for Api {
     }
 }
 
+/// Starts the in-process test API server on node1 with Service "web"
+/// (`vip`, port 80) served by `pod`, and kube-proxy-rs on node1 reading it.
+fn proxy_on_test_api(env: &Env, vip: &str, pod: &kp_netlab::Pod) -> (Api, kp_netlab::ProcGuard) {
+    let api = Api::start(env.cluster.node_ns(1));
+    api.apply(&service("web", &[vip], json!({})));
+    api.apply(&slice("web", "1", "IPv4", &ready(&[pod])));
+    let kubeconfig = env.logs.join("kubeconfig");
+    api.srv.write_kubeconfig(&kubeconfig).unwrap();
+    let args = replace_arg(
+        env.proxy_args(1, &[]),
+        "--manifests=",
+        &format!("--kubeconfig={}", kubeconfig.display()),
+    );
+    let proxy = env.spawn(1, &Env::binary(), &args, "node1.log");
+    (api, proxy)
+}
+
 /// Case 1 and 2: the API server is unreachable for 60 s. Traffic keeps
 /// flowing on the rules in place (a client connects every 50 ms throughout,
 /// with periodic full resyncs happening meanwhile), /healthz stays 200 and
@@ -355,17 +372,7 @@ fn api_outage_60s_and_broken_watches() {
     let a = env.pod(1, "a");
     let c = env.pod(2, "c");
     let client = env.pod(1, "client");
-    let api = Api::start(env.cluster.node_ns(1));
-    api.apply(&service("web", &["10.96.4.10"], json!({})));
-    api.apply(&slice("web", "1", "IPv4", &ready(&[&a])));
-    let kubeconfig = env.logs.join("kubeconfig");
-    api.srv.write_kubeconfig(&kubeconfig).unwrap();
-    let args = replace_arg(
-        env.proxy_args(1, &[]),
-        "--manifests=",
-        &format!("--kubeconfig={}", kubeconfig.display()),
-    );
-    let _proxy = env.spawn(1, &Env::binary(), &args, "node1.log");
+    let (api, _proxy) = proxy_on_test_api(&env, "10.96.4.10", &a);
     let vip = sa("10.96.4.10", 80);
     let late = sa("10.96.4.11", 80);
     assert_eq!(env.wait_tcp(client.ns(), vip).server, "a");
@@ -481,17 +488,7 @@ fn endpointslice_lists_failing_for_2_minutes() {
     let a = env.pod(1, "a");
     let c = env.pod(2, "c");
     let client = env.pod(1, "client");
-    let api = Api::start(env.cluster.node_ns(1));
-    api.apply(&service("web", &["10.96.4.20"], json!({})));
-    api.apply(&slice("web", "1", "IPv4", &ready(&[&a])));
-    let kubeconfig = env.logs.join("kubeconfig");
-    api.srv.write_kubeconfig(&kubeconfig).unwrap();
-    let args = replace_arg(
-        env.proxy_args(1, &[]),
-        "--manifests=",
-        &format!("--kubeconfig={}", kubeconfig.display()),
-    );
-    let _proxy = env.spawn(1, &Env::binary(), &args, "node1.log");
+    let (api, _proxy) = proxy_on_test_api(&env, "10.96.4.20", &a);
     let vip = sa("10.96.4.20", 80);
     assert_eq!(env.wait_tcp(client.ns(), vip).server, "a");
     let before = env.ruleset(1);
