@@ -1,5 +1,7 @@
 //! Synthetic clusters for benchmarks and scale tests.
 
+pub mod lab;
+
 use serde_json::{json, Value};
 
 /// One Service and its EndpointSlice, in the shape of the API objects.

@@ -138,6 +138,23 @@ struct Store {
     uid_seq: u64,
 }
 
+/// Changes kept for watches that resume: a soak writes millions, and a real
+/// API server forgets too (etcd compacts every 5 minutes). Past this, the
+/// oldest half goes and resuming from before it answers 410 Expired.
+const HISTORY_LIMIT: usize = 50_000;
+
+impl Store {
+    fn record(&mut self, change: Arc<Change>) {
+        self.history.push(change);
+        if self.history.len() > HISTORY_LIMIT {
+            self.history.drain(..HISTORY_LIMIT / 2);
+            if let Some(first) = self.history.first() {
+                self.compacted = self.compacted.max(first.rv - 1);
+            }
+        }
+    }
+}
+
 struct State {
     store: Mutex<Store>,
     changes: broadcast::Sender<Arc<Change>>,
@@ -239,7 +256,7 @@ impl State {
             new: Some(obj.clone()),
             deleted: None,
         });
-        store.history.push(change.clone());
+        store.record(change.clone());
         // No receivers is fine: nobody is watching.
         let _ = self.changes.send(change);
         Ok(obj)
@@ -263,7 +280,7 @@ impl State {
             new: None,
             deleted: Some(deleted.clone()),
         });
-        store.history.push(change.clone());
+        store.record(change.clone());
         let _ = self.changes.send(change);
         Some(deleted)
     }

@@ -27,20 +27,16 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::Command;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Namespace, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kp_netlab::{Cluster, ClusterOpts, ProcGuard};
-use kp_testkit::{ControlPlane, ControlPlaneOpts, K8sBinaries};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use serde_json::{json, Value};
-
-const NS: &str = "bench";
-const ENDPOINTS: u32 = 10;
+use kp_bench::lab::{
+    date_utc, has_ip, load_average, now_unix, pct, proxy_args, secs, write_into, Lab, Proxy,
+    ENDPOINTS,
+};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
 
 struct Opts {
     sizes: Vec<u32>,
@@ -102,309 +98,6 @@ struct Figures {
     peak_mib: f64,
 }
 
-/// Whether `text` holds address `ip` as a whole (10.1.0.7 is not in 10.1.0.73).
-fn has_ip(text: &str, ip: &str) -> bool {
-    text.match_indices(ip).any(|(i, _)| {
-        let before = text[..i].chars().next_back();
-        let after = text[i + ip.len()..].chars().next();
-        !before.is_some_and(|c| c.is_ascii_digit() || c == '.')
-            && !after.is_some_and(|c| c.is_ascii_digit())
-    })
-}
-
-fn secs(d: Duration) -> f64 {
-    d.as_secs_f64()
-}
-
-fn pct(v: &[Duration], p: f64) -> Duration {
-    let mut v = v.to_vec();
-    v.sort();
-    v.get(((v.len().max(1) - 1) as f64 * p).round() as usize)
-        .copied()
-        .unwrap_or_default()
-}
-
-fn now_unix() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
-}
-
-/// The lab's node `i` as the kubelet would register it.
-fn node(cluster: &Cluster, i: usize) -> Value {
-    json!({"apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": format!("node{i}"), "labels": {"kubernetes.io/hostname": format!("node{i}")}},
-        "spec": {"podCIDRs": [cluster.pod_cidr(i).to_string()]},
-        "status": {"addresses": [{"type": "InternalIP", "address": cluster.node_ip(i).to_string()}]}})
-}
-
-/// kp-bench's Service, with the NodePorts left to the API server (it
-/// refuses kp-bench's repeating ones) and the namespace of this run.
-fn api_service(mut s: Value) -> (Value, Option<Value>) {
-    let status = s.as_object_mut().and_then(|o| o.remove("status"));
-    if let Some(ports) = s["spec"]["ports"].as_array_mut() {
-        for p in ports {
-            if let Some(p) = p.as_object_mut() {
-                p.remove("nodePort");
-            }
-        }
-    }
-    if let Some(spec) = s["spec"].as_object_mut() {
-        spec.remove("healthCheckNodePort");
-    }
-    let lb = status.filter(|st| st["loadBalancer"]["ingress"].is_array());
-    (s, lb)
-}
-
-struct Lab {
-    cluster: Cluster,
-    cp: ControlPlane,
-    bins: K8sBinaries,
-    client: kube::Client,
-    rt: tokio::runtime::Runtime,
-    ours_kubeconfig: PathBuf,
-    upstream_kubeconfig: PathBuf,
-}
-
-impl Lab {
-    fn new() -> Result<Lab> {
-        let bins = K8sBinaries::find().context("finding the Kubernetes binaries")?;
-        if bins.kube_proxy.is_none() {
-            bail!("upstream kube-proxy not found (UPSTREAM_KUBE_PROXY_BIN or ../shared/k8s)");
-        }
-        let cluster = Cluster::new("compare", ClusterOpts::with_nodes(2))?;
-        let host = cluster.add_host("cp", 5)?;
-        let cp = ControlPlane::start(
-            &bins,
-            ControlPlaneOpts::in_netns("compare", &host.ns, host.ip),
-        )?;
-        for i in 1..=2 {
-            cp.apply(&node(&cluster, i))?;
-        }
-        let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy");
-        for f in [
-            "serviceaccount.yaml",
-            "clusterrole.yaml",
-            "clusterrolebinding.yaml",
-        ] {
-            cp.apply_file(&deploy.join(f))?;
-        }
-        cp.apply(&json!({"apiVersion": "v1", "kind": "ServiceAccount",
-            "metadata": {"namespace": "kube-system", "name": "kube-proxy"}}))?;
-        cp.apply(&json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-            "metadata": {"name": "kubeadm:node-proxier"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:node-proxier"},
-            "subjects": [{"kind": "ServiceAccount", "namespace": "kube-system", "name": "kube-proxy"}]}))?;
-        let ours_kubeconfig = cp.dir().join("ours.kubeconfig");
-        let upstream_kubeconfig = cp.dir().join("upstream.kubeconfig");
-        cp.service_account_kubeconfig("kube-system", "kube-proxy-rs", &ours_kubeconfig)?;
-        cp.service_account_kubeconfig("kube-system", "kube-proxy", &upstream_kubeconfig)?;
-        // The API server listens inside the control plane's namespace: this
-        // (single) thread moves there, so the client's sockets and the
-        // runtime (current-thread) live where the server is reachable.
-        let f = std::fs::File::open(format!("/run/netns/{}", host.ns))?;
-        // SAFETY: setns on a namespace fd we own; affects this thread only.
-        if unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&f), libc::CLONE_NEWNET) } != 0 {
-            bail!("setns: {}", std::io::Error::last_os_error());
-        }
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let client = rt.block_on(async {
-            let kc = kube::config::Kubeconfig::read_from(cp.admin_kubeconfig())?;
-            let c = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
-            anyhow::Ok(kube::Client::try_from(c)?)
-        })?;
-        rt.block_on(Api::<Namespace>::all(client.clone()).create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": NS}}))?,
-        ))?;
-        Ok(Lab {
-            cluster,
-            cp,
-            bins,
-            client,
-            rt,
-            ours_kubeconfig,
-            upstream_kubeconfig,
-        })
-    }
-
-    fn services(&self) -> Api<Service> {
-        Api::namespaced(self.client.clone(), NS)
-    }
-
-    fn slices(&self) -> Api<EndpointSlice> {
-        Api::namespaced(self.client.clone(), NS)
-    }
-
-    /// Creates Services and slices, 32 requests in flight.
-    fn populate(&self, n: u32) -> Result<()> {
-        let syn = kp_bench::cluster(n, ENDPOINTS);
-        let (svcs, slices) = (self.services(), self.slices());
-        self.rt.block_on(async {
-            futures::stream::iter(syn.services.into_iter().map(|s| {
-                let svcs = svcs.clone();
-                async move {
-                    let (s, lb) = api_service(s);
-                    let name = s["metadata"]["name"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_string();
-                    svcs.create(&PostParams::default(), &serde_json::from_value(s)?)
-                        .await?;
-                    if let Some(lb) = lb {
-                        svcs.patch_status(
-                            &name,
-                            &PatchParams::default(),
-                            &Patch::Merge(json!({"status": lb})),
-                        )
-                        .await?;
-                    }
-                    anyhow::Ok(())
-                }
-            }))
-            .buffer_unordered(32)
-            .try_collect::<Vec<()>>()
-            .await?;
-            futures::stream::iter(syn.slices.into_iter().map(|s| {
-                let slices = slices.clone();
-                async move {
-                    slices
-                        .create(&PostParams::default(), &serde_json::from_value(s)?)
-                        .await?;
-                    anyhow::Ok(())
-                }
-            }))
-            .buffer_unordered(32)
-            .try_collect::<Vec<()>>()
-            .await
-        })?;
-        Ok(())
-    }
-
-    /// Replaces the last endpoint of Service `i` (generation `g`); the new
-    /// address.
-    fn change(&self, i: u32, g: u32) -> Result<String> {
-        let s = kp_bench::slice(i, ENDPOINTS, g, i % 10 == 3);
-        let addr = s["endpoints"][ENDPOINTS as usize - 1]["addresses"][0]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        let name = format!("svc-{i}-x");
-        self.rt.block_on(self.slices().patch(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"endpoints": s["endpoints"]})),
-        ))?;
-        Ok(addr)
-    }
-}
-
-/// A running proxy in a node namespace.
-struct Proxy<'a> {
-    lab: &'a Lab,
-    node: usize,
-    guard: ProcGuard,
-    mode: String,
-}
-
-impl Proxy<'_> {
-    fn metrics(&self) -> String {
-        let ns = self.lab.cluster.node_ns(self.node).to_string();
-        kp_netlab::in_netns(&ns, || {
-            use std::io::{Read, Write};
-            let mut s = std::net::TcpStream::connect_timeout(
-                &"127.0.0.1:10249".parse().ok()?,
-                Duration::from_secs(2),
-            )
-            .ok()?;
-            s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-            write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
-            let mut b = String::new();
-            s.read_to_string(&mut b).ok()?;
-            Some(b)
-        })
-        .ok()
-        .flatten()
-        .unwrap_or_default()
-    }
-
-    /// Samples of `name` over all label sets.
-    fn samples(&self, name: &str) -> Vec<f64> {
-        self.metrics()
-            .lines()
-            .filter_map(|l| l.strip_prefix(name))
-            .filter(|r| r.starts_with([' ', '{']))
-            .filter_map(|r| r.rsplit(' ').next()?.trim().parse().ok())
-            .collect()
-    }
-
-    fn ruleset(&self) -> String {
-        let ns = self.lab.cluster.node_ns(self.node);
-        let argv: &[&str] = if self.mode == "nftables" {
-            &["nft", "list", "ruleset"]
-        } else {
-            &["iptables-save", "-t", "nat"]
-        };
-        self.lab
-            .cluster
-            .exec(ns, argv)
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default()
-    }
-
-    /// Waits for a sync that finished after `t0` (unix seconds) and after
-    /// which `holds(ruleset)`; the time from `t0` to that sync's end.
-    fn programmed(&self, t0: f64, holds: impl Fn(&str) -> bool) -> Result<Duration> {
-        let deadline = Instant::now() + Duration::from_secs(600);
-        let mut checked = t0;
-        while Instant::now() < deadline {
-            let last = self
-                .samples("kubeproxy_sync_proxy_rules_last_timestamp_seconds")
-                .into_iter()
-                .fold(0.0, f64::max);
-            if last > checked {
-                if holds(&self.ruleset()) {
-                    return Ok(Duration::from_secs_f64((last - t0).max(0.0)));
-                }
-                checked = last;
-            }
-            // Every poll costs the proxy a /metrics render: 10 ms keeps that
-            // under 1% of a core while resolving 8 ms changes.
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        bail!("not programmed within 600 s")
-    }
-
-    fn cpu_secs(&self) -> f64 {
-        let stat =
-            std::fs::read_to_string(format!("/proc/{}/stat", self.guard.pid())).unwrap_or_default();
-        // Fields after the parenthesised name: utime, stime, cutime, cstime
-        // are the 14th to 17th. Children count: upstream runs `nft` (and
-        // both proxies `iptables-restore`) as programs it waits for.
-        let rest = stat.rsplit(')').next().unwrap_or("");
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let tick = 100.0; // USER_HZ on Linux
-        let get = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-        (get(11) + get(12) + get(13) + get(14)) / tick
-    }
-
-    fn status_mib(&self, field: &str) -> f64 {
-        std::fs::read_to_string(format!("/proc/{}/status", self.guard.pid()))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with(field))
-                    .and_then(|l| l.split_whitespace().nth(1))
-                    .and_then(|v| v.parse::<f64>().ok())
-            })
-            .map(|kb| kb / 1024.0)
-            .unwrap_or(0.0)
-    }
-}
-
 fn measure(lab: &Lab, o: &Opts, n: u32, upstream: bool, generation: &mut u32) -> Result<Figures> {
     let node = if upstream { 2 } else { 1 };
     let (bin, kc) = if upstream {
@@ -415,16 +108,7 @@ fn measure(lab: &Lab, o: &Opts, n: u32, upstream: bool, generation: &mut u32) ->
     } else {
         (o.ours.clone(), &lab.ours_kubeconfig)
     };
-    let args: Vec<String> = vec![
-        format!("--proxy-mode={}", o.mode),
-        format!("--kubeconfig={}", kc.display()),
-        format!("--hostname-override=node{node}"),
-        "--cluster-cidr=10.244.0.0/16".into(),
-        "--metrics-bind-address=127.0.0.1:10249".into(),
-        "--conntrack-max-per-core=0".into(),
-        "--conntrack-tcp-timeout-established=0".into(),
-        "--conntrack-tcp-timeout-close-wait=0".into(),
-    ];
+    let args = proxy_args(&o.mode, kc, node);
     let log = lab.cp.dir().join(format!(
         "{}-{n}.log",
         if upstream { "upstream" } else { "ours" }
@@ -434,7 +118,7 @@ fn measure(lab: &Lab, o: &Opts, n: u32, upstream: bool, generation: &mut u32) ->
         .cluster
         .spawn(lab.cluster.node_ns(node), &bin, &args, &log)?;
     let p = Proxy {
-        lab,
+        cluster: &lab.cluster,
         node,
         guard,
         mode: o.mode.clone(),
@@ -586,13 +270,7 @@ fn row(out: &mut String, n: u32, mode: &str, what: &str, up: String, ours: Strin
 }
 
 fn table(o: &Opts, results: &BTreeMap<u32, (Figures, Figures)>) -> String {
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let load: Vec<&str> = load.split_whitespace().take(3).collect();
-    let date = Command::new("date")
-        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
+    let (date, load) = (date_utc(), load_average());
     let mut out = format!(
         "Measured {date} by `kp-compare --sizes {} --mode {} --changes {} --burst {} --idle {}` \
          ({} cores, load average {} at the end): both proxies in the same run, on the same \
@@ -609,7 +287,7 @@ fn table(o: &Opts, results: &BTreeMap<u32, (Figures, Figures)>) -> String {
         o.burst,
         o.idle,
         std::thread::available_parallelism().map_or(0, |n| n.get()),
-        load.join(" "),
+        load,
     );
     let ms = |d: Duration| format!("{:.1} ms", secs(d) * 1e3);
     let s = |d: Duration| format!("{:.2} s", secs(d));
@@ -693,21 +371,6 @@ fn table(o: &Opts, results: &BTreeMap<u32, (Figures, Figures)>) -> String {
     out
 }
 
-/// Replaces the text between `<!-- kp-compare MODE begin -->` and its end
-/// marker in `path` (appending the section when it is missing).
-fn write_into(path: &std::path::Path, mode: &str, text: &str) -> Result<()> {
-    let begin = format!("<!-- kp-compare {mode} begin -->");
-    let end = format!("<!-- kp-compare {mode} end -->");
-    let doc =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let block = format!("{begin}\n{text}{end}");
-    let new = match (doc.find(&begin), doc.find(&end)) {
-        (Some(a), Some(b)) if b > a => format!("{}{block}{}", &doc[..a], &doc[b + end.len()..]),
-        _ => format!("{doc}\n{block}\n"),
-    };
-    std::fs::write(path, new).with_context(|| format!("writing {}", path.display()))
-}
-
 fn main() -> Result<()> {
     let o = parse_opts()?;
     if !o.ours.is_file() {
@@ -719,7 +382,7 @@ fn main() -> Result<()> {
     let mut results = BTreeMap::new();
     for &n in &o.sizes {
         eprintln!("N = {n} ({} mode): starting the control plane", o.mode);
-        let lab = Lab::new()?;
+        let lab = Lab::new("compare", true)?;
         let t = Instant::now();
         lab.populate(n)?;
         eprintln!("  {n} Services created in {:.1} s", secs(t.elapsed()));
@@ -733,7 +396,7 @@ fn main() -> Result<()> {
     let text = table(&o, &results);
     print!("{text}");
     if let Some(path) = &o.write {
-        write_into(path, &o.mode, &text)?;
+        write_into(path, &format!("kp-compare {}", o.mode), &text)?;
         eprintln!("wrote the table into {}", path.display());
     }
     Ok(())
