@@ -37,15 +37,28 @@ pub(crate) fn now_ms() -> u64 {
 }
 
 pub(crate) async fn serve(listener: TcpListener, svc: Arc<ServiceRt>, ctx: Arc<ListenCtx>) {
+    // A failed accept (out of file descriptors, typically) comes back every
+    // 50 ms while its cause lasts, and an accept storm alternates successes
+    // and failures: every one is counted, but the log gets one warning a
+    // minute with the number left unsaid.
+    let mut warned: Option<Instant> = None;
+    let mut unsaid: u64 = 0;
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
                 tokio::spawn(handle(stream, peer, svc.clone(), ctx.clone()));
             }
             Err(e) => {
-                // Out of file descriptors and the like: back off instead of spinning.
-                tracing::warn!(service = %svc.label, error = %e, "accept failed");
                 svc.error();
+                if warned.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+                    tracing::warn!(service = %svc.label, error = %e, since_last_warning = unsaid,
+                        "accept failed; retrying every 50 ms");
+                    warned = Some(Instant::now());
+                    unsaid = 0;
+                } else {
+                    unsaid += 1;
+                }
+                // Back off instead of spinning.
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }

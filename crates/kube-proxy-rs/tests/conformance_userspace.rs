@@ -414,3 +414,89 @@ fn u18_lost_address_repaired() {
             .contains(r#"kubeproxy_rs_rules_lost_total{ip_family="IPv4"} 1"#)
     });
 }
+
+/// Open file descriptors of process `pid`.
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// Fd exhaustion (an accept storm past RLIMIT_NOFILE): the running proxy's
+/// limit is lowered to 24 above what it holds, then 300 clients connect and
+/// stay (the kernel completes their handshakes in the listen backlog), so
+/// `accept` fails with EMFILE. The proxy survives, counts the failures in
+/// kubeproxy_rs_userspace_errors at the pace of its 50 ms back-off (not a
+/// spinning loop), warns without flooding its log, and serves again once the
+/// clients leave.
+#[test]
+fn u19_accept_storm_past_rlimit_nofile() {
+    let mut env = Env::new("us-fdstorm", MODE);
+    let a = env.pod(1, "a");
+    let client = env.pod(1, "client");
+    env.put("svc", &service("storm", &["10.96.0.190"], json!({})));
+    env.put("eps", &slice("storm", "1", "IPv4", &ready(&[&a])));
+    let proxy = env.spawn(1, &Env::binary(), &env.proxy_args(1, &[]), "node1.log");
+    let vip = sa("10.96.0.190", 80);
+    assert_eq!(env.wait_tcp(client.ns(), vip).server, "a");
+    let limit = open_fds(proxy.pid()) + 24;
+    let out = std::process::Command::new("prlimit")
+        .args([
+            "--pid",
+            &proxy.pid().to_string(),
+            &format!("--nofile={limit}:{limit}"),
+        ])
+        .output()
+        .expect("running prlimit");
+    assert!(out.status.success(), "prlimit: {out:?}");
+
+    let storm_started = std::time::Instant::now();
+    let held: Vec<std::net::TcpStream> = kp_netlab::in_netns(client.ns(), || {
+        (0..300)
+            .filter_map(|_| std::net::TcpStream::connect_timeout(&vip, T).ok())
+            .collect()
+    })
+    .unwrap();
+    assert!(held.len() >= 250, "only {} connections opened", held.len());
+    env.wait("accept to fail for want of descriptors", || {
+        env.log(1).contains("Too many open files")
+    });
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    assert!(proxy.is_running(), "the proxy died in the storm");
+    assert!(
+        open_fds(proxy.pid()) <= limit,
+        "more descriptors than the limit"
+    );
+    drop(held);
+
+    // Served again, and the failures were counted.
+    assert_eq!(env.wait_tcp(client.ns(), vip).server, "a");
+    let errors = || {
+        env.metrics(1)
+            .lines()
+            .find(|l| {
+                l.starts_with(
+                    r#"kubeproxy_rs_userspace_errors_total{service="default/storm:http"}"#,
+                )
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    env.wait("the failed accepts counted", || errors() >= 1.0);
+    // At most one failed accept per 50 ms back-off, plus at most one failed
+    // endpoint connect per client (accepted, then no descriptor left for
+    // the connection to the endpoint); a spinning loop would count
+    // thousands a second.
+    let (count, elapsed) = (errors(), storm_started.elapsed());
+    let bound = 300.0 + elapsed.as_secs_f64() * 20.0 * 2.0 + 50.0;
+    assert!(
+        count <= bound,
+        "{count} errors in {elapsed:?}: the accept loop is not backing off"
+    );
+    let warned = env.log(1).matches("accept failed").count();
+    assert!(
+        warned <= 10,
+        "{warned} 'accept failed' warnings in {elapsed:?}: the log is flooded"
+    );
+    drop(proxy);
+}
