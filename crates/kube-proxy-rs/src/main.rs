@@ -36,7 +36,44 @@ use kube_proxy_rs::{cleanup, dryrun, host, source};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// mimalloc reads its options from the environment once, as the process
+/// loads (before `main`), and two of its defaults hold memory that RSS, VmHWM
+/// and the container's cgroup keep counting: arenas committed up front on
+/// Linux (`arena_eager_commit`), whose freed pages are then only marked
+/// MADV_FREE (reclaimed under memory pressure, not before), and a 1 s purge
+/// delay. kp-soak, 2,000 updates/s: 1k Services peak 88 -> 38 MiB; 10k peak
+/// 269 -> 190 MiB and steady 177 -> 149 MiB, sync times unchanged. So the
+/// process re-executes itself once with both off, unless the operator set
+/// either; if that fails it runs with the defaults.
+#[cfg(feature = "mimalloc")]
+fn tune_allocator() {
+    use std::os::unix::process::CommandExt;
+    const OPTIONS: [(&str, &str); 2] = [
+        ("MIMALLOC_ARENA_EAGER_COMMIT", "0"),
+        ("MIMALLOC_PURGE_DELAY", "0"),
+    ];
+    if OPTIONS.iter().any(|(k, _)| std::env::var_os(k).is_some()) {
+        return;
+    }
+    // The binary's own path, not /proc/self/exe: the process name (comm,
+    // what ps and pgrep show) comes from the path executed.
+    let Ok(exe) = std::env::current_exe() else {
+        return;
+    };
+    let mut args = std::env::args_os();
+    let arg0 = args.next().unwrap_or_default();
+    // Returns only if the exec failed.
+    let err = std::process::Command::new(exe)
+        .arg0(arg0)
+        .args(args)
+        .envs(OPTIONS)
+        .exec();
+    eprintln!("kube-proxy-rs: running with mimalloc's default options (re-exec: {err})");
+}
+
 fn main() {
+    #[cfg(feature = "mimalloc")]
+    tune_allocator();
     // `kube-proxy-rs explain|status ...` (subcommands.rs); anything else is
     // upstream's flags, unchanged.
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
