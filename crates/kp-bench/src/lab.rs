@@ -316,17 +316,34 @@ impl Proxy<'_> {
     }
 
     pub fn status_mib(&self, field: &str) -> f64 {
-        std::fs::read_to_string(format!("/proc/{}/status", self.guard.pid()))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with(field))
-                    .and_then(|l| l.split_whitespace().nth(1))
-                    .and_then(|v| v.parse::<f64>().ok())
-            })
-            .map(|kb| kb / 1024.0)
-            .unwrap_or(0.0)
+        status_mib(&self.guard.pid().to_string(), field)
     }
+}
+
+/// A kB field of /proc/`pid`/status (`pid` may be "self") in MiB; 0 when
+/// unreadable.
+pub fn status_mib(pid: &str, field: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<f64>().ok())
+        })
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(0.0)
+}
+
+/// The proxy binary a benchmark runs, checked before a lab is built.
+pub fn check_binary(path: &Path) -> Result<()> {
+    if !path.is_file() {
+        bail!(
+            "{} not found: build it (cargo build --release -p kube-proxy-rs) or pass --ours",
+            path.display()
+        );
+    }
+    Ok(())
 }
 
 /// The flags both proxies run with in the lab (defaults otherwise, as

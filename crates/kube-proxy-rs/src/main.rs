@@ -41,16 +41,24 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// and the container's cgroup keep counting: arenas committed up front on
 /// Linux (`arena_eager_commit`), whose freed pages are then only marked
 /// MADV_FREE (reclaimed under memory pressure, not before), and a 1 s purge
-/// delay. kp-soak, 2,000 updates/s: 1k Services peak 88 -> 38 MiB; 10k peak
-/// 269 -> 190 MiB and steady 177 -> 149 MiB, sync times unchanged. So the
-/// process re-executes itself once with both off, unless the operator set
-/// either; if that fails it runs with the defaults.
+/// delay. kp-soak (2,000 updates/s) and kp-bench, per setting:
+///
+/// | eager commit, purge delay | 1k peak | 10k peak / steady | 10k render |
+/// |---|---|---|---|
+/// | on, 1 s (defaults) | 88 MiB | 269 / 177 MiB | 82 ms |
+/// | off, 1 s | 51 MiB | | 82 ms |
+/// | off, 200 ms (chosen) | 47 MiB | | 95 ms |
+/// | off, 0 | 38-41 MiB | 190 / 149 MiB | 164 ms, +11% CPU in the soak |
+///
+/// So the process re-executes itself once with eager commit off and a 200 ms
+/// purge delay, unless the operator set either; if that fails it runs with
+/// the defaults.
 #[cfg(feature = "mimalloc")]
 fn tune_allocator() {
     use std::os::unix::process::CommandExt;
     const OPTIONS: [(&str, &str); 2] = [
         ("MIMALLOC_ARENA_EAGER_COMMIT", "0"),
-        ("MIMALLOC_PURGE_DELAY", "0"),
+        ("MIMALLOC_PURGE_DELAY", "200"),
     ];
     if OPTIONS.iter().any(|(k, _)| std::env::var_os(k).is_some()) {
         return;

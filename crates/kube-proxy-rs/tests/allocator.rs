@@ -115,7 +115,7 @@ fn the_proxy_runs_with_mimalloc_tuned_unless_the_operator_chose() {
     env.sort();
     assert_eq!(
         env,
-        ["MIMALLOC_ARENA_EAGER_COMMIT=0", "MIMALLOC_PURGE_DELAY=0"],
+        ["MIMALLOC_ARENA_EAGER_COMMIT=0", "MIMALLOC_PURGE_DELAY=200"],
         "the proxy did not re-execute itself with the allocator options"
     );
     lab.stop();

@@ -32,8 +32,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use futures::{StreamExt, TryStreamExt};
 use kp_bench::lab::{
-    date_utc, has_ip, load_average, now_unix, pct, proxy_args, secs, write_into, Lab, Proxy,
-    ENDPOINTS,
+    check_binary, date_utc, has_ip, load_average, now_unix, pct, proxy_args, secs, write_into, Lab,
+    Proxy, ENDPOINTS,
 };
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -373,12 +373,7 @@ fn table(o: &Opts, results: &BTreeMap<u32, (Figures, Figures)>) -> String {
 
 fn main() -> Result<()> {
     let o = parse_opts()?;
-    if !o.ours.is_file() {
-        bail!(
-            "{} not found: build it (cargo build --release -p kube-proxy-rs) or pass --ours",
-            o.ours.display()
-        );
-    }
+    check_binary(&o.ours)?;
     let mut results = BTreeMap::new();
     for &n in &o.sizes {
         eprintln!("N = {n} ({} mode): starting the control plane", o.mode);

@@ -29,7 +29,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use futures::StreamExt;
 use kp_bench::lab::{
-    date_utc, has_ip, load_average, proxy_args, secs, write_into, Lab, Proxy, ENDPOINTS,
+    check_binary, date_utc, has_ip, load_average, proxy_args, secs, write_into, Lab, Proxy,
+    ENDPOINTS,
 };
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -459,12 +460,7 @@ fn run_updates_test(
 
 fn main() -> Result<()> {
     let o = parse_opts()?;
-    if !o.ours.is_file() {
-        bail!(
-            "{} not found: build it (cargo build --release -p kube-proxy-rs) or pass --ours",
-            o.ours.display()
-        );
-    }
+    check_binary(&o.ours)?;
     let n = o.services;
     eprintln!(
         "kp-soak: {n} Services, {} updates/s for {} min ({} mode)",
