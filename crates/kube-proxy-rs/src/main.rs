@@ -45,9 +45,9 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 ///
 /// | eager commit, purge delay | 1k peak | 10k peak / steady | 10k render |
 /// |---|---|---|---|
-/// | on, 1 s (defaults) | 88 MiB | 269 / 177 MiB | 82 ms |
+/// | on, 1 s (defaults) | 88 MiB | 269-282 / 177-202 MiB | 82 ms |
 /// | off, 1 s | 51 MiB | | 82 ms |
-/// | off, 200 ms (chosen) | 47 MiB | | 95 ms |
+/// | off, 200 ms (chosen) | 47 MiB | 237 / ~170 MiB | 95 ms, soak CPU 75 s vs 69 s (2 min, noisy) |
 /// | off, 0 | 38-41 MiB | 190 / 149 MiB | 164 ms, +11% CPU in the soak |
 ///
 /// So the process re-executes itself once with eager commit off and a 200 ms
