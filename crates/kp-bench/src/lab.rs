@@ -202,21 +202,23 @@ impl Lab {
         Ok(())
     }
 
-    /// Replaces the last endpoint of Service `i` (generation `g`); the new
-    /// address.
-    pub fn change(&self, i: u32, g: u32) -> Result<String> {
+    /// Replaces the last endpoint of Service `i` (generation `g`) through the
+    /// API; the new address.
+    pub async fn patch_endpoints(&self, i: u32, g: u32) -> Result<String> {
         let s = crate::slice(i, ENDPOINTS, g, i % 10 == 3);
-        let addr = s["endpoints"][ENDPOINTS as usize - 1]["addresses"][0]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        let name = format!("svc-{i}-x");
-        self.rt.block_on(self.slices().patch(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"endpoints": s["endpoints"]})),
-        ))?;
-        Ok(addr)
+        self.slices()
+            .patch(
+                &format!("svc-{i}-x"),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"endpoints": s["endpoints"]})),
+            )
+            .await?;
+        Ok(crate::moved_address(&s))
+    }
+
+    /// [`Lab::patch_endpoints`], waited for.
+    pub fn change(&self, i: u32, g: u32) -> Result<String> {
+        self.rt.block_on(self.patch_endpoints(i, g))
     }
 }
 
@@ -306,6 +308,31 @@ impl Proxy<'_> {
         let tick = 100.0; // USER_HZ on Linux
         let get = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
         (get(11) + get(12) + get(13) + get(14)) / tick
+    }
+
+    /// Waits until the proxy has synced once and the last of `n` Services'
+    /// ClusterIP is in the kernel (polling every 20 ms, at most `limit`); the
+    /// time since `since`.
+    pub fn wait_first_sync(&self, n: u32, since: Instant, limit: Duration) -> Result<Duration> {
+        let last_ip = crate::cluster_ip(n - 1);
+        loop {
+            if !self.guard.is_running() {
+                bail!("the proxy exited; log: {}", self.guard.log_path().display());
+            }
+            if self
+                .samples("kubeproxy_sync_proxy_rules_duration_seconds_count")
+                .iter()
+                .sum::<f64>()
+                >= 1.0
+                && has_ip(&self.ruleset(), &last_ip)
+            {
+                return Ok(since.elapsed());
+            }
+            if since.elapsed() > limit {
+                bail!("no first sync within {limit:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Open file descriptors of the process.

@@ -35,7 +35,7 @@ pub fn cluster_with(n: u32, m: u32, affinity: bool) -> Synthetic {
     let mut slices = Vec::with_capacity(n as usize);
     for i in 0..n {
         let name = format!("svc-{i}");
-        let cip = ip4(0x0a60_0000, i + 10); // 10.96.0.10 + i
+        let cip = cluster_ip(i);
         let mut ports =
             vec![json!({"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080})];
         let multi = i % 10 == 3;
@@ -64,6 +64,21 @@ pub fn cluster_with(n: u32, m: u32, affinity: bool) -> Synthetic {
         slices.push(slice(i, m, 0, multi));
     }
     Synthetic { services, slices }
+}
+
+/// Service `i`'s ClusterIP in [`cluster`]: 10.96.0.10 + i.
+pub fn cluster_ip(i: u32) -> String {
+    ip4(0x0a60_0000, i + 10)
+}
+
+/// The address a generation of [`slice`] moves: its last endpoint's.
+pub fn moved_address(slice: &Value) -> String {
+    slice["endpoints"]
+        .as_array()
+        .and_then(|eps| eps.last())
+        .and_then(|e| e["addresses"][0].as_str())
+        .unwrap_or_default()
+        .to_string()
 }
 
 /// The EndpointSlice of Service `i` with `m` endpoints; `generation` shifts

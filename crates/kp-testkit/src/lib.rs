@@ -4,12 +4,16 @@
 //! list/watch protocol for Services, EndpointSlices, Nodes and Events, with
 //! controls to compact history, cut watches and simulate an outage.
 //!
+//! [`netns`] runs that server inside a network namespace of the lab.
+//!
 //! [`control_plane`] runs the real thing: etcd and kube-apiserver v1.36 with
 //! TLS, tokens and RBAC, for the tests that must hold against what clusters
 //! run (and for the differential runs against upstream kube-proxy).
 
 pub mod apiserver;
 pub mod control_plane;
+pub mod netns;
 
 pub use apiserver::{ApiCall, ApiServer};
 pub use control_plane::{ControlPlane, ControlPlaneError, ControlPlaneOpts, K8sBinaries};
+pub use netns::{NetnsApiError, NetnsApiServer};

@@ -282,63 +282,23 @@ fn nat_flush_is_repaired(mode: &str, flush_prog: &str) {
 // API server outage of 60 s, watches cut mid-stream, 410 relist (cases 1, 2)
 // ---------------------------------------------------------------------------
 
-/// The API test server, running on its own runtime with its threads inside
-/// namespace `ns` (listening on that namespace's 127.0.0.1).
-struct Api {
-    srv: kp_testkit::ApiServer,
-    stop: Option<std::sync::mpsc::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+/// The API test server in namespace `ns` (listening on its 127.0.0.1).
+struct Api(kp_testkit::NetnsApiServer);
+
+impl std::ops::Deref for Api {
+    type Target = kp_testkit::NetnsApiServer;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
 }
 
 impl Api {
     fn start(ns: &str) -> Api {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
-        let ns = ns.to_string();
-        let thread = std::thread::spawn(move || {
-            kp_netlab::in_netns(&ns, move || {
-                let rt = tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(1)
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                let srv = rt.block_on(kp_testkit::ApiServer::start());
-                tx.send(srv.clone()).unwrap();
-                let _ = stop_rx.recv();
-                srv.shutdown();
-                drop(srv);
-                rt.shutdown_timeout(Duration::from_secs(1));
-            })
-            .unwrap();
-        });
-        Api {
-            srv: rx.recv().unwrap(),
-            stop: Some(stop_tx),
-            thread: Some(thread),
-        }
+        Api(kp_testkit::NetnsApiServer::start(ns).unwrap())
     }
 
     fn apply(&self, obj: &serde_json::Value) {
-        match obj["kind"].as_str() {
-            Some("Service") => self
-                .srv
-                .apply_service(serde_json::from_value(obj.clone()).unwrap()),
-            Some("EndpointSlice") => self
-                .srv
-                .apply_endpoint_slice(serde_json::from_value(obj.clone()).unwrap()),
-            k => panic!("unexpected kind {k:?}"),
-        }
-    }
-}
-
-impl Drop for Api {
-    fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.0.apply(obj).unwrap();
     }
 }
 

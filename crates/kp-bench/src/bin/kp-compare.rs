@@ -35,7 +35,7 @@ use kp_bench::lab::{
     check_binary, date_utc, has_ip, load_average, now_unix, pct, proxy_args, secs, write_into, Lab,
     Proxy, ENDPOINTS,
 };
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
 
 struct Opts {
@@ -123,30 +123,12 @@ fn measure(lab: &Lab, o: &Opts, n: u32, upstream: bool, generation: &mut u32) ->
         guard,
         mode: o.mode.clone(),
     };
-    let mut f = Figures::default();
-    let last_ip = kp_bench::cluster(n, 1).services[n as usize - 1]["spec"]["clusterIP"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    loop {
-        if !p.guard.is_running() {
-            bail!("the proxy exited; log: {}", log.display());
-        }
-        if p.samples("kubeproxy_sync_proxy_rules_duration_seconds_count")
-            .iter()
-            .sum::<f64>()
-            >= 1.0
-            && has_ip(&p.ruleset(), &last_ip)
-        {
-            break;
-        }
-        if t_start.elapsed() > Duration::from_secs(3600) {
-            bail!("no first sync within an hour");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    f.first_sync = t_start.elapsed();
-    f.first_sync_cpu = p.cpu_secs();
+    let first_sync = p.wait_first_sync(n, t_start, Duration::from_secs(3600))?;
+    let mut f = Figures {
+        first_sync,
+        first_sync_cpu: p.cpu_secs(),
+        ..Figures::default()
+    };
     eprintln!(
         "  first sync {:.2} s ({:.2} s CPU)",
         secs(f.first_sync),
@@ -223,27 +205,10 @@ fn measure(lab: &Lab, o: &Opts, n: u32, upstream: bool, generation: &mut u32) ->
     let g = *generation;
     let t0 = now_unix();
     let wanted: Vec<String> = lab.rt.block_on(async {
-        futures::stream::iter((0..burst as u32).map(|i| {
-            let slices = lab.slices();
-            async move {
-                let s = kp_bench::slice(i, ENDPOINTS, g, i % 10 == 3);
-                let addr = s["endpoints"][ENDPOINTS as usize - 1]["addresses"][0]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string();
-                slices
-                    .patch(
-                        &format!("svc-{i}-x"),
-                        &PatchParams::default(),
-                        &Patch::Merge(json!({"endpoints": s["endpoints"]})),
-                    )
-                    .await?;
-                anyhow::Ok(addr)
-            }
-        }))
-        .buffer_unordered(32)
-        .try_collect()
-        .await
+        futures::stream::iter((0..burst as u32).map(|i| lab.patch_endpoints(i, g)))
+            .buffer_unordered(32)
+            .try_collect()
+            .await
     })?;
     f.burst = p.programmed(t0, |r| wanted.iter().all(|a| has_ip(r, a)))?;
     eprintln!("  burst of {burst}: {:.2} s", secs(f.burst));

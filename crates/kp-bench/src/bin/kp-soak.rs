@@ -32,6 +32,7 @@ use kp_bench::lab::{
     check_binary, date_utc, has_ip, load_average, proxy_args, secs, write_into, Lab, Proxy,
     ENDPOINTS,
 };
+use kp_testkit::NetnsApiServer;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
@@ -199,16 +200,9 @@ fn target(k: u64, n: u32) -> u32 {
     ((k.wrapping_mul(2_654_435_761)) % n as u64) as u32
 }
 
-/// The slice of Service `i` as the k-th update writes it, and the address it
-/// moved to.
-fn moved_slice(k: u64, n: u32, i: u32) -> (serde_json::Value, String) {
-    let generation = (k / n as u64 + 1) as u32 * 7 + (k % 5) as u32;
-    let s = kp_bench::slice(i, ENDPOINTS, generation, i % 10 == 3);
-    let addr = s["endpoints"][ENDPOINTS as usize - 1]["addresses"][0]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    (s, addr)
+/// The generation of its Service's slice the k-th update writes.
+fn generation(k: u64, n: u32) -> u32 {
+    (k / n as u64 + 1) as u32 * 7 + (k % 5) as u32
 }
 
 fn itp(k: u64) -> &'static str {
@@ -241,14 +235,7 @@ async fn update(lab: &Lab, n: u32, k: u64, written: &Written) -> Result<u64> {
     let i = target(k, n);
     match k % 20 {
         0..=16 => {
-            let (s, addr) = moved_slice(k, n, i);
-            lab.slices()
-                .patch(
-                    &format!("svc-{i}-x"),
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"endpoints": s["endpoints"]})),
-                )
-                .await?;
+            let addr = lab.patch_endpoints(i, generation(k, n)).await?;
             if let Ok(mut last) = written.last.lock() {
                 last.insert(i, addr);
             }
@@ -336,72 +323,10 @@ fn run_updates(lab: &Lab, o: &Opts, dur: Duration, written: &Written) -> Result<
     Ok(())
 }
 
-/// kp-testkit's API server in node 1's namespace (the proxy reaches it on
-/// 127.0.0.1), on a runtime of its own.
-struct TestApi {
-    srv: kp_testkit::ApiServer,
-    stop: Option<std::sync::mpsc::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl TestApi {
-    fn start(ns: &str) -> Result<TestApi> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
-        let ns = ns.to_string();
-        let thread = std::thread::spawn(move || {
-            let _ = kp_netlab::in_netns(&ns, move || {
-                let rt = match tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(1)
-                    .enable_all()
-                    .build()
-                {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        let _ = tx.send(Err(anyhow::anyhow!("runtime: {e}")));
-                        return;
-                    }
-                };
-                let srv = rt.block_on(kp_testkit::ApiServer::start());
-                let _ = tx.send(Ok(srv.clone()));
-                let _ = stop_rx.recv();
-                srv.shutdown();
-                drop(srv);
-                rt.shutdown_timeout(Duration::from_secs(1));
-            });
-        });
-        let srv = rx.recv().context("the test API server thread ended")??;
-        Ok(TestApi {
-            srv,
-            stop: Some(stop_tx),
-            thread: Some(thread),
-        })
-    }
-
-    fn apply(&self, v: serde_json::Value) -> Result<()> {
-        match v["kind"].as_str() {
-            Some("Service") => self.srv.apply_service(serde_json::from_value(v)?),
-            Some("EndpointSlice") => self.srv.apply_endpoint_slice(serde_json::from_value(v)?),
-            Some("Node") => self.srv.apply_node(serde_json::from_value(v)?),
-            other => bail!("no such kind for the test API server: {other:?}"),
-        }
-        Ok(())
-    }
-}
-
-impl Drop for TestApi {
-    fn drop(&mut self) {
-        drop(self.stop.take());
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
 /// The same mix as [`update`], written straight into the test API server's
 /// store, paced from this thread (one writer: nothing completes out of order).
 fn run_updates_test(
-    api: &TestApi,
+    api: &NetnsApiServer,
     services: &[serde_json::Value],
     o: &Opts,
     dur: Duration,
@@ -421,24 +346,24 @@ fn run_updates_test(
         let i = target(k, n);
         let count = match k % 20 {
             0..=16 => {
-                let (slice, addr) = moved_slice(k, n, i);
-                api.apply(slice)?;
+                let slice = kp_bench::slice(i, ENDPOINTS, generation(k, n), i % 10 == 3);
+                api.apply(&slice)?;
                 if let Ok(mut last) = written.last.lock() {
-                    last.insert(i, addr);
+                    last.insert(i, kp_bench::moved_address(&slice));
                 }
                 1
             }
             17 | 18 => {
                 let mut svc = services[i as usize].clone();
                 svc["spec"]["internalTrafficPolicy"] = json!(itp(k));
-                api.apply(svc)?;
+                api.apply(&svc)?;
                 1
             }
             _ => {
                 let c = k / 20;
                 let (svc, slice) = churn_objects(c);
-                api.apply(svc)?;
-                api.apply(slice)?;
+                api.apply(&svc)?;
+                api.apply(&slice)?;
                 churn.push_back(c);
                 if churn.len() > 50 {
                     if let Some(old) = churn.pop_front() {
@@ -484,7 +409,7 @@ fn main() -> Result<()> {
         )?)
     };
     let test_api = match &test_cluster {
-        Some(tc) => Some(TestApi::start(tc.node_ns(1))?),
+        Some(tc) => Some(NetnsApiServer::start(tc.node_ns(1))?),
         None => None,
     };
     let (cluster, kubeconfig, dir, syn) = match (&lab, &test_cluster, &test_api) {
@@ -502,10 +427,10 @@ fn main() -> Result<()> {
             std::fs::create_dir_all(&dir)?;
             let kubeconfig = dir.join("kubeconfig");
             api.srv.write_kubeconfig(&kubeconfig)?;
-            api.apply(kp_bench::lab::node(tc, 1))?;
+            api.apply(&kp_bench::lab::node(tc, 1))?;
             let c = kp_bench::cluster(n, ENDPOINTS);
             for v in c.services.iter().chain(&c.slices) {
-                api.apply(v.clone())?;
+                api.apply(v)?;
             }
             (tc, kubeconfig, dir, c.services)
         }
@@ -525,27 +450,8 @@ fn main() -> Result<()> {
         guard,
         mode: o.mode.clone(),
     };
-    let last_ip = kp_bench::cluster(n, 1).services[n as usize - 1]["spec"]["clusterIP"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let t = Instant::now();
-    while !(p
-        .samples("kubeproxy_sync_proxy_rules_duration_seconds_count")
-        .iter()
-        .sum::<f64>()
-        >= 1.0
-        && has_ip(&p.ruleset(), &last_ip))
-    {
-        if !p.guard.is_running() {
-            bail!("the proxy exited; log: {}", log.display());
-        }
-        if t.elapsed() > Duration::from_secs(1800) {
-            bail!("no first sync within 30 min");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    eprintln!("  first sync after {:.1} s; soaking", secs(t.elapsed()));
+    let first = p.wait_first_sync(n, Instant::now(), Duration::from_secs(1800))?;
+    eprintln!("  first sync after {:.1} s; soaking", secs(first));
     std::thread::sleep(Duration::from_secs(5));
 
     let written = Written::default();
