@@ -507,6 +507,11 @@ fn main() -> Result<()> {
         bail!("--mode must be nftables, iptables or userspace");
     }
     let affinity = !has("--no-affinity");
+    if affinity && o.mode == "nftables" && !o.netlink {
+        // nft 1.0.6 cannot parse the affinity check (a lookup whose key holds
+        // constants); the product only talks netlink.
+        bail!("--backend nft cannot program session affinity: add --no-affinity");
+    }
     if let Some(p) = get("--ports") {
         let p: u32 = p.parse().context("--ports")?;
         let home =

@@ -33,6 +33,7 @@ pub mod msg {
     pub const NEWSET: u16 = 9;
     pub const DELSET: u16 = 11;
     pub const NEWSETELEM: u16 = 12;
+    pub const GETSETELEM: u16 = 13;
     pub const DELSETELEM: u16 = 14;
 }
 

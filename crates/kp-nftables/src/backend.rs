@@ -5,7 +5,7 @@ use std::process::{Command, Stdio};
 
 use kp_model::{DataplaneError, IpFamily};
 
-use crate::types::{family_kw, Transaction};
+use crate::types::{family_kw, ElemKey, Transaction};
 
 /// Applies one nft transaction atomically: the netlink backend encodes the
 /// typed objects, the `nft` program gets them as nft text.
@@ -24,6 +24,19 @@ pub trait NftBackend: Send {
         _chain: &str,
     ) -> Result<bool, DataplaneError> {
         self.table_exists(family, table)
+    }
+    /// The client records (`ElemKey::Affinity`) in affinity set `set`, to
+    /// forget the clients of a removed endpoint. A backend that cannot list
+    /// elements returns none: the records then only expire with their
+    /// timeout. (The `nft` program backend, used by tests and benchmarks,
+    /// is one.)
+    fn affinity_records(
+        &mut self,
+        _family: IpFamily,
+        _table: &str,
+        _set: &str,
+    ) -> Result<Vec<ElemKey>, DataplaneError> {
+        Ok(Vec::new())
     }
 }
 

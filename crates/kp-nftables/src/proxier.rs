@@ -1,6 +1,7 @@
 //! The nftables proxier: remembers what it programmed, sends the difference.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::net::SocketAddr;
 use std::time::Instant;
 
 use kp_model::{Dataplane, DataplaneError, ProxierConfig, ProxyState, ServicePortName, SyncReport};
@@ -21,6 +22,8 @@ struct Programmed {
     /// Map keys -> the service port whose verdict is installed.
     map_owner: HashMap<(MapName, ElemKey), ServicePortName>,
     slots: Slots,
+    /// Shared affinity sets -> (timeout, how many service ports use them).
+    affinity: BTreeMap<String, (u32, usize)>,
 }
 
 /// Pools (selection rules) one endpoint-map shard serves. The kernel checks
@@ -130,6 +133,19 @@ impl Slots {
 /// Every element `objs` puts in the kernel: its own, then its pools' slots
 /// (derived from the pools rather than stored twice: with 10 endpoints per
 /// Service the slots are most of the elements).
+/// The affinity endpoints of `old` that `new` no longer has.
+fn forget_removed(
+    out: &mut Vec<(u32, SocketAddr, u32)>,
+    old: &ServiceObjects,
+    new: &ServiceObjects,
+) {
+    for r in &old.affinity_endpoints {
+        if !new.affinity_endpoints.contains(r) {
+            out.push(*r);
+        }
+    }
+}
+
 fn all_elements(objs: &ServiceObjects) -> impl Iterator<Item = Element> + '_ {
     let slots = objs.pools.iter().flat_map(|pool| {
         pool.values.iter().enumerate().map(|(j, v)| Element {
@@ -165,6 +181,9 @@ struct Tx {
     flush_stale: Vec<Op>,
     del_objects: Vec<Op>,
     ops: usize,
+    /// Affinity endpoints this transaction removes (timeout, endpoint,
+    /// service port id): their client records are deleted once it applied.
+    forget: Vec<(u32, SocketAddr, u32)>,
 }
 
 fn op(verb: Verb, object: Object) -> Op {
@@ -240,13 +259,6 @@ impl NftablesProxier {
     }
 
     fn add_service(&self, tx: &mut Tx, objs: &ServiceObjects) {
-        for (set, timeout) in &objs.affinity_sets {
-            tx.add_objects.push(op(
-                Verb::Add,
-                Object::Set(affinity_set(self.cfg.family, set, *timeout)),
-            ));
-            tx.ops += 1;
-        }
         for (name, rules) in &objs.chains {
             tx.add_objects.push(op(Verb::Add, chain(name)));
             tx.ops += 1;
@@ -349,6 +361,7 @@ impl NftablesProxier {
             let mut objs = render_service(sp, state.endpoints_of(name), &self.cfg, &state.node);
             prog.slots.assign(&mut objs, None);
             self.add_service(&mut tx, &objs);
+            prog.use_affinity(&objs, 1);
             for e in all_elements(&objs) {
                 if prog.claim(name, &e) {
                     adds.push(e);
@@ -380,39 +393,122 @@ impl NftablesProxier {
             }
         }
         prog.slots.declared = declared;
+        // Affinity sets: declared once each (the set and its clients stay in
+        // the kernel across a non-fresh full sync).
+        for (set, (timeout, _)) in &prog.affinity {
+            tx.head.push(op(
+                Verb::Add,
+                Object::Set(affinity_set(self.cfg.family, set, *timeout)),
+            ));
+            tx.ops += 1;
+        }
         if !fresh {
             // Chains and affinity sets we had but no longer want.
             if let Some(old) = &self.programmed {
                 for (name, objs) in &old.services {
                     let new = prog.services.get(name);
                     self.delete_stale(&mut tx, objs, new);
+                    forget_removed(
+                        &mut tx.forget,
+                        objs,
+                        new.unwrap_or(&ServiceObjects::default()),
+                    );
+                }
+                for (set, (timeout, _)) in &old.affinity {
+                    if !prog.affinity.contains_key(set) {
+                        self.delete_affinity_set(&mut tx, set, *timeout);
+                    }
                 }
             }
         }
         (tx, prog)
     }
 
+    /// Deletes the client records of removed endpoints from the shared
+    /// affinity sets, as upstream's deleting an endpoint's own set forgets
+    /// them: a client of a removed endpoint that comes back must not return
+    /// to it. Runs after the transaction that removed the endpoints' chains,
+    /// so no packet records a client for them any more. A failure is logged
+    /// and leaves the records to expire with their timeout (the rules are in
+    /// place either way); one retry covers a record that expired between
+    /// the listing and the deletion.
+    fn forget_clients(&mut self, gone: &[(u32, SocketAddr, u32)]) {
+        let mut by_set: BTreeMap<u32, HashSet<(SocketAddr, u32)>> = BTreeMap::new();
+        for (timeout, ep, id) in gone {
+            by_set.entry(*timeout).or_default().insert((*ep, *id));
+        }
+        for (timeout, eps) in by_set {
+            let set = MapName::Affinity(timeout);
+            let mut result = Ok(0);
+            for _attempt in 0..2 {
+                let records = match self.backend.affinity_records(
+                    self.cfg.family,
+                    &self.table,
+                    &set.to_string(),
+                ) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        result = Err(e);
+                        break;
+                    }
+                };
+                let stale: Vec<Element> = records
+                    .into_iter()
+                    .filter(|k| match k {
+                        ElemKey::Affinity { endpoint, id, .. } => eps.contains(&(*endpoint, *id)),
+                        _ => false,
+                    })
+                    .map(|key| Element {
+                        map: set,
+                        key,
+                        value: None,
+                    })
+                    .collect();
+                if stale.is_empty() {
+                    result = Ok(0);
+                    break;
+                }
+                let n = stale.len();
+                let mut tx = Tx::default();
+                self.elements(&mut tx.del_elements, Verb::Delete, stale);
+                let (txn, _) = tx.finish(self.cfg.family, &self.table);
+                result = self.backend.apply(&txn).map(|_| n);
+                if result.is_ok() {
+                    break;
+                }
+            }
+            match result {
+                Ok(0) => {}
+                Ok(n) => {
+                    tracing::debug!(set = %set, records = n, "forgot the clients of removed endpoints")
+                }
+                Err(e) => tracing::warn!(
+                    set = %set, error = %e,
+                    "could not forget the clients of removed endpoints; they expire with the timeout"
+                ),
+            }
+        }
+    }
+
+    /// Deletes a shared affinity set no service port uses any more (after the
+    /// rules that name it: deletions come last in the transaction).
+    fn delete_affinity_set(&self, tx: &mut Tx, set: &str, timeout: u32) {
+        tx.del_objects.push(op(
+            Verb::Delete,
+            Object::Set(affinity_set(self.cfg.family, set, timeout)),
+        ));
+        tx.ops += 1;
+    }
+
     fn delete_stale(&self, tx: &mut Tx, old: &ServiceObjects, new: Option<&ServiceObjects>) {
         let chains: HashSet<&str> = new
             .map(|n| n.chains.iter().map(|(c, _)| c.as_str()).collect())
-            .unwrap_or_default();
-        let sets: HashSet<&str> = new
-            .map(|n| n.affinity_sets.iter().map(|(s, _)| s.as_str()).collect())
             .unwrap_or_default();
         for (name, _) in &old.chains {
             if !chains.contains(name.as_str()) {
                 tx.flush_stale.push(op(Verb::Flush, chain(name)));
                 tx.del_objects.push(op(Verb::Delete, chain(name)));
                 tx.ops += 2;
-            }
-        }
-        for (set, timeout) in &old.affinity_sets {
-            if !sets.contains(set.as_str()) {
-                tx.del_objects.push(op(
-                    Verb::Delete,
-                    Object::Set(affinity_set(self.cfg.family, set, *timeout)),
-                ));
-                tx.ops += 1;
             }
         }
     }
@@ -428,6 +524,9 @@ impl NftablesProxier {
         let mut tx = Tx::default();
         let mut del_elems: Vec<Element> = Vec::new();
         let mut add_elems: Vec<Element> = Vec::new();
+        // Affinity sets whose last user went (deleted after the loop: another
+        // service port of this sync may take them up again).
+        let mut gone_sets: Vec<(String, u32)> = Vec::new();
         let mut updates: Vec<(
             ServicePortName,
             Option<ServiceObjects>,
@@ -457,18 +556,17 @@ impl NftablesProxier {
             let empty = ServiceObjects::default();
             let o = old.as_ref().unwrap_or(&empty);
             let n = new.as_ref().unwrap_or(&empty);
-            let old_sets: HashSet<&str> = o.affinity_sets.iter().map(|(s, _)| s.as_str()).collect();
             let old_chains: HashMap<&str, &Vec<Rule>> =
                 o.chains.iter().map(|(c, r)| (c.as_str(), r)).collect();
-            for (set, timeout) in &n.affinity_sets {
-                if !old_sets.contains(set.as_str()) {
-                    tx.add_objects.push(op(
-                        Verb::Add,
-                        Object::Set(affinity_set(self.cfg.family, set, *timeout)),
-                    ));
-                    tx.ops += 1;
-                }
+            for (set, timeout) in prog.use_affinity(n, 1) {
+                tx.add_objects.push(op(
+                    Verb::Add,
+                    Object::Set(affinity_set(self.cfg.family, &set, timeout)),
+                ));
+                tx.ops += 1;
             }
+            gone_sets.extend(prog.use_affinity(o, -1));
+            forget_removed(&mut tx.forget, o, n);
             for (name, rules) in &n.chains {
                 match old_chains.get(name.as_str()) {
                     Some(old_rules) if *old_rules == rules => {}
@@ -536,6 +634,11 @@ impl NftablesProxier {
             tx.ops += 1;
             prog.slots.declared.insert(m);
         }
+        for (set, timeout) in gone_sets {
+            if !prog.affinity.contains_key(&set) {
+                self.delete_affinity_set(&mut tx, &set, timeout);
+            }
+        }
         tx.ops += del_elems.len() + add_elems.len();
         self.elements(&mut tx.del_elements, Verb::Delete, del_elems);
         self.elements(&mut tx.add_elements, Verb::Add, add_elems);
@@ -544,6 +647,29 @@ impl NftablesProxier {
 }
 
 impl Programmed {
+    /// Counts `objs`' affinity sets in (`by` 1) or out (-1). Returns the sets
+    /// that went from unused to used (in) or from used to unused (out), with
+    /// their timeouts.
+    fn use_affinity(&mut self, objs: &ServiceObjects, by: i32) -> Vec<(String, u32)> {
+        let mut changed = Vec::new();
+        for (set, timeout) in &objs.affinity_sets {
+            if by > 0 {
+                let e = self.affinity.entry(set.clone()).or_insert((*timeout, 0));
+                e.1 += 1;
+                if e.1 == 1 {
+                    changed.push((set.clone(), *timeout));
+                }
+            } else if let Some(e) = self.affinity.get_mut(set) {
+                e.1 = e.1.saturating_sub(1);
+                if e.1 == 0 {
+                    self.affinity.remove(set);
+                    changed.push((set.clone(), *timeout));
+                }
+            }
+        }
+        changed
+    }
+
     /// Records that `owner` wants `e`; true when it must be added to the kernel.
     /// Set elements are reference counted. Which Service owns a contested
     /// address is decided in the model (kp_model::claims), so two service
@@ -619,7 +745,7 @@ impl Dataplane for NftablesProxier {
     ) -> Result<SyncReport, DataplaneError> {
         let t0 = Instant::now();
         let is_full = full || self.programmed.is_none();
-        let (tx, new_prog) = if is_full {
+        let (mut tx, new_prog) = if is_full {
             let fresh = self.programmed.is_none();
             let (tx, prog) = self.full_tx(state, fresh);
             (tx, prog)
@@ -628,6 +754,7 @@ impl Dataplane for NftablesProxier {
             let tx = self.partial_tx(state, changed, &mut prog);
             (tx, prog)
         };
+        let forget = std::mem::take(&mut tx.forget);
         let (txn, ops) = tx.finish(self.cfg.family, &self.table);
         let render = t0.elapsed();
         let t1 = Instant::now();
@@ -647,6 +774,9 @@ impl Dataplane for NftablesProxier {
                     return Err(e);
                 }
             }
+        }
+        if !forget.is_empty() {
+            self.forget_clients(&forget);
         }
         report.apply = t1.elapsed();
         for objs in new_prog.services.values() {

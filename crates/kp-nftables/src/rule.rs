@@ -105,22 +105,35 @@ pub fn node_local_to_cluster(target: &str) -> [Rule; 2] {
     ]
 }
 
-/// `ip saddr @set goto chain`: a client already bound to an endpoint.
-pub fn affinity_check(set: &str, target: &str) -> Rule {
+/// The key of a client's affinity record for one endpoint of one service
+/// port: `ip saddr . ENDPOINT-IP . ENDPOINT-PORT . SERVICE-ID`.
+pub fn affinity_key(endpoint: SocketAddr, service_id: u32) -> Vec<KeyField> {
+    vec![
+        KeyField::Addr(Addr::Saddr),
+        KeyField::Ip(endpoint.ip()),
+        KeyField::Port(endpoint.port()),
+        KeyField::Id(service_id),
+    ]
+}
+
+/// `ip saddr . ENDPOINT . ID @set goto chain`: a client already bound to
+/// this endpoint.
+pub fn affinity_check(set: &str, key: Vec<KeyField>, target: &str) -> Rule {
     Rule::new(vec![
         Expr::Lookup {
-            key: vec![KeyField::Addr(Addr::Saddr)],
+            key,
             set: set.into(),
         },
         Expr::Verdict(Verdict::Goto(target.into())),
     ])
 }
 
-/// `update @set { ip saddr }`: remember the client for this endpoint.
-pub fn affinity_update(set: &str) -> Rule {
+/// `update @set { ip saddr . ENDPOINT . ID }`: remember the client for this
+/// endpoint (and restart its timeout).
+pub fn affinity_update(set: &str, key: Vec<KeyField>) -> Rule {
     Rule::new(vec![Expr::Update {
         set: set.into(),
-        key: Addr::Saddr,
+        key,
     }])
 }
 

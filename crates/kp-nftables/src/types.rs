@@ -71,6 +71,9 @@ pub enum MapName {
     Endpoints(Protocol, u32),
     /// `endpoint-chains-N`: slot -> `goto endpoint-…` (session affinity).
     EndpointChains(u32),
+    /// `affinity-TIMEOUT`: the client records of every Service with that
+    /// session-affinity timeout.
+    Affinity(u32),
 }
 
 impl Display for MapName {
@@ -79,6 +82,7 @@ impl Display for MapName {
             MapName::Fixed(n) => f.write_str(n),
             MapName::Endpoints(p, k) => write!(f, "endpoints-{}-{k}", p.as_lower()),
             MapName::EndpointChains(k) => write!(f, "endpoint-chains-{k}"),
+            MapName::Affinity(t) => write!(f, "affinity-{t}"),
         }
     }
 }
@@ -94,6 +98,13 @@ pub enum ElemKey {
     /// A slot of the shared endpoint maps (a 32-bit integer, the numgen
     /// value; written in hex as nft lists it).
     Slot(u32),
+    /// A client's record in an affinity set: `client . endpoint address .
+    /// endpoint port . service port id`.
+    Affinity {
+        client: IpAddr,
+        endpoint: SocketAddr,
+        id: u32,
+    },
 }
 
 impl Display for ElemKey {
@@ -104,6 +115,16 @@ impl Display for ElemKey {
             ElemKey::Ip(ip) => write!(f, "{ip}"),
             ElemKey::IpPair(ip) => write!(f, "{ip} . {ip}"),
             ElemKey::Slot(n) => write!(f, "0x{n:x}"),
+            ElemKey::Affinity {
+                client,
+                endpoint,
+                id,
+            } => write!(
+                f,
+                "{client} . {} . {} . 0x{id:08x}",
+                endpoint.ip(),
+                endpoint.port()
+            ),
         }
     }
 }
@@ -150,6 +171,13 @@ pub enum KeyField {
     L4Proto,
     /// `th dport`
     ThDport,
+    /// A constant address (an endpoint's, in the affinity key).
+    Ip(IpAddr),
+    /// A constant port.
+    Port(u16),
+    /// A constant 32-bit id (`mark` type; the service port's in the affinity
+    /// key).
+    Id(u32),
 }
 
 /// What an address is compared with.
@@ -227,10 +255,10 @@ pub enum Expr {
     },
     /// `meta mark set meta mark or|xor VALUE`
     MarkSet(MarkOp, u32),
-    /// `update @set { ip saddr }`
+    /// `update @set { KEY . KEY }`
     Update {
         set: String,
-        key: Addr,
+        key: Vec<KeyField>,
     },
     /// `numgen random mod N offset O vmap @map`
     NumgenVmap {
@@ -338,7 +366,11 @@ impl Expr {
                 };
                 write!(f, "meta mark set meta mark {op} 0x{v:x}")
             }
-            Expr::Update { set, key } => write!(f, "update @{set} {{ {ip} {} }}", key.kw()),
+            Expr::Update { set, key } => {
+                write!(f, "update @{set} {{ ")?;
+                write_key(f, fam, key)?;
+                f.write_str(" }")
+            }
             Expr::NumgenVmap { count, slots } => write!(
                 f,
                 "numgen random mod {count} offset {} vmap @{}",
@@ -373,6 +405,9 @@ fn write_key(f: &mut Formatter<'_>, fam: IpFamily, key: &[KeyField]) -> fmt::Res
             KeyField::Addr(a) => write!(f, "{} {}", family_kw(fam), a.kw())?,
             KeyField::L4Proto => f.write_str("meta l4proto")?,
             KeyField::ThDport => f.write_str("th dport")?,
+            KeyField::Ip(a) => write!(f, "{a}")?,
+            KeyField::Port(p) => write!(f, "{p}")?,
+            KeyField::Id(v) => write!(f, "0x{v:08x}")?,
         }
     }
     Ok(())
@@ -480,6 +515,8 @@ pub enum DType {
     Ipv6,
     InetProto,
     InetService,
+    /// nft's `mark`: a 32-bit number (an id in the affinity key).
+    Mark,
 }
 
 impl DType {
@@ -496,9 +533,17 @@ impl DType {
             DType::Ipv6 => "ipv6_addr",
             DType::InetProto => "inet_proto",
             DType::InetService => "inet_service",
+            DType::Mark => "mark",
         }
     }
 }
+
+/// How many elements a set that packets fill (`flags dynamic,timeout`) may
+/// hold. The kernel's default is 65,535, sized for upstream's one set per
+/// endpoint; ours is one set per affinity timeout shared by every Service, so
+/// it holds a client per (client, Service) pair of the whole cluster. When
+/// full, new clients are still served, only without a remembered endpoint.
+pub const DYNAMIC_SET_SIZE: u32 = 1 << 20;
 
 /// How a set or map is declared.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -718,7 +763,10 @@ impl Display for OpText<'_> {
                         }
                         f.write_str(" ;")?;
                         if let Some(secs) = timeout {
-                            write!(f, " flags dynamic,timeout ; timeout {secs}s ;")?;
+                            write!(
+                                f,
+                                " size {DYNAMIC_SET_SIZE} ; flags dynamic,timeout ; timeout {secs}s ;"
+                            )?;
                         }
                         f.write_str(" }")
                     }

@@ -4,3 +4,8 @@
 mod conformance;
 
 conformance_suite!("nftables");
+
+#[test]
+fn c04b_session_affinity_lifecycle() {
+    conformance::session_affinity_lifecycle("nftables");
+}

@@ -9,3 +9,10 @@ conformance_suite!("upstream/nftables", || conformance::binaries_for(
     "upstream/nftables"
 ));
 api_cases!("upstream/nftables");
+
+#[test]
+fn c04b_session_affinity_lifecycle() {
+    if conformance::binaries_for("upstream/nftables") {
+        conformance::session_affinity_lifecycle("upstream/nftables");
+    }
+}

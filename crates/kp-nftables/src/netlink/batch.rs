@@ -251,6 +251,7 @@ fn dtype(t: DType) -> (u32, u32) {
         DType::Ipv6 => (8, 16),
         DType::InetProto => (12, 1),
         DType::InetService => (13, 2),
+        DType::Mark => (19, 4),
     }
 }
 
@@ -360,6 +361,11 @@ fn set_attrs(table: &str, s: &Set, fam: Family, id: u32) -> Attrs {
     }
     a.u32be(10, id);
     if let Some(secs) = timeout {
+        // NFTA_SET_DESC { NFTA_SET_DESC_SIZE }: without it the kernel caps a
+        // set that packets fill at 65,535 elements.
+        a.nest(9, |d| {
+            d.u32be(1, crate::types::DYNAMIC_SET_SIZE);
+        });
         a.u64be(11, secs as u64 * 1000);
     }
     // nft's set userdata: key byte order (big endian for a lone address, none
@@ -412,5 +418,38 @@ fn key_bytes(k: &ElemKey, fam: Family) -> Result<Vec<u8>, String> {
         }
         // A slot of a numgen-keyed map: numgen writes host-endian integers.
         ElemKey::Slot(n) => n.to_ne_bytes().to_vec(),
+        ElemKey::Affinity {
+            client,
+            endpoint,
+            id,
+        } => {
+            let mut v = addr_bytes(*client, fam)?;
+            v.extend_from_slice(&addr_bytes(endpoint.ip(), fam)?);
+            v.extend_from_slice(&endpoint.port().to_be_bytes());
+            pad(&mut v);
+            v.extend_from_slice(&id.to_ne_bytes());
+            v
+        }
+    })
+}
+
+/// Reads an affinity record's key back (the layout [`key_bytes`] writes).
+pub fn affinity_key(b: &[u8], fam: Family) -> Option<ElemKey> {
+    let n = fam.addr_len();
+    if b.len() != 2 * n + 8 {
+        return None;
+    }
+    let ip = |s: &[u8]| -> Option<std::net::IpAddr> {
+        Some(match n {
+            4 => std::net::IpAddr::from(<[u8; 4]>::try_from(s).ok()?),
+            _ => std::net::IpAddr::from(<[u8; 16]>::try_from(s).ok()?),
+        })
+    };
+    let port = u16::from_be_bytes([b[2 * n], b[2 * n + 1]]);
+    let id = u32::from_ne_bytes(b[2 * n + 4..].try_into().ok()?);
+    Some(ElemKey::Affinity {
+        client: ip(&b[..n])?,
+        endpoint: std::net::SocketAddr::new(ip(&b[n..2 * n])?, port),
+        id,
     })
 }

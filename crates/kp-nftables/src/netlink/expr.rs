@@ -181,17 +181,22 @@ fn addr_offset(fam: Family, which: Addr) -> u32 {
 impl KeyField {
     fn len(self, fam: Family) -> usize {
         match self {
-            KeyField::Addr(_) => fam.addr_len(),
+            KeyField::Addr(_) | KeyField::Ip(_) => fam.addr_len(),
             KeyField::L4Proto => 1,
-            KeyField::ThDport => 2,
+            KeyField::ThDport | KeyField::Port(_) => 2,
+            KeyField::Id(_) => 4,
         }
     }
-    fn load(self, fam: Family, dreg: u32) -> Attrs {
-        match self {
+    fn load(self, fam: Family, dreg: u32) -> Result<Attrs, String> {
+        Ok(match self {
             KeyField::Addr(a) => payload(1, addr_offset(fam, a), fam.addr_len() as u32, dreg),
             KeyField::L4Proto => meta_load(16, dreg),
             KeyField::ThDport => payload(2, 2, 2, dreg),
-        }
+            KeyField::Ip(ip) => immediate_data(dreg, &addr_bytes(ip, fam)?),
+            KeyField::Port(p) => immediate_data(dreg, &p.to_be_bytes()),
+            // nft's mark type is a host-endian integer.
+            KeyField::Id(v) => immediate_data(dreg, &v.to_ne_bytes()),
+        })
     }
 }
 
@@ -202,8 +207,11 @@ fn load_key(out: &mut Vec<Attrs>, fam: Family, key: &[KeyField]) -> Result<(), S
     }
     let mut word = 0usize;
     for k in key {
-        out.push(k.load(fam, reg(word)));
+        out.push(k.load(fam, reg(word))?);
         word += k.len(fam).div_ceil(4);
+    }
+    if word > 16 {
+        return Err(format!("key of {word} words does not fit the registers"));
     }
     Ok(())
 }
@@ -211,11 +219,7 @@ fn load_key(out: &mut Vec<Attrs>, fam: Family, key: &[KeyField]) -> Result<(), S
 /// An address or prefix as (bytes, prefix length).
 fn net_bytes(n: &IpNet, fam: Family) -> Result<(Vec<u8>, usize), String> {
     let bytes = addr_bytes(n.addr(), fam)?;
-    let plen = n.prefix_len() as usize;
-    if plen == 0 {
-        return Err(format!("prefix length of `{n}` not supported"));
-    }
-    Ok((bytes, plen))
+    Ok((bytes, n.prefix_len() as usize))
 }
 
 fn mask_bytes(len: usize, plen: usize) -> Vec<u8> {
@@ -370,11 +374,13 @@ fn addr_cmp(out: &mut Vec<Attrs>, fam: Family, off: u32, neg: bool, bytes: &[u8]
     if plen >= full {
         out.push(payload(1, off, bytes.len() as u32, 1));
         out.push(cmp(1, neg, bytes));
-    } else if plen.is_multiple_of(8) {
+    } else if plen.is_multiple_of(8) && plen > 0 {
         let n = plen / 8;
         out.push(payload(1, off, n as u32, 1));
         out.push(cmp(1, neg, &bytes[..n]));
     } else {
+        // Also a /0 (`loadBalancerSourceRanges: [0.0.0.0/0]`): an all-zero
+        // mask, as nft encodes it.
         let mask = mask_bytes(bytes.len(), plen);
         let masked: Vec<u8> = bytes.iter().zip(&mask).map(|(b, m)| b & m).collect();
         out.push(payload(1, off, fam.addr_len() as u32, 1));
@@ -506,8 +512,7 @@ pub fn encode_rule(
                 }));
             }
             Expr::Update { set, key } => {
-                let off = addr_offset(fam, *key);
-                out.push(payload(1, off, fam.addr_len() as u32, 1));
+                load_key(out, fam, key)?;
                 out.push(ex("dynset", |a| {
                     a.str(1, set).u32be(3, 1).u32be(4, 1);
                 }));

@@ -9,10 +9,10 @@ use kp_model::{DataplaneError, IpFamily};
 use kp_netlink::nftables::{
     errno_text, msg, next_seq, nft_type, refusals, ExchangeError, NftSocket, Refusal,
 };
-use kp_netlink::{Attrs, Reply, Until, NLM_F_ACK, NLM_F_DUMP};
+use kp_netlink::{Attrs, ParsedAttrs, Reply, Until, NLM_F_ACK, NLM_F_DUMP};
 
 use crate::backend::NftBackend;
-use crate::types::Transaction;
+use crate::types::{ElemKey, Transaction};
 
 pub use batch::EncodeError;
 
@@ -136,6 +136,53 @@ impl NftBackend for NftNetlink {
                 message: format!("listing chain {chain}: {}", errno_text(errno)),
             }),
         }
+    }
+
+    fn affinity_records(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        set: &str,
+    ) -> Result<Vec<ElemKey>, DataplaneError> {
+        let mut a = Attrs::new();
+        a.str(1, table).str(2, set);
+        let answer = self.query(
+            family,
+            msg::GETSETELEM,
+            NLM_F_DUMP,
+            &a,
+            "an affinity set's elements",
+            Until::Done,
+        )?;
+        let replies = match answer {
+            Ok(r) => r,
+            Err(libc::ENOENT) => return Ok(Vec::new()),
+            Err(errno) => {
+                return Err(DataplaneError::Apply {
+                    tool: TOOL.into(),
+                    message: format!("listing set {set}: {}", errno_text(errno)),
+                })
+            }
+        };
+        let fam = expr::Family::from(family);
+        let newsetelem = nft_type(msg::NEWSETELEM);
+        let mut out = Vec::new();
+        for r in replies.iter().filter(|r| r.ty == newsetelem) {
+            // nfgenmsg (4 bytes), then NFTA_SET_ELEM_LIST_ELEMENTS holding
+            // NFTA_LIST_ELEMs, each with NFTA_SET_ELEM_KEY { NFTA_DATA_VALUE }.
+            let attrs = ParsedAttrs::parse(r.payload().get(4..).unwrap_or_default());
+            let Some(list) = attrs.nested(3) else {
+                continue;
+            };
+            for (_, elem) in list.iter() {
+                let key = ParsedAttrs::parse(elem)
+                    .nested(1)
+                    .and_then(|k| k.get(1))
+                    .and_then(|b| batch::affinity_key(b, fam));
+                out.extend(key);
+            }
+        }
+        Ok(out)
     }
 
     fn table_exists(&mut self, family: IpFamily, table: &str) -> Result<bool, DataplaneError> {

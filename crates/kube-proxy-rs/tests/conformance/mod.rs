@@ -953,6 +953,90 @@ pub fn session_affinity(mode: &str) {
     }
 }
 
+/// Session affinity over time, upstream's semantics: each new connection
+/// restarts the client's timeout; removing an endpoint forgets only the
+/// clients bound to it, and they stay with the endpoint they got next when
+/// the removed one comes back. Not in the shared list: it checks what the
+/// nftables layout (one set for every Service's records) must get right,
+/// and runs for upstream's nftables mode too.
+pub fn session_affinity_lifecycle(mode: &str) {
+    let mut env = Env::new("afflife", mode);
+    let pods = [env.pod(1, "a"), env.pod(1, "b"), env.pod(2, "c")];
+    let clients = [
+        env.pod(1, "client"),
+        env.pod(2, "client2"),
+        env.pod(1, "client3"),
+    ];
+    let timeout = 4u64;
+    env.put(
+        "svc",
+        &service(
+            "afl",
+            &["10.96.0.45"],
+            json!({"sessionAffinity": "ClientIP",
+        "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": timeout}}}),
+        ),
+    );
+    let all: Vec<&Pod> = pods.iter().collect();
+    env.put("eps", &slice("afl", "1", "IPv4", &ready(&all)));
+    env.start_all();
+    let vip = sa("10.96.0.45", 80);
+    for c in &clients {
+        env.wait_tcp(c.ns(), vip);
+    }
+    let server = |c: &Pod| -> String {
+        match tcp_hello(c.ns(), vip, T) {
+            Ok(r) => r.server,
+            Err(e) => panic!("client {}: {e:?}", c.ns()),
+        }
+    };
+    // One connection a second for twice the timeout: only a refreshed
+    // record keeps every client on one endpoint (an expired one re-draws
+    // among three).
+    let first: Vec<String> = clients.iter().map(&server).collect();
+    for _ in 0..2 * timeout {
+        std::thread::sleep(Duration::from_secs(1));
+        for (c, s) in clients.iter().zip(&first) {
+            assert_eq!(&server(c), s, "client {} moved while active", c.ns());
+        }
+    }
+    // Remove the first client's endpoint.
+    let gone = first[0].clone();
+    let kept: Vec<&Pod> = pods.iter().filter(|p| p.name() != gone).collect();
+    env.put("eps", &slice("afl", "1", "IPv4", &ready(&kept)));
+    env.wait(&format!("client to leave {gone}"), || {
+        server(&clients[0]) != gone
+    });
+    let moved = server(&clients[0]);
+    for (c, s) in clients.iter().zip(&first).skip(1) {
+        let now = server(c);
+        if *s == gone {
+            assert_ne!(now, gone, "client {} still reaches {gone}", c.ns());
+        } else {
+            assert_eq!(&now, s, "client {} lost its endpoint", c.ns());
+        }
+    }
+    assert_eq!(server(&clients[0]), moved, "client did not stay on {moved}");
+    // The removed endpoint returns: its former clients stay where they are.
+    let back = pods.iter().find(|p| p.name() == gone).expect("removed pod");
+    env.put("eps", &slice("afl", "1", "IPv4", &ready(&all)));
+    let dnat = format!("{}:8080", back.ip());
+    for node in [1, 2] {
+        env.wait(&format!("{gone} back in node{node}'s rules"), || {
+            env.ruleset(node)
+                .lines()
+                .any(|l| l.contains("dnat") && l.contains(&dnat))
+        });
+    }
+    for _ in 0..5 {
+        assert_eq!(
+            server(&clients[0]),
+            moved,
+            "client went back to {gone}: its record for the removed endpoint outlived it"
+        );
+    }
+}
+
 /// Case 5: No endpoints: refused at once; an endpoint makes it work within a sync.
 pub fn no_endpoints(mode: &str) {
     let mut env = Env::new("noeps", mode);
