@@ -5,7 +5,9 @@
 //! [--sizes 1000,10000,50000] [--endpoints 10] [--changes 100] [--burst 1000]
 //! [--big 5000] [--backend netlink|nft|restore] [--iptables-backend auto|nft|legacy]
 //! [--no-affinity] [--no-apply] [--ports 5000]`.
-//! `--ports N` measures one Service with N ports instead of the table.
+//! `--ports N` measures one Service with N ports instead of the table;
+//! `--floor` compares the full sync and one endpoint replaced with the
+//! kernel alone on the same batches (floor.rs).
 //! Needs root for the apply columns: each size is programmed into a fresh
 //! network namespace (never the host's ruleset).
 
@@ -21,6 +23,8 @@ use kp_model::{ChangeTracker, Dataplane, IpFamily, LocalDetector, ProxierConfig,
 use kp_nftables::{NftBackend, NftCli, NftNetlink, NftablesProxier};
 use kp_userspace::{UserspaceConfig, UserspaceProxier, VipMode};
 use std::sync::Arc;
+
+mod floor;
 
 // The allocator kube-proxy-rs itself uses (see its main.rs), so the figures
 // are the product's.
@@ -537,6 +541,18 @@ fn main() -> Result<()> {
     );
     // Where to come back to after each size's namespace.
     let home = std::fs::File::open("/proc/self/ns/net").context("opening our network namespace")?;
+
+    if has("--floor") {
+        if o.mode != "nftables" || !o.netlink {
+            bail!("--floor measures nftables over netlink");
+        }
+        println!("| Services | full sync: ours | kernel floor | ours / floor | 1 endpoint replaced p50 / p99: ours | kernel floor | ours / floor (p50) |");
+        println!("|---|---|---|---|---|---|---|");
+        for &n in &sizes {
+            println!("{}", floor::run(&o, n, m, affinity, &home)?);
+        }
+        return Ok(());
+    }
 
     println!("| Services | endpoints each | model (convert+track) | render full | ruleset | full sync | 1 endpoint replaced p50 / p99 (bytes sent) | 1 endpoint added p50 / p99 | add 1 Service p50 / p99 (bytes sent) | delete 1 Service p50 / p99 (bytes sent) | burst of {} changes in 1 s | bench peak RSS |", o.burst);
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");

@@ -36,6 +36,13 @@ impl NftNetlink {
     pub fn check(tx: &Transaction) -> Result<(), EncodeError> {
         batch::encode(tx, 1).map(|_| ())
     }
+
+    /// `tx` as the netlink batch [`NftBackend::apply`] would send, for
+    /// benchmarks that time the kernel alone on exactly these bytes.
+    pub fn encode(tx: &Transaction) -> Result<kp_netlink::nftables::Batch, EncodeError> {
+        let seq0 = next_seq(batch::max_messages(tx));
+        batch::encode(tx, seq0).map(|b| b.inner)
+    }
 }
 
 fn io_err(e: ExchangeError, what: &str) -> DataplaneError {
