@@ -94,9 +94,18 @@ pub fn slice(i: u32, m: u32, generation: u32, multi: bool) -> Value {
     // another endpoint (which would change the count: a different workload).
     let stride = (2 * m).next_power_of_two().max(64);
     let free = stride - (m - 1).min(stride - 1);
+    // Generation 0 is the slice as created; later ones cycle over the other
+    // free offsets and never come back to it: a "moved" endpoint already in
+    // place would be timed as an instant change (kp-compare's burst at 10k,
+    // generation 55, did).
+    let shift = if generation == 0 || free < 2 {
+        0
+    } else {
+        1 + (generation - 1) % (free - 1)
+    };
     let eps: Vec<Value> = (0..m)
         .map(|j| {
-            let k = if j + 1 == m { j + generation % free } else { j };
+            let k = if j + 1 == m { j + shift } else { j };
             json!({"addresses": [ip4(0x0a80_0000, i * stride + (k % stride))],
                    "nodeName": format!("node{}", j % 4 + 1),
                    "conditions": {"ready": true}})
