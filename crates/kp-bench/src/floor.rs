@@ -18,7 +18,7 @@ use kp_model::{ChangeTracker, Dataplane, DataplaneError, IpFamily, LocalDetector
 use kp_nftables::types::ElemKey;
 use kp_nftables::{NftBackend, NftNetlink, NftablesProxier, Transaction};
 
-use super::{enter_netns_file, ms, p50_p99, tracker, Netns, Opts};
+use super::{enter_netns_file, ms, p50_p99, replacement, tracker, Netns, Opts};
 
 /// Netlink, keeping a copy of every transaction it applies.
 struct Keep {
@@ -110,11 +110,9 @@ fn ours(
     let t = Instant::now();
     dp.sync(tr.state(), &BTreeSet::new(), true)?;
     let full = t.elapsed();
-    let multi = |i: u32| n > 1 && i % 10 == 3;
     let mut lat = Vec::new();
     for g in 1..=o.changes as u32 {
-        let i = (g * 7919) % n;
-        let s: EndpointSlice = serde_json::from_value(kp_bench::slice(i, m, g, multi(i)))?;
+        let (_, s) = replacement(n, m, g)?;
         let t = Instant::now();
         let _ = tr.update_endpoint_slice(&s, SystemTime::now());
         let cs = tr.take_changes();

@@ -290,6 +290,14 @@ fn run_ports(o: &Opts, ports: u32, m: u32, home: &std::fs::File) -> Result<()> {
 }
 
 #[allow(clippy::too_many_arguments)]
+/// The `g`th "one endpoint replaced" change of a table of `n` Services with
+/// `m` endpoints: which Service, and its new slice.
+fn replacement(n: u32, m: u32, g: u32) -> Result<(u32, EndpointSlice)> {
+    let i = (g * 7919) % n;
+    let multi = n > 1 && i % 10 == 3;
+    Ok((i, serde_json::from_value(kp_bench::slice(i, m, g, multi))?))
+}
+
 fn measure(
     o: &Opts,
     n: u32,
@@ -336,8 +344,7 @@ fn measure(
     let mut slowest = Vec::new();
     let multi = |i: u32| n > 1 && i % 10 == 3;
     for g in 1..=o.changes as u32 {
-        let i = (g * 7919) % n;
-        let s: EndpointSlice = serde_json::from_value(kp_bench::slice(i, m, g, multi(i)))?;
+        let (i, s) = replacement(n, m, g)?;
         let t = Instant::now();
         let _ = tr.update_endpoint_slice(&s, SystemTime::now());
         let cs = tr.take_changes();
