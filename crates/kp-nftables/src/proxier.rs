@@ -130,9 +130,6 @@ impl Slots {
     }
 }
 
-/// Every element `objs` puts in the kernel: its own, then its pools' slots
-/// (derived from the pools rather than stored twice: with 10 endpoints per
-/// Service the slots are most of the elements).
 /// The affinity endpoints of `old` that `new` no longer has.
 fn forget_removed(
     out: &mut Vec<(u32, SocketAddr, u32)>,
@@ -146,6 +143,9 @@ fn forget_removed(
     }
 }
 
+/// Every element `objs` puts in the kernel: its own, then its pools' slots
+/// (derived from the pools rather than stored twice: with 10 endpoints per
+/// Service the slots are most of the elements).
 fn all_elements(objs: &ServiceObjects) -> impl Iterator<Item = Element> + '_ {
     let slots = objs.pools.iter().flat_map(|pool| {
         pool.values.iter().enumerate().map(|(j, v)| Element {
