@@ -22,8 +22,8 @@ struct Programmed {
     /// Map keys -> the service port whose verdict is installed.
     map_owner: HashMap<(MapName, ElemKey), ServicePortName>,
     slots: Slots,
-    /// Shared affinity sets -> (timeout, how many service ports use them).
-    affinity: BTreeMap<String, (u32, usize)>,
+    /// Shared affinity sets by timeout -> how many service ports use them.
+    affinity: BTreeMap<u32, usize>,
 }
 
 /// Pools (selection rules) one endpoint-map shard serves. The kernel checks
@@ -395,10 +395,10 @@ impl NftablesProxier {
         prog.slots.declared = declared;
         // Affinity sets: declared once each (the set and its clients stay in
         // the kernel across a non-fresh full sync).
-        for (set, (timeout, _)) in &prog.affinity {
+        for timeout in prog.affinity.keys() {
             tx.head.push(op(
                 Verb::Add,
-                Object::Set(affinity_set(self.cfg.family, set, *timeout)),
+                Object::Set(affinity_set(self.cfg.family, *timeout)),
             ));
             tx.ops += 1;
         }
@@ -414,9 +414,9 @@ impl NftablesProxier {
                         new.unwrap_or(&ServiceObjects::default()),
                     );
                 }
-                for (set, (timeout, _)) in &old.affinity {
-                    if !prog.affinity.contains_key(set) {
-                        self.delete_affinity_set(&mut tx, set, *timeout);
+                for timeout in old.affinity.keys() {
+                    if !prog.affinity.contains_key(timeout) {
+                        self.delete_affinity_set(&mut tx, *timeout);
                     }
                 }
             }
@@ -492,10 +492,10 @@ impl NftablesProxier {
 
     /// Deletes a shared affinity set no service port uses any more (after the
     /// rules that name it: deletions come last in the transaction).
-    fn delete_affinity_set(&self, tx: &mut Tx, set: &str, timeout: u32) {
+    fn delete_affinity_set(&self, tx: &mut Tx, timeout: u32) {
         tx.del_objects.push(op(
             Verb::Delete,
-            Object::Set(affinity_set(self.cfg.family, set, timeout)),
+            Object::Set(affinity_set(self.cfg.family, timeout)),
         ));
         tx.ops += 1;
     }
@@ -526,7 +526,7 @@ impl NftablesProxier {
         let mut add_elems: Vec<Element> = Vec::new();
         // Affinity sets whose last user went (deleted after the loop: another
         // service port of this sync may take them up again).
-        let mut gone_sets: Vec<(String, u32)> = Vec::new();
+        let mut gone_sets: Vec<u32> = Vec::new();
         let mut updates: Vec<(
             ServicePortName,
             Option<ServiceObjects>,
@@ -558,10 +558,10 @@ impl NftablesProxier {
             let n = new.as_ref().unwrap_or(&empty);
             let old_chains: HashMap<&str, &Vec<Rule>> =
                 o.chains.iter().map(|(c, r)| (c.as_str(), r)).collect();
-            for (set, timeout) in prog.use_affinity(n, 1) {
+            for timeout in prog.use_affinity(n, 1) {
                 tx.add_objects.push(op(
                     Verb::Add,
-                    Object::Set(affinity_set(self.cfg.family, &set, timeout)),
+                    Object::Set(affinity_set(self.cfg.family, timeout)),
                 ));
                 tx.ops += 1;
             }
@@ -634,9 +634,9 @@ impl NftablesProxier {
             tx.ops += 1;
             prog.slots.declared.insert(m);
         }
-        for (set, timeout) in gone_sets {
-            if !prog.affinity.contains_key(&set) {
-                self.delete_affinity_set(&mut tx, &set, timeout);
+        for timeout in gone_sets {
+            if !prog.affinity.contains_key(&timeout) {
+                self.delete_affinity_set(&mut tx, timeout);
             }
         }
         tx.ops += del_elems.len() + add_elems.len();
@@ -647,23 +647,23 @@ impl NftablesProxier {
 }
 
 impl Programmed {
-    /// Counts `objs`' affinity sets in (`by` 1) or out (-1). Returns the sets
-    /// that went from unused to used (in) or from used to unused (out), with
-    /// their timeouts.
-    fn use_affinity(&mut self, objs: &ServiceObjects, by: i32) -> Vec<(String, u32)> {
+    /// Counts `objs`' affinity sets in (`by` 1) or out (-1). Returns the
+    /// timeouts whose set went from unused to used (in) or from used to
+    /// unused (out).
+    fn use_affinity(&mut self, objs: &ServiceObjects, by: i32) -> Vec<u32> {
         let mut changed = Vec::new();
-        for (set, timeout) in &objs.affinity_sets {
+        for &timeout in &objs.affinity_sets {
             if by > 0 {
-                let e = self.affinity.entry(set.clone()).or_insert((*timeout, 0));
-                e.1 += 1;
-                if e.1 == 1 {
-                    changed.push((set.clone(), *timeout));
+                let users = self.affinity.entry(timeout).or_insert(0);
+                *users += 1;
+                if *users == 1 {
+                    changed.push(timeout);
                 }
-            } else if let Some(e) = self.affinity.get_mut(set) {
-                e.1 = e.1.saturating_sub(1);
-                if e.1 == 0 {
-                    self.affinity.remove(set);
-                    changed.push((set.clone(), *timeout));
+            } else if let Some(users) = self.affinity.get_mut(&timeout) {
+                *users = users.saturating_sub(1);
+                if *users == 0 {
+                    self.affinity.remove(&timeout);
+                    changed.push(timeout);
                 }
             }
         }

@@ -85,8 +85,9 @@ pub struct Pool {
 pub struct ServiceObjects {
     /// Chain name -> its rules, in order.
     pub chains: Vec<(String, Vec<Rule>)>,
-    /// Affinity sets (name, timeout seconds).
-    pub affinity_sets: Vec<(String, u32)>,
+    /// The timeouts (seconds) of the shared affinity sets this service port
+    /// uses (a set's name is derived from its timeout).
+    pub affinity_sets: Vec<u32>,
     /// The endpoints clients are recorded for: (timeout, endpoint, service
     /// port id), so that removing one can forget its clients.
     pub affinity_endpoints: Vec<(u32, SocketAddr, u32)>,
@@ -164,7 +165,7 @@ fn selection(
     sp: &ServicePort,
     eps: &[&Endpoint],
     chains: &mut Vec<(String, Vec<Rule>)>,
-    sets: &mut Vec<(String, u32)>,
+    sets: &mut Vec<u32>,
     records: &mut Vec<(u32, SocketAddr, u32)>,
     pools: &mut Vec<Pool>,
 ) -> Vec<Rule> {
@@ -210,8 +211,8 @@ fn selection(
             // Endpoint chains are shared by the cluster and local selections.
             let mut made: std::collections::HashSet<String> =
                 chains.iter().map(|(c, _)| c.clone()).collect();
-            if !sets.iter().any(|(s, _)| *s == set) {
-                sets.push((set.clone(), timeout));
+            if !sets.contains(&timeout) {
+                sets.push(timeout);
             }
             for ep in eps {
                 let (base, _) = endpoint_chain_base(sp, ep);
@@ -693,10 +694,10 @@ pub fn shard_set(m: MapName) -> Set {
     }
 }
 
-/// The declaration of a session-affinity set.
-pub fn affinity_set(family: IpFamily, name: &str, timeout: u32) -> Set {
+/// The declaration of the shared session-affinity set of one timeout.
+pub fn affinity_set(family: IpFamily, timeout: u32) -> Set {
     Set {
-        name: name.into(),
+        name: affinity_set_name(timeout),
         ty: SetType::Typed {
             key: vec![
                 DType::addr(family),
