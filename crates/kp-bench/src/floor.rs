@@ -11,14 +11,14 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::{bail, Context, Result};
-use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kp_model::{ChangeTracker, Dataplane, DataplaneError, IpFamily, LocalDetector, ProxierConfig};
+use anyhow::{bail, Result};
+use kp_model::{ChangeTracker, Dataplane, DataplaneError, IpFamily};
 use kp_nftables::types::ElemKey;
 use kp_nftables::{NftBackend, NftNetlink, NftablesProxier, Transaction};
 
-use super::{enter_netns_file, ms, p50_p99, replacement, tracker, Netns, Opts};
+use super::{
+    in_namespace, ms, p50_p99, parsed_cluster, pct, proxier_config, replacement, tracker, Opts,
+};
 
 /// Netlink, keeping a copy of every transaction it applies.
 struct Keep {
@@ -54,46 +54,19 @@ impl NftBackend for Keep {
     }
 }
 
-fn config() -> ProxierConfig {
-    let mut pc = ProxierConfig::new(IpFamily::V4);
-    pc.local_detector = LocalDetector::Cidrs(vec!["10.128.0.0/9".parse().expect("cidr")]);
-    pc
-}
-
 /// kp-bench's cluster in a fresh tracker.
 fn cluster(n: u32, m: u32, affinity: bool) -> Result<ChangeTracker> {
-    let syn = kp_bench::cluster_with(n, m, affinity);
+    let (svcs, slices) = parsed_cluster(n, m, affinity)?;
     let mut tr = tracker();
     let now = SystemTime::now();
-    for s in syn.services {
-        let s: Service = serde_json::from_value(s)?;
-        let _ = tr.update_service(&s, now);
+    for s in &svcs {
+        let _ = tr.update_service(s, now);
     }
-    for s in syn.slices {
-        let s: EndpointSlice = serde_json::from_value(s)?;
-        let _ = tr.update_endpoint_slice(&s, now);
+    for s in &slices {
+        let _ = tr.update_endpoint_slice(s, now);
     }
     tr.take_changes();
     Ok(tr)
-}
-
-/// Runs `f` inside a fresh namespace named after `tag`, then comes home.
-fn in_namespace<T>(tag: &str, home: &std::fs::File, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    let ns = format!("kpfloor{}{tag}", std::process::id());
-    if !std::process::Command::new("ip")
-        .args(["netns", "add", &ns])
-        .status()?
-        .success()
-    {
-        bail!("ip netns add {ns} failed (run as root)");
-    }
-    let guard = Netns(ns.clone());
-    let file = std::fs::File::open(format!("/run/netns/{ns}"))?;
-    enter_netns_file(&file).with_context(|| format!("entering {ns}"))?;
-    let r = f();
-    enter_netns_file(home)?;
-    drop(guard);
-    r
 }
 
 /// Our proxier: the full sync, then `changes` endpoint replacements (the
@@ -106,7 +79,7 @@ fn ours(
     backend: Box<dyn NftBackend>,
 ) -> Result<(Duration, Vec<Duration>)> {
     let mut tr = cluster(n, m, affinity)?;
-    let mut dp = NftablesProxier::new(config(), backend);
+    let mut dp = NftablesProxier::new(proxier_config(), backend);
     let t = Instant::now();
     dp.sync(tr.state(), &BTreeSet::new(), true)?;
     let full = t.elapsed();
@@ -124,11 +97,12 @@ fn ours(
 
 /// One row: ours and the floor for `n` Services.
 pub fn run(o: &Opts, n: u32, m: u32, affinity: bool, home: &std::fs::File) -> Result<String> {
-    let (our_full, mut our_lat) = in_namespace("o", home, || {
+    let ns = |tag: &str| format!("kpfloor{}{tag}", std::process::id());
+    let (our_full, mut our_lat) = in_namespace(&ns("o"), home, |_| {
         ours(o, n, m, affinity, Box::new(NftNetlink::new()))
     })?;
     let kept = Arc::new(Mutex::new(Vec::new()));
-    in_namespace("k", home, || {
+    in_namespace(&ns("k"), home, |_| {
         let keep = Keep {
             inner: NftNetlink::new(),
             kept: kept.clone(),
@@ -142,7 +116,7 @@ pub fn run(o: &Opts, n: u32, m: u32, affinity: bool, home: &std::fs::File) -> Re
         .map(NftNetlink::encode)
         .collect::<Result<Vec<_>, _>>()?;
     drop(txs);
-    let times = in_namespace("f", home, || {
+    let times = in_namespace(&ns("f"), home, |_| {
         let mut sock = kp_netlink::nftables::NftSocket::new();
         let mut times = Vec::new();
         for (i, b) in batches.iter().enumerate() {
@@ -164,12 +138,8 @@ pub fn run(o: &Opts, n: u32, m: u32, affinity: bool, home: &std::fs::File) -> Re
     // records are forgotten in a second one); the bench sends none then, as
     // nothing has recorded a client.
     let mut floor_lat = rest.to_vec();
-    let p50 = |v: &mut Vec<Duration>| -> Duration {
-        v.sort();
-        v.get(v.len() / 2).copied().unwrap_or_default()
-    };
     let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64().max(1e-9);
-    let (ours_p50, floor_p50) = (p50(&mut our_lat), p50(&mut floor_lat));
+    let (ours_p50, floor_p50) = (pct(&mut our_lat, 0.5), pct(&mut floor_lat, 0.5));
     Ok(format!(
         "| {n} | {} ms | {} ms | {:.2} | {} ms | {} ms | {:.2} |",
         ms(our_full),

@@ -94,9 +94,16 @@ fn tracker() -> ChangeTracker {
     })
 }
 
-fn dataplane(o: &Opts, wrapper: &str) -> Result<Box<dyn Dataplane>> {
+/// The proxier configuration of every kp-bench table: IPv4, pods in
+/// 10.128.0.0/9 (where kp_bench puts the endpoints).
+fn proxier_config() -> ProxierConfig {
     let mut pc = ProxierConfig::new(IpFamily::V4);
     pc.local_detector = LocalDetector::Cidrs(vec!["10.128.0.0/9".parse().expect("cidr")]);
+    pc
+}
+
+fn dataplane(o: &Opts, wrapper: &str) -> Result<Box<dyn Dataplane>> {
+    let pc = proxier_config();
     if o.mode == "userspace" {
         // Called inside the bench's namespace: the proxier's rtnetlink socket
         // (Service IPs on lo) and its listeners are created on this thread,
@@ -130,21 +137,24 @@ fn dataplane(o: &Opts, wrapper: &str) -> Result<Box<dyn Dataplane>> {
 }
 
 /// One table row: `n` Services with `m` endpoints each.
+/// kp_bench's cluster of `n` Services x `m` endpoints as API objects.
+fn parsed_cluster(n: u32, m: u32, affinity: bool) -> Result<(Vec<Service>, Vec<EndpointSlice>)> {
+    let syn = kp_bench::cluster_with(n, m, affinity);
+    let svcs = syn
+        .services
+        .into_iter()
+        .map(serde_json::from_value)
+        .collect::<Result<_, _>>()?;
+    let slices = syn
+        .slices
+        .into_iter()
+        .map(serde_json::from_value)
+        .collect::<Result<_, _>>()?;
+    Ok((svcs, slices))
+}
+
 fn run_size(o: &Opts, n: u32, m: u32, affinity: bool, home: &std::fs::File) -> Result<String> {
-    let (svcs, slices) = {
-        let syn = kp_bench::cluster_with(n, m, affinity);
-        let svcs: Vec<Service> = syn
-            .services
-            .into_iter()
-            .map(serde_json::from_value)
-            .collect::<Result<_, _>>()?;
-        let slices: Vec<EndpointSlice> = syn
-            .slices
-            .into_iter()
-            .map(serde_json::from_value)
-            .collect::<Result<_, _>>()?;
-        (svcs, slices)
-    };
+    let (svcs, slices) = parsed_cluster(n, m, affinity)?;
     let t0 = Instant::now();
     let mut tr = tracker();
     let now = SystemTime::now();
@@ -160,29 +170,38 @@ fn run_size(o: &Opts, n: u32, m: u32, affinity: bool, home: &std::fs::File) -> R
     drop(slices);
 
     let ns = format!("kpbench{}x{n}x{m}", std::process::id());
+    if o.apply {
+        in_namespace(&ns, home, |wrapper| {
+            measure(o, n, m, affinity, &mut tr, wrapper, model)
+        })
+    } else {
+        measure(o, n, m, affinity, &mut tr, "nft", model)
+    }
+}
+
+/// Runs `f` with this process inside a fresh network namespace `ns`, then
+/// brings it back to `home`; the namespace goes afterwards, whatever `f`
+/// returned. `f` gets the path of an `nft` wrapper that runs in `ns` (for
+/// the nft-program backend), removed with the namespace.
+fn in_namespace<T>(ns: &str, home: &std::fs::File, f: impl FnOnce(&str) -> Result<T>) -> Result<T> {
+    if !Command::new("ip")
+        .args(["netns", "add", ns])
+        .status()?
+        .success()
+    {
+        bail!("ip netns add {ns} failed (run as root)");
+    }
+    let guard = Netns(ns.to_string());
     let wrapper = format!("/tmp/{ns}-nft");
-    let mut guard = None;
-    if o.apply {
-        if !Command::new("ip")
-            .args(["netns", "add", &ns])
-            .status()?
-            .success()
-        {
-            bail!("ip netns add failed (run as root)");
-        }
-        guard = Some(Netns(ns.clone()));
-        std::fs::write(
-            &wrapper,
-            format!("#!/bin/sh\nexec ip netns exec {ns} nft \"$@\"\n"),
-        )?;
-        Command::new("chmod").args(["+x", &wrapper]).status()?;
-        let f = std::fs::File::open(format!("/run/netns/{ns}"))?;
-        enter_netns_file(&f).context("entering the bench namespace")?;
-    }
-    let result = measure(o, n, m, affinity, &mut tr, &wrapper, model);
-    if o.apply {
-        enter_netns_file(home)?;
-    }
+    std::fs::write(
+        &wrapper,
+        format!("#!/bin/sh\nexec ip netns exec {ns} nft \"$@\"\n"),
+    )?;
+    Command::new("chmod").args(["+x", &wrapper]).status()?;
+    let file = std::fs::File::open(format!("/run/netns/{ns}"))?;
+    enter_netns_file(&file).with_context(|| format!("entering {ns}"))?;
+    let result = f(&wrapper);
+    enter_netns_file(home)?;
     drop(guard);
     result
 }
@@ -219,24 +238,8 @@ fn run_ports(o: &Opts, ports: u32, m: u32, home: &std::fs::File) -> Result<()> {
     let programmed = tr.state().services.len();
 
     let ns = format!("kpbench{}p{ports}", std::process::id());
-    let wrapper = format!("/tmp/{ns}-nft");
-    if !Command::new("ip")
-        .args(["netns", "add", &ns])
-        .status()?
-        .success()
-    {
-        bail!("ip netns add failed (run as root)");
-    }
-    let guard = Netns(ns.clone());
-    std::fs::write(
-        &wrapper,
-        format!("#!/bin/sh\nexec ip netns exec {ns} nft \"$@\"\n"),
-    )?;
-    Command::new("chmod").args(["+x", &wrapper]).status()?;
-    let f = std::fs::File::open(format!("/run/netns/{ns}"))?;
-    enter_netns_file(&f).context("entering the bench namespace")?;
-    let result = (|| -> Result<String> {
-        let mut dp = dataplane(o, &wrapper)?;
+    let result = in_namespace(&ns, home, |wrapper| -> Result<String> {
+        let mut dp = dataplane(o, wrapper)?;
         let t1 = Instant::now();
         let script = dp.render(tr.state());
         let render = t1.elapsed();
@@ -279,9 +282,7 @@ fn run_ports(o: &Opts, ports: u32, m: u32, home: &std::fs::File) -> Result<()> {
             ms(add_port),
             ms(del_port),
         ))
-    })();
-    enter_netns_file(home)?;
-    drop(guard);
+    });
     println!("mode: {}", o.mode);
     println!("| ports | service ports programmed | endpoints | model (convert+track) | render full | full sync (empty kernel) | full sync (again) | 1 endpoint replaced p50 / p99 | 1 port added | 1 port removed |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
