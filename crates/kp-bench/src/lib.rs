@@ -1,5 +1,6 @@
 //! Synthetic clusters for benchmarks and scale tests.
 
+pub mod connect;
 pub mod lab;
 
 use serde_json::{json, Value};

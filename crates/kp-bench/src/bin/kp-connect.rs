@@ -18,14 +18,13 @@
 //! source port is new each time), to the pod and back. Needs root.
 
 use std::collections::BTreeSet;
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{anyhow, Context, Result};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kp_bench::connect::{connects, mean, quantile, us, Server};
 use kp_iptables::{IptablesCli, IptablesProxier, Variant};
 use kp_model::{ChangeTracker, Dataplane, IpFamily, LocalDetector, ProxierConfig, TrackerConfig};
 use kp_netlab::{in_netns, Cluster, ClusterOpts, Pod};
@@ -61,63 +60,6 @@ struct Setup {
     target: SocketAddr,
     samples: Vec<Duration>,
     failures: usize,
-}
-
-/// A listener in the server pod that accepts and drops connections, so the
-/// accept queue never fills. Stopped (and its thread joined) on drop.
-struct Server {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-    ns: String,
-    addr: SocketAddr,
-}
-
-impl Server {
-    fn start(pod: &Pod) -> Result<Server> {
-        let addr = pod.addr(POD_PORT);
-        let listener = in_netns(pod.ns(), || TcpListener::bind(addr))?
-            .with_context(|| format!("listening on {addr}"))?;
-        // std listens with a backlog of 128; the accept thread can be starved
-        // for longer than that on a busy machine, and an overflow drops a SYN
-        // (a 1 s retransmission in the figures). Re-listening raises it.
-        {
-            use std::os::fd::AsRawFd;
-            // SAFETY: listen(2) on a listening socket we own.
-            if unsafe { libc::listen(listener.as_raw_fd(), 4096) } != 0 {
-                return Err(std::io::Error::last_os_error()).context("listen backlog");
-            }
-        }
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let thread = std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                if flag.load(Ordering::Relaxed) {
-                    break;
-                }
-                drop(conn);
-            }
-        });
-        Ok(Server {
-            stop,
-            thread: Some(thread),
-            ns: pod.ns().to_string(),
-            addr,
-        })
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        // Wake the blocked accept() with one last connection from the pod itself.
-        let addr = self.addr;
-        let _ = in_netns(&self.ns, || {
-            TcpStream::connect_timeout(&addr, Duration::from_secs(1))
-        });
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
 }
 
 fn real_service(pod: &Pod) -> Result<(Service, EndpointSlice)> {
@@ -194,7 +136,7 @@ fn setup(mode: Mode, n: u32, m: u32, variant: Variant) -> Result<Setup> {
     )?;
     let pod = lab.add_pod(1, "srv")?;
     let client = lab.add_pod(1, "cli")?;
-    let server = Server::start(&pod)?;
+    let server = Server::start(&pod, POD_PORT)?;
     let sync = program(&lab, &pod, mode, n, m, variant)?;
     let target = match mode {
         Mode::Floor => pod.addr(POD_PORT),
@@ -213,7 +155,7 @@ fn setup(mode: Mode, n: u32, m: u32, variant: Variant) -> Result<Setup> {
     };
     // Warm up (neighbour entries, first conntrack allocations) and check that
     // the Service really answers before measuring.
-    let (ok, fail) = measure(&s, 50)?;
+    let (ok, fail) = connects(&s.client, s.target, 50)?;
     if ok.is_empty() {
         return Err(anyhow!(
             "{mode:?} with {n} Services: no connect to {} succeeded ({fail} failures)",
@@ -222,60 +164,6 @@ fn setup(mode: Mode, n: u32, m: u32, variant: Variant) -> Result<Setup> {
     }
     s.failures = 0;
     Ok(s)
-}
-
-/// `k` connects from the client pod to the setup's target.
-fn measure(s: &Setup, k: usize) -> Result<(Vec<Duration>, usize)> {
-    let target = s.target;
-    Ok(in_netns(s.client.ns(), move || {
-        let mut ok = Vec::with_capacity(k);
-        let mut fail = 0;
-        for _ in 0..k {
-            let t = Instant::now();
-            match TcpStream::connect_timeout(&target, Duration::from_secs(2)) {
-                Ok(c) => {
-                    ok.push(t.elapsed());
-                    abort(c);
-                }
-                Err(_) => fail += 1,
-            }
-        }
-        (ok, fail)
-    })?)
-}
-
-/// Closes with a RST (SO_LINGER 0): no TIME_WAIT socket on either side, so
-/// a later connect reusing the source port is not answered by a stale
-/// TIME_WAIT socket (which costs a 1 s SYN retransmission).
-fn abort(c: TcpStream) {
-    use std::os::fd::AsRawFd;
-    let l = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: setsockopt on a socket we own with a correctly sized option.
-    unsafe {
-        libc::setsockopt(
-            c.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&l as *const libc::linger).cast(),
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        );
-    }
-    drop(c);
-}
-
-fn pct(v: &[Duration], p: f64) -> Duration {
-    if v.is_empty() {
-        return Duration::ZERO;
-    }
-    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
-    v[i]
-}
-
-fn us(d: Duration) -> String {
-    format!("{:.0}", d.as_secs_f64() * 1e6)
 }
 
 fn list(args: &[String], flag: &str, default: &str) -> Result<Vec<u32>> {
@@ -300,7 +188,7 @@ fn main() -> Result<()> {
     let one = |flag: &str, d: &str| -> Result<usize> {
         Ok(list(&args, flag, d)?.first().copied().unwrap_or(0) as usize)
     };
-    let connects = one("--connects", "2000")?;
+    let total = one("--connects", "2000")?;
     let rounds = one("--rounds", "10")?.max(1);
     let m = one("--endpoints", "10")? as u32;
 
@@ -330,10 +218,10 @@ fn main() -> Result<()> {
         );
         setups.push(s);
     }
-    let per = connects.div_ceil(rounds);
+    let per = total.div_ceil(rounds);
     for r in 0..rounds {
         for s in setups.iter_mut() {
-            let (ok, fail) = measure(s, per)?;
+            let (ok, fail) = connects(&s.client, s.target, per)?;
             s.samples.extend(ok);
             s.failures += fail;
         }
@@ -348,7 +236,7 @@ fn main() -> Result<()> {
             .map(|s| {
                 let mut v = s.samples.clone();
                 v.sort();
-                pct(&v, 0.5)
+                quantile(&v, 0.5)
             })
     };
     let (floor, nft_base, ipt_base) = (
@@ -361,12 +249,8 @@ fn main() -> Result<()> {
     for s in setups.iter_mut() {
         s.samples.sort();
         let v = &s.samples;
-        let mean = if v.is_empty() {
-            Duration::ZERO
-        } else {
-            v.iter().sum::<Duration>() / v.len() as u32
-        };
-        let p50 = pct(v, 0.5);
+        let mean = mean(v);
+        let p50 = quantile(v, 0.5);
         let slow = v.iter().filter(|d| d.as_millis() >= 200).count();
         if slow > 0 && std::env::var_os("KP_CONNECT_DEBUG").is_some() {
             for ns in [
@@ -435,7 +319,7 @@ fn main() -> Result<()> {
                 String::new()
             },
             us(p50),
-            us(pct(v, 0.99)),
+            us(quantile(v, 0.99)),
             us(mean),
             rel(floor),
         );
