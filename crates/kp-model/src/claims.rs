@@ -134,21 +134,29 @@ pub fn claims_of(sp: &ServicePort, created: Created) -> Vec<(AddressKey, Claiman
     out
 }
 
-/// The claims on every address, for finding each one's winner.
+/// The claims on every address, for finding each one's winner. Each
+/// address's claims are a sorted Vec, winner first: nearly every address has
+/// one claimant, and a BTreeSet's first node would hold room for eleven
+/// (22 MB of the 104 MB live heap at 10k Services).
 #[derive(Clone, Debug, Default)]
 pub struct ClaimIndex {
-    by_key: HashMap<AddressKey, BTreeSet<Claimant>>,
+    by_key: HashMap<AddressKey, Vec<Claimant>>,
 }
 
 impl ClaimIndex {
     pub fn add(&mut self, key: AddressKey, c: Claimant) {
-        self.by_key.entry(key).or_default().insert(c);
+        let v = self.by_key.entry(key).or_default();
+        if let Err(i) = v.binary_search(&c) {
+            v.insert(i, c);
+        }
     }
 
     pub fn remove(&mut self, key: &AddressKey, c: &Claimant) {
-        if let Some(set) = self.by_key.get_mut(key) {
-            set.remove(c);
-            if set.is_empty() {
+        if let Some(v) = self.by_key.get_mut(key) {
+            if let Ok(i) = v.binary_search(c) {
+                v.remove(i);
+            }
+            if v.is_empty() {
                 self.by_key.remove(key);
             }
         }
@@ -156,7 +164,7 @@ impl ClaimIndex {
 
     /// The claim that owns `key`.
     pub fn winner(&self, key: &AddressKey) -> Option<&Claimant> {
-        self.by_key.get(key).and_then(|s| s.first())
+        self.by_key.get(key).and_then(|v| v.first())
     }
 
     /// Every claim on `key`, winner first.
