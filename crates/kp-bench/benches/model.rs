@@ -120,7 +120,7 @@ fn service_ports(state: &ProxyState, i: usize) -> Arc<ServicePort> {
     state
         .services
         .iter()
-        .find(|(k, _)| k.service.name == name)
+        .find(|(k, _)| *k.service.name == *name)
         .map(|(_, v)| v.clone())
         .expect("generated Service is in the model")
 }

@@ -416,9 +416,9 @@ fn explain_family(state: &ProxyState, cfg: &ProxierConfig, pkt: &Packet) -> Expl
     let policy = |local: bool| if local { "Local" } else { "Cluster" };
     ex.matched = Some(Matched {
         service_port: sp.name.to_string(),
-        namespace: sp.name.service.namespace.clone(),
-        name: sp.name.service.name.clone(),
-        port_name: sp.name.port.clone(),
+        namespace: sp.name.service.namespace.to_string(),
+        name: sp.name.service.name.to_string(),
+        port_name: sp.name.port.to_string(),
         kind,
         cluster_ip: sp.cluster_ip,
         port: sp.port,

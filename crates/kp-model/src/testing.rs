@@ -60,7 +60,7 @@ impl ServicePort {
 impl ServicePortBuilder {
     /// The port's name (`ns/name:port_name`).
     pub fn port_name(mut self, port_name: &str) -> Self {
-        self.sp.name.port = port_name.to_string();
+        self.sp.name.port = port_name.into();
         self
     }
     pub fn protocol(mut self, protocol: Protocol) -> Self {

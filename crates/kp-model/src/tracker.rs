@@ -469,7 +469,7 @@ impl ChangeTracker {
             .into_iter()
             .flat_map(|slices| slices.values())
             .flat_map(|slice| slice.ports.iter())
-            .filter(|((pname, proto), _)| *pname == spn.port && *proto == spn.protocol)
+            .filter(|((pname, proto), _)| **pname == *spn.port && *proto == spn.protocol)
             .map(|(_, eps)| eps)
             .collect();
         // One slice without duplicates: share its list rather than copy it.
@@ -522,7 +522,7 @@ impl ChangeTracker {
                 .range(
                     ServicePortName {
                         service: svc.clone(),
-                        port: String::new(),
+                        port: "".into(),
                         protocol: Protocol::Tcp,
                     }..,
                 )

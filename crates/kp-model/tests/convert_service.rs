@@ -95,13 +95,13 @@ fn unnamed_port_and_default_protocol() {
     let s = svc_spec(json!({"clusterIP": "172.30.0.41", "ports": [{"port": 53}]}));
     let sp = one(&s, IpFamily::V4);
     assert_eq!(sp.protocol, Protocol::Tcp);
-    assert_eq!(sp.name.port, "");
+    assert_eq!(&*sp.name.port, "");
     assert_eq!(sp.name.to_string(), "ns1/svc1");
     // Missing namespace is "default".
     let s = svc(
         json!({"metadata": {"name": "svc1"}, "spec": {"clusterIP": "172.30.0.41", "ports": p80()}}),
     );
-    assert_eq!(one(&s, IpFamily::V4).name.service.namespace, "default");
+    assert_eq!(&*one(&s, IpFamily::V4).name.service.namespace, "default");
 }
 
 #[test]
@@ -117,7 +117,7 @@ fn several_ports_and_protocols() {
     let v = conv_ok(&s, IpFamily::V4);
     let got: Vec<(String, Protocol, u16)> = v
         .iter()
-        .map(|p| (p.name.port.clone(), p.protocol, p.port))
+        .map(|p| (p.name.port.to_string(), p.protocol, p.port))
         .collect();
     assert_eq!(
         got,

@@ -606,7 +606,7 @@ mod tests {
                 .service
                 .service
                 .name,
-            "a"
+            "a".into()
         );
         assert_eq!(p.skipped.len(), 2, "{:?}", p.skipped);
         assert!(p.skipped.iter().any(|s| s.contains("SCTP")));
@@ -757,7 +757,7 @@ mod tests {
         let k = key("10.96.0.10:80", Protocol::Tcp);
         let vip: IpAddr = "10.96.0.10".parse().unwrap();
         assert_eq!(
-            ix.winner(&k).map(|s| s.service.service.name.as_str()),
+            ix.winner(&k).map(|s| &*s.service.service.name),
             Some("a")
         );
         assert_eq!(ix.skipped().len(), 2);

@@ -90,8 +90,8 @@ pub async fn post_claim_events(
         let reference = ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("Service".into()),
-            namespace: Some(claim.service.service.namespace.clone()),
-            name: Some(claim.service.service.name.clone()),
+            namespace: Some(claim.service.service.namespace.to_string()),
+            name: Some(claim.service.service.name.to_string()),
             ..Default::default()
         };
         // The API server caps an Event's note at 1 kB.

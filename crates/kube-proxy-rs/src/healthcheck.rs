@@ -86,7 +86,7 @@ async fn answer(State(st): State<HandlerState>) -> Response {
         StatusCode::SERVICE_UNAVAILABLE
     };
     let body = serde_json::json!({
-        "service": {"namespace": st.name.namespace, "name": st.name.name},
+        "service": {"namespace": &*st.name.namespace, "name": &*st.name.name},
         "localEndpoints": count,
         "serviceProxyHealthy": proxy_healthy,
     });

@@ -477,7 +477,7 @@ fn arbitrary_clusters_render_rulesets_the_kernel_accepts() {
             states[0]
                 .services
                 .keys()
-                .any(|k| k.service.name == "keep-me-0" && k.service.namespace == "default"),
+                .any(|k| &*k.service.name == "keep-me-0" && &*k.service.namespace == "default"),
             "the well-formed Service was lost next to hostile objects"
         );
         for (family, nft, ipt) in render(&states) {
