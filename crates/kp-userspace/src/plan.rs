@@ -756,10 +756,7 @@ mod tests {
         let mut ix = PlanIndex::build(ctx, &st);
         let k = key("10.96.0.10:80", Protocol::Tcp);
         let vip: IpAddr = "10.96.0.10".parse().unwrap();
-        assert_eq!(
-            ix.winner(&k).map(|s| &*s.service.service.name),
-            Some("a")
-        );
+        assert_eq!(ix.winner(&k).map(|s| &*s.service.service.name), Some("a"));
         assert_eq!(ix.skipped().len(), 2);
         // A loser going changes nothing a listener sees.
         assert_eq!(ix.remove(&b.name), Delta::default());
