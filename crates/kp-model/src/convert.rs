@@ -349,6 +349,21 @@ pub struct SliceEndpoints {
 /// Converts one EndpointSlice for `family`. Slices of other address types (and
 /// FQDN) convert to no ports; a slice without the `kubernetes.io/service-name`
 /// label has no service and is ignored, as upstream.
+/// One shared copy of each name (node, zone) seen in one slice.
+#[derive(Default)]
+struct Names(std::collections::HashMap<String, Arc<str>>);
+
+impl Names {
+    fn share(&mut self, s: &str) -> Arc<str> {
+        if let Some(a) = self.0.get(s) {
+            return a.clone();
+        }
+        let a: Arc<str> = s.into();
+        self.0.insert(s.to_string(), a.clone());
+        a
+    }
+}
+
 pub fn convert_endpoint_slice(
     slice: &EndpointSlice,
     family: IpFamily,
@@ -357,6 +372,7 @@ pub fn convert_endpoint_slice(
 ) -> Result<SliceEndpoints, ConvertError> {
     let ns = slice.metadata.namespace.as_deref().unwrap_or("default");
     let name = slice.metadata.name.as_deref().unwrap_or("");
+    let mut names = Names::default();
     let e = |r: String| err("EndpointSlice", ns, name, r);
     if !is_dns_label(ns) {
         return Err(e("namespace is not a valid DNS label".into()));
@@ -452,11 +468,11 @@ pub fn convert_endpoint_slice(
             let hints = ep.hints.as_ref();
             let zone_hints = hints
                 .and_then(|h| h.for_zones.as_ref())
-                .map(|z| z.iter().map(|z| z.name.clone()).collect())
+                .map(|z| z.iter().map(|z| names.share(&z.name)).collect())
                 .unwrap_or_default();
             let node_hints = hints
                 .and_then(|h| h.for_nodes.as_ref())
-                .map(|z| z.iter().map(|z| z.name.clone()).collect())
+                .map(|z| z.iter().map(|z| names.share(&z.name)).collect())
                 .unwrap_or_default();
             eps.push(Endpoint {
                 ip: *ip,
@@ -465,8 +481,8 @@ pub fn convert_endpoint_slice(
                 ready,
                 serving,
                 terminating,
-                node_name: ep.node_name.clone(),
-                zone: ep.zone.clone(),
+                node_name: ep.node_name.as_deref().map(|s| names.share(s)),
+                zone: ep.zone.as_deref().map(|s| names.share(s)),
                 zone_hints,
                 node_hints,
             });

@@ -182,8 +182,8 @@ impl Endpoint {
     /// `nodeName` and `zone` of the endpoint.
     #[must_use]
     pub fn on_node(mut self, node: &str, zone: Option<&str>) -> Endpoint {
-        self.node_name = Some(node.to_string());
-        self.zone = zone.map(String::from);
+        self.node_name = Some(node.into());
+        self.zone = zone.map(Into::into);
         self
     }
 }

@@ -1,4 +1,3 @@
-use std::collections::BTreeSet;
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -221,7 +220,45 @@ impl ServicePort {
     }
 }
 
-/// One endpoint of one service port, as upstream's BaseEndpointInfo.
+/// Topology hints of an endpoint (zone or node names): sorted, without
+/// duplicates, and no allocation when empty, as for nearly every endpoint.
+/// 16 bytes where a BTreeSet took 24 (the endpoints are most of the model:
+/// 500k of them at 50k Services).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Hints(Option<Box<[Arc<str>]>>);
+
+impl Hints {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.as_deref().map_or(0, <[_]>::len)
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.0
+            .as_deref()
+            .is_some_and(|v| v.binary_search_by(|h| (**h).cmp(name)).is_ok())
+    }
+
+    /// The names, sorted.
+    pub fn iter(&self) -> impl Iterator<Item = &str> {
+        self.0.as_deref().unwrap_or_default().iter().map(|h| &**h)
+    }
+}
+
+impl<S: Into<Arc<str>>> FromIterator<S> for Hints {
+    fn from_iter<I: IntoIterator<Item = S>>(iter: I) -> Self {
+        let mut v: Vec<Arc<str>> = iter.into_iter().map(Into::into).collect();
+        v.sort();
+        v.dedup();
+        Hints((!v.is_empty()).then(|| v.into_boxed_slice()))
+    }
+}
+
+/// One endpoint of one service port, as upstream's BaseEndpointInfo. Names
+/// are shared strings: the endpoints of a slice on one node share one.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Endpoint {
     pub ip: IpAddr,
@@ -230,10 +267,10 @@ pub struct Endpoint {
     pub ready: bool,
     pub serving: bool,
     pub terminating: bool,
-    pub node_name: Option<String>,
-    pub zone: Option<String>,
-    pub zone_hints: BTreeSet<String>,
-    pub node_hints: BTreeSet<String>,
+    pub node_name: Option<Arc<str>>,
+    pub zone: Option<Arc<str>>,
+    pub zone_hints: Hints,
+    pub node_hints: Hints,
 }
 
 impl Endpoint {
@@ -248,8 +285,8 @@ impl Endpoint {
             terminating: false,
             node_name: None,
             zone: None,
-            zone_hints: BTreeSet::new(),
-            node_hints: BTreeSet::new(),
+            zone_hints: Hints::default(),
+            node_hints: Hints::default(),
         }
     }
 

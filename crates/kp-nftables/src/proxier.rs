@@ -42,6 +42,13 @@ impl Kept {
             .map(|(_, r)| std::mem::take(r))
             .collect();
         let digests = rules.iter().map(|r| digest(r)).collect();
+        // Kept for as long as the service port exists: no spare capacity
+        // (the renderer grows these by pushing).
+        objs.chains.shrink_to_fit();
+        objs.elements.shrink_to_fit();
+        for p in &mut objs.pools {
+            p.values.shrink_to_fit();
+        }
         (Kept { objs, digests }, rules)
     }
 
