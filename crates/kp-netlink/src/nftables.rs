@@ -89,12 +89,20 @@ pub fn next_seq(n: usize) -> u32 {
     SEQ.fetch_add(n as u32 + 2, Ordering::Relaxed)
 }
 
+/// Bytes per piece of a [`Batch`]: 1024 pieces (the kernel's IOV_MAX)
+/// hold 4 GiB, and a piece's unused tail is at most a message.
+pub const BATCH_PIECE: usize = 4 << 20;
+
 /// One batch being built: BEGIN, then one message per [`Batch::push`], then
 /// END from [`Batch::finish`]. Each message remembers which of the caller's
 /// operations (`op`, any index the caller understands) it came from, so that
 /// an error answer can name it.
 pub struct Batch {
-    pub buf: Vec<u8>,
+    /// The messages, whole, in pieces of about [`BATCH_PIECE`] bytes: sent
+    /// as one datagram through an iovec, so a growing batch is never copied
+    /// into a larger buffer (a 60 MB batch at 50k Services grew by doubling,
+    /// briefly holding two copies).
+    pieces: Vec<Vec<u8>>,
     /// (sequence number, operation) of every message between BEGIN and END.
     pub ops: Vec<(u32, usize)>,
     pub begin_seq: u32,
@@ -102,15 +110,16 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// A batch holding BEGIN; `capacity`: the bytes expected (a hint).
     pub fn new(seq0: u32, capacity: usize) -> Batch {
         let mut b = Batch {
-            buf: Vec::with_capacity(capacity),
+            pieces: vec![Vec::with_capacity(capacity.clamp(4096, BATCH_PIECE))],
             ops: Vec::new(),
             begin_seq: seq0,
             seq: seq0,
         };
         put_msg(
-            &mut b.buf,
+            b.room(0),
             NFNL_MSG_BATCH_BEGIN,
             NLM_F_REQUEST,
             seq0,
@@ -125,11 +134,12 @@ impl Batch {
     /// message asks for an acknowledgement.
     pub fn push(&mut self, op: usize, family: u8, ty: u16, flags: u16, attrs: &Attrs) {
         self.seq = self.seq.wrapping_add(1);
+        let (len, seq) = (NLMSG_HDRLEN + 4 + attrs.len(), self.seq);
         put_msg(
-            &mut self.buf,
+            self.room(len),
             nft_type(ty),
             NLM_F_REQUEST | NLM_F_ACK | flags,
-            self.seq,
+            seq,
             family,
             0,
             attrs.as_bytes(),
@@ -137,13 +147,38 @@ impl Batch {
         self.ops.push((self.seq, op));
     }
 
+    /// The piece the next message of `len` bytes goes into.
+    fn room(&mut self, len: usize) -> &mut Vec<u8> {
+        let full = self
+            .pieces
+            .last()
+            .is_none_or(|p| !p.is_empty() && p.len() + len > BATCH_PIECE);
+        if full {
+            self.pieces
+                .push(Vec::with_capacity(BATCH_PIECE.max(len + 16)));
+        }
+        let last = self.pieces.len() - 1;
+        &mut self.pieces[last]
+    }
+
+    /// The encoded batch, in pieces to be sent back to back.
+    pub fn pieces(&self) -> &[Vec<u8>] {
+        &self.pieces
+    }
+
+    /// Its size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.pieces.iter().map(Vec::len).sum()
+    }
+
     pub fn finish(mut self) -> Batch {
         self.seq = self.seq.wrapping_add(1);
+        let seq = self.seq;
         put_msg(
-            &mut self.buf,
+            self.room(NLMSG_HDRLEN + 4),
             NFNL_MSG_BATCH_END,
             NLM_F_REQUEST,
-            self.seq,
+            seq,
             0,
             NFNL_SUBSYS_NFTABLES,
             &[],
@@ -297,11 +332,17 @@ impl NftSocket {
         }
         // The whole batch must be one datagram: nfnetlink processes a batch
         // per skb.
-        let _ = sock.set_send_buffer(batch.buf.len() + 65536);
-        sock.send(&batch.buf).map_err(|source| ExchangeError {
-            step: "sending the nf_tables batch",
-            source,
-        })?;
+        let _ = sock.set_send_buffer(batch.bytes() + 65536);
+        let pieces: Vec<std::io::IoSlice<'_>> = batch
+            .pieces()
+            .iter()
+            .map(|p| std::io::IoSlice::new(p))
+            .collect();
+        sock.send_vectored(&pieces)
+            .map_err(|source| ExchangeError {
+                step: "sending the nf_tables batch",
+                source,
+            })?;
         let answers = queued_acks(sock).map_err(|source| ExchangeError {
             step: "reading the kernel's answers to the nf_tables batch (the transaction may or may not have been applied)",
             source,

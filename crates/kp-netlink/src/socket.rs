@@ -199,6 +199,41 @@ impl Socket {
         Ok(())
     }
 
+    /// Sends the concatenation of `bufs` to the kernel as one datagram
+    /// (sendmsg with an iovec: a large batch needs no contiguous copy).
+    pub fn send_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<()> {
+        // The kernel takes at most IOV_MAX (1024) pieces per call.
+        if bufs.len() > 1024 {
+            return Err(io::Error::other(format!(
+                "{} pieces in one netlink send (at most 1024)",
+                bufs.len()
+            )));
+        }
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        // SAFETY: a zeroed sockaddr_nl is the kernel's address (pid 0,
+        // groups 0); the iovec array and the buffers it points to outlive the
+        // call; IoSlice is ABI-compatible with iovec.
+        let n = unsafe {
+            let mut addr: libc::sockaddr_nl = std::mem::zeroed();
+            addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_name = (&mut addr as *mut libc::sockaddr_nl).cast();
+            msg.msg_namelen = size_of::<libc::sockaddr_nl>() as libc::socklen_t;
+            msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+            msg.msg_iovlen = bufs.len() as _;
+            libc::sendmsg(self.sock.as_raw_fd(), &msg, 0)
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if n as usize != total {
+            return Err(io::Error::other(format!(
+                "short netlink send: {n} of {total} bytes"
+            )));
+        }
+        Ok(())
+    }
+
     /// Reads datagrams and hands `f` each message until `f` returns true
     /// (`Ok(true)`), or, with [`Wait::Drain`], until nothing is queued
     /// (`Ok(false)`).

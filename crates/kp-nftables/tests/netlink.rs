@@ -1852,3 +1852,47 @@ fn removing_an_affinity_endpoint_forgets_only_its_clients() {
         "records of {gone} should be gone, the others kept"
     );
 }
+
+/// A batch larger than one piece of the encoder's buffer (4 MiB) goes to the
+/// kernel as one datagram in several pieces and is applied whole: the first
+/// and the last element are both there, and the count is exact.
+#[test]
+fn a_batch_of_several_pieces_is_one_transaction() {
+    let n: u32 = 200_000;
+    let mut t = Transaction::new(IpFamily::V4, "t");
+    t.add(table(None)).add(typed(
+        "big",
+        vec![DType::Ipv4, DType::InetProto, DType::InetService],
+        false,
+        None,
+    ));
+    let key = |i: u32| {
+        let ip = IpAddr::from((0x0a00_0000 + i / 7).to_be_bytes());
+        (
+            ElemKey::IpProtoPort(ip, Protocol::Tcp, (i % 7) as u16 + 1),
+            None,
+        )
+    };
+    let all: Vec<_> = (0..n).map(key).collect();
+    for chunk in all.chunks(128) {
+        t.add(elems("big", chunk.to_vec()));
+    }
+    let batch = NftNetlink::encode(&t).expect("encoding");
+    assert!(
+        batch.pieces().len() >= 2,
+        "the test needs a batch of several pieces: {} bytes in {}",
+        batch.bytes(),
+        batch.pieces().len()
+    );
+    let ns = Ns::new("pieces");
+    ns.netlink(&t).expect("the kernel took the batch");
+    let listed = ns
+        .nft(&["-j", "list", "set", "ip", "t", "big"])
+        .expect("listing");
+    let v: serde_json::Value = serde_json::from_str(&listed).expect("nft -j output");
+    let count = v["nftables"]
+        .as_array()
+        .and_then(|a| a.iter().find_map(|o| o["set"]["elem"].as_array()))
+        .map_or(0, Vec::len);
+    assert_eq!(count, n as usize, "elements in the kernel");
+}

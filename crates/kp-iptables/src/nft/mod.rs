@@ -414,7 +414,7 @@ impl IptablesBackend for IptablesNetlink {
         if errors.is_empty() {
             tracing::debug!(
                 messages = batch.len(),
-                bytes = batch.buf.len(),
+                bytes = batch.bytes(),
                 "iptables-nft batch applied"
             );
             return Ok(());

@@ -111,10 +111,10 @@ impl NftBackend for NftNetlink {
         }
         tracing::debug!(
             messages = batch.len(),
-            bytes = batch.inner.buf.len(),
+            bytes = batch.inner.bytes(),
             "nf_tables batch applied"
         );
-        Ok(batch.inner.buf.len())
+        Ok(batch.inner.bytes())
     }
 
     fn chain_has_rules(
