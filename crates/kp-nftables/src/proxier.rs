@@ -553,7 +553,9 @@ impl NftablesProxier {
                 let stale: Vec<Element> = records
                     .into_iter()
                     .filter(|k| match k {
-                        ElemKey::Affinity { endpoint, id, .. } => eps.contains(&(*endpoint, *id)),
+                        ElemKey::Affinity { endpoint, id, .. } => {
+                            eps.contains(&(SocketAddr::from(*endpoint), *id))
+                        }
                         _ => false,
                     })
                     .map(|key| Element {

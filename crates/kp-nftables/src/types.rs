@@ -102,9 +102,36 @@ pub enum ElemKey {
     /// endpoint port . service port id`.
     Affinity {
         client: IpAddr,
-        endpoint: SocketAddr,
+        endpoint: EndpointAddr,
         id: u32,
     },
+}
+
+/// An endpoint's address and port in 20 bytes where a SocketAddr takes 32:
+/// it makes every [`ElemKey`] 44 bytes instead of 56 (700k of them in a
+/// full sync at 50k Services).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EndpointAddr(pub IpAddr, pub u16);
+
+impl EndpointAddr {
+    pub fn ip(self) -> IpAddr {
+        self.0
+    }
+    pub fn port(self) -> u16 {
+        self.1
+    }
+}
+
+impl From<SocketAddr> for EndpointAddr {
+    fn from(a: SocketAddr) -> Self {
+        EndpointAddr(a.ip(), a.port())
+    }
+}
+
+impl From<EndpointAddr> for SocketAddr {
+    fn from(a: EndpointAddr) -> Self {
+        SocketAddr::new(a.0, a.1)
+    }
 }
 
 impl Display for ElemKey {

@@ -1805,7 +1805,7 @@ fn removing_an_affinity_endpoint_forgets_only_its_clients() {
     assert_eq!(aff.len(), 2, "{ids:?}");
     let record = |i: u8, (endpoint, id): (SocketAddr, u32)| ElemKey::Affinity {
         client: ip(&format!("10.244.9.{i}")),
-        endpoint,
+        endpoint: endpoint.into(),
         id,
     };
     let mut records = Vec::new();
@@ -1842,7 +1842,7 @@ fn removing_an_affinity_endpoint_forgets_only_its_clients() {
     ns.run(|| p.sync(&st, &cs.changed, false)).unwrap();
     let mut left: Vec<ElemKey> = records
         .into_iter()
-        .filter(|k| matches!(k, ElemKey::Affinity { endpoint, .. } if *endpoint == aff[1].0))
+        .filter(|k| matches!(k, ElemKey::Affinity { endpoint, .. } if SocketAddr::from(*endpoint) == aff[1].0))
         .collect();
     left.sort();
     assert_eq!(left.len(), 3);

@@ -449,7 +449,7 @@ pub fn affinity_key(b: &[u8], fam: Family) -> Option<ElemKey> {
     let id = u32::from_ne_bytes(b[2 * n + 4..].try_into().ok()?);
     Some(ElemKey::Affinity {
         client: ip(&b[..n])?,
-        endpoint: std::net::SocketAddr::new(ip(&b[n..2 * n])?, port),
+        endpoint: crate::types::EndpointAddr(ip(&b[n..2 * n])?, port),
         id,
     })
 }
