@@ -147,6 +147,33 @@ impl Batch {
         self.ops.push((self.seq, op));
     }
 
+    /// The rest of a batch whose earlier part is encoded elsewhere (no
+    /// BEGIN): its messages take sequence numbers from `seq0 + 1`. See
+    /// [`Batch::append`].
+    pub fn continuation(seq0: u32, capacity: usize) -> Batch {
+        Batch {
+            pieces: vec![Vec::with_capacity(capacity.clamp(4096, BATCH_PIECE))],
+            ops: Vec::new(),
+            begin_seq: seq0,
+            seq: seq0,
+        }
+    }
+
+    /// Appends a continuation's messages (their sequence numbers are its
+    /// own, so it must have started after this batch's last one).
+    pub fn append(&mut self, mut rest: Batch) {
+        self.pieces.retain(|p| !p.is_empty());
+        self.pieces.append(&mut rest.pieces);
+        self.ops.append(&mut rest.ops);
+        self.seq = rest.seq;
+    }
+
+    /// The sequence number of the last message (END once finished); every
+    /// message of the batch is numbered from `begin_seq` to this.
+    pub fn last_seq(&self) -> u32 {
+        self.seq
+    }
+
     /// The piece the next message of `len` bytes goes into.
     fn room(&mut self, len: usize) -> &mut Vec<u8> {
         let full = self
@@ -350,10 +377,7 @@ impl NftSocket {
         if grow {
             self.rcvbuf = want;
         }
-        let (first, last) = (
-            batch.begin_seq,
-            batch.begin_seq.wrapping_add(batch.len() as u32 + 1),
-        );
+        let (first, last) = (batch.begin_seq, batch.last_seq());
         Ok(answers
             .into_iter()
             .filter(|a| a.seq.wrapping_sub(first) <= last.wrapping_sub(first))

@@ -1896,3 +1896,63 @@ fn a_batch_of_several_pieces_is_one_transaction() {
         .map_or(0, Vec::len);
     assert_eq!(count, n as usize, "elements in the kernel");
 }
+
+/// A transaction long enough to be encoded on two threads (30k operations)
+/// is one batch all the same: every chain and rule of both halves is in the
+/// kernel, anonymous sets of both halves keep their own elements, and an
+/// error in the second half names its own line.
+#[test]
+fn a_transaction_encoded_in_two_halves_applies_whole() {
+    let n = 15_000;
+    // An anonymous set in every 500th rule (each one walks the table's
+    // sets when created; all 15k would take the kernel a minute).
+    let src = |i: u32| {
+        let ip = format!("10.1.{}.{}", i / 250, i % 250 + 1);
+        if i % 500 == 499 {
+            AddrValue::Set(vec![net(&format!("{ip}/32")), net("10.200.0.0/16")])
+        } else {
+            AddrValue::Ip(self::ip(&ip))
+        }
+    };
+    let mut t = Transaction::new(IpFamily::V4, "t");
+    t.add(table(None));
+    for i in 0..n {
+        let c = format!("c{i}");
+        t.add(chain(&c));
+        t.add_rule(
+            c,
+            r(vec![addr(Addr::Saddr, false, src(i)), v(Verdict::Drop)]),
+        );
+    }
+    assert!(t.ops.len() >= 30_000);
+    let ns = Ns::new("halves");
+    ns.netlink(&t).expect("the kernel took the batch");
+    let chains = ns.nft(&["list", "chains", "ip"]).expect("listing chains");
+    assert_eq!(chains.matches("chain c").count(), n as usize);
+    for i in [0, 499, n / 2 - 1, n / 2, n / 2 + 499, n - 1] {
+        let listed = ns
+            .nft(&["list", "chain", "ip", "t", &format!("c{i}")])
+            .expect("listing a chain");
+        let ip = format!("10.1.{}.{}", i / 250, i % 250 + 1);
+        let want = if i % 500 == 499 {
+            format!("ip saddr {{ {ip}, 10.200.0.0/16 }} drop")
+        } else {
+            format!("ip saddr {ip} drop")
+        };
+        assert!(
+            listed.contains(&want),
+            "chain c{i}: want `{want}` in\n{listed}"
+        );
+    }
+    // An operation the encoder refuses, late in the second half.
+    let bad_line = t.ops.len() - 3;
+    t.ops[bad_line].object = Object::Rule {
+        chain: "c1".into(),
+        rule: r(vec![
+            addr(Addr::Saddr, false, AddrValue::Ip(ip("::1"))),
+            v(Verdict::Drop),
+        ]),
+    };
+    let e = NftNetlink::check(&t).unwrap_err();
+    assert_eq!(e.line, bad_line + 1, "{e}");
+}

@@ -42,6 +42,15 @@ impl Batch {
         }
     }
 
+    /// The second half of a batch encoded on another thread: sequence
+    /// numbers after `seq0`, anonymous set ids from `set_id0`.
+    fn continuation(seq0: u32, set_id0: u32, capacity: usize) -> Batch {
+        Batch {
+            inner: nftables::Batch::continuation(seq0, capacity),
+            set_id: set_id0,
+        }
+    }
+
     fn push(&mut self, line: usize, fam: Family, ty: u16, flags: u16, attrs: &Attrs) {
         self.inner.push(line, fam.nfproto(), ty, flags, attrs);
     }
@@ -71,8 +80,11 @@ impl Batch {
 
 /// How many messages `tx` can need at most: the sequence numbers to reserve.
 pub fn max_messages(tx: &Transaction) -> usize {
-    tx.ops
-        .iter()
+    ops_messages(&tx.ops)
+}
+
+fn ops_messages(ops: &[Op]) -> usize {
+    ops.iter()
         .map(|op| match &op.object {
             // An anonymous set is two more messages.
             Object::Rule { rule, .. } => {
@@ -95,18 +107,67 @@ pub fn max_messages(tx: &Transaction) -> usize {
         .sum()
 }
 
+/// Operations from which a transaction is encoded on two threads: a full
+/// sync at 50k Services is ~300k operations and ~0.3 s of encoding on one.
+const SPLIT_AT_OPS: usize = 20_000;
+
 /// Encodes the whole transaction into one batch starting at sequence `seq0`.
 pub fn encode(tx: &Transaction, seq0: u32) -> Result<Batch, EncodeError> {
+    let two = tx.ops.len() >= SPLIT_AT_OPS
+        && std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
+    if !two {
+        let mut b = Batch::new(seq0, tx.ops.len() * 128 + 64);
+        encode_ops(&mut b, tx, 0, &tx.ops)?;
+        return Ok(b.finish());
+    }
+    let mid = tx.ops.len() / 2;
+    let (first, second) = tx.ops.split_at(mid);
+    // The second half numbers its messages after every number the first
+    // can use, and its anonymous sets far above the first's ids.
+    let seq1 = seq0.wrapping_add(ops_messages(first) as u32);
+    let (a, b) = std::thread::scope(|s| {
+        let h = s.spawn(|| {
+            let mut b = Batch::continuation(seq1, 1 << 30, second.len() * 128);
+            encode_ops(&mut b, tx, mid, second).map(|_| b)
+        });
+        let mut a = Batch::new(seq0, first.len() * 128 + 64);
+        let a = encode_ops(&mut a, tx, 0, first).map(|_| a);
+        (a, h.join())
+    });
+    let mut a = a?;
+    let b = match b {
+        Ok(b) => b?,
+        // Encoding does not panic on any input (bad input is an error);
+        // should it, say so rather than take the process down.
+        Err(_) => {
+            return Err(EncodeError {
+                line: mid + 1,
+                text: tx.op_text(mid),
+                why: "the encoder panicked on this half of the transaction".into(),
+            })
+        }
+    };
+    a.inner.append(b.inner);
+    Ok(a.finish())
+}
+
+/// Encodes `ops` (the transaction's operations from index `start`) into `b`.
+fn encode_ops(
+    b: &mut Batch,
+    tx: &Transaction,
+    start: usize,
+    ops: &[Op],
+) -> Result<(), EncodeError> {
     let fam = Family::from(tx.family);
-    let mut b = Batch::new(seq0, tx.ops.len() * 128 + 64);
-    for (i, op) in tx.ops.iter().enumerate() {
-        encode_op(&mut b, i + 1, fam, &tx.table, op).map_err(|why| EncodeError {
+    for (i, op) in ops.iter().enumerate() {
+        let i = start + i;
+        encode_op(b, i + 1, fam, &tx.table, op).map_err(|why| EncodeError {
             line: i + 1,
             text: tx.op_text(i),
             why,
         })?;
     }
-    Ok(b.finish())
+    Ok(())
 }
 
 fn create_flags(verb: Verb) -> u16 {
