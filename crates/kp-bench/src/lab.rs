@@ -362,6 +362,56 @@ pub fn status_mib(pid: &str, field: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The options of the side-by-side benchmarks: which sizes, which mode,
+/// where to write the table and which binary is ours.
+pub struct CommonOpts {
+    pub sizes: Vec<u32>,
+    pub mode: String,
+    pub write: Option<PathBuf>,
+    pub ours: PathBuf,
+}
+
+/// Parses `--sizes N,N`, `--mode nftables|iptables`, `--write FILE` and
+/// `--ours PATH` (default: the kube-proxy-rs beside the running benchmark);
+/// every other flag, with its value, goes to `extra`, which returns false
+/// for a flag it does not know either.
+pub fn parse_common(
+    sizes: &[u32],
+    mut extra: impl FnMut(&str, String) -> Result<bool>,
+) -> Result<CommonOpts> {
+    let exe = std::env::current_exe().context("locating the benchmark binary")?;
+    let mut o = CommonOpts {
+        sizes: sizes.to_vec(),
+        mode: "nftables".into(),
+        write: None,
+        ours: exe.with_file_name("kube-proxy-rs"),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let v = args.next().with_context(|| format!("{a} needs a value"))?;
+        match a.as_str() {
+            "--sizes" => {
+                o.sizes = v
+                    .split(',')
+                    .map(|s| s.trim().parse().context("--sizes"))
+                    .collect::<Result<_>>()?
+            }
+            "--mode" => o.mode = v,
+            "--write" => o.write = Some(PathBuf::from(v)),
+            "--ours" => o.ours = PathBuf::from(v),
+            other => {
+                if !extra(other, v)? {
+                    bail!("unknown argument {other} (see the file header)");
+                }
+            }
+        }
+    }
+    if !["nftables", "iptables"].contains(&o.mode.as_str()) {
+        bail!("--mode must be nftables or iptables");
+    }
+    Ok(o)
+}
+
 /// The proxy binary a benchmark runs, checked before a lab is built.
 pub fn check_binary(path: &Path) -> Result<()> {
     if !path.is_file() {

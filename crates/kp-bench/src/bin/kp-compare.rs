@@ -29,11 +29,11 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use futures::{StreamExt, TryStreamExt};
 use kp_bench::lab::{
-    check_binary, date_utc, has_ip, load_average, now_unix, pct, proxy_args, secs, write_into, Lab,
-    Proxy, ENDPOINTS,
+    check_binary, date_utc, has_ip, load_average, now_unix, parse_common, pct, proxy_args, secs,
+    write_into, Lab, Proxy, ENDPOINTS,
 };
 use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
@@ -49,39 +49,25 @@ struct Opts {
 }
 
 fn parse_opts() -> Result<Opts> {
-    let exe = std::env::current_exe().context("locating kp-compare")?;
-    let mut o = Opts {
-        sizes: vec![1000],
-        mode: "nftables".into(),
-        changes: 50,
-        burst: 1000,
-        idle: 60,
-        write: None,
-        ours: exe.with_file_name("kube-proxy-rs"),
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let mut val = || args.next().with_context(|| format!("{a} needs a value"));
-        match a.as_str() {
-            "--sizes" => {
-                o.sizes = val()?
-                    .split(',')
-                    .map(|s| s.trim().parse().context("--sizes"))
-                    .collect::<Result<_>>()?
-            }
-            "--mode" => o.mode = val()?,
-            "--changes" => o.changes = val()?.parse().context("--changes")?,
-            "--burst" => o.burst = val()?.parse().context("--burst")?,
-            "--idle" => o.idle = val()?.parse().context("--idle")?,
-            "--write" => o.write = Some(PathBuf::from(val()?)),
-            "--ours" => o.ours = PathBuf::from(val()?),
-            other => bail!("unknown argument {other} (see the file header)"),
+    let (mut changes, mut burst, mut idle) = (50, 1000, 60);
+    let c = parse_common(&[1000], |flag, v| {
+        match flag {
+            "--changes" => changes = v.parse().context("--changes")?,
+            "--burst" => burst = v.parse().context("--burst")?,
+            "--idle" => idle = v.parse().context("--idle")?,
+            _ => return Ok(false),
         }
-    }
-    if !["nftables", "iptables"].contains(&o.mode.as_str()) {
-        bail!("--mode must be nftables or iptables");
-    }
-    Ok(o)
+        Ok(true)
+    })?;
+    Ok(Opts {
+        sizes: c.sizes,
+        mode: c.mode,
+        changes,
+        burst,
+        idle,
+        write: c.write,
+        ours: c.ours,
+    })
 }
 
 /// What one proxy showed at one size.

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use kp_bench::connect::{connects, mean, quantile, us, Server};
 use kp_bench::lab::{
-    check_binary, date_utc, has_ip, load_average, proxy_args, write_into, Lab, Proxy,
+    check_binary, date_utc, has_ip, load_average, parse_common, proxy_args, write_into, Lab, Proxy,
 };
 use kp_netlab::Pod;
 use kube::api::PostParams;
@@ -49,37 +49,23 @@ struct Opts {
 }
 
 fn parse_opts() -> Result<Opts> {
-    let exe = std::env::current_exe().context("locating kp-connect-compare")?;
-    let mut o = Opts {
-        sizes: vec![100, 10000],
-        mode: "nftables".into(),
-        connects: 2000,
-        rounds: 10,
-        write: None,
-        ours: exe.with_file_name("kube-proxy-rs"),
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let mut val = || args.next().with_context(|| format!("{a} needs a value"));
-        match a.as_str() {
-            "--sizes" => {
-                o.sizes = val()?
-                    .split(',')
-                    .map(|s| s.trim().parse().context("--sizes"))
-                    .collect::<Result<_>>()?
-            }
-            "--mode" => o.mode = val()?,
-            "--connects" => o.connects = val()?.parse().context("--connects")?,
-            "--rounds" => o.rounds = val()?.parse::<usize>().context("--rounds")?.max(1),
-            "--write" => o.write = Some(PathBuf::from(val()?)),
-            "--ours" => o.ours = PathBuf::from(val()?),
-            other => bail!("unknown argument {other} (see the file header)"),
+    let (mut connects, mut rounds) = (2000, 10);
+    let c = parse_common(&[100, 10000], |flag, v| {
+        match flag {
+            "--connects" => connects = v.parse().context("--connects")?,
+            "--rounds" => rounds = v.parse::<usize>().context("--rounds")?.max(1),
+            _ => return Ok(false),
         }
-    }
-    if !["nftables", "iptables"].contains(&o.mode.as_str()) {
-        bail!("--mode must be nftables or iptables");
-    }
-    Ok(o)
+        Ok(true)
+    })?;
+    Ok(Opts {
+        sizes: c.sizes,
+        mode: c.mode,
+        connects,
+        rounds,
+        write: c.write,
+        ours: c.ours,
+    })
 }
 
 /// One row: who programmed the path, the client and the target.
