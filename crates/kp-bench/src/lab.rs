@@ -220,6 +220,56 @@ impl Lab {
     pub fn change(&self, i: u32, g: u32) -> Result<String> {
         self.rt.block_on(self.patch_endpoints(i, g))
     }
+
+    /// Creates a Service, then its EndpointSlice (both in [`NS`]).
+    pub fn create_service(&self, service: Value, slice: Value) -> Result<()> {
+        self.rt.block_on(async {
+            self.services()
+                .create(&PostParams::default(), &serde_json::from_value(service)?)
+                .await?;
+            self.slices()
+                .create(&PostParams::default(), &serde_json::from_value(slice)?)
+                .await?;
+            anyhow::Ok(())
+        })
+    }
+
+    /// Starts a proxy in node `node`'s namespace with [`proxy_args`]:
+    /// upstream kube-proxy, or `ours`; its log is `LABEL.log` in the control
+    /// plane's directory.
+    pub fn spawn_proxy(
+        &self,
+        node: usize,
+        mode: &str,
+        upstream: bool,
+        ours: &Path,
+        label: &str,
+    ) -> Result<Proxy<'_>> {
+        let (bin, kc) = if upstream {
+            (
+                self.bins
+                    .kube_proxy
+                    .clone()
+                    .context("upstream kube-proxy")?,
+                &self.upstream_kubeconfig,
+            )
+        } else {
+            (ours.to_path_buf(), &self.ours_kubeconfig)
+        };
+        let log = self.cp.dir().join(format!("{label}.log"));
+        let guard = self.cluster.spawn(
+            self.cluster.node_ns(node),
+            &bin,
+            &proxy_args(mode, kc, node),
+            &log,
+        )?;
+        Ok(Proxy {
+            cluster: &self.cluster,
+            node,
+            guard,
+            mode: mode.to_string(),
+        })
+    }
 }
 
 /// A running proxy in a node namespace.

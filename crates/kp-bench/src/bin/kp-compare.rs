@@ -32,10 +32,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use futures::{StreamExt, TryStreamExt};
 use kp_bench::lab::{
-    check_binary, date_utc, has_ip, load_average, now_unix, parse_common, pct, proxy_args, secs,
-    write_into, Lab, Proxy, ENDPOINTS,
+    check_binary, date_utc, has_ip, load_average, now_unix, parse_common, pct, secs, write_into,
+    Lab, ENDPOINTS,
 };
-use kube::api::{DeleteParams, PostParams};
+use kube::api::DeleteParams;
 use serde_json::json;
 
 struct Opts {
@@ -86,29 +86,9 @@ struct Figures {
 
 fn measure(lab: &Lab, o: &Opts, n: u32, upstream: bool, generation: &mut u32) -> Result<Figures> {
     let node = if upstream { 2 } else { 1 };
-    let (bin, kc) = if upstream {
-        (
-            lab.bins.kube_proxy.clone().context("upstream kube-proxy")?,
-            &lab.upstream_kubeconfig,
-        )
-    } else {
-        (o.ours.clone(), &lab.ours_kubeconfig)
-    };
-    let args = proxy_args(&o.mode, kc, node);
-    let log = lab.cp.dir().join(format!(
-        "{}-{n}.log",
-        if upstream { "upstream" } else { "ours" }
-    ));
+    let who = if upstream { "upstream" } else { "ours" };
     let t_start = Instant::now();
-    let guard = lab
-        .cluster
-        .spawn(lab.cluster.node_ns(node), &bin, &args, &log)?;
-    let p = Proxy {
-        cluster: &lab.cluster,
-        node,
-        guard,
-        mode: o.mode.clone(),
-    };
+    let p = lab.spawn_proxy(node, &o.mode, upstream, &o.ours, &format!("{who}-{n}"))?;
     let first_sync = p.wait_first_sync(n, t_start, Duration::from_secs(3600))?;
     let mut f = Figures {
         first_sync,
@@ -142,25 +122,14 @@ fn measure(lab: &Lab, o: &Opts, n: u32, upstream: bool, generation: &mut u32) ->
     std::thread::sleep(Duration::from_millis(1500));
     let ip = "10.96.255.250";
     let t0 = now_unix();
-    lab.rt.block_on(async {
-        lab.services()
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": "added"},
-                    "spec": {"clusterIP": ip, "ports": [{"port": 80, "targetPort": 8080}]}}))?,
-            )
-            .await?;
-        lab.slices()
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": "added-x",
-                    "labels": {"kubernetes.io/service-name": "added"}},
-                    "addressType": "IPv4", "ports": [{"port": 8080, "protocol": "TCP"}],
-                    "endpoints": [{"addresses": ["10.250.0.1"], "conditions": {"ready": true}}]}))?,
-            )
-            .await?;
-        anyhow::Ok(())
-    })?;
+    lab.create_service(
+        json!({"metadata": {"name": "added"},
+            "spec": {"clusterIP": ip, "ports": [{"port": 80, "targetPort": 8080}]}}),
+        json!({"metadata": {"name": "added-x",
+            "labels": {"kubernetes.io/service-name": "added"}},
+            "addressType": "IPv4", "ports": [{"port": 8080, "protocol": "TCP"}],
+            "endpoints": [{"addresses": ["10.250.0.1"], "conditions": {"ready": true}}]}),
+    )?;
     f.add = p.programmed(t0, |r| has_ip(r, ip) && has_ip(r, "10.250.0.1"))?;
     std::thread::sleep(Duration::from_millis(1500));
     let t0 = now_unix();

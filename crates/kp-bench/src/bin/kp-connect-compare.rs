@@ -28,11 +28,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use kp_bench::connect::{connects, mean, quantile, us, Server};
-use kp_bench::lab::{
-    check_binary, date_utc, has_ip, load_average, parse_common, proxy_args, write_into, Lab, Proxy,
-};
+use kp_bench::lab::{check_binary, date_utc, has_ip, load_average, parse_common, write_into, Lab};
 use kp_netlab::Pod;
-use kube::api::PostParams;
 use serde_json::json;
 
 const REAL_CLUSTER_IP: &str = "10.96.250.1";
@@ -87,27 +84,16 @@ fn create_real_service(lab: &Lab, servers: &[&Pod]) -> Result<()> {
                    "conditions": {"ready": true}})
         })
         .collect();
-    lab.rt.block_on(async {
-        lab.services()
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": "zz-real"},
-                    "spec": {"clusterIP": REAL_CLUSTER_IP, "internalTrafficPolicy": "Local",
-                             "ports": [{"name": "http", "port": SERVICE_PORT, "targetPort": POD_PORT}]}}))?,
-            )
-            .await?;
-        lab.slices()
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": "zz-real-x",
-                    "labels": {"kubernetes.io/service-name": "zz-real"}},
-                    "addressType": "IPv4",
-                    "ports": [{"name": "http", "port": POD_PORT, "protocol": "TCP"}],
-                    "endpoints": endpoints}))?,
-            )
-            .await?;
-        anyhow::Ok(())
-    })
+    lab.create_service(
+        json!({"metadata": {"name": "zz-real"},
+            "spec": {"clusterIP": REAL_CLUSTER_IP, "internalTrafficPolicy": "Local",
+                     "ports": [{"name": "http", "port": SERVICE_PORT, "targetPort": POD_PORT}]}}),
+        json!({"metadata": {"name": "zz-real-x",
+            "labels": {"kubernetes.io/service-name": "zz-real"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": POD_PORT, "protocol": "TCP"}],
+            "endpoints": endpoints}),
+    )
 }
 
 /// Measures one size; the table rows for it.
@@ -133,32 +119,17 @@ fn measure(o: &Opts, n: u32) -> Result<Vec<(String, Row)>> {
         .collect::<Result<_>>()?;
     create_real_service(&lab, &[&pods[0].0, &pods[1].0])?;
 
-    let spawn = |node: usize, upstream: bool| -> Result<Proxy<'_>> {
-        let (bin, kc, who) = if upstream {
-            (
-                lab.bins.kube_proxy.clone().context("upstream kube-proxy")?,
-                &lab.upstream_kubeconfig,
-                "upstream",
-            )
-        } else {
-            (o.ours.clone(), &lab.ours_kubeconfig, "ours")
-        };
-        let log = lab.cp.dir().join(format!("{who}-connect-{n}.log"));
-        let guard = lab.cluster.spawn(
-            lab.cluster.node_ns(node),
-            &bin,
-            &proxy_args(&o.mode, kc, node),
-            &log,
-        )?;
-        Ok(Proxy {
-            cluster: &lab.cluster,
+    let spawn = |node: usize, upstream: bool, who: &str| {
+        lab.spawn_proxy(
             node,
-            guard,
-            mode: o.mode.clone(),
-        })
+            &o.mode,
+            upstream,
+            &o.ours,
+            &format!("{who}-connect-{n}"),
+        )
     };
     let t0 = Instant::now();
-    let proxies = [spawn(1, false)?, spawn(2, true)?];
+    let proxies = [spawn(1, false, "ours")?, spawn(2, true, "upstream")?];
     for (p, who) in proxies.iter().zip(["ours", "upstream"]) {
         let d = p.wait_first_sync(n, t0, Duration::from_secs(3600))?;
         // Its first sync may predate the real Service: wait for its rules.
