@@ -112,12 +112,7 @@ pub struct Batch {
 impl Batch {
     /// A batch holding BEGIN; `capacity`: the bytes expected (a hint).
     pub fn new(seq0: u32, capacity: usize) -> Batch {
-        let mut b = Batch {
-            pieces: vec![Vec::with_capacity(capacity.clamp(4096, BATCH_PIECE))],
-            ops: Vec::new(),
-            begin_seq: seq0,
-            seq: seq0,
-        };
+        let mut b = Batch::continuation(seq0, capacity);
         put_msg(
             b.room(0),
             NFNL_MSG_BATCH_BEGIN,

@@ -1854,8 +1854,8 @@ fn removing_an_affinity_endpoint_forgets_only_its_clients() {
 }
 
 /// A batch larger than one piece of the encoder's buffer (4 MiB) goes to the
-/// kernel as one datagram in several pieces and is applied whole: the first
-/// and the last element are both there, and the count is exact.
+/// kernel as one datagram in several pieces and is applied whole: the
+/// kernel lists exactly as many elements as were sent.
 #[test]
 fn a_batch_of_several_pieces_is_one_transaction() {
     let n: u32 = 200_000;
