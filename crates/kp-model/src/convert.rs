@@ -346,12 +346,9 @@ pub struct SliceEndpoints {
     pub ports: Vec<PortEndpoints>,
 }
 
-/// Converts one EndpointSlice for `family`. Slices of other address types (and
-/// FQDN) convert to no ports; a slice without the `kubernetes.io/service-name`
-/// label has no service and is ignored, as upstream.
 /// One shared copy of each name (node, zone) seen in one slice.
 #[derive(Default)]
-struct Names(std::collections::HashMap<String, Arc<str>>);
+struct Names(std::collections::HashSet<Arc<str>>);
 
 impl Names {
     fn share(&mut self, s: &str) -> Arc<str> {
@@ -359,11 +356,14 @@ impl Names {
             return a.clone();
         }
         let a: Arc<str> = s.into();
-        self.0.insert(s.to_string(), a.clone());
+        self.0.insert(a.clone());
         a
     }
 }
 
+/// Converts one EndpointSlice for `family`. Slices of other address types (and
+/// FQDN) convert to no ports; a slice without the `kubernetes.io/service-name`
+/// label has no service and is ignored, as upstream.
 pub fn convert_endpoint_slice(
     slice: &EndpointSlice,
     family: IpFamily,

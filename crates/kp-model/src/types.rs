@@ -232,10 +232,6 @@ impl Hints {
         self.0.is_none()
     }
 
-    pub fn len(&self) -> usize {
-        self.0.as_deref().map_or(0, <[_]>::len)
-    }
-
     pub fn contains(&self, name: &str) -> bool {
         self.0
             .as_deref()
