@@ -111,14 +111,6 @@ fn abort(c: TcpStream) {
     drop(c);
 }
 
-/// The `p` quantile of sorted samples (zero when there are none).
-pub fn quantile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
 /// Microseconds, rounded.
 pub fn us(d: Duration) -> String {
     format!("{:.0}", d.as_secs_f64() * 1e6)

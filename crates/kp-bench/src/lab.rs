@@ -35,12 +35,20 @@ pub fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
 }
 
+/// The `p` quantile of `v` (zero when empty), sorting a copy.
 pub fn pct(v: &[Duration], p: f64) -> Duration {
     let mut v = v.to_vec();
     v.sort();
-    v.get(((v.len().max(1) - 1) as f64 * p).round() as usize)
-        .copied()
-        .unwrap_or_default()
+    quantile(&v, p)
+}
+
+/// The `p` quantile of samples already sorted (zero when there are none):
+/// the nearest rank, as every kp-bench table reports it.
+pub fn quantile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
 pub fn now_unix() -> f64 {

@@ -37,11 +37,7 @@ fn rss_mib(field: &str) -> f64 {
 
 fn pct(v: &mut [Duration], p: f64) -> Duration {
     v.sort();
-    if v.is_empty() {
-        return Duration::ZERO;
-    }
-    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
-    v[i]
+    kp_bench::lab::quantile(v, p)
 }
 
 struct Netns(String);

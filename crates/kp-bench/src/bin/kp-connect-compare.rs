@@ -27,8 +27,10 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use kp_bench::connect::{connects, mean, quantile, us, Server};
-use kp_bench::lab::{check_binary, date_utc, has_ip, load_average, parse_common, write_into, Lab};
+use kp_bench::connect::{connects, mean, us, Server};
+use kp_bench::lab::{
+    check_binary, date_utc, has_ip, load_average, parse_common, quantile, write_into, Lab,
+};
 use kp_netlab::Pod;
 use serde_json::json;
 
