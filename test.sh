@@ -18,6 +18,9 @@ command -v conntrack >/dev/null 2>&1 || missing+=(conntrack)
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 command -v ipset >/dev/null 2>&1 || missing+=(ipset)
 command -v ipvsadm >/dev/null 2>&1 || missing+=(ipvsadm)
+# --socket-lb's BPF programs are compiled by clang when the workspace builds
+# (crates/kp-socketlb/build.rs); its tests load them into the kernel.
+command -v clang >/dev/null 2>&1 || missing+=(clang)
 # The real control plane (kp-testkit's control_plane): etcd, openssl for the
 # test certificates, xz to unpack ../shared/k8s.
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)

@@ -53,6 +53,8 @@
 //!
 //! Everything here needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN).
 
+mod bpffs;
+mod cgroup;
 mod client;
 mod cluster;
 mod error;
@@ -63,6 +65,8 @@ mod sock;
 
 use std::time::{Duration, Instant};
 
+pub use bpffs::TestBpffs;
+pub use cgroup::{cgroup2_mount, join_thread, TestCgroup};
 pub use client::{
     tcp_hello, tcp_hello_from, tcp_hello_many, tcp_hello_many_from, tcp_hold, tcp_hold_from,
     udp_ask, udp_ask_from, udp_session, udp_session_from, HeldConn, Reply, UdpSession,

@@ -40,6 +40,7 @@ where
         what: "opening the namespace handle",
         source,
     })?;
+    let name = ns.to_string();
     let joined = std::thread::scope(|s| {
         s.spawn(move || {
             // SAFETY: setns on a valid fd; it only affects this thread.
@@ -47,6 +48,11 @@ where
                 return Err(io::Error::last_os_error());
             }
             drop(handle);
+            // A socket-LB test's lab: its client threads are in the test's
+            // cgroup, where the programs under test see their sockets.
+            if let Some(cg) = crate::cgroup::cgroup_for_namespace(&name) {
+                crate::cgroup::join_thread(&cg).map_err(|e| io::Error::other(e.to_string()))?;
+            }
             Ok(f())
         })
         .join()

@@ -1,0 +1,297 @@
+// Socket-level load balancing for Service addresses (kube-proxy-rs, issue 21).
+//
+// cgroup/connect{4,6} and cgroup/sendmsg{4,6} rewrite a Service address to
+// one of its endpoints before the socket ever sends a packet, so east-west
+// traffic needs no per-packet NAT and no conntrack entry for the Service.
+// cgroup/recvmsg{4,6} and cgroup/getpeername{4,6} put the Service address
+// back where the application can see it (UDP reply sources, getpeername).
+//
+// Only the UAPI context (struct bpf_sock_addr) is read, which the verifier
+// rewrites for the running kernel: no kernel structure, so no CO-RE needed.
+// Helpers are declared here by number to need nothing but linux/bpf.h.
+//
+// The Rust side (crates/kp-socketlb/src/maps.rs) mirrors these structs
+// byte for byte; their layout is checked by tests/kernel.rs.
+
+#include <linux/bpf.h>
+#include <linux/in.h>
+
+#define SEC(name) __attribute__((section(name), used))
+#define __uint(name, val) int(*name)[val]
+#define __type(name, val) typeof(val) *name
+#define PIN_BY_NAME 1
+
+static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)1;
+static long (*bpf_map_update_elem)(void *map, const void *key, const void *value,
+                                   __u64 flags) = (void *)2;
+static __u64 (*bpf_ktime_get_ns)(void) = (void *)5;
+static __u32 (*bpf_get_prandom_u32)(void) = (void *)7;
+static __u64 (*bpf_get_socket_cookie)(void *ctx) = (void *)46;
+static __u64 (*bpf_get_netns_cookie)(void *ctx) = (void *)122;
+
+// A Service address: IPv4 in addr[0] with family 4, IPv6 in all four.
+// port in network byte order.
+struct svc_key {
+	__u32 addr[4];
+	__u16 port;
+	__u8 proto;
+	__u8 family;
+};
+
+// count == 0 never appears: a Service port without endpoints has no entry,
+// so its traffic goes on to nftables (which rejects or drops it).
+struct svc_val {
+	__u32 id;
+	__u32 count;
+	__u32 affinity_timeout_s; // 0: no session affinity
+	__u32 flags;
+};
+
+struct backend_key {
+	__u32 svc_id;
+	__u32 slot;
+};
+
+struct backend_val {
+	__u32 addr[4];
+	__u16 port; // network byte order
+	__u16 pad;
+};
+
+// Session affinity: one entry per client network namespace and Service port
+// (pods have one address each, so the namespace stands for the client IP).
+struct affinity_key {
+	__u64 netns_cookie;
+	__u32 svc_id;
+	__u32 pad;
+};
+
+struct affinity_val {
+	__u64 last_ns;
+	struct backend_val backend;
+	__u32 pad;
+};
+
+// Which endpoints a Service port has now, whatever their slots: an affinity
+// entry is honoured only while its endpoint is still a member, so removing
+// an endpoint forgets only its own clients (upstream's semantics).
+struct member_key {
+	__u32 svc_id;
+	struct backend_val backend;
+};
+
+// What a socket was sent to instead of the Service: keyed by the socket and
+// the endpoint, so that replies and getpeername name the Service again.
+// Keys have no implicit padding: the hash covers every byte, and padding
+// left uninitialised on the stack would make equal keys differ.
+struct revnat_key {
+	__u64 cookie;
+	struct backend_val backend;
+	__u32 pad;
+};
+
+struct revnat_val {
+	__u32 addr[4];
+	__u16 port;
+	__u16 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct svc_key);
+	__type(value, struct svc_val);
+	__uint(pinning, PIN_BY_NAME);
+} kp_services SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct backend_key);
+	__type(value, struct backend_val);
+	__uint(pinning, PIN_BY_NAME);
+} kp_backends SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct affinity_key);
+	__type(value, struct affinity_val);
+	__uint(pinning, PIN_BY_NAME);
+} kp_affinity SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct member_key);
+	__type(value, __u32); // the endpoint's slot
+	__uint(pinning, PIN_BY_NAME);
+} kp_members SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 262144);
+	__type(key, struct revnat_key);
+	__type(value, struct revnat_val);
+	__uint(pinning, PIN_BY_NAME);
+} kp_revnat SEC(".maps");
+
+// Picks the endpoint for a connection to `key` into `out`; 0 leaves the
+// address alone (no entry: not a Service address, or no endpoints).
+static __always_inline int pick(void *ctx, const struct svc_key *key, struct backend_val *out)
+{
+	struct svc_val *svc = bpf_map_lookup_elem(&kp_services, key);
+	if (!svc || svc->count == 0)
+		return 0;
+	struct affinity_key ak = {};
+	__u64 now = 0;
+	if (svc->affinity_timeout_s) {
+		ak.netns_cookie = bpf_get_netns_cookie(ctx);
+		ak.svc_id = svc->id;
+		now = bpf_ktime_get_ns();
+		struct affinity_val *av = bpf_map_lookup_elem(&kp_affinity, &ak);
+		if (av && now - av->last_ns < (__u64)svc->affinity_timeout_s * 1000000000ULL) {
+			struct member_key mk = { .svc_id = svc->id, .backend = av->backend };
+			if (bpf_map_lookup_elem(&kp_members, &mk)) {
+				// Each new connection refreshes the timeout, as upstream's
+				// "recent" match does.
+				av->last_ns = now;
+				*out = av->backend;
+				return 1;
+			}
+		}
+	}
+	struct backend_key bk = { .svc_id = svc->id, .slot = bpf_get_prandom_u32() % svc->count };
+	struct backend_val *b = bpf_map_lookup_elem(&kp_backends, &bk);
+	if (!b)
+		return 0;
+	*out = *b;
+	if (svc->affinity_timeout_s) {
+		struct affinity_val nv = { .last_ns = now, .backend = *b };
+		bpf_map_update_elem(&kp_affinity, &ak, &nv, BPF_ANY);
+	}
+	return 1;
+}
+
+static __always_inline void remember(void *ctx, const struct backend_val *b,
+				     const struct svc_key *key)
+{
+	struct revnat_key rk = { .cookie = bpf_get_socket_cookie(ctx), .backend = *b };
+	struct revnat_val rv = { .port = key->port };
+	rv.addr[0] = key->addr[0];
+	rv.addr[1] = key->addr[1];
+	rv.addr[2] = key->addr[2];
+	rv.addr[3] = key->addr[3];
+	bpf_map_update_elem(&kp_revnat, &rk, &rv, BPF_ANY);
+}
+
+static __always_inline struct revnat_val *recall(void *ctx, const struct backend_val *b)
+{
+	struct revnat_key rk = { .cookie = bpf_get_socket_cookie(ctx), .backend = *b };
+	return bpf_map_lookup_elem(&kp_revnat, &rk);
+}
+
+static __always_inline int v4_mapped(const struct bpf_sock_addr *ctx)
+{
+	return ctx->user_ip6[0] == 0 && ctx->user_ip6[1] == 0 &&
+	       ctx->user_ip6[2] == __builtin_bswap32(0xffff);
+}
+
+static __always_inline int translate4(struct bpf_sock_addr *ctx)
+{
+	struct svc_key key = { .family = 4, .proto = ctx->protocol };
+	key.addr[0] = ctx->user_ip4;
+	key.port = (__u16)ctx->user_port;
+	struct backend_val chosen;
+	if (!pick(ctx, &key, &chosen))
+		return 1;
+	ctx->user_ip4 = chosen.addr[0];
+	ctx->user_port = chosen.port;
+	remember(ctx, &chosen, &key);
+	return 1;
+}
+
+static __always_inline int translate6(struct bpf_sock_addr *ctx)
+{
+	struct svc_key key = { .proto = ctx->protocol };
+	int mapped = v4_mapped(ctx);
+	if (mapped) {
+		key.family = 4;
+		key.addr[0] = ctx->user_ip6[3];
+	} else {
+		key.family = 6;
+		key.addr[0] = ctx->user_ip6[0];
+		key.addr[1] = ctx->user_ip6[1];
+		key.addr[2] = ctx->user_ip6[2];
+		key.addr[3] = ctx->user_ip6[3];
+	}
+	key.port = (__u16)ctx->user_port;
+	struct backend_val chosen;
+	if (!pick(ctx, &key, &chosen))
+		return 1;
+	if (mapped) {
+		ctx->user_ip6[3] = chosen.addr[0];
+	} else {
+		ctx->user_ip6[0] = chosen.addr[0];
+		ctx->user_ip6[1] = chosen.addr[1];
+		ctx->user_ip6[2] = chosen.addr[2];
+		ctx->user_ip6[3] = chosen.addr[3];
+	}
+	ctx->user_port = chosen.port;
+	remember(ctx, &chosen, &key);
+	return 1;
+}
+
+static __always_inline int restore4(struct bpf_sock_addr *ctx)
+{
+	struct backend_val b = { .port = (__u16)ctx->user_port };
+	b.addr[0] = ctx->user_ip4;
+	struct revnat_val *rv = recall(ctx, &b);
+	if (rv) {
+		ctx->user_ip4 = rv->addr[0];
+		ctx->user_port = rv->port;
+	}
+	return 1;
+}
+
+static __always_inline int restore6(struct bpf_sock_addr *ctx)
+{
+	struct backend_val b = { .port = (__u16)ctx->user_port };
+	int mapped = v4_mapped(ctx);
+	if (mapped) {
+		b.addr[0] = ctx->user_ip6[3];
+	} else {
+		b.addr[0] = ctx->user_ip6[0];
+		b.addr[1] = ctx->user_ip6[1];
+		b.addr[2] = ctx->user_ip6[2];
+		b.addr[3] = ctx->user_ip6[3];
+	}
+	struct revnat_val *rv = recall(ctx, &b);
+	if (!rv)
+		return 1;
+	struct revnat_val r = *rv;
+	if (mapped) {
+		ctx->user_ip6[3] = r.addr[0];
+	} else {
+		ctx->user_ip6[0] = r.addr[0];
+		ctx->user_ip6[1] = r.addr[1];
+		ctx->user_ip6[2] = r.addr[2];
+		ctx->user_ip6[3] = r.addr[3];
+	}
+	ctx->user_port = r.port;
+	return 1;
+}
+
+SEC("cgroup/connect4") int kp_connect4(struct bpf_sock_addr *ctx) { return translate4(ctx); }
+SEC("cgroup/sendmsg4") int kp_sendmsg4(struct bpf_sock_addr *ctx) { return translate4(ctx); }
+SEC("cgroup/recvmsg4") int kp_recvmsg4(struct bpf_sock_addr *ctx) { return restore4(ctx); }
+SEC("cgroup/getpeername4") int kp_getpeername4(struct bpf_sock_addr *ctx) { return restore4(ctx); }
+SEC("cgroup/connect6") int kp_connect6(struct bpf_sock_addr *ctx) { return translate6(ctx); }
+SEC("cgroup/sendmsg6") int kp_sendmsg6(struct bpf_sock_addr *ctx) { return translate6(ctx); }
+SEC("cgroup/recvmsg6") int kp_recvmsg6(struct bpf_sock_addr *ctx) { return restore6(ctx); }
+SEC("cgroup/getpeername6") int kp_getpeername6(struct bpf_sock_addr *ctx) { return restore6(ctx); }
+
+char _license[] SEC("license") = "Dual MIT/GPL";

@@ -1,0 +1,38 @@
+//! Compiles bpf/socketlb.c to a BPF object with clang (Debian's `clang`,
+//! which test.sh and demo.sh install). Without clang the crate still builds,
+//! with an empty object: the mode then refuses to start and says why, and
+//! every other mode is unaffected.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn main() {
+    let src = "bpf/socketlb.c";
+    println!("cargo:rerun-if-changed={src}");
+    println!("cargo:rerun-if-env-changed=KP_CLANG");
+    let out =
+        PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("socketlb.o");
+    let clang = std::env::var("KP_CLANG").unwrap_or_else(|_| "clang".to_string());
+    let arch = match std::env::var("CARGO_CFG_TARGET_ARCH").as_deref() {
+        Ok("x86_64") => "x86_64-linux-gnu",
+        Ok("aarch64") => "aarch64-linux-gnu",
+        _ => "",
+    };
+    let mut cmd = Command::new(&clang);
+    cmd.args([
+        "-O2", "-g", "-Wall", "-Werror", "-target", "bpf", "-c", src, "-o",
+    ])
+    .arg(&out);
+    if !arch.is_empty() {
+        // linux/bpf.h includes asm/types.h, which Debian keeps per architecture.
+        cmd.arg(format!("-I/usr/include/{arch}"));
+    }
+    match cmd.status() {
+        Ok(s) if s.success() => {}
+        Ok(s) => panic!("{clang} failed on {src} ({s})"),
+        Err(e) => {
+            println!("cargo:warning=kp-socketlb: {clang} not found ({e}); --socket-lb will refuse to start (apt-get install clang)");
+            std::fs::write(&out, b"").expect("writing the empty BPF object");
+        }
+    }
+}

@@ -1,0 +1,311 @@
+//! Loading, attaching, pinning and adopting the programs and maps.
+//!
+//! Everything lives under one bpffs directory (`--bpf-pin-path`): the maps by
+//! name, and one BPF link per program under `links/`. A link pinned there
+//! keeps its program attached after the proxy exits, so a restarted proxy
+//! finds both, adopts them and goes on updating the same maps: at no point
+//! is a Service without its translation. `--cleanup` removes the pins, which
+//! detaches the programs and frees the maps.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use aya::maps::{HashMap, Map, MapData};
+use aya::programs::links::{FdLink, PinnedLink};
+use aya::programs::{CgroupAttachMode, CgroupSockAddr};
+use aya::EbpfLoader;
+
+use crate::maps::{
+    BackendKey, BackendVal, MemberKey, SvcKey, SvcVal, ALL_MAPS, BACKENDS, MEMBERS, SERVICES,
+};
+use crate::SocketLbError;
+
+/// The BPF object compiled from bpf/socketlb.c by build.rs (empty when the
+/// build had no clang).
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/socketlb.o"));
+
+/// The programs, by the names they have in the object.
+pub const PROGRAMS: [&str; 8] = [
+    "kp_connect4",
+    "kp_sendmsg4",
+    "kp_recvmsg4",
+    "kp_getpeername4",
+    "kp_connect6",
+    "kp_sendmsg6",
+    "kp_recvmsg6",
+    "kp_getpeername6",
+];
+
+const BPF_FS_MAGIC: i64 = 0xcafe4a11;
+const CGROUP2_SUPER_MAGIC: i64 = 0x63677270;
+
+/// Where the programs attach and where their pins live.
+#[derive(Clone, Debug)]
+pub struct Placement {
+    /// A cgroup v2 directory: the programs see the sockets of every process
+    /// in it and below.
+    pub cgroup: PathBuf,
+    /// A directory on a bpf filesystem (created if missing).
+    pub pin_dir: PathBuf,
+}
+
+/// Map capacities. Hash maps are created without preallocation, so an
+/// unused capacity costs no kernel memory; the LRU maps (affinity, reply
+/// translation) are preallocated by the kernel and sized smaller.
+#[derive(Clone, Copy, Debug)]
+pub struct Capacity {
+    pub services: u32,
+    pub backends: u32,
+}
+
+impl Default for Capacity {
+    fn default() -> Self {
+        // 50k Services x 3 addresses and 1M endpoints with room to grow.
+        Capacity {
+            services: 262_144,
+            backends: 2_097_152,
+        }
+    }
+}
+
+/// What [`install`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Installed {
+    /// Programs attached and maps created now.
+    Fresh,
+    /// A previous run's pinned links and maps, taken over as they are.
+    Adopted,
+}
+
+fn statfs_magic(path: &Path) -> Result<i64, std::io::Error> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: c is a valid C string, st a valid out pointer.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    #[allow(clippy::unnecessary_cast)]
+    Ok(st.f_type as i64)
+}
+
+/// Refuses, with the reason, where the kernel or the host cannot run the mode.
+pub fn check_host(p: &Placement) -> Result<(), SocketLbError> {
+    if OBJECT.is_empty() {
+        return Err(SocketLbError::Unsupported(
+            "this binary was built without clang, so it has no BPF programs (apt-get install clang, then rebuild)".into(),
+        ));
+    }
+    match statfs_magic(&p.cgroup) {
+        Ok(CGROUP2_SUPER_MAGIC) => {}
+        Ok(_) => return Err(SocketLbError::Unsupported(format!(
+            "--cgroup-path {} is not a cgroup v2 directory (socket load balancing needs cgroup v2)",
+            p.cgroup.display()
+        ))),
+        Err(e) => {
+            return Err(SocketLbError::Unsupported(format!(
+                "--cgroup-path {}: {e}",
+                p.cgroup.display()
+            )))
+        }
+    }
+    let fs_dir = p
+        .pin_dir
+        .ancestors()
+        .find(|a| a.exists())
+        .unwrap_or(Path::new("/"));
+    if statfs_magic(fs_dir).ok() != Some(BPF_FS_MAGIC) {
+        return Err(SocketLbError::Unsupported(format!(
+            "--bpf-pin-path {} is not on a bpf filesystem (mount -t bpf bpf {})",
+            p.pin_dir.display(),
+            fs_dir.display()
+        )));
+    }
+    Ok(())
+}
+
+fn links_dir(pin_dir: &Path) -> PathBuf {
+    pin_dir.join("links")
+}
+
+fn io(what: String) -> impl FnOnce(std::io::Error) -> SocketLbError {
+    move |source| SocketLbError::Io { what, source }
+}
+
+fn bpf(
+    what: impl Into<String>,
+) -> impl FnOnce(Box<dyn std::error::Error + Send + Sync>) -> SocketLbError {
+    let what = what.into();
+    move |e| {
+        // aya's errors keep the errno in their source chain.
+        let mut message = e.to_string();
+        let mut src = e.source();
+        while let Some(s) = src {
+            message.push_str(": ");
+            message.push_str(&s.to_string());
+            src = s.source();
+        }
+        SocketLbError::Bpf { what, message }
+    }
+}
+
+fn boxed<E: std::error::Error + Send + Sync + 'static>(
+    e: E,
+) -> Box<dyn std::error::Error + Send + Sync> {
+    Box::new(e)
+}
+
+/// Attaches the programs to `p.cgroup` and pins them and their maps, or
+/// adopts what a previous run left pinned there.
+pub fn install(p: &Placement, cap: Capacity) -> Result<Installed, SocketLbError> {
+    check_host(p)?;
+    let links = links_dir(&p.pin_dir);
+    std::fs::create_dir_all(&links).map_err(io(format!("creating {}", links.display())))?;
+    let all_pinned = PROGRAMS.iter().all(|n| links.join(n).exists())
+        && ALL_MAPS.iter().all(|m| p.pin_dir.join(m).exists());
+    if all_pinned
+        && PROGRAMS
+            .iter()
+            .all(|n| PinnedLink::from_pin(links.join(n)).is_ok())
+    {
+        return Ok(Installed::Adopted);
+    }
+    // Half an installation (a crash while installing): its links go, so no
+    // program is attached twice; pinned maps are reused by name.
+    for n in PROGRAMS {
+        let _ = std::fs::remove_file(links.join(n));
+    }
+    let mut obj = EbpfLoader::new()
+        .default_map_pin_directory(&p.pin_dir)
+        .map_max_entries(SERVICES, cap.services)
+        .map_max_entries(BACKENDS, cap.backends)
+        .map_max_entries(MEMBERS, cap.backends)
+        .load(OBJECT)
+        .map_err(|e| bpf("loading the BPF object")(boxed(e)))?;
+    let cgroup = File::open(&p.cgroup).map_err(io(format!("opening {}", p.cgroup.display())))?;
+    for name in PROGRAMS {
+        let prog: &mut CgroupSockAddr = obj
+            .program_mut(name)
+            .ok_or_else(|| SocketLbError::Bpf {
+                what: format!("program {name}"),
+                message: "missing from the BPF object".into(),
+            })?
+            .try_into()
+            .map_err(|e| bpf(format!("program {name}"))(boxed(e)))?;
+        prog.load()
+            .map_err(|e| bpf(format!("verifying program {name}"))(boxed(e)))?;
+        // Through a BPF link (kernels >= 5.7), which the kernel always
+        // attaches as one of many: other programs on the cgroup (systemd's, a
+        // CNI's) keep running. The link API takes no flags, hence "Single".
+        let id = prog
+            .attach(&cgroup, CgroupAttachMode::Single)
+            .map_err(|e| bpf(format!("attaching {name} to {}", p.cgroup.display()))(boxed(e)))?;
+        let link: FdLink = prog
+            .take_link(id)
+            .map_err(|e| bpf(format!("link of {name}"))(boxed(e)))?
+            .try_into()
+            .map_err(|e| bpf(format!("link of {name}"))(boxed(e)))?;
+        link.pin(links.join(name))
+            .map_err(|e| bpf(format!("pinning {name}'s link"))(boxed(e)))?;
+    }
+    Ok(Installed::Fresh)
+}
+
+/// Removes every pin under `pin_dir` this mode made: unpinning a link
+/// detaches its program, unpinning a map frees it. Missing pins are fine.
+pub fn remove(pin_dir: &Path) -> Result<bool, SocketLbError> {
+    let mut removed = false;
+    let links = links_dir(pin_dir);
+    for n in PROGRAMS {
+        removed |= remove_file(&links.join(n))?;
+    }
+    for m in ALL_MAPS {
+        removed |= remove_file(&pin_dir.join(m))?;
+    }
+    for d in [links.as_path(), pin_dir] {
+        match std::fs::remove_dir(d) {
+            Ok(()) => removed = true,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            // Something else of someone else's in there: left alone.
+            Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) => {}
+            Err(e) => return Err(io(format!("removing {}", d.display()))(e)),
+        }
+    }
+    Ok(removed)
+}
+
+fn remove_file(p: &Path) -> Result<bool, SocketLbError> {
+    match std::fs::remove_file(p) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(io(format!("removing {}", p.display()))(e)),
+    }
+}
+
+/// The three maps the proxy writes, opened from their pins.
+pub struct KernelMaps {
+    pub services: HashMap<MapData, SvcKey, SvcVal>,
+    pub backends: HashMap<MapData, BackendKey, BackendVal>,
+    pub members: HashMap<MapData, MemberKey, u32>,
+}
+
+fn open_map<K: aya::Pod, V: aya::Pod>(
+    pin_dir: &Path,
+    name: &str,
+) -> Result<HashMap<MapData, K, V>, SocketLbError> {
+    let path = pin_dir.join(name);
+    let data = MapData::from_pin(&path)
+        .map_err(|e| bpf(format!("opening map {}", path.display()))(boxed(e)))?;
+    HashMap::try_from(Map::HashMap(data))
+        .map_err(|e| bpf(format!("map {}", path.display()))(boxed(e)))
+}
+
+impl KernelMaps {
+    pub fn open(pin_dir: &Path) -> Result<Self, SocketLbError> {
+        Ok(KernelMaps {
+            services: open_map(pin_dir, SERVICES)?,
+            backends: open_map(pin_dir, BACKENDS)?,
+            members: open_map(pin_dir, MEMBERS)?,
+        })
+    }
+}
+
+fn map_err(e: aya::maps::MapError) -> String {
+    e.to_string()
+}
+
+impl crate::proxier::Maps for KernelMaps {
+    fn set_service(&mut self, k: &SvcKey, v: &SvcVal) -> Result<(), String> {
+        self.services.insert(k, v, 0).map_err(map_err)
+    }
+    fn del_service(&mut self, k: &SvcKey) -> Result<(), String> {
+        self.services.remove(k).map_err(map_err)
+    }
+    fn set_backend(&mut self, k: &BackendKey, v: &BackendVal) -> Result<(), String> {
+        self.backends.insert(k, v, 0).map_err(map_err)
+    }
+    fn del_backend(&mut self, k: &BackendKey) -> Result<(), String> {
+        self.backends.remove(k).map_err(map_err)
+    }
+    fn set_member(&mut self, k: &MemberKey, slot: u32) -> Result<(), String> {
+        self.members.insert(k, slot, 0).map_err(map_err)
+    }
+    fn del_member(&mut self, k: &MemberKey) -> Result<(), String> {
+        self.members.remove(k).map_err(map_err)
+    }
+    #[allow(clippy::type_complexity)]
+    fn dump(&self) -> Result<(Vec<(SvcKey, SvcVal)>, Vec<(BackendKey, BackendVal)>), String> {
+        let services = self
+            .services
+            .iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(map_err)?;
+        let backends = self
+            .backends
+            .iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(map_err)?;
+        Ok((services, backends))
+    }
+}

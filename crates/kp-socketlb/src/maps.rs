@@ -1,0 +1,198 @@
+//! The maps' keys and values, byte for byte as bpf/socketlb.c declares them.
+//!
+//! Addresses are stored as the kernel hands them to the program (network byte
+//! order in memory), ports likewise; an IPv4 address sits in `addr[0]` with
+//! `family` 4.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use kp_model::Protocol;
+
+/// Pinned map names (also the names in the BPF object).
+pub const SERVICES: &str = "kp_services";
+pub const BACKENDS: &str = "kp_backends";
+pub const MEMBERS: &str = "kp_members";
+pub const AFFINITY: &str = "kp_affinity";
+pub const REVNAT: &str = "kp_revnat";
+pub const ALL_MAPS: [&str; 5] = [SERVICES, BACKENDS, MEMBERS, AFFINITY, REVNAT];
+
+/// An address as the program sees it: four 32-bit words in network order.
+pub fn addr_words(ip: IpAddr) -> [u32; 4] {
+    match ip {
+        IpAddr::V4(v4) => [u32::from_ne_bytes(v4.octets()), 0, 0, 0],
+        IpAddr::V6(v6) => {
+            let o = v6.octets();
+            let w = |i: usize| u32::from_ne_bytes([o[i], o[i + 1], o[i + 2], o[i + 3]]);
+            [w(0), w(4), w(8), w(12)]
+        }
+    }
+}
+
+fn words_addr(words: [u32; 4], v4: bool) -> IpAddr {
+    if v4 {
+        IpAddr::V4(Ipv4Addr::from(words[0].to_ne_bytes()))
+    } else {
+        let mut o = [0u8; 16];
+        for (i, w) in words.iter().enumerate() {
+            o[i * 4..i * 4 + 4].copy_from_slice(&w.to_ne_bytes());
+        }
+        IpAddr::V6(Ipv6Addr::from(o))
+    }
+}
+
+/// A port as the program sees it (network order in memory).
+pub fn port_net(port: u16) -> u16 {
+    u16::from_ne_bytes(port.to_be_bytes())
+}
+
+fn net_port(port: u16) -> u16 {
+    u16::from_be_bytes(port.to_ne_bytes())
+}
+
+fn proto_number(p: Protocol) -> u8 {
+    match p {
+        Protocol::Tcp => libc::IPPROTO_TCP as u8,
+        Protocol::Udp => libc::IPPROTO_UDP as u8,
+        Protocol::Sctp => libc::IPPROTO_SCTP as u8,
+    }
+}
+
+/// A Service address: what a client connects to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SvcKey {
+    pub addr: [u32; 4],
+    pub port: u16,
+    pub proto: u8,
+    pub family: u8,
+}
+
+impl SvcKey {
+    pub fn new(ip: IpAddr, port: u16, proto: Protocol) -> Self {
+        SvcKey {
+            addr: addr_words(ip),
+            port: port_net(port),
+            proto: proto_number(proto),
+            family: if ip.is_ipv4() { 4 } else { 6 },
+        }
+    }
+    pub fn ip(&self) -> IpAddr {
+        words_addr(self.addr, self.family == 4)
+    }
+    pub fn port(&self) -> u16 {
+        net_port(self.port)
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SvcVal {
+    pub id: u32,
+    /// Endpoint slots 0..count; never 0 in the map.
+    pub count: u32,
+    /// 0: no session affinity.
+    pub affinity_timeout_s: u32,
+    pub flags: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BackendKey {
+    pub svc_id: u32,
+    pub slot: u32,
+}
+
+/// An endpoint address and port.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BackendVal {
+    pub addr: [u32; 4],
+    pub port: u16,
+    pub pad: u16,
+}
+
+impl BackendVal {
+    pub fn new(ip: IpAddr, port: u16) -> Self {
+        BackendVal {
+            addr: addr_words(ip),
+            port: port_net(port),
+            pad: 0,
+        }
+    }
+    /// The endpoint's address, given its family.
+    pub fn ip(&self, v4: bool) -> IpAddr {
+        words_addr(self.addr, v4)
+    }
+    pub fn port(&self) -> u16 {
+        net_port(self.port)
+    }
+}
+
+/// "This endpoint is one of this Service port's now" (value: its slot).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MemberKey {
+    pub svc_id: u32,
+    pub backend: BackendVal,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AffinityKey {
+    pub netns_cookie: u64,
+    pub svc_id: u32,
+    pub pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AffinityVal {
+    pub last_ns: u64,
+    pub backend: BackendVal,
+    pub pad: u32,
+}
+
+// SAFETY: plain #[repr(C)] structs of integers whose padding is explicit
+// fields (checked against the C sizes by the layout test), so every byte
+// pattern is a valid value and none is uninitialised.
+unsafe impl aya::Pod for SvcKey {}
+unsafe impl aya::Pod for SvcVal {}
+unsafe impl aya::Pod for BackendKey {}
+unsafe impl aya::Pod for BackendVal {}
+unsafe impl aya::Pod for MemberKey {}
+unsafe impl aya::Pod for AffinityKey {}
+unsafe impl aya::Pod for AffinityVal {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_match_the_c_structs() {
+        // The C compiler's sizes (clang -target bpf): svc_key 20, svc_val 16,
+        // backend_key 8, backend_val 20, member_key 24, affinity_key 16,
+        // affinity_val 32. A mismatch would make every lookup miss.
+        assert_eq!(std::mem::size_of::<SvcKey>(), 20);
+        assert_eq!(std::mem::size_of::<SvcVal>(), 16);
+        assert_eq!(std::mem::size_of::<BackendKey>(), 8);
+        assert_eq!(std::mem::size_of::<BackendVal>(), 20);
+        assert_eq!(std::mem::size_of::<MemberKey>(), 24);
+        assert_eq!(std::mem::size_of::<AffinityKey>(), 16);
+        assert_eq!(std::mem::size_of::<AffinityVal>(), 32);
+    }
+
+    #[test]
+    fn addresses_and_ports_are_in_network_order_in_memory() {
+        let k = SvcKey::new("10.96.0.1".parse().unwrap(), 443, Protocol::Tcp);
+        let bytes: Vec<u8> = k.addr[0].to_ne_bytes().to_vec();
+        assert_eq!(bytes, vec![10, 96, 0, 1]);
+        assert_eq!(k.port.to_ne_bytes(), [1, 187]);
+        assert_eq!((k.family, k.proto), (4, 6));
+        assert_eq!(k.ip(), "10.96.0.1".parse::<IpAddr>().unwrap());
+        assert_eq!(k.port(), 443);
+        let v6: IpAddr = "fd00::1:2".parse().unwrap();
+        let b = BackendVal::new(v6, 8080);
+        assert_eq!(b.ip(false), v6);
+        assert_eq!(b.port(), 8080);
+    }
+}

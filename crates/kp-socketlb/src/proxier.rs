@@ -1,0 +1,401 @@
+//! The socket load balancer's side of a sync: which Service addresses map to
+//! which endpoints, written into the maps as differences.
+//!
+//! One proxier per IP family; both share the maps (keys carry the family,
+//! Service port ids are even for IPv4 and odd for IPv6). Every step leaves
+//! each Service port usable: endpoints are written before the count that
+//! makes them reachable, and removed only after it shrank, so a client never
+//! meets a slot without an endpoint. A full sync reads the maps back first
+//! and takes over what is there (after a restart too), re-creating nothing.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt::Write as _;
+use std::time::Instant;
+
+use kp_model::{
+    categorize_endpoints, Dataplane, DataplaneError, IpFamily, ProxyState, ServicePort,
+    ServicePortName, SyncReport,
+};
+
+use crate::maps::{BackendKey, BackendVal, MemberKey, SvcKey, SvcVal};
+use crate::slots;
+
+/// The map operations a sync needs (the kernel's, or memory's in tests).
+pub trait Maps: Send {
+    fn set_service(&mut self, k: &SvcKey, v: &SvcVal) -> Result<(), String>;
+    fn del_service(&mut self, k: &SvcKey) -> Result<(), String>;
+    fn set_backend(&mut self, k: &BackendKey, v: &BackendVal) -> Result<(), String>;
+    fn del_backend(&mut self, k: &BackendKey) -> Result<(), String>;
+    fn set_member(&mut self, k: &MemberKey, slot: u32) -> Result<(), String>;
+    fn del_member(&mut self, k: &MemberKey) -> Result<(), String>;
+    /// Every service entry and every backend slot now in the maps.
+    #[allow(clippy::type_complexity)]
+    fn dump(&self) -> Result<(Vec<(SvcKey, SvcVal)>, Vec<(BackendKey, BackendVal)>), String>;
+}
+
+/// What one Service port looks like in the maps.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Written {
+    id: u32,
+    keys: BTreeSet<SvcKey>,
+    val: SvcVal,
+    slots: Vec<BackendVal>,
+}
+
+/// What a Service port should look like: its addresses, endpoints, affinity.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Wanted {
+    pub keys: BTreeSet<SvcKey>,
+    pub backends: BTreeSet<BackendVal>,
+    pub affinity_timeout_s: u32,
+}
+
+/// The endpoints a local client of `sp` may be sent to: a client on this
+/// node is internal traffic, so internalTrafficPolicy decides (topology and
+/// the terminating fallback as the model computed them). None when there are
+/// none: the address is then left to nftables, which rejects or drops.
+pub fn wanted(sp: &ServicePort, state: &ProxyState) -> Option<Wanted> {
+    let eps = state.endpoints_of(&sp.name);
+    let cat = categorize_endpoints(eps, sp, &state.node);
+    let chosen = if sp.internal_policy_local {
+        &cat.local
+    } else {
+        &cat.cluster
+    };
+    if chosen.is_empty() {
+        return None;
+    }
+    let mut keys = BTreeSet::new();
+    if !sp.cluster_ip.is_unspecified() {
+        keys.insert(SvcKey::new(sp.cluster_ip, sp.port, sp.protocol));
+    }
+    if keys.is_empty() {
+        return None;
+    }
+    Some(Wanted {
+        keys,
+        backends: chosen
+            .iter()
+            .map(|e| BackendVal::new(e.ip, e.port))
+            .collect(),
+        affinity_timeout_s: sp.session_affinity_timeout.unwrap_or(0),
+    })
+}
+
+pub struct SocketLbProxier {
+    family: IpFamily,
+    maps: Box<dyn Maps>,
+    written: HashMap<ServicePortName, Written>,
+    /// Found in the maps by a full sync and not yet matched to a Service
+    /// port, by id.
+    orphans: BTreeMap<u32, Written>,
+    free_ids: Vec<u32>,
+    next_id: u32,
+    synced_once: bool,
+}
+
+fn err(what: String) -> impl FnOnce(String) -> DataplaneError {
+    move |message| DataplaneError::Apply {
+        tool: "bpf maps".into(),
+        message: format!("{what}: {message}"),
+    }
+}
+
+impl SocketLbProxier {
+    pub fn new(family: IpFamily, maps: Box<dyn Maps>) -> Self {
+        SocketLbProxier {
+            family,
+            maps,
+            written: HashMap::new(),
+            orphans: BTreeMap::new(),
+            free_ids: Vec::new(),
+            next_id: Self::first_id(family),
+            synced_once: false,
+        }
+    }
+
+    fn first_id(family: IpFamily) -> u32 {
+        match family {
+            IpFamily::V4 => 2,
+            IpFamily::V6 => 1,
+        }
+    }
+
+    fn ours(&self, id: u32) -> bool {
+        id % 2 == Self::first_id(self.family) % 2
+    }
+
+    fn family_byte(&self) -> u8 {
+        match self.family {
+            IpFamily::V4 => 4,
+            IpFamily::V6 => 6,
+        }
+    }
+
+    fn alloc_id(&mut self) -> u32 {
+        if let Some(id) = self.free_ids.pop() {
+            return id;
+        }
+        let id = self.next_id;
+        self.next_id += 2;
+        id
+    }
+
+    /// Re-reads this family's entries from the maps into `orphans`.
+    fn adopt(&mut self) -> Result<(), DataplaneError> {
+        let (services, backends) = self.maps.dump().map_err(err("reading the maps".into()))?;
+        let fam = self.family_byte();
+        let mut found: BTreeMap<u32, Written> = BTreeMap::new();
+        for (k, v) in services {
+            if k.family != fam || !self.ours(v.id) {
+                continue;
+            }
+            let w = found.entry(v.id).or_default();
+            w.id = v.id;
+            w.val = v;
+            w.keys.insert(k);
+        }
+        let mut slots: BTreeMap<u32, BTreeMap<u32, BackendVal>> = BTreeMap::new();
+        for (k, v) in backends {
+            if self.ours(k.svc_id) {
+                slots.entry(k.svc_id).or_default().insert(k.slot, v);
+            }
+        }
+        for (id, by_slot) in slots {
+            let w = found.entry(id).or_insert_with(|| Written {
+                id,
+                ..Written::default()
+            });
+            // Slots beyond the count are leftovers of an interrupted sync;
+            // kept in the list so that the next write removes them.
+            let max = by_slot.keys().max().copied().unwrap_or(0);
+            w.slots = (0..=max)
+                .map(|s| by_slot.get(&s).copied().unwrap_or_default())
+                .collect();
+        }
+        self.written.clear();
+        self.free_ids.clear();
+        let top = found.keys().max().copied();
+        self.next_id = match top {
+            Some(t) => (t + 2).max(Self::first_id(self.family)),
+            None => Self::first_id(self.family),
+        };
+        self.orphans = found;
+        Ok(())
+    }
+
+    /// The previous state of a Service port: what we wrote, or an adopted
+    /// entry one of whose addresses it wants.
+    fn take_old(&mut self, name: &ServicePortName, want: Option<&Wanted>) -> Option<Written> {
+        if let Some(w) = self.written.remove(name) {
+            return Some(w);
+        }
+        let want = want?;
+        let id = self
+            .orphans
+            .values()
+            .find(|w| w.keys.iter().any(|k| want.keys.contains(k)))
+            .map(|w| w.id)?;
+        self.orphans.remove(&id)
+    }
+
+    fn sync_one(
+        &mut self,
+        name: &ServicePortName,
+        want: Option<Wanted>,
+    ) -> Result<usize, DataplaneError> {
+        let old = self.take_old(name, want.as_ref());
+        let Some(want) = want else {
+            return match old {
+                Some(o) => self.remove(&o),
+                None => Ok(0),
+            };
+        };
+        let mut ops = 0;
+        let id = match &old {
+            Some(o) => o.id,
+            None => self.alloc_id(),
+        };
+        let old = old.unwrap_or(Written {
+            id,
+            ..Written::default()
+        });
+        let slots = slots::assign(&old.slots, &want.backends);
+        let what = || format!("service port {name}");
+        // 1. Endpoints in their slots, members for the new ones.
+        for (i, b) in slots.iter().enumerate() {
+            let slot = i as u32;
+            if old.slots.get(i) != Some(b) {
+                // Member first: a slot's endpoint is always a member.
+                self.maps
+                    .set_member(
+                        &MemberKey {
+                            svc_id: id,
+                            backend: *b,
+                        },
+                        slot,
+                    )
+                    .map_err(err(what()))?;
+                let k = BackendKey { svc_id: id, slot };
+                self.maps.set_backend(&k, b).map_err(err(what()))?;
+                ops += 2;
+            }
+        }
+        // 2. The addresses, now that every slot below the count is filled.
+        let val = SvcVal {
+            id,
+            count: slots.len() as u32,
+            affinity_timeout_s: want.affinity_timeout_s,
+            flags: 0,
+        };
+        for k in &want.keys {
+            if old.val != val || !old.keys.contains(k) {
+                self.maps.set_service(k, &val).map_err(err(what()))?;
+                ops += 1;
+            }
+        }
+        for k in old.keys.difference(&want.keys) {
+            self.maps.del_service(k).map_err(err(what()))?;
+            ops += 1;
+        }
+        // 3. What no address reaches any more.
+        for slot in slots.len()..old.slots.len() {
+            let k = BackendKey {
+                svc_id: id,
+                slot: slot as u32,
+            };
+            self.maps.del_backend(&k).map_err(err(what()))?;
+            ops += 1;
+        }
+        for b in old.slots.iter().filter(|b| !want.backends.contains(b)) {
+            self.maps
+                .del_member(&MemberKey {
+                    svc_id: id,
+                    backend: *b,
+                })
+                .map_err(err(what()))?;
+            ops += 1;
+        }
+        self.written.insert(
+            name.clone(),
+            Written {
+                id,
+                keys: want.keys,
+                val,
+                slots,
+            },
+        );
+        Ok(ops)
+    }
+
+    /// Removes a Service port: its addresses first (clients then go on to
+    /// nftables), then its endpoints.
+    fn remove(&mut self, o: &Written) -> Result<usize, DataplaneError> {
+        let what = || format!("service port id {}", o.id);
+        for k in &o.keys {
+            self.maps.del_service(k).map_err(err(what()))?;
+        }
+        for (slot, b) in o.slots.iter().enumerate() {
+            self.maps
+                .del_backend(&BackendKey {
+                    svc_id: o.id,
+                    slot: slot as u32,
+                })
+                .map_err(err(what()))?;
+            self.maps
+                .del_member(&MemberKey {
+                    svc_id: o.id,
+                    backend: *b,
+                })
+                .map_err(err(what()))?;
+        }
+        self.free_ids.push(o.id);
+        Ok(o.keys.len() + 2 * o.slots.len())
+    }
+}
+
+impl Dataplane for SocketLbProxier {
+    fn mode(&self) -> &'static str {
+        "socket-lb"
+    }
+
+    fn sync(
+        &mut self,
+        state: &ProxyState,
+        changed: &BTreeSet<ServicePortName>,
+        full: bool,
+    ) -> Result<SyncReport, DataplaneError> {
+        let start = Instant::now();
+        let full = full || !self.synced_once;
+        let mut ops = 0;
+        let names: Vec<ServicePortName> = if full {
+            self.adopt()?;
+            state.services.keys().cloned().collect()
+        } else {
+            changed.iter().cloned().collect()
+        };
+        for name in &names {
+            let want = state.services.get(name).and_then(|sp| wanted(sp, state));
+            ops += self.sync_one(name, want)?;
+        }
+        if full {
+            for o in std::mem::take(&mut self.orphans).into_values() {
+                ops += self.remove(&o)?;
+            }
+        }
+        self.synced_once = true;
+        Ok(SyncReport {
+            full,
+            ops,
+            apply: start.elapsed(),
+            ..SyncReport::default()
+        })
+    }
+
+    fn render(&self, state: &ProxyState) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "# socket load balancing ({}): service address -> endpoints",
+            self.family
+        );
+        let v4 = self.family == IpFamily::V4;
+        for (name, sp) in &state.services {
+            let Some(w) = wanted(sp, state) else { continue };
+            for k in &w.keys {
+                let eps: Vec<String> = w
+                    .backends
+                    .iter()
+                    .map(|b| match b.ip(v4) {
+                        std::net::IpAddr::V6(ip) => format!("[{ip}]:{}", b.port()),
+                        ip => format!("{ip}:{}", b.port()),
+                    })
+                    .collect();
+                let ip = match k.ip() {
+                    std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+                    ip => ip.to_string(),
+                };
+                let _ = write!(
+                    out,
+                    "{ip}:{}/{} ({name}) -> {}",
+                    k.port(),
+                    sp.protocol,
+                    eps.join(" ")
+                );
+                if w.affinity_timeout_s > 0 {
+                    let _ = write!(out, " affinity {}s", w.affinity_timeout_s);
+                }
+                out.push('\n');
+            }
+        }
+        out
+    }
+
+    fn cleanup(&mut self) -> Result<(), DataplaneError> {
+        self.adopt()?;
+        for o in std::mem::take(&mut self.orphans).into_values() {
+            self.remove(&o)?;
+        }
+        Ok(())
+    }
+}

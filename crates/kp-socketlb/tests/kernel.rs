@@ -1,0 +1,295 @@
+//! The programs in the real kernel: a cgroup and a bpf filesystem of the
+//! test's own, a lab of network namespaces, no nftables at all, so whatever
+//! reaches an endpoint was translated by the socket hooks.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader};
+use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kp_model::{
+    Dataplane, Endpoint, IpFamily, NodeInfo, Protocol, ProxyState, ServicePort, ServicePortName,
+};
+use kp_netlab::{in_netns, Cluster, ClusterOpts, ServeSpec, TestBpffs, TestCgroup};
+use kp_socketlb::{install, remove, Capacity, Installed, KernelMaps, Placement, SocketLbProxier};
+
+const TIMEOUT: Duration = Duration::from_secs(2);
+
+struct Lab {
+    cluster: Cluster,
+    cg: TestCgroup,
+    fs: TestBpffs,
+    _servers: Vec<kp_netlab::ServerGuard>,
+    pods: Vec<kp_netlab::Pod>,
+}
+
+fn lab(name: &str) -> Lab {
+    let cluster = Cluster::new(name, ClusterOpts::with_nodes(1)).expect("lab");
+    let mut cg = TestCgroup::new().expect("test cgroup");
+    cg.adopt_namespaces(cluster.prefix());
+    let fs = TestBpffs::new().expect("bpffs");
+    let mut servers = Vec::new();
+    let mut pods = Vec::new();
+    for p in ["a", "b"] {
+        let pod = cluster.add_pod(1, p).expect("pod");
+        servers.push(
+            cluster
+                .serve(pod.ns(), p, ServeSpec::both(&[8080]))
+                .expect("server"),
+        );
+        pods.push(pod);
+    }
+    Lab {
+        cluster,
+        cg,
+        fs,
+        _servers: servers,
+        pods,
+    }
+}
+
+impl Lab {
+    fn placement(&self) -> Placement {
+        Placement {
+            cgroup: self.cg.path().to_path_buf(),
+            pin_dir: self.fs.path().join("kube-proxy-rs"),
+        }
+    }
+    fn proxier(&self, family: IpFamily) -> SocketLbProxier {
+        let maps = KernelMaps::open(&self.placement().pin_dir).expect("maps");
+        SocketLbProxier::new(family, Box::new(maps))
+    }
+}
+
+fn name(proto: Protocol) -> ServicePortName {
+    ServicePortName::new("default", "web", "", proto)
+}
+
+fn state(family: IpFamily, vip: &str, eps: &[IpAddr], affinity: Option<u32>) -> ProxyState {
+    let mut st = ProxyState::new(family, NodeInfo::named("node1"));
+    for proto in [Protocol::Tcp, Protocol::Udp] {
+        let mut b = ServicePort::builder("default", "web")
+            .protocol(proto)
+            .cluster_ip(vip)
+            .port(80);
+        if let Some(t) = affinity {
+            b = b.affinity(t);
+        }
+        let sp = b.build();
+        st.services.insert(sp.name.clone(), Arc::new(sp));
+        let list: Vec<Endpoint> = eps
+            .iter()
+            .map(|ip| Endpoint::ready(*ip, 8080, true))
+            .collect();
+        st.endpoints.insert(name(proto), Arc::new(list));
+    }
+    st
+}
+
+/// Connects from namespace `ns` (in the test cgroup when the lab adopted
+/// it); returns the server's name and what getpeername says.
+fn tcp(ns: &str, to: SocketAddr) -> Result<(String, SocketAddr), String> {
+    let s = in_netns(ns, || TcpStream::connect_timeout(&to, TIMEOUT))
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    let peer = s.peer_addr().map_err(|e| e.to_string())?;
+    let mut line = String::new();
+    BufReader::new(&s)
+        .read_line(&mut line)
+        .map_err(|e| e.to_string())?;
+    let server = line.split_whitespace().next().unwrap_or("").to_string();
+    Ok((server, peer))
+}
+
+/// One datagram to `to` on an unconnected socket: the server's name and the
+/// source address the reply came from.
+fn udp(ns: &str, to: SocketAddr) -> Result<(String, SocketAddr), String> {
+    let any: SocketAddr = if to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }
+        .parse()
+        .unwrap();
+    let s = in_netns(ns, || UdpSocket::bind(any))
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    s.send_to(b"hi", to).map_err(|e| e.to_string())?;
+    let mut buf = [0u8; 256];
+    let (n, from) = s.recv_from(&mut buf).map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&buf[..n]).to_string();
+    Ok((
+        text.split_whitespace().next().unwrap_or("").to_string(),
+        from,
+    ))
+}
+
+fn addrs(lab: &Lab, family: IpFamily) -> Vec<IpAddr> {
+    lab.pods
+        .iter()
+        .map(|p| {
+            if family == IpFamily::V4 {
+                p.ip()
+            } else {
+                p.ip6()
+            }
+        })
+        .collect()
+}
+
+fn check_family(family: IpFamily, vip: &str) {
+    let lab = lab(&format!("socketlb-{family}"));
+    assert_eq!(
+        install(&lab.placement(), Capacity::default()).expect("install"),
+        Installed::Fresh
+    );
+    let mut px = lab.proxier(family);
+    let st = state(family, vip, &addrs(&lab, family), None);
+    let report = px.sync(&st, &BTreeSet::new(), true).expect("sync");
+    assert!(report.ops > 0);
+    let svc = SocketAddr::new(vip.parse().unwrap(), 80);
+    let node = lab.cluster.node_ns(1).to_string();
+    let mut seen = BTreeMap::new();
+    for _ in 0..40 {
+        let (server, peer) = tcp(&node, svc).expect("TCP through the Service");
+        // getpeername names the Service, not the endpoint.
+        assert_eq!(peer, svc);
+        *seen.entry(server).or_insert(0) += 1;
+    }
+    assert_eq!(
+        seen.keys().cloned().collect::<Vec<_>>(),
+        vec!["a", "b"],
+        "{seen:?}"
+    );
+    let (server, from) = udp(&node, svc).expect("UDP through the Service");
+    assert!(server == "a" || server == "b");
+    // The reply's source is the Service address (recvmsg restored it).
+    assert_eq!(from, svc);
+
+    // A thread outside the cgroup is not translated: with no nftables here
+    // nothing answers the Service address.
+    // in_netns would put the thread in the lab's cgroup: this one enters
+    // the namespace itself and stays in `other`.
+    let other = TestCgroup::new().expect("second cgroup");
+    let untranslated = other
+        .run(|| {
+            use std::os::fd::AsRawFd;
+            let ns = std::fs::File::open(format!("/run/netns/{node}")).unwrap();
+            // SAFETY: setns on a valid fd, for this thread only.
+            assert_eq!(
+                unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) },
+                0
+            );
+            TcpStream::connect_timeout(&svc, Duration::from_millis(500))
+        })
+        .expect("thread in the other cgroup");
+    assert!(
+        untranslated.is_err(),
+        "a socket outside the cgroup reached {svc}"
+    );
+
+    // Endpoints removed: the address is left alone (nftables' to reject).
+    let empty = state(family, vip, &[], None);
+    px.sync(
+        &empty,
+        &[name(Protocol::Tcp), name(Protocol::Udp)].into(),
+        false,
+    )
+    .expect("sync without endpoints");
+    assert!(tcp(&node, svc).is_err(), "no endpoints, still translated");
+}
+
+#[test]
+fn ipv4_connect_and_udp_go_straight_to_an_endpoint() {
+    check_family(IpFamily::V4, "10.96.0.10");
+}
+
+#[test]
+fn ipv6_connect_and_udp_go_straight_to_an_endpoint() {
+    check_family(IpFamily::V6, "fd00:96::10");
+}
+
+#[test]
+fn affinity_sticks_and_forgets_only_a_removed_endpoints_clients() {
+    let lab = lab("socketlb-aff");
+    install(&lab.placement(), Capacity::default()).expect("install");
+    let mut px = lab.proxier(IpFamily::V4);
+    let eps = addrs(&lab, IpFamily::V4);
+    px.sync(
+        &state(IpFamily::V4, "10.96.0.11", &eps, Some(600)),
+        &BTreeSet::new(),
+        true,
+    )
+    .expect("sync");
+    let svc: SocketAddr = "10.96.0.11:80".parse().unwrap();
+    let node = lab.cluster.node_ns(1).to_string();
+    let first = tcp(&node, svc).expect("connect").0;
+    for _ in 0..20 {
+        assert_eq!(
+            tcp(&node, svc).expect("connect").0,
+            first,
+            "affinity not kept"
+        );
+    }
+    // The client's endpoint goes: it moves to the other one, and stays there.
+    let (gone, kept): (Vec<_>, Vec<_>) = lab
+        .pods
+        .iter()
+        .partition(|p| p.name().ends_with(&format!("-{first}")) || p.name() == first);
+    assert_eq!(
+        gone.len(),
+        1,
+        "pods {:?}",
+        lab.pods.iter().map(|p| p.name()).collect::<Vec<_>>()
+    );
+    let left = vec![kept[0].ip()];
+    px.sync(
+        &state(IpFamily::V4, "10.96.0.11", &left, Some(600)),
+        &[name(Protocol::Tcp), name(Protocol::Udp)].into(),
+        false,
+    )
+    .expect("sync");
+    let second = tcp(&node, svc).expect("connect").0;
+    assert_ne!(second, first);
+    // Back with both: the client stays with its new endpoint.
+    px.sync(
+        &state(IpFamily::V4, "10.96.0.11", &eps, Some(600)),
+        &[name(Protocol::Tcp), name(Protocol::Udp)].into(),
+        false,
+    )
+    .expect("sync");
+    for _ in 0..20 {
+        assert_eq!(tcp(&node, svc).expect("connect").0, second);
+    }
+}
+
+#[test]
+fn a_restarted_proxy_adopts_the_programs_and_maps_and_cleanup_removes_them() {
+    let lab = lab("socketlb-adopt");
+    install(&lab.placement(), Capacity::default()).expect("install");
+    let eps = addrs(&lab, IpFamily::V4);
+    let st = state(IpFamily::V4, "10.96.0.12", &eps, None);
+    let mut px = lab.proxier(IpFamily::V4);
+    px.sync(&st, &BTreeSet::new(), true).expect("sync");
+    drop(px);
+    let svc: SocketAddr = "10.96.0.12:80".parse().unwrap();
+    let node = lab.cluster.node_ns(1).to_string();
+    // The proxy is gone; the pinned links and maps keep translating.
+    tcp(&node, svc).expect("translated with no proxy running");
+    assert_eq!(
+        install(&lab.placement(), Capacity::default()).expect("again"),
+        Installed::Adopted
+    );
+    let mut px = lab.proxier(IpFamily::V4);
+    let report = px
+        .sync(&st, &BTreeSet::new(), true)
+        .expect("full sync after restart");
+    assert_eq!(report.ops, 0, "the adopted maps were rewritten");
+    tcp(&node, svc).expect("still translated");
+    drop(px);
+    assert!(remove(&lab.placement().pin_dir).expect("cleanup"));
+    assert!(tcp(&node, svc).is_err(), "translated after cleanup");
+    assert!(!lab.placement().pin_dir.exists());
+    assert!(!remove(&lab.placement().pin_dir).expect("cleanup again"));
+}

@@ -1,0 +1,142 @@
+//! The sync logic against maps in memory: every intermediate state a client
+//! could meet is usable, a partial sync ends where a full one does, and a
+//! full sync over maps a previous run left takes them over.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use kp_model::{Dataplane, Endpoint, IpFamily, NodeInfo, ProxyState, ServicePort};
+use kp_socketlb::{MemMaps, SocketLbProxier};
+
+fn state(family: IpFamily, services: &[(&str, &str, &[&str], Option<u32>)]) -> ProxyState {
+    let mut st = ProxyState::new(family, NodeInfo::named("node1"));
+    for (name, vip, eps, aff) in services {
+        let mut b = ServicePort::builder("ns", name).cluster_ip(vip);
+        if let Some(t) = aff {
+            b = b.affinity(*t);
+        }
+        let sp = b.build();
+        let list: Vec<Endpoint> = eps
+            .iter()
+            .map(|e| Endpoint::ready(e.parse::<IpAddr>().unwrap(), 8080, false))
+            .collect();
+        st.endpoints.insert(sp.name.clone(), Arc::new(list));
+        st.services.insert(sp.name.clone(), Arc::new(sp));
+    }
+    st
+}
+
+fn all(st: &ProxyState, other: &ProxyState) -> BTreeSet<kp_model::ServicePortName> {
+    st.services
+        .keys()
+        .chain(other.services.keys())
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn every_step_of_a_change_leaves_each_address_usable_and_partial_equals_full() {
+    let steps = [
+        state(
+            IpFamily::V4,
+            &[(
+                "a",
+                "10.96.0.1",
+                &["10.244.1.1", "10.244.1.2", "10.244.1.3"],
+                None,
+            )],
+        ),
+        // One endpoint replaced, one Service added with affinity.
+        state(
+            IpFamily::V4,
+            &[
+                (
+                    "a",
+                    "10.96.0.1",
+                    &["10.244.1.1", "10.244.1.9", "10.244.1.3"],
+                    None,
+                ),
+                ("b", "10.96.0.2", &["10.244.2.1"], Some(30)),
+            ],
+        ),
+        // Shrink to one, ClusterIP of b changed, affinity changed.
+        state(
+            IpFamily::V4,
+            &[
+                ("a", "10.96.0.1", &["10.244.1.3"], None),
+                ("b", "10.96.0.3", &["10.244.2.1", "10.244.2.2"], Some(60)),
+            ],
+        ),
+        // a loses its endpoints, b goes.
+        state(IpFamily::V4, &[("a", "10.96.0.1", &[], None)]),
+        state(IpFamily::V4, &[("a", "10.96.0.1", &["10.244.1.1"], None)]),
+    ];
+    let maps = MemMaps::new(true);
+    let mut px = SocketLbProxier::new(IpFamily::V4, Box::new(maps.clone()));
+    let mut prev = ProxyState::new(IpFamily::V4, NodeInfo::named("node1"));
+    for (i, st) in steps.iter().enumerate() {
+        px.sync(st, &all(st, &prev), i == 0)
+            .unwrap_or_else(|e| panic!("step {i}: {e}"));
+        let fresh = MemMaps::new(false);
+        let mut other = SocketLbProxier::new(IpFamily::V4, Box::new(fresh.clone()));
+        other.sync(st, &BTreeSet::new(), true).unwrap();
+        let (a, b) = (maps.content(), fresh.content());
+        // Ids and slots may differ; what each address reaches may not.
+        let reach = |c: &kp_socketlb::MemContent| {
+            c.services
+                .iter()
+                .map(|(k, v)| {
+                    let eps: BTreeSet<_> = (0..v.count)
+                        .map(|s| {
+                            c.backends[&kp_socketlb::maps::BackendKey {
+                                svc_id: v.id,
+                                slot: s,
+                            }]
+                        })
+                        .collect();
+                    (*k, eps, v.affinity_timeout_s)
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(reach(&a), reach(&b), "step {i}");
+        assert_eq!(a.backends.len(), b.backends.len(), "step {i}: stale slots");
+        assert_eq!(a.members.len(), b.members.len(), "step {i}: stale members");
+        prev = st.clone();
+    }
+}
+
+#[test]
+fn a_full_sync_takes_over_what_a_previous_run_left_and_removes_the_rest() {
+    let maps = MemMaps::new(true);
+    let before = state(
+        IpFamily::V4,
+        &[
+            ("a", "10.96.0.1", &["10.244.1.1", "10.244.1.2"], None),
+            ("gone", "10.96.0.9", &["10.244.9.9"], None),
+        ],
+    );
+    SocketLbProxier::new(IpFamily::V4, Box::new(maps.clone()))
+        .sync(&before, &BTreeSet::new(), true)
+        .unwrap();
+    let v6 = state(IpFamily::V6, &[("a", "fd00:96::1", &["fd00:244::1"], None)]);
+    SocketLbProxier::new(IpFamily::V6, Box::new(maps.clone()))
+        .sync(&v6, &BTreeSet::new(), true)
+        .unwrap();
+    let ids_before: Vec<u32> = maps.content().services.values().map(|v| v.id).collect();
+
+    // A new process: same Service a, "gone" deleted meanwhile.
+    let after = state(
+        IpFamily::V4,
+        &[("a", "10.96.0.1", &["10.244.1.1", "10.244.1.2"], None)],
+    );
+    let mut px = SocketLbProxier::new(IpFamily::V4, Box::new(maps.clone()));
+    let report = px.sync(&after, &BTreeSet::new(), true).unwrap();
+    let c = maps.content();
+    // a kept its id and slots (nothing written for it); gone removed
+    // (1 address + 1 slot + 1 member); the IPv6 entries untouched.
+    assert_eq!(report.ops, 3);
+    assert_eq!(c.services.len(), 2);
+    assert!(c.services.values().all(|v| ids_before.contains(&v.id)));
+    assert_eq!(c.backends.len(), 3);
+}
