@@ -5,6 +5,10 @@
 
 FROM docker.io/library/rust:1.89-bookworm AS build
 WORKDIR /src
+# clang compiles --socket-lb's BPF programs (crates/kp-socketlb/build.rs).
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends clang \
+ && rm -rf /var/lib/apt/lists/*
 COPY Cargo.toml Cargo.lock ./
 COPY crates ./crates
 RUN cargo build --release --locked -p kube-proxy-rs --bin kube-proxy-rs --bin kp-docgen

@@ -28,8 +28,9 @@ struct Root {
 }
 
 static ROOT: Mutex<Option<Root>> = Mutex::new(None);
-/// Namespace-name prefix -> cgroup whose threads [`crate::in_netns`] joins.
-static BY_PREFIX: Mutex<BTreeMap<String, PathBuf>> = Mutex::new(BTreeMap::new());
+/// (namespace name, whether it is a prefix) -> the cgroup whose threads
+/// [`crate::in_netns`] joins for it.
+static BY_NAME: Mutex<BTreeMap<(String, bool), PathBuf>> = Mutex::new(BTreeMap::new());
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
 fn err(what: String) -> impl FnOnce(io::Error) -> LabError {
@@ -107,7 +108,7 @@ fn sweep_stale(mount: &Path) {
 /// A threaded cgroup for one test; removed on drop.
 pub struct TestCgroup {
     path: PathBuf,
-    prefixes: Vec<String>,
+    names: Vec<(String, bool)>,
 }
 
 impl TestCgroup {
@@ -144,7 +145,7 @@ impl TestCgroup {
         r.live += 1;
         Ok(TestCgroup {
             path,
-            prefixes: Vec::new(),
+            names: Vec::new(),
         })
     }
 
@@ -155,11 +156,22 @@ impl TestCgroup {
     /// From now on, threads that [`crate::in_netns`] starts for a namespace
     /// whose name starts with `prefix` (a lab's) join this cgroup first.
     pub fn adopt_namespaces(&mut self, prefix: &str) {
-        BY_PREFIX
+        self.register(prefix, true);
+    }
+
+    /// The same for the one namespace `name` (a node's, a pod's); an exact
+    /// name wins over a prefix.
+    pub fn adopt_namespace(&mut self, name: &str) {
+        self.register(name, false);
+    }
+
+    fn register(&mut self, name: &str, prefix: bool) {
+        let key = (name.to_string(), prefix);
+        BY_NAME
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(prefix.to_string(), self.path.clone());
-        self.prefixes.push(prefix.to_string());
+            .insert(key.clone(), self.path.clone());
+        self.names.push(key);
     }
 
     /// Runs `f` on a thread inside this cgroup (in the caller's namespace).
@@ -184,18 +196,21 @@ pub fn join_thread(cgroup: &Path) -> Result<(), LabError> {
 
 /// The cgroup registered for namespace `ns`, if any.
 pub(crate) fn cgroup_for_namespace(ns: &str) -> Option<PathBuf> {
-    let map = BY_PREFIX.lock().unwrap_or_else(|p| p.into_inner());
+    let map = BY_NAME.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(p) = map.get(&(ns.to_string(), false)) {
+        return Some(p.clone());
+    }
     map.iter()
-        .find(|(prefix, _)| ns.starts_with(prefix.as_str()))
+        .find(|((name, prefix), _)| *prefix && ns.starts_with(name.as_str()))
         .map(|(_, p)| p.clone())
 }
 
 impl Drop for TestCgroup {
     fn drop(&mut self) {
         {
-            let mut map = BY_PREFIX.lock().unwrap_or_else(|p| p.into_inner());
-            for p in &self.prefixes {
-                map.remove(p);
+            let mut map = BY_NAME.lock().unwrap_or_else(|p| p.into_inner());
+            for k in &self.names {
+                map.remove(k);
             }
         }
         remove_dir(&self.path);

@@ -90,6 +90,15 @@ struct revnat_key {
 	__u32 pad;
 };
 
+// An unconnected UDP socket's flow to a Service: its datagrams keep going
+// to one endpoint while that endpoint is a member, as a conntrack entry
+// would keep them (and move on once it is gone, with no flush needed).
+struct flow_key {
+	__u64 cookie;
+	struct svc_key svc;
+	__u32 pad;
+};
+
 struct revnat_val {
 	__u32 addr[4];
 	__u16 port;
@@ -123,6 +132,14 @@ struct {
 } kp_affinity SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct flow_key);
+	__type(value, struct backend_val);
+	__uint(pinning, PIN_BY_NAME);
+} kp_udp_flows SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 262144);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -141,11 +158,25 @@ struct {
 
 // Picks the endpoint for a connection to `key` into `out`; 0 leaves the
 // address alone (no entry: not a Service address, or no endpoints).
-static __always_inline int pick(void *ctx, const struct svc_key *key, struct backend_val *out)
+static __always_inline int pick(void *ctx, const struct svc_key *key, struct backend_val *out,
+				int udp_flow)
 {
 	struct svc_val *svc = bpf_map_lookup_elem(&kp_services, key);
 	if (!svc || svc->count == 0)
 		return 0;
+	struct flow_key fk = {};
+	if (udp_flow) {
+		fk.cookie = bpf_get_socket_cookie(ctx);
+		fk.svc = *key;
+		struct backend_val *fb = bpf_map_lookup_elem(&kp_udp_flows, &fk);
+		if (fb) {
+			struct member_key mk = { .svc_id = svc->id, .backend = *fb };
+			if (bpf_map_lookup_elem(&kp_members, &mk)) {
+				*out = *fb;
+				return 1;
+			}
+		}
+	}
 	struct affinity_key ak = {};
 	__u64 now = 0;
 	if (svc->affinity_timeout_s) {
@@ -173,6 +204,8 @@ static __always_inline int pick(void *ctx, const struct svc_key *key, struct bac
 		struct affinity_val nv = { .last_ns = now, .backend = *b };
 		bpf_map_update_elem(&kp_affinity, &ak, &nv, BPF_ANY);
 	}
+	if (udp_flow)
+		bpf_map_update_elem(&kp_udp_flows, &fk, out, BPF_ANY);
 	return 1;
 }
 
@@ -200,13 +233,19 @@ static __always_inline int v4_mapped(const struct bpf_sock_addr *ctx)
 	       ctx->user_ip6[2] == __builtin_bswap32(0xffff);
 }
 
-static __always_inline int translate4(struct bpf_sock_addr *ctx)
+// A connected UDP socket is left to nftables: its destination is fixed at
+// connect(), so when its endpoint goes only conntrack's flush (upstream's
+// behaviour) can move it. TCP connections, like upstream's, stay where
+// they are. sendmsg on an unconnected UDP socket picks per flow above.
+static __always_inline int translate4(struct bpf_sock_addr *ctx, int sendmsg)
 {
+	if (!sendmsg && ctx->protocol == IPPROTO_UDP)
+		return 1;
 	struct svc_key key = { .family = 4, .proto = ctx->protocol };
 	key.addr[0] = ctx->user_ip4;
 	key.port = (__u16)ctx->user_port;
 	struct backend_val chosen;
-	if (!pick(ctx, &key, &chosen))
+	if (!pick(ctx, &key, &chosen, sendmsg))
 		return 1;
 	ctx->user_ip4 = chosen.addr[0];
 	ctx->user_port = chosen.port;
@@ -214,8 +253,10 @@ static __always_inline int translate4(struct bpf_sock_addr *ctx)
 	return 1;
 }
 
-static __always_inline int translate6(struct bpf_sock_addr *ctx)
+static __always_inline int translate6(struct bpf_sock_addr *ctx, int sendmsg)
 {
+	if (!sendmsg && ctx->protocol == IPPROTO_UDP)
+		return 1;
 	struct svc_key key = { .proto = ctx->protocol };
 	int mapped = v4_mapped(ctx);
 	if (mapped) {
@@ -230,7 +271,7 @@ static __always_inline int translate6(struct bpf_sock_addr *ctx)
 	}
 	key.port = (__u16)ctx->user_port;
 	struct backend_val chosen;
-	if (!pick(ctx, &key, &chosen))
+	if (!pick(ctx, &key, &chosen, sendmsg))
 		return 1;
 	if (mapped) {
 		ctx->user_ip6[3] = chosen.addr[0];
@@ -285,12 +326,12 @@ static __always_inline int restore6(struct bpf_sock_addr *ctx)
 	return 1;
 }
 
-SEC("cgroup/connect4") int kp_connect4(struct bpf_sock_addr *ctx) { return translate4(ctx); }
-SEC("cgroup/sendmsg4") int kp_sendmsg4(struct bpf_sock_addr *ctx) { return translate4(ctx); }
+SEC("cgroup/connect4") int kp_connect4(struct bpf_sock_addr *ctx) { return translate4(ctx, 0); }
+SEC("cgroup/sendmsg4") int kp_sendmsg4(struct bpf_sock_addr *ctx) { return translate4(ctx, 1); }
 SEC("cgroup/recvmsg4") int kp_recvmsg4(struct bpf_sock_addr *ctx) { return restore4(ctx); }
 SEC("cgroup/getpeername4") int kp_getpeername4(struct bpf_sock_addr *ctx) { return restore4(ctx); }
-SEC("cgroup/connect6") int kp_connect6(struct bpf_sock_addr *ctx) { return translate6(ctx); }
-SEC("cgroup/sendmsg6") int kp_sendmsg6(struct bpf_sock_addr *ctx) { return translate6(ctx); }
+SEC("cgroup/connect6") int kp_connect6(struct bpf_sock_addr *ctx) { return translate6(ctx, 0); }
+SEC("cgroup/sendmsg6") int kp_sendmsg6(struct bpf_sock_addr *ctx) { return translate6(ctx, 1); }
 SEC("cgroup/recvmsg6") int kp_recvmsg6(struct bpf_sock_addr *ctx) { return restore6(ctx); }
 SEC("cgroup/getpeername6") int kp_getpeername6(struct bpf_sock_addr *ctx) { return restore6(ctx); }
 

@@ -99,10 +99,12 @@ pub fn check_host(p: &Placement) -> Result<(), SocketLbError> {
     }
     match statfs_magic(&p.cgroup) {
         Ok(CGROUP2_SUPER_MAGIC) => {}
-        Ok(_) => return Err(SocketLbError::Unsupported(format!(
+        Ok(_) => {
+            return Err(SocketLbError::Unsupported(format!(
             "--cgroup-path {} is not a cgroup v2 directory (socket load balancing needs cgroup v2)",
             p.cgroup.display()
-        ))),
+        )))
+        }
         Err(e) => {
             return Err(SocketLbError::Unsupported(format!(
                 "--cgroup-path {}: {e}",

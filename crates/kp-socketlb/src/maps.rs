@@ -14,7 +14,8 @@ pub const BACKENDS: &str = "kp_backends";
 pub const MEMBERS: &str = "kp_members";
 pub const AFFINITY: &str = "kp_affinity";
 pub const REVNAT: &str = "kp_revnat";
-pub const ALL_MAPS: [&str; 5] = [SERVICES, BACKENDS, MEMBERS, AFFINITY, REVNAT];
+pub const UDP_FLOWS: &str = "kp_udp_flows";
+pub const ALL_MAPS: [&str; 6] = [SERVICES, BACKENDS, MEMBERS, AFFINITY, REVNAT, UDP_FLOWS];
 
 /// An address as the program sees it: four 32-bit words in network order.
 pub fn addr_words(ip: IpAddr) -> [u32; 4] {

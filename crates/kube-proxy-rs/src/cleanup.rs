@@ -19,7 +19,7 @@ use kp_model::IpFamily;
 use kp_nftables::types::Object;
 use kp_nftables::{NftBackend, NftNetlink, Transaction, TABLE_NAME};
 
-use crate::config::ProxyMode;
+use crate::config::{ProxyConfig, ProxyMode};
 pub use crate::outcome::Outcome;
 
 /// Upstream kube-proxy's nftables table name (ip and ip6 families).
@@ -53,11 +53,24 @@ fn nft_family(f: IpFamily) -> &'static str {
     }
 }
 
-/// Removes leftovers for `scope`. `iptables` is --iptables-backend: a pinned
-/// backend limits the iptables sweep to it; auto sweeps every backend that
-/// runs here.
-pub fn remove_leftovers(scope: Scope, iptables: Option<Variant>) -> Outcome {
+/// Removes leftovers for `scope`. --iptables-backend limits the iptables
+/// sweep to a pinned backend (auto sweeps every backend that runs here);
+/// --bpf-pin-path is where socket load balancing's pins would be.
+pub fn remove_leftovers(scope: Scope, cfg: &ProxyConfig) -> Outcome {
+    let iptables = cfg.iptables_backend;
     let mut out = Outcome::default();
+    // Socket load balancing stays (and is adopted) only when starting with it.
+    let lb = &cfg.socket_lb;
+    if !(lb.socket_lb && scope == Scope::StartingIn(ProxyMode::Nftables)) {
+        match crate::modes::socketlb::remove_pins(&lb.bpf_pin_path) {
+            Ok(true) => out.removed.push(format!(
+                "socket load balancing pins in {}",
+                lb.bpf_pin_path.display()
+            )),
+            Ok(false) => {}
+            Err(e) => out.failed.push(format!("socket load balancing: {e}")),
+        }
+    }
     nftables(scope, &mut out);
     iptables_chains(scope, iptables, &mut out);
     // ipvs mode keeps its link, sets and virtual servers across restarts.

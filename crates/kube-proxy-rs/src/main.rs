@@ -133,6 +133,10 @@ fn run(cfg: ProxyConfig) -> Result<()> {
     let node_ips = host::local_addresses();
     let metrics = Metrics::new();
     metrics.init_series(&FAMILIES);
+    if cfg.socket_lb.socket_lb && !cfg.dry_run && !cfg.cleanup {
+        // Once for both families, before their dataplanes open the maps.
+        modes::socketlb::install(&cfg.socket_lb)?;
+    }
     let mut dataplanes = Vec::new();
     let cidrs = pod_cidrs.as_ref().map_or(&[][..], |p| &p.cidrs[..]);
     for f in FAMILIES {
@@ -147,7 +151,7 @@ fn run(cfg: ProxyConfig) -> Result<()> {
                 failed.push(format!("{} mode: {e}", dp.mode()));
             }
         }
-        let out = cleanup::remove_leftovers(cleanup::Scope::Everything, cfg.iptables_backend);
+        let out = cleanup::remove_leftovers(cleanup::Scope::Everything, &cfg);
         out.log("cleanup");
         failed.extend(out.failed);
         if !failed.is_empty() {
@@ -159,7 +163,7 @@ fn run(cfg: ProxyConfig) -> Result<()> {
     if !cfg.dry_run {
         // Like upstream on a mode switch: the other modes' rules (and
         // upstream kube-proxy's) would otherwise keep steering traffic.
-        cleanup::remove_leftovers(cleanup::Scope::StartingIn(cfg.mode), cfg.iptables_backend)
+        cleanup::remove_leftovers(cleanup::Scope::StartingIn(cfg.mode), &cfg)
             .log("removing other modes' leftovers");
     }
     // The settings the dataplanes were built with, for /debug/explain.

@@ -391,8 +391,11 @@ fn starting_in_ipvs_mode_keeps_ipvs_objects() {
         "iptables-nft-restore",
         "*nat\n:KUBE-SVC-ABCDEFGHIJKLMNOP - [0:0]\n-A KUBE-SERVICES -j KUBE-SVC-ABCDEFGHIJKLMNOP\nCOMMIT\n",
     );
+    let cfg =
+        kube_proxy_rs::config::load(["kube-proxy-rs", "--proxy-mode", "ipvs"].map(Into::into))
+            .unwrap();
     let out = kp_netlab::in_netns(&ns.0, || {
-        remove_leftovers(Scope::StartingIn(ProxyMode::Ipvs), None)
+        remove_leftovers(Scope::StartingIn(ProxyMode::Ipvs), &cfg)
     })
     .unwrap();
     assert!(out.failed.is_empty(), "{:?}", out.failed);

@@ -259,4 +259,6 @@ pub struct Cli {
     pub iptables_nft_restore: bool,
     #[command(flatten)]
     pub userspace: crate::modes::userspace::UserspaceFlags,
+    #[command(flatten)]
+    pub socket_lb: crate::modes::socketlb::SocketLbFlags,
 }

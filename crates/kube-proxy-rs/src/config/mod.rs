@@ -122,6 +122,13 @@ pub fn load(cli_args: impl IntoIterator<Item = OsString>) -> Result<ProxyConfig,
         .map_err(|e| invalid("--iptables-backend", e))?;
     pc.iptables_nft_restore = cli.iptables_nft_restore;
     pc.userspace = cli.userspace.clone();
+    pc.socket_lb = cli.socket_lb.clone();
+    if pc.socket_lb.socket_lb && pc.mode != ProxyMode::Nftables {
+        return Err(invalid(
+            "--socket-lb",
+            format!("works with --proxy-mode nftables, not {}", pc.mode.as_str()),
+        ));
+    }
     pc.config_file = cli.config.clone();
     pc.write_config_to = cli.write_config_to.clone();
     Ok(pc)

@@ -409,6 +409,7 @@ pub(super) fn resolve(mut raw: KubeProxyConfiguration) -> Result<ProxyConfig, Co
         iptables_backend: None,
         iptables_nft_restore: false,
         userspace: Default::default(),
+        socket_lb: Default::default(),
         ipvs,
         conntrack,
         oom_score_adj,

@@ -92,6 +92,8 @@ pub struct ProxyConfig {
     pub iptables_nft_restore: bool,
     /// --userspace-* flags (userspace mode).
     pub userspace: crate::modes::userspace::UserspaceFlags,
+    /// --socket-lb and its flags (nftables mode).
+    pub socket_lb: crate::modes::socketlb::SocketLbFlags,
     pub ipvs: IpvsSettings,
     pub conntrack: ConntrackSettings,
     pub oom_score_adj: i32,

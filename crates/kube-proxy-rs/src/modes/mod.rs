@@ -18,6 +18,7 @@ use crate::metrics::Metrics;
 pub mod iptables;
 pub mod ipvs;
 pub mod nftables;
+pub mod socketlb;
 pub mod userspace;
 
 /// The families every mode runs, one dataplane each.
@@ -33,6 +34,12 @@ pub fn make_dataplane(
 ) -> Result<Box<dyn Dataplane>> {
     let pc = cfg.proxier_config(family, node_ips, pod_cidrs);
     match cfg.mode {
+        ProxyMode::Nftables if cfg.socket_lb.socket_lb => {
+            // The kernel's maps only when rules are written (not for
+            // --dry-run or --cleanup); main.rs attached the programs.
+            let kernel = !cfg.dry_run && !cfg.cleanup;
+            socketlb::wrap(nftables::dataplane(pc), &cfg.socket_lb, family, kernel)
+        }
         ProxyMode::Nftables => Ok(nftables::dataplane(pc)),
         ProxyMode::Iptables => Ok(iptables::dataplane(cfg, family, pc)),
         ProxyMode::Ipvs => ipvs::dataplane(cfg, family, pc),

@@ -114,6 +114,21 @@ pub struct Env {
     servers: Vec<ServerGuard>,
     /// "caps/MODE": the proxy runs with deploy/'s privileges only.
     least_privilege: bool,
+    /// "nftables-socketlb": each node's cgroup (its namespace's and its pods'
+    /// client threads join it) and the bpffs the proxies pin in.
+    pub socket_lb: Option<SocketLbLab>,
+}
+
+pub struct SocketLbLab {
+    /// Index = node (0 unused): each node's proxy balances its own sockets
+    /// only, as on a real node.
+    pub cgroups: Vec<kp_netlab::TestCgroup>,
+    pub fs: kp_netlab::TestBpffs,
+}
+
+/// True for the suite modes that run nftables with socket load balancing.
+pub fn is_socket_lb(mode: &str) -> bool {
+    split_mode(mode).1.ends_with("-socketlb")
 }
 
 /// Runs the rest of its arguments as deploy/daemonset.yaml's main container
@@ -135,6 +150,20 @@ impl Env {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::create_dir_all(&logs).unwrap();
         let api = (source != Source::Manifests).then(|| RealApi::start(&cluster, source, &logs));
+        let socket_lb = is_socket_lb(mode).then(|| {
+            let mut cgroups = Vec::new();
+            for node in 0..=cluster.nodes() {
+                let mut cg = kp_netlab::TestCgroup::new().expect("a test cgroup");
+                if node > 0 {
+                    cg.adopt_namespace(cluster.node_ns(node));
+                }
+                cgroups.push(cg);
+            }
+            SocketLbLab {
+                cgroups,
+                fs: kp_netlab::TestBpffs::new().expect("a bpf filesystem"),
+            }
+        });
         Env {
             api,
             cluster,
@@ -146,6 +175,7 @@ impl Env {
             syncs_at_start: vec![0, 0, 0],
             servers: Vec::new(),
             least_privilege: mode.starts_with("caps/"),
+            socket_lb,
         }
     }
 
@@ -258,6 +288,23 @@ impl Env {
                 "--conntrack-max-per-core=0".to_string(),
                 "--conntrack-tcp-timeout-established=0".into(),
                 "--conntrack-tcp-timeout-close-wait=0".into(),
+            ]);
+        }
+        if let Some(lb) = &self.socket_lb {
+            a.extend([
+                "--socket-lb".to_string(),
+                // `ip netns exec` mounts a sysfs of the namespace's own over
+                // /sys, which hides the cgroup mount: reach it through this
+                // process's root instead.
+                format!(
+                    "--cgroup-path=/proc/{}/root{}",
+                    std::process::id(),
+                    lb.cgroups[node].path().display()
+                ),
+                format!(
+                    "--bpf-pin-path={}",
+                    lb.fs.path().join(format!("node{node}")).display()
+                ),
             ]);
         }
         a.extend(extra.iter().map(|s| s.to_string()));
@@ -406,6 +453,9 @@ impl Env {
 
     pub fn pod(&mut self, node: usize, name: &str) -> Pod {
         let p = self.cluster.add_pod(node, name).expect("adding a pod");
+        if let Some(lb) = &mut self.socket_lb {
+            lb.cgroups[node].adopt_namespace(p.ns());
+        }
         let s = self
             .cluster
             .serve(p.ns(), name, ServeSpec::both(&[8080]))
@@ -1377,7 +1427,7 @@ pub fn localhost_nodeport(mode: &str) {
         // itself may use 127.0.0.1 (route_localnet set in its namespace only).
         env.wait_tcp(env.cluster.node_ns(1), sa("127.0.0.1", 30140));
     }
-    if env.mode == "nftables" {
+    if proxy_mode(&env.mode) == "nftables" {
         let r = tcp_hello(env.cluster.node_ns(1), sa("127.0.0.1", 30140), T);
         assert!(
             r.is_err(),

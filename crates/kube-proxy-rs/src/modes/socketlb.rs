@@ -1,0 +1,154 @@
+//! `--socket-lb`: nftables mode plus socket-level load balancing
+//! (kp-socketlb, docs/ebpf.md). Connections from this node's processes to a
+//! ClusterIP are sent to an endpoint by cgroup BPF programs inside
+//! connect()/sendmsg(); nftables stays in charge of everything else
+//! (traffic from outside, NodePorts, masquerading, rejects, and sockets the
+//! programs did not translate). One dataplane per family runs both.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use kp_model::{Dataplane, DataplaneError, ProxyState, ServicePortName, SyncReport};
+use kp_socketlb::{Capacity, Installed, KernelMaps, MemMaps, Placement, SocketLbProxier};
+
+/// Where the maps and links are pinned on a node by default.
+pub const DEFAULT_PIN_PATH: &str = "/sys/fs/bpf/kube-proxy-rs";
+
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+pub struct SocketLbFlags {
+    /// nftables mode: also balance ClusterIP connections of this node's
+    /// processes at the socket (cgroup BPF connect/sendmsg hooks), with no
+    /// per-packet NAT (docs/ebpf.md).
+    #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub socket_lb: bool,
+    /// --socket-lb: the cgroup v2 directory the programs attach to; every
+    /// process in it and below is balanced. Empty: the root of the cgroup v2
+    /// hierarchy (every process on the node).
+    #[arg(long, default_value = "")]
+    pub cgroup_path: String,
+    /// --socket-lb: the bpffs directory for the programs' links and maps
+    /// (kept across restarts, removed by --cleanup).
+    #[arg(long, default_value = DEFAULT_PIN_PATH)]
+    pub bpf_pin_path: PathBuf,
+}
+
+impl Default for SocketLbFlags {
+    fn default() -> Self {
+        SocketLbFlags {
+            socket_lb: false,
+            cgroup_path: String::new(),
+            bpf_pin_path: PathBuf::from(DEFAULT_PIN_PATH),
+        }
+    }
+}
+
+/// Where cgroup v2 is mounted (/sys/fs/cgroup, or .../unified on hybrid hosts).
+fn cgroup2_root() -> Result<PathBuf> {
+    let info =
+        std::fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
+    info.lines()
+        .filter_map(|l| l.split_once(" - "))
+        .find(|(_, right)| right.split_whitespace().next() == Some("cgroup2"))
+        .and_then(|(left, _)| left.split_whitespace().nth(4))
+        .map(PathBuf::from)
+        .context("--socket-lb: no cgroup v2 hierarchy is mounted (the programs need one)")
+}
+
+impl SocketLbFlags {
+    pub fn placement(&self) -> Result<Placement> {
+        let cgroup = if self.cgroup_path.is_empty() {
+            cgroup2_root()?
+        } else {
+            PathBuf::from(&self.cgroup_path)
+        };
+        Ok(Placement {
+            cgroup,
+            pin_dir: self.bpf_pin_path.clone(),
+        })
+    }
+}
+
+/// Attaches (or adopts) the programs once; each family's dataplane then
+/// opens the pinned maps. Not for --dry-run, which touches no kernel.
+pub fn install(flags: &SocketLbFlags) -> Result<()> {
+    let p = flags.placement()?;
+    let how = kp_socketlb::install(&p, Capacity::default()).context("--socket-lb")?;
+    tracing::info!(cgroup = %p.cgroup.display(), pins = %p.pin_dir.display(),
+        adopted = how == Installed::Adopted, "socket load balancing attached");
+    Ok(())
+}
+
+/// nftables and the socket load balancer for one family.
+pub struct WithSocketLb {
+    nft: Box<dyn Dataplane>,
+    lb: SocketLbProxier,
+    pin_dir: PathBuf,
+}
+
+/// `nft` plus the socket load balancer; with `kernel` false (--dry-run,
+/// --cleanup) its maps are in memory and nothing is attached.
+pub fn wrap(
+    nft: Box<dyn Dataplane>,
+    flags: &SocketLbFlags,
+    family: kp_model::IpFamily,
+    kernel: bool,
+) -> Result<Box<dyn Dataplane>> {
+    let maps: Box<dyn kp_socketlb::Maps> = if kernel {
+        Box::new(KernelMaps::open(&flags.bpf_pin_path).context("--socket-lb")?)
+    } else {
+        Box::new(MemMaps::new(false))
+    };
+    Ok(Box::new(WithSocketLb {
+        nft,
+        lb: SocketLbProxier::new(family, maps),
+        pin_dir: flags.bpf_pin_path.clone(),
+    }))
+}
+
+impl Dataplane for WithSocketLb {
+    fn mode(&self) -> &'static str {
+        "nftables+socket-lb"
+    }
+
+    fn sync(
+        &mut self,
+        state: &ProxyState,
+        changed: &BTreeSet<ServicePortName>,
+        full: bool,
+    ) -> Result<SyncReport, DataplaneError> {
+        // nftables first: a Service's rules are in place before its sockets
+        // are balanced, and still there (for other cgroups) when they stop.
+        let mut report = self.nft.sync(state, changed, full)?;
+        let lb = self.lb.sync(state, changed, full)?;
+        report.ops += lb.ops;
+        report.apply += lb.apply;
+        Ok(report)
+    }
+
+    fn render(&self, state: &ProxyState) -> String {
+        let mut out = self.nft.render(state);
+        out.push('\n');
+        out.push_str(&self.lb.render(state));
+        out
+    }
+
+    fn rules_lost(&mut self) -> bool {
+        self.nft.rules_lost()
+    }
+
+    fn cleanup(&mut self) -> Result<(), DataplaneError> {
+        self.nft.cleanup()?;
+        remove_pins(&self.pin_dir)
+            .map(|_| ())
+            .map_err(|e| DataplaneError::Apply {
+                tool: "bpffs".into(),
+                message: e.to_string(),
+            })
+    }
+}
+
+/// Detaches the programs and frees the maps pinned under `pin_dir`.
+pub fn remove_pins(pin_dir: &Path) -> Result<bool, kp_socketlb::SocketLbError> {
+    kp_socketlb::remove(pin_dir)
+}
