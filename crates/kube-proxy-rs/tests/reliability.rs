@@ -224,6 +224,13 @@ fn sigkill_under_load_iptables() {
     sigkill_under_load("iptables");
 }
 
+/// With socket load balancing the pinned programs and maps balance while
+/// no proxy runs, and each restart adopts them.
+#[test]
+fn sigkill_under_load_nftables_socketlb() {
+    sigkill_under_load("nftables-socketlb");
+}
+
 // ---------------------------------------------------------------------------
 // Someone else flushes the iptables nat table (issue case 4, iptables mode)
 // ---------------------------------------------------------------------------
@@ -328,7 +335,18 @@ fn proxy_on_test_api(env: &Env, vip: &str, pod: &kp_netlab::Pod) -> (Api, kp_net
 /// of an event, and a relist after 410 Gone, keep the rules too.
 #[test]
 fn api_outage_60s_and_broken_watches() {
-    let mut env = Env::new("outage", "nftables");
+    api_outage_60s_and_broken_watches_in("nftables");
+}
+
+/// The same with socket load balancing: its maps keep balancing through the
+/// outage, and the change made meanwhile reaches them too.
+#[test]
+fn api_outage_60s_and_broken_watches_socketlb() {
+    api_outage_60s_and_broken_watches_in("nftables-socketlb");
+}
+
+fn api_outage_60s_and_broken_watches_in(mode: &str) {
+    let mut env = Env::new("outage", mode);
     let a = env.pod(1, "a");
     let c = env.pod(2, "c");
     let client = env.pod(1, "client");
@@ -748,6 +766,11 @@ fn rolling_update_etp_local_iptables() {
     rolling_update("iptables");
 }
 
+#[test]
+fn rolling_update_etp_local_nftables_socketlb() {
+    rolling_update("nftables-socketlb");
+}
+
 /// A DNS-like client keeps one UDP socket and asks every 100 ms. Its server
 /// is replaced: the new pod becomes ready, the old one leaves the slice
 /// (still answering for a moment, as a terminating pod does) and exits. The
@@ -858,6 +881,13 @@ fn dns_client_survives_replacement_ipv6_nftables() {
 #[test]
 fn dns_client_survives_replacement_ipv6_iptables() {
     dns_client_survives_replacement("iptables", "IPv6");
+}
+
+/// A connected UDP socket is left to nftables by the socket balancer, so
+/// the conntrack cleanup is what moves it here too.
+#[test]
+fn dns_client_survives_replacement_nftables_socketlb() {
+    dns_client_survives_replacement("nftables-socketlb", "IPv4");
 }
 
 // ---------------------------------------------------------------------------

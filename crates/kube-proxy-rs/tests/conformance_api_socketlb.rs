@@ -1,0 +1,10 @@
+//! The conformance suite with socket load balancing (`--socket-lb`) against
+//! a real kube-apiserver: the same cases as conformance_api_nftables.rs.
+
+#[macro_use]
+mod conformance;
+
+conformance_suite!("api/nftables-socketlb", || conformance::binaries_for(
+    "api/nftables-socketlb"
+));
+api_cases!("api/nftables-socketlb");
