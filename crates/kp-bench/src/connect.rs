@@ -72,9 +72,21 @@ impl Drop for Server {
 /// node's netfilter hooks (a fresh conntrack entry each time: the source
 /// port is new), to the pod and back.
 pub fn connects(client: &Pod, target: SocketAddr, k: usize) -> Result<(Vec<Duration>, usize)> {
+    let (ok, fail, _) = connect_batch(client, target, k)?;
+    Ok((ok, fail))
+}
+
+/// [`connects`], plus the wall time of the loop itself (connect and close,
+/// one after the other, on a thread already in the pod's namespace).
+pub fn connect_batch(
+    client: &Pod,
+    target: SocketAddr,
+    k: usize,
+) -> Result<(Vec<Duration>, usize, Duration)> {
     Ok(in_netns(client.ns(), move || {
         let mut ok = Vec::with_capacity(k);
         let mut fail = 0;
+        let start = Instant::now();
         for _ in 0..k {
             let t = Instant::now();
             match TcpStream::connect_timeout(&target, Duration::from_secs(2)) {
@@ -85,7 +97,7 @@ pub fn connects(client: &Pod, target: SocketAddr, k: usize) -> Result<(Vec<Durat
                 Err(_) => fail += 1,
             }
         }
-        (ok, fail)
+        (ok, fail, start.elapsed())
     })?)
 }
 

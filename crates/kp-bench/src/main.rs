@@ -1,13 +1,16 @@
 //! kp-bench: control-plane timings of the nftables and iptables dataplanes at
 //! scale, applied to the real kernel inside throwaway network namespaces.
 //!
-//! `cargo run --release -p kp-bench -- [--mode nftables|iptables|userspace]
+//! `cargo run --release -p kp-bench -- [--mode nftables|iptables|userspace|socketlb]
 //! [--sizes 1000,10000,50000] [--endpoints 10] [--changes 100] [--burst 1000]
 //! [--big 5000] [--backend netlink|nft|restore] [--iptables-backend auto|nft|legacy]
 //! [--no-affinity] [--no-apply] [--ports 5000]`.
 //! `--ports N` measures one Service with N ports instead of the table;
 //! `--floor` compares the full sync and one endpoint replaced with the
 //! kernel alone on the same batches (floor.rs).
+//! `--mode socketlb` times the socket load balancer's map writes alone (its
+//! programs attached to a cgroup of the bench's own, pins on a private
+//! bpffs); `--socket-lb` in the binary adds them to the nftables figures.
 //! Needs root for the apply columns: each size is programmed into a fresh
 //! network namespace (never the host's ruleset).
 
@@ -59,8 +62,15 @@ fn enter_netns_file(f: &std::fs::File) -> Result<()> {
     Ok(())
 }
 
+/// Milliseconds; below 1 ms with three decimals, so that the socket
+/// balancer's map updates (tens of µs) do not all read "0.0".
 fn ms(d: Duration) -> String {
-    format!("{:.1}", d.as_secs_f64() * 1000.0)
+    let v = d.as_secs_f64() * 1000.0;
+    if v < 1.0 {
+        format!("{v:.3}")
+    } else {
+        format!("{v:.1}")
+    }
 }
 
 fn median(v: &mut [usize]) -> usize {
@@ -80,6 +90,36 @@ struct Opts {
     burst: usize,
     /// iptables mode's backend (None: detected, as the binary does).
     iptables_backend: Option<Variant>,
+    /// socketlb mode: where its programs attach and pin.
+    socketlb: Option<SocketLbBench>,
+}
+
+struct SocketLbBench {
+    cgroup: kp_netlab::TestCgroup,
+    fs: kp_netlab::TestBpffs,
+    runs: std::cell::Cell<u32>,
+}
+
+impl SocketLbBench {
+    /// A fresh set of programs and maps (the previous run's are removed
+    /// first, so sizes do not add up in kernel memory).
+    fn dataplane(&self) -> Result<Box<dyn Dataplane>> {
+        let run = self.runs.get();
+        if run > 0 {
+            kp_socketlb::remove(&self.fs.path().join(format!("run{}", run - 1)))?;
+        }
+        self.runs.set(run + 1);
+        let p = kp_socketlb::Placement {
+            cgroup: self.cgroup.path().to_path_buf(),
+            pin_dir: self.fs.path().join(format!("run{run}")),
+        };
+        kp_socketlb::install(&p, kp_socketlb::Capacity::default())?;
+        let maps = kp_socketlb::KernelMaps::open(&p.pin_dir)?;
+        Ok(Box::new(kp_socketlb::SocketLbProxier::new(
+            IpFamily::V4,
+            Box::new(maps),
+        )))
+    }
 }
 
 fn tracker() -> ChangeTracker {
@@ -100,6 +140,9 @@ fn proxier_config() -> ProxierConfig {
 
 fn dataplane(o: &Opts, wrapper: &str) -> Result<Box<dyn Dataplane>> {
     let pc = proxier_config();
+    if let Some(lb) = &o.socketlb {
+        return lb.dataplane();
+    }
     if o.mode == "userspace" {
         // Called inside the bench's namespace: the proxier's rtnetlink socket
         // (Service IPs on lo) and its listeners are created on this thread,
@@ -361,7 +404,17 @@ fn measure(
             ms(*apply)
         );
     }
-    let change = format!("{} ms ({} B)", p50_p99(&mut lat), median(&mut bytes));
+    let change = if o.socketlb.is_some() {
+        // Nothing is "sent": the map writes are the apply time.
+        let mut writes: Vec<Duration> = slowest.iter().map(|s| s.4).collect();
+        format!(
+            "{} ms (map writes {} ms)",
+            p50_p99(&mut lat),
+            p50_p99(&mut writes)
+        )
+    } else {
+        format!("{} ms ({} B)", p50_p99(&mut lat), median(&mut bytes))
+    };
 
     // One endpoint added to a Service (the count changes: its selection rule
     // is rewritten, which costs the kernel a validation of the whole table).
@@ -510,9 +563,20 @@ fn main() -> Result<()> {
             Some("legacy") => Some(Variant::Legacy),
             Some(b) => bail!("--iptables-backend must be auto, nft or legacy, not {b}"),
         },
+        socketlb: match get("--mode").as_deref() {
+            Some("socketlb") => Some(SocketLbBench {
+                cgroup: kp_netlab::TestCgroup::new()?,
+                fs: kp_netlab::TestBpffs::new()?,
+                runs: std::cell::Cell::new(0),
+            }),
+            _ => None,
+        },
     };
-    if !matches!(o.mode.as_str(), "nftables" | "iptables" | "userspace") {
-        bail!("--mode must be nftables, iptables or userspace");
+    if !matches!(
+        o.mode.as_str(),
+        "nftables" | "iptables" | "userspace" | "socketlb"
+    ) {
+        bail!("--mode must be nftables, iptables, userspace or socketlb");
     }
     let affinity = !has("--no-affinity");
     if affinity && o.mode == "nftables" && !o.netlink {
@@ -533,6 +597,7 @@ fn main() -> Result<()> {
             ("nftables", true) => " (netlink)",
             ("nftables", false) => " (nft program)",
             ("userspace", _) => " (listeners and Service IPs on lo; nothing sent to netfilter)",
+            ("socketlb", _) => " (the socket load balancer's BPF maps alone)",
             (_, netlink) => match o.iptables_backend {
                 Some(Variant::Legacy) => " (iptables-legacy-restore)",
                 Some(Variant::Nft) if netlink => " (iptables-nft over netlink)",

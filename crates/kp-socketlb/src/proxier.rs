@@ -328,14 +328,22 @@ impl Dataplane for SocketLbProxier {
         let start = Instant::now();
         let full = full || !self.synced_once;
         let mut ops = 0;
-        let names: Vec<ServicePortName> = if full {
-            self.adopt()?;
-            state.services.keys().cloned().collect()
+        let names: Vec<&ServicePortName> = if full {
+            state.services.keys().collect()
         } else {
-            changed.iter().cloned().collect()
+            changed.iter().collect()
         };
-        for name in &names {
-            let want = state.services.get(name).and_then(|sp| wanted(sp, state));
+        // "render": what each Service port should look like; "apply": the
+        // map reads (full sync) and writes.
+        let wants: Vec<(&ServicePortName, Option<Wanted>)> = names
+            .into_iter()
+            .map(|n| (n, state.services.get(n).and_then(|sp| wanted(sp, state))))
+            .collect();
+        let render = start.elapsed();
+        if full {
+            self.adopt()?;
+        }
+        for (name, want) in wants {
             ops += self.sync_one(name, want)?;
         }
         if full {
@@ -347,7 +355,8 @@ impl Dataplane for SocketLbProxier {
         Ok(SyncReport {
             full,
             ops,
-            apply: start.elapsed(),
+            render,
+            apply: start.elapsed() - render,
             ..SyncReport::default()
         })
     }

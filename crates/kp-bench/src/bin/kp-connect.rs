@@ -1,8 +1,8 @@
 //! kp-connect: data-plane connect latency with N Services programmed.
 //!
 //! `cargo run --release -p kp-bench --bin kp-connect -- [--nft 100,10000,50000]
-//! [--iptables 100,10000] [--iptables-variant legacy|nft] [--connects 2000]
-//! [--rounds 10] [--endpoints 10]`
+//! [--socket-lb 100,10000,50000] [--iptables 100,10000]
+//! [--iptables-variant legacy|nft] [--connects 2000] [--rounds 10] [--endpoints 10]`
 //!
 //! For each configuration a throwaway kp-netlab cluster (one node, a server
 //! pod and a client pod on it) is built and, in the node's namespace, the real
@@ -16,6 +16,9 @@
 //! One sample = the time `connect()` takes from the client pod: SYN out,
 //! through the node's netfilter hooks (DNAT on a fresh conntrack entry: the
 //! source port is new each time), to the pod and back. Needs root.
+//! With `--socket-lb` the same nftables rules are installed and the socket
+//! load balancer's programs are attached to a cgroup the client pod's
+//! connecting thread is in: connect() goes straight to the pod, no DNAT.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -24,7 +27,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{anyhow, Context, Result};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kp_bench::connect::{connects, mean, us, Server};
+use kp_bench::connect::{connect_batch, connects, mean, us, Server};
 use kp_bench::lab::quantile;
 use kp_iptables::{IptablesCli, IptablesProxier, Variant};
 use kp_model::{ChangeTracker, Dataplane, IpFamily, LocalDetector, ProxierConfig, TrackerConfig};
@@ -46,7 +49,14 @@ const SERVICE_PORT: u16 = 80;
 enum Mode {
     Floor,
     Nftables,
+    SocketLb,
     Iptables,
+}
+
+/// The socket balancer's cgroup and bpffs for one configuration.
+struct Lb {
+    cgroup: kp_netlab::TestCgroup,
+    fs: kp_netlab::TestBpffs,
 }
 
 /// One configuration: its lab, its server and the samples taken so far.
@@ -59,8 +69,23 @@ struct Setup {
     lab: Cluster,
     client: Pod,
     target: SocketAddr,
+    /// The server pod's address (the floor's target).
+    lab_pod: SocketAddr,
     samples: Vec<Duration>,
     failures: usize,
+    /// Wall time of the timed batches (connect + RST close, one client).
+    wall: Duration,
+    /// The server pod's own address, connected to from the same client in
+    /// the same lab (its rules loaded, conntrack on): what the Service
+    /// costs on top, with everything else equal.
+    direct: Vec<Duration>,
+    /// Dropped after the lab: the pins go with the bpffs.
+    _lb: Option<Lb>,
+}
+
+/// Microseconds with one decimal (means and medians sit 1-2 µs apart).
+fn us1(d: Duration) -> String {
+    format!("{:.1}", d.as_secs_f64() * 1e6)
 }
 
 fn real_service(pod: &Pod) -> Result<(Service, EndpointSlice)> {
@@ -87,6 +112,7 @@ fn program(
     n: u32,
     m: u32,
     variant: Variant,
+    lb: Option<&Lb>,
 ) -> Result<Duration> {
     let mut tr = ChangeTracker::new(TrackerConfig {
         family: IpFamily::V4,
@@ -114,9 +140,32 @@ fn program(
     let state = tr.state();
     // The proxier is built and used on a thread inside the node's namespace:
     // the netlink socket and the iptables-restore children belong to it.
+    let maps = match lb {
+        Some(lb) => {
+            let p = kp_socketlb::Placement {
+                cgroup: lb.cgroup.path().to_path_buf(),
+                pin_dir: lb.fs.path().join("kp"),
+            };
+            kp_socketlb::install(&p, kp_socketlb::Capacity::default())?;
+            Some(kp_socketlb::KernelMaps::open(&p.pin_dir)?)
+        }
+        None => None,
+    };
     in_netns(lab.node_ns(1), move || -> Result<Duration> {
         let mut dp: Box<dyn Dataplane> = match mode {
             Mode::Nftables => Box::new(NftablesProxier::new(pc, Box::new(NftNetlink::new()))),
+            Mode::SocketLb => {
+                // nftables for everything else, as the binary runs them;
+                // the time reported is the socket balancer's maps.
+                let mut nft = NftablesProxier::new(pc, Box::new(NftNetlink::new()));
+                nft.sync(state, &BTreeSet::new(), true)
+                    .map_err(|e| anyhow!("nftables full sync: {e}"))?;
+                let maps = maps.ok_or_else(|| anyhow!("socket-lb without maps"))?;
+                Box::new(kp_socketlb::SocketLbProxier::new(
+                    IpFamily::V4,
+                    Box::new(maps),
+                ))
+            }
             Mode::Iptables => Box::new(
                 IptablesProxier::new(pc, Box::new(IptablesCli::variant(IpFamily::V4, variant)))
                     .with_route_localnet(false),
@@ -138,7 +187,19 @@ fn setup(mode: Mode, n: u32, m: u32, variant: Variant) -> Result<Setup> {
     let pod = lab.add_pod(1, "srv")?;
     let client = lab.add_pod(1, "cli")?;
     let server = Server::start(&pod, POD_PORT)?;
-    let sync = program(&lab, &pod, mode, n, m, variant)?;
+    let lb = match mode {
+        Mode::SocketLb => {
+            let mut cgroup = kp_netlab::TestCgroup::new()?;
+            // Every thread kp_netlab starts in the client pod joins it.
+            cgroup.adopt_namespace(client.ns());
+            Some(Lb {
+                cgroup,
+                fs: kp_netlab::TestBpffs::new()?,
+            })
+        }
+        _ => None,
+    };
+    let sync = program(&lab, &pod, mode, n, m, variant, lb.as_ref())?;
     let target = match mode {
         Mode::Floor => pod.addr(POD_PORT),
         _ => SocketAddr::new(REAL_CLUSTER_IP.parse().context("cluster IP")?, SERVICE_PORT),
@@ -150,9 +211,13 @@ fn setup(mode: Mode, n: u32, m: u32, variant: Variant) -> Result<Setup> {
         lab,
         client,
         target,
+        lab_pod: pod.addr(POD_PORT),
         _server: server,
         samples: Vec::new(),
         failures: 0,
+        wall: Duration::ZERO,
+        direct: Vec::new(),
+        _lb: lb,
     };
     // Warm up (neighbour entries, first conntrack allocations) and check that
     // the Service really answers before measuring.
@@ -185,6 +250,7 @@ fn list(args: &[String], flag: &str, default: &str) -> Result<Vec<u32>> {
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let nft = list(&args, "--nft", "100,10000,50000")?;
+    let slb = list(&args, "--socket-lb", "100,10000,50000")?;
     let ipt = list(&args, "--iptables", "100,10000")?;
     let one = |flag: &str, d: &str| -> Result<usize> {
         Ok(list(&args, flag, d)?.first().copied().unwrap_or(0) as usize)
@@ -209,6 +275,7 @@ fn main() -> Result<()> {
     let mut setups = Vec::new();
     let mut plan = vec![(Mode::Floor, 0)];
     plan.extend(nft.iter().map(|&n| (Mode::Nftables, n)));
+    plan.extend(slb.iter().map(|&n| (Mode::SocketLb, n)));
     plan.extend(ipt.iter().map(|&n| (Mode::Iptables, n)));
     for (mode, n) in plan {
         let s = setup(mode, n, m, variant)?;
@@ -222,9 +289,14 @@ fn main() -> Result<()> {
     let per = total.div_ceil(rounds);
     for r in 0..rounds {
         for s in setups.iter_mut() {
-            let (ok, fail) = connects(&s.client, s.target, per)?;
+            let (ok, fail, wall) = connect_batch(&s.client, s.target, per)?;
+            s.wall += wall;
             s.samples.extend(ok);
             s.failures += fail;
+            if s.mode != Mode::Floor {
+                let (ok, _) = connects(&s.client, s.lab_pod, per)?;
+                s.direct.extend(ok);
+            }
         }
         eprintln!("round {}/{rounds} done", r + 1);
     }
@@ -240,15 +312,17 @@ fn main() -> Result<()> {
                 quantile(&v, 0.5)
             })
     };
-    let (floor, nft_base, ipt_base) = (
+    let (floor, nft_base, slb_base, ipt_base) = (
         base(Mode::Floor),
         base(Mode::Nftables),
+        base(Mode::SocketLb),
         base(Mode::Iptables),
     );
-    println!("| mode | Services (x{m} endpoints) | full sync | connects | p50 µs | p99 µs | mean µs | p50 vs smallest of the mode | p50 vs floor |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| mode | Services (x{m} endpoints) | full sync | connects | p50 µs | p99 µs | mean µs | short connections/s (one client) | pod IP in the same lab: mean µs | mean vs pod IP | p50 vs smallest of the mode | p50 vs floor |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for s in setups.iter_mut() {
         s.samples.sort();
+        let direct_mean = (!s.direct.is_empty()).then(|| mean(&s.direct));
         let v = &s.samples;
         let mean = mean(v);
         let p50 = quantile(v, 0.5);
@@ -296,6 +370,7 @@ fn main() -> Result<()> {
         let (name, vs_mode) = match s.mode {
             Mode::Floor => ("none (pod IP)", "-".to_string()),
             Mode::Nftables => ("nftables (netlink)", rel(nft_base)),
+            Mode::SocketLb => ("nftables + socket-lb", rel(slb_base)),
             Mode::Iptables => (
                 if variant == Variant::Legacy {
                     "iptables (legacy)"
@@ -306,7 +381,7 @@ fn main() -> Result<()> {
             ),
         };
         println!(
-            "| {name} | {} | {} | {}{} | {} | {} | {} | {vs_mode} | {} |",
+            "| {name} | {} | {} | {}{} | {} | {} | {} | {:.0} | {} | {} | {vs_mode} | {} |",
             s.services,
             if s.mode == Mode::Floor {
                 "-".to_string()
@@ -319,9 +394,15 @@ fn main() -> Result<()> {
             } else {
                 String::new()
             },
-            us(p50),
+            us1(p50),
             us(quantile(v, 0.99)),
-            us(mean),
+            us1(mean),
+            v.len() as f64 / s.wall.as_secs_f64().max(1e-9),
+            direct_mean.map_or("-".into(), us1),
+            direct_mean.map_or("-".into(), |d| format!(
+                "{:+.1}%",
+                (mean.as_secs_f64() / d.as_secs_f64() - 1.0) * 100.0
+            )),
             rel(floor),
         );
     }
