@@ -18,21 +18,28 @@ fn main() {
         Ok("aarch64") => "aarch64-linux-gnu",
         _ => "",
     };
-    let mut cmd = Command::new(&clang);
-    cmd.args([
-        "-O2", "-g", "-Wall", "-Werror", "-target", "bpf", "-c", src, "-o",
-    ])
-    .arg(&out);
-    if !arch.is_empty() {
-        // linux/bpf.h includes asm/types.h, which Debian keeps per architecture.
-        cmd.arg(format!("-I/usr/include/{arch}"));
-    }
-    match cmd.status() {
-        Ok(s) if s.success() => {}
-        Ok(s) => panic!("{clang} failed on {src} ({s})"),
-        Err(e) => {
-            println!("cargo:warning=kp-socketlb: {clang} not found ({e}); --socket-lb will refuse to start (apt-get install clang)");
-            std::fs::write(&out, b"").expect("writing the empty BPF object");
+    for (file, defines) in [
+        ("socketlb.o", &[][..]),
+        ("socketlb-variant.o", &["-DKP_TEST_VARIANT"][..]),
+    ] {
+        let out = out.with_file_name(file);
+        let mut cmd = Command::new(&clang);
+        cmd.args([
+            "-O2", "-g", "-Wall", "-Werror", "-target", "bpf", "-c", src, "-o",
+        ])
+        .arg(&out)
+        .args(defines);
+        if !arch.is_empty() {
+            // linux/bpf.h includes asm/types.h, which Debian keeps per architecture.
+            cmd.arg(format!("-I/usr/include/{arch}"));
+        }
+        match cmd.status() {
+            Ok(s) if s.success() => {}
+            Ok(s) => panic!("{clang} failed on {src} ({s})"),
+            Err(e) => {
+                println!("cargo:warning=kp-socketlb: {clang} not found ({e}); --socket-lb will refuse to start (apt-get install clang)");
+                std::fs::write(&out, b"").expect("writing the empty BPF object");
+            }
         }
     }
 }

@@ -239,6 +239,9 @@ static __always_inline int v4_mapped(const struct bpf_sock_addr *ctx)
 // they are. sendmsg on an unconnected UDP socket picks per flow above.
 static __always_inline int translate4(struct bpf_sock_addr *ctx, int sendmsg)
 {
+#ifdef KP_TEST_VARIANT
+	return 1; // an "older version" that translates nothing (upgrade test)
+#endif
 	if (!sendmsg && ctx->protocol == IPPROTO_UDP)
 		return 1;
 	struct svc_key key = { .family = 4, .proto = ctx->protocol };
@@ -255,6 +258,9 @@ static __always_inline int translate4(struct bpf_sock_addr *ctx, int sendmsg)
 
 static __always_inline int translate6(struct bpf_sock_addr *ctx, int sendmsg)
 {
+#ifdef KP_TEST_VARIANT
+	return 1; // an "older version" that translates nothing (upgrade test)
+#endif
 	if (!sendmsg && ctx->protocol == IPPROTO_UDP)
 		return 1;
 	struct svc_key key = { .proto = ctx->protocol };

@@ -73,9 +73,101 @@ impl Default for Capacity {
 pub enum Installed {
     /// Programs attached and maps created now.
     Fresh,
-    /// A previous run's pinned links and maps, taken over as they are.
-    Adopted,
+    /// A previous run's pinned links and maps, taken over as they are;
+    /// `upgraded` programs differed from this binary's and were swapped in
+    /// place (one atomic link update each: no moment without a program).
+    Adopted { upgraded: usize },
 }
+
+/// Attaches the programs to `p.cgroup` and pins them and their maps, or
+/// adopts what a previous run left pinned there.
+pub fn install(p: &Placement, cap: Capacity) -> Result<Installed, SocketLbError> {
+    install_object(p, cap, OBJECT)
+}
+
+/// bpf/socketlb.c built with KP_TEST_VARIANT (connect and sendmsg translate
+/// nothing): a "previous version" for the upgrade test. Not for production.
+#[doc(hidden)]
+pub static TEST_VARIANT_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/socketlb-variant.o"));
+
+#[doc(hidden)]
+pub fn install_object(
+    p: &Placement,
+    cap: Capacity,
+    object: &[u8],
+) -> Result<Installed, SocketLbError> {
+    check_host(p)?;
+    if object.is_empty() {
+        return Err(SocketLbError::Unsupported(
+            "this binary was built without clang, so it has no BPF programs".into(),
+        ));
+    }
+    let links = links_dir(&p.pin_dir);
+    std::fs::create_dir_all(&links).map_err(io(format!("creating {}", links.display())))?;
+    let adopt = PROGRAMS
+        .iter()
+        .all(|n| PinnedLink::from_pin(links.join(n)).is_ok())
+        && ALL_MAPS.iter().all(|m| p.pin_dir.join(m).exists());
+    if !adopt {
+        // Half an installation (a crash while installing): its links go, so
+        // no program is attached twice; pinned maps are reused by name.
+        for n in PROGRAMS {
+            let _ = std::fs::remove_file(links.join(n));
+        }
+    }
+    // Loaded either way: pinned maps are reused by name, and an adopted
+    // link whose program differs from ours gets ours.
+    let mut obj = EbpfLoader::new()
+        .default_map_pin_directory(&p.pin_dir)
+        .map_max_entries(SERVICES, cap.services)
+        .map_max_entries(BACKENDS, cap.backends)
+        .map_max_entries(MEMBERS, cap.backends)
+        .load(object)
+        .map_err(|e| bpf("loading the BPF object")(boxed(e)))?;
+    let cgroup = File::open(&p.cgroup).map_err(io(format!("opening {}", p.cgroup.display())))?;
+    let mut upgraded = 0;
+    for name in PROGRAMS {
+        let prog: &mut CgroupSockAddr = obj
+            .program_mut(name)
+            .ok_or_else(|| SocketLbError::Bpf {
+                what: format!("program {name}"),
+                message: "missing from the BPF object".into(),
+            })?
+            .try_into()
+            .map_err(|e| bpf(format!("program {name}"))(boxed(e)))?;
+        prog.load()
+            .map_err(|e| bpf(format!("verifying program {name}"))(boxed(e)))?;
+        if adopt {
+            if replace_if_different(prog, &links.join(name))
+                .map_err(|e| bpf(format!("updating {name}'s link"))(e))?
+            {
+                upgraded += 1;
+            }
+            continue;
+        }
+        // Through a BPF link (kernels >= 5.7), which the kernel always
+        // attaches as one of many: other programs on the cgroup (systemd's, a
+        // CNI's) keep running. The link API takes no flags, hence "Single".
+        let id = prog
+            .attach(&cgroup, CgroupAttachMode::Single)
+            .map_err(|e| bpf(format!("attaching {name} to {}", p.cgroup.display()))(boxed(e)))?;
+        let link: FdLink = prog
+            .take_link(id)
+            .map_err(|e| bpf(format!("link of {name}"))(boxed(e)))?
+            .try_into()
+            .map_err(|e| bpf(format!("link of {name}"))(boxed(e)))?;
+        link.pin(links.join(name))
+            .map_err(|e| bpf(format!("pinning {name}'s link"))(boxed(e)))?;
+    }
+    Ok(if adopt {
+        Installed::Adopted { upgraded }
+    } else {
+        Installed::Fresh
+    })
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 fn statfs_magic(path: &Path) -> Result<i64, std::io::Error> {
     use std::os::unix::ffi::OsStrExt;
@@ -152,66 +244,95 @@ fn bpf(
     }
 }
 
-fn boxed<E: std::error::Error + Send + Sync + 'static>(
-    e: E,
-) -> Box<dyn std::error::Error + Send + Sync> {
+fn boxed<E: std::error::Error + Send + Sync + 'static>(e: E) -> BoxError {
     Box::new(e)
 }
 
-/// Attaches the programs to `p.cgroup` and pins them and their maps, or
-/// adopts what a previous run left pinned there.
-pub fn install(p: &Placement, cap: Capacity) -> Result<Installed, SocketLbError> {
-    check_host(p)?;
-    let links = links_dir(&p.pin_dir);
-    std::fs::create_dir_all(&links).map_err(io(format!("creating {}", links.display())))?;
-    let all_pinned = PROGRAMS.iter().all(|n| links.join(n).exists())
-        && ALL_MAPS.iter().all(|m| p.pin_dir.join(m).exists());
-    if all_pinned
-        && PROGRAMS
-            .iter()
-            .all(|n| PinnedLink::from_pin(links.join(n)).is_ok())
-    {
-        return Ok(Installed::Adopted);
+/// Points the link pinned at `pin` at `prog` when the program it runs now
+/// is a different one (the kernel's tag is a hash of the instructions, the
+/// same for the same program loaded twice). True when it was updated.
+fn replace_if_different(prog: &CgroupSockAddr, pin: &Path) -> Result<bool, BoxError> {
+    let ours = prog.info().map_err(boxed)?.tag();
+    let link: FdLink = PinnedLink::from_pin(pin).map_err(boxed)?.into();
+    let current_id = link.info().map_err(boxed)?.program_id();
+    let current = aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .find(|info| info.id() == current_id)
+        .map(|info| info.tag());
+    if current == Some(ours) {
+        return Ok(false);
     }
-    // Half an installation (a crash while installing): its links go, so no
-    // program is attached twice; pinned maps are reused by name.
-    for n in PROGRAMS {
-        let _ = std::fs::remove_file(links.join(n));
+    let link_fd = obj_get(pin)?;
+    let prog_fd = prog.fd().map_err(boxed)?;
+    link_update(&link_fd, prog_fd)?;
+    Ok(true)
+}
+
+/// BPF_OBJ_GET: a file descriptor for a pinned object (aya keeps a link's
+/// own descriptor private).
+fn obj_get(path: &Path) -> Result<std::os::fd::OwnedFd, BoxError> {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())?;
+    #[repr(C)]
+    struct ObjAttr {
+        pathname: u64,
+        bpf_fd: u32,
+        file_flags: u32,
     }
-    let mut obj = EbpfLoader::new()
-        .default_map_pin_directory(&p.pin_dir)
-        .map_max_entries(SERVICES, cap.services)
-        .map_max_entries(BACKENDS, cap.backends)
-        .map_max_entries(MEMBERS, cap.backends)
-        .load(OBJECT)
-        .map_err(|e| bpf("loading the BPF object")(boxed(e)))?;
-    let cgroup = File::open(&p.cgroup).map_err(io(format!("opening {}", p.cgroup.display())))?;
-    for name in PROGRAMS {
-        let prog: &mut CgroupSockAddr = obj
-            .program_mut(name)
-            .ok_or_else(|| SocketLbError::Bpf {
-                what: format!("program {name}"),
-                message: "missing from the BPF object".into(),
-            })?
-            .try_into()
-            .map_err(|e| bpf(format!("program {name}"))(boxed(e)))?;
-        prog.load()
-            .map_err(|e| bpf(format!("verifying program {name}"))(boxed(e)))?;
-        // Through a BPF link (kernels >= 5.7), which the kernel always
-        // attaches as one of many: other programs on the cgroup (systemd's, a
-        // CNI's) keep running. The link API takes no flags, hence "Single".
-        let id = prog
-            .attach(&cgroup, CgroupAttachMode::Single)
-            .map_err(|e| bpf(format!("attaching {name} to {}", p.cgroup.display()))(boxed(e)))?;
-        let link: FdLink = prog
-            .take_link(id)
-            .map_err(|e| bpf(format!("link of {name}"))(boxed(e)))?
-            .try_into()
-            .map_err(|e| bpf(format!("link of {name}"))(boxed(e)))?;
-        link.pin(links.join(name))
-            .map_err(|e| bpf(format!("pinning {name}'s link"))(boxed(e)))?;
+    let attr = ObjAttr {
+        pathname: c.as_ptr() as u64,
+        bpf_fd: 0,
+        file_flags: 0,
+    };
+    const BPF_OBJ_GET: libc::c_long = 7;
+    // SAFETY: bpf(2) with a correctly laid out attribute of the size given;
+    // `c` outlives the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET,
+            &attr as *const ObjAttr,
+            std::mem::size_of::<ObjAttr>(),
+        )
+    };
+    if fd < 0 {
+        return Err(Box::new(std::io::Error::last_os_error()));
     }
-    Ok(Installed::Fresh)
+    // SAFETY: the kernel just returned this descriptor to us.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// BPF_LINK_UPDATE: the link runs `prog` from now on, atomically.
+fn link_update(link: &std::os::fd::OwnedFd, prog: &impl std::os::fd::AsFd) -> Result<(), BoxError> {
+    use std::os::fd::AsRawFd;
+    #[repr(C)]
+    struct LinkUpdateAttr {
+        link_fd: u32,
+        new_prog_fd: u32,
+        flags: u32,
+        old_prog_fd: u32,
+    }
+    let attr = LinkUpdateAttr {
+        link_fd: link.as_raw_fd() as u32,
+        new_prog_fd: prog.as_fd().as_raw_fd() as u32,
+        flags: 0,
+        old_prog_fd: 0,
+    };
+    const BPF_LINK_UPDATE: libc::c_long = 29;
+    // SAFETY: bpf(2) with a correctly laid out attribute of the size given.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_LINK_UPDATE,
+            &attr as *const LinkUpdateAttr,
+            std::mem::size_of::<LinkUpdateAttr>(),
+        )
+    };
+    if rc < 0 {
+        return Err(Box::new(std::io::Error::last_os_error()));
+    }
+    Ok(())
 }
 
 /// Removes every pin under `pin_dir` this mode made: unpinning a link

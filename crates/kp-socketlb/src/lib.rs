@@ -18,6 +18,8 @@ mod slots;
 pub use kernel::{
     check_host, install, remove, Capacity, Installed, KernelMaps, Placement, PROGRAMS,
 };
+#[doc(hidden)]
+pub use kernel::{install_object, TEST_VARIANT_OBJECT};
 pub use mem::{MemContent, MemMaps};
 pub use proxier::{wanted, Maps, SocketLbProxier, Wanted};
 

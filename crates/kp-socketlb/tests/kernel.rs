@@ -279,7 +279,7 @@ fn a_restarted_proxy_adopts_the_programs_and_maps_and_cleanup_removes_them() {
     tcp(&node, svc).expect("translated with no proxy running");
     assert_eq!(
         install(&lab.placement(), Capacity::default()).expect("again"),
-        Installed::Adopted
+        Installed::Adopted { upgraded: 0 }
     );
     let mut px = lab.proxier(IpFamily::V4);
     let report = px
@@ -292,4 +292,55 @@ fn a_restarted_proxy_adopts_the_programs_and_maps_and_cleanup_removes_them() {
     assert!(tcp(&node, svc).is_err(), "translated after cleanup");
     assert!(!lab.placement().pin_dir.exists());
     assert!(!remove(&lab.placement().pin_dir).expect("cleanup again"));
+}
+
+#[test]
+fn a_new_version_replaces_the_adopted_programs_in_place() {
+    let lab = lab("socketlb-upgrade");
+    // The "previous version" translates nothing.
+    let old = kp_socketlb::install_object(
+        &lab.placement(),
+        Capacity::default(),
+        kp_socketlb::TEST_VARIANT_OBJECT,
+    )
+    .expect("install the old version");
+    assert_eq!(old, Installed::Fresh);
+    let eps = addrs(&lab, IpFamily::V4);
+    let mut px = lab.proxier(IpFamily::V4);
+    px.sync(
+        &state(IpFamily::V4, "10.96.0.13", &eps, None),
+        &BTreeSet::new(),
+        true,
+    )
+    .expect("sync");
+    let svc: SocketAddr = "10.96.0.13:80".parse().unwrap();
+    let node = lab.cluster.node_ns(1).to_string();
+    assert!(tcp(&node, svc).is_err(), "the old version translated");
+    let link_ids = || -> Vec<u32> {
+        kp_socketlb::PROGRAMS
+            .iter()
+            .map(|n| {
+                let l: aya::programs::links::FdLink = aya::programs::links::PinnedLink::from_pin(
+                    lab.placement().pin_dir.join("links").join(n),
+                )
+                .unwrap()
+                .into();
+                l.info().unwrap().id()
+            })
+            .collect()
+    };
+    let before = link_ids();
+    // This version: the four translating programs (connect and sendmsg,
+    // both families) differ, recvmsg and getpeername do not; each differing
+    // link is updated in place (same links, same maps: the entries written
+    // above still apply).
+    let how = install(&lab.placement(), Capacity::default()).expect("upgrade");
+    assert_eq!(how, Installed::Adopted { upgraded: 4 });
+    assert_eq!(link_ids(), before, "links were re-created, not updated");
+    tcp(&node, svc).expect("the new version translates with the adopted maps");
+    // Installing the same version again changes nothing.
+    assert_eq!(
+        install(&lab.placement(), Capacity::default()).expect("again"),
+        Installed::Adopted { upgraded: 0 }
+    );
 }

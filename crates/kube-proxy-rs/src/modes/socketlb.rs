@@ -74,8 +74,12 @@ impl SocketLbFlags {
 pub fn install(flags: &SocketLbFlags) -> Result<()> {
     let p = flags.placement()?;
     let how = kp_socketlb::install(&p, Capacity::default()).context("--socket-lb")?;
+    let (adopted, upgraded) = match how {
+        Installed::Fresh => (false, 0),
+        Installed::Adopted { upgraded } => (true, upgraded),
+    };
     tracing::info!(cgroup = %p.cgroup.display(), pins = %p.pin_dir.display(),
-        adopted = how == Installed::Adopted, "socket load balancing attached");
+        adopted, upgraded, "socket load balancing attached");
     Ok(())
 }
 
