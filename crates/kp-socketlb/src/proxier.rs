@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
+use std::net::IpAddr;
 use std::time::Instant;
 
 use kp_model::{
@@ -50,42 +51,102 @@ pub struct Wanted {
     pub affinity_timeout_s: u32,
 }
 
-/// The endpoints a local client of `sp` may be sent to: a client on this
-/// node is internal traffic, so internalTrafficPolicy decides (topology and
-/// the terminating fallback as the model computed them). None when there are
-/// none: the address is then left to nftables, which rejects or drops.
-pub fn wanted(sp: &ServicePort, state: &ProxyState) -> Option<Wanted> {
+/// Which of a Service port's addresses an entry holds: they may need
+/// different endpoints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Scope {
+    /// The ClusterIP: internalTrafficPolicy decides.
+    Internal,
+    /// externalIPs, LoadBalancer IPs and this node's NodePorts, reached
+    /// from this node: the cluster endpoints whatever the
+    /// externalTrafficPolicy, as upstream short-circuits traffic from
+    /// local pods and from the node itself to them.
+    External,
+}
+
+/// What the clients on this node of `sp` should be sent to, per [`Scope`]:
+/// a client here is internal traffic to the ClusterIP (internalTraffic-
+/// Policy decides; topology and the terminating fallback as the model
+/// computed them), and goes to the cluster endpoints for the external
+/// addresses. A scope without endpoints is absent: its addresses are left to
+/// nftables, which rejects or drops. `nodeport_ips`: this node's addresses
+/// that answer NodePorts.
+pub fn wanted(
+    sp: &ServicePort,
+    state: &ProxyState,
+    nodeport_ips: &[IpAddr],
+) -> Vec<(Scope, Wanted)> {
     let eps = state.endpoints_of(&sp.name);
     let cat = categorize_endpoints(eps, sp, &state.node);
-    let chosen = if sp.internal_policy_local {
+    let affinity_timeout_s = sp.session_affinity_timeout.unwrap_or(0);
+    let set = |v: &[&kp_model::Endpoint]| -> BTreeSet<BackendVal> {
+        v.iter().map(|e| BackendVal::new(e.ip, e.port)).collect()
+    };
+    let internal_eps = if sp.internal_policy_local {
         &cat.local
     } else {
         &cat.cluster
     };
-    if chosen.is_empty() {
-        return None;
-    }
-    let mut keys = BTreeSet::new();
+    let mut internal: BTreeSet<SvcKey> = BTreeSet::new();
     if !sp.cluster_ip.is_unspecified() {
-        keys.insert(SvcKey::new(sp.cluster_ip, sp.port, sp.protocol));
+        internal.insert(SvcKey::new(sp.cluster_ip, sp.port, sp.protocol));
     }
-    if keys.is_empty() {
-        return None;
+    // LoadBalancer IPs restricted by loadBalancerSourceRanges stay with
+    // nftables, which checks the client's address (a socket hook would let
+    // every local client through).
+    let lb_ips: &[IpAddr] = if sp.load_balancer_source_ranges.is_empty() {
+        &sp.load_balancer_ips
+    } else {
+        &[]
+    };
+    let mut external: BTreeSet<SvcKey> = sp
+        .external_ips
+        .iter()
+        .chain(lb_ips)
+        .map(|ip| SvcKey::new(*ip, sp.port, sp.protocol))
+        .collect();
+    if sp.node_port != 0 {
+        external.extend(
+            nodeport_ips
+                .iter()
+                .map(|ip| SvcKey::new(*ip, sp.node_port, sp.protocol)),
+        );
     }
-    Some(Wanted {
-        keys,
-        backends: chosen
-            .iter()
-            .map(|e| BackendVal::new(e.ip, e.port))
-            .collect(),
-        affinity_timeout_s: sp.session_affinity_timeout.unwrap_or(0),
-    })
+    let mut out = Vec::new();
+    let (ib, eb) = (set(internal_eps), set(&cat.cluster));
+    if !internal.is_empty() && !ib.is_empty() {
+        if ib == eb {
+            // One entry for both when the endpoints are the same.
+            internal.append(&mut external);
+        }
+        out.push((
+            Scope::Internal,
+            Wanted {
+                keys: internal,
+                backends: ib,
+                affinity_timeout_s,
+            },
+        ));
+    }
+    if !external.is_empty() && !eb.is_empty() {
+        out.push((
+            Scope::External,
+            Wanted {
+                keys: external,
+                backends: eb,
+                affinity_timeout_s,
+            },
+        ));
+    }
+    out
 }
 
 pub struct SocketLbProxier {
     family: IpFamily,
     maps: Box<dyn Maps>,
-    written: HashMap<ServicePortName, Written>,
+    written: HashMap<(ServicePortName, Scope), Written>,
+    /// This node's addresses that answer NodePorts (this family's).
+    nodeport_ips: Vec<IpAddr>,
     /// Found in the maps by a full sync and not yet matched to a Service
     /// port, by id.
     orphans: BTreeMap<u32, Written>,
@@ -107,11 +168,18 @@ impl SocketLbProxier {
             family,
             maps,
             written: HashMap::new(),
+            nodeport_ips: Vec::new(),
             orphans: BTreeMap::new(),
             free_ids: Vec::new(),
             next_id: Self::first_id(family),
             synced_once: false,
         }
+    }
+
+    /// Local connections to these addresses' NodePorts are balanced too.
+    pub fn with_nodeport_ips(mut self, ips: Vec<IpAddr>) -> Self {
+        self.nodeport_ips = ips;
+        self
     }
 
     fn first_id(family: IpFamily) -> u32 {
@@ -186,7 +254,11 @@ impl SocketLbProxier {
 
     /// The previous state of a Service port: what we wrote, or an adopted
     /// entry one of whose addresses it wants.
-    fn take_old(&mut self, name: &ServicePortName, want: Option<&Wanted>) -> Option<Written> {
+    fn take_old(
+        &mut self,
+        name: &(ServicePortName, Scope),
+        want: Option<&Wanted>,
+    ) -> Option<Written> {
         if let Some(w) = self.written.remove(name) {
             return Some(w);
         }
@@ -201,7 +273,7 @@ impl SocketLbProxier {
 
     fn sync_one(
         &mut self,
-        name: &ServicePortName,
+        name: &(ServicePortName, Scope),
         want: Option<Wanted>,
     ) -> Result<usize, DataplaneError> {
         let old = self.take_old(name, want.as_ref());
@@ -221,7 +293,7 @@ impl SocketLbProxier {
             ..Written::default()
         });
         let slots = slots::assign(&old.slots, &want.backends);
-        let what = || format!("service port {name}");
+        let what = || format!("service port {} ({:?} addresses)", name.0, name.1);
         // 1. Endpoints in their slots, members for the new ones.
         for (i, b) in slots.iter().enumerate() {
             let slot = i as u32;
@@ -335,16 +407,24 @@ impl Dataplane for SocketLbProxier {
         };
         // "render": what each Service port should look like; "apply": the
         // map reads (full sync) and writes.
-        let wants: Vec<(&ServicePortName, Option<Wanted>)> = names
-            .into_iter()
-            .map(|n| (n, state.services.get(n).and_then(|sp| wanted(sp, state))))
-            .collect();
+        let mut wants: Vec<((ServicePortName, Scope), Option<Wanted>)> = Vec::new();
+        for n in names {
+            let mut got = match state.services.get(n) {
+                Some(sp) => wanted(sp, state, &self.nodeport_ips),
+                None => Vec::new(),
+            };
+            for scope in [Scope::Internal, Scope::External] {
+                let i = got.iter().position(|(s, _)| *s == scope);
+                let want = i.map(|i| got.swap_remove(i).1);
+                wants.push(((n.clone(), scope), want));
+            }
+        }
         let render = start.elapsed();
         if full {
             self.adopt()?;
         }
         for (name, want) in wants {
-            ops += self.sync_one(name, want)?;
+            ops += self.sync_one(&name, want)?;
         }
         if full {
             for o in std::mem::take(&mut self.orphans).into_values() {
@@ -370,31 +450,32 @@ impl Dataplane for SocketLbProxier {
         );
         let v4 = self.family == IpFamily::V4;
         for (name, sp) in &state.services {
-            let Some(w) = wanted(sp, state) else { continue };
-            for k in &w.keys {
-                let eps: Vec<String> = w
-                    .backends
-                    .iter()
-                    .map(|b| match b.ip(v4) {
-                        std::net::IpAddr::V6(ip) => format!("[{ip}]:{}", b.port()),
-                        ip => format!("{ip}:{}", b.port()),
-                    })
-                    .collect();
-                let ip = match k.ip() {
-                    std::net::IpAddr::V6(ip) => format!("[{ip}]"),
-                    ip => ip.to_string(),
-                };
-                let _ = write!(
-                    out,
-                    "{ip}:{}/{} ({name}) -> {}",
-                    k.port(),
-                    sp.protocol,
-                    eps.join(" ")
-                );
-                if w.affinity_timeout_s > 0 {
-                    let _ = write!(out, " affinity {}s", w.affinity_timeout_s);
+            for (_, w) in wanted(sp, state, &self.nodeport_ips) {
+                for k in &w.keys {
+                    let eps: Vec<String> = w
+                        .backends
+                        .iter()
+                        .map(|b| match b.ip(v4) {
+                            std::net::IpAddr::V6(ip) => format!("[{ip}]:{}", b.port()),
+                            ip => format!("{ip}:{}", b.port()),
+                        })
+                        .collect();
+                    let ip = match k.ip() {
+                        std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+                        ip => ip.to_string(),
+                    };
+                    let _ = write!(
+                        out,
+                        "{ip}:{}/{} ({name}) -> {}",
+                        k.port(),
+                        sp.protocol,
+                        eps.join(" ")
+                    );
+                    if w.affinity_timeout_s > 0 {
+                        let _ = write!(out, " affinity {}s", w.affinity_timeout_s);
+                    }
+                    out.push('\n');
                 }
-                out.push('\n');
             }
         }
         out

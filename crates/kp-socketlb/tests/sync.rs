@@ -140,3 +140,53 @@ fn a_full_sync_takes_over_what_a_previous_run_left_and_removes_the_rest() {
     assert!(c.services.values().all(|v| ids_before.contains(&v.id)));
     assert_eq!(c.backends.len(), 3);
 }
+
+#[test]
+fn external_addresses_get_the_cluster_endpoints_and_source_ranges_stay_with_nftables() {
+    use kp_socketlb::{wanted, Scope};
+    let mut st = ProxyState::new(IpFamily::V4, NodeInfo::named("node1"));
+    let sp = ServicePort::builder("ns", "lb")
+        .cluster_ip("10.96.0.5")
+        .node_port(30005)
+        .external_ips(&["203.0.113.1"])
+        .load_balancer_ips(&["203.0.113.2"])
+        .local_internal()
+        .build();
+    let eps = vec![
+        Endpoint::at("10.244.1.1:8080").local(),
+        Endpoint::at("10.244.2.1:8080"),
+    ];
+    st.endpoints.insert(sp.name.clone(), Arc::new(eps));
+    let node: IpAddr = "10.100.0.11".parse().unwrap();
+    let got = wanted(&sp, &st, &[node]);
+    // iTP=Local: the ClusterIP gets the local endpoint only; the external
+    // addresses (and the NodePort on this node) get both.
+    assert_eq!(got.len(), 2, "{got:?}");
+    let (s0, w0) = &got[0];
+    let (s1, w1) = &got[1];
+    assert_eq!(
+        (*s0, w0.keys.len(), w0.backends.len()),
+        (Scope::Internal, 1, 1)
+    );
+    assert_eq!(
+        (*s1, w1.keys.len(), w1.backends.len()),
+        (Scope::External, 3, 2)
+    );
+    let ports: BTreeSet<u16> = w1.keys.iter().map(|k| k.port()).collect();
+    assert_eq!(ports, [80, 30005].into());
+
+    // The same endpoints for both: one entry. Source ranges: the LB IP is
+    // left out.
+    let mut sp2 = sp.clone();
+    sp2.internal_policy_local = false;
+    sp2.load_balancer_source_ranges = vec!["10.0.0.0/8".parse().unwrap()];
+    let got = wanted(&sp2, &st, &[node]);
+    assert_eq!(got.len(), 1, "{got:?}");
+    let ips: BTreeSet<String> = got[0].1.keys.iter().map(|k| k.ip().to_string()).collect();
+    assert_eq!(
+        ips,
+        ["10.96.0.5", "203.0.113.1", "10.100.0.11"]
+            .map(String::from)
+            .into()
+    );
+}

@@ -24,7 +24,7 @@ pub fn filter_directive(v: u8) -> String {
         return level;
     }
     format!(
-        "{level},kube_client=warn,kube_runtime=warn,hyper=warn,hyper_util=warn,tower=warn,rustls=warn"
+        "{level},kube_client=warn,kube_runtime=warn,hyper=warn,hyper_util=warn,tower=warn,rustls=warn,aya=warn,aya_obj=warn"
     )
 }
 

@@ -244,3 +244,72 @@ fn s03_dry_run_prints_the_maps_and_bad_setups_are_refused_with_the_reason() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("not a cgroup v2 directory"), "{err}");
 }
+
+#[test]
+fn s04_external_addresses_and_local_nodeports_are_balanced_at_the_socket_too() {
+    let mut env = Env::new("socklb-ext", MODE);
+    let a = env.pod(1, "a");
+    let client = env.pod(1, "client");
+    let spec = |ranges: serde_json::Value| {
+        serde_json::json!({"type": "LoadBalancer", "externalIPs": ["203.0.113.10"],
+            "externalTrafficPolicy": "Local", "loadBalancerSourceRanges": ranges,
+            "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080, "nodePort": 30081}]})
+    };
+    let with_lb = |svc: serde_json::Value, ip: &str| {
+        let mut svc = svc;
+        svc["status"] = serde_json::json!({"loadBalancer": {"ingress": [{"ip": ip}]}});
+        svc
+    };
+    env.put(
+        "svc",
+        &with_lb(
+            service("ext", &["10.96.0.40"], spec(serde_json::json!([]))),
+            "203.0.113.20",
+        ),
+    );
+    // The endpoint is on node 2: with eTP=Local, node 1 has none for
+    // outside clients, but a client on node 1 is short-circuited to the
+    // cluster endpoints, as upstream does.
+    let b = env.pod(2, "b");
+    env.put("eps", &slice("ext", "1", "IPv4", &ready(&[&b])));
+    let _ = a;
+    env.start_all();
+    let node1 = env.cluster.node_ip(1).to_string();
+    let targets = [
+        sa("203.0.113.10", 80),
+        sa("203.0.113.20", 80),
+        sa(&node1, 30081),
+    ];
+    for t in targets {
+        env.wait_tcp(client.ns(), t);
+    }
+    env.on_node(1, &["conntrack", "-F"]);
+    for t in targets {
+        let r = kp_netlab::tcp_hello(client.ns(), t, T).unwrap_or_else(|e| panic!("{t}: {e}"));
+        assert_eq!(r.server, "b", "{t}");
+        let entries = conntrack_to(&env, 1, &t.ip().to_string());
+        assert_eq!(entries, Vec::<String>::new(), "{t} went through NAT");
+    }
+    // With loadBalancerSourceRanges the LB IP stays with nftables, which
+    // checks the source: this pod is not in the ranges, so it is dropped
+    // there (a socket hook would have let it through). The externalIP is
+    // still balanced at the socket.
+    env.put(
+        "svc",
+        &with_lb(
+            service(
+                "ext",
+                &["10.96.0.40"],
+                spec(serde_json::json!(["10.100.0.100/32"])),
+            ),
+            "203.0.113.20",
+        ),
+    );
+    env.wait(
+        "the LB IP to refuse a pod outside its source ranges",
+        || kp_netlab::tcp_hello(client.ns(), sa("203.0.113.20", 80), T).is_err(),
+    );
+    env.on_node(1, &["conntrack", "-F"]);
+    kp_netlab::tcp_hello(client.ns(), sa("203.0.113.10", 80), T).unwrap();
+    assert_eq!(conntrack_to(&env, 1, "203.0.113.10"), Vec::<String>::new());
+}

@@ -38,7 +38,14 @@ pub fn make_dataplane(
             // The kernel's maps only when rules are written (not for
             // --dry-run or --cleanup); main.rs attached the programs.
             let kernel = !cfg.dry_run && !cfg.cleanup;
-            socketlb::wrap(nftables::dataplane(pc), &cfg.socket_lb, family, kernel)
+            let nodeport_ips = socketlb::nodeport_ips(&pc);
+            socketlb::wrap(
+                nftables::dataplane(pc),
+                &cfg.socket_lb,
+                family,
+                kernel,
+                nodeport_ips,
+            )
         }
         ProxyMode::Nftables => Ok(nftables::dataplane(pc)),
         ProxyMode::Iptables => Ok(iptables::dataplane(cfg, family, pc)),

@@ -83,6 +83,21 @@ pub fn install(flags: &SocketLbFlags) -> Result<()> {
     Ok(())
 }
 
+/// This node's addresses whose NodePorts nftables answers
+/// (--nodeport-addresses; all of them when it is empty), loopback excepted
+/// as in nftables mode: local connections to them are balanced too.
+pub fn nodeport_ips(pc: &kp_model::ProxierConfig) -> Vec<std::net::IpAddr> {
+    pc.node_ips
+        .iter()
+        .filter(|ip| !ip.is_loopback())
+        .filter(|ip| {
+            pc.nodeport_addresses.is_empty()
+                || pc.nodeport_addresses.iter().any(|n| n.contains(*ip))
+        })
+        .copied()
+        .collect()
+}
+
 /// nftables and the socket load balancer for one family.
 pub struct WithSocketLb {
     nft: Box<dyn Dataplane>,
@@ -97,6 +112,7 @@ pub fn wrap(
     flags: &SocketLbFlags,
     family: kp_model::IpFamily,
     kernel: bool,
+    nodeport_ips: Vec<std::net::IpAddr>,
 ) -> Result<Box<dyn Dataplane>> {
     let maps: Box<dyn kp_socketlb::Maps> = if kernel {
         Box::new(KernelMaps::open(&flags.bpf_pin_path).context("--socket-lb")?)
@@ -105,7 +121,7 @@ pub fn wrap(
     };
     Ok(Box::new(WithSocketLb {
         nft,
-        lb: SocketLbProxier::new(family, maps),
+        lb: SocketLbProxier::new(family, maps).with_nodeport_ips(nodeport_ips),
         pin_dir: flags.bpf_pin_path.clone(),
     }))
 }
