@@ -2,6 +2,7 @@
 //! kp-connect (proxiers driven directly) and kp-connect-compare (both proxy
 //! binaries through the API) share.
 
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -21,6 +22,16 @@ pub struct Server {
 
 impl Server {
     pub fn start(pod: &Pod, port: u16) -> Result<Server> {
+        Server::listen(pod, port, false)
+    }
+
+    /// A server for [`bulk`]: reads each connection to its end, then
+    /// answers one byte.
+    pub fn start_sink(pod: &Pod, port: u16) -> Result<Server> {
+        Server::listen(pod, port, true)
+    }
+
+    fn listen(pod: &Pod, port: u16, sink: bool) -> Result<Server> {
         let addr = pod.addr(port);
         let listener = in_netns(pod.ns(), || TcpListener::bind(addr))?
             .with_context(|| format!("listening on {addr}"))?;
@@ -41,7 +52,14 @@ impl Server {
                 if flag.load(Ordering::Relaxed) {
                     break;
                 }
-                drop(conn);
+                if sink {
+                    if let Ok(mut c) = conn {
+                        let _ = std::io::copy(&mut c, &mut std::io::sink());
+                        let _ = c.write_all(b"k");
+                    }
+                } else {
+                    drop(conn);
+                }
             }
         });
         Ok(Server {
@@ -99,6 +117,30 @@ pub fn connect_batch(
         }
         (ok, fail, start.elapsed())
     })?)
+}
+
+/// Sends `bytes` over one TCP connection from `client` to `target` (a
+/// [`Server::start_sink`]) and waits for its one-byte answer: the time from
+/// connect to answer.
+pub fn bulk(client: &Pod, target: SocketAddr, bytes: usize) -> Result<Duration> {
+    in_netns(client.ns(), move || -> Result<Duration> {
+        let buf = vec![0x5au8; 1 << 16];
+        let t = Instant::now();
+        let mut c = TcpStream::connect_timeout(&target, Duration::from_secs(2))
+            .with_context(|| format!("bulk connect to {target}"))?;
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(buf.len());
+            c.write_all(&buf[..n]).context("bulk write")?;
+            left -= n;
+        }
+        c.shutdown(std::net::Shutdown::Write)
+            .context("bulk shutdown")?;
+        let mut ack = [0u8; 1];
+        c.set_read_timeout(Some(Duration::from_secs(10)))?;
+        c.read_exact(&mut ack).context("bulk answer")?;
+        Ok(t.elapsed())
+    })?
 }
 
 /// Closes with a RST (SO_LINGER 0): no TIME_WAIT socket on either side, so

@@ -268,39 +268,45 @@ fn replace_if_different(prog: &CgroupSockAddr, pin: &Path) -> Result<bool, BoxEr
     Ok(true)
 }
 
-/// BPF_OBJ_GET: a file descriptor for a pinned object (aya keeps a link's
-/// own descriptor private).
+/// bpf(2) with `attr` as the command's attribute (aya keeps a link's own
+/// descriptor and its link update private, so these two are made here).
+fn bpf_call<T>(cmd: libc::c_long, attr: &T) -> Result<libc::c_long, BoxError> {
+    // SAFETY: `attr` is a #[repr(C)] prefix of the kernel's union bpf_attr
+    // for `cmd`, valid for the size given; the kernel zero-extends it.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr as *const T,
+            std::mem::size_of::<T>(),
+        )
+    };
+    if rc < 0 {
+        return Err(Box::new(std::io::Error::last_os_error()));
+    }
+    Ok(rc)
+}
+
+/// BPF_OBJ_GET: a file descriptor for a pinned object.
 fn obj_get(path: &Path) -> Result<std::os::fd::OwnedFd, BoxError> {
     use std::os::fd::FromRawFd;
     use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())?;
     #[repr(C)]
     struct ObjAttr {
         pathname: u64,
         bpf_fd: u32,
         file_flags: u32,
     }
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())?;
     let attr = ObjAttr {
         pathname: c.as_ptr() as u64,
         bpf_fd: 0,
         file_flags: 0,
     };
-    const BPF_OBJ_GET: libc::c_long = 7;
-    // SAFETY: bpf(2) with a correctly laid out attribute of the size given;
-    // `c` outlives the call.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_OBJ_GET,
-            &attr as *const ObjAttr,
-            std::mem::size_of::<ObjAttr>(),
-        )
-    };
-    if fd < 0 {
-        return Err(Box::new(std::io::Error::last_os_error()));
-    }
+    let fd = bpf_call(7, &attr)?; // BPF_OBJ_GET; `c` outlives the call
+    let fd = i32::try_from(fd)?;
     // SAFETY: the kernel just returned this descriptor to us.
-    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
 }
 
 /// BPF_LINK_UPDATE: the link runs `prog` from now on, atomically.
@@ -319,19 +325,7 @@ fn link_update(link: &std::os::fd::OwnedFd, prog: &impl std::os::fd::AsFd) -> Re
         flags: 0,
         old_prog_fd: 0,
     };
-    const BPF_LINK_UPDATE: libc::c_long = 29;
-    // SAFETY: bpf(2) with a correctly laid out attribute of the size given.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_LINK_UPDATE,
-            &attr as *const LinkUpdateAttr,
-            std::mem::size_of::<LinkUpdateAttr>(),
-        )
-    };
-    if rc < 0 {
-        return Err(Box::new(std::io::Error::last_os_error()));
-    }
+    bpf_call(29, &attr)?; // BPF_LINK_UPDATE
     Ok(())
 }
 

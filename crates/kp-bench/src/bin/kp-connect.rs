@@ -2,7 +2,8 @@
 //!
 //! `cargo run --release -p kp-bench --bin kp-connect -- [--nft 100,10000,50000]
 //! [--socket-lb 100,10000,50000] [--iptables 100,10000]
-//! [--iptables-variant legacy|nft] [--connects 2000] [--rounds 10] [--endpoints 10]`
+//! [--iptables-variant legacy|nft] [--connects 2000] [--rounds 10] [--endpoints 10]
+//! [--bulk-mib 64]`
 //!
 //! For each configuration a throwaway kp-netlab cluster (one node, a server
 //! pod and a client pod on it) is built and, in the node's namespace, the real
@@ -19,6 +20,10 @@
 //! With `--socket-lb` the same nftables rules are installed and the socket
 //! load balancer's programs are attached to a cgroup the client pod's
 //! connecting thread is in: connect() goes straight to the pod, no DNAT.
+//! Every configuration with rules also connects to the pod IP in its own
+//! lab, and after the connect rounds each one moves `--bulk-mib` MiB over
+//! one connection per round (through the Service and to the pod IP) for a
+//! throughput table.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -27,7 +32,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{anyhow, Context, Result};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kp_bench::connect::{connect_batch, connects, mean, us, Server};
+use kp_bench::connect::{bulk, connect_batch, connects, mean, us, Server};
 use kp_bench::lab::quantile;
 use kp_iptables::{IptablesCli, IptablesProxier, Variant};
 use kp_model::{ChangeTracker, Dataplane, IpFamily, LocalDetector, ProxierConfig, TrackerConfig};
@@ -44,6 +49,9 @@ const REAL_CLUSTER_IP: &str = "10.96.250.1";
 const REAL_NAMESPACE: &str = "zz-real";
 const POD_PORT: u16 = 8080;
 const SERVICE_PORT: u16 = 80;
+/// The bulk-transfer server, and the Service port in front of it.
+const BULK_POD_PORT: u16 = 8081;
+const BULK_SERVICE_PORT: u16 = 81;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Mode {
@@ -61,8 +69,14 @@ struct Lb {
 
 /// One configuration: its lab, its server and the samples taken so far.
 struct Setup {
-    // Declared first so it drops (and joins its thread) before the lab goes.
+    // Declared first so they drop (and join their threads) before the lab goes.
     _server: Server,
+    _sink: Server,
+    bulk_target: SocketAddr,
+    bulk_pod: SocketAddr,
+    /// Bulk transfers through the Service, and to the pod IP in the same lab.
+    bulk: Vec<Duration>,
+    bulk_direct: Vec<Duration>,
     mode: Mode,
     services: u32,
     sync: Duration,
@@ -92,12 +106,14 @@ fn real_service(pod: &Pod) -> Result<(Service, EndpointSlice)> {
     let svc = json!({"apiVersion": "v1", "kind": "Service",
         "metadata": {"namespace": REAL_NAMESPACE, "name": "real"},
         "spec": {"clusterIP": REAL_CLUSTER_IP, "clusterIPs": [REAL_CLUSTER_IP], "type": "ClusterIP",
-                 "ports": [{"name": "http", "port": SERVICE_PORT, "protocol": "TCP", "targetPort": POD_PORT}]}});
+                 "ports": [{"name": "http", "port": SERVICE_PORT, "protocol": "TCP", "targetPort": POD_PORT},
+                           {"name": "bulk", "port": BULK_SERVICE_PORT, "protocol": "TCP", "targetPort": BULK_POD_PORT}]}});
     let slice = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
         "metadata": {"namespace": REAL_NAMESPACE, "name": "real-x",
                      "labels": {"kubernetes.io/service-name": "real"}},
         "addressType": "IPv4",
-        "ports": [{"name": "http", "port": POD_PORT, "protocol": "TCP"}],
+        "ports": [{"name": "http", "port": POD_PORT, "protocol": "TCP"},
+                  {"name": "bulk", "port": BULK_POD_PORT, "protocol": "TCP"}],
         "endpoints": [{"addresses": [pod.ip().to_string()], "nodeName": "node1",
                        "conditions": {"ready": true}}]});
     Ok((serde_json::from_value(svc)?, serde_json::from_value(slice)?))
@@ -187,6 +203,7 @@ fn setup(mode: Mode, n: u32, m: u32, variant: Variant) -> Result<Setup> {
     let pod = lab.add_pod(1, "srv")?;
     let client = lab.add_pod(1, "cli")?;
     let server = Server::start(&pod, POD_PORT)?;
+    let sink = Server::start_sink(&pod, BULK_POD_PORT)?;
     let lb = match mode {
         Mode::SocketLb => {
             let mut cgroup = kp_netlab::TestCgroup::new()?;
@@ -213,6 +230,17 @@ fn setup(mode: Mode, n: u32, m: u32, variant: Variant) -> Result<Setup> {
         target,
         lab_pod: pod.addr(POD_PORT),
         _server: server,
+        _sink: sink,
+        bulk_target: match mode {
+            Mode::Floor => pod.addr(BULK_POD_PORT),
+            _ => SocketAddr::new(
+                REAL_CLUSTER_IP.parse().context("cluster IP")?,
+                BULK_SERVICE_PORT,
+            ),
+        },
+        bulk_pod: pod.addr(BULK_POD_PORT),
+        bulk: Vec::new(),
+        bulk_direct: Vec::new(),
         samples: Vec::new(),
         failures: 0,
         wall: Duration::ZERO,
@@ -258,6 +286,8 @@ fn main() -> Result<()> {
     let total = one("--connects", "2000")?;
     let rounds = one("--rounds", "10")?.max(1);
     let m = one("--endpoints", "10")? as u32;
+    // One transfer of this size per configuration and round (0: none).
+    let bulk_mib = one("--bulk-mib", "64")?;
 
     // iptables-nft takes minutes to load 10k Services (the kernel side of
     // iptables-nft, not our renderer); legacy is the default here so that the
@@ -299,6 +329,20 @@ fn main() -> Result<()> {
             }
         }
         eprintln!("round {}/{rounds} done", r + 1);
+    }
+    // Bulk transfers after the connects (their load would blur the
+    // connect figures), interleaved the same way.
+    if bulk_mib > 0 {
+        let bytes = bulk_mib << 20;
+        for r in 0..rounds {
+            for s in setups.iter_mut() {
+                s.bulk.push(bulk(&s.client, s.bulk_target, bytes)?);
+                if s.mode != Mode::Floor {
+                    s.bulk_direct.push(bulk(&s.client, s.bulk_pod, bytes)?);
+                }
+            }
+            eprintln!("bulk round {}/{rounds} done", r + 1);
+        }
     }
 
     let base = |mode: Mode| {
@@ -405,6 +449,37 @@ fn main() -> Result<()> {
             )),
             rel(floor),
         );
+    }
+    if bulk_mib > 0 {
+        let gbps = |v: &mut Vec<Duration>| -> Option<f64> {
+            v.sort();
+            (!v.is_empty())
+                .then(|| (bulk_mib << 20) as f64 * 8.0 / quantile(v, 0.5).as_secs_f64() / 1e9)
+        };
+        println!();
+        println!("| mode | Services | bulk transfer (one connection, {bulk_mib} MiB, connect to last byte) | transfers | median Gbit/s | pod IP in the same lab: median Gbit/s | vs pod IP |");
+        println!("|---|---|---|---|---|---|---|");
+        for s in setups.iter_mut() {
+            let name = match s.mode {
+                Mode::Floor => "none (pod IP)",
+                Mode::Nftables => "nftables (netlink)",
+                Mode::SocketLb => "nftables + socket-lb",
+                Mode::Iptables => "iptables",
+            };
+            let (g, d) = (gbps(&mut s.bulk), gbps(&mut s.bulk_direct));
+            println!(
+                "| {name} | {} | {} | {} | {} | {} | {} |",
+                s.services,
+                s.bulk_target,
+                s.bulk.len(),
+                g.map_or("-".into(), |g| format!("{g:.2}")),
+                d.map_or("-".into(), |d| format!("{d:.2}")),
+                match (g, d) {
+                    (Some(g), Some(d)) => format!("{:+.1}%", (g / d - 1.0) * 100.0),
+                    _ => "-".into(),
+                }
+            );
+        }
     }
     // Labs (and servers) are torn down as `setups` drops.
     drop(setups);
