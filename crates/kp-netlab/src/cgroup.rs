@@ -5,11 +5,16 @@
 //!
 //! A thread alone can only change cgroup inside a *threaded* subtree: on the
 //! first [`TestCgroup::new`] the process moves into a cgroup of its own
-//! (`kp-lab-<pid>` under the cgroup v2 mount, which becomes the subtree's
-//! root), and each test cgroup is a threaded child of it. When the last one
-//! is dropped the process moves back and the root is removed; roots left by
-//! killed test processes are swept on the next start. Nothing else on the
-//! machine is touched; the machine's root cgroup never gets a program.
+//! (`kp-lab-<pid>`, which becomes the subtree's root), and each test cgroup
+//! is a threaded child of it. When the last one is dropped the process moves
+//! back and the root is removed; roots left by killed test processes are
+//! swept on the next start. Nothing else on the machine is touched; the
+//! machine's root cgroup never gets a program.
+//!
+//! The hierarchy is reached through a cgroup2 mount of the process's own
+//! under /tmp (`kp-cgroup2-<pid>`): `ip netns exec`, which starts the
+//! proxies under test, mounts a fresh /sys and so hides /sys/fs/cgroup, but
+//! keeps /tmp's mounts, so the paths handed to a proxy work there too.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -21,6 +26,8 @@ use std::time::Duration;
 use crate::LabError;
 
 struct Root {
+    /// Our own mount of the cgroup2 hierarchy.
+    mount: PathBuf,
     dir: PathBuf,
     /// Where the process was before (relative to the mount), to go back.
     home: PathBuf,
@@ -115,7 +122,8 @@ impl TestCgroup {
     pub fn new() -> Result<TestCgroup, LabError> {
         let mut root = ROOT.lock().unwrap_or_else(|p| p.into_inner());
         if root.is_none() {
-            let mount = cgroup2_mount()?;
+            sweep_stale_mounts();
+            let mount = mount_cgroup2()?;
             sweep_stale(&mount);
             let home = own_cgroup()?;
             let dir = mount.join(format!("kp-lab-{}", std::process::id()));
@@ -126,6 +134,7 @@ impl TestCgroup {
             }
             write(&dir.join("cgroup.procs"), &std::process::id().to_string())?;
             *root = Some(Root {
+                mount: mount.clone(),
                 dir,
                 home: mount.join(home),
                 live: 0,
@@ -226,7 +235,67 @@ impl Drop for TestCgroup {
             if let Some(r) = root.take() {
                 let _ = std::fs::write(r.home.join("cgroup.procs"), std::process::id().to_string());
                 remove_dir(&r.dir);
+                unmount(&r.mount);
             }
         }
+    }
+}
+
+fn mount_dir(pid: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("kp-cgroup2-{pid}"))
+}
+
+/// Mounts the cgroup2 hierarchy at /tmp/kp-cgroup2-<pid>.
+fn mount_cgroup2() -> Result<PathBuf, LabError> {
+    use std::os::unix::ffi::OsStrExt;
+    // Fails early, with the reason, where there is no cgroup v2 at all.
+    cgroup2_mount()?;
+    let dir = mount_dir(&std::process::id().to_string());
+    std::fs::create_dir_all(&dir).map_err(err(format!("creating {}", dir.display())))?;
+    let c = |b: &[u8]| std::ffi::CString::new(b).map_err(|e| LabError::Options(e.to_string()));
+    let (target, fstype) = (c(dir.as_os_str().as_bytes())?, c(b"cgroup2")?);
+    // SAFETY: valid C strings, no data argument.
+    let rc = unsafe {
+        libc::mount(
+            fstype.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        let e = io::Error::last_os_error();
+        let _ = std::fs::remove_dir(&dir);
+        return Err(err(format!("mounting cgroup2 on {}", dir.display()))(e));
+    }
+    Ok(dir)
+}
+
+fn unmount(dir: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    if let Ok(target) = std::ffi::CString::new(dir.as_os_str().as_bytes()) {
+        // SAFETY: valid C string.
+        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+/// Mounts left by killed test processes: their cgroups are swept through
+/// them, then they go.
+fn sweep_stale_mounts() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix("kp-cgroup2-") else {
+            continue;
+        };
+        if Path::new("/proc").join(pid).exists() {
+            continue;
+        }
+        sweep_stale(&e.path());
+        unmount(&e.path());
     }
 }

@@ -135,9 +135,19 @@ pub fn is_socket_lb(mode: &str) -> bool {
 /// runs kube-proxy-rs: /proc/sys read-only (in a mount namespace of its
 /// own), no capability but NET_ADMIN, no new privileges. Every step execs,
 /// so the proxy keeps the spawned PID.
-const LEAST_PRIVILEGE: &str = "mount --bind /proc/sys /proc/sys && \
+fn least_privilege(socket_lb: bool) -> String {
+    // --socket-lb also loads and attaches BPF programs: CAP_BPF besides.
+    let caps = if socket_lb {
+        "+net_admin,+bpf"
+    } else {
+        "+net_admin"
+    };
+    format!(
+        "mount --bind /proc/sys /proc/sys && \
     mount -o remount,bind,ro /proc/sys && \
-    exec setpriv --bounding-set=-all,+net_admin --inh-caps=-all --no-new-privs \"$@\"";
+    exec setpriv --bounding-set=-all,{caps} --inh-caps=-all --no-new-privs \"$@\""
+    )
+}
 
 impl Env {
     /// `mode` may name a source ("api/nftables", "upstream/iptables"): see
@@ -293,14 +303,9 @@ impl Env {
         if let Some(lb) = &self.socket_lb {
             a.extend([
                 "--socket-lb".to_string(),
-                // `ip netns exec` mounts a sysfs of the namespace's own over
-                // /sys, which hides the cgroup mount: reach it through this
-                // process's root instead.
-                format!(
-                    "--cgroup-path=/proc/{}/root{}",
-                    std::process::id(),
-                    lb.cgroups[node].path().display()
-                ),
+                // Under kp-netlab's own cgroup2 mount in /tmp, which `ip
+                // netns exec` (a fresh /sys) keeps visible.
+                format!("--cgroup-path={}", lb.cgroups[node].path().display()),
                 format!(
                     "--bpf-pin-path={}",
                     lb.fs.path().join(format!("node{node}")).display()
@@ -334,7 +339,7 @@ impl Env {
                 "private",
                 "sh",
                 "-c",
-                LEAST_PRIVILEGE,
+                &least_privilege(self.socket_lb.is_some()),
                 "kube-proxy-rs",
             ]
             .map(String::from)
@@ -347,7 +352,7 @@ impl Env {
                 &wrapped,
                 &log,
             );
-            assert_least_privilege(g.pid());
+            assert_least_privilege(g.pid(), self.socket_lb.is_some());
             g
         } else {
             self.spawn(node, &self.proxy_binary(), &args, &log)
@@ -566,7 +571,7 @@ impl Drop for Env {
 /// Waits until `pid` runs kube-proxy-rs itself (past the wrapper's execs),
 /// then checks that it holds exactly CAP_NET_ADMIN and sees /proc/sys
 /// read-only.
-fn assert_least_privilege(pid: u32) {
+fn assert_least_privilege(pid: u32, socket_lb: bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
     let status = loop {
         let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -589,9 +594,14 @@ fn assert_least_privilege(pid: u32) {
             .map(|v| v.trim().to_string())
             .unwrap_or_default()
     };
-    // Bit 12: CAP_NET_ADMIN.
-    assert_eq!(cap("CapEff:"), "0000000000001000", "{status}");
-    assert_eq!(cap("CapBnd:"), "0000000000001000", "{status}");
+    // Bit 12: CAP_NET_ADMIN; bit 39: CAP_BPF.
+    let want = if socket_lb {
+        "0000008000001000"
+    } else {
+        "0000000000001000"
+    };
+    assert_eq!(cap("CapEff:"), want, "{status}");
+    assert_eq!(cap("CapBnd:"), want, "{status}");
     assert_eq!(cap("NoNewPrivs:"), "1", "{status}");
     let mounts = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap_or_default();
     assert!(
