@@ -389,7 +389,24 @@ impl KernelMaps {
 }
 
 fn map_err(e: aya::maps::MapError) -> String {
-    e.to_string()
+    let mut s = e.to_string();
+    if let Some(src) = std::error::Error::source(&e) {
+        s.push_str(&format!(": {src}"));
+    }
+    s
+}
+
+/// A delete whose key is already gone is done.
+fn gone_ok(r: Result<(), aya::maps::MapError>) -> Result<(), String> {
+    match r {
+        Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+        Err(aya::maps::MapError::SyscallError(e))
+            if e.io_error.raw_os_error() == Some(libc::ENOENT) =>
+        {
+            Ok(())
+        }
+        r => r.map_err(map_err),
+    }
 }
 
 impl crate::proxier::Maps for KernelMaps {
@@ -397,22 +414,21 @@ impl crate::proxier::Maps for KernelMaps {
         self.services.insert(k, v, 0).map_err(map_err)
     }
     fn del_service(&mut self, k: &SvcKey) -> Result<(), String> {
-        self.services.remove(k).map_err(map_err)
+        gone_ok(self.services.remove(k))
     }
     fn set_backend(&mut self, k: &BackendKey, v: &BackendVal) -> Result<(), String> {
         self.backends.insert(k, v, 0).map_err(map_err)
     }
     fn del_backend(&mut self, k: &BackendKey) -> Result<(), String> {
-        self.backends.remove(k).map_err(map_err)
+        gone_ok(self.backends.remove(k))
     }
     fn set_member(&mut self, k: &MemberKey, slot: u32) -> Result<(), String> {
         self.members.insert(k, slot, 0).map_err(map_err)
     }
     fn del_member(&mut self, k: &MemberKey) -> Result<(), String> {
-        self.members.remove(k).map_err(map_err)
+        gone_ok(self.members.remove(k))
     }
-    #[allow(clippy::type_complexity)]
-    fn dump(&self) -> Result<(Vec<(SvcKey, SvcVal)>, Vec<(BackendKey, BackendVal)>), String> {
+    fn dump(&self) -> Result<crate::proxier::Dump, String> {
         let services = self
             .services
             .iter()
@@ -423,6 +439,15 @@ impl crate::proxier::Maps for KernelMaps {
             .iter()
             .collect::<Result<Vec<_>, _>>()
             .map_err(map_err)?;
-        Ok((services, backends))
+        let members = self
+            .members
+            .keys()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(map_err)?;
+        Ok(crate::proxier::Dump {
+            services,
+            backends,
+            members,
+        })
     }
 }

@@ -21,7 +21,7 @@ pub use kernel::{
 #[doc(hidden)]
 pub use kernel::{install_object, TEST_VARIANT_OBJECT};
 pub use mem::{MemContent, MemMaps};
-pub use proxier::{wanted, Maps, Scope, SocketLbProxier, Wanted};
+pub use proxier::{wanted, Dump, Maps, Scope, SocketLbProxier, Wanted};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SocketLbError {

@@ -14,6 +14,9 @@ pub struct MemContent {
     pub services: BTreeMap<SvcKey, SvcVal>,
     pub backends: BTreeMap<BackendKey, BackendVal>,
     pub members: BTreeMap<MemberKey, u32>,
+    /// Deletes of keys that were not there (fine for the kernel; a normal
+    /// sync makes none, a repair does).
+    pub missing_deletes: usize,
 }
 
 impl MemContent {
@@ -70,17 +73,17 @@ impl MemMaps {
     }
 }
 
-fn missing<K: std::fmt::Debug>(k: &K) -> String {
-    format!("no such key {k:?}")
-}
-
 impl Maps for MemMaps {
     fn set_service(&mut self, k: &SvcKey, v: &SvcVal) -> Result<(), String> {
         self.lock().services.insert(*k, *v);
         self.after()
     }
     fn del_service(&mut self, k: &SvcKey) -> Result<(), String> {
-        self.lock().services.remove(k).ok_or_else(|| missing(k))?;
+        let mut c = self.lock();
+        if c.services.remove(k).is_none() {
+            c.missing_deletes += 1;
+        }
+        drop(c);
         self.after()
     }
     fn set_backend(&mut self, k: &BackendKey, v: &BackendVal) -> Result<(), String> {
@@ -88,7 +91,11 @@ impl Maps for MemMaps {
         self.after()
     }
     fn del_backend(&mut self, k: &BackendKey) -> Result<(), String> {
-        self.lock().backends.remove(k).ok_or_else(|| missing(k))?;
+        let mut c = self.lock();
+        if c.backends.remove(k).is_none() {
+            c.missing_deletes += 1;
+        }
+        drop(c);
         self.after()
     }
     fn set_member(&mut self, k: &MemberKey, slot: u32) -> Result<(), String> {
@@ -96,15 +103,19 @@ impl Maps for MemMaps {
         self.after()
     }
     fn del_member(&mut self, k: &MemberKey) -> Result<(), String> {
-        self.lock().members.remove(k).ok_or_else(|| missing(k))?;
+        let mut c = self.lock();
+        if c.members.remove(k).is_none() {
+            c.missing_deletes += 1;
+        }
+        drop(c);
         self.after()
     }
-    #[allow(clippy::type_complexity)]
-    fn dump(&self) -> Result<(Vec<(SvcKey, SvcVal)>, Vec<(BackendKey, BackendVal)>), String> {
+    fn dump(&self) -> Result<crate::proxier::Dump, String> {
         let c = self.lock();
-        Ok((
-            c.services.iter().map(|(k, v)| (*k, *v)).collect(),
-            c.backends.iter().map(|(k, v)| (*k, *v)).collect(),
-        ))
+        Ok(crate::proxier::Dump {
+            services: c.services.iter().map(|(k, v)| (*k, *v)).collect(),
+            backends: c.backends.iter().map(|(k, v)| (*k, *v)).collect(),
+            members: c.members.keys().copied().collect(),
+        })
     }
 }

@@ -24,14 +24,23 @@ use crate::slots;
 /// The map operations a sync needs (the kernel's, or memory's in tests).
 pub trait Maps: Send {
     fn set_service(&mut self, k: &SvcKey, v: &SvcVal) -> Result<(), String>;
+    /// Deletes succeed when the key is already gone (a full sync repairing
+    /// an interrupted one meets such holes).
     fn del_service(&mut self, k: &SvcKey) -> Result<(), String>;
     fn set_backend(&mut self, k: &BackendKey, v: &BackendVal) -> Result<(), String>;
     fn del_backend(&mut self, k: &BackendKey) -> Result<(), String>;
     fn set_member(&mut self, k: &MemberKey, slot: u32) -> Result<(), String>;
     fn del_member(&mut self, k: &MemberKey) -> Result<(), String>;
-    /// Every service entry and every backend slot now in the maps.
-    #[allow(clippy::type_complexity)]
-    fn dump(&self) -> Result<(Vec<(SvcKey, SvcVal)>, Vec<(BackendKey, BackendVal)>), String>;
+    /// Everything the proxy writes, as it is in the maps now.
+    fn dump(&self) -> Result<Dump, String>;
+}
+
+/// The content of the three maps the proxy writes.
+#[derive(Clone, Debug, Default)]
+pub struct Dump {
+    pub services: Vec<(SvcKey, SvcVal)>,
+    pub backends: Vec<(BackendKey, BackendVal)>,
+    pub members: Vec<MemberKey>,
 }
 
 /// What one Service port looks like in the maps.
@@ -211,7 +220,11 @@ impl SocketLbProxier {
 
     /// Re-reads this family's entries from the maps into `orphans`.
     fn adopt(&mut self) -> Result<(), DataplaneError> {
-        let (services, backends) = self.maps.dump().map_err(err("reading the maps".into()))?;
+        let Dump {
+            services,
+            backends,
+            members,
+        } = self.maps.dump().map_err(err("reading the maps".into()))?;
         let fam = self.family_byte();
         let mut found: BTreeMap<u32, Written> = BTreeMap::new();
         for (k, v) in services {
@@ -240,6 +253,18 @@ impl SocketLbProxier {
             w.slots = (0..=max)
                 .map(|s| by_slot.get(&s).copied().unwrap_or_default())
                 .collect();
+        }
+        // A member without a slot (a sync interrupted between the two
+        // writes) would keep affinity entries to it alive: gone now.
+        for m in &members {
+            let in_slot = found
+                .get(&m.svc_id)
+                .is_some_and(|w| w.slots.contains(&m.backend));
+            if self.ours(m.svc_id) && !in_slot {
+                self.maps
+                    .del_member(m)
+                    .map_err(err("removing a stale member".into()))?;
+            }
         }
         self.written.clear();
         self.free_ids.clear();

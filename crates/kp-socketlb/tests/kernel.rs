@@ -288,6 +288,23 @@ fn a_restarted_proxy_adopts_the_programs_and_maps_and_cleanup_removes_them() {
     assert_eq!(report.ops, 0, "the adopted maps were rewritten");
     tcp(&node, svc).expect("still translated");
     drop(px);
+    // Deleting what is not there is done, not an error (a repair meets it).
+    {
+        use kp_socketlb::maps::{BackendKey, BackendVal, MemberKey};
+        use kp_socketlb::Maps;
+        let mut maps = KernelMaps::open(&lab.placement().pin_dir).expect("maps");
+        let nowhere = BackendKey {
+            svc_id: 999_998,
+            slot: 3,
+        };
+        maps.del_backend(&nowhere)
+            .expect("delete of a missing slot");
+        let m = MemberKey {
+            svc_id: 999_998,
+            backend: BackendVal::default(),
+        };
+        maps.del_member(&m).expect("delete of a missing member");
+    }
     assert!(remove(&lab.placement().pin_dir).expect("cleanup"));
     assert!(tcp(&node, svc).is_err(), "translated after cleanup");
     assert!(!lab.placement().pin_dir.exists());

@@ -102,6 +102,7 @@ fn every_step_of_a_change_leaves_each_address_usable_and_partial_equals_full() {
         assert_eq!(reach(&a), reach(&b), "step {i}");
         assert_eq!(a.backends.len(), b.backends.len(), "step {i}: stale slots");
         assert_eq!(a.members.len(), b.members.len(), "step {i}: stale members");
+        assert_eq!(a.missing_deletes, 0, "step {i}: deleted what was not there");
         prev = st.clone();
     }
 }
@@ -189,4 +190,61 @@ fn external_addresses_get_the_cluster_endpoints_and_source_ranges_stay_with_nfta
             .map(String::from)
             .into()
     );
+}
+
+#[test]
+fn a_full_sync_repairs_what_an_interrupted_one_left() {
+    use kp_socketlb::maps::{BackendKey, BackendVal, MemberKey};
+    use kp_socketlb::Maps;
+    let st = state(
+        IpFamily::V4,
+        &[(
+            "a",
+            "10.96.0.1",
+            &["10.244.1.1", "10.244.1.2", "10.244.1.3"],
+            None,
+        )],
+    );
+    let mut maps = MemMaps::new(false);
+    SocketLbProxier::new(IpFamily::V4, Box::new(maps.clone()))
+        .sync(&st, &BTreeSet::new(), true)
+        .unwrap();
+    let id = maps.content().services.values().next().unwrap().id;
+    // The kind of state a crash between two writes leaves: a slot below
+    // the count without its endpoint, a slot beyond the count, and a member
+    // that no slot holds.
+    maps.del_backend(&BackendKey {
+        svc_id: id,
+        slot: 1,
+    })
+    .unwrap();
+    let stray = BackendVal::new("10.244.9.9".parse().unwrap(), 8080);
+    maps.set_backend(
+        &BackendKey {
+            svc_id: id,
+            slot: 7,
+        },
+        &stray,
+    )
+    .unwrap();
+    let ghost = BackendVal::new("10.244.8.8".parse().unwrap(), 8080);
+    maps.set_member(
+        &MemberKey {
+            svc_id: id,
+            backend: ghost,
+        },
+        9,
+    )
+    .unwrap();
+
+    let mut px = SocketLbProxier::new(IpFamily::V4, Box::new(maps.clone()));
+    px.sync(&st, &BTreeSet::new(), true).expect("the repair");
+    let c = maps.content();
+    c.consistent().expect("consistent after the repair");
+    assert_eq!(c.backends.len(), 3, "{:?}", c.backends);
+    assert_eq!(c.members.len(), 3, "{:?}", c.members);
+    assert!(!c
+        .members
+        .keys()
+        .any(|m| m.backend == ghost || m.backend == stray));
 }
