@@ -123,6 +123,16 @@ pub struct ServicePortName {
 }
 
 impl ServicePortName {
+    /// The smallest port name of `service`: `range(first_of(s)..)` starts at
+    /// its ports in any map ordered by ServicePortName.
+    pub fn first_of(service: &ServiceName) -> Self {
+        ServicePortName {
+            service: service.clone(),
+            port: "".into(),
+            protocol: Protocol::Tcp,
+        }
+    }
+
     pub fn new(namespace: &str, name: &str, port: &str, protocol: Protocol) -> Self {
         ServicePortName {
             service: ServiceName::new(namespace, name),
