@@ -61,6 +61,19 @@ enum Mode {
     Iptables,
 }
 
+impl Mode {
+    /// The row's name in both tables.
+    fn label(self, variant: Variant) -> &'static str {
+        match self {
+            Mode::Floor => "none (pod IP)",
+            Mode::Nftables => "nftables (netlink)",
+            Mode::SocketLb => "nftables + socket-lb",
+            Mode::Iptables if variant == Variant::Legacy => "iptables (legacy)",
+            Mode::Iptables => "iptables (nft backend)",
+        }
+    }
+}
+
 /// The socket balancer's cgroup and bpffs for one configuration.
 struct Lb {
     cgroup: kp_netlab::TestCgroup,
@@ -419,18 +432,12 @@ fn main() -> Result<()> {
             ),
             _ => "-".into(),
         };
-        let (name, vs_mode) = match s.mode {
-            Mode::Floor => ("none (pod IP)", "-".to_string()),
-            Mode::Nftables => ("nftables (netlink)", rel(nft_base)),
-            Mode::SocketLb => ("nftables + socket-lb", rel(slb_base)),
-            Mode::Iptables => (
-                if variant == Variant::Legacy {
-                    "iptables (legacy)"
-                } else {
-                    "iptables (nft backend)"
-                },
-                rel(ipt_base),
-            ),
+        let name = s.mode.label(variant);
+        let vs_mode = match s.mode {
+            Mode::Floor => "-".to_string(),
+            Mode::Nftables => rel(nft_base),
+            Mode::SocketLb => rel(slb_base),
+            Mode::Iptables => rel(ipt_base),
         };
         println!(
             "| {name} | {} | {} | {}{} | {} | {} | {} | {:.0} | {} | {} | {vs_mode} | {} |",
@@ -469,12 +476,7 @@ fn main() -> Result<()> {
         println!("| mode | Services | bulk transfer (one connection, {bulk_mib} MiB, connect to last byte) | transfers | median Gbit/s | pod IP in the same lab: median Gbit/s | vs pod IP |");
         println!("|---|---|---|---|---|---|---|");
         for s in setups.iter_mut() {
-            let name = match s.mode {
-                Mode::Floor => "none (pod IP)",
-                Mode::Nftables => "nftables (netlink)",
-                Mode::SocketLb => "nftables + socket-lb",
-                Mode::Iptables => "iptables",
-            };
+            let name = s.mode.label(variant);
             let (g, d) = (gbps(&mut s.bulk), gbps(&mut s.bulk_direct));
             println!(
                 "| {name} | {} | {} | {} | {} | {} | {} |",
