@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::mounts::{mount_at, stale, unmount};
 use crate::LabError;
 
 struct Root {
@@ -45,7 +46,7 @@ fn err(what: String) -> impl FnOnce(io::Error) -> LabError {
 }
 
 /// Where cgroup v2 is mounted (/sys/fs/cgroup, or .../unified on hybrid hosts).
-pub fn cgroup2_mount() -> Result<PathBuf, LabError> {
+fn cgroup2_mount() -> Result<PathBuf, LabError> {
     let info = std::fs::read_to_string("/proc/self/mountinfo")
         .map_err(err("reading /proc/self/mountinfo".into()))?;
     for line in info.lines() {
@@ -89,26 +90,17 @@ fn remove_dir(dir: &Path) {
     }
 }
 
+/// Test cgroups (and their children) of killed test processes.
 fn sweep_stale(mount: &Path) {
-    let Ok(entries) = std::fs::read_dir(mount) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name.strip_prefix("kp-lab-") else {
-            continue;
-        };
-        if Path::new("/proc").join(pid).exists() {
-            continue;
-        }
-        if let Ok(children) = std::fs::read_dir(e.path()) {
+    for dir in stale(mount, "kp-lab-") {
+        if let Ok(children) = std::fs::read_dir(&dir) {
             for c in children.flatten() {
                 if c.path().is_dir() {
                     remove_dir(&c.path());
                 }
             }
         }
-        remove_dir(&e.path());
+        remove_dir(&dir);
     }
 }
 
@@ -183,21 +175,20 @@ impl TestCgroup {
         self.names.push(key);
     }
 
-    /// Runs `f` on a thread inside this cgroup (in the caller's namespace).
-    pub fn run<T: Send, F: FnOnce() -> T + Send>(&self, f: F) -> Result<T, LabError> {
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                join_thread(&self.path)?;
-                Ok(f())
-            })
-            .join()
-            .unwrap_or_else(|p| std::panic::resume_unwind(p))
-        })
+    /// Runs `f` on a thread inside this cgroup and network namespace `ns`,
+    /// whichever cgroup [`crate::in_netns`] would put a thread of `ns` in
+    /// (a process the test's programs do not see, in a lab namespace).
+    pub fn run_in_netns<T: Send, F: FnOnce() -> T + Send>(
+        &self,
+        ns: &str,
+        f: F,
+    ) -> Result<T, LabError> {
+        crate::netns::in_netns_and_cgroup(ns, Some(self.path.clone()), f)
     }
 }
 
 /// Moves the calling thread into `cgroup` (a threaded one).
-pub fn join_thread(cgroup: &Path) -> Result<(), LabError> {
+pub(crate) fn join_thread(cgroup: &Path) -> Result<(), LabError> {
     // SAFETY: gettid has no arguments and cannot fail.
     let tid = unsafe { libc::syscall(libc::SYS_gettid) };
     write(&cgroup.join("cgroup.threads"), &tid.to_string())
@@ -241,61 +232,20 @@ impl Drop for TestCgroup {
     }
 }
 
-fn mount_dir(pid: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("kp-cgroup2-{pid}"))
-}
-
 /// Mounts the cgroup2 hierarchy at /tmp/kp-cgroup2-<pid>.
 fn mount_cgroup2() -> Result<PathBuf, LabError> {
-    use std::os::unix::ffi::OsStrExt;
     // Fails early, with the reason, where there is no cgroup v2 at all.
     cgroup2_mount()?;
-    let dir = mount_dir(&std::process::id().to_string());
-    std::fs::create_dir_all(&dir).map_err(err(format!("creating {}", dir.display())))?;
-    let c = |b: &[u8]| std::ffi::CString::new(b).map_err(|e| LabError::Options(e.to_string()));
-    let (target, fstype) = (c(dir.as_os_str().as_bytes())?, c(b"cgroup2")?);
-    // SAFETY: valid C strings, no data argument.
-    let rc = unsafe {
-        libc::mount(
-            fstype.as_ptr(),
-            target.as_ptr(),
-            fstype.as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    };
-    if rc != 0 {
-        let e = io::Error::last_os_error();
-        let _ = std::fs::remove_dir(&dir);
-        return Err(err(format!("mounting cgroup2 on {}", dir.display()))(e));
-    }
+    let dir = std::env::temp_dir().join(format!("kp-cgroup2-{}", std::process::id()));
+    mount_at("cgroup2", &dir)?;
     Ok(dir)
-}
-
-fn unmount(dir: &Path) {
-    use std::os::unix::ffi::OsStrExt;
-    if let Ok(target) = std::ffi::CString::new(dir.as_os_str().as_bytes()) {
-        // SAFETY: valid C string.
-        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
-    }
-    let _ = std::fs::remove_dir(dir);
 }
 
 /// Mounts left by killed test processes: their cgroups are swept through
 /// them, then they go.
 fn sweep_stale_mounts() {
-    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name.strip_prefix("kp-cgroup2-") else {
-            continue;
-        };
-        if Path::new("/proc").join(pid).exists() {
-            continue;
-        }
-        sweep_stale(&e.path());
-        unmount(&e.path());
+    for dir in stale(&std::env::temp_dir(), "kp-cgroup2-") {
+        sweep_stale(&dir);
+        unmount(&dir);
     }
 }

@@ -58,6 +58,7 @@ mod cgroup;
 mod client;
 mod cluster;
 mod error;
+mod mounts;
 mod netns;
 mod process;
 mod server;
@@ -66,7 +67,7 @@ mod sock;
 use std::time::{Duration, Instant};
 
 pub use bpffs::TestBpffs;
-pub use cgroup::{cgroup2_mount, join_thread, TestCgroup};
+pub use cgroup::TestCgroup;
 pub use client::{
     tcp_hello, tcp_hello_from, tcp_hello_many, tcp_hello_many_from, tcp_hold, tcp_hold_from,
     udp_ask, udp_ask_from, udp_session, udp_session_from, HeldConn, Reply, UdpSession,

@@ -33,6 +33,21 @@ where
     T: Send,
     F: FnOnce() -> T + Send,
 {
+    // A socket-LB test's lab: its client threads are in the test's cgroup,
+    // where the programs under test see their sockets.
+    in_netns_and_cgroup(ns, crate::cgroup::cgroup_for_namespace(ns), f)
+}
+
+/// [`in_netns`] with the thread in `cgroup` (a threaded one) when given.
+pub(crate) fn in_netns_and_cgroup<T, F>(
+    ns: &str,
+    cgroup: Option<std::path::PathBuf>,
+    f: F,
+) -> Result<T, LabError>
+where
+    T: Send,
+    F: FnOnce() -> T + Send,
+{
     check_ns_name(ns)?;
     let path = format!("{NETNS_DIR}/{ns}");
     let handle = File::open(&path).map_err(|source| LabError::Netns {
@@ -40,7 +55,6 @@ where
         what: "opening the namespace handle",
         source,
     })?;
-    let name = ns.to_string();
     let joined = std::thread::scope(|s| {
         s.spawn(move || {
             // SAFETY: setns on a valid fd; it only affects this thread.
@@ -48,10 +62,8 @@ where
                 return Err(io::Error::last_os_error());
             }
             drop(handle);
-            // A socket-LB test's lab: its client threads are in the test's
-            // cgroup, where the programs under test see their sockets.
-            if let Some(cg) = crate::cgroup::cgroup_for_namespace(&name) {
-                crate::cgroup::join_thread(&cg).map_err(|e| io::Error::other(e.to_string()))?;
+            if let Some(cg) = &cgroup {
+                crate::cgroup::join_thread(cg).map_err(|e| io::Error::other(e.to_string()))?;
             }
             Ok(f())
         })

@@ -169,18 +169,9 @@ fn check_family(family: IpFamily, vip: &str) {
 
     // A thread outside the cgroup is not translated: with no nftables here
     // nothing answers the Service address.
-    // in_netns would put the thread in the lab's cgroup: this one enters
-    // the namespace itself and stays in `other`.
     let other = TestCgroup::new().expect("second cgroup");
     let untranslated = other
-        .run(|| {
-            use std::os::fd::AsRawFd;
-            let ns = std::fs::File::open(format!("/run/netns/{node}")).unwrap();
-            // SAFETY: setns on a valid fd, for this thread only.
-            assert_eq!(
-                unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) },
-                0
-            );
+        .run_in_netns(&node, || {
             TcpStream::connect_timeout(&svc, Duration::from_millis(500))
         })
         .expect("thread in the other cgroup");

@@ -16,7 +16,6 @@ fn c04b_session_affinity_lifecycle() {
 
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use conformance::{ready, sa, service, slice, Env, T};
@@ -27,14 +26,10 @@ const MODE: &str = "nftables-socketlb";
 /// Runs `f` in namespace `ns` on a thread outside every test cgroup (what a
 /// process the programs do not see does).
 fn outside<R: Send>(ns: &str, f: impl FnOnce() -> R + Send) -> R {
-    let cg = TestCgroup::new().expect("a cgroup without programs");
-    cg.run(|| {
-        let h = std::fs::File::open(format!("/run/netns/{ns}")).expect("namespace handle");
-        // SAFETY: setns on a valid fd; only this thread changes namespace.
-        assert_eq!(unsafe { libc::setns(h.as_raw_fd(), libc::CLONE_NEWNET) }, 0);
-        f()
-    })
-    .expect("a thread outside the test cgroups")
+    TestCgroup::new()
+        .expect("a cgroup without programs")
+        .run_in_netns(ns, f)
+        .expect("a thread outside the test cgroups")
 }
 
 /// conntrack entries in node `node`'s namespace whose original destination
