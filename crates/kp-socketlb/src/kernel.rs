@@ -97,12 +97,12 @@ pub fn install_object(
     cap: Capacity,
     object: &[u8],
 ) -> Result<Installed, SocketLbError> {
-    check_host(p)?;
     if object.is_empty() {
         return Err(SocketLbError::Unsupported(
-            "this binary was built without clang, so it has no BPF programs".into(),
+            "this binary was built without clang, so it has no BPF programs (apt-get install clang, then rebuild)".into(),
         ));
     }
+    check_host(p)?;
     let links = links_dir(&p.pin_dir);
     std::fs::create_dir_all(&links).map_err(io(format!("creating {}", links.display())))?;
     let adopt = PROGRAMS
@@ -183,12 +183,7 @@ fn statfs_magic(path: &Path) -> Result<i64, std::io::Error> {
 }
 
 /// Refuses, with the reason, where the kernel or the host cannot run the mode.
-pub fn check_host(p: &Placement) -> Result<(), SocketLbError> {
-    if OBJECT.is_empty() {
-        return Err(SocketLbError::Unsupported(
-            "this binary was built without clang, so it has no BPF programs (apt-get install clang, then rebuild)".into(),
-        ));
-    }
+fn check_host(p: &Placement) -> Result<(), SocketLbError> {
     match statfs_magic(&p.cgroup) {
         Ok(CGROUP2_SUPER_MAGIC) => {}
         Ok(_) => {

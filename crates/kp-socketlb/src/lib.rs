@@ -15,9 +15,7 @@ mod mem;
 mod proxier;
 mod slots;
 
-pub use kernel::{
-    check_host, install, remove, Capacity, Installed, KernelMaps, Placement, PROGRAMS,
-};
+pub use kernel::{install, remove, Capacity, Installed, KernelMaps, Placement, PROGRAMS};
 #[doc(hidden)]
 pub use kernel::{install_object, TEST_VARIANT_OBJECT};
 pub use mem::{MemContent, MemMaps};
