@@ -60,16 +60,8 @@ pub fn remove_leftovers(scope: Scope, cfg: &ProxyConfig) -> Outcome {
     let iptables = cfg.iptables_backend;
     let mut out = Outcome::default();
     // Socket load balancing stays (and is adopted) only when starting with it.
-    let lb = &cfg.socket_lb;
-    if !(lb.socket_lb && scope == Scope::StartingIn(ProxyMode::Nftables)) {
-        match crate::modes::socketlb::remove_pins(&lb.bpf_pin_path) {
-            Ok(true) => out.removed.push(format!(
-                "socket load balancing pins in {}",
-                lb.bpf_pin_path.display()
-            )),
-            Ok(false) => {}
-            Err(e) => out.failed.push(format!("socket load balancing: {e}")),
-        }
+    if !(cfg.socket_lb.socket_lb && scope == Scope::StartingIn(ProxyMode::Nftables)) {
+        crate::modes::socketlb::remove_leftovers(&cfg.socket_lb, &mut out);
     }
     nftables(scope, &mut out);
     iptables_chains(scope, iptables, &mut out);

@@ -1,7 +1,8 @@
 //! One module per proxy mode: how its dataplane is built from the
 //! configuration (and its mode-specific flags and environment), and the host
 //! setup `--init-only` does for it. Every mode's leftovers are swept by
-//! `cleanup.rs` (userspace mode's own: [`userspace::remove_leftovers`]).
+//! `cleanup.rs` (userspace mode's own: [`userspace::remove_leftovers`];
+//! socket load balancing's pins: [`socketlb::remove_leftovers`]).
 //!
 //! Adding a mode: a module here with `dataplane` (and `init_host` if the
 //! host needs settings), an arm in [`make_dataplane`] and [`init_host`].

@@ -6,7 +6,7 @@
 //! programs did not translate). One dataplane per family runs both.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use kp_model::{Dataplane, DataplaneError, ProxyState, ServicePortName, SyncReport};
@@ -159,7 +159,7 @@ impl Dataplane for WithSocketLb {
 
     fn cleanup(&mut self) -> Result<(), DataplaneError> {
         self.nft.cleanup()?;
-        remove_pins(&self.pin_dir)
+        kp_socketlb::remove(&self.pin_dir)
             .map(|_| ())
             .map_err(|e| DataplaneError::Apply {
                 tool: "bpffs".into(),
@@ -168,7 +168,16 @@ impl Dataplane for WithSocketLb {
     }
 }
 
-/// Detaches the programs and frees the maps pinned under `pin_dir`.
-pub fn remove_pins(pin_dir: &Path) -> Result<bool, kp_socketlb::SocketLbError> {
-    kp_socketlb::remove(pin_dir)
+/// Socket load balancing's pins under --bpf-pin-path (unpinning detaches
+/// the programs and frees the maps): for `--cleanup`, and when the proxy
+/// starts without `--socket-lb` (they would keep balancing).
+pub fn remove_leftovers(flags: &SocketLbFlags, out: &mut crate::outcome::Outcome) {
+    let dir = &flags.bpf_pin_path;
+    match kp_socketlb::remove(dir) {
+        Ok(true) => out
+            .removed
+            .push(format!("socket load balancing pins in {}", dir.display())),
+        Ok(false) => {}
+        Err(e) => out.failed.push(format!("socket load balancing: {e}")),
+    }
 }
