@@ -1,7 +1,6 @@
 //! The nftables proxier: remembers what it programmed, sends the difference.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::net::SocketAddr;
 use std::time::Instant;
 
 use kp_model::{Dataplane, DataplaneError, ProxierConfig, ProxyState, ServicePortName, SyncReport};
@@ -136,8 +135,10 @@ impl Slots {
         if let Some(base) = sh.free.get_mut(&cap).and_then(Vec::pop) {
             return (map, base);
         }
-        let base = sh.next;
-        sh.next = sh.next.saturating_add(cap);
+        // Aligned to the size, so that a base XOR an index below the size
+        // is base + index (the affinity rules compute slots that way).
+        let base = sh.next.div_ceil(cap).saturating_mul(cap);
+        sh.next = base.saturating_add(cap);
         (map, base)
     }
 
@@ -145,7 +146,7 @@ impl Slots {
         if let Some(sh) = self.shards.get_mut(&p.map) {
             sh.free.entry(p.cap).or_default().push(p.base);
             sh.pools = sh.pools.saturating_sub(1);
-            if let MapName::Endpoints(_, k) | MapName::EndpointChains(k) = p.map {
+            if let MapName::Endpoints(_, k) = p.map {
                 self.room.entry(p.kind).or_default().insert(k);
             }
         }
@@ -175,7 +176,10 @@ impl Slots {
         }
         for (_, rules) in new.chains.iter_mut() {
             for e in rules.iter_mut().flat_map(|r| r.exprs.iter_mut()) {
-                if let Expr::NumgenDnat { slots, .. } | Expr::NumgenVmap { slots, .. } = e {
+                if let Expr::NumgenDnat { slots, .. }
+                | Expr::AffinityHit { slots, .. }
+                | Expr::AffinityPick { slots, .. } = e
+                {
                     if let Some(p) = new.pools.get(slots.pool) {
                         slots.map = p.map;
                         slots.offset = p.base;
@@ -191,16 +195,78 @@ impl Slots {
     }
 }
 
-/// The affinity endpoints of `old` that `new` no longer has.
-fn forget_removed(
-    out: &mut Vec<(u32, SocketAddr, u32)>,
-    old: &ServiceObjects,
-    new: &ServiceObjects,
+/// What a sync does to the client records of one index of one
+/// session-affinity selection: the endpoint there went (`to` None: its
+/// clients are forgotten, as upstream deletes an endpoint's set), or moved
+/// to index `to` (its clients follow it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Rekey {
+    timeout: u32,
+    id: u32,
+    from: u32,
+    to: Option<u32>,
+}
+
+/// Keeps every endpoint of `new`'s session-affinity pools at the index it
+/// had in `old` (records name indexes), fills the free indexes with the
+/// endpoints that are new or must move down (the count shrank), and says
+/// what that does to the records.
+fn keep_affinity_places(
+    new: &mut ServiceObjects,
+    old: Option<&ServiceObjects>,
+    out: &mut Vec<Rekey>,
 ) {
-    for r in &old.affinity_endpoints {
-        if !new.affinity_endpoints.contains(r) {
-            out.push(*r);
+    let Some(old) = old else {
+        return;
+    };
+    for op in old.pools.iter() {
+        let Some(aff) = op.affinity else {
+            continue;
+        };
+        let np = new.pools.iter_mut().find(|p| p.affinity == Some(aff));
+        let Some(np) = np else {
+            // The selection went, or its affinity did: forget its records.
+            out.extend((0..op.values.len() as u32).map(|from| Rekey {
+                timeout: aff.timeout,
+                id: aff.id,
+                from,
+                to: None,
+            }));
+            continue;
+        };
+        let n = np.values.len();
+        let wanted: HashSet<&ElemValue> = np.values.iter().collect();
+        let mut placed: Vec<Option<ElemValue>> = vec![None; n];
+        for (j, v) in op.values.iter().enumerate().take(n) {
+            if wanted.contains(v) {
+                placed[j] = Some(v.clone());
+            }
         }
+        let taken: HashSet<ElemValue> = placed.iter().flatten().cloned().collect();
+        let mut rest = np.values.iter().filter(|v| !taken.contains(*v)).cloned();
+        let values: Vec<ElemValue> = placed
+            .into_iter()
+            .map(|p| p.or_else(|| rest.next()))
+            .collect::<Option<Vec<_>>>()
+            .unwrap_or_else(|| np.values.clone());
+        let at: HashMap<&ElemValue, u32> = values
+            .iter()
+            .enumerate()
+            .map(|(k, v)| (v, k as u32))
+            .collect();
+        for (j, v) in op.values.iter().enumerate() {
+            let j = j as u32;
+            let to = at.get(v).copied();
+            if to != Some(j) {
+                out.push(Rekey {
+                    timeout: aff.timeout,
+                    id: aff.id,
+                    from: j,
+                    to,
+                });
+            }
+        }
+        np.values = values;
     }
 }
 
@@ -242,9 +308,9 @@ struct Tx {
     flush_stale: Vec<Op>,
     del_objects: Vec<Op>,
     ops: usize,
-    /// Affinity endpoints this transaction removes (timeout, endpoint,
-    /// service port id): their client records are deleted once it applied.
-    forget: Vec<(u32, SocketAddr, u32)>,
+    /// What this transaction does to session-affinity records: done once
+    /// it applied.
+    rekey: Vec<Rekey>,
 }
 
 fn op(verb: Verb, object: Object) -> Op {
@@ -429,8 +495,17 @@ impl NftablesProxier {
         let mut tx = Tx::default();
         self.skeleton_ops(&mut tx, fresh);
         let mut prog = Programmed::default();
+        // A full sync that keeps the table keeps the affinity records, so
+        // each endpoint keeps its index.
+        let before = if fresh {
+            None
+        } else {
+            self.programmed.as_ref()
+        };
         for (name, sp) in &state.services {
             let mut objs = render_service(sp, state.endpoints_of(name), &self.cfg, &state.node);
+            let old = before.and_then(|p| p.services.get(name)).map(|k| &k.objs);
+            keep_affinity_places(&mut objs, old, &mut tx.rekey);
             prog.slots.assign(&mut objs, None);
             prog.use_affinity(&objs, 1);
             let kept = self.add_service(&mut tx, objs);
@@ -493,11 +568,10 @@ impl NftablesProxier {
                 for (name, kept) in &old.services {
                     let new = prog.services.get(name).map(|k| &k.objs);
                     self.delete_stale(&mut tx, &kept.objs, new);
-                    forget_removed(
-                        &mut tx.forget,
-                        &kept.objs,
-                        new.unwrap_or(&ServiceObjects::default()),
-                    );
+                    if new.is_none() {
+                        let mut none = ServiceObjects::default();
+                        keep_affinity_places(&mut none, Some(&kept.objs), &mut tx.rekey);
+                    }
                 }
                 for timeout in old.affinity.keys() {
                     if !prog.affinity.contains_key(timeout) {
@@ -509,20 +583,25 @@ impl NftablesProxier {
         (tx, prog)
     }
 
-    /// Deletes the client records of removed endpoints from the shared
-    /// affinity sets, as upstream's deleting an endpoint's own set forgets
-    /// them: a client of a removed endpoint that comes back must not return
-    /// to it. Runs after the transaction that removed the endpoints' chains,
-    /// so no packet records a client for them any more. A failure is logged
-    /// and leaves the records to expire with their timeout (the rules are in
-    /// place either way); one retry covers a record that expired between
-    /// the listing and the deletion.
-    fn forget_clients(&mut self, gone: &[(u32, SocketAddr, u32)]) {
-        let mut by_set: BTreeMap<u32, HashSet<(SocketAddr, u32)>> = BTreeMap::new();
-        for (timeout, ep, id) in gone {
-            by_set.entry(*timeout).or_default().insert((*ep, *id));
+    /// Brings the session-affinity records in line with what the sync
+    /// did to the endpoints' indexes: the clients of an endpoint that went
+    /// are forgotten, as upstream's deleting an endpoint's own set forgets
+    /// them (a client of a removed endpoint must not end up on whatever
+    /// takes its place); those of an endpoint that moved follow it. Lists
+    /// the records after the transaction applied, then deletes and re-adds
+    /// in a second one (a moved record gets the full timeout again). A
+    /// failure is logged and leaves the records to expire with their
+    /// timeout; one retry covers a record that expired between the listing
+    /// and the deletion.
+    fn rekey_clients(&mut self, rekeys: &[Rekey]) {
+        let mut by_set: BTreeMap<u32, HashMap<(u32, u32), Option<u32>>> = BTreeMap::new();
+        for r in rekeys {
+            by_set
+                .entry(r.timeout)
+                .or_default()
+                .insert((r.id, r.from), r.to);
         }
-        for (timeout, eps) in by_set {
+        for (timeout, moves) in by_set {
             let set = MapName::Affinity(timeout);
             let mut result = Ok(0);
             for _attempt in 0..2 {
@@ -537,27 +616,36 @@ impl NftablesProxier {
                         break;
                     }
                 };
-                let stale: Vec<Element> = records
-                    .into_iter()
-                    .filter(|k| match k {
-                        ElemKey::Affinity { endpoint, id, .. } => {
-                            eps.contains(&(SocketAddr::from(*endpoint), *id))
+                let element = |key| Element {
+                    map: set,
+                    key,
+                    value: None,
+                };
+                let mut gone = Vec::new();
+                let mut moved = Vec::new();
+                for key in records {
+                    let ElemKey::Affinity { client, id, index } = key else {
+                        continue;
+                    };
+                    if let Some(to) = moves.get(&(id, index)) {
+                        gone.push(element(key));
+                        if let Some(to) = to {
+                            moved.push(element(ElemKey::Affinity {
+                                client,
+                                id,
+                                index: *to,
+                            }));
                         }
-                        _ => false,
-                    })
-                    .map(|key| Element {
-                        map: set,
-                        key,
-                        value: None,
-                    })
-                    .collect();
-                if stale.is_empty() {
+                    }
+                }
+                if gone.is_empty() {
                     result = Ok(0);
                     break;
                 }
-                let n = stale.len();
+                let n = gone.len();
                 let mut tx = Tx::default();
-                self.elements(&mut tx.del_elements, Verb::Delete, stale);
+                self.elements(&mut tx.del_elements, Verb::Delete, gone);
+                self.elements(&mut tx.add_elements, Verb::Add, moved);
                 let (txn, _) = tx.finish(self.cfg.family, &self.table);
                 result = self.backend.apply(&txn).map(|_| n);
                 if result.is_ok() {
@@ -567,11 +655,11 @@ impl NftablesProxier {
             match result {
                 Ok(0) => {}
                 Ok(n) => {
-                    tracing::debug!(set = %set, records = n, "forgot the clients of removed endpoints")
+                    tracing::debug!(set = %set, records = n, "affinity records of removed or moved endpoints updated")
                 }
                 Err(e) => tracing::warn!(
                     set = %set, error = %e,
-                    "could not forget the clients of removed endpoints; they expire with the timeout"
+                    "could not update the affinity records of removed or moved endpoints; they expire with the timeout"
                 ),
             }
         }
@@ -622,10 +710,15 @@ impl NftablesProxier {
                 .map(|sp| render_service(sp, state.endpoints_of(name), &self.cfg, &state.node));
             let old = prog.services.get(name);
             match new.as_mut() {
-                Some(n) => prog.slots.assign(n, old.map(|k| &k.objs)),
+                Some(n) => {
+                    keep_affinity_places(n, old.map(|k| &k.objs), &mut tx.rekey);
+                    prog.slots.assign(n, old.map(|k| &k.objs));
+                }
                 // Deleted: its slot ranges are free for others.
                 None => {
                     if let Some(o) = old {
+                        let mut none = ServiceObjects::default();
+                        keep_affinity_places(&mut none, Some(&o.objs), &mut tx.rekey);
                         for p in &o.objs.pools {
                             prog.slots.release(p);
                         }
@@ -650,7 +743,6 @@ impl NftablesProxier {
                 tx.ops += 1;
             }
             gone_sets.extend(prog.use_affinity(o, -1));
-            forget_removed(&mut tx.forget, o, n);
             self.delete_stale(&mut tx, o, new.as_ref().map(|(k, _)| &k.objs));
             let new = new.map(|(kept, rules)| {
                 for (((name, _), rules), d) in kept.objs.chains.iter().zip(rules).zip(&kept.digests)
@@ -844,7 +936,7 @@ impl Dataplane for NftablesProxier {
             let tx = self.partial_tx(state, changed, &mut prog);
             (tx, prog)
         };
-        let forget = std::mem::take(&mut tx.forget);
+        let rekey = std::mem::take(&mut tx.rekey);
         let (txn, ops) = tx.finish(self.cfg.family, &self.table);
         let render = t0.elapsed();
         let t1 = Instant::now();
@@ -865,8 +957,8 @@ impl Dataplane for NftablesProxier {
                 }
             }
         }
-        if !forget.is_empty() {
-            self.forget_clients(&forget);
+        if !rekey.is_empty() {
+            self.rekey_clients(&rekey);
         }
         report.apply = t1.elapsed();
         for kept in new_prog.services.values() {
@@ -910,5 +1002,95 @@ impl Dataplane for NftablesProxier {
             .delete(Object::Table { comment: None });
         self.programmed = None;
         self.backend.apply(&tx).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::render::PoolAffinity;
+    use kp_model::Protocol;
+
+    const AFF: PoolAffinity = PoolAffinity { timeout: 60, id: 7 };
+
+    fn objs(eps: &[&str]) -> ServiceObjects {
+        let kind = PoolKind::Endpoints(Protocol::Tcp);
+        ServiceObjects {
+            pools: vec![Pool {
+                kind,
+                values: eps
+                    .iter()
+                    .map(|e| ElemValue::Endpoint(e.parse().unwrap()))
+                    .collect(),
+                map: kind.shard(0),
+                base: 0,
+                cap: 0,
+                affinity: Some(AFF),
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn order(o: &ServiceObjects) -> Vec<String> {
+        o.pools[0].values.iter().map(|v| v.to_string()).collect()
+    }
+
+    fn rekey(from: u32, to: Option<u32>) -> Rekey {
+        Rekey {
+            timeout: AFF.timeout,
+            id: AFF.id,
+            from,
+            to,
+        }
+    }
+
+    /// Endpoints keep their index while they stay: a replaced one's
+    /// successor takes its index (its clients are forgotten), one that must
+    /// move down when the count shrinks takes a freed index (its clients
+    /// follow), a new one takes a free index.
+    #[test]
+    fn affinity_endpoints_keep_their_index() {
+        let old = objs(&["10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80"]);
+        // The model sorts: the replacement would land elsewhere.
+        let mut new = objs(&["10.0.0.1:80", "10.0.0.3:80", "10.0.0.9:80"]);
+        let mut out = Vec::new();
+        keep_affinity_places(&mut new, Some(&old), &mut out);
+        assert_eq!(
+            order(&new),
+            ["10.0.0.1 . 80", "10.0.0.9 . 80", "10.0.0.3 . 80"]
+        );
+        assert_eq!(out, [rekey(1, None)]);
+
+        let mut fewer = objs(&["10.0.0.3:80", "10.0.0.9:80"]);
+        let mut out = Vec::new();
+        keep_affinity_places(&mut fewer, Some(&new), &mut out);
+        assert_eq!(order(&fewer), ["10.0.0.3 . 80", "10.0.0.9 . 80"]);
+        assert_eq!(out, [rekey(0, None), rekey(2, Some(0))]);
+
+        let mut more = objs(&["10.0.0.3:80", "10.0.0.4:80", "10.0.0.9:80"]);
+        let mut out = Vec::new();
+        keep_affinity_places(&mut more, Some(&fewer), &mut out);
+        assert_eq!(
+            order(&more),
+            ["10.0.0.3 . 80", "10.0.0.9 . 80", "10.0.0.4 . 80"]
+        );
+        assert!(out.is_empty(), "{out:?}");
+
+        // The selection goes (no endpoints, or affinity turned off).
+        let mut out = Vec::new();
+        keep_affinity_places(&mut ServiceObjects::default(), Some(&more), &mut out);
+        assert_eq!(out, [rekey(0, None), rekey(1, None), rekey(2, None)]);
+    }
+
+    /// Pools start at a multiple of their size: the affinity rules add the
+    /// start to an index with XOR.
+    #[test]
+    fn slot_ranges_are_aligned_to_their_size() {
+        let mut s = Slots::default();
+        let kind = PoolKind::Endpoints(Protocol::Tcp);
+        for cap in [1, 4, 2, 8, 1, 16, 4] {
+            let (_, base) = s.alloc(kind, cap);
+            assert_eq!(base % cap, 0, "cap {cap} at {base}");
+        }
     }
 }

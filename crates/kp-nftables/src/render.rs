@@ -1,7 +1,7 @@
 //! Model -> nftables objects, per service port. Pure: no I/O.
 
 use std::collections::BTreeSet;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 
 use kp_model::{
     chain_hash, Endpoint, EndpointSelection, EndpointSet, IpFamily, NoEndpoints, NodeInfo,
@@ -33,14 +33,12 @@ pub const SET_HAIRPIN: &str = "hairpin";
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum PoolKind {
     Endpoints(Protocol),
-    EndpointChains,
 }
 
 impl PoolKind {
     pub fn shard(self, k: u32) -> MapName {
         match self {
             PoolKind::Endpoints(p) => MapName::Endpoints(p, k),
-            PoolKind::EndpointChains => MapName::EndpointChains(k),
         }
     }
 }
@@ -78,6 +76,18 @@ pub struct Pool {
     pub map: MapName,
     pub base: u32,
     pub cap: u32,
+    /// A session-affinity selection's: clients are recorded by index in
+    /// `values`, so the proxier keeps each endpoint at its index while it
+    /// stays (see [`PoolAffinity`]).
+    pub affinity: Option<PoolAffinity>,
+}
+
+/// Whose records index into a pool: the records' timeout (their set's
+/// name) and the selection's id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PoolAffinity {
+    pub timeout: u32,
+    pub id: u32,
 }
 
 /// Everything one service port owns in the table.
@@ -88,9 +98,6 @@ pub struct ServiceObjects {
     /// The timeouts (seconds) of the shared affinity sets this service port
     /// uses (a set's name is derived from its timeout).
     pub affinity_sets: Vec<u32>,
-    /// The endpoints clients are recorded for: (timeout, endpoint, service
-    /// port id), so that removing one can forget its clients.
-    pub affinity_endpoints: Vec<(u32, SocketAddr, u32)>,
     pub elements: Vec<Element>,
     /// Endpoint-map slot ranges the selection rules index into.
     pub pools: Vec<Pool>,
@@ -116,26 +123,6 @@ fn chain_base(sp: &ServicePort) -> String {
     )
 }
 
-/// The endpoint chain's name after `endpoint-` (upstream's shape: 8 hash
-/// characters, the service port, the endpoint), and the whole 16-character
-/// hash.
-fn endpoint_chain_base(sp: &ServicePort, ep: &Endpoint) -> (String, String) {
-    let epstr = ep.addr_string();
-    let h = chain_hash(&format!("{}{}{}", sp.name, proto_name(sp.protocol), epstr));
-    let ipname = ep.ip.to_string().replace(':', ".");
-    let base = format!(
-        "{}-{}/{}/{}/{}__{}/{}",
-        &h[..8],
-        sp.name.service.namespace,
-        sp.name.service.name,
-        proto_name(sp.protocol),
-        sp.name.port,
-        ipname,
-        ep.port
-    );
-    (base, h)
-}
-
 /// The shared session-affinity set of one timeout. The timeout is in the
 /// name: a set cannot change its timeout in place, and a new name lets one
 /// transaction move a Service to another.
@@ -143,123 +130,84 @@ pub fn affinity_set_name(timeout: u32) -> String {
     MapName::Affinity(timeout).to_string()
 }
 
-/// The service port's 32-bit id in affinity keys, from its chain hash (the
-/// one in its chain names; base32, so 5 bits a character). Two service ports
-/// whose ids collide share records only for an endpoint address and port
-/// both have.
-fn service_id(sp: &ServicePort) -> u32 {
-    let h = chain_hash(&format!("{}{}", sp.name, proto_name(sp.protocol)));
-    let v = h.bytes().fold(0u64, |acc, c| {
+/// The id of the selection made in `chain` (a service port's `service-…` or
+/// `local-…` chain) in affinity records: 32 bits of the SHA-256 behind
+/// chain names, so stable across restarts and versions. Two selections
+/// whose ids collide share records by index, which can only make a client
+/// stick to an endpoint of the selection it is in (each rule checks its own
+/// indexes).
+fn affinity_id(chain: &str) -> u32 {
+    let h = chain_hash(chain);
+    h.bytes().take(7).fold(0u32, |acc, c| {
         let digit = match c {
             b'A'..=b'Z' => c - b'A',
             b'2'..=b'7' => c - b'2' + 26,
             _ => 0,
         };
-        (acc << 5) | u64::from(digit)
-    });
-    (v ^ (v >> 32)) as u32
+        (acc << 5) | u32::from(digit)
+    })
 }
 
-/// Rules that pick an endpoint among `eps` and DNAT to it.
+/// Rules that pick an endpoint among `eps` in chain `chain` and DNAT to it.
 fn selection(
     sp: &ServicePort,
+    chain: &str,
     eps: &[&Endpoint],
-    chains: &mut Vec<(String, Vec<Rule>)>,
     sets: &mut Vec<u32>,
-    records: &mut Vec<(u32, SocketAddr, u32)>,
     pools: &mut Vec<Pool>,
 ) -> Vec<Rule> {
-    let mut pool = |kind: PoolKind, values: Vec<ElemValue>| {
-        pools.push(Pool {
-            kind,
-            values,
-            map: kind.shard(0),
-            base: 0,
-            cap: 0,
-        });
-        pools.len() - 1
-    };
-    match sp.session_affinity_timeout {
-        None if eps.len() == 1 => vec![rule::dnat(sp.protocol, eps[0].socket_addr())],
-        None => {
-            let values = eps
-                .iter()
-                .map(|e| ElemValue::Endpoint(e.socket_addr()))
-                .collect();
-            let kind = PoolKind::Endpoints(sp.protocol);
-            vec![rule::numgen_dnat(
-                sp.protocol,
-                eps.len() as u32,
-                Slots {
-                    pool: pool(kind, values),
-                    map: kind.shard(0),
-                    offset: 0,
-                },
-            )]
-        }
-        Some(timeout) => {
-            // Affinity needs to know which endpoint a client got: a chain per
-            // endpoint, as upstream, but one set per timeout for all of them
-            // (upstream has a set per endpoint), keyed by client, endpoint and
-            // service port. The kernel finds a set by walking the table's sets
-            // and comparing names, so with a set per endpoint a full sync was
-            // quadratic: 81 s at 50k Services with 5% affinity.
-            let set = affinity_set_name(timeout);
-            let id = service_id(sp);
-            let mut rules = Vec::new();
-            let mut targets = Vec::new();
-            // Endpoint chains are shared by the cluster and local selections.
-            let mut made: std::collections::HashSet<String> =
-                chains.iter().map(|(c, _)| c.clone()).collect();
-            if !sets.contains(&timeout) {
-                sets.push(timeout);
-            }
-            for ep in eps {
-                let (base, _) = endpoint_chain_base(sp, ep);
-                let chain = format!("endpoint-{base}");
-                let key = rule::affinity_key(ep.socket_addr(), id);
-                if made.insert(chain.clone()) {
-                    chains.push((
-                        chain.clone(),
-                        vec![
-                            rule::affinity_update(&set, key.clone()),
-                            rule::dnat(sp.protocol, ep.socket_addr()),
-                        ],
-                    ));
-                    records.push((timeout, ep.socket_addr(), id));
-                }
-                rules.push(rule::affinity_check(&set, key, &chain));
-                targets.push(chain);
-            }
-            if targets.len() == 1 {
-                rules.push(rule::verdict(
-                    Verdict::Goto(targets.remove(0)),
-                    "one endpoint",
-                ));
-            } else {
-                let count = targets.len() as u32;
-                let values = targets
-                    .into_iter()
-                    .map(|t| ElemValue::Verdict(Verdict::Goto(t)))
-                    .collect();
-                rules.push(rule::numgen_goto(
-                    count,
-                    Slots {
-                        pool: pool(PoolKind::EndpointChains, values),
-                        map: PoolKind::EndpointChains.shard(0),
-                        offset: 0,
-                    },
-                ));
-            }
-            rules
-        }
+    if eps.len() == 1 && sp.session_affinity_timeout.is_none() {
+        return vec![rule::dnat(sp.protocol, eps[0].socket_addr())];
     }
+    let kind = PoolKind::Endpoints(sp.protocol);
+    let affinity = sp.session_affinity_timeout.map(|timeout| PoolAffinity {
+        timeout,
+        id: affinity_id(chain),
+    });
+    pools.push(Pool {
+        kind,
+        values: eps
+            .iter()
+            .map(|e| ElemValue::Endpoint(e.socket_addr()))
+            .collect(),
+        map: kind.shard(0),
+        base: 0,
+        cap: 0,
+        affinity,
+    });
+    let slots = Slots {
+        pool: pools.len() - 1,
+        map: kind.shard(0),
+        offset: 0,
+    };
+    let count = eps.len() as u32;
+    let Some(PoolAffinity { timeout, id }) = affinity else {
+        return vec![rule::numgen_dnat(sp.protocol, count, slots)];
+    };
+    // Session affinity without a chain per endpoint (upstream has one, and
+    // a set per endpoint): one record set per timeout for every Service,
+    // keyed by client, selection and the endpoint's index in the slots, and
+    // one rule per index. Rules name indexes, not endpoints, so replacing
+    // an endpoint is element updates only (with a rule per endpoint it
+    // added a rule, and every added rule makes the kernel validate the
+    // whole table: 0.4 s at 50k Services). The kernel finds a set by
+    // walking the table's sets by name, so a set per endpoint also made a
+    // full sync quadratic (81 s at 50k Services with 5% affinity).
+    if !sets.contains(&timeout) {
+        sets.push(timeout);
+    }
+    let records = MapName::Affinity(timeout);
+    let mut rules: Vec<Rule> = (0..count)
+        .map(|index| rule::affinity_hit(sp.protocol, records, id, index, slots))
+        .collect();
+    rules.push(rule::affinity_pick(sp.protocol, records, id, count, slots));
+    rules
 }
 
 /// Renders one service port. Mirrors upstream's nftables syncProxyRules, with
 /// endpoints chosen inside one `numgen ... map @endpoints` DNAT rule instead of
-/// a chain per endpoint (except for session affinity, which needs per-endpoint
-/// state). Pool slots are left for the proxier to assign.
+/// a chain per endpoint (session affinity: a rule per index of those slots).
+/// Pool slots are left for the proxier to assign.
 pub fn render_service(
     sp: &ServicePort,
     endpoints: &[Endpoint],
@@ -273,7 +221,6 @@ pub fn render_service(
     let ext_chain = format!("external-{base}");
     let fw_chain = format!("firewall-{base}");
     let mut out = ServiceObjects::default();
-    let mut ep_chains: Vec<(String, Vec<Rule>)> = Vec::new();
 
     let internal_chain = match cat.internal {
         EndpointSet::Cluster => &svc_chain,
@@ -296,10 +243,9 @@ pub fn render_service(
         }
         rules.extend(selection(
             sp,
+            &svc_chain,
             &cat.cluster,
-            &mut ep_chains,
             &mut out.affinity_sets,
-            &mut out.affinity_endpoints,
             &mut out.pools,
         ));
         out.chains.push((svc_chain.clone(), rules));
@@ -311,10 +257,9 @@ pub fn render_service(
         }
         rules.extend(selection(
             sp,
+            &local_chain,
             &cat.local,
-            &mut ep_chains,
             &mut out.affinity_sets,
-            &mut out.affinity_endpoints,
             &mut out.pools,
         ));
         out.chains.push((local_chain.clone(), rules));
@@ -345,7 +290,6 @@ pub fn render_service(
         }
         out.chains.push((ext_chain.clone(), rules));
     }
-    out.chains.extend(ep_chains);
 
     // Where traffic with no usable endpoint goes: reject when the service has
     // none anywhere, drop when it has some but not for this traffic's policy.
@@ -684,13 +628,14 @@ impl Skeleton {
 
 /// The declaration of an endpoint-map shard.
 pub fn shard_set(m: MapName) -> Set {
-    let value = match m {
-        MapName::Endpoints(proto, _) => NumgenValue::AddrPort(proto),
-        _ => NumgenValue::Verdict,
+    // Only endpoint maps are sharded; the protocol is in their name.
+    let proto = match m {
+        MapName::Endpoints(proto, _) => proto,
+        _ => Protocol::Tcp,
     };
     Set {
         name: m.to_string(),
-        ty: SetType::Numgen(value),
+        ty: SetType::Numgen(NumgenValue::AddrPort(proto)),
     }
 }
 
@@ -699,12 +644,7 @@ pub fn affinity_set(family: IpFamily, timeout: u32) -> Set {
     Set {
         name: affinity_set_name(timeout),
         ty: SetType::Typed {
-            key: vec![
-                DType::addr(family),
-                DType::addr(family),
-                DType::InetService,
-                DType::Mark,
-            ],
+            key: vec![DType::addr(family), DType::Mark, DType::Mark],
             verdict_map: false,
             timeout: Some(timeout),
         },
@@ -751,11 +691,6 @@ pub fn packet_chains(
                 EndpointSet::Cluster => format!("service-{base}"),
                 EndpointSet::Local => format!("local-{base}"),
             }));
-            if sp.session_affinity_timeout.is_some() {
-                for ep in route.endpoints_in(endpoints) {
-                    out.extend(own(format!("endpoint-{}", endpoint_chain_base(sp, ep).0)));
-                }
-            }
         }
         Action::Drop | Action::Reject => {
             // Traffic without endpoints is stopped in the filter chains by

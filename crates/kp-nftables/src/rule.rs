@@ -7,7 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 use ipnet::IpNet;
 use kp_model::{IpFamily, LocalDetector, Protocol};
 
-use crate::types::{Addr, AddrValue, Expr, KeyField, Rule, Slots, Verdict};
+use crate::types::{Addr, AddrValue, Expr, MapName, Rule, Slots, Verdict};
 
 pub const MARK_MASQ_CHAIN: &str = "mark-for-masquerade";
 
@@ -105,43 +105,44 @@ pub fn node_local_to_cluster(target: &str) -> [Rule; 2] {
     ]
 }
 
-/// The key of a client's affinity record for one endpoint of one service
-/// port: `ip saddr . ENDPOINT-IP . ENDPOINT-PORT . SERVICE-ID`.
-pub fn affinity_key(endpoint: SocketAddr, service_id: u32) -> Vec<KeyField> {
-    vec![
-        KeyField::Addr(Addr::Saddr),
-        KeyField::Ip(endpoint.ip()),
-        KeyField::Port(endpoint.port()),
-        KeyField::Id(service_id),
-    ]
-}
-
-/// `ip saddr . ENDPOINT . ID @set goto chain`: a client already bound to
-/// this endpoint.
-pub fn affinity_check(set: &str, key: Vec<KeyField>, target: &str) -> Rule {
+/// Session affinity, a client recorded for the endpoint at `index` (see
+/// [`Expr::AffinityHit`]).
+pub fn affinity_hit(
+    protocol: Protocol,
+    records: MapName,
+    id: u32,
+    index: u32,
+    slots: Slots,
+) -> Rule {
     Rule::new(vec![
-        Expr::Lookup {
-            key,
-            set: set.into(),
+        Expr::L4Proto(protocol),
+        Expr::AffinityHit {
+            records,
+            id,
+            index,
+            slots,
         },
-        Expr::Verdict(Verdict::Goto(target.into())),
     ])
 }
 
-/// `update @set { ip saddr . ENDPOINT . ID }`: remember the client for this
-/// endpoint (and restart its timeout).
-pub fn affinity_update(set: &str, key: Vec<KeyField>) -> Rule {
-    Rule::new(vec![Expr::Update {
-        set: set.into(),
-        key,
-    }])
-}
-
-/// Random choice among chains (affinity services: one chain per endpoint),
-/// through `count` slots of an `endpoint-chains-N` map, from pool `pool` of
-/// the Service (the proxier places it).
-pub fn numgen_goto(count: u32, slots: Slots) -> Rule {
-    Rule::new(vec![Expr::NumgenVmap { count, slots }])
+/// Session affinity, a new client: a random endpoint among `count` slots,
+/// recorded (see [`Expr::AffinityPick`]).
+pub fn affinity_pick(
+    protocol: Protocol,
+    records: MapName,
+    id: u32,
+    count: u32,
+    slots: Slots,
+) -> Rule {
+    Rule::new(vec![
+        Expr::L4Proto(protocol),
+        Expr::AffinityPick {
+            records,
+            id,
+            count,
+            slots,
+        },
+    ])
 }
 
 /// Random choice among endpoints, DNAT in one rule (no per-endpoint chain),

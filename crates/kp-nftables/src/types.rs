@@ -69,10 +69,8 @@ pub enum MapName {
     Fixed(&'static str),
     /// `endpoints-PROTO-N`: slot -> `address . port`, DNAT targets.
     Endpoints(Protocol, u32),
-    /// `endpoint-chains-N`: slot -> `goto endpoint-…` (session affinity).
-    EndpointChains(u32),
     /// `affinity-TIMEOUT`: the client records of every Service with that
-    /// session-affinity timeout.
+    /// session-affinity timeout (`client . selection id . slot index`).
     Affinity(u32),
 }
 
@@ -81,7 +79,6 @@ impl Display for MapName {
         match self {
             MapName::Fixed(n) => f.write_str(n),
             MapName::Endpoints(p, k) => write!(f, "endpoints-{}-{k}", p.as_lower()),
-            MapName::EndpointChains(k) => write!(f, "endpoint-chains-{k}"),
             MapName::Affinity(t) => write!(f, "affinity-{t}"),
         }
     }
@@ -98,40 +95,13 @@ pub enum ElemKey {
     /// A slot of the shared endpoint maps (a 32-bit integer, the numgen
     /// value; written in hex as nft lists it).
     Slot(u32),
-    /// A client's record in an affinity set: `client . endpoint address .
-    /// endpoint port . service port id`.
+    /// A client's record in an affinity set: `client . selection id .
+    /// index` (the endpoint's place in its selection's slots).
     Affinity {
         client: IpAddr,
-        endpoint: EndpointAddr,
         id: u32,
+        index: u32,
     },
-}
-
-/// An endpoint's address and port in 20 bytes where a SocketAddr takes 32:
-/// it makes every [`ElemKey`] 44 bytes instead of 56 (700k of them in a
-/// full sync at 50k Services).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct EndpointAddr(pub IpAddr, pub u16);
-
-impl EndpointAddr {
-    pub fn ip(self) -> IpAddr {
-        self.0
-    }
-    pub fn port(self) -> u16 {
-        self.1
-    }
-}
-
-impl From<SocketAddr> for EndpointAddr {
-    fn from(a: SocketAddr) -> Self {
-        EndpointAddr(a.ip(), a.port())
-    }
-}
-
-impl From<EndpointAddr> for SocketAddr {
-    fn from(a: EndpointAddr) -> Self {
-        SocketAddr::new(a.0, a.1)
-    }
 }
 
 impl Display for ElemKey {
@@ -142,16 +112,9 @@ impl Display for ElemKey {
             ElemKey::Ip(ip) => write!(f, "{ip}"),
             ElemKey::IpPair(ip) => write!(f, "{ip} . {ip}"),
             ElemKey::Slot(n) => write!(f, "0x{n:x}"),
-            ElemKey::Affinity {
-                client,
-                endpoint,
-                id,
-            } => write!(
-                f,
-                "{client} . {} . {} . 0x{id:08x}",
-                endpoint.ip(),
-                endpoint.port()
-            ),
+            ElemKey::Affinity { client, id, index } => {
+                write!(f, "{client} . 0x{id:08x} . 0x{index:08x}")
+            }
         }
     }
 }
@@ -198,13 +161,6 @@ pub enum KeyField {
     L4Proto,
     /// `th dport`
     ThDport,
-    /// A constant address (an endpoint's, in the affinity key).
-    Ip(IpAddr),
-    /// A constant port.
-    Port(u16),
-    /// A constant 32-bit id (`mark` type; the service port's in the affinity
-    /// key).
-    Id(u32),
 }
 
 /// What an address is compared with.
@@ -282,13 +238,23 @@ pub enum Expr {
     },
     /// `meta mark set meta mark or|xor VALUE`
     MarkSet(MarkOp, u32),
-    /// `update @set { KEY . KEY }`
-    Update {
-        set: String,
-        key: Vec<KeyField>,
+    /// Session affinity, a client seen before: a record `ip saddr . ID .
+    /// INDEX` in `records` restarts its timeout and sends the packet to the
+    /// endpoint in slot `slots.offset + INDEX` (`ID`: the selection's). One
+    /// such rule per slot: they name slots, not endpoints, so replacing an
+    /// endpoint changes elements only.
+    AffinityHit {
+        records: MapName,
+        id: u32,
+        index: u32,
+        slots: Slots,
     },
-    /// `numgen random mod N offset O vmap @map`
-    NumgenVmap {
+    /// Session affinity, a new client: a random index below `count`,
+    /// recorded for the client, and DNAT to that slot (`slots.offset` is
+    /// aligned to the pool's power-of-two size, so XOR adds it).
+    AffinityPick {
+        records: MapName,
+        id: u32,
         count: u32,
         slots: Slots,
     },
@@ -330,8 +296,8 @@ impl Expr {
             Expr::Vmap { .. } => "vmap",
             Expr::MarkMatch { .. } => "mark-match",
             Expr::MarkSet(..) => "mark-set",
-            Expr::Update { .. } => "update",
-            Expr::NumgenVmap { .. } => "numgen-vmap",
+            Expr::AffinityHit { .. } => "affinity-hit",
+            Expr::AffinityPick { .. } => "affinity-pick",
             Expr::NumgenDnat { .. } => "numgen-dnat",
             Expr::Dnat(_) => "dnat",
             Expr::Masquerade { .. } => "masquerade",
@@ -393,14 +359,30 @@ impl Expr {
                 };
                 write!(f, "meta mark set meta mark {op} 0x{v:x}")
             }
-            Expr::Update { set, key } => {
-                write!(f, "update @{set} {{ ")?;
-                write_key(f, fam, key)?;
-                f.write_str(" }")
-            }
-            Expr::NumgenVmap { count, slots } => write!(
+            // As `nft list` prints them (nft cannot parse either back:
+            // it refuses constants on the left of a lookup or map).
+            Expr::AffinityHit {
+                records,
+                id,
+                index,
+                slots,
+            } => write!(
                 f,
-                "numgen random mod {count} offset {} vmap @{}",
+                "{ip} saddr . 0x{id:08x} . 0x{index:08x} @{records} \
+                 update @{records} {{ {ip} saddr . 0x{id:08x} . 0x{index:08x} }} \
+                 dnat {ip} addr . port to 0x{:08x} map @{}",
+                slots.offset + index,
+                slots.map
+            ),
+            Expr::AffinityPick {
+                records,
+                id,
+                count,
+                slots,
+            } => write!(
+                f,
+                "update @{records} {{ {ip} saddr . 0x{id:08x} . numgen random mod {count} }} \
+                 dnat {ip} addr . port to numgen random mod {count} ^ 0x{:08x} map @{}",
                 slots.offset, slots.map
             ),
             Expr::NumgenDnat { count, slots } => write!(
@@ -432,9 +414,6 @@ fn write_key(f: &mut Formatter<'_>, fam: IpFamily, key: &[KeyField]) -> fmt::Res
             KeyField::Addr(a) => write!(f, "{} {}", family_kw(fam), a.kw())?,
             KeyField::L4Proto => f.write_str("meta l4proto")?,
             KeyField::ThDport => f.write_str("th dport")?,
-            KeyField::Ip(a) => write!(f, "{a}")?,
-            KeyField::Port(p) => write!(f, "{p}")?,
-            KeyField::Id(v) => write!(f, "0x{v:08x}")?,
         }
     }
     Ok(())
@@ -542,7 +521,7 @@ pub enum DType {
     Ipv6,
     InetProto,
     InetService,
-    /// nft's `mark`: a 32-bit number (an id in the affinity key).
+    /// nft's `mark`: a 32-bit number (the id and index in the affinity key).
     Mark,
 }
 
@@ -591,7 +570,6 @@ pub enum SetType {
 pub enum NumgenValue {
     /// `ip daddr . tcp dport` (the family's address, this protocol's port).
     AddrPort(Protocol),
-    Verdict,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -803,7 +781,6 @@ impl Display for OpText<'_> {
                             NumgenValue::AddrPort(p) => {
                                 write!(f, "{fam} daddr . {} dport", p.as_lower())?
                             }
-                            NumgenValue::Verdict => f.write_str("verdict")?,
                         }
                         f.write_str(" ; }")
                     }

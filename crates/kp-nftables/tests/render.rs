@@ -182,15 +182,33 @@ fn each_kind_of_service_renders_its_layout() {
     assert!(text.contains("dnat ip to 10.244.1.4:8080"));
     assert!(text.contains("198.51.100.1 . tcp . 80 : goto firewall-"));
     assert!(text.contains("ip saddr != { 203.0.113.0/24 } drop"));
-    // Affinity: per-endpoint chains, one set per timeout for every Service.
+    // Affinity: one set per timeout for every Service, records keyed by
+    // client, selection and index; a rule per index, no chain per endpoint.
     assert!(text.contains(
-        "add set ip kube-proxy-rs affinity-10800 { type ipv4_addr . ipv4_addr . inet_service . mark ; size 1048576 ; flags dynamic,timeout ; timeout 10800s ; }"
+        "add set ip kube-proxy-rs affinity-10800 { type ipv4_addr . mark . mark ; size 1048576 ; flags dynamic,timeout ; timeout 10800s ; }"
     ), "{text}");
-    assert!(
-        text.contains("update @affinity-10800 { ip saddr . 10.244.1.5 . 8080 . 0x"),
-        "{text}"
+    let aff: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("add rule") && l.contains("@affinity-10800"))
+        .collect();
+    assert_eq!(
+        aff.len(),
+        3,
+        "two endpoints: two hit rules, one pick: {aff:?}"
     );
-    assert!(text.contains("ip saddr . 10.244.1.5 . 8080 . 0x"), "{text}");
+    assert!(
+        aff[0].contains(" . 0x00000000 @affinity-10800 update @affinity-10800"),
+        "{aff:?}"
+    );
+    assert!(
+        aff[1].contains(" . 0x00000001 @affinity-10800 update @affinity-10800"),
+        "{aff:?}"
+    );
+    assert!(
+        aff[2].contains(". numgen random mod 2 } dnat ip addr . port to numgen random mod 2 ^ 0x"),
+        "{aff:?}"
+    );
+    assert!(!text.contains("chain ip kube-proxy-rs endpoint-"), "{text}");
     assert!(text.contains("198.51.100.7 . tcp . 80 : goto external-"));
     // iTP=Local with no local endpoint: dropped, not rejected (endpoints exist elsewhere).
     assert!(text.contains("10.96.0.15 . tcp . 80 : drop"));
@@ -202,9 +220,6 @@ fn each_kind_of_service_renders_its_layout() {
         map_elements(&text, &map).contains(&format!("0x{sctp:x} : 10.244.")),
         "{text}"
     );
-    // Affinity with two endpoints picks an endpoint chain from a shared verdict map.
-    assert!(text.contains("numgen random mod 2 offset 0 vmap @endpoint-chains-0"));
-    assert!(text.contains("add element ip kube-proxy-rs endpoint-chains-0 { 0x0 : goto endpoint-"));
     // Out-of-window packets marked INVALID are dropped before they can be
     // forwarded un-NATed (upstream's conntrack "invalid state" reset bug).
     assert!(text.contains("add rule ip kube-proxy-rs filter-forward ct state invalid drop"));

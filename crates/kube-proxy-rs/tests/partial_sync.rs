@@ -407,8 +407,12 @@ fn normalize_nft(text: &str) -> Vec<String> {
             maps.insert(name, slots);
         }
     }
-    let is_shard =
-        |name: &str| name.starts_with("endpoints-") || name.starts_with("endpoint-chains-");
+    let is_shard = |name: &str| name.starts_with("endpoints-");
+    // Session-affinity rules name slots by index, and a partial sync keeps
+    // each endpoint at the index it had (its clients' records name it)
+    // where a fresh sync takes the model's order: which endpoint a chain's
+    // rule for index k reaches is compared as the chain's set of them.
+    let mut affinity_targets: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut facts = BTreeSet::new();
     let mut rules: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for it in items {
@@ -426,6 +430,12 @@ fn normalize_nft(text: &str) -> Vec<String> {
                 let chain = obj["chain"].as_str().unwrap_or_default().to_string();
                 let mut expr = obj["expr"].clone();
                 resolve_slots(&fam, &mut expr, &maps);
+                if expr.to_string().contains("@affinity-") {
+                    let targets = affinity_targets
+                        .entry(format!("{fam} {chain}"))
+                        .or_default();
+                    unorder_affinity(&mut expr, targets);
+                }
                 rules
                     .entry(format!("{fam} {chain}"))
                     .or_default()
@@ -454,6 +464,10 @@ fn normalize_nft(text: &str) -> Vec<String> {
             }
         }
     }
+    for (chain, mut targets) in affinity_targets {
+        targets.sort();
+        facts.insert(format!("affinity targets of {chain}: {targets:?}"));
+    }
     let mut out: Vec<String> = facts.into_iter().collect();
     for (chain, rs) in rules {
         for (k, r) in rs.into_iter().enumerate() {
@@ -463,34 +477,75 @@ fn normalize_nft(text: &str) -> Vec<String> {
     out
 }
 
+/// An affinity rule as `expr` with the endpoints it reaches taken out into
+/// `targets` (a hit rule's one endpoint, or the sorted picks of the random
+/// choice).
+fn unorder_affinity(v: &mut Value, targets: &mut Vec<String>) {
+    match v {
+        Value::Object(o) => {
+            if let Some(t) = o.remove("slot-pick") {
+                targets.push(t.to_string());
+                return;
+            }
+            if let Some(Value::Array(picks)) = o.get_mut("numgen-picks") {
+                picks.sort_by_key(|p| p.to_string());
+                return;
+            }
+            for (_, x) in o.iter_mut() {
+                unorder_affinity(x, targets);
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(|x| unorder_affinity(x, targets)),
+        _ => {}
+    }
+}
+
 /// Replaces `{"map"|"vmap": {"key": {"numgen": {mod, offset}}, "data": "@shard"}}`
-/// with the values the numgen can pick.
+/// with the values the numgen can pick (also a numgen XOR a pool's start,
+/// and a constant slot, as the affinity rules index).
 fn resolve_slots(fam: &str, v: &mut Value, maps: &BTreeMap<String, Vec<(i64, Value)>>) {
     match v {
         Value::Object(o) => {
             for kw in ["map", "vmap"] {
                 let Some(inner) = o.get(kw) else { continue };
-                let ng = &inner["key"]["numgen"];
                 let Some(data) = inner["data"].as_str() else {
                     continue;
                 };
-                let (Some(m), Some(name)) = (ng["mod"].as_i64(), data.strip_prefix('@')) else {
+                let Some(name) = data.strip_prefix('@') else {
                     continue;
                 };
-                let offset = ng["offset"].as_i64().unwrap_or(0);
                 let slots = maps
                     .get(&format!("{fam} {name}"))
                     .cloned()
                     .unwrap_or_default();
-                let picked: Vec<Value> = (offset..offset + m)
-                    .map(|k| {
-                        slots
-                            .iter()
-                            .find(|(s, _)| *s == k)
-                            .map(|(_, v)| v.clone())
-                            .unwrap_or(Value::Null)
-                    })
-                    .collect();
+                let at = |k: i64| {
+                    slots
+                        .iter()
+                        .find(|(s, _)| *s == k)
+                        .map(|(_, v)| v.clone())
+                        .unwrap_or(Value::Null)
+                };
+                // A constant slot, listed as its host-endian bytes read as
+                // a big-endian integer (nft does not type it).
+                if let Some(c) = inner["key"].as_str() {
+                    let hex = c
+                        .trim_end_matches(" [invalid type]")
+                        .trim_start_matches("0x");
+                    if let Ok(raw) = u32::from_str_radix(hex, 16) {
+                        let slot = u32::from_ne_bytes(raw.to_be_bytes());
+                        o.insert(kw.to_string(), json!({"slot-pick": at(slot as i64)}));
+                        return;
+                    }
+                }
+                let (ng, xor) = match inner["key"].get("^") {
+                    Some(x) => (&x[0]["numgen"], x[1].as_i64().unwrap_or(0)),
+                    None => (&inner["key"]["numgen"], 0),
+                };
+                let Some(m) = ng["mod"].as_i64() else {
+                    continue;
+                };
+                let offset = ng["offset"].as_i64().unwrap_or(0);
+                let picked: Vec<Value> = (offset..offset + m).map(|k| at(k ^ xor)).collect();
                 o.insert(kw.to_string(), json!({"numgen-picks": picked}));
                 return;
             }

@@ -365,10 +365,6 @@ fn numgen_map_udata(kind: NumgenValue, fam: Family) -> Vec<u8> {
             udata(&mut data, 0, &u32s(13)); // concatenation
             udata(&mut data, 1, &parts);
         }
-        NumgenValue::Verdict => {
-            udata(&mut data, 0, &u32s(1)); // verdict
-            udata(&mut data, 1, &[]);
-        }
     }
     udata(&mut ud, 4, &data);
     udata(&mut ud, 6, &u32s(0));
@@ -386,9 +382,6 @@ fn set_attrs(table: &str, s: &Set, fam: Family, id: u32) -> Attrs {
                 NumgenValue::AddrPort(_) => {
                     a.u32be(6, (fam.addr_type() << 6) | dtype(DType::InetService).0);
                     a.u32be(7, fam.addr_len() as u32 + 4);
-                }
-                NumgenValue::Verdict => {
-                    a.u32be(6, 0xffff_ff00).u32be(7, 0);
                 }
             }
             a.u32be(10, id);
@@ -479,16 +472,11 @@ fn key_bytes(k: &ElemKey, fam: Family) -> Result<Vec<u8>, String> {
         }
         // A slot of a numgen-keyed map: numgen writes host-endian integers.
         ElemKey::Slot(n) => n.to_ne_bytes().to_vec(),
-        ElemKey::Affinity {
-            client,
-            endpoint,
-            id,
-        } => {
+        // nft's mark type is a host-endian integer.
+        ElemKey::Affinity { client, id, index } => {
             let mut v = addr_bytes(*client, fam)?;
-            v.extend_from_slice(&addr_bytes(endpoint.ip(), fam)?);
-            v.extend_from_slice(&endpoint.port().to_be_bytes());
-            pad(&mut v);
             v.extend_from_slice(&id.to_ne_bytes());
+            v.extend_from_slice(&index.to_ne_bytes());
             v
         }
     })
@@ -497,20 +485,17 @@ fn key_bytes(k: &ElemKey, fam: Family) -> Result<Vec<u8>, String> {
 /// Reads an affinity record's key back (the layout [`key_bytes`] writes).
 pub fn affinity_key(b: &[u8], fam: Family) -> Option<ElemKey> {
     let n = fam.addr_len();
-    if b.len() != 2 * n + 8 {
+    if b.len() != n + 8 {
         return None;
     }
-    let ip = |s: &[u8]| -> Option<std::net::IpAddr> {
-        Some(match n {
-            4 => std::net::IpAddr::from(<[u8; 4]>::try_from(s).ok()?),
-            _ => std::net::IpAddr::from(<[u8; 16]>::try_from(s).ok()?),
-        })
+    let client = match n {
+        4 => std::net::IpAddr::from(<[u8; 4]>::try_from(&b[..n]).ok()?),
+        _ => std::net::IpAddr::from(<[u8; 16]>::try_from(&b[..n]).ok()?),
     };
-    let port = u16::from_be_bytes([b[2 * n], b[2 * n + 1]]);
-    let id = u32::from_ne_bytes(b[2 * n + 4..].try_into().ok()?);
+    let word = |i: usize| Some(u32::from_ne_bytes(b.get(i..i + 4)?.try_into().ok()?));
     Some(ElemKey::Affinity {
-        client: ip(&b[..n])?,
-        endpoint: crate::types::EndpointAddr(ip(&b[n..2 * n])?, port),
-        id,
+        client,
+        id: word(n)?,
+        index: word(n + 4)?,
     })
 }

@@ -151,9 +151,12 @@ fn immediate_data(dreg: u32, data: &[u8]) -> Attrs {
     })
 }
 
-fn numgen(modulus: u32, offset: u32) -> Attrs {
+fn numgen(dreg: u32, modulus: u32, offset: u32) -> Attrs {
     ex("numgen", |a| {
-        a.u32be(1, 1).u32be(2, modulus).u32be(3, 1).u32be(4, offset);
+        a.u32be(1, dreg)
+            .u32be(2, modulus)
+            .u32be(3, 1)
+            .u32be(4, offset);
     })
 }
 
@@ -181,10 +184,9 @@ fn addr_offset(fam: Family, which: Addr) -> u32 {
 impl KeyField {
     fn len(self, fam: Family) -> usize {
         match self {
-            KeyField::Addr(_) | KeyField::Ip(_) => fam.addr_len(),
+            KeyField::Addr(_) => fam.addr_len(),
             KeyField::L4Proto => 1,
-            KeyField::ThDport | KeyField::Port(_) => 2,
-            KeyField::Id(_) => 4,
+            KeyField::ThDport => 2,
         }
     }
     fn load(self, fam: Family, dreg: u32) -> Result<Attrs, String> {
@@ -192,12 +194,15 @@ impl KeyField {
             KeyField::Addr(a) => payload(1, addr_offset(fam, a), fam.addr_len() as u32, dreg),
             KeyField::L4Proto => meta_load(16, dreg),
             KeyField::ThDport => payload(2, 2, 2, dreg),
-            KeyField::Ip(ip) => immediate_data(dreg, &addr_bytes(ip, fam)?),
-            KeyField::Port(p) => immediate_data(dreg, &p.to_be_bytes()),
-            // nft's mark type is a host-endian integer.
-            KeyField::Id(v) => immediate_data(dreg, &v.to_ne_bytes()),
         })
     }
+}
+
+/// `update @set { KEY }` from the packet path, the key from `sreg` on.
+fn dynset_update(set: &str, sreg: u32) -> Attrs {
+    ex("dynset", |a| {
+        a.str(1, set).u32be(3, 1).u32be(4, sreg);
+    })
 }
 
 /// Loads a (concatenated) key into consecutive registers starting at 1.
@@ -511,24 +516,74 @@ pub fn encode_rule(
                     a.u32be(2, 3).u32be(3, 1);
                 }));
             }
-            Expr::Update { set, key } => {
-                load_key(out, fam, key)?;
-                out.push(ex("dynset", |a| {
-                    a.str(1, set).u32be(3, 1).u32be(4, 1);
-                }));
+            // The record's key, `client . id . index`, is loaded from word
+            // 0 on: the address, then the id and the index as host-endian
+            // `mark`s. A lookup's result only feeds the nat: nft 1.0.6
+            // cannot list a rule where one feeds another lookup or a set
+            // update (it aborts).
+            Expr::AffinityHit {
+                records,
+                id,
+                index,
+                slots,
+            } => {
+                let a = fam.addr_len() / 4;
+                let records = records.to_string();
+                out.push(payload(
+                    1,
+                    addr_offset(fam, Addr::Saddr),
+                    fam.addr_len() as u32,
+                    1,
+                ));
+                out.push(immediate_data(reg(a), &id.to_ne_bytes()));
+                out.push(immediate_data(reg(a + 1), &index.to_ne_bytes()));
+                out.push(lookup(1, None, &records, None, false));
+                out.push(dynset_update(&records, 1));
+                let slot = slots
+                    .offset
+                    .checked_add(*index)
+                    .ok_or("slot out of range")?;
+                out.push(immediate_data(1, &slot.to_ne_bytes()));
+                out.push(lookup(1, Some(1), &slots.map.to_string(), None, false));
+                out.push(nat(fam, reg(a), None));
             }
-            Expr::NumgenVmap { count, slots } => {
+            Expr::AffinityPick {
+                records,
+                id,
+                count,
+                slots,
+            } => {
                 if *count == 0 {
                     return Err("numgen modulus 0".into());
                 }
-                out.push(numgen(*count, slots.offset));
-                out.push(lookup(1, Some(0), &slots.map.to_string(), None, false));
+                if slots.offset % count.next_power_of_two() != 0 {
+                    return Err("affinity slots not aligned to their size".into());
+                }
+                let a = fam.addr_len() / 4;
+                out.push(numgen(reg(a + 1), *count, 0));
+                out.push(payload(
+                    1,
+                    addr_offset(fam, Addr::Saddr),
+                    fam.addr_len() as u32,
+                    1,
+                ));
+                out.push(immediate_data(reg(a), &id.to_ne_bytes()));
+                out.push(dynset_update(&records.to_string(), 1));
+                // The slot: the pool's start XOR the index (the start is a
+                // multiple of the pool's power-of-two size).
+                out.push(ex("bitwise", |b| {
+                    b.u32be(1, reg(a + 1)).u32be(2, 1).u32be(3, 4);
+                    b.data_value(4, &[0xff; 4])
+                        .data_value(5, &slots.offset.to_ne_bytes());
+                }));
+                out.push(lookup(1, Some(1), &slots.map.to_string(), None, false));
+                out.push(nat(fam, reg(a), None));
             }
             Expr::NumgenDnat { count, slots } => {
                 if *count == 0 {
                     return Err("numgen modulus 0".into());
                 }
-                out.push(numgen(*count, slots.offset));
+                out.push(numgen(1, *count, slots.offset));
                 out.push(lookup(1, Some(1), &slots.map.to_string(), None, false));
                 out.push(nat(fam, reg(fam.addr_len() / 4), None));
             }

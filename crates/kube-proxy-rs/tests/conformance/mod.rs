@@ -1080,12 +1080,15 @@ pub fn session_affinity_lifecycle(mode: &str) {
     // The removed endpoint returns: its former clients stay where they are.
     let back = pods.iter().find(|p| p.name() == gone).expect("removed pod");
     env.put("eps", &slice("afl", "1", "IPv4", &ready(&all)));
+    // A DNAT rule to it (upstream's chain per endpoint) or an element of
+    // an endpoint map (ours).
     let dnat = format!("{}:8080", back.ip());
+    let element = format!("{} . 8080", back.ip());
     for node in [1, 2] {
         env.wait(&format!("{gone} back in node{node}'s rules"), || {
             env.ruleset(node)
                 .lines()
-                .any(|l| l.contains("dnat") && l.contains(&dnat))
+                .any(|l| (l.contains("dnat") && l.contains(&dnat)) || l.contains(&element))
         });
     }
     for _ in 0..5 {
