@@ -947,7 +947,17 @@ impl Dataplane for NftablesProxier {
             ..Default::default()
         };
         if !txn.is_empty() {
-            match self.backend.apply(&txn) {
+            // A full sync's operations are freed as they are encoded (the
+            // largest transient of the process: at 50k Services the typed
+            // operations and the batch were ~175 MB together); a kernel
+            // refusal then names lines without text, and the retry is a
+            // full sync anyway. A partial sync keeps its text for errors.
+            let applied = if is_full {
+                self.backend.apply_owned(txn)
+            } else {
+                self.backend.apply(&txn)
+            };
+            match applied {
                 Ok(bytes) => report.bytes = bytes,
                 Err(e) => {
                     // Nothing was applied (one transaction); forget what we think

@@ -1947,6 +1947,22 @@ fn a_transaction_encoded_in_two_halves_applies_whole() {
             "chain c{i}: want `{want}` in\n{listed}"
         );
     }
+    // The same transaction handed over (what a full sync does): each
+    // operation is freed once encoded, and the kernel gets the same.
+    let owned = Ns::new("halveso");
+    owned
+        .run(|| NftNetlink::new().apply_owned(t.clone()))
+        .expect("the kernel took the batch");
+    assert_eq!(owned.ruleset(), ns.ruleset());
+    // A kernel refusal of a handed-over transaction names the line; its
+    // text is gone.
+    let mut refused = Transaction::new(IpFamily::V4, "t");
+    refused.add(chain("c-new")).delete(chain("no-such-chain"));
+    let e = owned
+        .run(|| NftNetlink::new().apply_owned(refused))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("line 2") && e.contains("not kept"), "{e}");
     // An operation the encoder refuses, late in the second half.
     let bad_line = t.ops.len() - 3;
     t.ops[bad_line].object = Object::Rule {
@@ -1958,4 +1974,13 @@ fn a_transaction_encoded_in_two_halves_applies_whole() {
     };
     let e = NftNetlink::check(&t).unwrap_err();
     assert_eq!(e.line, bad_line + 1, "{e}");
+    // Handed over, the refused operation still has its text.
+    let e = owned
+        .run(|| NftNetlink::new().apply_owned(t))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!("line {}", bad_line + 1)) && e.contains("::1"),
+        "{e}"
+    );
 }

@@ -151,6 +151,74 @@ pub fn encode(tx: &Transaction, seq0: u32) -> Result<Batch, EncodeError> {
     Ok(a.finish())
 }
 
+/// As [`encode`], consuming `tx`: each operation is dropped as soon as it
+/// is encoded, so the typed transaction shrinks while the batch grows.
+pub fn encode_owned(tx: Transaction, seq0: u32) -> Result<Batch, EncodeError> {
+    let Transaction {
+        family,
+        table,
+        ops: mut first,
+    } = tx;
+    let two = first.len() >= SPLIT_AT_OPS
+        && std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
+    if !two {
+        let mut b = Batch::new(seq0, first.len() * 128 + 64);
+        encode_owned_ops(&mut b, family, &table, 0, first)?;
+        return Ok(b.finish());
+    }
+    let mid = first.len() / 2;
+    let second = first.split_off(mid);
+    first.shrink_to_fit();
+    let seq1 = seq0.wrapping_add(ops_messages(&first) as u32);
+    let (a, b) = std::thread::scope(|s| {
+        let table = &table;
+        let h = s.spawn(move || {
+            let mut b = Batch::continuation(seq1, 1 << 30, second.len() * 128);
+            encode_owned_ops(&mut b, family, table, mid, second).map(|_| b)
+        });
+        let mut a = Batch::new(seq0, first.len() * 128 + 64);
+        let a = encode_owned_ops(&mut a, family, table, 0, first).map(|_| a);
+        (a, h.join())
+    });
+    let mut a = a?;
+    let b = match b {
+        Ok(b) => b?,
+        Err(_) => {
+            return Err(EncodeError {
+                line: mid + 1,
+                text: String::new(),
+                why: "the encoder panicked on this half of the transaction".into(),
+            })
+        }
+    };
+    a.inner.append(b.inner);
+    Ok(a.finish())
+}
+
+fn encode_owned_ops(
+    b: &mut Batch,
+    family: kp_model::IpFamily,
+    table: &str,
+    start: usize,
+    ops: Vec<Op>,
+) -> Result<(), EncodeError> {
+    let fam = Family::from(family);
+    for (i, op) in ops.into_iter().enumerate() {
+        let line = start + i + 1;
+        encode_op(b, line, fam, table, &op).map_err(|why| {
+            // The failing operation's text, from a transaction of its own.
+            let mut one = Transaction::new(family, table);
+            one.ops.push(op);
+            EncodeError {
+                line,
+                text: one.op_text(0),
+                why,
+            }
+        })?;
+    }
+    Ok(())
+}
+
 /// Encodes `ops` (the transaction's operations from index `start`) into `b`.
 fn encode_ops(
     b: &mut Batch,

@@ -71,14 +71,13 @@ impl NftNetlink {
     }
 }
 
-impl NftBackend for NftNetlink {
-    fn apply(&mut self, tx: &Transaction) -> Result<usize, DataplaneError> {
-        // A sequence range for every message the batch may hold.
-        let seq0 = next_seq(batch::max_messages(tx));
-        let batch = batch::encode(tx, seq0).map_err(|e| DataplaneError::Apply {
-            tool: TOOL.into(),
-            message: e.to_string(),
-        })?;
+impl NftNetlink {
+    /// Sends an encoded batch; `text` gives a refused line's text, if kept.
+    fn send(
+        &mut self,
+        batch: batch::Batch,
+        text: &dyn Fn(usize) -> Option<String>,
+    ) -> Result<usize, DataplaneError> {
         if batch.is_empty() {
             return Ok(0);
         }
@@ -90,9 +89,13 @@ impl NftBackend for NftNetlink {
             .into_iter()
             .map(|r| match r {
                 Refusal::Commit(errno) => format!("commit failed: {}", errno_text(errno)),
-                Refusal::Op(l, errno) => {
-                    format!("line {l}: {}: `{}`", errno_text(errno), tx.op_text(l - 1))
-                }
+                Refusal::Op(l, errno) => match text(l) {
+                    Some(t) => format!("line {l}: {}: `{t}`", errno_text(errno)),
+                    None => format!(
+                        "line {l}: {} (the operation's text was not kept; --dry-run prints the transaction)",
+                        errno_text(errno)
+                    ),
+                },
                 Refusal::Foreign(seq, errno) => {
                     format!("message {seq} (not ours): {}", errno_text(errno))
                 }
@@ -115,6 +118,28 @@ impl NftBackend for NftNetlink {
             "nf_tables batch applied"
         );
         Ok(batch.inner.bytes())
+    }
+}
+
+fn encode_err(e: EncodeError) -> DataplaneError {
+    DataplaneError::Apply {
+        tool: TOOL.into(),
+        message: e.to_string(),
+    }
+}
+
+impl NftBackend for NftNetlink {
+    fn apply(&mut self, tx: &Transaction) -> Result<usize, DataplaneError> {
+        // A sequence range for every message the batch may hold.
+        let seq0 = next_seq(batch::max_messages(tx));
+        let batch = batch::encode(tx, seq0).map_err(encode_err)?;
+        self.send(batch, &|l| Some(tx.op_text(l - 1)))
+    }
+
+    fn apply_owned(&mut self, tx: Transaction) -> Result<usize, DataplaneError> {
+        let seq0 = next_seq(batch::max_messages(&tx));
+        let batch = batch::encode_owned(tx, seq0).map_err(encode_err)?;
+        self.send(batch, &|_| None)
     }
 
     fn chain_has_rules(
