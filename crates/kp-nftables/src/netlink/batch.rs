@@ -113,25 +113,112 @@ const SPLIT_AT_OPS: usize = 20_000;
 
 /// Encodes the whole transaction into one batch starting at sequence `seq0`.
 pub fn encode(tx: &Transaction, seq0: u32) -> Result<Batch, EncodeError> {
-    let two = tx.ops.len() >= SPLIT_AT_OPS
-        && std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
+    let fam = Family::from(tx.family);
+    in_halves(
+        seq0,
+        &tx.ops[..],
+        |ops: &mut &[Op], mid| {
+            let (first, second) = ops.split_at(mid);
+            *ops = first;
+            second
+        },
+        |b, start, ops| {
+            for (i, op) in ops.iter().enumerate() {
+                let line = start + i + 1;
+                encode_op(b, line, fam, &tx.table, op).map_err(|why| EncodeError {
+                    line,
+                    text: tx.op_text(line - 1),
+                    why,
+                })?;
+            }
+            Ok(())
+        },
+        |line| tx.op_text(line - 1),
+    )
+}
+
+/// As [`encode`], consuming `tx`: each operation is dropped as soon as it
+/// is encoded, so the typed transaction shrinks while the batch grows.
+pub fn encode_owned(tx: Transaction, seq0: u32) -> Result<Batch, EncodeError> {
+    let Transaction { family, table, ops } = tx;
+    let fam = Family::from(family);
+    in_halves(
+        seq0,
+        ops,
+        |ops: &mut Vec<Op>, mid| {
+            let second = ops.split_off(mid);
+            ops.shrink_to_fit();
+            second
+        },
+        |b, start, ops| {
+            for (i, op) in ops.into_iter().enumerate() {
+                let line = start + i + 1;
+                encode_op(b, line, fam, &table, &op).map_err(|why| {
+                    // The failing operation's text, from a transaction of
+                    // its own.
+                    let mut one = Transaction::new(family, table.as_str());
+                    one.ops.push(op);
+                    EncodeError {
+                        line,
+                        text: one.op_text(0),
+                        why,
+                    }
+                })?;
+            }
+            Ok(())
+        },
+        |_| String::new(),
+    )
+}
+
+/// Operations, borrowed or owned, that [`in_halves`] can split.
+trait Ops: Send {
+    fn ops(&self) -> &[Op];
+}
+
+impl Ops for &[Op] {
+    fn ops(&self) -> &[Op] {
+        self
+    }
+}
+
+impl Ops for Vec<Op> {
+    fn ops(&self) -> &[Op] {
+        self
+    }
+}
+
+/// Encodes `ops` with `encode(batch, first index, ops)`: at once, or, for a
+/// large transaction on a machine with two cores, its two halves on two
+/// threads (`split` keeps the first half in place and returns the second),
+/// joined into one batch. `text` names a line if the second half panics.
+fn in_halves<O: Ops>(
+    seq0: u32,
+    mut ops: O,
+    split: impl FnOnce(&mut O, usize) -> O,
+    encode: impl Fn(&mut Batch, usize, O) -> Result<(), EncodeError> + Sync,
+    text: impl FnOnce(usize) -> String,
+) -> Result<Batch, EncodeError> {
+    let n = ops.ops().len();
+    let two = n >= SPLIT_AT_OPS && std::thread::available_parallelism().is_ok_and(|c| c.get() > 1);
     if !two {
-        let mut b = Batch::new(seq0, tx.ops.len() * 128 + 64);
-        encode_ops(&mut b, tx, 0, &tx.ops)?;
+        let mut b = Batch::new(seq0, n * 128 + 64);
+        encode(&mut b, 0, ops)?;
         return Ok(b.finish());
     }
-    let mid = tx.ops.len() / 2;
-    let (first, second) = tx.ops.split_at(mid);
+    let mid = n / 2;
+    let second = split(&mut ops, mid);
     // The second half numbers its messages after every number the first
     // can use, and its anonymous sets far above the first's ids.
-    let seq1 = seq0.wrapping_add(ops_messages(first) as u32);
+    let seq1 = seq0.wrapping_add(ops_messages(ops.ops()) as u32);
     let (a, b) = std::thread::scope(|s| {
-        let h = s.spawn(|| {
-            let mut b = Batch::continuation(seq1, 1 << 30, second.len() * 128);
-            encode_ops(&mut b, tx, mid, second).map(|_| b)
+        let encode = &encode;
+        let h = s.spawn(move || {
+            let mut b = Batch::continuation(seq1, 1 << 30, (n - mid) * 128);
+            encode(&mut b, mid, second).map(|_| b)
         });
-        let mut a = Batch::new(seq0, first.len() * 128 + 64);
-        let a = encode_ops(&mut a, tx, 0, first).map(|_| a);
+        let mut a = Batch::new(seq0, mid * 128 + 64);
+        let a = encode(&mut a, 0, ops).map(|_| a);
         (a, h.join())
     });
     let mut a = a?;
@@ -142,100 +229,13 @@ pub fn encode(tx: &Transaction, seq0: u32) -> Result<Batch, EncodeError> {
         Err(_) => {
             return Err(EncodeError {
                 line: mid + 1,
-                text: tx.op_text(mid),
+                text: text(mid + 1),
                 why: "the encoder panicked on this half of the transaction".into(),
             })
         }
     };
     a.inner.append(b.inner);
     Ok(a.finish())
-}
-
-/// As [`encode`], consuming `tx`: each operation is dropped as soon as it
-/// is encoded, so the typed transaction shrinks while the batch grows.
-pub fn encode_owned(tx: Transaction, seq0: u32) -> Result<Batch, EncodeError> {
-    let Transaction {
-        family,
-        table,
-        ops: mut first,
-    } = tx;
-    let two = first.len() >= SPLIT_AT_OPS
-        && std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
-    if !two {
-        let mut b = Batch::new(seq0, first.len() * 128 + 64);
-        encode_owned_ops(&mut b, family, &table, 0, first)?;
-        return Ok(b.finish());
-    }
-    let mid = first.len() / 2;
-    let second = first.split_off(mid);
-    first.shrink_to_fit();
-    let seq1 = seq0.wrapping_add(ops_messages(&first) as u32);
-    let (a, b) = std::thread::scope(|s| {
-        let table = &table;
-        let h = s.spawn(move || {
-            let mut b = Batch::continuation(seq1, 1 << 30, second.len() * 128);
-            encode_owned_ops(&mut b, family, table, mid, second).map(|_| b)
-        });
-        let mut a = Batch::new(seq0, first.len() * 128 + 64);
-        let a = encode_owned_ops(&mut a, family, table, 0, first).map(|_| a);
-        (a, h.join())
-    });
-    let mut a = a?;
-    let b = match b {
-        Ok(b) => b?,
-        Err(_) => {
-            return Err(EncodeError {
-                line: mid + 1,
-                text: String::new(),
-                why: "the encoder panicked on this half of the transaction".into(),
-            })
-        }
-    };
-    a.inner.append(b.inner);
-    Ok(a.finish())
-}
-
-fn encode_owned_ops(
-    b: &mut Batch,
-    family: kp_model::IpFamily,
-    table: &str,
-    start: usize,
-    ops: Vec<Op>,
-) -> Result<(), EncodeError> {
-    let fam = Family::from(family);
-    for (i, op) in ops.into_iter().enumerate() {
-        let line = start + i + 1;
-        encode_op(b, line, fam, table, &op).map_err(|why| {
-            // The failing operation's text, from a transaction of its own.
-            let mut one = Transaction::new(family, table);
-            one.ops.push(op);
-            EncodeError {
-                line,
-                text: one.op_text(0),
-                why,
-            }
-        })?;
-    }
-    Ok(())
-}
-
-/// Encodes `ops` (the transaction's operations from index `start`) into `b`.
-fn encode_ops(
-    b: &mut Batch,
-    tx: &Transaction,
-    start: usize,
-    ops: &[Op],
-) -> Result<(), EncodeError> {
-    let fam = Family::from(tx.family);
-    for (i, op) in ops.iter().enumerate() {
-        let i = start + i;
-        encode_op(b, i + 1, fam, &tx.table, op).map_err(|why| EncodeError {
-            line: i + 1,
-            text: tx.op_text(i),
-            why,
-        })?;
-    }
-    Ok(())
 }
 
 fn create_flags(verb: Verb) -> u16 {
