@@ -9,7 +9,7 @@ use kp_model::{IpFamily, Protocol};
 use kp_netlink::{Attrs, Nest};
 
 use crate::types::{
-    clean, Addr, AddrValue, CtState, ElemValue, Expr, KeyField, MarkOp, Rule, Verdict,
+    clean, Addr, AddrValue, CtState, ElemValue, Expr, KeyField, MarkOp, Rule, Slots, Verdict,
 };
 use kp_netlink::nftables::expr::{bitwise, cmp, ex, meta_load, payload};
 use kp_netlink::nftables::{udata, NftAttrs};
@@ -196,6 +196,13 @@ impl KeyField {
             KeyField::ThDport => payload(2, 2, 2, dreg),
         })
     }
+}
+
+/// DNAT to the endpoint in the slot of `slots.map` that register 1 names:
+/// the map writes address and port from register 1 on.
+fn slot_dnat(out: &mut Vec<Attrs>, fam: Family, slots: &Slots) {
+    out.push(lookup(1, Some(1), &slots.map.to_string(), None, false));
+    out.push(nat(fam, reg(fam.addr_len() / 4), None));
 }
 
 /// `update @set { KEY }` from the packet path, the key from `sreg` on.
@@ -529,12 +536,7 @@ pub fn encode_rule(
             } => {
                 let a = fam.addr_len() / 4;
                 let records = records.to_string();
-                out.push(payload(
-                    1,
-                    addr_offset(fam, Addr::Saddr),
-                    fam.addr_len() as u32,
-                    1,
-                ));
+                out.push(KeyField::Addr(Addr::Saddr).load(fam, 1)?);
                 out.push(immediate_data(reg(a), &id.to_ne_bytes()));
                 out.push(immediate_data(reg(a + 1), &index.to_ne_bytes()));
                 out.push(lookup(1, None, &records, None, false));
@@ -544,8 +546,7 @@ pub fn encode_rule(
                     .checked_add(*index)
                     .ok_or("slot out of range")?;
                 out.push(immediate_data(1, &slot.to_ne_bytes()));
-                out.push(lookup(1, Some(1), &slots.map.to_string(), None, false));
-                out.push(nat(fam, reg(a), None));
+                slot_dnat(out, fam, slots);
             }
             Expr::AffinityPick {
                 records,
@@ -561,12 +562,7 @@ pub fn encode_rule(
                 }
                 let a = fam.addr_len() / 4;
                 out.push(numgen(reg(a + 1), *count, 0));
-                out.push(payload(
-                    1,
-                    addr_offset(fam, Addr::Saddr),
-                    fam.addr_len() as u32,
-                    1,
-                ));
+                out.push(KeyField::Addr(Addr::Saddr).load(fam, 1)?);
                 out.push(immediate_data(reg(a), &id.to_ne_bytes()));
                 out.push(dynset_update(&records.to_string(), 1));
                 // The slot: the pool's start XOR the index (the start is a
@@ -576,16 +572,14 @@ pub fn encode_rule(
                     b.data_value(4, &[0xff; 4])
                         .data_value(5, &slots.offset.to_ne_bytes());
                 }));
-                out.push(lookup(1, Some(1), &slots.map.to_string(), None, false));
-                out.push(nat(fam, reg(a), None));
+                slot_dnat(out, fam, slots);
             }
             Expr::NumgenDnat { count, slots } => {
                 if *count == 0 {
                     return Err("numgen modulus 0".into());
                 }
                 out.push(numgen(1, *count, slots.offset));
-                out.push(lookup(1, Some(1), &slots.map.to_string(), None, false));
-                out.push(nat(fam, reg(fam.addr_len() / 4), None));
+                slot_dnat(out, fam, slots);
             }
             Expr::Dnat(to) => {
                 out.push(immediate_data(1, &addr_bytes(to.ip(), fam)?));
