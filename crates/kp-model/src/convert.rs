@@ -346,21 +346,6 @@ pub struct SliceEndpoints {
     pub ports: Vec<PortEndpoints>,
 }
 
-/// One shared copy of each name (node, zone) seen in one slice.
-#[derive(Default)]
-struct Names(std::collections::HashSet<Arc<str>>);
-
-impl Names {
-    fn share(&mut self, s: &str) -> Arc<str> {
-        if let Some(a) = self.0.get(s) {
-            return a.clone();
-        }
-        let a: Arc<str> = s.into();
-        self.0.insert(a.clone());
-        a
-    }
-}
-
 /// Converts one EndpointSlice for `family`. Slices of other address types (and
 /// FQDN) convert to no ports; a slice without the `kubernetes.io/service-name`
 /// label has no service and is ignored, as upstream.
@@ -370,9 +355,21 @@ pub fn convert_endpoint_slice(
     node_name: &str,
     warnings: &mut Vec<String>,
 ) -> Result<SliceEndpoints, ConvertError> {
+    let mut shared = Placements::default();
+    convert_endpoint_slice_shared(slice, family, node_name, warnings, &mut shared)
+}
+
+/// [`convert_endpoint_slice`], the endpoints' placements shared through
+/// `shared` (the tracker's, so that all slices share them).
+pub fn convert_endpoint_slice_shared(
+    slice: &EndpointSlice,
+    family: IpFamily,
+    node_name: &str,
+    warnings: &mut Vec<String>,
+    shared: &mut Placements,
+) -> Result<SliceEndpoints, ConvertError> {
     let ns = slice.metadata.namespace.as_deref().unwrap_or("default");
     let name = slice.metadata.name.as_deref().unwrap_or("");
-    let mut names = Names::default();
     let e = |r: String| err("EndpointSlice", ns, name, r);
     if !is_dns_label(ns) {
         return Err(e("namespace is not a valid DNS label".into()));
@@ -468,12 +465,18 @@ pub fn convert_endpoint_slice(
             let hints = ep.hints.as_ref();
             let zone_hints = hints
                 .and_then(|h| h.for_zones.as_ref())
-                .map(|z| z.iter().map(|z| names.share(&z.name)).collect())
+                .map(|z| z.iter().map(|z| shared.name(&z.name)).collect())
                 .unwrap_or_default();
             let node_hints = hints
                 .and_then(|h| h.for_nodes.as_ref())
-                .map(|z| z.iter().map(|z| names.share(&z.name)).collect())
+                .map(|z| z.iter().map(|z| shared.name(&z.name)).collect())
                 .unwrap_or_default();
+            let placement = Placement {
+                node_name: ep.node_name.as_deref().map(|s| shared.name(s)),
+                zone: ep.zone.as_deref().map(|s| shared.name(s)),
+                zone_hints,
+                node_hints,
+            };
             eps.push(Endpoint {
                 ip: *ip,
                 port: port as u16,
@@ -481,10 +484,7 @@ pub fn convert_endpoint_slice(
                 ready,
                 serving,
                 terminating,
-                node_name: ep.node_name.as_deref().map(|s| names.share(s)),
-                zone: ep.zone.as_deref().map(|s| names.share(s)),
-                zone_hints,
-                node_hints,
+                placement: shared.share(placement),
             });
         }
         out.push(((pname, protocol), Arc::new(eps)));

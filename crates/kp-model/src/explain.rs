@@ -361,15 +361,15 @@ fn conditions(ep: &Endpoint) -> &'static str {
 
 /// Why a ready endpoint is not in the Cluster set: topology hints.
 fn hint_reason(ep: &Endpoint, node: &NodeInfo) -> String {
-    if !ep.node_hints.is_empty() && !ep.node_hints.contains(&node.name) {
-        let hints: Vec<&str> = ep.node_hints.iter().collect();
+    if !ep.node_hints().is_empty() && !ep.node_hints().contains(&node.name) {
+        let hints: Vec<&str> = ep.node_hints().iter().collect();
         return format!(
             "topology: its node hints [{}] do not name node {}",
             hints.join(", "),
             node.name
         );
     }
-    let hints: Vec<&str> = ep.zone_hints.iter().collect();
+    let hints: Vec<&str> = ep.zone_hints().iter().collect();
     format!(
         "topology: its zone hints [{}] do not include this node's zone {}",
         hints.join(", "),

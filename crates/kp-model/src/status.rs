@@ -36,8 +36,8 @@ impl From<&Endpoint> for EndpointConditions {
             serving: ep.serving,
             terminating: ep.terminating,
             local: ep.is_local,
-            node: ep.node_name.as_deref().map(String::from),
-            zone: ep.zone.as_deref().map(String::from),
+            node: ep.node_name().map(String::from),
+            zone: ep.zone().map(String::from),
         }
     }
 }

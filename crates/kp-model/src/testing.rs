@@ -20,11 +20,12 @@
 //! ```
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
 use crate::types::{
-    Endpoint, NodeInfo, Protocol, ServicePort, ServicePortName, TrafficDistribution,
+    Endpoint, NodeInfo, Placement, Protocol, ServicePort, ServicePortName, TrafficDistribution,
 };
 
 fn ip(s: &str) -> IpAddr {
@@ -170,20 +171,25 @@ impl Endpoint {
         self
     }
     #[must_use]
-    pub fn with_zone_hints(mut self, zones: &[&str]) -> Endpoint {
-        self.zone_hints = zones.iter().map(|z| z.to_string()).collect();
-        self
+    pub fn with_zone_hints(self, zones: &[&str]) -> Endpoint {
+        self.place(|p| p.zone_hints = zones.iter().map(|z| z.to_string()).collect())
     }
     #[must_use]
-    pub fn with_node_hints(mut self, nodes: &[&str]) -> Endpoint {
-        self.node_hints = nodes.iter().map(|n| n.to_string()).collect();
-        self
+    pub fn with_node_hints(self, nodes: &[&str]) -> Endpoint {
+        self.place(|p| p.node_hints = nodes.iter().map(|n| n.to_string()).collect())
     }
     /// `nodeName` and `zone` of the endpoint.
     #[must_use]
-    pub fn on_node(mut self, node: &str, zone: Option<&str>) -> Endpoint {
-        self.node_name = Some(node.into());
-        self.zone = zone.map(Into::into);
+    pub fn on_node(self, node: &str, zone: Option<&str>) -> Endpoint {
+        self.place(|p| {
+            p.node_name = Some(node.into());
+            p.zone = zone.map(Into::into);
+        })
+    }
+    fn place(mut self, f: impl FnOnce(&mut Placement)) -> Endpoint {
+        let mut p = self.placement.as_deref().cloned().unwrap_or_default();
+        f(&mut p);
+        self.placement = Some(Arc::new(p));
         self
     }
 }

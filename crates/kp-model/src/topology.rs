@@ -32,14 +32,14 @@ fn topology_mode(endpoints: &[Endpoint], node: &NodeInfo) -> TopologyMode {
     let mut all_have_zone_hints = true;
     let zone = node.zone.as_deref().unwrap_or("");
     for ep in endpoints.iter().filter(|e| e.ready) {
-        if ep.node_hints.is_empty() {
+        if ep.node_hints().is_empty() {
             all_have_node_hints = false;
-        } else if ep.node_hints.contains(&node.name) {
+        } else if ep.node_hints().contains(&node.name) {
             has_for_node = true;
         }
-        if ep.zone_hints.is_empty() {
+        if ep.zone_hints().is_empty() {
             all_have_zone_hints = false;
-        } else if ep.zone_hints.contains(zone) {
+        } else if ep.zone_hints().contains(zone) {
             has_for_zone = true;
         }
     }
@@ -55,11 +55,11 @@ fn topology_mode(endpoints: &[Endpoint], node: &NodeInfo) -> TopologyMode {
 fn available(ep: &Endpoint, mode: TopologyMode, node: &NodeInfo) -> bool {
     match mode {
         TopologyMode::None => true,
-        TopologyMode::Node => ep.node_hints.contains(&node.name),
+        TopologyMode::Node => ep.node_hints().contains(&node.name),
         TopologyMode::Zone => node
             .zone
             .as_deref()
-            .is_some_and(|z| ep.zone_hints.contains(z)),
+            .is_some_and(|z| ep.zone_hints().contains(z)),
     }
 }
 

@@ -12,7 +12,7 @@ use crate::claims::{
     claims_of, effective_port, AddressKey, ClaimIndex, Claimant, Created, RefusedClaim,
 };
 use crate::convert::{
-    convert_endpoint_slice, convert_node, convert_service, ConvertError, SliceEndpoints,
+    convert_endpoint_slice_shared, convert_node, convert_service, ConvertError, SliceEndpoints,
 };
 use crate::topology::categorize_endpoints;
 use crate::types::*;
@@ -160,6 +160,8 @@ pub struct ChangeTracker {
     /// looks at its own refusals only (a scan of all of them was 30 ms per
     /// change with thousands of contested NodePorts at 50k Services).
     refused: BTreeMap<ServicePortName, BTreeSet<AddressKey>>,
+    /// Endpoints' node, zone and hints, one copy for all slices.
+    placements: Placements,
 }
 
 fn usable(e: &Endpoint) -> bool {
@@ -190,6 +192,7 @@ impl ChangeTracker {
             reserved: BTreeSet::new(),
             touched: HashSet::new(),
             refused: BTreeMap::new(),
+            placements: Placements::default(),
         }
     }
 
@@ -279,9 +282,14 @@ impl ChangeTracker {
         now: SystemTime,
     ) -> Result<Vec<String>, Rejected> {
         let mut warnings = Vec::new();
-        let conv =
-            convert_endpoint_slice(slice, self.cfg.family, &self.cfg.node_name, &mut warnings)
-                .map_err(Rejected)?;
+        let conv = convert_endpoint_slice_shared(
+            slice,
+            self.cfg.family,
+            &self.cfg.node_name,
+            &mut warnings,
+            &mut self.placements,
+        )
+        .map_err(Rejected)?;
         let ns = slice
             .metadata
             .namespace

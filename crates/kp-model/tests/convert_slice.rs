@@ -65,10 +65,10 @@ fn ipv4_slice() {
     assert_eq!(eps[0].port, 8080);
     assert_eq!(eps[0].addr_string(), "10.180.0.1:8080");
     assert!(eps[0].is_local);
-    assert_eq!(eps[0].node_name.as_deref(), Some("node1"));
-    assert_eq!(eps[0].zone.as_deref(), Some("zone-a"));
+    assert_eq!(eps[0].node_name(), Some("node1"));
+    assert_eq!(eps[0].zone(), Some("zone-a"));
     assert!(!eps[1].is_local);
-    assert_eq!(eps[1].zone.as_deref(), Some("zone-b"));
+    assert_eq!(eps[1].zone(), Some("zone-b"));
 }
 
 #[test]
@@ -200,14 +200,14 @@ fn zone_and_node_hints() {
     let (r, _) = conv(&s, IpFamily::V4);
     let eps = only_port(&r);
     assert_eq!(
-        eps[0].zone_hints.iter().collect::<Vec<_>>(),
+        eps[0].zone_hints().iter().collect::<Vec<_>>(),
         ["zone-a", "zone-b"]
     );
-    assert_eq!(eps[0].node_hints.iter().collect::<Vec<_>>(), ["node1"]);
-    assert!(eps[0].zone_hints.contains("zone-b") && !eps[0].zone_hints.contains("zone-c"));
-    assert_eq!(eps[1].zone_hints.iter().collect::<Vec<_>>(), ["zone-c"]);
-    assert!(eps[1].node_hints.is_empty());
-    assert!(eps[2].zone_hints.is_empty() && eps[2].node_hints.is_empty());
+    assert_eq!(eps[0].node_hints().iter().collect::<Vec<_>>(), ["node1"]);
+    assert!(eps[0].zone_hints().contains("zone-b") && !eps[0].zone_hints().contains("zone-c"));
+    assert_eq!(eps[1].zone_hints().iter().collect::<Vec<_>>(), ["zone-c"]);
+    assert!(eps[1].node_hints().is_empty());
+    assert!(eps[2].zone_hints().is_empty() && eps[2].node_hints().is_empty());
 }
 
 #[test]

@@ -252,7 +252,7 @@ fn slices_of_one_service_merge_and_deduplicate() {
     );
     let dup = eps.iter().find(|e| e.ip == ip("10.0.0.2")).unwrap();
     assert!(dup.is_local);
-    assert_eq!(dup.node_name.as_deref(), Some("node1"));
+    assert_eq!(dup.node_name(), Some("node1"));
 
     // Same port number under another port name is another service port.
     let c = slice(
@@ -759,4 +759,51 @@ fn rfc3339_parsing() {
     for (s, want) in cases {
         assert_eq!(parse_rfc3339(s), *want, "{s:?}");
     }
+}
+
+#[test]
+fn endpoints_on_one_node_share_one_placement_across_slices_and_services() {
+    let mut tr = tracker();
+    tr.update_service(&simple_service("svc1", "10.96.0.1"), t(0))
+        .unwrap();
+    tr.update_service(&simple_service("svc2", "10.96.0.2"), t(0))
+        .unwrap();
+    let a = slice(
+        "svc1",
+        "svc1-a",
+        ("p80", 8080, "TCP"),
+        &[("10.0.0.1", "node2", true), ("10.0.0.2", "node3", true)],
+    );
+    let b = slice(
+        "svc2",
+        "svc2-a",
+        ("p80", 8080, "TCP"),
+        &[("10.0.1.1", "node2", true)],
+    );
+    tr.update_endpoint_slice(&a, t(1)).unwrap();
+    tr.update_endpoint_slice(&b, t(1)).unwrap();
+    tr.take_changes();
+    let st = tr.state();
+    let one = st.endpoints_of(&spn("svc1", "p80", Protocol::Tcp));
+    let two = st.endpoints_of(&spn("svc2", "p80", Protocol::Tcp));
+    let at = |eps: &[kp_model::Endpoint], a: &str| {
+        eps.iter()
+            .find(|e| e.ip == ip(a))
+            .and_then(|e| e.placement.clone())
+            .unwrap()
+    };
+    let (n2a, n3, n2b) = (
+        at(one, "10.0.0.1"),
+        at(one, "10.0.0.2"),
+        at(two, "10.0.1.1"),
+    );
+    assert!(
+        std::sync::Arc::ptr_eq(&n2a, &n2b),
+        "node2 shared by both Services"
+    );
+    assert!(!std::sync::Arc::ptr_eq(&n2a, &n3));
+    assert_eq!(
+        (n2a.node_name.as_deref(), n3.node_name.as_deref()),
+        (Some("node2"), Some("node3"))
+    );
 }
