@@ -10,7 +10,7 @@ use crate::render::{
     affinity_set, render_service, shard_set, ElemKey, Element, MapName, Pool, PoolKind,
     ServiceObjects, Skeleton, SET_NODEPORT_IPS, TABLE_NAME,
 };
-use crate::types::{Chain, ElemValue, Expr, Object, Op, Rule, Transaction, Verb};
+use crate::types::{Chain, DnatTarget, ElemValue, Expr, Object, Op, Rule, Transaction, Verb};
 
 /// A service port as programmed: its objects with the chains' rules taken
 /// out (they went to the kernel) and a digest of each chain's rules kept to
@@ -46,6 +46,7 @@ impl Kept {
         // (the renderer grows these by pushing).
         objs.chains.shrink_to_fit();
         objs.elements.shrink_to_fit();
+        objs.pools.shrink_to_fit();
         for p in &mut objs.pools {
             p.values.shrink_to_fit();
         }
@@ -235,21 +236,21 @@ fn keep_affinity_places(
             continue;
         };
         let n = np.values.len();
-        let wanted: HashSet<&ElemValue> = np.values.iter().collect();
-        let mut placed: Vec<Option<ElemValue>> = vec![None; n];
+        let wanted: HashSet<&DnatTarget> = np.values.iter().collect();
+        let mut placed: Vec<Option<DnatTarget>> = vec![None; n];
         for (j, v) in op.values.iter().enumerate().take(n) {
             if wanted.contains(v) {
-                placed[j] = Some(v.clone());
+                placed[j] = Some(*v);
             }
         }
-        let taken: HashSet<ElemValue> = placed.iter().flatten().cloned().collect();
-        let mut rest = np.values.iter().filter(|v| !taken.contains(*v)).cloned();
-        let values: Vec<ElemValue> = placed
+        let taken: HashSet<DnatTarget> = placed.iter().flatten().copied().collect();
+        let mut rest = np.values.iter().filter(|v| !taken.contains(*v)).copied();
+        let values: Vec<DnatTarget> = placed
             .into_iter()
             .map(|p| p.or_else(|| rest.next()))
             .collect::<Option<Vec<_>>>()
             .unwrap_or_else(|| np.values.clone());
-        let at: HashMap<&ElemValue, u32> = values
+        let at: HashMap<&DnatTarget, u32> = values
             .iter()
             .enumerate()
             .map(|(k, v)| (v, k as u32))
@@ -278,7 +279,7 @@ fn all_elements(objs: &ServiceObjects) -> impl Iterator<Item = Element> + '_ {
         pool.values.iter().enumerate().map(|(j, v)| Element {
             map: pool.map,
             key: ElemKey::Slot(pool.base + j as u32),
-            value: Some(v.clone()),
+            value: Some(ElemValue::Endpoint(*v)),
         })
     });
     objs.elements.iter().cloned().chain(slots)
@@ -478,7 +479,7 @@ impl NftablesProxier {
             tx.add_elements.push(op(
                 Verb::Add,
                 Object::Elements {
-                    set: MapName::Fixed(SET_NODEPORT_IPS),
+                    set: MapName::Fixed(&SET_NODEPORT_IPS),
                     elems: self
                         .skeleton
                         .nodeport_ips
@@ -1030,7 +1031,7 @@ mod tests {
                 kind,
                 values: eps
                     .iter()
-                    .map(|e| ElemValue::Endpoint(e.parse().unwrap()))
+                    .map(|e| e.parse::<std::net::SocketAddr>().unwrap().into())
                     .collect(),
                 map: kind.shard(0),
                 base: 0,

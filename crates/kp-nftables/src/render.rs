@@ -10,8 +10,8 @@ use kp_model::{
 
 use crate::rule::{self, MARK_MASQ_CHAIN};
 use crate::types::{
-    Addr, AddrValue, BaseChain, ChainType, CtState, DType, Expr, Hook, KeyField, MarkOp,
-    NumgenValue, Rule, Set, SetType, Slots, Verdict,
+    Addr, AddrValue, BaseChain, ChainType, CtState, DType, DnatTarget, Expr, Hook, KeyField,
+    MarkOp, NumgenValue, Rule, Set, SetType, Slots, Verdict,
 };
 pub use crate::types::{ElemKey, ElemValue, MapName};
 
@@ -72,7 +72,8 @@ impl Element {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pool {
     pub kind: PoolKind,
-    pub values: Vec<ElemValue>,
+    /// The DNAT targets, in slot order.
+    pub values: Vec<DnatTarget>,
     pub map: MapName,
     pub base: u32,
     pub cap: u32,
@@ -166,10 +167,7 @@ fn selection(
     });
     pools.push(Pool {
         kind,
-        values: eps
-            .iter()
-            .map(|e| ElemValue::Endpoint(e.socket_addr()))
-            .collect(),
+        values: eps.iter().map(|e| e.socket_addr().into()).collect(),
         map: kind.shard(0),
         base: 0,
         cap: 0,
@@ -278,13 +276,13 @@ pub fn render_service(
                 rules.extend(rule::node_local_to_cluster(&svc_chain));
             }
             rules.push(rule::verdict(
-                Verdict::Goto(local_chain.clone()),
+                Verdict::Goto(local_chain.as_str().into()),
                 "local endpoints only",
             ));
         } else {
             rules.push(rule::mark_masq());
             rules.push(rule::verdict(
-                Verdict::Goto(svc_chain.clone()),
+                Verdict::Goto(svc_chain.as_str().into()),
                 "cluster endpoints",
             ));
         }
@@ -300,21 +298,23 @@ pub fn render_service(
     let key = |ip: IpAddr| ElemKey::IpProtoPort(ip, sp.protocol, sp.port);
 
     out.elements.push(Element {
-        map: MapName::Fixed(SET_CLUSTER_IPS),
+        map: MapName::Fixed(&SET_CLUSTER_IPS),
         key: ElemKey::Ip(sp.cluster_ip),
         value: None,
     });
     if !cat.has_internal() {
         out.elements.push(Element {
-            map: MapName::Fixed(MAP_NO_EP_SERVICES),
+            map: MapName::Fixed(&MAP_NO_EP_SERVICES),
             key: key(sp.cluster_ip),
             value: Some(ElemValue::Verdict(no_ep_verdict.clone())),
         });
     } else {
         out.elements.push(Element {
-            map: MapName::Fixed(MAP_SERVICE_IPS),
+            map: MapName::Fixed(&MAP_SERVICE_IPS),
             key: key(sp.cluster_ip),
-            value: Some(ElemValue::Verdict(Verdict::Goto(internal_chain.clone()))),
+            value: Some(ElemValue::Verdict(Verdict::Goto(
+                internal_chain.as_str().into(),
+            ))),
         });
     }
     let external_ips: BTreeSet<IpAddr> = sp
@@ -327,13 +327,13 @@ pub fn render_service(
     for ip in &external_ips {
         if has_external {
             out.elements.push(Element {
-                map: MapName::Fixed(MAP_SERVICE_IPS),
+                map: MapName::Fixed(&MAP_SERVICE_IPS),
                 key: key(*ip),
-                value: Some(ElemValue::Verdict(Verdict::Goto(ext_chain.clone()))),
+                value: Some(ElemValue::Verdict(Verdict::Goto(ext_chain.as_str().into()))),
             });
         } else {
             out.elements.push(Element {
-                map: MapName::Fixed(MAP_NO_EP_SERVICES),
+                map: MapName::Fixed(&MAP_NO_EP_SERVICES),
                 key: key(*ip),
                 value: Some(ElemValue::Verdict(no_ep_verdict.clone())),
             });
@@ -343,13 +343,13 @@ pub fn render_service(
         let k = ElemKey::ProtoPort(sp.protocol, sp.node_port);
         if has_external {
             out.elements.push(Element {
-                map: MapName::Fixed(MAP_SERVICE_NODEPORTS),
+                map: MapName::Fixed(&MAP_SERVICE_NODEPORTS),
                 key: k,
-                value: Some(ElemValue::Verdict(Verdict::Goto(ext_chain.clone()))),
+                value: Some(ElemValue::Verdict(Verdict::Goto(ext_chain.as_str().into()))),
             });
         } else {
             out.elements.push(Element {
-                map: MapName::Fixed(MAP_NO_EP_NODEPORTS),
+                map: MapName::Fixed(&MAP_NO_EP_NODEPORTS),
                 key: k,
                 value: Some(ElemValue::Verdict(no_ep_verdict.clone())),
             });
@@ -364,9 +364,9 @@ pub fn render_service(
         ));
         for ip in &sp.load_balancer_ips {
             out.elements.push(Element {
-                map: MapName::Fixed(MAP_FIREWALL_IPS),
+                map: MapName::Fixed(&MAP_FIREWALL_IPS),
                 key: key(*ip),
-                value: Some(ElemValue::Verdict(Verdict::Goto(fw_chain.clone()))),
+                value: Some(ElemValue::Verdict(Verdict::Goto(fw_chain.as_str().into()))),
             });
         }
     }
@@ -379,7 +379,7 @@ pub fn render_service(
     hp.sort();
     hp.dedup();
     out.elements.extend(hp.into_iter().map(|ip| Element {
-        map: MapName::Fixed(SET_HAIRPIN),
+        map: MapName::Fixed(&SET_HAIRPIN),
         key: ElemKey::IpPair(ip),
         value: None,
     }));

@@ -12,8 +12,9 @@ use common::*;
 use ipnet::IpNet;
 use kp_model::{Dataplane, IpFamily, LocalDetector, Protocol, ProxierConfig};
 use kp_nftables::types::{
-    Addr, AddrValue, BaseChain, Chain, ChainType, CtState, DType, ElemKey, ElemValue, Expr, Hook,
-    KeyField, MapName, MarkOp, NumgenValue, Object, Rule, Set, SetType, Slots, Transaction, Verb,
+    Addr, AddrValue, BaseChain, Chain, ChainType, CtState, DType, DnatTarget, ElemKey, ElemValue,
+    Expr, Hook, KeyField, MapName, MarkOp, NumgenValue, Object, Rule, Set, SetType, Slots,
+    Transaction, Verb,
 };
 use kp_nftables::{NftBackend, NftCli, NftNetlink, NftablesProxier, Verdict};
 use serde_json::json;
@@ -103,13 +104,13 @@ fn numgen_map(name: &str, value: NumgenValue) -> Object {
         ty: SetType::Numgen(value),
     })
 }
-fn elems(set: &'static str, e: Vec<(ElemKey, Option<ElemValue>)>) -> Object {
+fn elems(set: &'static &'static str, e: Vec<(ElemKey, Option<ElemValue>)>) -> Object {
     Object::Elements {
         set: MapName::Fixed(set),
         elems: e,
     }
 }
-fn slots(map: &'static str, offset: u32) -> Slots {
+fn slots(map: &'static &'static str, offset: u32) -> Slots {
     Slots {
         pool: 0,
         map: MapName::Fixed(map),
@@ -374,7 +375,7 @@ fn v4_shapes() -> Transaction {
                 Expr::L4Proto(Tcp),
                 Expr::NumgenDnat {
                     count: 3,
-                    slots: slots("endpoints-tcp", 0),
+                    slots: slots(&"endpoints-tcp", 0),
                 },
             ]),
         ),
@@ -384,7 +385,7 @@ fn v4_shapes() -> Transaction {
                 Expr::L4Proto(Udp),
                 Expr::NumgenDnat {
                     count: 2,
-                    slots: slots("endpoints-udp", 4),
+                    slots: slots(&"endpoints-udp", 4),
                 },
             ]),
         ),
@@ -509,7 +510,7 @@ fn v4_shapes() -> Transaction {
     }
     let ipp = |a: &str, p, port| ElemKey::IpProtoPort(ip(a), p, port);
     t.add(elems(
-        "service-ips",
+        &"service-ips",
         vec![
             (ipp("10.96.0.10", Tcp, 80), goto_v(SVC)),
             (
@@ -524,51 +525,51 @@ fn v4_shapes() -> Transaction {
         ],
     ))
     .add(elems(
-        "service-nodeports",
+        &"service-nodeports",
         vec![(ElemKey::ProtoPort(Tcp, 30080), goto_v("ext"))],
     ))
     .add(elems(
-        "hairpin",
+        &"hairpin",
         vec![(ElemKey::IpPair(ip("10.244.1.2")), None)],
     ))
     .add(elems(
-        "cluster-ips",
+        &"cluster-ips",
         vec![
             (ElemKey::Ip(ip("10.96.0.10")), None),
             (ElemKey::Ip(ip("10.96.0.11")), None),
         ],
     ))
     .create(elems(
-        "nodeport-ips",
+        &"nodeport-ips",
         vec![(ElemKey::Ip(ip("203.0.113.9")), None)],
     ))
     .add(elems(
-        "endpoints-tcp",
+        &"endpoints-tcp",
         vec![
             (
                 ElemKey::Slot(0),
-                Some(ElemValue::Endpoint(sa("10.244.1.2:8080"))),
+                Some(ElemValue::Endpoint(sa("10.244.1.2:8080").into())),
             ),
             (
                 ElemKey::Slot(1),
-                Some(ElemValue::Endpoint(sa("10.244.2.2:8080"))),
+                Some(ElemValue::Endpoint(sa("10.244.2.2:8080").into())),
             ),
             (
                 ElemKey::Slot(2),
-                Some(ElemValue::Endpoint(sa("10.244.3.2:8081"))),
+                Some(ElemValue::Endpoint(sa("10.244.3.2:8081").into())),
             ),
         ],
     ))
     .add(elems(
-        "endpoints-udp",
+        &"endpoints-udp",
         vec![
             (
                 ElemKey::Slot(4),
-                Some(ElemValue::Endpoint(sa("10.244.3.2:53"))),
+                Some(ElemValue::Endpoint(sa("10.244.3.2:53").into())),
             ),
             (
                 ElemKey::Slot(5),
-                Some(ElemValue::Endpoint(sa("10.244.1.2:53"))),
+                Some(ElemValue::Endpoint(sa("10.244.1.2:53").into())),
             ),
         ],
     ));
@@ -586,7 +587,7 @@ fn v4_update() -> Transaction {
             r(vec![Expr::L4Proto(Tcp), Expr::Dnat(sa("10.244.9.9:9090"))]),
         )
         .delete(elems(
-            "service-ips",
+            &"service-ips",
             vec![
                 (
                     ipp("10.96.0.11", Udp, 53),
@@ -599,29 +600,29 @@ fn v4_update() -> Transaction {
             ],
         ))
         .delete(elems(
-            "cluster-ips",
+            &"cluster-ips",
             vec![(ElemKey::Ip(ip("10.96.0.11")), None)],
         ))
         .delete(elems(
-            "hairpin",
+            &"hairpin",
             vec![(ElemKey::IpPair(ip("10.244.1.2")), None)],
         ))
         .delete(elems(
-            "endpoints-tcp",
+            &"endpoints-tcp",
             vec![(
                 ElemKey::Slot(1),
-                Some(ElemValue::Endpoint(sa("10.244.2.2:8080"))),
+                Some(ElemValue::Endpoint(sa("10.244.2.2:8080").into())),
             )],
         ))
         .add(elems(
-            "endpoints-tcp",
+            &"endpoints-tcp",
             vec![(
                 ElemKey::Slot(1),
-                Some(ElemValue::Endpoint(sa("10.244.9.9:9090"))),
+                Some(ElemValue::Endpoint(sa("10.244.9.9:9090").into())),
             )],
         ))
         .add(elems(
-            "service-ips",
+            &"service-ips",
             vec![(ipp("10.96.0.11", Udp, 53), goto_v("ext"))],
         ))
         .flush(chain("fw"))
@@ -675,7 +676,7 @@ fn v4_resync() -> Transaction {
             }]),
         )
         .add(elems(
-            "service-ips",
+            &"service-ips",
             vec![(
                 ElemKey::IpProtoPort(ip("10.96.0.11"), Protocol::Udp, 53),
                 goto_v("ext"),
@@ -834,7 +835,7 @@ fn v6_shapes() -> Transaction {
                 Expr::L4Proto(Tcp),
                 Expr::NumgenDnat {
                     count: 2,
-                    slots: slots("endpoints-tcp", 8),
+                    slots: slots(&"endpoints-tcp", 8),
                 },
             ]),
         ),
@@ -855,7 +856,7 @@ fn v6_shapes() -> Transaction {
     }
     let ipp = |a: &str, p, port| ElemKey::IpProtoPort(ip(a), p, port);
     t.add(elems(
-        "service-ips",
+        &"service-ips",
         vec![
             (ipp("fd00::1", Tcp, 80), goto_v("x")),
             (
@@ -865,38 +866,38 @@ fn v6_shapes() -> Transaction {
         ],
     ))
     .add(elems(
-        "service-nodeports",
+        &"service-nodeports",
         vec![(ElemKey::ProtoPort(Sctp, 30000), goto_v("reject-chain"))],
     ))
     .add(elems(
-        "hairpin",
+        &"hairpin",
         vec![(ElemKey::IpPair(ip("fd00::1")), None)],
     ))
     .add(elems(
-        "cluster-ips",
+        &"cluster-ips",
         vec![
             (ElemKey::Ip(ip("fd00::10")), None),
             (ElemKey::Ip(ip("fd00::11")), None),
         ],
     ))
     .add(elems(
-        "endpoints-tcp",
+        &"endpoints-tcp",
         vec![
             (
                 ElemKey::Slot(8),
-                Some(ElemValue::Endpoint(sa("[fd00::1]:8080"))),
+                Some(ElemValue::Endpoint(sa("[fd00::1]:8080").into())),
             ),
             (
                 ElemKey::Slot(9),
-                Some(ElemValue::Endpoint(sa("[fd00::2]:443"))),
+                Some(ElemValue::Endpoint(sa("[fd00::2]:443").into())),
             ),
         ],
     ))
     .add(elems(
-        "endpoints-udp",
+        &"endpoints-udp",
         vec![(
             ElemKey::Slot(0),
-            Some(ElemValue::Endpoint(sa("[fd00::1]:53"))),
+            Some(ElemValue::Endpoint(sa("[fd00::1]:53").into())),
         )],
     ));
     t
@@ -906,7 +907,7 @@ fn v6_shapes() -> Transaction {
 fn v6_shapes_list_as_nft_writes_them() {
     let mut del = Transaction::new(IpFamily::V6, "t");
     del.delete(elems(
-        "cluster-ips",
+        &"cluster-ips",
         vec![(ElemKey::Ip(ip("fd00::10")), None)],
     ))
     .flush(table(None));
@@ -931,7 +932,7 @@ fn unencodable_objects_are_refused_with_their_line() {
         ),
         (
             Verb::Add,
-            elems("s", vec![(ElemKey::Ip(ip("fd00::1")), None)]),
+            elems(&"s", vec![(ElemKey::Ip(ip("fd00::1")), None)]),
             "not of the table's family",
         ),
         (
@@ -956,7 +957,7 @@ fn unencodable_objects_are_refused_with_their_line() {
         ),
         (
             Verb::Flush,
-            elems("s", vec![(ElemKey::Ip(ip("10.0.0.1")), None)]),
+            elems(&"s", vec![(ElemKey::Ip(ip("10.0.0.1")), None)]),
             "cannot be flushed",
         ),
         (
@@ -990,7 +991,7 @@ fn failing_transaction_names_the_line_and_changes_nothing() {
     let mut bad = Transaction::new(IpFamily::V4, "t");
     bad.add(chain("brand-new"))
         .add(elems(
-            "cluster-ips",
+            &"cluster-ips",
             vec![(ElemKey::Ip(ip("10.96.9.9")), None)],
         ))
         .flush(chain("services"))
@@ -1749,7 +1750,7 @@ fn every_rendered_shape_lists_the_same_through_netlink_and_nft() {
 /// Where the proxier put `aff`'s endpoints: (affinity id, index ->
 /// endpoint), from the hit rules of its full transaction and the slots
 /// they name.
-fn affinity_places(tx: &Transaction) -> (u32, BTreeMap<u32, SocketAddr>) {
+fn affinity_places(tx: &Transaction) -> (u32, BTreeMap<u32, DnatTarget>) {
     let mut slots = HashMap::new();
     let mut hits = Vec::new();
     for op in &tx.ops {
@@ -1831,7 +1832,7 @@ fn removing_an_affinity_endpoint_forgets_only_its_clients() {
     want.sort();
     assert_eq!(read_records(&ns), want);
 
-    let stays_ip: &'static str = Box::leak(stays.ip().to_string().into_boxed_str());
+    let stays_ip: &'static str = Box::leak(stays.ip.to_string().into_boxed_str());
     let cs = apply(&mut t, &[endpoints("aff", &[ready(stays_ip, "node2")])]);
     let st = t.state().clone();
     ns.run(|| p.sync(&st, &cs.changed, false)).unwrap();
@@ -1841,7 +1842,7 @@ fn removing_an_affinity_endpoint_forgets_only_its_clients() {
     assert_eq!(
         read_records(&ns),
         want,
-        "the clients of {gone} should be forgotten, those of {stays} moved to index 0"
+        "the clients of {gone:?} should be forgotten, those of {stays:?} moved to index 0"
     );
 
     // Replaced in place: a new endpoint at index 0, whose clients are new.
@@ -1852,7 +1853,7 @@ fn removing_an_affinity_endpoint_forgets_only_its_clients() {
     let st = t.state().clone();
     ns.run(|| p.sync(&st, &cs.changed, false)).unwrap();
     let (_, places) = affinity_places(&p.full_transaction(&st));
-    assert_eq!(places, BTreeMap::from([(0, sa("10.244.2.77:8080"))]));
+    assert_eq!(places, BTreeMap::from([(0, sa("10.244.2.77:8080").into())]));
     assert_eq!(read_records(&ns), Vec::<ElemKey>::new());
 }
 
@@ -1878,7 +1879,7 @@ fn a_batch_of_several_pieces_is_one_transaction() {
     };
     let all: Vec<_> = (0..n).map(key).collect();
     for chunk in all.chunks(128) {
-        t.add(elems("big", chunk.to_vec()));
+        t.add(elems(&"big", chunk.to_vec()));
     }
     let batch = NftNetlink::encode(&t).expect("encoding");
     assert!(

@@ -2,14 +2,15 @@
 //! with nft's register layout (so that `nft list` prints them back as the
 //! same statements).
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 
 use ipnet::IpNet;
 use kp_model::{IpFamily, Protocol};
 use kp_netlink::{Attrs, Nest};
 
 use crate::types::{
-    clean, Addr, AddrValue, CtState, ElemValue, Expr, KeyField, MarkOp, Rule, Slots, Verdict,
+    clean, Addr, AddrValue, CtState, DnatTarget, ElemValue, Expr, KeyField, MarkOp, Rule, Slots,
+    Verdict,
 };
 use kp_netlink::nftables::expr::{bitwise, cmp, ex, meta_load, payload};
 use kp_netlink::nftables::{udata, NftAttrs};
@@ -76,9 +77,9 @@ pub fn addr_bytes(ip: IpAddr, fam: Family) -> Result<Vec<u8>, String> {
 }
 
 /// A DNAT target as a map value: address, port, padded to 4 bytes.
-pub fn endpoint_bytes(a: SocketAddr, fam: Family) -> Result<Vec<u8>, String> {
-    let mut v = addr_bytes(a.ip(), fam)?;
-    v.extend_from_slice(&a.port().to_be_bytes());
+pub fn endpoint_bytes(a: DnatTarget, fam: Family) -> Result<Vec<u8>, String> {
+    let mut v = addr_bytes(a.ip, fam)?;
+    v.extend_from_slice(&a.port.to_be_bytes());
     v.extend_from_slice(&[0, 0]);
     Ok(v)
 }
