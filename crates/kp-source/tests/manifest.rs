@@ -479,3 +479,80 @@ async fn transient_read_errors_keep_the_last_state() {
     assert_eq!(next_batch(&mut rx).await, ["svc+ ns/one"]);
     task.abort();
 }
+
+/// The directory is read file by file (one file's objects in memory at a
+/// time), yet an object defined in two files still ends as the later file's,
+/// and once known as a duplicate the earlier version is never sent again:
+/// a re-read sends only the winner, and only when it changed.
+#[tokio::test]
+async fn a_duplicate_across_files_ends_as_the_later_one_without_flipping() {
+    let dir = TempDir::new("dups");
+    dir.write("a.yaml", &svc_yaml("ns", "one", 80));
+    dir.write("b.yaml", &svc_yaml("ns", "one", 443));
+    dir.write("c.yaml", &svc_yaml("ns", "other", 53));
+    let (tx, mut rx) = mpsc::channel(64);
+    let task = tokio::spawn(run_manifest_source(
+        dir.path().to_owned(),
+        Duration::from_millis(100),
+        tx,
+    ));
+    let port = |ev: &SourceEvent| match ev {
+        SourceEvent::ServiceApplied(s) if s.metadata.name.as_deref() == Some("one") => s
+            .spec
+            .as_ref()
+            .and_then(|sp| sp.ports.as_ref())
+            .map(|p| p[0].port),
+        _ => None,
+    };
+    let initial = until_synced(&mut rx).await;
+    let ports: Vec<i32> = initial.iter().filter_map(port).collect();
+    // The first read cannot know about the duplicate before it meets it.
+    assert_eq!(
+        ports,
+        [80, 443],
+        "{:?}",
+        initial.iter().map(describe).collect::<Vec<_>>()
+    );
+
+    // Another file changes: the duplicate is not sent at all.
+    dir.write("c.yaml", &svc_yaml("ns", "other", 5353));
+    assert_eq!(next_batch(&mut rx).await, ["svc+ ns/other"]);
+
+    // The earlier copy changes: still nothing for the consumer (the later wins).
+    dir.write("a.yaml", &svc_yaml("ns", "one", 8080));
+    let quiet = tokio::time::timeout(Duration::from_millis(800), rx.recv()).await;
+    assert!(
+        quiet.is_err(),
+        "unexpected {:?}",
+        quiet.map(|e| e.as_ref().map(describe))
+    );
+
+    // The later copy changes: exactly the new winner, once.
+    dir.write("b.yaml", &svc_yaml("ns", "one", 8443));
+    let ev = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("a change within 10 s")
+        .expect("source still running");
+    assert_eq!(port(&ev), Some(8443));
+    let more = tokio::time::timeout(Duration::from_millis(800), rx.recv()).await;
+    assert!(
+        more.is_err(),
+        "unexpected {:?}",
+        more.map(|e| e.as_ref().map(describe))
+    );
+
+    // The later copy goes: the earlier one is what is left, nothing deleted.
+    std::fs::remove_file(dir.path().join("b.yaml")).unwrap();
+    let ev = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("a change within 10 s")
+        .expect("source still running");
+    assert_eq!(port(&ev), Some(8080));
+    let more = tokio::time::timeout(Duration::from_millis(800), rx.recv()).await;
+    assert!(
+        more.is_err(),
+        "unexpected {:?}",
+        more.map(|e| e.as_ref().map(describe))
+    );
+    task.abort();
+}
