@@ -80,15 +80,22 @@ fn manifest_files(dir: &Path) -> Result<Vec<PathBuf>, SourceError> {
 pub fn load_dir(dir: &Path) -> Result<Loaded, SourceError> {
     let mut out = Loaded::default();
     for path in manifest_files(dir)? {
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
-            // Removed between listing and reading: it is simply gone.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(source) => return Err(SourceError::ReadFile { path, source }),
-        };
-        load_text(&path, &text, &mut out);
+        load_file(path, &mut out)?;
     }
     Ok(out)
+}
+
+/// Adds one manifest file's objects to `out`.
+fn load_file(path: PathBuf, out: &mut Loaded) -> Result<(), SourceError> {
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            load_text(&path, &text, out);
+            Ok(())
+        }
+        // Removed between listing and reading: it is simply gone.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(SourceError::ReadFile { path, source }),
+    }
 }
 
 fn load_text(path: &Path, text: &str, out: &mut Loaded) {
@@ -441,15 +448,8 @@ impl Seen {
     async fn read(&mut self, dir: &Path, tx: &Sender<SourceEvent>) -> Result<bool, SourceError> {
         let mut r = Reading::default();
         for path in manifest_files(dir)? {
-            let text = match std::fs::read_to_string(&path) {
-                Ok(t) => t,
-                // Removed between listing and reading: it is simply gone.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(source) => return Err(SourceError::ReadFile { path, source }),
-            };
             let mut file = Loaded::default();
-            load_text(&path, &text, &mut file);
-            drop(text);
+            load_file(path, &mut file)?;
             if !send_all(tx, self.file(&mut r, file)).await {
                 return Ok(false);
             }

@@ -480,6 +480,23 @@ async fn transient_read_errors_keep_the_last_state() {
     task.abort();
 }
 
+async fn next_event(rx: &mut mpsc::Receiver<SourceEvent>) -> SourceEvent {
+    tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("a change within 10 s")
+        .expect("source still running")
+}
+
+/// Nothing arrives for 800 ms (the source polls every 100 ms).
+async fn assert_quiet(rx: &mut mpsc::Receiver<SourceEvent>) {
+    let ev = tokio::time::timeout(Duration::from_millis(800), rx.recv()).await;
+    assert!(
+        ev.is_err(),
+        "unexpected {:?}",
+        ev.map(|e| e.as_ref().map(describe))
+    );
+}
+
 /// The directory is read file by file (one file's objects in memory at a
 /// time), yet an object defined in two files still ends as the later file's,
 /// and once known as a duplicate the earlier version is never sent again:
@@ -520,39 +537,18 @@ async fn a_duplicate_across_files_ends_as_the_later_one_without_flipping() {
 
     // The earlier copy changes: still nothing for the consumer (the later wins).
     dir.write("a.yaml", &svc_yaml("ns", "one", 8080));
-    let quiet = tokio::time::timeout(Duration::from_millis(800), rx.recv()).await;
-    assert!(
-        quiet.is_err(),
-        "unexpected {:?}",
-        quiet.map(|e| e.as_ref().map(describe))
-    );
+    assert_quiet(&mut rx).await;
 
     // The later copy changes: exactly the new winner, once.
     dir.write("b.yaml", &svc_yaml("ns", "one", 8443));
-    let ev = tokio::time::timeout(Duration::from_secs(10), rx.recv())
-        .await
-        .expect("a change within 10 s")
-        .expect("source still running");
+    let ev = next_event(&mut rx).await;
     assert_eq!(port(&ev), Some(8443));
-    let more = tokio::time::timeout(Duration::from_millis(800), rx.recv()).await;
-    assert!(
-        more.is_err(),
-        "unexpected {:?}",
-        more.map(|e| e.as_ref().map(describe))
-    );
+    assert_quiet(&mut rx).await;
 
     // The later copy goes: the earlier one is what is left, nothing deleted.
     std::fs::remove_file(dir.path().join("b.yaml")).unwrap();
-    let ev = tokio::time::timeout(Duration::from_secs(10), rx.recv())
-        .await
-        .expect("a change within 10 s")
-        .expect("source still running");
+    let ev = next_event(&mut rx).await;
     assert_eq!(port(&ev), Some(8080));
-    let more = tokio::time::timeout(Duration::from_millis(800), rx.recv()).await;
-    assert!(
-        more.is_err(),
-        "unexpected {:?}",
-        more.map(|e| e.as_ref().map(describe))
-    );
+    assert_quiet(&mut rx).await;
     task.abort();
 }
