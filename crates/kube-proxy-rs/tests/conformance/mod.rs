@@ -1062,8 +1062,25 @@ pub fn session_affinity_lifecycle(mode: &str) {
     }
     // Remove the first client's endpoint.
     let gone = first[0].clone();
+    let gone_pod = pods.iter().find(|p| p.name() == gone).expect("gone pod");
+    // A DNAT rule to it (upstream's chain per endpoint) or an element of
+    // an endpoint map (ours).
+    let dnat = format!("{}:8080", gone_pod.ip());
+    let element = format!("{} . 8080", gone_pod.ip());
+    let in_rules = |node: usize| {
+        env.ruleset(node)
+            .lines()
+            .any(|l| (l.contains("dnat") && l.contains(&dnat)) || l.contains(&element))
+    };
     let kept: Vec<&Pod> = pods.iter().filter(|p| p.name() != gone).collect();
     env.put("eps", &slice("afl", "1", "IPv4", &ready(&kept)));
+    // Each node's proxy reads the change on its own poll: both must have
+    // it before the clients on either node are asked.
+    for node in [1, 2] {
+        env.wait(&format!("{gone} gone from node{node}'s rules"), || {
+            !in_rules(node)
+        });
+    }
     env.wait(&format!("client to leave {gone}"), || {
         server(&clients[0]) != gone
     });
@@ -1078,17 +1095,10 @@ pub fn session_affinity_lifecycle(mode: &str) {
     }
     assert_eq!(server(&clients[0]), moved, "client did not stay on {moved}");
     // The removed endpoint returns: its former clients stay where they are.
-    let back = pods.iter().find(|p| p.name() == gone).expect("removed pod");
     env.put("eps", &slice("afl", "1", "IPv4", &ready(&all)));
-    // A DNAT rule to it (upstream's chain per endpoint) or an element of
-    // an endpoint map (ours).
-    let dnat = format!("{}:8080", back.ip());
-    let element = format!("{} . 8080", back.ip());
     for node in [1, 2] {
         env.wait(&format!("{gone} back in node{node}'s rules"), || {
-            env.ruleset(node)
-                .lines()
-                .any(|l| (l.contains("dnat") && l.contains(&dnat)) || l.contains(&element))
+            in_rules(node)
         });
     }
     for _ in 0..5 {
