@@ -1332,6 +1332,18 @@ fn proxier_syncs_through_netlink_as_through_nft() {
     let st = t.state().clone();
     let first = step("first full sync", &st, &BTreeSet::new(), false);
     assert!(first.contains("numgen random mod 2 offset"), "{first}");
+    // The kernel lists sets in the order they were made, which is the
+    // order it walks them to find the one a rule names: the affinity set,
+    // named twice by each affinity rule, comes before the endpoint maps.
+    let at = |what: &str| {
+        first
+            .find(what)
+            .unwrap_or_else(|| panic!("no {what}: {first}"))
+    };
+    assert!(
+        at("set affinity-10800 ") < at("map endpoints-tcp-0 "),
+        "affinity set after the endpoint maps: {first}"
+    );
 
     let cs = apply(
         &mut t,
