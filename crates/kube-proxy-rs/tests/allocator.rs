@@ -1,8 +1,8 @@
 //! The binary re-executes itself once with mimalloc's arena eager commit and
 //! purge delay off (main.rs says why; BENCHMARKS.md "Steady state" has the
 //! figures), keeps its process name, and leaves an operator's own mimalloc
-//! options alone. Runs the proxy in a fresh network namespace (root needed)
-//! and reads /proc/PID/environ and comm.
+//! options alone, and runs on two threads. Runs the proxy in a fresh network
+//! namespace (root needed) and reads /proc/PID/environ, comm and task.
 
 #![cfg(feature = "mimalloc")]
 
@@ -123,4 +123,23 @@ fn the_proxy_runs_with_mimalloc_tuned_unless_the_operator_chose() {
     // An operator's own option wins, and no other is added.
     let pid = lab.start(&[("MIMALLOC_PURGE_DELAY", "7")]);
     assert_eq!(lab.environ(pid), ["MIMALLOC_PURGE_DELAY=7"]);
+}
+
+/// Two threads once running: the async runtime's (main.rs says why there is
+/// only one) and the sync loop's. Each thread that allocates keeps its own
+/// partly used allocator pages, so a thread more is RSS more.
+#[test]
+fn the_proxy_runs_on_two_threads() {
+    let mut lab = Lab::new("t");
+    let pid = lab.start(&[]);
+    lab.environ(pid);
+    let mut names: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .map(|t| {
+            let t = t.unwrap().path().join("comm");
+            std::fs::read_to_string(t).unwrap().trim().to_string()
+        })
+        .collect();
+    names.sort();
+    assert_eq!(names, ["kube-proxy-rs", "sync"], "threads of pid {pid}");
 }
