@@ -132,6 +132,9 @@ fn the_proxy_runs_with_mimalloc_tuned_unless_the_operator_chose() {
 fn the_proxy_runs_on_two_threads() {
     let mut lab = Lab::new("t");
     let pid = lab.start(&[]);
+    // The metrics listener is a task on the runtime thread, which first
+    // runs after main has started the sync thread: once it listens, both
+    // threads exist.
     lab.environ(pid);
     let mut names: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
         .unwrap()
