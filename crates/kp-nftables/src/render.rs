@@ -226,40 +226,26 @@ pub fn render_service(
     };
     out.no_local = cat.no_local();
 
-    let masq_rule = rule::mark_masq_unless_local(
-        cfg.family,
-        sp.cluster_ip,
-        sp.protocol,
-        sp.port,
-        &cfg.local_detector,
-        cfg.masquerade_all,
-    );
+    // No per-chain "mark for masquerade unless from the cluster" rule here:
+    // one rule before the dispatch does it for every ClusterIP (Skeleton).
     if !cat.cluster.is_empty() {
-        let mut rules = Vec::new();
-        if !sp.internal_policy_local {
-            rules.extend(masq_rule.clone());
-        }
-        rules.extend(selection(
+        let rules = selection(
             sp,
             &svc_chain,
             &cat.cluster,
             &mut out.affinity_sets,
             &mut out.pools,
-        ));
+        );
         out.chains.push((svc_chain.clone(), rules));
     }
     if cat.has_local() {
-        let mut rules = Vec::new();
-        if sp.internal_policy_local {
-            rules.extend(masq_rule);
-        }
-        rules.extend(selection(
+        let rules = selection(
             sp,
             &local_chain,
             &cat.local,
             &mut out.affinity_sets,
             &mut out.pools,
-        ));
+        );
         out.chains.push((local_chain.clone(), rules));
     }
 
@@ -461,10 +447,14 @@ impl Skeleton {
             .filter(|a| cfg.nodeport_addresses.iter().any(|n| n.contains(*a)))
             .copied()
             .collect();
-        let services_rules = vec![
-            Rule::new(vec![dispatch(MAP_SERVICE_IPS)]),
-            nodeport_dispatch(MAP_SERVICE_NODEPORTS),
-        ];
+        let services_rules: Vec<Rule> =
+            rule::mark_masq_clusterip_unless_local(fam, &cfg.local_detector, cfg.masquerade_all)
+                .into_iter()
+                .chain([
+                    Rule::new(vec![dispatch(MAP_SERVICE_IPS)]),
+                    nodeport_dispatch(MAP_SERVICE_NODEPORTS),
+                ])
+                .collect();
         let mut cluster_check = vec![Rule::new(vec![
             Expr::Lookup {
                 key: vec![KeyField::Addr(Addr::Daddr)],

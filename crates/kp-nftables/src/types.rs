@@ -236,8 +236,6 @@ pub enum Expr {
         neg: bool,
         value: AddrValue,
     },
-    /// `tcp dport 80` (also matches the protocol)
-    Dport(Protocol, u16),
     /// `meta l4proto tcp`
     L4Proto(Protocol),
     /// `iifname [!=] "name"`, or `"name*"` with `wildcard` (a prefix match).
@@ -313,7 +311,6 @@ impl Expr {
                 AddrValue::Set(s) if s.len() == 1 => "set-of-one",
                 AddrValue::Set(_) => "interval-set",
             },
-            Expr::Dport(..) => "dport",
             Expr::L4Proto(_) => "l4proto",
             Expr::Iifname {
                 wildcard: false, ..
@@ -357,7 +354,6 @@ impl Expr {
                     }
                 }
             }
-            Expr::Dport(p, port) => write!(f, "{} dport {port}", p.as_lower()),
             Expr::L4Proto(p) => write!(f, "meta l4proto {}", p.as_lower()),
             Expr::Iifname {
                 neg,

@@ -192,7 +192,10 @@ fn v4_shapes() -> Transaction {
         .add(chain("fw"));
     let ct = |s| Expr::Ct(s);
     let masq = v(jump("mark-for-masquerade"));
-    let dst = addr(Addr::Daddr, false, AddrValue::Ip(ip("10.96.0.10")));
+    let cips = Expr::Lookup {
+        key: vec![KeyField::Addr(Addr::Daddr)],
+        set: "cluster-ips".into(),
+    };
     let rules: Vec<(&str, Rule)> = vec![
         (
             "filter-input",
@@ -308,19 +311,17 @@ fn v4_shapes() -> Transaction {
             .comment("drop traffic to unallocated ClusterIPs"),
         ),
         (
-            SVC,
+            "services",
             r(vec![
-                dst.clone(),
-                Expr::Dport(Tcp, 80),
+                cips.clone(),
                 addr(Addr::Saddr, true, AddrValue::Net(net("10.244.0.0/16"))),
                 masq.clone(),
             ]),
         ),
         (
-            SVC,
+            "services",
             r(vec![
-                dst.clone(),
-                Expr::Dport(Udp, 53),
+                cips.clone(),
                 addr(
                     Addr::Saddr,
                     true,
@@ -330,10 +331,9 @@ fn v4_shapes() -> Transaction {
             ]),
         ),
         (
-            SVC,
+            "services",
             r(vec![
-                dst.clone(),
-                Expr::Dport(Sctp, 9),
+                cips.clone(),
                 Expr::Iifname {
                     neg: true,
                     name: "cbr0".into(),
@@ -343,10 +343,9 @@ fn v4_shapes() -> Transaction {
             ]),
         ),
         (
-            SVC,
+            "services",
             r(vec![
-                dst.clone(),
-                Expr::Dport(Tcp, 80),
+                cips.clone(),
                 Expr::Iifname {
                     neg: true,
                     name: "veth".into(),
@@ -355,10 +354,7 @@ fn v4_shapes() -> Transaction {
                 masq.clone(),
             ]),
         ),
-        (
-            SVC,
-            r(vec![dst.clone(), Expr::Dport(Tcp, 80), masq.clone()]),
-        ),
+        ("services", r(vec![cips.clone(), masq.clone()])),
         (
             SVC,
             r(vec![
@@ -803,7 +799,7 @@ fn v6_shapes() -> Transaction {
             "x",
             r(vec![
                 addr(Addr::Daddr, false, AddrValue::Ip(ip("fd00::1"))),
-                Expr::Dport(Sctp, 80),
+                Expr::L4Proto(Sctp),
                 addr(Addr::Saddr, true, AddrValue::Set(vec![net("fd00::/64")])),
                 addr(Addr::Saddr, true, AddrValue::Set(vec![net("::/0")])),
                 v(jump("y")),
@@ -1710,7 +1706,6 @@ fn every_rendered_shape_lists_the_same_through_netlink_and_nft() {
         "prefix",
         "set-of-one",
         "interval-set",
-        "dport",
         "l4proto",
         "iifname",
         "iifname-wildcard",

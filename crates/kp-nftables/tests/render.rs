@@ -154,9 +154,27 @@ fn each_kind_of_service_renders_its_layout() {
         text.contains("10.96.0.10 . tcp . 80 : goto service-"),
         "{text}"
     );
-    assert!(text.contains(
-        "ip daddr 10.96.0.10 tcp dport 80 ip saddr != 10.244.0.0/16 jump mark-for-masquerade"
-    ));
+    // One rule before the dispatch marks off-cluster traffic to any
+    // ClusterIP; no Service chain carries its own (upstream: one per chain).
+    let masq_rules: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("jump mark-for-masquerade") && l.contains("10.244.0.0/16"))
+        .collect();
+    assert_eq!(
+        masq_rules,
+        [
+            "add rule ip kube-proxy-rs services ip daddr @cluster-ips ip saddr != 10.244.0.0/16 jump mark-for-masquerade"
+        ],
+        "{text}"
+    );
+    let services_rules: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("add rule ip kube-proxy-rs services "))
+        .collect();
+    assert!(
+        services_rules.len() == 3 && services_rules[0].contains("mark-for-masquerade"),
+        "the masquerade mark comes before the dispatch: {services_rules:?}"
+    );
     // The service chain picks one of two slots of the shared TCP endpoint map,
     // and those slots hold the two endpoints.
     let (map, base) = slot_base(&text, "10.96.0.10", "endpoints-tcp-", 2);

@@ -313,9 +313,8 @@ fn node_cidr_pod_cidrs_come_from_the_api() {
         "--dry-run".to_string(),
     ]);
     assert!(
-        out.contains(
-            "ip daddr 10.96.7.7 tcp dport 80 ip saddr != 10.244.1.0/24 jump mark-for-masquerade"
-        ),
+        out.contains("ip daddr @cluster-ips ip saddr != 10.244.1.0/24 jump mark-for-masquerade")
+            && out.contains("10.96.7.7 . tcp . 80 : goto service-"),
         "{out}"
     );
     let calls = srv.api_calls();

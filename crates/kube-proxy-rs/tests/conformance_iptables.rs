@@ -5,3 +5,8 @@
 mod conformance;
 
 conformance_suite!("iptables");
+
+#[test]
+fn c08b_clusterip_masquerade() {
+    conformance::clusterip_masquerade("iptables");
+}

@@ -9,3 +9,8 @@ conformance_suite!("nftables");
 fn c04b_session_affinity_lifecycle() {
     conformance::session_affinity_lifecycle("nftables");
 }
+
+#[test]
+fn c08b_clusterip_masquerade() {
+    conformance::clusterip_masquerade("nftables");
+}

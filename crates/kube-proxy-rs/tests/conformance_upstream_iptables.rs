@@ -9,3 +9,10 @@ conformance_suite!("upstream/iptables", || conformance::binaries_for(
     "upstream/iptables"
 ));
 api_cases!("upstream/iptables");
+
+#[test]
+fn c08b_clusterip_masquerade() {
+    if conformance::binaries_for("upstream/iptables") {
+        conformance::clusterip_masquerade("upstream/iptables");
+    }
+}

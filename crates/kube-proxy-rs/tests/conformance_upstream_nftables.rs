@@ -16,3 +16,10 @@ fn c04b_session_affinity_lifecycle() {
         conformance::session_affinity_lifecycle("upstream/nftables");
     }
 }
+
+#[test]
+fn c08b_clusterip_masquerade() {
+    if conformance::binaries_for("upstream/nftables") {
+        conformance::clusterip_masquerade("upstream/nftables");
+    }
+}

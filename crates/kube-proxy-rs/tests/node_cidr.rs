@@ -132,14 +132,12 @@ fn local_traffic_rules_use_the_nodes_pod_cidrs() {
     ));
     // Traffic from outside this node's pod CIDR is masqueraded, per family.
     assert!(
-        out.contains(
-            "ip daddr 10.96.0.10 tcp dport 80 ip saddr != 10.244.1.0/24 jump mark-for-masquerade"
-        ),
+        out.contains("ip daddr @cluster-ips ip saddr != 10.244.1.0/24 jump mark-for-masquerade"),
         "{out}"
     );
     assert!(
         out.contains(
-            "ip6 daddr fd00:96::10 tcp dport 80 ip6 saddr != fd00:10:244:1::/64 jump mark-for-masquerade"
+            "ip6 daddr @cluster-ips ip6 saddr != fd00:10:244:1::/64 jump mark-for-masquerade"
         ),
         "{out}"
     );

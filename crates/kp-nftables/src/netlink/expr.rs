@@ -455,12 +455,6 @@ pub fn encode_rule(
                     }
                 }
             }
-            Expr::Dport(p, port) => {
-                out.push(meta_load(16, 1));
-                out.push(cmp(1, false, &[proto_number(*p)]));
-                out.push(payload(2, 2, 2, 1));
-                out.push(cmp(1, false, &port.to_be_bytes()));
-            }
             Expr::L4Proto(p) => {
                 out.push(meta_load(16, 1));
                 out.push(cmp(1, false, &[proto_number(*p)]));

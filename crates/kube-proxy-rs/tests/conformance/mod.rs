@@ -1229,6 +1229,73 @@ pub fn masquerade_and_hairpin(mode: &str) {
     assert_eq!(r.server, "a", "hairpin reached the wrong pod");
 }
 
+/// Case 8b: which traffic to a ClusterIP is masqueraded: what does not come
+/// from the cluster CIDR (internalTrafficPolicy Cluster and Local alike), and
+/// with --masquerade-all everything, pods included. Node1 runs with
+/// --masquerade-all, node2 without; the external client is routed to the
+/// ClusterIPs through one node or the other.
+pub fn clusterip_masquerade(mode: &str) {
+    let mut env = Env::new("cipmasq", mode);
+    let c = env.pod(2, "c");
+    let client1 = env.pod(1, "client1");
+    let client2 = env.pod(2, "client2");
+    env.put("svc", &service("cm", &["10.96.0.84"], json!({})));
+    env.put("eps", &slice("cm", "1", "IPv4", &ready(&[&c])));
+    env.put(
+        "svc2",
+        &service(
+            "cml",
+            &["10.96.0.85"],
+            json!({"internalTrafficPolicy": "Local"}),
+        ),
+    );
+    env.put("eps2", &slice("cml", "1", "IPv4", &ready(&[&c])));
+    env.start(1, &["--masquerade-all"]);
+    env.start(2, &[]);
+    env.wait_synced(1);
+    env.wait_synced(2);
+    let vip = sa("10.96.0.84", 80);
+    let vip_local = sa("10.96.0.85", 80);
+    // Pods: kept on node2, masqueraded on node1 (--masquerade-all).
+    let r = env.wait_tcp(client2.ns(), vip);
+    assert_eq!(r.peer.ip(), client2.ip(), "a pod was masqueraded on node2");
+    let r = env.wait_tcp(client2.ns(), vip_local);
+    assert_eq!(
+        r.peer.ip(),
+        client2.ip(),
+        "a pod was masqueraded (iTP=Local)"
+    );
+    let r = env.wait_tcp(client1.ns(), vip);
+    assert_eq!(
+        r.peer.ip(),
+        env.cluster.node_ip(1),
+        "--masquerade-all left a pod's connection unmasqueraded"
+    );
+    // From outside the cluster CIDR through node2: masqueraded, both policies.
+    let cl = env.cluster.client_ns().to_string();
+    env.cluster
+        .client_route_via("10.96.0.84/32".parse().unwrap(), 2)
+        .unwrap();
+    env.cluster
+        .client_route_via("10.96.0.85/32".parse().unwrap(), 2)
+        .unwrap();
+    for (what, addr) in [("iTP=Cluster", vip), ("iTP=Local", vip_local)] {
+        let r = env.wait_tcp(&cl, addr);
+        assert_eq!(r.server, "c");
+        assert_ne!(
+            r.peer.ip(),
+            env.cluster.client_ip(),
+            "off-cluster traffic to a ClusterIP ({what}) was not masqueraded"
+        );
+    }
+    // Through node1 (--masquerade-all) to the endpoint on node2.
+    env.cluster
+        .client_route_via("10.96.0.84/32".parse().unwrap(), 1)
+        .unwrap();
+    let r = env.wait_tcp(&cl, vip);
+    assert_eq!(r.peer.ip(), env.cluster.node_ip(1));
+}
+
 /// Case 9: Terminating endpoints are used only when no endpoint is ready.
 pub fn terminating_fallback(mode: &str) {
     let mut env = Env::new("terminating", mode);
