@@ -3,12 +3,12 @@
 //!
 //! Relists never flush: the keys seen during a relist are compared with the
 //! keys known before, and only the missing ones are sent as deleted. A watcher
-//! error is reported once as `Disconnected`; `Reconnected` follows when a
-//! watcher delivers data again or, if nothing changed meanwhile, when a probe
-//! list of all three resources succeeds (a resumed watch that has nothing to
-//! say produces no event at all).
+//! error is reported once as `Disconnected`; `Reconnected` follows when every
+//! watcher that failed has delivered data again or, if nothing changed
+//! meanwhile, when a probe list of all three resources succeeds (a resumed
+//! watch that has nothing to say produces no event at all).
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;
 
 use futures::stream::{BoxStream, SelectAll};
@@ -197,6 +197,13 @@ fn is_disconnect(err: &watcher::Error) -> bool {
 
 struct Conn {
     connected: bool,
+    /// The watches whose last error was a disconnection and that have
+    /// delivered nothing since. Reconnected means all of them delivered:
+    /// one resource's data says nothing of another's (a server failing
+    /// only EndpointSlice lists kept answering Service lists, and treating
+    /// that as a reconnection restarted every watch at once, again and
+    /// again: ~45 lists in half a second).
+    failing: BTreeSet<&'static str>,
     probe: Option<JoinHandle<()>>,
 }
 
@@ -353,6 +360,7 @@ pub async fn run_api_source(
     let mut synced = false;
     let mut conn = Conn {
         connected: true,
+        failing: BTreeSet::new(),
         probe: None,
     };
     let (probe_tx, mut probe_rx) = mpsc::channel::<()>(1);
@@ -365,6 +373,7 @@ pub async fn run_api_source(
                 conn.probe = None;
                 if !conn.connected {
                     conn.connected = true;
+                    conn.failing.clear();
                     // The watchers may sit in their backoff (up to 30 s)
                     // although the server answers again: start fresh ones,
                     // which relist (without flushing, see Known) at once, so
@@ -429,20 +438,21 @@ pub async fn run_api_source(
             ),
         };
         let mut out = Vec::new();
-        let mut restart = false;
         match outcome {
             Ok((data, events)) => {
-                if data && !conn.connected {
+                if data && !conn.connected && conn.failing.remove(resource) {
+                    info!(resource, "API watch delivering again");
+                }
+                if data && !conn.connected && conn.failing.is_empty() {
+                    // Every watch that failed has delivered since: no
+                    // watcher sits in its backoff. (While some still fail,
+                    // the probe lists all three and restarts the watches
+                    // once it gets through.)
                     conn.connected = true;
                     if let Some(p) = conn.probe.take() {
                         p.abort();
                     }
-                    info!(resource, "API watch delivering again");
                     out.push(SourceEvent::Reconnected);
-                    // The other watchers may sit in their backoff (up to
-                    // 45 s after a long outage): fresh ones relist now, as
-                    // after a successful probe.
-                    restart = true;
                 }
                 out.extend(events);
                 // The Node's list too: its zone label decides topology
@@ -462,6 +472,7 @@ pub async fn run_api_source(
                 debug!(resource, "watch history expired, relisting: {err}");
             }
             Err(err) => {
+                conn.failing.insert(resource);
                 if conn.connected {
                     conn.connected = false;
                     warn!(
@@ -485,10 +496,6 @@ pub async fn run_api_source(
             if tx.send(e).await.is_err() {
                 return Ok(());
             }
-        }
-        if restart {
-            merged = watch_streams(&client, &cfg, &node_cfg);
-            info!("API server reachable again; watches restarted");
         }
     }
 }
