@@ -429,6 +429,19 @@ pub struct CommonOpts {
     pub ours: PathBuf,
 }
 
+/// With `--help` or `-h` anywhere in the arguments: says where the flags
+/// are documented (each benchmark's file header) and exits, instead of
+/// running a benchmark of many minutes with its defaults.
+pub fn exit_on_help(source: &str) {
+    if std::env::args().skip(1).any(|a| a == "--help" || a == "-h") {
+        println!(
+            "{source}: flags and what is measured are in that file's header; \
+             the commands behind the published figures are in BENCHMARKS.md."
+        );
+        std::process::exit(0);
+    }
+}
+
 /// Parses `--sizes N,N`, `--mode nftables|iptables`, `--write FILE` and
 /// `--ours PATH` (default: the kube-proxy-rs beside the running benchmark);
 /// every other flag, with its value, goes to `extra`, which returns false
@@ -438,6 +451,8 @@ pub fn parse_common(
     mut extra: impl FnMut(&str, String) -> Result<bool>,
 ) -> Result<CommonOpts> {
     let exe = std::env::current_exe().context("locating the benchmark binary")?;
+    let bin = exe.file_name().unwrap_or_default().to_string_lossy();
+    exit_on_help(&format!("crates/kp-bench/src/bin/{bin}.rs"));
     let mut o = CommonOpts {
         sizes: sizes.to_vec(),
         mode: "nftables".into(),

@@ -531,6 +531,7 @@ fn iptables_floor(n: u32, times: usize) -> Result<()> {
 }
 
 fn main() -> Result<()> {
+    kp_bench::lab::exit_on_help("crates/kp-bench/src/main.rs");
     let args: Vec<String> = std::env::args().collect();
     let get = |flag: &str| {
         args.iter()

@@ -289,6 +289,7 @@ fn list(args: &[String], flag: &str, default: &str) -> Result<Vec<u32>> {
 }
 
 fn main() -> Result<()> {
+    kp_bench::lab::exit_on_help("crates/kp-bench/src/bin/kp-connect.rs");
     let args: Vec<String> = std::env::args().collect();
     let nft = list(&args, "--nft", "100,10000,50000")?;
     let slb = list(&args, "--socket-lb", "100,10000,50000")?;

@@ -315,6 +315,7 @@ fn run(
 }
 
 fn main() -> Result<()> {
+    kp_bench::lab::exit_on_help("crates/kp-bench/src/bin/kp-idle.rs");
     let args: Vec<String> = std::env::args().collect();
     let get = |flag: &str| {
         args.iter()

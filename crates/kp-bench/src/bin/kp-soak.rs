@@ -60,6 +60,7 @@ fn parse_opts() -> Result<Opts> {
         ours: exe.with_file_name("kube-proxy-rs"),
         api: "real".into(),
     };
+    kp_bench::lab::exit_on_help("crates/kp-bench/src/bin/kp-soak.rs");
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || args.next().with_context(|| format!("{a} needs a value"));
