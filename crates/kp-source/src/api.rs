@@ -3,10 +3,11 @@
 //!
 //! Relists never flush: the keys seen during a relist are compared with the
 //! keys known before, and only the missing ones are sent as deleted. A watcher
-//! error is reported once as `Disconnected`; `Reconnected` follows when every
-//! watcher that failed has delivered data again or, if nothing changed
-//! meanwhile, when a probe list of all three resources succeeds (a resumed
-//! watch that has nothing to say produces no event at all).
+//! error is reported once as `Disconnected`; `Reconnected` follows when a
+//! watcher that failed delivers data again or, if nothing changed meanwhile,
+//! when a probe list of all three resources succeeds (a resumed watch that
+//! has nothing to say produces no event at all). Data from a watcher that
+//! did not fail proves nothing about the ones that did.
 
 use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;
@@ -198,11 +199,11 @@ fn is_disconnect(err: &watcher::Error) -> bool {
 struct Conn {
     connected: bool,
     /// The watches whose last error was a disconnection and that have
-    /// delivered nothing since. Reconnected means all of them delivered:
-    /// one resource's data says nothing of another's (a server failing
-    /// only EndpointSlice lists kept answering Service lists, and treating
-    /// that as a reconnection restarted every watch at once, again and
-    /// again: ~45 lists in half a second).
+    /// delivered nothing since. Only data from one of them proves the
+    /// server answers again: a server failing only EndpointSlice lists
+    /// kept answering Service lists, and taking those for a reconnection
+    /// restarted every watch at once, again and again (~45 lists in half a
+    /// second).
     failing: BTreeSet<&'static str>,
     probe: Option<JoinHandle<()>>,
 }
@@ -438,21 +439,25 @@ pub async fn run_api_source(
             ),
         };
         let mut out = Vec::new();
+        let mut restart = false;
         match outcome {
             Ok((data, events)) => {
-                if data && !conn.connected && conn.failing.remove(resource) {
-                    info!(resource, "API watch delivering again");
-                }
-                if data && !conn.connected && conn.failing.is_empty() {
-                    // Every watch that failed has delivered since: no
-                    // watcher sits in its backoff. (While some still fail,
-                    // the probe lists all three and restarts the watches
-                    // once it gets through.)
+                if data && conn.failing.remove(resource) && !conn.connected {
                     conn.connected = true;
                     if let Some(p) = conn.probe.take() {
                         p.abort();
                     }
+                    info!(resource, "API watch delivering again");
                     out.push(SourceEvent::Reconnected);
+                    // The other watchers that failed may sit in their
+                    // backoff (up to 30 s after a long outage): fresh ones
+                    // relist now, as after a successful probe. One that
+                    // fails again is a new disconnection, and only its own
+                    // data ends that one: no restart loop.
+                    if !conn.failing.is_empty() {
+                        conn.failing.clear();
+                        restart = true;
+                    }
                 }
                 out.extend(events);
                 // The Node's list too: its zone label decides topology
@@ -496,6 +501,10 @@ pub async fn run_api_source(
             if tx.send(e).await.is_err() {
                 return Ok(());
             }
+        }
+        if restart {
+            merged = watch_streams(&client, &cfg, &node_cfg);
+            info!("API server reachable again; watches restarted");
         }
     }
 }
