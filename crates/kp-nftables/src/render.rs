@@ -428,10 +428,7 @@ impl Skeleton {
                 },
             ]
         } else {
-            vec![Expr::Lookup {
-                key: vec![KeyField::Addr(Addr::Daddr)],
-                set: SET_NODEPORT_IPS.into(),
-            }]
+            vec![rule::daddr_in(SET_NODEPORT_IPS)]
         };
         let nodeport_dispatch = |map: &str| {
             let mut e = nodeport_match.clone();
@@ -456,10 +453,7 @@ impl Skeleton {
                 ])
                 .collect();
         let mut cluster_check = vec![Rule::new(vec![
-            Expr::Lookup {
-                key: vec![KeyField::Addr(Addr::Daddr)],
-                set: SET_CLUSTER_IPS.into(),
-            },
+            rule::daddr_in(SET_CLUSTER_IPS),
             Expr::Reject,
         ])
         .comment("reject traffic to invalid ports of ClusterIPs")];

@@ -22,6 +22,14 @@ fn same_family(fam: IpFamily, n: &IpNet) -> bool {
     )
 }
 
+/// `ip daddr @SET`
+pub fn daddr_in(set: &str) -> Expr {
+    Expr::Lookup {
+        key: vec![KeyField::Addr(Addr::Daddr)],
+        set: set.into(),
+    }
+}
+
 /// The match for "from inside the cluster" (None when nothing is local).
 pub fn local_match(fam: IpFamily, d: &LocalDetector, neg: bool) -> Option<Expr> {
     match d {
@@ -74,10 +82,7 @@ pub fn mark_masq_clusterip_unless_local(
     detector: &LocalDetector,
     masquerade_all: bool,
 ) -> Option<Rule> {
-    let mut exprs = vec![Expr::Lookup {
-        key: vec![KeyField::Addr(Addr::Daddr)],
-        set: crate::render::SET_CLUSTER_IPS.into(),
-    }];
+    let mut exprs = vec![daddr_in(crate::render::SET_CLUSTER_IPS)];
     if !masquerade_all {
         exprs.push(local_match(fam, detector, true)?);
     }
