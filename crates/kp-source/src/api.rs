@@ -197,13 +197,12 @@ fn is_disconnect(err: &watcher::Error) -> bool {
 }
 
 struct Conn {
-    connected: bool,
     /// The watches whose last error was a disconnection and that have
-    /// delivered nothing since. Only data from one of them proves the
-    /// server answers again: a server failing only EndpointSlice lists
-    /// kept answering Service lists, and taking those for a reconnection
-    /// restarted every watch at once, again and again (~45 lists in half a
-    /// second).
+    /// delivered nothing since; connected while it is empty. Only data
+    /// from one of them proves the server answers again: a server failing
+    /// only EndpointSlice lists kept answering Service lists, and taking
+    /// those for a reconnection restarted every watch at once, again and
+    /// again (~45 lists in half a second).
     failing: BTreeSet<&'static str>,
     probe: Option<JoinHandle<()>>,
 }
@@ -360,7 +359,6 @@ pub async fn run_api_source(
     let mut node_known = Known::default();
     let mut synced = false;
     let mut conn = Conn {
-        connected: true,
         failing: BTreeSet::new(),
         probe: None,
     };
@@ -372,8 +370,7 @@ pub async fn run_api_source(
             _ = tx.closed() => return Ok(()),
             Some(()) = probe_rx.recv() => {
                 conn.probe = None;
-                if !conn.connected {
-                    conn.connected = true;
+                if !conn.failing.is_empty() {
                     conn.failing.clear();
                     // The watchers may sit in their backoff (up to 30 s)
                     // although the server answers again: start fresh ones,
@@ -442,8 +439,7 @@ pub async fn run_api_source(
         let mut restart = false;
         match outcome {
             Ok((data, events)) => {
-                if data && conn.failing.remove(resource) && !conn.connected {
-                    conn.connected = true;
+                if data && conn.failing.remove(resource) {
                     if let Some(p) = conn.probe.take() {
                         p.abort();
                     }
@@ -454,10 +450,8 @@ pub async fn run_api_source(
                     // relist now, as after a successful probe. One that
                     // fails again is a new disconnection, and only its own
                     // data ends that one: no restart loop.
-                    if !conn.failing.is_empty() {
-                        conn.failing.clear();
-                        restart = true;
-                    }
+                    restart = !conn.failing.is_empty();
+                    conn.failing.clear();
                 }
                 out.extend(events);
                 // The Node's list too: its zone label decides topology
@@ -477,9 +471,9 @@ pub async fn run_api_source(
                 debug!(resource, "watch history expired, relisting: {err}");
             }
             Err(err) => {
+                let was_connected = conn.failing.is_empty();
                 conn.failing.insert(resource);
-                if conn.connected {
-                    conn.connected = false;
+                if was_connected {
                     warn!(
                         resource,
                         "API watch failed, keeping the current rules: {err}"
