@@ -37,8 +37,7 @@ pub trait NftBackend: Send {
     /// The client records (`ElemKey::Affinity`) in affinity set `set`, to
     /// forget the clients of a removed endpoint. A backend that cannot list
     /// elements returns none: the records then only expire with their
-    /// timeout. (The `nft` program backend, used by tests and benchmarks,
-    /// is one.)
+    /// timeout.
     fn affinity_records(
         &mut self,
         _family: IpFamily,
@@ -101,6 +100,37 @@ impl NftBackend for NftCli {
         }
     }
 
+    /// `nft list set`, its elements read back from the listing.
+    fn affinity_records(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        set: &str,
+    ) -> Result<Vec<ElemKey>, DataplaneError> {
+        let fam = family_kw(family);
+        let out = Command::new(&self.program)
+            .args(["list", "set", fam, table, set])
+            .output()
+            .map_err(|e| DataplaneError::Io {
+                what: format!("running {} list set", self.program),
+                source: e,
+            })?;
+        if !out.status.success() {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            // A set that is not there holds no records.
+            if stderr.contains("No such file or directory") {
+                return Ok(Vec::new());
+            }
+            return Err(DataplaneError::Apply {
+                tool: format!("{} list set", self.program),
+                message: format!("listing set {set}: {}", stderr.trim()),
+            });
+        }
+        Ok(parse_affinity_records(&String::from_utf8_lossy(
+            &out.stdout,
+        )))
+    }
+
     fn table_exists(&mut self, family: IpFamily, table: &str) -> Result<bool, DataplaneError> {
         let fam = family_kw(family);
         let out = Command::new(&self.program)
@@ -141,5 +171,69 @@ impl NftBackend for NftCli {
             && String::from_utf8_lossy(&out.stdout)
                 .lines()
                 .any(|l| l.contains("jump ") || l.contains("goto ")))
+    }
+}
+
+/// The records of an affinity set's listing (`elements = { CLIENT . ID .
+/// INDEX expires …, … }`); an element that does not read as one is skipped.
+pub fn parse_affinity_records(listing: &str) -> Vec<ElemKey> {
+    let Some((_, rest)) = listing.split_once("elements = {") else {
+        return Vec::new();
+    };
+    let body = rest.split('}').next().unwrap_or_default();
+    body.split(',')
+        .filter_map(|e| {
+            let mut w = e.split_whitespace();
+            let client = w.next()?.parse().ok()?;
+            (w.next()? == ".").then_some(())?;
+            let id = w.next()?.parse().ok()?;
+            (w.next()? == ".").then_some(())?;
+            let index = w.next()?.parse().ok()?;
+            Some(ElemKey::Affinity { client, id, index })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn affinity_records_read_back_from_a_listing() {
+        let listing = "table ip t {
+\tset affinity-600 {
+\t\ttypeof ip saddr . numgen random mod 1 . numgen random mod 1
+\t\tsize 1048576
+\t\tflags dynamic,timeout
+\t\ttimeout 10m
+\t\telements = { 10.1.2.4 . 5 . 0 expires 9m59s992ms,
+\t\t\t     10.1.2.3 . 3456789012 . 2 expires 9m59s992ms, fd00::1 . 7 . 1 }
+\t}
+}
+";
+        let ip = |s: &str| s.parse().unwrap();
+        assert_eq!(
+            parse_affinity_records(listing),
+            vec![
+                ElemKey::Affinity {
+                    client: ip("10.1.2.4"),
+                    id: 5,
+                    index: 0
+                },
+                ElemKey::Affinity {
+                    client: ip("10.1.2.3"),
+                    id: 3456789012,
+                    index: 2
+                },
+                ElemKey::Affinity {
+                    client: ip("fd00::1"),
+                    id: 7,
+                    index: 1
+                },
+            ]
+        );
+        assert!(parse_affinity_records("table ip t {\n\tset affinity-600 {\n\t}\n}\n").is_empty());
+        // Not a record: skipped, not misread.
+        assert!(parse_affinity_records("elements = { 10.1.2.4 . 0x5 . 0 }").is_empty());
     }
 }

@@ -540,10 +540,8 @@ impl NftablesProxier {
         // affinity) those walks were half of all the full sync's set-name
         // walks, ~1 s of its ~10 s kernel time on 2026-11-26.
         for timeout in prog.affinity.keys() {
-            tx.head.push(op(
-                Verb::Add,
-                Object::Set(affinity_set(self.cfg.family, *timeout)),
-            ));
+            tx.head
+                .push(op(Verb::Add, Object::Set(affinity_set(*timeout))));
             tx.ops += 1;
         }
         // Endpoint-map shards: those in the kernel are kept and emptied (the
@@ -674,10 +672,8 @@ impl NftablesProxier {
     /// Deletes a shared affinity set no service port uses any more (after the
     /// rules that name it: deletions come last in the transaction).
     fn delete_affinity_set(&self, tx: &mut Tx, timeout: u32) {
-        tx.del_objects.push(op(
-            Verb::Delete,
-            Object::Set(affinity_set(self.cfg.family, timeout)),
-        ));
+        tx.del_objects
+            .push(op(Verb::Delete, Object::Set(affinity_set(timeout))));
         tx.ops += 1;
     }
 
@@ -742,10 +738,8 @@ impl NftablesProxier {
             let o = old.as_ref().map_or(&empty, |k| &k.objs);
             let n = new.as_ref().map_or(&empty, |(k, _)| &k.objs);
             for timeout in prog.use_affinity(n, 1) {
-                tx.add_objects.push(op(
-                    Verb::Add,
-                    Object::Set(affinity_set(self.cfg.family, timeout)),
-                ));
+                tx.add_objects
+                    .push(op(Verb::Add, Object::Set(affinity_set(timeout))));
                 tx.ops += 1;
             }
             gone_sets.extend(prog.use_affinity(o, -1));

@@ -624,14 +624,10 @@ pub fn shard_set(m: MapName) -> Set {
 }
 
 /// The declaration of the shared session-affinity set of one timeout.
-pub fn affinity_set(family: IpFamily, timeout: u32) -> Set {
+pub fn affinity_set(timeout: u32) -> Set {
     Set {
         name: affinity_set_name(timeout),
-        ty: SetType::Typed {
-            key: vec![DType::addr(family), DType::Mark, DType::Mark],
-            verdict_map: false,
-            timeout: Some(timeout),
-        },
+        ty: SetType::Records { timeout },
     }
 }
 

@@ -115,9 +115,7 @@ impl Display for ElemKey {
             ElemKey::Ip(ip) => write!(f, "{ip}"),
             ElemKey::IpPair(ip) => write!(f, "{ip} . {ip}"),
             ElemKey::Slot(n) => write!(f, "0x{n:x}"),
-            ElemKey::Affinity { client, id, index } => {
-                write!(f, "{client} . 0x{id:08x} . 0x{index:08x}")
-            }
+            ElemKey::Affinity { client, id, index } => write!(f, "{client} . {id} . {index}"),
         }
     }
 }
@@ -383,21 +381,29 @@ impl Expr {
                 };
                 write!(f, "meta mark set meta mark {op} 0x{v:x}")
             }
-            // As `nft list` prints them (nft cannot parse either back:
-            // it refuses constants on the left of a lookup or map).
+            // Constants in a lookup key or a map's key are written as
+            // `numgen random mod 1 offset N` (always N), the one typed form
+            // of a number nft 1.0.6 both lists and parses back there.
             Expr::AffinityHit {
                 records,
                 id,
                 index,
                 slots,
-            } => write!(
-                f,
-                "{ip} saddr . 0x{id:08x} . 0x{index:08x} @{records} \
-                 update @{records} {{ {ip} saddr . 0x{id:08x} . 0x{index:08x} }} \
-                 dnat {ip} addr . port to 0x{:08x} map @{}",
-                slots.offset + index,
-                slots.map
-            ),
+            } => {
+                let (id, index) = (Const(*id), Const(*index));
+                write!(
+                    f,
+                    "{ip} saddr . {id} . {index} @{records} \
+                     update @{records} {{ {ip} saddr . {id} . {index} }} \
+                     dnat {ip} addr . port to {} map @{}",
+                    Const(slots.offset.saturating_add(index.0)),
+                    slots.map
+                )
+            }
+            // The index is a hash of the client's address and port: computed
+            // twice (record, DNAT), it is the same both times, and a new
+            // connection's source port makes the first choice as random as
+            // upstream's; its seed, the selection's id, keeps Services apart.
             Expr::AffinityPick {
                 records,
                 id,
@@ -405,9 +411,11 @@ impl Expr {
                 slots,
             } => write!(
                 f,
-                "update @{records} {{ {ip} saddr . 0x{id:08x} . numgen random mod {count} }} \
-                 dnat {ip} addr . port to numgen random mod {count} ^ 0x{:08x} map @{}",
-                slots.offset, slots.map
+                "update @{records} {{ {ip} saddr . {} . jhash {ip} saddr . th sport mod {count} seed 0x{id:x} }} \
+                 dnat {ip} addr . port to jhash {ip} saddr . th sport mod {count} seed 0x{id:x} offset {} map @{}",
+                Const(*id),
+                slots.offset,
+                slots.map
             ),
             Expr::NumgenDnat { count, slots } => write!(
                 f,
@@ -426,6 +434,16 @@ impl Expr {
             Expr::Reject => f.write_str("reject"),
             Expr::Verdict(v) => write!(f, "{v}"),
         }
+    }
+}
+
+/// A 32-bit constant where nft wants an expression (a lookup key or a map
+/// key): `numgen random mod 1 offset N`, whose value is always N.
+struct Const(u32);
+
+impl Display for Const {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        write!(f, "numgen random mod 1 offset {}", self.0)
     }
 }
 
@@ -545,8 +563,6 @@ pub enum DType {
     Ipv6,
     InetProto,
     InetService,
-    /// nft's `mark`: a 32-bit number (the id and index in the affinity key).
-    Mark,
 }
 
 impl DType {
@@ -563,7 +579,6 @@ impl DType {
             DType::Ipv6 => "ipv6_addr",
             DType::InetProto => "inet_proto",
             DType::InetService => "inet_service",
-            DType::Mark => "mark",
         }
     }
 }
@@ -587,6 +602,12 @@ pub enum SetType {
     },
     /// `typeof numgen random mod 1 : VALUE ;` (the shared endpoint maps).
     Numgen(NumgenValue),
+    /// `typeof ip saddr . numgen random mod 1 . numgen random mod 1 ;` with
+    /// `flags dynamic,timeout ; timeout Ns ;`: the session-affinity records
+    /// (client . selection id . index), filled by packets. Typed by `typeof`
+    /// so that the rules' `numgen` constants (see [`Expr::AffinityHit`])
+    /// match its key's type.
+    Records { timeout: u32 },
 }
 
 /// The value of a numgen-keyed map.
@@ -608,6 +629,7 @@ impl Set {
         match &self.ty {
             SetType::Typed { verdict_map, .. } => *verdict_map,
             SetType::Numgen(_) => true,
+            SetType::Records { .. } => false,
         }
     }
 
@@ -808,6 +830,11 @@ impl Display for OpText<'_> {
                         }
                         f.write_str(" ; }")
                     }
+                    SetType::Records { timeout } => write!(
+                        f,
+                        " {{ typeof {fam} saddr . numgen random mod 1 . numgen random mod 1 ; \
+                         size {DYNAMIC_SET_SIZE} ; flags dynamic,timeout ; timeout {timeout}s ; }}"
+                    ),
                 }
             }
             Object::Elements { set, elems } => {

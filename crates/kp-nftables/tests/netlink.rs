@@ -1076,171 +1076,28 @@ fn canary_chain_check_sees_flushed_and_missing_rules() {
     });
 }
 
-/// nft 1.0.6 cannot parse the session-affinity rules back (constants on
-/// the left of a lookup or a map: "Can't parse symbolic invalid
-/// expressions", "Map expression can not be constant"), though it lists
-/// them. So the `nft -f` side of the round trips gets each such rule as the
-/// stand-in `accept comment "affinity"`, and [`comparable`] turns the
-/// netlink side's listing of the real rule into the same stand-in, but only
-/// a line that lists exactly as [`affinity_rules`] expects from the rule the
-/// proxier rendered: a wrong encoding still shows as a difference.
-struct NftStandIn(NftCli);
-
-const STAND_IN: &str = "accept comment \"affinity\"";
-
-fn is_affinity_rule(rest: &str) -> bool {
-    rest.contains(" @affinity-")
-}
-
-impl NftBackend for NftStandIn {
-    fn apply(&mut self, tx: &Transaction) -> Result<usize, kp_model::DataplaneError> {
-        let script: String = tx
-            .to_string()
-            .lines()
-            .map(|l| {
-                // `add rule ip TABLE CHAIN REST`
-                let parts: Vec<&str> = l.splitn(6, ' ').collect();
-                match parts.as_slice() {
-                    ["add", "rule", fam, table, chain, rest] if is_affinity_rule(rest) => {
-                        format!("add rule {fam} {table} {chain} {STAND_IN}\n")
-                    }
-                    _ => format!("{l}\n"),
-                }
-            })
-            .collect();
-        let path = std::env::temp_dir().join(format!(
-            "kp-nft-standin-{}-{:?}.nft",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        std::fs::write(&path, &script).unwrap();
-        let out = std::process::Command::new(&self.0.program)
-            .arg("-f")
-            .arg(&path)
-            .output()
-            .unwrap();
-        let _ = std::fs::remove_file(&path);
-        if !out.status.success() {
-            return Err(kp_model::DataplaneError::Apply {
-                tool: "nft".into(),
-                message: String::from_utf8_lossy(&out.stderr).into_owned(),
-            });
-        }
-        Ok(script.len())
+/// `nft list ruleset`'s output of one namespace, loaded with `nft -f` into
+/// a fresh one, lists the same: what an operator saves, restores or edits
+/// and reloads is what was installed. `tag` names the fresh namespace.
+fn loads_back(listing: &str, tag: &str) {
+    let c = Ns::new(tag);
+    let path = std::env::temp_dir().join(format!("kp-nft-loadback-{}.nft", c.0));
+    std::fs::write(&path, listing).unwrap();
+    let loaded = c.nft(&["-f", path.to_str().unwrap_or_default()]);
+    let _ = std::fs::remove_file(&path);
+    if let Err(e) = loaded {
+        panic!("{tag}: nft -f refused the listing: {e}\n{listing}");
     }
-
-    fn table_exists(
-        &mut self,
-        family: IpFamily,
-        table: &str,
-    ) -> Result<bool, kp_model::DataplaneError> {
-        self.0.table_exists(family, table)
-    }
+    assert_eq!(
+        c.ruleset(),
+        listing,
+        "{tag}: the listing loads back differently"
+    );
 }
 
-fn nft_stand_in() -> Box<dyn NftBackend> {
-    Box::new(NftStandIn(NftCli::default()))
-}
-
-/// The session-affinity rules `tx` renders, as nft 1.0.6 lists them: it
-/// does not type constants on the left of a lookup or a map, so each prints
-/// as the integer its bytes make followed by `[invalid type]` (in the set
-/// update, where nft takes the types from the set, they read as rendered);
-/// it writes `dnat ip to` for a map's address and port, and leaves out an
-/// XOR with 0.
-fn affinity_rules(tx: &Transaction) -> HashSet<String> {
-    let untyped = |bytes: &[u8]| {
-        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-        let digits = hex.trim_start_matches('0');
-        format!(
-            "0x{} [invalid type]",
-            if digits.is_empty() { "0" } else { digits }
-        )
-    };
-    let fam = match tx.family {
-        IpFamily::V4 => "ip",
-        IpFamily::V6 => "ip6",
-    };
-    let mut out = HashSet::new();
-    for op in &tx.ops {
-        let Object::Rule { rule, .. } = &op.object else {
-            continue;
-        };
-        let mut listed = Vec::new();
-        let mut affinity = false;
-        for e in &rule.exprs {
-            match e {
-                Expr::L4Proto(p) => listed.push(format!("meta l4proto {}", p.as_lower())),
-                Expr::AffinityHit {
-                    records,
-                    id,
-                    index,
-                    slots,
-                } => {
-                    affinity = true;
-                    listed.push(format!(
-                        "{fam} saddr . {} . {} @{records} update @{records} {{ {fam} saddr . 0x{id:08x} . 0x{index:08x} }} dnat {fam} to {} map @{}",
-                        untyped(&id.to_ne_bytes()),
-                        untyped(&index.to_ne_bytes()),
-                        untyped(&(slots.offset + index).to_ne_bytes()),
-                        slots.map
-                    ));
-                }
-                Expr::AffinityPick {
-                    records,
-                    id,
-                    count,
-                    slots,
-                } => {
-                    affinity = true;
-                    let xor = match slots.offset {
-                        0 => String::new(),
-                        o => format!(" ^ {o}"),
-                    };
-                    listed.push(format!(
-                        "update @{records} {{ {fam} saddr . 0x{id:08x} . numgen random mod {count} }} dnat {fam} to numgen random mod {count}{xor} map @{}",
-                        slots.map
-                    ));
-                }
-                other => listed.push(format!("{other:?}")),
-            }
-        }
-        if affinity {
-            out.insert(without_slot(&listed.join(" ")));
-        }
-    }
-    out
-}
-
-/// An affinity rule's listing up to the DNAT's map: the slots it names
-/// depend on where the proxier placed the pool, which a fresh full
-/// transaction (what the expectations come from) does not repeat after
-/// partial syncs. Traffic tests check the slots (conformance c04, c04b).
-fn without_slot(line: &str) -> String {
-    match line.split_once(" dnat ") {
-        Some((head, tail)) => {
-            let map = tail.rsplit_once(" map @").map_or("", |(_, m)| m);
-            format!("{head} dnat … map @{map}")
-        }
-        None => line.to_string(),
-    }
-}
-
-/// `listing` with each affinity rule that is one of `expected` replaced by
-/// [`NftStandIn`]'s stand-in; any other line stays as it is.
-fn comparable(listing: &str, expected: &HashSet<String>) -> String {
-    listing
-        .lines()
-        .map(|l| {
-            let body = l.trim_start();
-            let indent = &l[..l.len() - body.len()];
-            if expected.contains(&without_slot(body)) {
-                format!("{indent}{STAND_IN}\n")
-            } else {
-                format!("{l}\n")
-            }
-        })
-        .collect()
+/// The `nft` program backend, as `KUBE_PROXY_RS_NFT_BACKEND=nft` selects.
+fn nft_cli() -> Box<dyn NftBackend> {
+    Box::new(NftCli::default())
 }
 
 fn cfg(family: IpFamily) -> ProxierConfig {
@@ -1310,7 +1167,7 @@ fn proxier_syncs_through_netlink_as_through_nft() {
     let mut t = tracker(IpFamily::V4);
     apply(&mut t, &kinds());
     let mut pa = NftablesProxier::new(cfg(IpFamily::V4), Box::new(NftNetlink::new()));
-    let mut pb = NftablesProxier::new(cfg(IpFamily::V4), nft_stand_in());
+    let mut pb = NftablesProxier::new(cfg(IpFamily::V4), nft_cli());
     let mut step = |name: &str, st: &kp_model::ProxyState, changed: &BTreeSet<_>, full: bool| {
         let rb = b
             .run(|| pb.sync(st, changed, full))
@@ -1319,10 +1176,10 @@ fn proxier_syncs_through_netlink_as_through_nft() {
             .run(|| pa.sync(st, changed, full))
             .unwrap_or_else(|e| panic!("{name}: netlink: {e}"));
         assert_eq!(ra.full, rb.full);
-        let checks = affinity_rules(&pa.full_transaction(st));
-        let (la, lb) = (comparable(&a.ruleset(), &checks), b.ruleset());
+        let (la, lb) = (a.ruleset(), b.ruleset());
         assert!(la.contains("table ip kube-proxy-rs"), "{name}: {la}");
         assert_eq!(la, lb, "{name}: netlink and nft rulesets differ");
+        loads_back(&la, "pxc");
         la
     };
     let st = t.state().clone();
@@ -1398,17 +1255,16 @@ fn v6_proxier_syncs_through_netlink_as_through_nft() {
     );
     let st = t.state().clone();
     let mut pa = NftablesProxier::new(cfg(IpFamily::V6), Box::new(NftNetlink::new()));
-    let mut pb = NftablesProxier::new(cfg(IpFamily::V6), nft_stand_in());
+    let mut pb = NftablesProxier::new(cfg(IpFamily::V6), nft_cli());
     a.run(|| pa.sync(&st, &BTreeSet::new(), false)).unwrap();
     b.run(|| pb.sync(&st, &BTreeSet::new(), false)).unwrap();
-    let checks = affinity_rules(&pa.full_transaction(&st));
-    // Two endpoints: a rule per index and the random pick.
-    assert_eq!(checks.len(), 3, "{checks:?}");
-    let (la, lb) = (comparable(&a.ruleset(), &checks), b.ruleset());
-    assert_eq!(la.matches(STAND_IN).count(), 3, "{la}");
+    let (la, lb) = (a.ruleset(), b.ruleset());
+    // Two endpoints: a rule per index and the pick.
+    assert_eq!(la.matches("update @affinity-10800 ").count(), 3, "{la}");
     assert!(la.contains("table ip6 kube-proxy-rs"), "{la}");
     assert!(la.contains("fd00:244::2"), "{la}");
     assert_eq!(la, lb);
+    loads_back(&la, "p6c");
 }
 
 /// Services that between them make the renderer emit every rule shape, set,
@@ -1629,8 +1485,10 @@ fn kinds_in(tx: &Transaction, seen: &mut HashSet<String>) {
 /// The round trip: services exercising every shape the renderer emits, per
 /// family and configuration, synced (full, partial, deletion, forced full)
 /// through netlink in one namespace and through `nft -f` in another; after
-/// each step the two kernels must list the same ruleset. A shape the netlink
-/// encoder gets wrong lists differently (or is refused).
+/// each step the two kernels must list the same ruleset, and that listing,
+/// loaded with `nft -f` into a third, must list the same again. A shape the
+/// netlink encoder gets wrong lists differently (or is refused); one that
+/// nft cannot read back fails the load.
 #[test]
 fn every_rendered_shape_lists_the_same_through_netlink_and_nft() {
     let mut seen = HashSet::new();
@@ -1646,7 +1504,7 @@ fn every_rendered_shape_lists_the_same_through_netlink_and_nft() {
             let mut t = tracker(family);
             apply(&mut t, &every_kind(family));
             let mut pa = NftablesProxier::new(config.clone(), Box::new(NftNetlink::new()));
-            let mut pb = NftablesProxier::new(config.clone(), nft_stand_in());
+            let mut pb = NftablesProxier::new(config.clone(), nft_cli());
             kinds_in(&pa.full_transaction(t.state()), &mut seen);
             let mut step =
                 |what: &str, st: &kp_model::ProxyState, changed: &BTreeSet<_>, full: bool| {
@@ -1655,10 +1513,10 @@ fn every_rendered_shape_lists_the_same_through_netlink_and_nft() {
                         .unwrap_or_else(|e| panic!("{ctx}: nft: {e}"));
                     a.run(|| pa.sync(st, changed, full))
                         .unwrap_or_else(|e| panic!("{ctx}: netlink: {e}"));
-                    let checks = affinity_rules(&pa.full_transaction(st));
-                    let (la, lb) = (comparable(&a.ruleset(), &checks), b.ruleset());
+                    let (la, lb) = (a.ruleset(), b.ruleset());
                     assert!(la.contains("kube-proxy-rs"), "{ctx}: {la}");
                     assert_eq!(la, lb, "{ctx}: netlink and nft rulesets differ");
+                    loads_back(&la, &format!("rt{tag}c"));
                 };
             let st = t.state().clone();
             step("first sync", &st, &BTreeSet::new(), false);
@@ -1734,7 +1592,7 @@ fn every_rendered_shape_lists_the_same_through_netlink_and_nft() {
             "set key 2 map false timeout false",
             "set key 3 map true timeout false",
             "set key 2 map true timeout false",
-            "set key 3 map false timeout true",
+            "Records",
             "numgen map AddrPort(Tcp)",
             "numgen map AddrPort(Udp)",
             "numgen map AddrPort(Sctp)",
@@ -1801,13 +1659,22 @@ fn read_records(ns: &Ns) -> Vec<ElemKey> {
 /// clients (read back over netlink: three clients per endpoint, as packets
 /// would have left them) while the clients of an endpoint that moves to
 /// the freed index follow it; replacing an endpoint forgets its clients
-/// too, and the new one takes its index.
+/// too, and the new one takes its index. Through either backend.
 #[test]
 fn removing_an_affinity_endpoint_forgets_only_its_clients() {
-    let ns = Ns::new("affgc");
+    forgets_only_its_clients("affgc", Box::new(NftNetlink::new()));
+}
+
+#[test]
+fn removing_an_affinity_endpoint_forgets_only_its_clients_through_nft() {
+    forgets_only_its_clients("affgcn", nft_cli());
+}
+
+fn forgets_only_its_clients(tag: &str, backend: Box<dyn NftBackend>) {
+    let ns = Ns::new(tag);
     let mut t = tracker(IpFamily::V4);
     apply(&mut t, &kinds());
-    let mut p = NftablesProxier::new(cfg(IpFamily::V4), Box::new(NftNetlink::new()));
+    let mut p = NftablesProxier::new(cfg(IpFamily::V4), backend);
     let st = t.state().clone();
     ns.run(|| p.sync(&st, &BTreeSet::new(), false)).unwrap();
     let (id, places) = affinity_places(&p.full_transaction(&st));

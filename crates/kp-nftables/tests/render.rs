@@ -203,7 +203,7 @@ fn each_kind_of_service_renders_its_layout() {
     // Affinity: one set per timeout for every Service, records keyed by
     // client, selection and index; a rule per index, no chain per endpoint.
     assert!(text.contains(
-        "add set ip kube-proxy-rs affinity-10800 { type ipv4_addr . mark . mark ; size 1048576 ; flags dynamic,timeout ; timeout 10800s ; }"
+        "add set ip kube-proxy-rs affinity-10800 { typeof ip saddr . numgen random mod 1 . numgen random mod 1 ; size 1048576 ; flags dynamic,timeout ; timeout 10800s ; }"
     ), "{text}");
     let aff: Vec<&str> = text
         .lines()
@@ -215,15 +215,16 @@ fn each_kind_of_service_renders_its_layout() {
         "two endpoints: two hit rules, one pick: {aff:?}"
     );
     assert!(
-        aff[0].contains(" . 0x00000000 @affinity-10800 update @affinity-10800"),
+        aff[0].contains(" . numgen random mod 1 offset 0 @affinity-10800 update @affinity-10800"),
         "{aff:?}"
     );
     assert!(
-        aff[1].contains(" . 0x00000001 @affinity-10800 update @affinity-10800"),
+        aff[1].contains(" . numgen random mod 1 offset 1 @affinity-10800 update @affinity-10800"),
         "{aff:?}"
     );
     assert!(
-        aff[2].contains(". numgen random mod 2 } dnat ip addr . port to numgen random mod 2 ^ 0x"),
+        aff[2].contains(" . jhash ip saddr . th sport mod 2 seed 0x")
+            && aff[2].contains(" } dnat ip addr . port to jhash ip saddr . th sport mod 2 seed 0x"),
         "{aff:?}"
     );
     assert!(!text.contains("chain ip kube-proxy-rs endpoint-"), "{text}");

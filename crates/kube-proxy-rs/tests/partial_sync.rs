@@ -501,8 +501,7 @@ fn unorder_affinity(v: &mut Value, targets: &mut Vec<String>) {
 }
 
 /// Replaces `{"map"|"vmap": {"key": {"numgen": {mod, offset}}, "data": "@shard"}}`
-/// with the values the numgen can pick (also a numgen XOR a pool's start,
-/// and a constant slot, as the affinity rules index).
+/// with the values the numgen can pick (also the affinity pick's jhash).
 fn resolve_slots(fam: &str, v: &mut Value, maps: &BTreeMap<String, Vec<(i64, Value)>>) {
     match v {
         Value::Object(o) => {
@@ -525,27 +524,21 @@ fn resolve_slots(fam: &str, v: &mut Value, maps: &BTreeMap<String, Vec<(i64, Val
                         .map(|(_, v)| v.clone())
                         .unwrap_or(Value::Null)
                 };
-                // A constant slot, listed as its host-endian bytes read as
-                // a big-endian integer (nft does not type it).
-                if let Some(c) = inner["key"].as_str() {
-                    let hex = c
-                        .trim_end_matches(" [invalid type]")
-                        .trim_start_matches("0x");
-                    if let Ok(raw) = u32::from_str_radix(hex, 16) {
-                        let slot = u32::from_ne_bytes(raw.to_be_bytes());
-                        o.insert(kw.to_string(), json!({"slot-pick": at(slot as i64)}));
-                        return;
-                    }
-                }
-                let (ng, xor) = match inner["key"].get("^") {
-                    Some(x) => (&x[0]["numgen"], x[1].as_i64().unwrap_or(0)),
-                    None => (&inner["key"]["numgen"], 0),
+                // A numgen (random or, `mod 1`, one slot) or the affinity
+                // pick's jhash: either picks among `offset .. offset + mod`.
+                let key = &inner["key"];
+                let Some(ng) = ["numgen", "jhash"].iter().find_map(|k| key.get(*k)) else {
+                    continue;
                 };
                 let Some(m) = ng["mod"].as_i64() else {
                     continue;
                 };
                 let offset = ng["offset"].as_i64().unwrap_or(0);
-                let picked: Vec<Value> = (offset..offset + m).map(|k| at(k ^ xor)).collect();
+                if m == 1 {
+                    o.insert(kw.to_string(), json!({"slot-pick": at(offset)}));
+                    return;
+                }
+                let picked: Vec<Value> = (offset..offset + m).map(at).collect();
                 o.insert(kw.to_string(), json!({"numgen-picks": picked}));
                 return;
             }

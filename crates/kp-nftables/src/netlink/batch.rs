@@ -380,7 +380,6 @@ fn dtype(t: DType) -> (u32, u32) {
         DType::Ipv6 => (8, 16),
         DType::InetProto => (12, 1),
         DType::InetService => (13, 2),
-        DType::Mark => (19, 4),
     }
 }
 
@@ -393,49 +392,88 @@ fn l4_desc(p: Protocol) -> u32 {
     }
 }
 
+/// nft's set userdata for one `typeof` expression: (expression type, its
+/// attributes).
+fn typeof_expr(ty: u32, attrs: &[(u8, u32)]) -> Vec<u8> {
+    let mut inner = Vec::new();
+    for (t, v) in attrs {
+        udata(&mut inner, *t, &v.to_ne_bytes());
+    }
+    let mut e = Vec::new();
+    udata(&mut e, 0, &ty.to_ne_bytes());
+    udata(&mut e, 1, &inner);
+    e
+}
+
+/// `numgen random mod 1` (type, modulus, offset).
+fn typeof_numgen() -> Vec<u8> {
+    typeof_expr(23, &[(0, 1), (1, 1), (2, 0)])
+}
+
+/// A payload field: (protocol description, field index).
+fn typeof_payload(desc: u32, field: u32) -> Vec<u8> {
+    typeof_expr(7, &[(0, desc), (1, field)])
+}
+
+/// A concatenation of `typeof` expressions.
+fn typeof_concat(parts: &[Vec<u8>]) -> Vec<u8> {
+    let mut list = Vec::new();
+    for (i, p) in parts.iter().enumerate() {
+        udata(&mut list, i as u8, p);
+    }
+    let mut c = Vec::new();
+    udata(&mut c, 0, &13u32.to_ne_bytes());
+    udata(&mut c, 1, &list);
+    c
+}
+
+/// The address field of `ip[6] saddr`/`daddr` in nft's payload
+/// descriptions: (description, field).
+fn addr_field(fam: Family, daddr: bool) -> (u32, u32) {
+    match (fam, daddr) {
+        (Family::V4, false) => (12, 11),
+        (Family::V4, true) => (12, 12),
+        (Family::V6, false) => (13, 8),
+        (Family::V6, true) => (13, 9),
+    }
+}
+
 /// Set userdata nft 1.0.6 writes for `typeof numgen random mod 1 : VALUE`
 /// (read off `nft --debug=mnl`): key byte order host, data byte order none,
 /// the key's typeof (numgen random mod 1), the value's typeof, and a zero
 /// attribute 6 nft always adds to maps.
 fn numgen_map_udata(kind: NumgenValue, fam: Family) -> Vec<u8> {
-    let u32s = |v: u32| v.to_ne_bytes();
     let mut ud = Vec::new();
-    udata(&mut ud, 0, &u32s(1));
-    udata(&mut ud, 1, &u32s(0));
-    let mut ng = Vec::new();
-    udata(&mut ng, 0, &u32s(1)); // random
-    udata(&mut ng, 1, &u32s(1)); // mod 1
-    udata(&mut ng, 2, &u32s(0)); // offset 0
-    let mut key = Vec::new();
-    udata(&mut key, 0, &u32s(23)); // numgen expression
-    udata(&mut key, 1, &ng);
-    udata(&mut ud, 3, &key);
-    let mut data = Vec::new();
-    match kind {
+    udata(&mut ud, 0, &1u32.to_ne_bytes());
+    udata(&mut ud, 1, &0u32.to_ne_bytes());
+    udata(&mut ud, 3, &typeof_numgen());
+    let data = match kind {
         NumgenValue::AddrPort(proto) => {
-            // Payload fields: (protocol description, field index).
-            let (addr_desc, daddr) = match fam {
-                Family::V4 => (12u32, 12u32),
-                Family::V6 => (13, 9),
-            };
-            let payload = |desc: u32, field: u32| {
-                let mut f = Vec::new();
-                udata(&mut f, 0, &u32s(desc));
-                udata(&mut f, 1, &u32s(field));
-                let mut p = Vec::new();
-                udata(&mut p, 0, &u32s(7)); // payload expression
-                udata(&mut p, 1, &f);
-                p
-            };
-            let mut parts = Vec::new();
-            udata(&mut parts, 0, &payload(addr_desc, daddr));
-            udata(&mut parts, 1, &payload(l4_desc(proto), 2)); // dport
-            udata(&mut data, 0, &u32s(13)); // concatenation
-            udata(&mut data, 1, &parts);
+            let (desc, daddr) = addr_field(fam, true);
+            typeof_concat(&[
+                typeof_payload(desc, daddr),
+                typeof_payload(l4_desc(proto), 2), // dport
+            ])
         }
-    }
+    };
     udata(&mut ud, 4, &data);
-    udata(&mut ud, 6, &u32s(0));
+    udata(&mut ud, 6, &0u32.to_ne_bytes());
+    ud
+}
+
+/// Set userdata nft 1.0.6 writes for the affinity records, `typeof ip
+/// saddr . numgen random mod 1 . numgen random mod 1` (read off `nft
+/// --debug=mnl`): key byte order none, then the key's typeof.
+fn records_udata(fam: Family) -> Vec<u8> {
+    let (desc, saddr) = addr_field(fam, false);
+    let mut ud = Vec::new();
+    udata(&mut ud, 0, &0u32.to_ne_bytes());
+    let key = typeof_concat(&[
+        typeof_payload(desc, saddr),
+        typeof_numgen(),
+        typeof_numgen(),
+    ]);
+    udata(&mut ud, 3, &key);
     ud
 }
 
@@ -454,6 +492,22 @@ fn set_attrs(table: &str, s: &Set, fam: Family, id: u32) -> Attrs {
             }
             a.u32be(10, id);
             a.attr(13, &numgen_map_udata(*kind, fam));
+            return a;
+        }
+        SetType::Records { timeout } => {
+            // NFT_SET_TIMEOUT | NFT_SET_EVAL; key: the address, then two
+            // 32-bit integers (nft's TYPE_INTEGER, 4).
+            a.str(1, table).str(2, &s.name).u32be(3, 0x10 | 0x20);
+            a.u32be(4, (fam.addr_type() << 12) | (4 << 6) | 4);
+            a.u32be(5, fam.addr_len() as u32 + 8);
+            a.u32be(10, id);
+            // NFTA_SET_DESC { NFTA_SET_DESC_SIZE }: without it the kernel
+            // caps a set that packets fill at 65,535 elements.
+            a.nest(9, |d| {
+                d.u32be(1, crate::types::DYNAMIC_SET_SIZE);
+            });
+            a.u64be(11, u64::from(*timeout) * 1000);
+            a.attr(13, &records_udata(fam));
             return a;
         }
         SetType::Typed {
@@ -540,7 +594,7 @@ fn key_bytes(k: &ElemKey, fam: Family) -> Result<Vec<u8>, String> {
         }
         // A slot of a numgen-keyed map: numgen writes host-endian integers.
         ElemKey::Slot(n) => n.to_ne_bytes().to_vec(),
-        // nft's mark type is a host-endian integer.
+        // The id and index are numgen values: host-endian integers.
         ElemKey::Affinity { client, id, index } => {
             let mut v = addr_bytes(*client, fam)?;
             v.extend_from_slice(&id.to_ne_bytes());

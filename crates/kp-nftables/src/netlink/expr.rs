@@ -206,6 +206,37 @@ fn slot_dnat(out: &mut Vec<Attrs>, fam: Family, slots: &Slots) {
     out.push(nat(fam, reg(fam.addr_len() / 4), None));
 }
 
+/// `jhash ip saddr . th sport mod COUNT seed SEED offset OFFSET` into
+/// `dreg`, its input loaded from register word `word` on.
+fn client_hash(
+    out: &mut Vec<Attrs>,
+    fam: Family,
+    word: usize,
+    dreg: u32,
+    count: u32,
+    seed: u32,
+    offset: u32,
+) {
+    let a = fam.addr_len() / 4;
+    out.push(payload(
+        1,
+        addr_offset(fam, Addr::Saddr),
+        fam.addr_len() as u32,
+        reg(word),
+    ));
+    out.push(payload(2, 0, 2, reg(word + a)));
+    let len = fam.addr_len() as u32 + 4;
+    out.push(ex("hash", |h| {
+        h.u32be(1, reg(word))
+            .u32be(2, dreg)
+            .u32be(3, len)
+            .u32be(4, count)
+            .u32be(5, seed)
+            .u32be(6, offset)
+            .u32be(7, 0); // NFT_HASH_JENKINS
+    }));
+}
+
 /// `update @set { KEY }` from the packet path, the key from `sreg` on.
 fn dynset_update(set: &str, sreg: u32) -> Attrs {
     ex("dynset", |a| {
@@ -519,10 +550,12 @@ pub fn encode_rule(
                 }));
             }
             // The record's key, `client . id . index`, is loaded from word
-            // 0 on: the address, then the id and the index as host-endian
-            // `mark`s. A lookup's result only feeds the nat: nft 1.0.6
-            // cannot list a rule where one feeds another lookup or a set
-            // update (it aborts).
+            // 0 on: the address, then the id and the index from `numgen
+            // random mod 1 offset N` (N, host-endian), as nft encodes the
+            // rule's text. The update reuses the lookup's key registers
+            // (nft reloads them; it lists both alike). A lookup's result
+            // only feeds the nat: nft 1.0.6 cannot list a rule where one
+            // feeds another lookup or a set update (it aborts).
             Expr::AffinityHit {
                 records,
                 id,
@@ -532,17 +565,21 @@ pub fn encode_rule(
                 let a = fam.addr_len() / 4;
                 let records = records.to_string();
                 out.push(KeyField::Addr(Addr::Saddr).load(fam, 1)?);
-                out.push(immediate_data(reg(a), &id.to_ne_bytes()));
-                out.push(immediate_data(reg(a + 1), &index.to_ne_bytes()));
+                out.push(numgen(reg(a), 1, *id));
+                out.push(numgen(reg(a + 1), 1, *index));
                 out.push(lookup(1, None, &records, None, false));
                 out.push(dynset_update(&records, 1));
                 let slot = slots
                     .offset
                     .checked_add(*index)
                     .ok_or("slot out of range")?;
-                out.push(immediate_data(1, &slot.to_ne_bytes()));
+                out.push(numgen(1, 1, slot));
                 slot_dnat(out, fam, slots);
             }
+            // nft's layout for the rule's text: the key at word 0 with the
+            // index hashed into its last word from a copy of `saddr .
+            // sport` just behind it; then the hash again, with the slots'
+            // offset, for the DNAT.
             Expr::AffinityPick {
                 records,
                 id,
@@ -550,23 +587,14 @@ pub fn encode_rule(
                 slots,
             } => {
                 if *count == 0 {
-                    return Err("numgen modulus 0".into());
-                }
-                if slots.offset % count.next_power_of_two() != 0 {
-                    return Err("affinity slots not aligned to their size".into());
+                    return Err("jhash modulus 0".into());
                 }
                 let a = fam.addr_len() / 4;
-                out.push(numgen(reg(a + 1), *count, 0));
                 out.push(KeyField::Addr(Addr::Saddr).load(fam, 1)?);
-                out.push(immediate_data(reg(a), &id.to_ne_bytes()));
+                out.push(numgen(reg(a), 1, *id));
+                client_hash(out, fam, a + 2, reg(a + 1), *count, *id, 0);
                 out.push(dynset_update(&records.to_string(), 1));
-                // The slot: the pool's start XOR the index (the start is a
-                // multiple of the pool's power-of-two size).
-                out.push(ex("bitwise", |b| {
-                    b.u32be(1, reg(a + 1)).u32be(2, 1).u32be(3, 4);
-                    b.data_value(4, &[0xff; 4])
-                        .data_value(5, &slots.offset.to_ne_bytes());
-                }));
+                client_hash(out, fam, 4, 1, *count, *id, slots.offset);
                 slot_dnat(out, fam, slots);
             }
             Expr::NumgenDnat { count, slots } => {
