@@ -354,6 +354,16 @@ impl Env {
             );
             assert_least_privilege(g.pid(), self.socket_lb.is_some());
             g
+        } else if self.mode == NFT_PROGRAM_MODE {
+            // The `nft` program backend, as an operator selects it.
+            let wrapped: Vec<String> = [
+                format!("{NFT_BACKEND_ENV}=nft"),
+                self.proxy_binary().display().to_string(),
+            ]
+            .into_iter()
+            .chain(args)
+            .collect();
+            self.spawn(node, std::path::Path::new("/usr/bin/env"), &wrapped, &log)
         } else {
             self.spawn(node, &self.proxy_binary(), &args, &log)
         };
@@ -438,6 +448,13 @@ impl Env {
         self.wait(&format!("node{node}'s first sync"), || {
             self.syncs(node) > before
         });
+        if self.mode == NFT_PROGRAM_MODE {
+            let log = self.log(node);
+            assert!(
+                log.contains("transactions go through the nft program"),
+                "node{node} did not select the nft program backend:\n{log}"
+            );
+        }
     }
 
     pub fn kill(&mut self, node: usize) {
@@ -613,6 +630,11 @@ fn assert_least_privilege(pid: u32, socket_lb: bool) {
         "/proc/sys is not read-only for the proxy:\n{mounts}"
     );
 }
+
+/// The suite mode that runs nftables mode with its `nft` program backend
+/// (every transaction as nft text through `nft -f -`).
+pub const NFT_PROGRAM_MODE: &str = "nftables-nft";
+const NFT_BACKEND_ENV: &str = "KUBE_PROXY_RS_NFT_BACKEND";
 
 /// The --proxy-mode of a suite mode name: "iptables-legacy" runs iptables mode.
 pub fn proxy_mode(mode: &str) -> &str {
