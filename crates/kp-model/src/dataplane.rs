@@ -81,6 +81,13 @@ pub struct SyncReport {
 pub enum DataplaneError {
     #[error("{tool} failed: {message}")]
     Apply { tool: String, message: String },
+    /// The kernel or the tool refused operations of a transaction (nothing
+    /// of it applied), each named by its line in the transaction's text.
+    #[error("{tool} refused the transaction: {}", RefusedList(refused))]
+    Refused {
+        tool: String,
+        refused: Vec<RefusedOp>,
+    },
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -89,6 +96,48 @@ pub enum DataplaneError {
     },
     #[error("{0}")]
     Unsupported(String),
+}
+
+/// One refused operation of a transaction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefusedOp {
+    /// Its line in the transaction's text (one operation a line, from 1;
+    /// what --dry-run prints).
+    pub line: usize,
+    /// Why, as the kernel or the tool said it.
+    pub reason: String,
+    /// Whose object it is: the Service (and chain) or the shared object.
+    pub owner: Option<String>,
+    /// The operation's text, shortened, when known.
+    pub text: Option<String>,
+}
+
+impl std::fmt::Display for RefusedOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "line {}", self.line)?;
+        if let Some(o) = &self.owner {
+            write!(f, " ({o})")?;
+        }
+        write!(f, ": {}", self.reason)?;
+        if let Some(t) = &self.text {
+            write!(f, ": `{t}`")?;
+        }
+        Ok(())
+    }
+}
+
+struct RefusedList<'a>(&'a [RefusedOp]);
+
+impl std::fmt::Display for RefusedList<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, r) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(" | ")?;
+            }
+            write!(f, "{r}")?;
+        }
+        Ok(())
+    }
 }
 
 /// A proxy mode. The sync loop owns one per IP family and calls it from one

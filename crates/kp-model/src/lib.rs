@@ -29,7 +29,9 @@ pub use convert::{
     convert_endpoint_slice, convert_endpoint_slice_shared, convert_node, convert_service,
     ConvertError, NodeDetails, PodCidrs, SliceEndpoints, TO_BE_DELETED_TAINT, ZONE_LABEL,
 };
-pub use dataplane::{Dataplane, DataplaneError, LocalDetector, ProxierConfig, SyncReport};
+pub use dataplane::{
+    Dataplane, DataplaneError, LocalDetector, ProxierConfig, RefusedOp, SyncReport,
+};
 pub use names::{chain_hash, is_dns_label, is_port_name};
 pub use selection::{EndpointSelection, EndpointSet, NoEndpoints};
 pub use topology::{categorize_endpoints, Categorized};

@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use kp_model::{DataplaneError, IpFamily};
+use kp_model::{DataplaneError, IpFamily, RefusedOp};
 
 use crate::types::{family_kw, ElemKey, Transaction};
 
@@ -91,10 +91,15 @@ impl NftBackend for NftCli {
             Ok(script.len())
         } else {
             let stderr = String::from_utf8_lossy(&out.stderr);
+            let tool = format!("{} -f", self.program);
+            let refused = nft_refusals(&stderr, &script);
+            if !refused.is_empty() {
+                return Err(DataplaneError::Refused { tool, refused });
+            }
             // nft repeats every failing line; the first few say what went wrong.
             let msg: Vec<&str> = stderr.lines().take(6).collect();
             Err(DataplaneError::Apply {
-                tool: format!("{} -f", self.program),
+                tool,
                 message: format!("{} ({})", msg.join(" | "), out.status),
             })
         }
@@ -174,6 +179,45 @@ impl NftBackend for NftCli {
     }
 }
 
+/// An operation's text as an error shows it: an element list of a full
+/// sync can be megabytes long.
+pub fn shorten(text: &str) -> String {
+    const MAX: usize = 300;
+    match text.char_indices().nth(MAX) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_string(),
+    }
+}
+
+/// The lines nft names in its errors (`/dev/stdin:LINE:COLS: Error: WHY`),
+/// each with its text from `script`; at most six.
+pub fn nft_refusals(stderr: &str, script: &str) -> Vec<RefusedOp> {
+    let mut out: Vec<RefusedOp> = Vec::new();
+    for l in stderr.lines() {
+        let Some(rest) = l.strip_prefix("/dev/stdin:") else {
+            continue;
+        };
+        let mut parts = rest.splitn(3, ':');
+        let (Some(line), Some(_cols), Some(why)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let Ok(line) = line.parse::<usize>() else {
+            continue;
+        };
+        if out.iter().any(|r| r.line == line) || out.len() == 6 {
+            continue;
+        }
+        out.push(RefusedOp {
+            line,
+            reason: why.trim().trim_start_matches("Error: ").to_string(),
+            owner: None,
+            text: script.lines().nth(line.saturating_sub(1)).map(shorten),
+        });
+    }
+    out
+}
+
 /// The records of an affinity set's listing (`elements = { CLIENT . ID .
 /// INDEX expires …, … }`); an element that does not read as one is skipped.
 pub fn parse_affinity_records(listing: &str) -> Vec<ElemKey> {
@@ -197,6 +241,25 @@ pub fn parse_affinity_records(listing: &str) -> Vec<ElemKey> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nft_errors_name_their_lines() {
+        let script = "add table ip t\nadd rule ip t c meta l4proto tcp bogus\nadd chain ip t d\n";
+        let stderr = "/dev/stdin:2:36-40: Error: syntax error, unexpected string\n\
+                      add rule ip t c meta l4proto tcp bogus\n\
+                      \x20                                  ^^^^^\n";
+        let r = nft_refusals(stderr, script);
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert_eq!(r[0].line, 2);
+        assert_eq!(r[0].reason, "syntax error, unexpected string");
+        assert_eq!(
+            r[0].text.as_deref(),
+            Some("add rule ip t c meta l4proto tcp bogus")
+        );
+        assert!(nft_refusals("nft: something else\n", script).is_empty());
+        let long = "x".repeat(1000);
+        assert_eq!(shorten(&long).chars().count(), 301);
+    }
 
     #[test]
     fn affinity_records_read_back_from_a_listing() {

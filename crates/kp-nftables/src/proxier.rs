@@ -3,7 +3,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Instant;
 
-use kp_model::{Dataplane, DataplaneError, ProxierConfig, ProxyState, ServicePortName, SyncReport};
+use kp_model::{
+    Dataplane, DataplaneError, ProxierConfig, ProxyState, RefusedOp, ServicePortName, SyncReport,
+};
 
 use crate::backend::NftBackend;
 use crate::render::{
@@ -283,6 +285,62 @@ fn all_elements(objs: &ServiceObjects) -> impl Iterator<Item = Element> + '_ {
         })
     });
     objs.elements.iter().cloned().chain(slots)
+}
+
+/// Fills in each refused operation's owner (the Service port whose chain
+/// or elements it holds, else the shared object) and its text where the
+/// backend did not keep it.
+fn name_owners(refused: &mut [RefusedOp], tx: &Transaction, prog: &Programmed) {
+    let mut chains: HashMap<&str, &ServicePortName> = HashMap::new();
+    for (name, kept) in &prog.services {
+        for (c, _) in &kept.objs.chains {
+            chains.insert(c.as_str(), name);
+        }
+    }
+    let of_chain = |c: &str| match chains.get(c) {
+        Some(n) => format!("Service port {n}, chain {c}"),
+        None => format!("chain {c}"),
+    };
+    // Elements are indexed only when an element operation was refused.
+    let mut elements: Option<HashMap<(MapName, ElemKey), &ServicePortName>> = None;
+    for r in refused.iter_mut() {
+        let Some(op) = r.line.checked_sub(1).and_then(|i| tx.ops.get(i)) else {
+            continue;
+        };
+        if r.text.is_none() {
+            r.text = Some(crate::backend::shorten(&tx.op_text(r.line - 1)));
+        }
+        r.owner = Some(match &op.object {
+            Object::Rule { chain, .. } => of_chain(chain),
+            Object::Chain(c) => of_chain(&c.name),
+            Object::Set(s) => format!("shared set {}", s.name),
+            Object::Table { .. } => "the table".to_string(),
+            Object::Elements { set, elems } => {
+                let index = elements.get_or_insert_with(|| {
+                    let mut m = HashMap::new();
+                    for (name, kept) in &prog.services {
+                        for e in all_elements(&kept.objs) {
+                            m.insert((e.map, e.key), name);
+                        }
+                    }
+                    m
+                });
+                let owners: BTreeSet<String> = elems
+                    .iter()
+                    .filter_map(|(k, _)| index.get(&(*set, k.clone())))
+                    .map(|n| n.to_string())
+                    .collect();
+                let mut names: Vec<String> = owners.iter().take(3).cloned().collect();
+                if owners.len() > 3 {
+                    names.push(format!("and {} more", owners.len() - 3));
+                }
+                match names.is_empty() {
+                    true => format!("elements of {set}"),
+                    false => format!("elements of {set} for Service port {}", names.join(", ")),
+                }
+            }
+        });
+    }
 }
 
 pub struct NftablesProxier {
@@ -927,8 +985,8 @@ impl Dataplane for NftablesProxier {
     ) -> Result<SyncReport, DataplaneError> {
         let t0 = Instant::now();
         let is_full = full || self.programmed.is_none();
+        let fresh = self.programmed.is_none();
         let (mut tx, new_prog) = if is_full {
-            let fresh = self.programmed.is_none();
             let (tx, prog) = self.full_tx(state, fresh);
             (tx, prog)
         } else {
@@ -952,16 +1010,31 @@ impl Dataplane for NftablesProxier {
             // operations and the batch were ~175 MB together); a kernel
             // refusal then names lines without text, and the retry is a
             // full sync anyway. A partial sync keeps its text for errors.
-            let applied = if is_full {
-                self.backend.apply_owned(txn)
+            let (applied, kept_tx) = if is_full {
+                (self.backend.apply_owned(txn), None)
             } else {
-                self.backend.apply(&txn)
+                (self.backend.apply(&txn), Some(txn))
             };
             match applied {
                 Ok(bytes) => report.bytes = bytes,
+                Err(DataplaneError::Refused { tool, mut refused }) => {
+                    // Name whose objects were refused; a full sync's text
+                    // was freed as it was encoded, so render it again (the
+                    // transaction is deterministic).
+                    let tx = kept_tx.unwrap_or_else(|| {
+                        let (tx, _) = self.full_tx(state, fresh);
+                        tx.finish(self.cfg.family, &self.table).0
+                    });
+                    name_owners(&mut refused, &tx, &new_prog);
+                    for r in &refused {
+                        tracing::error!(table = %self.table, refused = %r, "nftables transaction refused");
+                    }
+                    // Nothing was applied (one transaction); forget what we
+                    // think is there so the retry is a full sync.
+                    self.programmed = None;
+                    return Err(DataplaneError::Refused { tool, refused });
+                }
                 Err(e) => {
-                    // Nothing was applied (one transaction); forget what we think
-                    // is there so the retry is a full sync.
                     self.programmed = None;
                     return Err(e);
                 }

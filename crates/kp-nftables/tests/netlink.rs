@@ -1830,14 +1830,20 @@ fn a_transaction_encoded_in_two_halves_applies_whole() {
         .expect("the kernel took the batch");
     assert_eq!(owned.ruleset(), ns.ruleset());
     // A kernel refusal of a handed-over transaction names the line; its
-    // text is gone.
+    // text is gone (the proxier renders it again to name the owner).
     let mut refused = Transaction::new(IpFamily::V4, "t");
     refused.add(chain("c-new")).delete(chain("no-such-chain"));
     let e = owned
         .run(|| NftNetlink::new().apply_owned(refused))
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("line 2") && e.contains("not kept"), "{e}");
+        .unwrap_err();
+    match &e {
+        kp_model::DataplaneError::Refused { refused, .. } => {
+            assert_eq!(refused.len(), 1, "{e}");
+            assert_eq!(refused[0].line, 2, "{e}");
+            assert_eq!(refused[0].text, None, "{e}");
+        }
+        _ => panic!("not a refusal: {e}"),
+    }
     // An operation the encoder refuses, late in the second half.
     let bad_line = t.ops.len() - 3;
     t.ops[bad_line].object = Object::Rule {
@@ -1858,4 +1864,124 @@ fn a_transaction_encoded_in_two_halves_applies_whole() {
         e.contains(&format!("line {}", bad_line + 1)) && e.contains("::1"),
         "{e}"
     );
+}
+
+/// A backend that, while armed, spoils the first rule of a chain whose name
+/// contains `part` (a jump to a chain that does not exist, at the same
+/// line) before handing the transaction on: the kernel, or nft, refuses
+/// that line.
+struct Spoiler {
+    inner: Box<dyn NftBackend>,
+    part: &'static str,
+    armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Spoiler {
+    fn spoil(&self, mut tx: Transaction) -> Transaction {
+        if self.armed.load(std::sync::atomic::Ordering::SeqCst) {
+            if let Some(rule) = tx.ops.iter_mut().find_map(|op| match &mut op.object {
+                Object::Rule { chain, rule } if chain.contains(self.part) => Some(rule),
+                _ => None,
+            }) {
+                *rule = r(vec![v(jump("nowhere"))]);
+            }
+        }
+        tx
+    }
+}
+
+impl NftBackend for Spoiler {
+    fn apply(&mut self, tx: &Transaction) -> Result<usize, kp_model::DataplaneError> {
+        let tx = self.spoil(tx.clone());
+        self.inner.apply(&tx)
+    }
+    fn apply_owned(&mut self, tx: Transaction) -> Result<usize, kp_model::DataplaneError> {
+        let tx = self.spoil(tx);
+        self.inner.apply_owned(tx)
+    }
+    fn table_exists(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+    ) -> Result<bool, kp_model::DataplaneError> {
+        self.inner.table_exists(family, table)
+    }
+}
+
+/// A refused transaction names the Service port whose rule was refused and
+/// the rule, for a full sync (whose text the netlink backend frees as it
+/// encodes) and a partial one, through either backend; nothing of it is
+/// applied and the next sync goes through.
+#[test]
+fn a_refused_rule_names_its_service() {
+    use std::sync::atomic::Ordering::SeqCst;
+    for (tag, backend) in [
+        ("refnl", Box::new(NftNetlink::new()) as Box<dyn NftBackend>),
+        ("refnft", nft_cli()),
+    ] {
+        let ns = Ns::new(tag);
+        let mut t = tracker(IpFamily::V4);
+        apply(&mut t, &kinds());
+        let armed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let spoiler = Spoiler {
+            inner: backend,
+            part: "-default/aff/tcp/",
+            armed: armed.clone(),
+        };
+        let mut p = NftablesProxier::new(cfg(IpFamily::V4), Box::new(spoiler));
+        let refused = |p: &mut NftablesProxier,
+                       st: &kp_model::ProxyState,
+                       changed: &BTreeSet<kp_model::ServicePortName>,
+                       what: &str| {
+            let before = ns.ruleset();
+            let e = ns
+                .run(|| p.sync(st, changed, false))
+                .expect_err("the spoiled transaction was accepted");
+            let text = e.to_string();
+            assert!(
+                matches!(e, kp_model::DataplaneError::Refused { .. }),
+                "{tag} {what}: {text}"
+            );
+            assert!(
+                text.contains("(Service port default/aff:http, chain service-")
+                    && text.contains("-default/aff/tcp/http)"),
+                "{tag} {what}: the error does not name the Service: {text}"
+            );
+            // The rule's text: as sent where the backend kept it, else as
+            // the proxier renders it.
+            assert!(
+                text.contains(": `add rule ip kube-proxy-rs service-"),
+                "{tag} {what}: {text}"
+            );
+            assert_eq!(
+                ns.ruleset(),
+                before,
+                "{tag} {what}: a refused sync changed the kernel"
+            );
+        };
+        let st = t.state().clone();
+        refused(&mut p, &st, &BTreeSet::new(), "full sync");
+        armed.store(false, SeqCst);
+        ns.run(|| p.sync(&st, &BTreeSet::new(), false)).unwrap();
+        assert!(ns.ruleset().contains("-default/aff/tcp/http"));
+        // A third endpoint rewrites `aff`'s rules: a partial sync.
+        let cs = apply(
+            &mut t,
+            &[endpoints(
+                "aff",
+                &[
+                    ready("10.244.1.5", "node1"),
+                    ready("10.244.2.5", "node2"),
+                    ready("10.244.2.6", "node2"),
+                ],
+            )],
+        );
+        let st = t.state().clone();
+        armed.store(true, SeqCst);
+        refused(&mut p, &st, &cs.changed, "partial sync");
+        armed.store(false, SeqCst);
+        let r = ns.run(|| p.sync(&st, &cs.changed, false)).unwrap();
+        assert!(r.full, "the sync after a refused one is a full sync");
+        assert!(ns.ruleset().contains("10.244.2.6 . 8080"));
+    }
 }

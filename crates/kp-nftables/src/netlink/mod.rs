@@ -5,13 +5,13 @@
 mod batch;
 mod expr;
 
-use kp_model::{DataplaneError, IpFamily};
+use kp_model::{DataplaneError, IpFamily, RefusedOp};
 use kp_netlink::nftables::{
     errno_text, msg, next_seq, nft_type, refusals, ExchangeError, NftSocket, Refusal,
 };
 use kp_netlink::{Attrs, ParsedAttrs, Reply, Until, NLM_F_ACK, NLM_F_DUMP};
 
-use crate::backend::NftBackend;
+use crate::backend::{shorten, NftBackend};
 use crate::types::{ElemKey, Transaction};
 
 pub use batch::EncodeError;
@@ -85,26 +85,35 @@ impl NftNetlink {
             .sock
             .send_batch(&batch.inner)
             .map_err(|e| io_err(e, TOOL))?;
-        let mut errors: Vec<String> = refusals(&batch.inner, &answers)
-            .into_iter()
-            .map(|r| match r {
-                Refusal::Commit(errno) => format!("commit failed: {}", errno_text(errno)),
-                Refusal::Op(l, errno) => match text(l) {
-                    Some(t) => format!("line {l}: {}: `{t}`", errno_text(errno)),
-                    None => format!(
-                        "line {l}: {} (the operation's text was not kept; --dry-run prints the transaction)",
-                        errno_text(errno)
-                    ),
-                },
+        let mut refused = Vec::new();
+        let mut errors = Vec::new();
+        for r in refusals(&batch.inner, &answers) {
+            match r {
+                Refusal::Op(line, errno) => refused.push(RefusedOp {
+                    line,
+                    reason: errno_text(errno),
+                    owner: None,
+                    text: text(line).map(|t| shorten(&t)),
+                }),
+                Refusal::Commit(errno) => {
+                    errors.push(format!("commit failed: {}", errno_text(errno)))
+                }
                 Refusal::Foreign(seq, errno) => {
-                    format!("message {seq} (not ours): {}", errno_text(errno))
+                    errors.push(format!("message {seq} (not ours): {}", errno_text(errno)))
                 }
                 // Without every acknowledgement we cannot tell whether it applied.
-                Refusal::Unacknowledged { acked, sent } => {
-                    format!("{acked} of {sent} messages acknowledged; state unknown")
-                }
-            })
-            .collect();
+                Refusal::Unacknowledged { acked, sent } => errors.push(format!(
+                    "{acked} of {sent} messages acknowledged; state unknown"
+                )),
+            }
+        }
+        if !refused.is_empty() {
+            refused.truncate(6);
+            return Err(DataplaneError::Refused {
+                tool: TOOL.into(),
+                refused,
+            });
+        }
         if !errors.is_empty() {
             errors.truncate(6);
             return Err(DataplaneError::Apply {
@@ -122,9 +131,14 @@ impl NftNetlink {
 }
 
 fn encode_err(e: EncodeError) -> DataplaneError {
-    DataplaneError::Apply {
-        tool: TOOL.into(),
-        message: e.to_string(),
+    DataplaneError::Refused {
+        tool: format!("{TOOL} encoder"),
+        refused: vec![RefusedOp {
+            line: e.line,
+            reason: e.why,
+            owner: None,
+            text: (!e.text.is_empty()).then(|| shorten(&e.text)),
+        }],
     }
 }
 
