@@ -1,0 +1,113 @@
+#!/bin/bash
+# Kubernetes' own [sig-network] e2e specs on a real cluster made of network
+# namespaces on this machine, with the proxy deployed as a DaemonSet from its
+# own image. See docs/e2e.md.
+#
+#   sudo ./e2e.sh [--proxy ours|upstream] [--mode nftables|iptables]
+#                 [--focus REGEX] [--skip REGEX] [--nodes N] [--procs P]
+#                 [--report DIR] [--keep]
+#
+# Last line printed: "N passed, M failed, K skipped". Exit status 0 when
+# nothing failed and the machine-wide settings are unchanged.
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")" && pwd)
+. "$REPO/e2e/lib.sh"
+
+PROXY=ours MODE=nftables NODES=3 PROCS=3 KEEP=0 REPORT=""
+FOCUS='\[sig-network\]'
+SKIP='\[Slow\]|\[Serial\]|\[Disruptive\]|\[Flaky\]|\[Feature:.+\]'
+EXTRA_SKIP=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    --proxy) PROXY=$2; shift 2 ;;
+    --mode) MODE=$2; shift 2 ;;
+    --focus) FOCUS=$2; shift 2 ;;
+    --skip) EXTRA_SKIP=$2; shift 2 ;;
+    --nodes) NODES=$2; shift 2 ;;
+    --procs) PROCS=$2; shift 2 ;;
+    --report) REPORT=$2; shift 2 ;;
+    --keep) KEEP=1; shift ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    *) die "unknown argument $1 (see --help)" ;;
+  esac
+done
+case $PROXY in ours|upstream) ;; *) die "--proxy ours|upstream" ;; esac
+case $MODE in nftables|iptables) ;; *) die "--mode nftables|iptables" ;; esac
+[ "$(id -u)" = 0 ] || die "run as root (sudo ./e2e.sh)"
+[ -e /run/netns/$LAB_NS ] && die "$LAB_NS exists: another run is active, or run e2e/down.sh /tmp/kpe2e.* to clean up"
+while IFS=$'\t' read -r re _; do
+  case $re in ''|'#'*) continue ;; esac
+  SKIP="$SKIP|$re"
+done < "$E2E/skips.txt"
+[ -n "$EXTRA_SKIP" ] && SKIP="$SKIP|$EXTRA_SKIP"
+export NODES
+
+RUN=$(mktemp -d /tmp/kpe2e.XXXXXX); chmod 755 "$RUN"; export RUN
+REPORT=${REPORT:-$RUN/report}; mkdir -p "$REPORT"; REPORT=$(cd "$REPORT" && pwd)
+machine_state > "$RUN/machine-before"
+log "run directory $RUN; proxy $PROXY ($MODE), $NODES nodes"
+
+teardown() {
+  local rc=$?
+  trap - EXIT INT TERM
+  if [ $KEEP = 1 ] && [ "${1:-}" != final ]; then
+    log "--keep: cluster left running; stop it with: sudo e2e/down.sh $RUN"; return $rc
+  fi
+  "$E2E/down.sh" "$RUN" || rc=1
+  if ! diff <(machine_state) "$RUN/machine-before" >&2; then
+    log "ERROR: machine-wide settings changed during the run (above: now vs before)"; rc=1
+  fi
+  return $rc
+}
+trap 'teardown; exit 1' INT TERM
+trap 'teardown' EXIT
+
+T0=$SECONDS
+# --- binaries, proxy build, images
+for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl kube-proxy e2e.test ginkgo agnhost pause; do
+  [ -x "$BIN/$b" ] || { mkdir -p "$BIN"; bash "$K8S_SHARED/install.sh" "$BIN" all >/dev/null; break; }
+done
+if [ $PROXY = ours ]; then
+  CARGO=$(command -v cargo || echo "${SUDO_USER:+$(getent passwd "$SUDO_USER" | cut -d: -f6)}/.cargo/bin/cargo")
+  [ -x "$CARGO" ] || CARGO=$HOME/.cargo/bin/cargo
+  log "cargo build --release -p kube-proxy-rs --bin kube-proxy-rs"
+  (cd "$REPO" && "$CARGO" build --release -p kube-proxy-rs --bin kube-proxy-rs 2>&1 | tail -2 >&2)
+fi
+"$E2E/images.sh" $PROXY > "$RUN/images.list"
+
+# --- cluster
+"$E2E/control-plane.sh" "$RUN"
+"$E2E/cluster-dns.sh" "$RUN"
+for i in $(seq 1 $NODES); do "$E2E/node.sh" up "$RUN" $i; done
+"$E2E/node.sh" net "$RUN" $NODES
+for i in $(seq 1 $NODES); do
+  kc wait --for=condition=Ready node/$(node_name $i) --timeout=120s >/dev/null || die "node $(node_name $i) not Ready (see $RUN/node$i)"
+done
+"$E2E/proxy.sh" "$RUN" $PROXY $MODE
+T_UP=$((SECONDS - T0))
+log "cluster up in ${T_UP}s"
+echo "$T_UP" > "$RUN/cluster-up-seconds"
+
+# --- the suite
+T1=$SECONDS
+set +e
+inlab "$BIN/ginkgo" --procs=$PROCS --timeout=100m --no-color --silence-skips \
+  --focus="$FOCUS" --skip="$SKIP" \
+  --junit-report=junit.xml --json-report=report.json --output-dir="$REPORT" \
+  "$BIN/e2e.test" -- \
+  --provider=skeleton --kubeconfig="$RUN/admin.kubeconfig" --kubectl-path="$BIN/kubectl" \
+  --disable-log-dump --dump-logs-on-failure=false --minStartupPods=0 \
+  > "$REPORT/ginkgo.log" 2>&1
+GINKGO_RC=$?
+set -e
+T_RUN=$((SECONDS - T1))
+log "suite finished in ${T_RUN}s (ginkgo exit $GINKGO_RC; log $REPORT/ginkgo.log)"
+[ $KEEP = 1 ] || { kc -n kube-system logs -l k8s-app --all-containers --prefix --tail=-1 > "$REPORT/proxy.log" 2>&1 || true; }
+SUMMARY=$(python3 "$E2E/report.py" summary "$REPORT/junit.xml" --focus "$FOCUS" --proxy "$PROXY" --mode "$MODE" \
+  --up "$T_UP" --run "$T_RUN" --out "$REPORT/result.json") || SUMMARY="0 passed, 0 failed, 0 skipped"
+
+if [ $KEEP = 1 ]; then trap - EXIT; log "--keep: cluster left running; stop it with: sudo e2e/down.sh $RUN"; RC=0
+else trap - EXIT; teardown final && RC=0 || RC=$?; fi
+case $SUMMARY in *" 0 failed"*) ;; *) RC=1 ;; esac
+echo "$SUMMARY"
+exit $RC

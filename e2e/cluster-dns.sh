@@ -1,0 +1,49 @@
+#!/bin/bash
+# e2e/cluster-dns.sh RUN: the lab's cluster DNS (e2e/dns.py) in the lab
+# namespace, behind the kube-dns Service (kube-system, $KUBE_DNS_IP) that
+# kubelet's clusterDNS points at: a Service without selector plus an
+# EndpointSlice naming the lab address, so the proxy under test carries the
+# pods' DNS traffic like any other Service's.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+RUN=$1
+awk -F, '$2=="admin" {print $1}' "$RUN/pki/tokens.csv" > "$RUN/pki/admin.token"
+inlab setsid python3 "$E2E/dns.py" --listen $LAB_IP --api $API --token-file "$RUN/pki/admin.token" \
+  --ca "$RUN/pki/ca.crt" > "$RUN/logs/dns.log" 2>&1 < /dev/null &
+echo $! > "$RUN/pids/dns"
+kc apply -f - >/dev/null <<EOT
+apiVersion: v1
+kind: Service
+metadata:
+  name: kube-dns
+  namespace: kube-system
+  labels: {k8s-app: kube-dns, kubernetes.io/name: CoreDNS}
+spec:
+  clusterIP: $KUBE_DNS_IP
+  ports:
+  - {name: dns, port: 53, protocol: UDP, targetPort: 53}
+  - {name: dns-tcp, port: 53, protocol: TCP, targetPort: 53}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: kube-dns-lab
+  namespace: kube-system
+  labels: {kubernetes.io/service-name: kube-dns, endpointslice.kubernetes.io/managed-by: kpe2e}
+addressType: IPv4
+endpoints:
+- addresses: [$LAB_IP]
+  conditions: {ready: true}
+ports:
+- {name: dns, port: 53, protocol: UDP}
+- {name: dns-tcp, port: 53, protocol: TCP}
+EOT
+# one A query for kubernetes.default (the host has no dig)
+dns_ok() {
+  inlab python3 -c 'import socket,sys
+s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM); s.settimeout(1)
+q=b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00"+b"".join(bytes([len(x)])+x.encode() for x in "kubernetes.default.svc.cluster.local".split("."))+b"\x00\x00\x01\x00\x01"
+s.sendto(q,(sys.argv[1],53)); r=s.recv(512); sys.exit(0 if r[3]&15==0 and r[7]>0 else 1)' $LAB_IP
+}
+wait_for 20 dns_ok || die "lab DNS does not answer ($RUN/logs/dns.log)"
+log "cluster DNS: kube-dns $KUBE_DNS_IP -> $LAB_IP:53 (e2e/dns.py)"

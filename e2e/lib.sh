@@ -1,0 +1,54 @@
+# Shared settings and helpers of the e2e lab (sourced by e2e.sh and e2e/*.sh).
+# Every name the lab creates starts with kpe2e- (network namespaces, cgroups);
+# every address lives inside those network namespaces.
+
+REPO=${REPO:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
+E2E=$REPO/e2e
+BIN=${BIN:-$REPO/target/e2e-bin}          # install.sh DIR all
+IMAGES=${IMAGES:-$REPO/target/e2e-images} # content-keyed image tars
+K8S_SHARED=${K8S_SHARED:-/work/shared/k8s}
+
+PREFIX=kpe2e
+LAB_NS=$PREFIX-lab                 # control plane, e2e.test, the lab DNS
+LAB_IP=172.30.0.1                  # on the lab bridge br0 (inside $LAB_NS only)
+LAB_NET=172.30.0.0/24
+NODE_IP_BASE=172.30.0.1            # node i: ${NODE_IP_BASE}$i  (172.30.0.11, .12, ...)
+CLUSTER_CIDR=10.244.0.0/16         # = deploy/configmap.yaml clusterCIDR
+SERVICE_CIDR=10.96.0.0/16
+KUBE_DNS_IP=10.96.0.10
+API_PORT=6443
+API=https://$LAB_IP:$API_PORT
+
+# The machine-wide settings kubelet (and a proxy) could write; recorded before
+# a run, checked after it.
+MACHINE_SYSCTLS="kernel/panic kernel/panic_on_oops vm/overcommit_memory vm/panic_on_oom
+kernel/keys/root_maxkeys kernel/keys/root_maxbytes kernel/keys/maxkeys kernel/keys/maxbytes
+net/netfilter/nf_conntrack_max"
+
+log() { printf '%s [e2e] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+node_name() { echo "$PREFIX-node$1"; }
+node_ip() { echo "${NODE_IP_BASE}$1"; }
+node_ns() { echo "$PREFIX-node$1"; }
+
+# Run a command in the lab network namespace (same mount namespace: plain nsenter).
+inlab() { nsenter --net=/run/netns/$LAB_NS -- "$@"; }
+
+kc() { inlab "$BIN/kubectl" --kubeconfig "$RUN/admin.kubeconfig" "$@"; }
+
+machine_state() {
+  local f
+  for f in $MACHINE_SYSCTLS; do echo "$f=$(cat /proc/sys/$f 2>/dev/null)"; done
+  echo "nf_conntrack.hashsize=$(cat /sys/module/nf_conntrack/parameters/hashsize 2>/dev/null)"
+}
+
+# Wait until "$@" succeeds, up to $1 seconds (polls every 0.5 s).
+wait_for() {
+  local t=$1; shift
+  local end=$((SECONDS + t))
+  until "$@" >/dev/null 2>&1; do
+    [ $SECONDS -ge $end ] && return 1
+    sleep 0.5
+  done
+}

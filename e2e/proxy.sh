@@ -1,0 +1,48 @@
+#!/bin/bash
+# e2e/proxy.sh RUN ours|upstream MODE: deploys the proxy as a DaemonSet and
+# waits until it runs on every node.
+#  upstream: e2e/upstream/kube-proxy.yaml (kubeadm's shape).
+#  ours:     `kubectl apply -k` of an overlay on deploy/ that does what
+#            docs/migrate-from-kube-proxy.md asks of a user: the API server
+#            address in kubeconfig.conf, the mode, and (the lab's one
+#            addition) conntrack settings that leave the machine-wide
+#            conntrack table alone.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+RUN=$1 PROXY=$2 MODE=$3
+case $PROXY in
+upstream)
+  sed -e "s#@API@#$API#" -e "s#@MODE@#$MODE#" -e "s#@CLUSTER_CIDR@#$CLUSTER_CIDR#" \
+      -e "s#@IMAGE@#registry.k8s.io/kube-proxy:v1.36.2#" "$E2E/upstream/kube-proxy.yaml" > "$RUN/kube-proxy.yaml"
+  kc apply -f "$RUN/kube-proxy.yaml" >/dev/null
+  DS=kube-proxy ;;
+ours)
+  O=$RUN/deploy-ours; rm -rf "$O"; mkdir -p "$O"
+  cp -r "$REPO/deploy" "$O/base"
+  # config.conf and kubeconfig.conf from deploy/configmap.yaml, edited as the doc says
+  inlab "$BIN/kubectl" create --dry-run=client -o json -f "$O/base/configmap.yaml" > "$O/cm.json"
+  jq -r '.data["config.conf"]' "$O/cm.json" | sed -e "s/^mode: .*/mode: $MODE/" > "$O/config.conf"
+  grep -q '^conntrack:' "$O/config.conf" && die "deploy/configmap.yaml sets conntrack: adjust e2e/proxy.sh"
+  printf 'conntrack:\n  maxPerCore: 0\n  min: 0\n  tcpEstablishedTimeout: 0s\n  tcpCloseWaitTimeout: 0s\n' >> "$O/config.conf"
+  jq -r '.data["kubeconfig.conf"]' "$O/cm.json" | sed -e "s#https://CONTROL-PLANE-ENDPOINT:6443#$API#" > "$O/kubeconfig.conf"
+  cat > "$O/kustomization.yaml" <<EOT
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - base
+configMapGenerator:
+  - name: kube-proxy-rs
+    namespace: kube-system
+    behavior: replace
+    files:
+      - config.conf
+      - kubeconfig.conf
+generatorOptions:
+  disableNameSuffixHash: true
+EOT
+  kc apply -k "$O" >/dev/null
+  DS=kube-proxy-rs ;;
+esac
+kc -n kube-system rollout status ds/$DS --timeout=180s >/dev/null || {
+  kc -n kube-system get pods -o wide >&2; die "DaemonSet $DS did not become ready"; }
+log "$PROXY proxy ($MODE) running on every node: $(kc -n kube-system get pods -l k8s-app=$DS -o jsonpath='{range .items[*]}{.spec.nodeName} {end}')"

@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Results of e2e.sh runs.
+
+  report.py summary JUNIT --focus RE --proxy P --mode M --up S --run S --out result.json
+      prints "N passed, M failed, K skipped" over the specs the focus selects
+      (K: selected, then skipped by --skip or by the spec itself) and writes
+      result.json (each spec: state, seconds, failure message).
+  report.py docs RESULT.json... --out docs/e2e.md
+      rewrites the results section of docs/e2e.md (between the markers) with a
+      table: each spec that ran, its result and time per proxy/mode."""
+import json, re, sys, xml.etree.ElementTree as ET
+from datetime import datetime, timezone
+
+BEGIN, END = "<!-- e2e.sh results: begin -->", "<!-- e2e.sh results: end -->"
+
+
+def opt(args, name, default=None):
+    return args[args.index(name) + 1] if name in args else default
+
+
+def summary(args):
+    junit, focus = args[0], re.compile(opt(args, "--focus", r"\[sig-network\]"))
+    specs = []
+    for tc in ET.parse(junit).getroot().iter("testcase"):
+        name = tc.get("name", "")
+        if name.startswith("[It] "):
+            name = name[5:]
+        if not focus.search(name):
+            continue
+        state = tc.get("status") or ("failed" if tc.find("failure") is not None else
+                                     "skipped" if tc.find("skipped") is not None else "passed")
+        if state not in ("passed", "skipped"):
+            state = "failed"
+        msg = ""
+        f = tc.find("failure")
+        if f is None:
+            f = tc.find("error")
+        if f is not None:
+            msg = (f.get("message") or f.text or "").strip()
+        specs.append({"name": name, "state": state, "seconds": round(float(tc.get("time") or 0), 1), "failure": msg[:2000]})
+    n = {s: sum(1 for x in specs if x["state"] == s) for s in ("passed", "failed", "skipped")}
+    res = {"proxy": opt(args, "--proxy"), "mode": opt(args, "--mode"), "focus": focus.pattern,
+           "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+           "cluster_up_seconds": int(opt(args, "--up", 0)), "run_seconds": int(opt(args, "--run", 0)),
+           "counts": n, "specs": specs}
+    if opt(args, "--out"):
+        with open(opt(args, "--out"), "w") as f:
+            json.dump(res, f, indent=1)
+    for s in specs:
+        if s["state"] == "failed":
+            print("FAILED:", s["name"], "--", s["failure"].splitlines()[0][:300] if s["failure"] else "", file=sys.stderr)
+    print(f"{n['passed']} passed, {n['failed']} failed, {n['skipped']} skipped")
+
+
+def docs(args):
+    out = opt(args, "--out")
+    files = [a for a in args if a.endswith(".json")]
+    runs = [json.load(open(f)) for f in files]
+    cols = [f"{r['proxy']} {r['mode']}" for r in runs]
+    names = sorted({s["name"] for r in runs for s in r["specs"] if s["state"] != "skipped"})
+    lines = [BEGIN, "", "| run | date | focus | passed | failed | skipped | cluster up | suite |", "|---|---|---|---|---|---|---|---|"]
+    for c, r in zip(cols, runs):
+        k = r["counts"]
+        lines.append(f"| {c} | {r['date']} | `{r['focus']}` | {k['passed']} | {k['failed']} | {k['skipped']} | "
+                     f"{r['cluster_up_seconds']} s | {r['run_seconds']} s |")
+    lines += ["", "| spec | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    for name in names:
+        cells = []
+        for r in runs:
+            s = next((x for x in r["specs"] if x["name"] == name), None)
+            cells.append("-" if s is None else f"{s['state']} ({s['seconds']:.0f} s)" if s["state"] != "failed"
+                         else f"**failed** ({s['seconds']:.0f} s)")
+        lines.append(f"| {name.replace('|', '/')} | " + " | ".join(cells) + " |")
+    fails = [(c, s) for c, r in zip(cols, runs) for s in r["specs"] if s["state"] == "failed"]
+    if fails:
+        lines += ["", "Failures (first line of the message):", ""]
+        for c, s in fails:
+            first = (s["failure"].splitlines() or [""])[0][:400].replace("|", "/")
+            lines.append(f"* {c}: {s['name']}: `{first}`")
+    lines += ["", END]
+    text = open(out).read()
+    if BEGIN in text:
+        text = text[:text.index(BEGIN)] + "\n".join(lines) + text[text.index(END) + len(END):]
+    else:
+        text = text.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n"
+    open(out, "w").write(text)
+
+
+{"summary": summary, "docs": docs}[sys.argv[1]](sys.argv[2:])
