@@ -181,7 +181,7 @@ impl Slots {
             for e in rules.iter_mut().flat_map(|r| r.exprs.iter_mut()) {
                 if let Expr::NumgenDnat { slots, .. }
                 | Expr::AffinityHit { slots, .. }
-                | Expr::AffinityPick { slots, .. } = e
+                | Expr::HashDnat { slots, .. } = e
                 {
                     if let Some(p) = new.pools.get(slots.pool) {
                         slots.map = p.map;
@@ -1026,9 +1026,6 @@ impl Dataplane for NftablesProxier {
                         tx.finish(self.cfg.family, &self.table).0
                     });
                     name_owners(&mut refused, &tx, &new_prog);
-                    for r in &refused {
-                        tracing::error!(table = %self.table, refused = %r, "nftables transaction refused");
-                    }
                     // Nothing was applied (one transaction); forget what we
                     // think is there so the retry is a full sync.
                     self.programmed = None;

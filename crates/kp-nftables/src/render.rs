@@ -198,7 +198,11 @@ fn selection(
     let mut rules: Vec<Rule> = (0..count)
         .map(|index| rule::affinity_hit(sp.protocol, records, id, index, slots))
         .collect();
-    rules.push(rule::affinity_pick(sp.protocol, records, id, count, slots));
+    // A new client: its index recorded, then (a rule of its own, so that
+    // a full set, where the record fails, still serves it, as upstream's
+    // separate update and DNAT rules do) the DNAT to that index.
+    rules.push(rule::affinity_record(sp.protocol, records, id, count));
+    rules.push(rule::hash_dnat(sp.protocol, id, count, slots));
     rules
 }
 

@@ -132,23 +132,21 @@ pub fn affinity_hit(
     ])
 }
 
-/// Session affinity, a new client: a random endpoint among `count` slots,
-/// recorded (see [`Expr::AffinityPick`]).
-pub fn affinity_pick(
-    protocol: Protocol,
-    records: MapName,
-    id: u32,
-    count: u32,
-    slots: Slots,
-) -> Rule {
+/// Session affinity, a new client: its index recorded (see
+/// [`Expr::AffinityRecord`]); [`hash_dnat`] follows.
+pub fn affinity_record(protocol: Protocol, records: MapName, id: u32, count: u32) -> Rule {
     Rule::new(vec![
         Expr::L4Proto(protocol),
-        Expr::AffinityPick {
-            records,
-            id,
-            count,
-            slots,
-        },
+        Expr::AffinityRecord { records, id, count },
+    ])
+}
+
+/// DNAT to the slot a client's hash picks among `count` (see
+/// [`Expr::HashDnat`]).
+pub fn hash_dnat(protocol: Protocol, seed: u32, count: u32, slots: Slots) -> Rule {
+    Rule::new(vec![
+        Expr::L4Proto(protocol),
+        Expr::HashDnat { seed, count, slots },
     ])
 }
 

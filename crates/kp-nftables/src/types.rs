@@ -273,12 +273,19 @@ pub enum Expr {
         index: u32,
         slots: Slots,
     },
-    /// Session affinity, a new client: a random index below `count`,
-    /// recorded for the client, and DNAT to that slot (`slots.offset` is
-    /// aligned to the pool's power-of-two size, so XOR adds it).
-    AffinityPick {
+    /// Session affinity, a new client: its index below `count` (a hash of
+    /// its address and source port, seeded with `id`) recorded. No verdict:
+    /// the [`Expr::HashDnat`] rule that follows sends it to that index's
+    /// slot, also when the set is full and the record could not be made.
+    AffinityRecord {
         records: MapName,
         id: u32,
+        count: u32,
+    },
+    /// `dnat ip addr . port to jhash ip saddr . th sport mod N seed S
+    /// offset O map @map`: the slot of [`Expr::AffinityRecord`]'s index.
+    HashDnat {
+        seed: u32,
         count: u32,
         slots: Slots,
     },
@@ -320,7 +327,8 @@ impl Expr {
             Expr::MarkMatch { .. } => "mark-match",
             Expr::MarkSet(..) => "mark-set",
             Expr::AffinityHit { .. } => "affinity-hit",
-            Expr::AffinityPick { .. } => "affinity-pick",
+            Expr::AffinityRecord { .. } => "affinity-record",
+            Expr::HashDnat { .. } => "hash-dnat",
             Expr::NumgenDnat { .. } => "numgen-dnat",
             Expr::Dnat(_) => "dnat",
             Expr::Masquerade { .. } => "masquerade",
@@ -400,22 +408,19 @@ impl Expr {
                     slots.map
                 )
             }
-            // The index is a hash of the client's address and port: computed
-            // twice (record, DNAT), it is the same both times, and a new
-            // connection's source port makes the first choice as random as
-            // upstream's; its seed, the selection's id, keeps Services apart.
-            Expr::AffinityPick {
-                records,
-                id,
-                count,
-                slots,
-            } => write!(
+            // The index is a hash of the client's address and port: the
+            // record and the DNAT compute it alike, and a new connection's
+            // source port makes the first choice as spread as upstream's
+            // random one; its seed, the selection's id, keeps Services apart.
+            Expr::AffinityRecord { records, id, count } => write!(
                 f,
-                "update @{records} {{ {ip} saddr . {} . jhash {ip} saddr . th sport mod {count} seed 0x{id:x} }} \
-                 dnat {ip} addr . port to jhash {ip} saddr . th sport mod {count} seed 0x{id:x} offset {} map @{}",
+                "update @{records} {{ {ip} saddr . {} . jhash {ip} saddr . th sport mod {count} seed 0x{id:x} }}",
                 Const(*id),
-                slots.offset,
-                slots.map
+            ),
+            Expr::HashDnat { seed, count, slots } => write!(
+                f,
+                "dnat {ip} addr . port to jhash {ip} saddr . th sport mod {count} seed 0x{seed:x} offset {} map @{}",
+                slots.offset, slots.map
             ),
             Expr::NumgenDnat { count, slots } => write!(
                 f,

@@ -223,8 +223,19 @@ fn each_kind_of_service_renders_its_layout() {
         "{aff:?}"
     );
     assert!(
-        aff[2].contains(" . jhash ip saddr . th sport mod 2 seed 0x")
-            && aff[2].contains(" } dnat ip addr . port to jhash ip saddr . th sport mod 2 seed 0x"),
+        aff[2].contains(" . jhash ip saddr . th sport mod 2 seed 0x") && !aff[2].contains("dnat"),
+        "{aff:?}"
+    );
+    // The new client's DNAT is a rule of its own (a full set, where the
+    // record fails, must not stop it), right after the record.
+    let chain_rules: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with(aff[2].split(" meta ").next().unwrap_or_default()))
+        .collect();
+    assert_eq!(chain_rules.len(), 4, "{chain_rules:?}");
+    assert!(
+        chain_rules[3].contains(" dnat ip addr . port to jhash ip saddr . th sport mod 2 seed 0x")
+            && !chain_rules[3].contains("@affinity"),
         "{aff:?}"
     );
     assert!(!text.contains("chain ip kube-proxy-rs endpoint-"), "{text}");

@@ -430,7 +430,9 @@ fn normalize_nft(text: &str) -> Vec<String> {
                 let chain = obj["chain"].as_str().unwrap_or_default().to_string();
                 let mut expr = obj["expr"].clone();
                 resolve_slots(&fam, &mut expr, &maps);
-                if expr.to_string().contains("@affinity-") {
+                // The affinity rules, and the new client's DNAT by hash.
+                let text = expr.to_string();
+                if text.contains("@affinity-") || text.contains("\"jhash\"") {
                     let targets = affinity_targets
                         .entry(format!("{fam} {chain}"))
                         .or_default();

@@ -578,14 +578,8 @@ pub fn encode_rule(
             }
             // nft's layout for the rule's text: the key at word 0 with the
             // index hashed into its last word from a copy of `saddr .
-            // sport` just behind it; then the hash again, with the slots'
-            // offset, for the DNAT.
-            Expr::AffinityPick {
-                records,
-                id,
-                count,
-                slots,
-            } => {
+            // sport` just behind it.
+            Expr::AffinityRecord { records, id, count } => {
                 if *count == 0 {
                     return Err("jhash modulus 0".into());
                 }
@@ -594,7 +588,13 @@ pub fn encode_rule(
                 out.push(numgen(reg(a), 1, *id));
                 client_hash(out, fam, a + 2, reg(a + 1), *count, *id, 0);
                 out.push(dynset_update(&records.to_string(), 1));
-                client_hash(out, fam, 4, 1, *count, *id, slots.offset);
+            }
+            // nft's layout: the hash's input from register 2 on.
+            Expr::HashDnat { seed, count, slots } => {
+                if *count == 0 {
+                    return Err("jhash modulus 0".into());
+                }
+                client_hash(out, fam, 4, 1, *count, *seed, slots.offset);
                 slot_dnat(out, fam, slots);
             }
             Expr::NumgenDnat { count, slots } => {
