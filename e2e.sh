@@ -5,7 +5,7 @@
 #
 #   sudo ./e2e.sh [--proxy ours|upstream] [--mode nftables|iptables]
 #                 [--focus REGEX] [--skip REGEX] [--nodes N] [--procs P]
-#                 [--report DIR] [--keep]
+#                 [--report DIR] [--keep] [--docs]
 #
 # Last line printed: "N passed, M failed, K skipped". Exit status 0 when
 # nothing failed and the machine-wide settings are unchanged.
@@ -13,7 +13,7 @@ set -euo pipefail
 REPO=$(cd "$(dirname "$0")" && pwd)
 . "$REPO/e2e/lib.sh"
 
-PROXY=ours MODE=nftables NODES=3 PROCS=3 KEEP=0 REPORT=""
+PROXY=ours MODE=nftables NODES=3 PROCS=3 KEEP=0 REPORT="" DOCS=0
 FOCUS='\[sig-network\]'
 SKIP='\[Slow\]|\[Serial\]|\[Disruptive\]|\[Flaky\]|\[Feature:.+\]'
 EXTRA_SKIP=""
@@ -27,7 +27,8 @@ while [ $# -gt 0 ]; do
     --procs) PROCS=$2; shift 2 ;;
     --report) REPORT=$2; shift 2 ;;
     --keep) KEEP=1; shift ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    --docs) DOCS=1; shift ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
@@ -72,6 +73,10 @@ if [ $PROXY = ours ]; then
   [ -x "$CARGO" ] || CARGO=$HOME/.cargo/bin/cargo
   log "cargo build --release -p kube-proxy-rs --bin kube-proxy-rs"
   (cd "$REPO" && "$CARGO" build --release -p kube-proxy-rs --bin kube-proxy-rs 2>&1 | tail -2 >&2)
+  TREE="$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null)"
+  [ -n "$(git -C "$REPO" status --porcelain -- crates Cargo.toml Cargo.lock 2>/dev/null)" ] && TREE="$TREE + uncommitted changes in crates/"
+else
+  TREE="kube-proxy v1.36.2"
 fi
 "$E2E/images.sh" $PROXY > "$RUN/images.list"
 
@@ -104,8 +109,14 @@ T_RUN=$((SECONDS - T1))
 log "suite finished in ${T_RUN}s (ginkgo exit $GINKGO_RC; log $REPORT/ginkgo.log)"
 [ $KEEP = 1 ] || { kc -n kube-system logs -l k8s-app --all-containers --prefix --tail=-1 > "$REPORT/proxy.log" 2>&1 || true; }
 SUMMARY=$(python3 "$E2E/report.py" summary "$REPORT/junit.xml" --focus "$FOCUS" --proxy "$PROXY" --mode "$MODE" \
-  --up "$T_UP" --run "$T_RUN" --out "$REPORT/result.json") || SUMMARY="0 passed, 0 failed, 0 skipped"
+  --up "$T_UP" --run "$T_RUN" --tree "$TREE" --out "$REPORT/result.json") || SUMMARY="0 passed, 0 failed, 0 skipped"
 
+if [ $DOCS = 1 ]; then
+  case $REPORT in
+    "$REPO"/target/e2e-reports/*) python3 "$E2E/report.py" docs "$REPO"/target/e2e-reports/*/result.json --out "$REPO/docs/e2e.md" ;;
+    *) log "--docs: --report is not under target/e2e-reports/, docs/e2e.md left as is" ;;
+  esac
+fi
 if [ $KEEP = 1 ]; then trap - EXIT; log "--keep: cluster left running; stop it with: sudo e2e/down.sh $RUN"; RC=0
 else trap - EXIT; teardown final && RC=0 || RC=$?; fi
 case $SUMMARY in *" 0 failed"*) ;; *) RC=1 ;; esac

@@ -8,7 +8,7 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 RUN=$1
 awk -F, '$2=="admin" {print $1}' "$RUN/pki/tokens.csv" > "$RUN/pki/admin.token"
-inlab setsid python3 "$E2E/dns.py" --listen $LAB_IP --api $API --token-file "$RUN/pki/admin.token" \
+nsenter --net=/run/netns/$LAB_NS -- setsid python3 "$E2E/dns.py" --listen $LAB_IP --api $API --token-file "$RUN/pki/admin.token" \
   --ca "$RUN/pki/ca.crt" > "$RUN/logs/dns.log" 2>&1 < /dev/null &
 echo $! > "$RUN/pids/dns"
 kc apply -f - >/dev/null <<EOT

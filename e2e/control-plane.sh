@@ -51,12 +51,12 @@ cd - >/dev/null
 
 start() { # NAME CMD... : a daemon in the lab namespace, its own session
   local n=$1; shift
-  inlab setsid "$@" > "$RUN/logs/$n.log" 2>&1 < /dev/null &
+  nsenter --net=/run/netns/$LAB_NS -- setsid "$@" > "$RUN/logs/$n.log" 2>&1 < /dev/null &
   echo $! > "$RUN/pids/$n"
 }
 
 # --- etcd (loopback of the lab namespace)
-ETCD_UNSUPPORTED_ARCH= start etcd etcd --name kpe2e --data-dir "$RUN/etcd" \
+start etcd env ETCD_UNSUPPORTED_ARCH= etcd --name kpe2e --data-dir "$RUN/etcd" \
   --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
   --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
   --initial-cluster kpe2e=http://127.0.0.1:2380 --listen-metrics-urls http://127.0.0.1:2381 \

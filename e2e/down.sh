@@ -8,21 +8,23 @@ RUN=${1:?usage: e2e/down.sh RUN}
 for d in "$RUN"/node*/; do
   [ -d "$d" ] || continue
   i=${d%/}; i=${i##*/node}
-  "$E2E/node.sh" down "$RUN" "$i"
+  "$E2E/node.sh" down "$RUN" "$i" &
 done
+wait
+pids=""
 for n in dns kube-scheduler kube-controller-manager kube-apiserver etcd; do
-  p=$(cat "$RUN/pids/$n" 2>/dev/null) || continue
-  kill "$p" 2>/dev/null
-  for _ in $(seq 60); do kill -0 "$p" 2>/dev/null || break; sleep 0.25; done
-  kill -9 "$p" 2>/dev/null
+  p=$(cat "$RUN/pids/$n" 2>/dev/null) && kill "$p" 2>/dev/null && pids="$pids $p"
 done
+for _ in $(seq 40); do
+  alive=""; for p in $pids; do kill -0 "$p" 2>/dev/null && alive="$alive $p"; done
+  [ -z "$alive" ] && break; sleep 0.25
+done
+for p in $pids; do kill -9 "$p" 2>/dev/null; done
 # anything still in a lab network namespace (ginkgo, e2e.test, kubectl) is ours
 for ns in /run/netns/$PREFIX-*; do
   [ -e "$ns" ] || continue
   ino=$(stat -L -c %i "$ns")
-  for p in $(ls /proc | grep -E '^[0-9]+$'); do
-    [ "$(readlink /proc/$p/ns/net 2>/dev/null)" = "net:[$ino]" ] && kill -9 "$p" 2>/dev/null
-  done
+  for p in $(procs_in net "net:\[$ino\]"); do kill -9 "$p" 2>/dev/null; done
   sleep 0.2
   ip netns del "${ns##*/}" 2>/dev/null || log "WARNING: cannot delete netns ${ns##*/}"
 done

@@ -94,8 +94,17 @@ image() {
 }
 
 BASE=$(base_rootfs)
+# agnhost porter serves TLS with ./localhost.crt and ./localhost.key (the
+# image's own test pair, SANs 127.0.0.1 and ::1): a self-signed pair made
+# once here and kept, so the image's cache key stays the same.
+CERT=$IMAGES/agnhost-localhost
+if [ ! -s $CERT.crt ]; then
+  openssl req -x509 -newkey rsa:2048 -nodes -days 20000 -subj /CN=localhost \
+    -addext "subjectAltName=IP:127.0.0.1,IP:::1" -keyout $CERT.key -out $CERT.crt 2>/dev/null
+fi
 image registry.k8s.io/pause:3.10.2 '["/pause"]' null - "$BIN/pause:/pause"
-image registry.k8s.io/e2e-test-images/agnhost:2.63.0 '["/agnhost"]' '["pause"]' "$BASE" "$BIN/agnhost:/agnhost"
+image registry.k8s.io/e2e-test-images/agnhost:2.63.0 '["/agnhost"]' '["pause"]' "$BASE" "$BIN/agnhost:/agnhost" \
+  "$CERT.crt:/localhost.crt" "$CERT.key:/localhost.key"
 BUSYBOX_APPLETS=1 image registry.k8s.io/e2e-test-images/busybox:1.37.0-1 null '["sh"]' - /bin/busybox:/bin/busybox
 case $PROXY in
 upstream)

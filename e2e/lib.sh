@@ -52,3 +52,9 @@ wait_for() {
     sleep 0.5
   done
 }
+
+# procs_in KIND PATTERN: pids whose /proc/PID/ns/KIND link matches PATTERN
+# (a find -lname glob, e.g. 'net:\[4026532\]'); one find, not one readlink per pid.
+procs_in() {
+  find /proc -mindepth 3 -maxdepth 3 -path "/proc/[0-9]*/ns/$1" -lname "$2" 2>/dev/null | cut -d/ -f3
+}

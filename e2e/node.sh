@@ -146,16 +146,15 @@ down() {
   local kp cp mnt p
   kp=$(cat $D/pids/kubelet 2>/dev/null || true); cp=$(cat $D/pids/containerd 2>/dev/null || true)
   mnt=$(readlink /proc/$cp/ns/mnt 2>/dev/null || readlink /proc/$kp/ns/mnt 2>/dev/null || true)
+  # (never the machine's own mount namespace: a stale pid could point there)
+  [ "$mnt" = "$(readlink /proc/$$/ns/mnt)" ] && mnt=""
   [ -n "$kp" ] && kill $kp 2>/dev/null && stop_wait $kp
   # the pods' processes: everything in the node's cgroup subtree
   for p in $(cat $(find /sys/fs/cgroup/pids/$N -name cgroup.procs 2>/dev/null) /dev/null 2>/dev/null | sort -u); do kill -9 $p 2>/dev/null || true; done
   [ -n "$cp" ] && kill $cp 2>/dev/null && stop_wait $cp
   # whatever else lives in the node's mount or network namespace (shims)
   local netino; netino=$(stat -L -c %i /run/netns/$NS 2>/dev/null || echo none)
-  for p in $(ls /proc | grep -E '^[0-9]+$'); do
-    if { [ -n "$mnt" ] && [ "$(readlink /proc/$p/ns/mnt 2>/dev/null)" = "$mnt" ]; } ||
-       [ "$(readlink /proc/$p/ns/net 2>/dev/null)" = "net:[$netino]" ]; then kill -9 $p 2>/dev/null || true; fi
-  done
+  for p in $(procs_in net "net:\[$netino\]") ${mnt:+$(procs_in mnt "${mnt/[/\\[}")}; do kill -9 $p 2>/dev/null || true; done
   sleep 0.5
   local h
   for h in /sys/fs/cgroup/*; do

@@ -20,7 +20,7 @@ ours)
   O=$RUN/deploy-ours; rm -rf "$O"; mkdir -p "$O"
   cp -r "$REPO/deploy" "$O/base"
   # config.conf and kubeconfig.conf from deploy/configmap.yaml, edited as the doc says
-  inlab "$BIN/kubectl" create --dry-run=client -o json -f "$O/base/configmap.yaml" > "$O/cm.json"
+  kc create --dry-run=client -o json -f "$O/base/configmap.yaml" > "$O/cm.json"
   jq -r '.data["config.conf"]' "$O/cm.json" | sed -e "s/^mode: .*/mode: $MODE/" > "$O/config.conf"
   grep -q '^conntrack:' "$O/config.conf" && die "deploy/configmap.yaml sets conntrack: adjust e2e/proxy.sh"
   printf 'conntrack:\n  maxPerCore: 0\n  min: 0\n  tcpEstablishedTimeout: 0s\n  tcpCloseWaitTimeout: 0s\n' >> "$O/config.conf"

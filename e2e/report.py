@@ -42,7 +42,7 @@ def summary(args):
     res = {"proxy": opt(args, "--proxy"), "mode": opt(args, "--mode"), "focus": focus.pattern,
            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "cluster_up_seconds": int(opt(args, "--up", 0)), "run_seconds": int(opt(args, "--run", 0)),
-           "counts": n, "specs": specs}
+           "tree": opt(args, "--tree", ""), "counts": n, "specs": specs}
     if opt(args, "--out"):
         with open(opt(args, "--out"), "w") as f:
             json.dump(res, f, indent=1)
@@ -58,10 +58,11 @@ def docs(args):
     runs = [json.load(open(f)) for f in files]
     cols = [f"{r['proxy']} {r['mode']}" for r in runs]
     names = sorted({s["name"] for r in runs for s in r["specs"] if s["state"] != "skipped"})
-    lines = [BEGIN, "", "| run | date | focus | passed | failed | skipped | cluster up | suite |", "|---|---|---|---|---|---|---|---|"]
+    lines = [BEGIN, "", "| run | date | build | focus | passed | failed | skipped | cluster up | suite |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for c, r in zip(cols, runs):
         k = r["counts"]
-        lines.append(f"| {c} | {r['date']} | `{r['focus']}` | {k['passed']} | {k['failed']} | {k['skipped']} | "
+        lines.append(f"| {c} | {r['date']} | {r.get('tree', '')} | `{r['focus'].replace('|', '&#124;')}` | {k['passed']} | {k['failed']} | {k['skipped']} | "
                      f"{r['cluster_up_seconds']} s | {r['run_seconds']} s |")
     lines += ["", "| spec | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     for name in names:
