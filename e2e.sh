@@ -63,7 +63,6 @@ teardown() {
 trap 'teardown; exit 1' INT TERM
 trap 'teardown' EXIT
 
-T0=$SECONDS
 # --- binaries, proxy build, images
 for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl kube-proxy e2e.test ginkgo agnhost pause; do
   [ -x "$BIN/$b" ] || { mkdir -p "$BIN"; bash "$K8S_SHARED/install.sh" "$BIN" all >/dev/null; break; }
@@ -79,6 +78,8 @@ else
   TREE="kube-proxy v1.36.2"
 fi
 "$E2E/images.sh" $PROXY > "$RUN/images.list"
+
+T0=$SECONDS
 
 # --- cluster
 "$E2E/control-plane.sh" "$RUN"

@@ -8,7 +8,7 @@
   report.py docs RESULT.json... --out docs/e2e.md
       rewrites the results section of docs/e2e.md (between the markers) with a
       table: each spec that ran, its result and time per proxy/mode."""
-import json, re, sys, xml.etree.ElementTree as ET
+import json, os, re, sys, xml.etree.ElementTree as ET
 from datetime import datetime, timezone
 
 BEGIN, END = "<!-- e2e.sh results: begin -->", "<!-- e2e.sh results: end -->"
@@ -25,6 +25,8 @@ def summary(args):
         name = tc.get("name", "")
         if name.startswith("[It] "):
             name = name[5:]
+        # JUnit appends the spec's labels as a last bracket group: "... [sig-network, Conformance]"
+        name = re.sub(r" \[sig-[^\[\]]*\]$", "", name)
         if not focus.search(name):
             continue
         state = tc.get("status") or ("failed" if tc.find("failure") is not None else
@@ -55,8 +57,10 @@ def summary(args):
 def docs(args):
     out = opt(args, "--out")
     files = [a for a in args if a.endswith(".json")]
+    files.sort(key=lambda f: (os.path.basename(os.path.dirname(f)).endswith("-conformance"), f))
     runs = [json.load(open(f)) for f in files]
-    cols = [f"{r['proxy']} {r['mode']}" for r in runs]
+    # a column per run, named by its report directory (e.g. ours-nftables)
+    cols = [os.path.basename(os.path.dirname(os.path.abspath(f))) or f"{r['proxy']} {r['mode']}" for f, r in zip(files, runs)]
     names = sorted({s["name"] for r in runs for s in r["specs"] if s["state"] != "skipped"})
     lines = [BEGIN, "", "| run | date | build | focus | passed | failed | skipped | cluster up | suite |",
              "|---|---|---|---|---|---|---|---|---|"]
