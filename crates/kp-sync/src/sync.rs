@@ -104,6 +104,43 @@ impl FamilyProxier {
     }
 }
 
+/// What the families' trackers said of one object: it is reported once,
+/// whatever the number of families (a rejection each family repeats, or the
+/// same warning from both, is one event).
+#[derive(Default)]
+struct Verdict {
+    rejected: Option<String>,
+    warnings: Vec<String>,
+}
+
+impl Verdict {
+    fn add(&mut self, r: Result<Vec<String>, kp_model::ConvertError>) {
+        match r {
+            Ok(ws) => {
+                for w in ws {
+                    if !self.warnings.contains(&w) {
+                        self.warnings.push(w);
+                    }
+                }
+            }
+            Err(e) => {
+                self.rejected.get_or_insert_with(|| e.to_string());
+            }
+        }
+    }
+
+    fn report(self, kind: &str, metrics: &dyn SyncMetrics) {
+        for w in &self.warnings {
+            tracing::warn!("{w}");
+            metrics.invalid_field(kind);
+        }
+        if let Some(e) = self.rejected {
+            tracing::warn!(error = %e, "skipping invalid {kind}");
+            metrics.invalid_object(kind);
+        }
+    }
+}
+
 pub struct SyncLoop {
     /// This node's name: its Node object decides /healthz eligibility.
     pub node_name: String,
@@ -162,22 +199,15 @@ impl SyncLoop {
         let mut changed = false;
         match ev {
             SourceEvent::ServiceApplied(svc) => {
+                // Each family's tracker judges the object; it is reported
+                // (logged and counted) once, not once per family.
+                let mut verdict = Verdict::default();
                 for f in &mut self.families {
                     let before = f.tracker.pending();
-                    match f.tracker.update_service(&svc, now) {
-                        Ok(warnings) => {
-                            for w in warnings {
-                                tracing::warn!("{w}");
-                                self.metrics.invalid_field("Service");
-                            }
-                        }
-                        Err(rej) => {
-                            tracing::warn!(error = %rej.0, "skipping invalid Service");
-                            self.metrics.invalid_object("Service");
-                        }
-                    }
+                    verdict.add(f.tracker.update_service(&svc, now).map_err(|r| r.0));
                     changed |= f.tracker.pending() != before;
                 }
+                verdict.report("Service", self.metrics.as_ref());
             }
             SourceEvent::ServiceDeleted { namespace, name } => {
                 for f in &mut self.families {
@@ -186,22 +216,17 @@ impl SyncLoop {
                 changed = true;
             }
             SourceEvent::SliceApplied(slice) => {
+                let mut verdict = Verdict::default();
                 for f in &mut self.families {
                     let before = f.tracker.pending();
-                    match f.tracker.update_endpoint_slice(&slice, now) {
-                        Ok(warnings) => {
-                            for w in warnings {
-                                tracing::warn!("{w}");
-                                self.metrics.invalid_field("EndpointSlice");
-                            }
-                        }
-                        Err(rej) => {
-                            tracing::warn!(error = %rej.0, "skipping invalid EndpointSlice");
-                            self.metrics.invalid_object("EndpointSlice");
-                        }
-                    }
+                    verdict.add(
+                        f.tracker
+                            .update_endpoint_slice(&slice, now)
+                            .map_err(|r| r.0),
+                    );
                     changed |= f.tracker.pending() != before;
                 }
+                verdict.report("EndpointSlice", self.metrics.as_ref());
             }
             SourceEvent::SliceDeleted { namespace, name } => {
                 for f in &mut self.families {

@@ -95,13 +95,16 @@ impl Conntrack for NoConntrack {
 /// Records what the metrics side hears about failures and pending changes.
 #[derive(Clone, Default)]
 struct Metrics {
+    invalid: Arc<Mutex<Vec<String>>>,
     failed: Arc<Mutex<Vec<(String, bool)>>>,
     pending: Arc<Mutex<Vec<(u64, u64)>>>,
     connected: Arc<Mutex<Vec<bool>>>,
 }
 
 impl SyncMetrics for Metrics {
-    fn invalid_object(&self, _: &str) {}
+    fn invalid_object(&self, kind: &str) {
+        self.invalid.lock().unwrap().push(kind.to_string());
+    }
     fn invalid_field(&self, _: &str) {}
     fn queued(&self, _: IpFamily) {}
     fn pending_changes(&self, s: u64, e: u64) {
@@ -603,4 +606,42 @@ fn programmed_snapshot_follows_successful_syncs_only() {
     assert!(!f.last_full, "the sync at 20 s was partial");
     let a = f.state.services.keys().next().unwrap();
     assert_eq!(f.state.endpoints_of(a).len(), 2);
+}
+
+/// An object both families reject is one invalid object, not one per
+/// family (kubeproxy_rs_invalid_objects_total).
+#[test]
+fn an_invalid_object_counts_once_in_a_dual_stack_loop() {
+    let (mut lp, clock, rx, _rec, metrics) = start(secs(1), secs(30));
+    let tracker = ChangeTracker::new(TrackerConfig {
+        family: IpFamily::V6,
+        node_name: "node1".into(),
+        service_proxy_name: None,
+    });
+    let dp = FakeDataplane {
+        clock: clock.clone(),
+        rec: Record::default(),
+    };
+    lp.families.push(FamilyProxier::new(tracker, Box::new(dp)));
+    assert_eq!(lp.families.len(), 2);
+    let bad: Service = serde_json::from_value(json!({
+        "metadata": {"namespace": "Not_A_Label", "name": "web"},
+        "spec": {"clusterIP": "10.96.0.9", "ports": [{"name": "p80", "port": 80}]},
+    }))
+    .unwrap();
+    clock.at(ms(0), SourceEvent::ServiceApplied(Box::new(bad)));
+    let bad_slice: EndpointSlice = serde_json::from_value(json!({
+        "metadata": {"namespace": "Not_A_Label", "name": "web-1",
+                     "labels": {"kubernetes.io/service-name": "web"}},
+        "addressType": "IPv4", "endpoints": [],
+    }))
+    .unwrap();
+    clock.at(ms(1), SourceEvent::SliceApplied(Box::new(bad_slice)));
+    clock.at(ms(2), service("good", 1));
+    clock.at(ms(3), SourceEvent::Synced);
+    run(lp, &clock, rx, secs(2));
+    assert_eq!(
+        *metrics.invalid.lock().unwrap(),
+        vec!["Service".to_string(), "EndpointSlice".to_string()]
+    );
 }
