@@ -8,20 +8,28 @@ set -euo pipefail
 PROXY=${1:-ours}
 mkdir -p "$IMAGES"
 
-# One Debian rootfs serves agnhost (what the specs exec: curl, nc, ip, dig,
-# bash, conntrack) and both proxies (the Dockerfile's runtime packages).
+# One Debian rootfs serves agnhost (what the specs exec: curl, wget, nc, ip,
+# ping, ps, dig, bash, conntrack; the real agnhost is Alpine, whose busybox
+# gives wget, ping and ps) and both proxies (the Dockerfile's runtime packages).
 SUITE=bookworm
-PKGS=bash,curl,netcat-openbsd,iproute2,dnsutils,conntrack,iptables,nftables,ipset,ipvsadm,ca-certificates
+PKGS=bash,curl,wget,netcat-openbsd,iproute2,iputils-ping,procps,dnsutils,conntrack,iptables,nftables,ipset,ipvsadm,ca-certificates
 base_rootfs() {
   local key out
   key=$(echo "mmdebstrap minbase $SUITE $PKGS" | sha256sum | cut -c1-16)
   out=$IMAGES/debian-$key.tar
   if [ ! -s "$out" ]; then
     log "building the Debian rootfs ($PKGS) with mmdebstrap"
-    mmdebstrap --quiet --variant=minbase --include=$PKGS $SUITE "$out.tmp" http://deb.debian.org/debian >&2
-    mv "$out.tmp" "$out"
+    # (mmdebstrap picks the output format from the name: keep it ending in .tar)
+    mmdebstrap --quiet --variant=minbase --include=$PKGS $SUITE "${out%.tar}.tmp.tar" http://deb.debian.org/debian >&2
+    mv "${out%.tar}.tmp.tar" "$out"
+    prune debian "$out"
   fi
   echo "$out"
+}
+
+# prune SHORT KEEP: drop the older builds of one image (SHORT-<16 hex>.tar)
+prune() {
+  find "$IMAGES" -maxdepth 1 -regextype egrep -regex ".*/$1-[0-9a-f]{16}\.tar" ! -path "$2" -delete
 }
 
 # layer_from_dir DIR OUT: a reproducible layer tar of DIR's content.
@@ -89,6 +97,7 @@ image() {
     if [ "$base" = - ]; then oci "$name" "$out" "$ep" "$cmd" "$t/layer.tar"
     else oci "$name" "$out" "$ep" "$cmd" "$base" "$t/layer.tar"; fi
     rm -rf "$t"
+    prune "$short" "$out"
   fi
   echo "$name=$out"
 }
@@ -105,6 +114,9 @@ fi
 image registry.k8s.io/pause:3.10.2 '["/pause"]' null - "$BIN/pause:/pause"
 image registry.k8s.io/e2e-test-images/agnhost:2.63.0 '["/agnhost"]' '["pause"]' "$BASE" "$BIN/agnhost:/agnhost" \
   "$CERT.crt:/localhost.crt" "$CERT.key:/localhost.key"
+# kube_proxy.go's CLOSE_WAIT spec runs `conntrack -L` in a hostNetwork pod of
+# this image (upstream: Debian's iptables and conntrack on distroless)
+image registry.k8s.io/build-image/distroless-iptables:v0.9.3 null null "$BASE"
 BUSYBOX_APPLETS=1 image registry.k8s.io/e2e-test-images/busybox:1.37.0-1 null '["sh"]' - /bin/busybox:/bin/busybox
 case $PROXY in
 upstream)

@@ -102,6 +102,8 @@ inner() {
   for s in kernel.panic kernel.panic_on_oops vm.overcommit_memory vm.panic_on_oom kernel.keys.root_maxkeys kernel.keys.root_maxbytes; do
     mount --bind $D/sysctl/$s /proc/sys/${s//.//}
   done
+  # no resolver beyond the lab: a pull of an image the lab lacks fails at once
+  mount --bind $D/resolv.conf /etc/resolv.conf
   hostname $N
   containerd --config $D/containerd/config.toml > $D/containerd.log 2>&1 < /dev/null &
   echo $! > $D/pids/containerd

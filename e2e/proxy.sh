@@ -5,8 +5,8 @@
 #  ours:     `kubectl apply -k` of an overlay on deploy/ that does what
 #            docs/migrate-from-kube-proxy.md asks of a user: the API server
 #            address in kubeconfig.conf, the mode, and (the lab's one
-#            addition) conntrack settings that leave the machine-wide
-#            conntrack table alone.
+#            addition) conntrack maxPerCore/min 0: leave the machine-wide
+#            conntrack table size alone.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 RUN=$1 PROXY=$2 MODE=$3
@@ -23,7 +23,7 @@ ours)
   kc create --dry-run=client -o json -f "$O/base/configmap.yaml" > "$O/cm.json"
   jq -r '.data["config.conf"]' "$O/cm.json" | sed -e "s/^mode: .*/mode: $MODE/" > "$O/config.conf"
   grep -q '^conntrack:' "$O/config.conf" && die "deploy/configmap.yaml sets conntrack: adjust e2e/proxy.sh"
-  printf 'conntrack:\n  maxPerCore: 0\n  min: 0\n  tcpEstablishedTimeout: 0s\n  tcpCloseWaitTimeout: 0s\n' >> "$O/config.conf"
+  printf 'conntrack:\n  maxPerCore: 0\n  min: 0\n' >> "$O/config.conf"
   jq -r '.data["kubeconfig.conf"]' "$O/cm.json" | sed -e "s#https://CONTROL-PLANE-ENDPOINT:6443#$API#" > "$O/kubeconfig.conf"
   cat > "$O/kustomization.yaml" <<EOT
 apiVersion: kustomize.config.k8s.io/v1beta1
