@@ -374,9 +374,10 @@ impl Metrics {
     /// A failed sync: counts under the mode's upstream failure counter
     /// (iptables and ipvs: iptables_restore_failures; nftables:
     /// nftables_sync_failures). Other modes have no upstream counter.
+    /// A combined mode ("nftables+socket-lb") counts under its rules mode's.
     pub fn inc_sync_failure(&self, family: IpFamily, mode: &str) {
         let l = fam(family);
-        match mode {
+        match mode.split('+').next().unwrap_or(mode) {
             "iptables" | "ipvs" => {
                 self.inner.iptables_restore_failures.get_or_create(&l).inc();
             }
@@ -734,5 +735,26 @@ mod tests {
         assert!(text.contains("kubeproxy_proxy_healthz_total{code=\"200\"} 1\n"));
         assert!(!text.contains("# EOF"));
         assert!(!text.contains("_total_total"));
+    }
+
+    /// Every mode that programs rules counts its failed syncs in its rules
+    /// mode's upstream counter, socket-lb's combination included.
+    #[test]
+    fn sync_failures_count_in_every_rules_mode() {
+        use kp_sync::SyncMetrics;
+        let m = Metrics::new();
+        m.sync_failed(IpFamily::V4, "nftables+socket-lb", true);
+        m.sync_failed(IpFamily::V4, "nftables", false);
+        m.sync_failed(IpFamily::V6, "ipvs", true);
+        m.sync_failed(IpFamily::V6, "iptables", false);
+        let text = m.encode();
+        for want in [
+            "kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family=\"IPv4\"} 2\n",
+            "kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family=\"IPv6\"} 2\n",
+            "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total{ip_family=\"IPv6\"} 1\n",
+            "kubeproxy_rs_sync_retries_total{ip_family=\"IPv4\"} 2\n",
+        ] {
+            assert!(text.contains(want), "no `{want}` in:\n{text}");
+        }
     }
 }
