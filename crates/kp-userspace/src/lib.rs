@@ -67,6 +67,9 @@ pub trait MetricsSink: Send + Sync + 'static {
     fn connection_closed(&self, service: &str);
     fn bytes(&self, service: &str, direction: Direction, n: u64);
     fn error(&self, service: &str);
+    /// The Service port is gone and none of its connections is left: its
+    /// series can go (a Service churned away must not leave series behind).
+    fn service_gone(&self, service: &str);
 }
 
 /// Discards everything (tests, benchmarks).
@@ -77,6 +80,7 @@ impl MetricsSink for NoMetrics {
     fn connection_closed(&self, _: &str) {}
     fn bytes(&self, _: &str, _: Direction, _: u64) {}
     fn error(&self, _: &str) {}
+    fn service_gone(&self, _: &str) {}
 }
 
 /// How Service IPs become addresses the proxy can listen on.
@@ -257,6 +261,7 @@ impl UserspaceProxier {
             splice: cfg.splice,
             pipe_size: cfg.pipe_size,
             metrics,
+            live: Default::default(),
         });
         let inside = Arc::new(Inside::new(cfg.cluster_cidrs.clone()));
         let watch = match netlink::AddrWatch::open(cfg.family == IpFamily::V6) {

@@ -25,6 +25,10 @@ pub(crate) struct Shared {
     pub splice: bool,
     pub pipe_size: usize,
     pub metrics: Arc<dyn MetricsSink>,
+    /// Live [`ServiceRt`]s per metrics label: a deleted Service's series go
+    /// when its last one (still serving its draining connections) goes, and
+    /// not while a re-created Service of the same name uses them.
+    pub live: Mutex<HashMap<String, usize>>,
 }
 
 /// One endpoint. The same object lives as long as the endpoint stays in the
@@ -162,10 +166,32 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+impl Drop for ServiceRt {
+    fn drop(&mut self) {
+        let mut live = lock(&self.shared.live);
+        let gone = match live.get_mut(&self.label) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                false
+            }
+            _ => {
+                live.remove(&self.label);
+                true
+            }
+        };
+        drop(live);
+        if gone {
+            self.shared.metrics.service_gone(&self.label);
+        }
+    }
+}
+
 impl ServiceRt {
     pub fn new(name: ServicePortName, shared: Arc<Shared>) -> Arc<ServiceRt> {
+        let label = name.to_string();
+        *lock(&shared.live).entry(label.clone()).or_default() += 1;
         Arc::new(ServiceRt {
-            label: name.to_string(),
+            label,
             shared,
             pools: RwLock::new(Arc::new(Pools::default())),
             affinity: Mutex::new(None),

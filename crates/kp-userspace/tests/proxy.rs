@@ -600,3 +600,45 @@ fn address_changes_are_noticed_from_notifications_in_a_network_namespace() {
         assert!(listening(&p).is_empty());
     });
 }
+
+/// Records which Services' series are dropped.
+#[derive(Default)]
+struct GoneSink(std::sync::Mutex<Vec<String>>);
+
+impl kp_userspace::MetricsSink for GoneSink {
+    fn connection_opened(&self, _: &str) {}
+    fn connection_closed(&self, _: &str) {}
+    fn bytes(&self, _: &str, _: kp_userspace::Direction, _: u64) {}
+    fn error(&self, _: &str) {}
+    fn service_gone(&self, service: &str) {
+        self.0.lock().unwrap().push(service.to_string());
+    }
+}
+
+/// A deleted Service's series go (once its listeners and connections are
+/// gone, after the grace period), so Services churned away leave no series behind; a Service that
+/// stays keeps them.
+#[test]
+fn a_deleted_services_metrics_go() {
+    let sink = Arc::new(GoneSink::default());
+    let mut c = UserspaceConfig::new(IpFamily::V4);
+    c.vip_mode = VipMode::None;
+    // A removed endpoint's connections are closed after this grace.
+    c.grace_period = Duration::from_millis(200);
+    let mut p = UserspaceProxier::new(c, sink.clone(), kp_userspace::runtime().unwrap()).unwrap();
+    let ep = named_server("gone");
+    let s = state("127.0.0.71", Protocol::Tcp, &[ep]);
+    sync(&mut p, &s);
+    assert_eq!(hello(vip("127.0.0.71")), "gone");
+    sync(&mut p, &s);
+    assert!(
+        sink.0.lock().unwrap().is_empty(),
+        "a live Service's series went"
+    );
+    sync(&mut p, &ProxyState::new(IpFamily::V4, NodeInfo::default()));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sink.0.lock().unwrap().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(*sink.0.lock().unwrap(), vec!["t/svc:p".to_string()]);
+}

@@ -72,6 +72,9 @@ impl kp_userspace::MetricsSink for Metrics {
     fn error(&self, service: &str) {
         self.inc_userspace_error(service);
     }
+    fn service_gone(&self, service: &str) {
+        self.remove_userspace_service(service);
+    }
 }
 
 /// The userspace proxier for one family.
