@@ -95,7 +95,6 @@ pub struct IpvsProxier {
     programmed: Option<Layout>,
     /// This node's addresses (not kube-ipvs0's), refreshed on full syncs.
     local_ips: Vec<IpAddr>,
-    manage_sysctls: bool,
 }
 
 fn io(what: impl Into<String>, e: std::io::Error) -> DataplaneError {
@@ -125,25 +124,7 @@ impl IpvsProxier {
             ipvs: None,
             programmed: None,
             local_ips,
-            manage_sysctls: true,
         }
-    }
-
-    /// Whether to set the sysctls IPVS mode needs (net.ipv4.vs.conntrack=1,
-    /// ...) in the network namespace we run in. On by default.
-    pub fn with_sysctls(mut self, manage: bool) -> Self {
-        self.manage_sysctls = manage;
-        self
-    }
-
-    pub fn with_backends(
-        mut self,
-        ipset: Box<dyn IpsetBackend>,
-        iptables: Box<dyn IptablesBackend>,
-    ) -> Self {
-        self.ipset = ipset;
-        self.iptables = iptables;
-        self
     }
 
     fn family(&self) -> IpFamily {
@@ -160,9 +141,6 @@ impl IpvsProxier {
     }
 
     fn ensure_sysctls(&self) {
-        if !self.manage_sysctls {
-            return;
-        }
         // Not fatal here (upstream fails at start, --init-only included):
         // without a writable /proc/sys, and no --init-only before, the
         // settings stay as the node has them.

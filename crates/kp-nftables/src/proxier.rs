@@ -430,12 +430,6 @@ impl NftablesProxier {
         }
     }
 
-    /// Uses another table name (tests run several proxiers side by side).
-    pub fn with_table(mut self, table: &str) -> Self {
-        self.table = table.to_string();
-        self
-    }
-
     /// The transaction a full sync of `state` would send to a kernel without
     /// our table: what --dry-run prints (as nft text), and what the tests
     /// hand to the encoders.

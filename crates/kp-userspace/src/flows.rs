@@ -39,10 +39,6 @@ impl<V: Clone> FlowTable<V> {
         }
     }
 
-    pub fn idle_timeout(&self) -> Duration {
-        self.idle
-    }
-
     /// The flow of `client`, if it is younger than the idle timeout and
     /// `usable` (its endpoint still serves the Service).
     pub fn lookup(
