@@ -174,17 +174,6 @@ impl TestCgroup {
             .insert(key.clone(), self.path.clone());
         self.names.push(key);
     }
-
-    /// Runs `f` on a thread inside this cgroup and network namespace `ns`,
-    /// whichever cgroup [`crate::in_netns`] would put a thread of `ns` in
-    /// (a process the test's programs do not see, in a lab namespace).
-    pub fn run_in_netns<T: Send, F: FnOnce() -> T + Send>(
-        &self,
-        ns: &str,
-        f: F,
-    ) -> Result<T, LabError> {
-        crate::netns::in_netns_and_cgroup(ns, Some(self.path.clone()), f)
-    }
 }
 
 /// Moves the calling thread into `cgroup` (a threaded one).

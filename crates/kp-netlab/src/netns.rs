@@ -38,6 +38,21 @@ where
     in_netns_and_cgroup(ns, crate::cgroup::cgroup_for_namespace(ns), f)
 }
 
+impl crate::cgroup::TestCgroup {
+    /// Runs `f` on a thread inside this cgroup and network namespace `ns`,
+    /// whichever cgroup [`in_netns`] would put a thread of `ns` in (a
+    /// process the test's programs do not see, in a lab namespace). Here,
+    /// not in cgroup.rs: the namespace side uses the cgroups, not the
+    /// other way round.
+    pub fn run_in_netns<T: Send, F: FnOnce() -> T + Send>(
+        &self,
+        ns: &str,
+        f: F,
+    ) -> Result<T, LabError> {
+        in_netns_and_cgroup(ns, Some(self.path().to_path_buf()), f)
+    }
+}
+
 /// [`in_netns`] with the thread in `cgroup` (a threaded one) when given.
 pub(crate) fn in_netns_and_cgroup<T, F>(
     ns: &str,

@@ -448,14 +448,18 @@ impl Skeleton {
             .filter(|a| cfg.nodeport_addresses.iter().any(|n| n.contains(*a)))
             .copied()
             .collect();
-        let services_rules: Vec<Rule> =
-            rule::mark_masq_clusterip_unless_local(fam, &cfg.local_detector, cfg.masquerade_all)
-                .into_iter()
-                .chain([
-                    Rule::new(vec![dispatch(MAP_SERVICE_IPS)]),
-                    nodeport_dispatch(MAP_SERVICE_NODEPORTS),
-                ])
-                .collect();
+        let services_rules: Vec<Rule> = rule::mark_masq_clusterip_unless_local(
+            fam,
+            &cfg.local_detector,
+            cfg.masquerade_all,
+            SET_CLUSTER_IPS,
+        )
+        .into_iter()
+        .chain([
+            Rule::new(vec![dispatch(MAP_SERVICE_IPS)]),
+            nodeport_dispatch(MAP_SERVICE_NODEPORTS),
+        ])
+        .collect();
         let mut cluster_check = vec![Rule::new(vec![
             rule::daddr_in(SET_CLUSTER_IPS),
             Expr::Reject,

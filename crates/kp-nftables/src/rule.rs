@@ -65,7 +65,7 @@ pub fn mark_masq() -> Rule {
     Rule::new(vec![jump_masq()])
 }
 
-/// Traffic to any ClusterIP not coming from the cluster (`--cluster-cidr`/
+/// Traffic to any ClusterIP (in set `cluster_ips`) not coming from the cluster (`--cluster-cidr`/
 /// detect-local-mode) gets the masquerade mark; with `masquerade_all` all of
 /// it. None when nothing is masqueraded.
 ///
@@ -81,8 +81,9 @@ pub fn mark_masq_clusterip_unless_local(
     fam: IpFamily,
     detector: &LocalDetector,
     masquerade_all: bool,
+    cluster_ips: &str,
 ) -> Option<Rule> {
-    let mut exprs = vec![daddr_in(crate::render::SET_CLUSTER_IPS)];
+    let mut exprs = vec![daddr_in(cluster_ips)];
     if !masquerade_all {
         exprs.push(local_match(fam, detector, true)?);
     }
