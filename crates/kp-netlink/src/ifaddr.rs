@@ -1,6 +1,7 @@
 //! rtnetlink interface addresses (RTM_*ADDR): the fixed header, the address
 //! attributes and their parsing, shared by IPVS mode (kube-ipvs0) and
 //! userspace mode (Service IPs on lo). Each caller keeps its own messages.
+//! Also [`interface_addresses`], the one getifaddrs(3) walk of the project.
 
 use std::net::IpAddr;
 
@@ -81,8 +82,59 @@ pub fn parse(payload: &[u8]) -> Option<IfAddr<'_>> {
     })
 }
 
+/// Every address on this network namespace's interfaces, with whether its
+/// interface is a loopback one; sorted, without duplicates. Empty if the
+/// kernel cannot be asked (each caller treats that as "no address known").
+pub fn interface_addresses() -> Vec<(IpAddr, bool)> {
+    let mut out = Vec::new();
+    let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills a linked list that we walk read-only and free
+    // once; each sockaddr is read as the type its family says.
+    unsafe {
+        if libc::getifaddrs(&mut ifap) != 0 {
+            return out;
+        }
+        let mut cur = ifap;
+        while !cur.is_null() {
+            let sa = (*cur).ifa_addr;
+            let lo = ((*cur).ifa_flags & libc::IFF_LOOPBACK as libc::c_uint) != 0;
+            if !sa.is_null() {
+                match i32::from((*sa).sa_family) {
+                    libc::AF_INET => {
+                        let sin = &*(sa as *const libc::sockaddr_in);
+                        out.push((IpAddr::from(sin.sin_addr.s_addr.to_ne_bytes()), lo));
+                    }
+                    libc::AF_INET6 => {
+                        let sin6 = &*(sa as *const libc::sockaddr_in6);
+                        out.push((IpAddr::from(sin6.sin6_addr.s6_addr), lo));
+                    }
+                    _ => {}
+                }
+            }
+            cur = (*cur).ifa_next;
+        }
+        libc::freeifaddrs(ifap);
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn interface_addresses_see_loopback_as_loopback() {
+        let all = super::interface_addresses();
+        assert!(
+            all.contains(&("127.0.0.1".parse().unwrap(), true)),
+            "{all:?}"
+        );
+        let mut sorted = all.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(all, sorted);
+    }
+
     use super::*;
 
     #[test]

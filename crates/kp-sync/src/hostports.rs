@@ -93,37 +93,10 @@ fn parse_hex_addr(s: &str) -> Option<IpAddr> {
 
 /// Every address of this network namespace's interfaces.
 fn local_addresses() -> Vec<IpAddr> {
-    let mut out = Vec::new();
-    let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills a linked list that we walk read-only and free
-    // once; each sockaddr is read as the type its family says.
-    unsafe {
-        if libc::getifaddrs(&mut ifap) != 0 {
-            return out;
-        }
-        let mut p = ifap;
-        while !p.is_null() {
-            let a = (*p).ifa_addr;
-            if !a.is_null() {
-                match i32::from((*a).sa_family) {
-                    libc::AF_INET => {
-                        let sin = &*(a as *const libc::sockaddr_in);
-                        out.push(IpAddr::V4(Ipv4Addr::from(u32::from_be(
-                            sin.sin_addr.s_addr,
-                        ))));
-                    }
-                    libc::AF_INET6 => {
-                        let sin6 = &*(a as *const libc::sockaddr_in6);
-                        out.push(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)));
-                    }
-                    _ => {}
-                }
-            }
-            p = (*p).ifa_next;
-        }
-        libc::freeifaddrs(ifap);
-    }
-    out
+    kp_netlink::ifaddr::interface_addresses()
+        .into_iter()
+        .map(|(ip, _)| ip)
+        .collect()
 }
 
 #[cfg(test)]

@@ -134,37 +134,7 @@ pub(crate) fn shutdown_write(fd: RawFd) {
 /// `VipMode::Loopback` every Service IP is one: the proxier reads it on full
 /// syncs only.
 pub(crate) fn local_addresses() -> Vec<(IpAddr, bool)> {
-    let mut out = Vec::new();
-    // SAFETY: getifaddrs fills a linked list we walk read-only and free once.
-    unsafe {
-        let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
-        if libc::getifaddrs(&mut ifap) != 0 {
-            return out;
-        }
-        let mut cur = ifap;
-        while !cur.is_null() {
-            let sa = (*cur).ifa_addr;
-            let lo = ((*cur).ifa_flags & libc::IFF_LOOPBACK as libc::c_uint) != 0;
-            if !sa.is_null() {
-                match (*sa).sa_family as i32 {
-                    libc::AF_INET => {
-                        let sin = &*(sa as *const libc::sockaddr_in);
-                        out.push((IpAddr::from(sin.sin_addr.s_addr.to_ne_bytes()), lo));
-                    }
-                    libc::AF_INET6 => {
-                        let sin6 = &*(sa as *const libc::sockaddr_in6);
-                        out.push((IpAddr::from(sin6.sin6_addr.s6_addr), lo));
-                    }
-                    _ => {}
-                }
-            }
-            cur = (*cur).ifa_next;
-        }
-        libc::freeifaddrs(ifap);
-    }
-    out.sort();
-    out.dedup();
-    out
+    kp_netlink::ifaddr::interface_addresses()
 }
 
 /// A pipe for splice(2): socket -> pipe -> socket moves page references

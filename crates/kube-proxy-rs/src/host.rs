@@ -192,35 +192,10 @@ pub fn init_only(cfg: &ProxyConfig) -> anyhow::Result<()> {
 /// This host's addresses (no loopback, no link-local), for NodePorts and
 /// health-check ports when the Node object does not tell.
 pub fn local_addresses() -> Vec<IpAddr> {
-    let mut out = Vec::new();
-    // SAFETY: getifaddrs fills a linked list we walk read-only and free once.
-    unsafe {
-        let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
-        if libc::getifaddrs(&mut ifap) != 0 {
-            return out;
-        }
-        let mut cur = ifap;
-        while !cur.is_null() {
-            let sa = (*cur).ifa_addr;
-            if !sa.is_null() {
-                match (*sa).sa_family as i32 {
-                    libc::AF_INET => {
-                        let sin = &*(sa as *const libc::sockaddr_in);
-                        out.push(IpAddr::from(
-                            u32::from_be(sin.sin_addr.s_addr).to_be_bytes(),
-                        ));
-                    }
-                    libc::AF_INET6 => {
-                        let sin6 = &*(sa as *const libc::sockaddr_in6);
-                        out.push(IpAddr::from(sin6.sin6_addr.s6_addr));
-                    }
-                    _ => {}
-                }
-            }
-            cur = (*cur).ifa_next;
-        }
-        libc::freeifaddrs(ifap);
-    }
+    let mut out: Vec<IpAddr> = kp_netlink::ifaddr::interface_addresses()
+        .into_iter()
+        .map(|(ip, _)| ip)
+        .collect();
     out.retain(|ip| match ip {
         IpAddr::V4(v) => !v.is_loopback() && !v.is_link_local() && !v.is_unspecified(),
         IpAddr::V6(v) => {
