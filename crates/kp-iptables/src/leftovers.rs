@@ -10,8 +10,8 @@ use std::fmt::Write;
 
 use kp_model::DataplaneError;
 
-use crate::backend::IptablesBackend;
 use crate::render::{is_our_chain, CANARY_CHAIN};
+use kp_xtables::IptablesBackend;
 
 /// Chains only upstream's ipvs mode creates (pkg/proxy/ipvs), per table. The
 /// rest of its chains (KUBE-SERVICES, KUBE-POSTROUTING, KUBE-MARK-MASQ,

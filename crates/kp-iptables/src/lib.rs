@@ -18,12 +18,15 @@ mod nft;
 mod proxier;
 mod render;
 
-pub use backend::{chain_names, detect_variant, select, IptablesBackend, IptablesCli, Variant};
+pub use backend::select;
+pub use kp_xtables::{
+    chain_names, detect_variant, missing_jumps, with_jumps, IptablesBackend, IptablesCli, Jump,
+    Variant,
+};
 pub use nft::IptablesNetlink;
 pub use proxier::{init_host, IptablesProxier};
 pub use render::{
-    comment, is_our_chain, jumps, missing_jumps, packet_chains, probability, render_service,
-    sep_chain, svc_chain, with_jumps, Jump, ServiceRules, Skeleton, CANARY_CHAIN, EXTERNAL_CHAIN,
-    FIREWALL_CHAIN, FORWARD_CHAIN, MARK_MASQ_CHAIN, NODEPORTS_CHAIN, POSTROUTING_CHAIN,
-    SERVICES_CHAIN,
+    comment, is_our_chain, jumps, packet_chains, probability, render_service, sep_chain, svc_chain,
+    ServiceRules, Skeleton, CANARY_CHAIN, EXTERNAL_CHAIN, FIREWALL_CHAIN, FORWARD_CHAIN,
+    MARK_MASQ_CHAIN, NODEPORTS_CHAIN, POSTROUTING_CHAIN, SERVICES_CHAIN,
 };

@@ -12,11 +12,13 @@ use kp_model::{
 
 use kp_netlink::{Sysctl, SysctlError};
 
-use crate::backend::IptablesBackend;
+use kp_xtables::IptablesBackend;
+use kp_xtables::{with_jumps, Jump};
+
 use crate::render::{
-    is_our_chain, jumps, render_service, with_jumps, Jump, ServiceRules, Skeleton, CANARY_CHAIN,
-    EXTERNAL_CHAIN, FIREWALL_CHAIN, FORWARD_CHAIN, MANGLE_CHAINS, MARK_MASQ_CHAIN, NAT_CHAINS,
-    NODEPORTS_CHAIN, POSTROUTING_CHAIN, SERVICES_CHAIN,
+    is_our_chain, jumps, render_service, ServiceRules, Skeleton, CANARY_CHAIN, EXTERNAL_CHAIN,
+    FIREWALL_CHAIN, FORWARD_CHAIN, MANGLE_CHAINS, MARK_MASQ_CHAIN, NAT_CHAINS, NODEPORTS_CHAIN,
+    POSTROUTING_CHAIN, SERVICES_CHAIN,
 };
 
 const ROUTE_LOCALNET: &str = "net/ipv4/conf/all/route_localnet";

@@ -13,6 +13,7 @@ use kp_model::{
     chain_hash, Endpoint, EndpointSelection, EndpointSet, IpFamily, LocalDetector, NoEndpoints,
     NodeInfo, ProxierConfig, ServicePort,
 };
+use kp_xtables::Jump;
 
 pub const SERVICES_CHAIN: &str = "KUBE-SERVICES";
 pub const EXTERNAL_CHAIN: &str = "KUBE-EXTERNAL-SERVICES";
@@ -61,15 +62,6 @@ pub fn is_our_chain(table: &str, chain: &str) -> bool {
     }
 }
 
-/// A jump from a builtin chain into one of ours (upstream's iptablesJumpChains).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Jump {
-    pub table: &'static str,
-    pub from: &'static str,
-    /// Rule arguments after the chain name, as passed to `iptables -C/-I/-D`.
-    pub args: Vec<String>,
-}
-
 fn jump(table: &'static str, from: &'static str, to: &str, comment: &str, new_only: bool) -> Jump {
     let mut args = Vec::new();
     if new_only {
@@ -77,65 +69,6 @@ fn jump(table: &'static str, from: &'static str, to: &str, comment: &str, new_on
     }
     args.extend(["-m", "comment", "--comment", comment, "-j", to].map(String::from));
     Jump { table, from, args }
-}
-
-impl Jump {
-    /// The arguments as one line of iptables-restore/-save syntax (comments
-    /// with spaces quoted).
-    pub fn args_text(&self) -> String {
-        self.args
-            .iter()
-            .map(|a| {
-                if a.contains(' ') {
-                    format!("\"{a}\"")
-                } else {
-                    a.clone()
-                }
-            })
-            .collect::<Vec<_>>()
-            .join(" ")
-    }
-
-    /// The rule as `iptables-save` lists it.
-    pub fn save_line(&self) -> String {
-        format!("-A {} {}", self.from, self.args_text())
-    }
-}
-
-/// The jumps of `jumps` in `table` that `listed` (that table's `iptables-save`
-/// output) does not hold.
-pub fn missing_jumps<'a>(jumps: &'a [Jump], table: &str, listed: &str) -> Vec<&'a Jump> {
-    jumps
-        .iter()
-        .filter(|j| j.table == table)
-        .filter(|j| {
-            let line = j.save_line();
-            !listed.lines().any(|l| l == line)
-        })
-        .collect()
-}
-
-/// `input` with `-I CHAIN 1 ...` lines for the jumps of `missing` added at the
-/// end of their table's section: the jumps are ensured in the same
-/// `iptables-restore` run as the chains they lead to. With a large table one
-/// `iptables -C` or `-I` costs as much as a restore (iptables-legacy reads and
-/// writes the whole table, 1-5 s each at 10k Services).
-pub fn with_jumps(input: &str, missing: &[&Jump]) -> String {
-    let mut out = String::with_capacity(input.len() + missing.len() * 128);
-    let mut table = "";
-    for line in input.lines() {
-        if let Some(t) = line.strip_prefix('*') {
-            table = t;
-        }
-        if line == "COMMIT" {
-            for j in missing.iter().filter(|j| j.table == table) {
-                out.push_str(&format!("-I {} 1 {}\n", j.from, j.args_text()));
-            }
-        }
-        out.push_str(line);
-        out.push('\n');
-    }
-    out
 }
 
 /// Every jump we install, in upstream's order.

@@ -7,9 +7,9 @@ use std::fmt::Write;
 use std::net::IpAddr;
 use std::time::Instant;
 
-use kp_iptables::{IptablesBackend, IptablesCli};
 use kp_model::{Dataplane, DataplaneError, IpFamily, ProxyState, ServicePortName, SyncReport};
 use kp_netlink::Sysctl;
+use kp_xtables::{IptablesBackend, IptablesCli};
 
 use crate::ipset::{self, IpsetBackend, IpsetCli};
 use crate::ipvs::{IpvsClient, VsKey};
@@ -223,7 +223,7 @@ impl IpvsProxier {
         let mut missing = Vec::new();
         for table in ["nat", "filter"] {
             let listed = self.iptables.save_table(table)?;
-            missing.extend(kp_iptables::missing_jumps(&jumps, table, &listed));
+            missing.extend(kp_xtables::missing_jumps(&jumps, table, &listed));
         }
         let input = rules::with_jumps(&rules::restore_input(&self.cfg.proxier), &missing);
         self.iptables.restore(&input)?;

@@ -1,8 +1,8 @@
 //! The small fixed iptables ruleset of IPVS mode. It depends only on the
 //! configuration: per-Service data lives in the ipsets it matches.
 
-use kp_iptables::Jump;
 use kp_model::{LocalDetector, ProxierConfig};
+use kp_xtables::Jump;
 
 use crate::ipset::name;
 
@@ -202,7 +202,7 @@ pub fn jumps() -> Vec<Jump> {
     ]
 }
 
-pub use kp_iptables::with_jumps;
+pub use kp_xtables::with_jumps;
 
 /// Whether `chain` in `table` is one of ours (for --cleanup).
 pub fn is_our_chain(table: &str, chain: &str) -> bool {

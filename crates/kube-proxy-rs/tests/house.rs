@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 /// Crates that exist for tests, benchmarks and the demo.
 const LAB: &[&str] = &["kp-netlab", "kp-testkit", "kp-bench", "kp-demo"];
-/// The dataplanes and the sources: each builds on the model and kp-netlink
-/// only.
+/// The dataplanes and the sources: each builds on the model and the shared
+/// layers (kp-netlink, kp-xtables) only.
 const PARTS: &[&str] = &[
     "kp-nftables",
     "kp-iptables",
@@ -18,9 +18,9 @@ const PARTS: &[&str] = &[
     "kp-socketlb",
     "kp-source",
 ];
-/// Known exceptions to [`PARTS`], each to be removed (issue 36: the
-/// iptables restore runner moves below kp-ipvs).
-const PART_EXCEPTIONS: &[(&str, &str)] = &[("kp-ipvs", "kp-iptables")];
+/// Known exceptions to [`PARTS`], each to be removed (none left: the
+/// iptables restore runner kp-ipvs used is kp-xtables, below both modes).
+const PART_EXCEPTIONS: &[(&str, &str)] = &[];
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -30,9 +30,9 @@ use kp_netlink::{
     Attrs, ParsedAttrs, Until, NLA_F_NESTED, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_DUMP,
 };
 
-use crate::backend::{IptablesBackend, IptablesCli, Variant};
-use crate::render::Jump;
 pub use encode::Family;
+use kp_xtables::Jump;
+use kp_xtables::{IptablesBackend, IptablesCli, Variant};
 use rule::{parse_rule, restore_lines, Line};
 
 const TOOL: &str = "iptables-nft over netlink";
