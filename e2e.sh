@@ -102,13 +102,13 @@ inlab "$BIN/ginkgo" --procs=$PROCS --timeout=100m --no-color --silence-skips \
   --junit-report=junit.xml --json-report=report.json --output-dir="$REPORT" \
   "$BIN/e2e.test" -- \
   --provider=skeleton --kubeconfig="$RUN/admin.kubeconfig" --kubectl-path="$BIN/kubectl" \
-  --disable-log-dump --dump-logs-on-failure=false --minStartupPods=0 \
+  --num-nodes=$NODES --disable-log-dump --dump-logs-on-failure=false --minStartupPods=0 \
   > "$REPORT/ginkgo.log" 2>&1
 GINKGO_RC=$?
 set -e
 T_RUN=$((SECONDS - T1))
 log "suite finished in ${T_RUN}s (ginkgo exit $GINKGO_RC; log $REPORT/ginkgo.log)"
-[ $KEEP = 1 ] || { kc -n kube-system logs -l k8s-app --all-containers --prefix --tail=-1 > "$REPORT/proxy.log" 2>&1 || true; }
+kc -n kube-system logs -l k8s-app --all-containers --prefix --tail=-1 > "$REPORT/proxy.log" 2>&1 || true
 SUMMARY=$(python3 "$E2E/report.py" summary "$REPORT/junit.xml" --focus "$FOCUS" --proxy "$PROXY" --mode "$MODE" \
   --up "$T_UP" --run "$T_RUN" --tree "$TREE" --out "$REPORT/result.json") || SUMMARY="0 passed, 0 failed, 0 skipped"
 
