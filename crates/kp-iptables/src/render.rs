@@ -234,6 +234,12 @@ pub fn render_service(
     out.no_local = sel.no_local();
     let has_internal = sel.has_internal();
     let has_external = sel.has_external();
+    // Upstream's usesExternalChain: also with eTP=Local and no endpoint on
+    // this node, as long as the cluster has some, so that pods and the node
+    // itself are still short-circuited to them; other traffic falls through
+    // the chain and KUBE-EXTERNAL-SERVICES (INPUT, FORWARD) drops it.
+    let uses_external_chain =
+        has_external || (sel.external.is_local() && sel.externally_accessible && sel.has_cluster());
 
     // Per-endpoint chains, for every endpoint either policy may pick.
     let mut seps: Vec<(String, Vec<String>)> = Vec::new();
@@ -320,7 +326,7 @@ pub fn render_service(
         out.nat_chains.push((chain.clone(), rules));
     }
 
-    if has_external {
+    if uses_external_chain {
         let mut rules = Vec::new();
         if !sel.external.is_local() {
             rules.push(format!(
@@ -352,7 +358,9 @@ pub fn render_service(
                 ))
             ));
         }
-        rules.push(format!("-A {ext} -j {external_policy_chain}"));
+        if has_external {
+            rules.push(format!("-A {ext} -j {external_policy_chain}"));
+        }
         out.nat_chains.push((ext.clone(), rules));
     }
 
@@ -386,14 +394,15 @@ pub fn render_service(
         .filter(|ip| *ip != sp.cluster_ip && !lb_ips.contains(ip))
         .collect();
     for ip in &ext_ips {
-        if has_external {
+        if uses_external_chain {
             out.nat_services.push(format!(
                 "-A {SERVICES_CHAIN} {} {pmatch} -d {} --dport {} -j {ext}",
                 comment(&format!("{name} external IP")),
                 host(ip),
                 sp.port
             ));
-        } else {
+        }
+        if !has_external {
             out.filter_external.push(format!(
                 "-A {EXTERNAL_CHAIN} {} {pmatch} -d {} --dport {} -j {no_ep_target}",
                 comment(&format!("{name} {no_ep_text}")),
@@ -409,7 +418,7 @@ pub fn render_service(
         .iter()
         .filter(|n| same_family(fam, n))
         .collect();
-    let uses_fw = has_external && !sp.load_balancer_source_ranges.is_empty();
+    let uses_fw = uses_external_chain && !sp.load_balancer_source_ranges.is_empty();
     if uses_fw && !lb_ips.is_empty() {
         let c = comment(&format!("{name} loadbalancer IP"));
         let mut rules: Vec<String> = ranges
@@ -434,7 +443,7 @@ pub fn render_service(
         out.nat_chains.push((fw.clone(), rules));
     }
     for ip in &lb_ips {
-        if has_external {
+        if uses_external_chain {
             let target = if uses_fw { &fw } else { &ext };
             out.nat_services.push(format!(
                 "-A {SERVICES_CHAIN} {} {pmatch} -d {} --dport {} -j {target}",
@@ -452,7 +461,8 @@ pub fn render_service(
                     sp.port
                 ));
             }
-        } else {
+        }
+        if !has_external {
             out.filter_external.push(format!(
                 "-A {EXTERNAL_CHAIN} {} {pmatch} -d {} --dport {} -j {no_ep_target}",
                 comment(&format!("{name} {no_ep_text}")),
@@ -464,13 +474,14 @@ pub fn render_service(
 
     // NodePort.
     if sp.node_port != 0 {
-        if has_external {
+        if uses_external_chain {
             out.nat_nodeports.push(format!(
                 "-A {NODEPORTS_CHAIN} {} {pmatch} --dport {} -j {ext}",
                 comment(&name),
                 sp.node_port
             ));
-        } else {
+        }
+        if !has_external {
             for dst in nodeport_destinations(cfg) {
                 out.filter_external.push(format!(
                     "-A {EXTERNAL_CHAIN} {} {dst} {pmatch} --dport {} -j {no_ep_target}",

@@ -275,10 +275,25 @@ fn external_policy_local() {
     );
     assert_eq!(r.no_local, (false, false));
 
-    // No local endpoint: external traffic is dropped (it exists elsewhere).
+    // No local endpoint: external traffic is dropped (it exists elsewhere),
+    // but pods and the node itself are still short-circuited to the
+    // cluster's endpoints through the external chain, as upstream's.
     let r = render_service(&s, &eps[1..], &cfg(), &node());
     assert_eq!(r.no_local, (false, true));
-    assert!(r.nat_nodeports.is_empty());
+    assert_eq!(
+        r.nat_nodeports,
+        vec![format!(
+            "-A KUBE-NODEPORTS -m comment --comment \"{H}\" -m tcp -p tcp --dport 30060 -j {ext}"
+        )]
+    );
+    assert_eq!(
+        chain(&r, &ext),
+        &[
+            format!("-A {ext} -m comment --comment \"pod traffic for {H} external destinations\" -s 10.244.0.0/16 -j {svc}"),
+            format!("-A {ext} -m comment --comment \"masquerade LOCAL traffic for {H} external destinations\" -m addrtype --src-type LOCAL -j KUBE-MARK-MASQ"),
+            format!("-A {ext} -m comment --comment \"route LOCAL traffic for {H} external destinations\" -m addrtype --src-type LOCAL -j {svc}"),
+        ]
+    );
     assert_eq!(
         r.filter_external,
         vec![format!("-A KUBE-EXTERNAL-SERVICES -m comment --comment \"{H} has no local endpoints\" -m addrtype --dst-type LOCAL ! -d 127.0.0.0/8 -m tcp -p tcp --dport 30060 -j DROP")]

@@ -254,7 +254,13 @@ pub fn render_service(
     }
 
     let has_external = cat.has_external();
-    if has_external {
+    // Upstream's "uses the external chain": also with eTP=Local and no
+    // endpoint on this node, as long as the cluster has some, so that pods
+    // and the node itself are still short-circuited to them; external
+    // traffic falls through the chain and the no-endpoint maps drop it.
+    let uses_external_chain = has_external
+        || (cat.external.is_local() && cat.externally_accessible && !cat.cluster.is_empty());
+    if uses_external_chain {
         let mut rules = Vec::new();
         if sp.external_policy_local {
             if !cat.cluster.is_empty() {
@@ -265,10 +271,12 @@ pub fn render_service(
                 ));
                 rules.extend(rule::node_local_to_cluster(&svc_chain));
             }
-            rules.push(rule::verdict(
-                Verdict::Goto(local_chain.as_str().into()),
-                "local endpoints only",
-            ));
+            if cat.has_local() {
+                rules.push(rule::verdict(
+                    Verdict::Goto(local_chain.as_str().into()),
+                    "local endpoints only",
+                ));
+            }
         } else {
             rules.push(rule::mark_masq());
             rules.push(rule::verdict(
@@ -315,13 +323,14 @@ pub fn render_service(
         .filter(|ip| *ip != sp.cluster_ip)
         .collect();
     for ip in &external_ips {
-        if has_external {
+        if uses_external_chain {
             out.elements.push(Element {
                 map: MapName::Fixed(&MAP_SERVICE_IPS),
                 key: key(*ip),
                 value: Some(ElemValue::Verdict(Verdict::Goto(ext_chain.as_str().into()))),
             });
-        } else {
+        }
+        if !has_external {
             out.elements.push(Element {
                 map: MapName::Fixed(&MAP_NO_EP_SERVICES),
                 key: key(*ip),
@@ -331,13 +340,14 @@ pub fn render_service(
     }
     if sp.node_port != 0 {
         let k = ElemKey::ProtoPort(sp.protocol, sp.node_port);
-        if has_external {
+        if uses_external_chain {
             out.elements.push(Element {
                 map: MapName::Fixed(&MAP_SERVICE_NODEPORTS),
-                key: k,
+                key: k.clone(),
                 value: Some(ElemValue::Verdict(Verdict::Goto(ext_chain.as_str().into()))),
             });
-        } else {
+        }
+        if !has_external {
             out.elements.push(Element {
                 map: MapName::Fixed(&MAP_NO_EP_NODEPORTS),
                 key: k,

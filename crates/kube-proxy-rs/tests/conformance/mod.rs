@@ -1193,6 +1193,22 @@ pub fn external_policy_local(mode: &str) {
     env.wait("health check 503 on node2", || {
         http_get(&cl, sa("10.100.0.12", 32100), "/").is_some_and(|(s, _)| s == 503)
     });
+    // The node without an endpoint itself, and a pod on it, are
+    // short-circuited to the cluster's endpoints (e2e "should implement
+    // NodePort and HealthCheckNodePort correctly when ExternalTrafficPolicy
+    // changes": a hostNetwork pod on a node without an endpoint calls its
+    // node's own NodePort). Not in IPVS mode: a virtual server has one set of real
+    // servers whoever the client is, upstream's IPVS mode has no
+    // short-circuit either (docs/ipvs.md).
+    if proxy_mode(&env.mode) == "ipvs" {
+        return;
+    }
+    let node2 = env.cluster.node_ns(2).to_string();
+    let r = env.wait_tcp(&node2, sa("10.100.0.12", 30060));
+    assert_eq!(r.server, "a", "node2 calling its own NodePort");
+    let b = env.pod(2, "b");
+    let r = env.wait_tcp(b.ns(), sa("10.100.0.12", 30060));
+    assert_eq!(r.server, "a", "a pod on node2 calling node2's NodePort");
 }
 
 /// Case 7: internalTrafficPolicy=Local: pods reach only endpoints on their node.
