@@ -807,3 +807,34 @@ fn refusals_named_in_the_migration_guide() {
         "the error names the field"
     );
 }
+
+/// An explicit 0 for the conntrack TCP timeouts means "leave the node's
+/// sysctl as it is" (upstream's pointer fields and flags), in the file and
+/// on the command line; unset takes upstream's defaults (24 h, 1 h).
+/// Found by the e2e lab: the init container wrote 86400 and 3600 over 0s.
+#[test]
+fn zero_conntrack_tcp_timeouts_are_kept() {
+    let yaml = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
+                conntrack:\n  tcpEstablishedTimeout: 0s\n  tcpCloseWaitTimeout: 0s\n";
+    let c = load_file("ct0", yaml, &["--hostname-override", "n1"]).unwrap();
+    assert_eq!(c.conntrack.tcp_established_timeout, Duration::ZERO);
+    assert_eq!(c.conntrack.tcp_close_wait_timeout, Duration::ZERO);
+    let c = load(args(&[
+        "--conntrack-tcp-timeout-established=0",
+        "--conntrack-tcp-timeout-close-wait=0s",
+        "--hostname-override",
+        "n1",
+    ]))
+    .unwrap();
+    assert_eq!(c.conntrack.tcp_established_timeout, Duration::ZERO);
+    assert_eq!(c.conntrack.tcp_close_wait_timeout, Duration::ZERO);
+    let c = load(args(&["--hostname-override", "n1"])).unwrap();
+    assert_eq!(
+        c.conntrack.tcp_established_timeout,
+        Duration::from_secs(24 * 3600)
+    );
+    assert_eq!(
+        c.conntrack.tcp_close_wait_timeout,
+        Duration::from_secs(3600)
+    );
+}

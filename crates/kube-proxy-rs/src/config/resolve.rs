@@ -28,6 +28,13 @@ fn duration_field_keep_zero(value: Option<GoDuration>) -> Duration {
     value.map_or(Duration::ZERO, |g| g.0)
 }
 
+/// A duration field defaulted only when unset: an explicit zero is kept
+/// (upstream's pointer fields, e.g. conntrack.tcpEstablishedTimeout, where
+/// 0 means "leave the node's sysctl as it is").
+fn duration_field_unset_default(value: Option<GoDuration>, default: Duration) -> Duration {
+    value.map_or(default, |g| g.0)
+}
+
 fn masquerade_bit(field: &str, v: i32) -> Result<u8, ConfigError> {
     if (0..=31).contains(&v) {
         Ok(v as u8)
@@ -280,11 +287,11 @@ pub(super) fn resolve(mut raw: KubeProxyConfiguration) -> Result<ProxyConfig, Co
     let conntrack = ConntrackSettings {
         max_per_core: ct.max_per_core.unwrap_or(32768),
         min: ct.min.unwrap_or(131072),
-        tcp_established_timeout: duration_field(
+        tcp_established_timeout: duration_field_unset_default(
             ct.tcp_established_timeout,
             Duration::from_secs(24 * 3600),
         ),
-        tcp_close_wait_timeout: duration_field(
+        tcp_close_wait_timeout: duration_field_unset_default(
             ct.tcp_close_wait_timeout,
             Duration::from_secs(3600),
         ),
