@@ -125,7 +125,7 @@ has_cidr() { [ -n "$(kc get node $1 -o jsonpath='{.spec.podCIDR}' 2>/dev/null)" 
 net() {
   local n=$I j cidr
   for j in $(seq 1 $n); do
-    wait_for 60 has_cidr $(node_name $j) || die "node $(node_name $j) got no podCIDR"
+    wait_for 180 has_cidr $(node_name $j) || die "node $(node_name $j) got no podCIDR"
   done
   for j in $(seq 1 $n); do
     cidr=$(kc get node $(node_name $j) -o jsonpath='{.spec.podCIDR}')
