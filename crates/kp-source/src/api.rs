@@ -23,6 +23,7 @@ use tokio::sync::mpsc::{self, Sender};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
+use crate::service::ProxiedService;
 use crate::{SourceError, SourceEvent};
 
 /// The selector upstream kube-proxy applies to Services and EndpointSlices:
@@ -221,11 +222,13 @@ fn watch_streams(
     cfg: &watcher::Config,
     node_cfg: &watcher::Config,
 ) -> SelectAll<BoxStream<'static, Item>> {
+    // Read through ProxiedService (service.rs): one Service that
+    // k8s-openapi's type cannot decode must not stop the Service watch.
     let services = relist_backoff(watcher::watcher(
-        Api::<Service>::all(client.clone()),
+        Api::<ProxiedService>::all(client.clone()),
         cfg.clone(),
     ))
-    .map(|r| Item::Service(Box::new(r)))
+    .map(|r| Item::Service(Box::new(r.map(service_event))))
     .boxed();
     let slices = relist_backoff(watcher::watcher(
         Api::<EndpointSlice>::all(client.clone()),
@@ -240,6 +243,17 @@ fn watch_streams(
     .map(|r| Item::Node(Box::new(r)))
     .boxed();
     futures::stream::select_all([services, slices, nodes])
+}
+
+/// A watch event of the proxy's Service type as one of k8s-openapi's.
+fn service_event(e: Event<ProxiedService>) -> Event<Service> {
+    match e {
+        Event::Apply(s) => Event::Apply(s.into()),
+        Event::Delete(s) => Event::Delete(s.into()),
+        Event::Init => Event::Init,
+        Event::InitApply(s) => Event::InitApply(s.into()),
+        Event::InitDone => Event::InitDone,
+    }
 }
 
 /// A watcher's retries: kube-runtime's default policy (0.8 s doubling to

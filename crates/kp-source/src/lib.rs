@@ -16,6 +16,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 pub mod api;
 pub mod manifest;
+pub mod service;
 
 pub use api::{
     label_selector, list_node, run_api_source, ApiSourceOptions, DEFAULT_LABEL_SELECTOR,

@@ -216,7 +216,11 @@ fn load_value(mut v: Value, origin: &str, out: &mut Loaded) {
             }
         }
         ("v1", "Service") => {
-            if let Some(mut svc) = decode::<Service>(v, origin, kind, out) {
+            // As the API source reads it (service.rs): what the proxy does
+            // not read cannot make the Service invalid.
+            if let Some(mut svc) =
+                decode::<crate::service::ProxiedService>(v, origin, kind, out).map(Service::from)
+            {
                 if let Some(key) = namespaced_key(&mut svc.metadata, origin, kind, out) {
                     out.services.insert(key, svc);
                 }

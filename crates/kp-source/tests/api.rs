@@ -451,3 +451,41 @@ async fn source_returns_when_the_channel_closes() {
         .unwrap();
     assert!(res.is_ok(), "{res:?}");
 }
+
+/// A Service k8s-openapi's type cannot decode (e2e's "should complete a
+/// service status lifecycle" writes a status condition without
+/// lastTransitionTime; the API server keeps it as null) is delivered, and
+/// the Service watch goes on: it used to fail every list and watch event
+/// while such a Service existed.
+#[tokio::test]
+async fn a_service_with_a_condition_without_time_does_not_stop_the_watch() {
+    let server = ApiServer::start().await;
+    let mut src = start(&server);
+    src.until("synced").await;
+    server.apply_service_json(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"namespace": "default", "name": "status"},
+        "spec": {"clusterIP": "10.96.0.11", "ports": [{"name": "http", "port": 81, "protocol": "TCP"}]},
+        "status": {
+            "loadBalancer": {"ingress": [{"ip": "203.0.113.1"}]},
+            "conditions": [{"type": "StatusUpdate", "status": "True", "reason": "E2E",
+                            "message": "Set from e2e test", "lastTransitionTime": null}]
+        }
+    }));
+    src.until("svc+ default/status:81").await;
+    server.apply_service(service("default", "after", 82, json!({})));
+    let got = src.until("svc+ default/after:82").await;
+    assert!(
+        !got.iter().any(|e| e.starts_with("disconnected")),
+        "{got:?}"
+    );
+    // A relist (what a restart or an expired watch does) reads it too.
+    server.compact();
+    server.drop_watches();
+    server.apply_service(service("default", "later", 83, json!({})));
+    let got = src.until("svc+ default/later:83").await;
+    assert!(
+        !got.iter().any(|e| e.starts_with("disconnected")),
+        "{got:?}"
+    );
+}

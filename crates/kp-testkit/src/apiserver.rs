@@ -621,6 +621,13 @@ impl ApiServer {
         self.apply(Kind::Service, &svc);
     }
 
+    /// Creates or replaces a Service given as JSON: what a real API server
+    /// serves but k8s-openapi's `Service` cannot hold (a status condition
+    /// without its `lastTransitionTime`, say).
+    pub fn apply_service_json(&self, svc: Value) {
+        self.apply(Kind::Service, &svc);
+    }
+
     pub fn delete_service(&self, namespace: &str, name: &str) {
         self.state().delete(Kind::Service, namespace, name);
     }
