@@ -336,6 +336,9 @@ pub fn remove(pin_dir: &Path) -> Result<bool, SocketLbError> {
         removed |= remove_file(&pin_dir.join(m))?;
     }
     for d in [links.as_path(), pin_dir] {
+        if is_missing(d) {
+            continue;
+        }
         match std::fs::remove_dir(d) {
             Ok(()) => removed = true,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -347,7 +350,17 @@ pub fn remove(pin_dir: &Path) -> Result<bool, SocketLbError> {
     Ok(removed)
 }
 
+/// Nothing at `p`. Asked before unlinking: on a read-only filesystem (a
+/// container's /sys without a bpffs) unlink and rmdir answer EROFS even for
+/// a name that is not there, and "nothing to remove" must not be an error.
+fn is_missing(p: &Path) -> bool {
+    matches!(std::fs::symlink_metadata(p), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
+}
+
 fn remove_file(p: &Path) -> Result<bool, SocketLbError> {
+    if is_missing(p) {
+        return Ok(false);
+    }
     match std::fs::remove_file(p) {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),

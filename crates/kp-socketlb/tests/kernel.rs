@@ -352,3 +352,32 @@ fn a_new_version_replaces_the_adopted_programs_in_place() {
         Installed::Adopted { upgraded: 0 }
     );
 }
+
+/// `remove` on a read-only filesystem without our pins (a container's /sys
+/// with no bpffs, where every other mode sweeps socket-lb's leftovers at
+/// start): nothing there, nothing removed, no error. unlink and rmdir answer
+/// EROFS there even for a missing name. (Root: a read-only tmpfs of the
+/// test's own, unmounted after.)
+#[test]
+fn removing_from_a_read_only_place_without_pins_is_no_error() {
+    let dir = std::env::temp_dir().join(format!("kp-slb-ro-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+            let _ = std::fs::remove_dir(&self.0);
+        }
+    }
+    let ok = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "ro,size=64k", "kp-slb-ro"])
+        .arg(&dir)
+        .status()
+        .is_ok_and(|s| s.success());
+    let _guard = Unmount(dir.clone());
+    assert!(ok, "mounting a read-only tmpfs on {}", dir.display());
+    let pins = dir.join("kube-proxy-rs");
+    // The filesystem really is read-only.
+    assert!(std::fs::create_dir(&pins).is_err());
+    assert!(!kp_socketlb::remove(&pins).unwrap());
+}
