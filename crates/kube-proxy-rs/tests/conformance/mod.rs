@@ -1871,6 +1871,15 @@ pub fn api_topology_hints(mode: &str) {
     let vip = sa("10.96.0.180", 80);
     env.wait_tcp(client1.ns(), vip);
     env.wait_tcp(client2.ns(), vip);
+    // A proxy may program the Service before it has read its Node's zone
+    // (seen with upstream's under load in CI: both endpoints at first): wait
+    // until each node has taken the hints into account, then count.
+    for (client, want) in [(&client1, "a"), (&client2, "c")] {
+        env.wait(&format!("{} reaching only {want}", client.ns()), || {
+            let c = count_by_server(&tcp_hello_many(client.ns(), vip, 10, T));
+            c.keys().collect::<Vec<_>>() == vec![want]
+        });
+    }
     let c1 = count_by_server(&tcp_hello_many(client1.ns(), vip, 30, T));
     let c2 = count_by_server(&tcp_hello_many(client2.ns(), vip, 30, T));
     assert_eq!(c1.keys().collect::<Vec<_>>(), vec!["a"], "zone-1: {c1:?}");
