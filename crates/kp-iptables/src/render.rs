@@ -234,12 +234,9 @@ pub fn render_service(
     out.no_local = sel.no_local();
     let has_internal = sel.has_internal();
     let has_external = sel.has_external();
-    // Upstream's usesExternalChain: also with eTP=Local and no endpoint on
-    // this node, as long as the cluster has some, so that pods and the node
-    // itself are still short-circuited to them; other traffic falls through
-    // the chain and KUBE-EXTERNAL-SERVICES (INPUT, FORWARD) drops it.
-    let uses_external_chain =
-        has_external || (sel.external.is_local() && sel.externally_accessible && sel.has_cluster());
+    // Traffic that falls through the external chain is dropped by
+    // KUBE-EXTERNAL-SERVICES (INPUT, FORWARD).
+    let uses_external_chain = sel.uses_external_chain();
 
     // Per-endpoint chains, for every endpoint either policy may pick.
     let mut seps: Vec<(String, Vec<String>)> = Vec::new();

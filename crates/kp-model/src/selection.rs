@@ -130,6 +130,17 @@ impl<'a> EndpointSelection<'a> {
         !self.external_endpoints().is_empty()
     }
 
+    /// Whether the rules need an external chain (upstream's
+    /// usesExternalChain): when external traffic has endpoints, and also
+    /// with externalTrafficPolicy Local and no endpoint on this node as long
+    /// as the cluster has some, so that pods and the node itself are still
+    /// short-circuited to them (other external traffic falls through it and
+    /// is dropped where the Service has no endpoints for it).
+    pub fn uses_external_chain(&self) -> bool {
+        self.has_external()
+            || (self.external.is_local() && self.externally_accessible && self.has_cluster())
+    }
+
     /// Whether the Local set is served at all: some traffic uses Local
     /// policy and this node has endpoints for it (upstream's SVL / local-
     /// chain condition).

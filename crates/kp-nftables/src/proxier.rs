@@ -138,8 +138,9 @@ impl Slots {
         if let Some(base) = sh.free.get_mut(&cap).and_then(Vec::pop) {
             return (map, base);
         }
-        // Aligned to the size, so that a base XOR an index below the size
-        // is base + index (the affinity rules compute slots that way).
+        // Aligned to the size. The affinity rules needed it while they
+        // added the base to an index with XOR; they now add it in the hash
+        // (offset), so the alignment only keeps the layout as it was.
         let base = sh.next.div_ceil(cap).saturating_mul(cap);
         sh.next = base.saturating_add(cap);
         (map, base)
@@ -1156,8 +1157,8 @@ mod tests {
         assert_eq!(out, [rekey(0, None), rekey(1, None), rekey(2, None)]);
     }
 
-    /// Pools start at a multiple of their size: the affinity rules add the
-    /// start to an index with XOR.
+    /// Pools start at a multiple of their size (the layout the affinity
+    /// rules' former XOR needed; kept as it was).
     #[test]
     fn slot_ranges_are_aligned_to_their_size() {
         let mut s = Slots::default();

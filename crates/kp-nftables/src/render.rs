@@ -254,12 +254,9 @@ pub fn render_service(
     }
 
     let has_external = cat.has_external();
-    // Upstream's "uses the external chain": also with eTP=Local and no
-    // endpoint on this node, as long as the cluster has some, so that pods
-    // and the node itself are still short-circuited to them; external
-    // traffic falls through the chain and the no-endpoint maps drop it.
-    let uses_external_chain = has_external
-        || (cat.external.is_local() && cat.externally_accessible && !cat.cluster.is_empty());
+    // External traffic that falls through the chain is dropped by the
+    // no-endpoint maps.
+    let uses_external_chain = cat.uses_external_chain();
     if uses_external_chain {
         let mut rules = Vec::new();
         if sp.external_policy_local {
