@@ -3,7 +3,7 @@
 # namespaces on this machine, with the proxy deployed as a DaemonSet from its
 # own image. See docs/e2e.md.
 #
-#   sudo ./e2e.sh [--proxy ours|upstream] [--mode nftables|iptables]
+#   sudo ./e2e.sh [--proxy ours|upstream] [--mode nftables|iptables|socketlb]
 #                 [--focus REGEX] [--skip REGEX] [--nodes N] [--procs P]
 #                 [--report DIR] [--keep] [--docs]
 #
@@ -33,8 +33,24 @@ while [ $# -gt 0 ]; do
   esac
 done
 case $PROXY in ours|upstream) ;; *) die "--proxy ours|upstream" ;; esac
-case $MODE in nftables|iptables) ;; *) die "--mode nftables|iptables" ;; esac
+case $MODE in nftables|iptables) ;; socketlb) [ $PROXY = ours ] || die "--mode socketlb is kube-proxy-rs's (nftables with --socket-lb)" ;;
+  *) die "--mode nftables|iptables|socketlb" ;; esac
+case $NODES in [1-9]|[1-9][0-9]) ;; *) die "--nodes takes a number of nodes, 1 to 99 (got $NODES)" ;; esac
+case $PROCS in [1-9]|[1-9][0-9]) ;; *) die "--procs takes a number of ginkgo processes, 1 to 99 (got $PROCS)" ;; esac
 [ "$(id -u)" = 0 ] || die "run as root (sudo ./e2e.sh)"
+# What the lab runs, from Debian (the README's test command installs its own
+# tools the same way): installed when missing.
+need=()
+for c in containerd:containerd runc:runc /usr/lib/cni/bridge:containernetworking-plugins mmdebstrap:mmdebstrap \
+         etcd:etcd-server /bin/busybox:busybox-static jq:jq openssl:openssl python3:python3 nsenter:util-linux \
+         conntrack:conntrack nft:nftables bpftool:bpftool; do
+  case ${c%%:*} in /*) [ -e "${c%%:*}" ] ;; *) command -v "${c%%:*}" >/dev/null 2>&1 ;; esac || need+=("${c#*:}")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  log "installing ${need[*]}"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null \
+    || die "could not install ${need[*]}"
+fi
 [ -e /run/netns/$LAB_NS ] && die "$LAB_NS exists: another run is active, or run e2e/down.sh /tmp/kpe2e.* to clean up"
 while IFS=$'\t' read -r re _; do
   case $re in ''|'#'*) continue ;; esac
@@ -121,5 +137,8 @@ fi
 if [ $KEEP = 1 ]; then trap - EXIT; log "--keep: cluster left running; stop it with: sudo e2e/down.sh $RUN"; RC=0
 else trap - EXIT; teardown final && RC=0 || RC=$?; fi
 case $SUMMARY in *" 0 failed"*) ;; *) RC=1 ;; esac
+# A suite that did not run (ginkgo failed, no report, nothing passed) is a failure too.
+case $SUMMARY in "0 passed"*) log "ERROR: no spec passed"; RC=1 ;; esac
+[ $GINKGO_RC = 0 ] || RC=1
 echo "$SUMMARY"
 exit $RC

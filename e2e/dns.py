@@ -8,11 +8,12 @@ from the API server's Services and EndpointSlices, polled every second.
   _<port>._<proto>.<svc>.<ns>.svc...      SRV: each named port
 Anything else: NXDOMAIN (there is nothing beyond the lab). UDP and TCP.
 
-usage: dns.py --listen IP --api URL --token-file F --ca F"""
+usage: dns.py --listen IP [--port 53] --api URL --token-file F --ca F"""
 import argparse, json, socket, socketserver, ssl, struct, threading, time, urllib.request
 
 p = argparse.ArgumentParser()
 p.add_argument("--listen", required=True)
+p.add_argument("--port", type=int, default=53)
 p.add_argument("--api", required=True)
 p.add_argument("--token-file", required=True)
 p.add_argument("--ca", required=True)
@@ -142,8 +143,8 @@ def poll():
 socketserver.ThreadingUDPServer.allow_reuse_address = True
 socketserver.ThreadingTCPServer.allow_reuse_address = True
 threading.Thread(target=poll, daemon=True).start()
-u = socketserver.ThreadingUDPServer((a.listen, 53), UDP)
-t = socketserver.ThreadingTCPServer((a.listen, 53), TCP)
+u = socketserver.ThreadingUDPServer((a.listen, a.port), UDP)
+t = socketserver.ThreadingTCPServer((a.listen, a.port), TCP)
 threading.Thread(target=t.serve_forever, daemon=True).start()
 print("serving DNS on", a.listen, flush=True)
 u.serve_forever()

@@ -6,7 +6,8 @@ REPO=${REPO:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
 E2E=$REPO/e2e
 BIN=${BIN:-$REPO/target/e2e-bin}          # install.sh DIR all
 IMAGES=${IMAGES:-$REPO/target/e2e-images} # content-keyed image tars
-K8S_SHARED=${K8S_SHARED:-/work/shared/k8s}
+# ../shared/k8s beside the checkout (as CI has it)
+K8S_SHARED=${K8S_SHARED:-$(cd "$REPO/../shared/k8s" 2>/dev/null && pwd || echo /work/shared/k8s)}
 
 PREFIX=kpe2e
 LAB_NS=$PREFIX-lab                 # control plane, e2e.test, the lab DNS
@@ -41,6 +42,11 @@ machine_state() {
   local f
   for f in $MACHINE_SYSCTLS; do echo "$f=$(cat /proc/sys/$f 2>/dev/null)"; done
   echo "nf_conntrack.hashsize=$(cat /sys/module/nf_conntrack/parameters/hashsize 2>/dev/null)"
+  # BPF programs on the machine's root cgroup (v2): --mode socketlb attaches
+  # to each node's own cgroup, never there
+  local root
+  root=$(findmnt -rn -t cgroup2 -o TARGET | head -1)
+  [ -n "$root" ] && echo "root cgroup BPF: $(bpftool -j cgroup show "$root" 2>&1)"
 }
 
 # Wait until "$@" succeeds, up to $1 seconds (polls every 0.5 s).

@@ -23,6 +23,9 @@ up() {
   # kubelet's cgroupRoot must exist in every v1 hierarchy (cpuset: cpus/mems)
   local c
   for c in $CGROUPS; do mkdir -p /sys/fs/cgroup/$c/$N; done
+  # the node's own cgroup v2 directory (runc puts the pods below it): where
+  # --socket-lb attaches on this node, never the machine's root cgroup
+  mkdir -p /sys/fs/cgroup/unified/$N
   cat /sys/fs/cgroup/cpuset/cpuset.cpus > /sys/fs/cgroup/cpuset/$N/cpuset.cpus
   cat /sys/fs/cgroup/cpuset/cpuset.mems > /sys/fs/cgroup/cpuset/$N/cpuset.mems
   # what kubelet writes to machine-wide sysctls lands in these files instead
@@ -102,6 +105,14 @@ inner() {
   for s in kernel.panic kernel.panic_on_oops vm.overcommit_memory vm.panic_on_oom kernel.keys.root_maxkeys kernel.keys.root_maxbytes; do
     mount --bind $D/sysctl/$s /proc/sys/${s//.//}
   done
+  # what a node's init system mounts: a bpf filesystem (pins of --socket-lb);
+  # and, where a node would have the host's cgroup v2 root, this node's own
+  # cgroup v2 directory (e2e/proxy.sh points --socket-lb's hostPath there)
+  mount -t bpf bpf /sys/fs/bpf
+  # shared, as on a systemd host: a pod may mount it with HostToContainer
+  mount --make-shared /sys/fs/bpf
+  mkdir -p /run/kpe2e-cgroup2
+  mount --bind /sys/fs/cgroup/unified/$N /run/kpe2e-cgroup2
   # no resolver beyond the lab: a pull of an image the lab lacks fails at once
   mount --bind $D/resolv.conf /etc/resolv.conf
   hostname $N

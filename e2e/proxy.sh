@@ -7,6 +7,10 @@
 #            address in kubeconfig.conf, the mode, and (the lab's one
 #            addition) conntrack maxPerCore/min 0: leave the machine-wide
 #            conntrack table size alone.
+#            MODE socketlb: nftables plus docs/ebpf.md's kustomize patch for
+#            --socket-lb, taken from the doc as written; the lab changes one
+#            thing, the host-cgroup hostPath: the node's own cgroup v2
+#            directory (e2e/node.sh), as the nodes share one machine.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 RUN=$1 PROXY=$2 MODE=$3
@@ -21,7 +25,8 @@ ours)
   cp -r "$REPO/deploy" "$O/base"
   # config.conf and kubeconfig.conf from deploy/configmap.yaml, edited as the doc says
   kc create --dry-run=client -o json -f "$O/base/configmap.yaml" > "$O/cm.json"
-  jq -r '.data["config.conf"]' "$O/cm.json" | sed -e "s/^mode: .*/mode: $MODE/" > "$O/config.conf"
+  CONF_MODE=$MODE; [ $MODE = socketlb ] && CONF_MODE=nftables
+  jq -r '.data["config.conf"]' "$O/cm.json" | sed -e "s/^mode: .*/mode: $CONF_MODE/" > "$O/config.conf"
   grep -q '^conntrack:' "$O/config.conf" && die "deploy/configmap.yaml sets conntrack: adjust e2e/proxy.sh"
   printf 'conntrack:\n  maxPerCore: 0\n  min: 0\n' >> "$O/config.conf"
   jq -r '.data["kubeconfig.conf"]' "$O/cm.json" | sed -e "s#https://CONTROL-PLANE-ENDPOINT:6443#$API#" > "$O/kubeconfig.conf"
@@ -40,6 +45,20 @@ configMapGenerator:
 generatorOptions:
   disableNameSuffixHash: true
 EOT
+  if [ $MODE = socketlb ]; then
+    # the YAML block after "# kustomize patch for deploy/" in docs/ebpf.md
+    awk '/^# kustomize patch for deploy\//{on=1; next} on && /^```/{exit} on' "$REPO/docs/ebpf.md" > "$O/socketlb-doc.yaml"
+    grep -q -- '--socket-lb' "$O/socketlb-doc.yaml" || die "no --socket-lb patch found in docs/ebpf.md"
+    grep -q 'hostPath: {path: /sys/fs/cgroup, type: Directory}' "$O/socketlb-doc.yaml" \
+      || die "docs/ebpf.md's patch changed its host-cgroup volume: adjust e2e/proxy.sh"
+    sed -e 's#hostPath: {path: /sys/fs/cgroup, type: Directory}#hostPath: {path: /run/kpe2e-cgroup2, type: Directory}#' \
+      "$O/socketlb-doc.yaml" > "$O/socketlb.yaml"
+    cat >> "$O/kustomization.yaml" <<EOT
+patches:
+  - path: socketlb.yaml
+    target: {kind: DaemonSet, name: kube-proxy-rs}
+EOT
+  fi
   kc apply -k "$O" >/dev/null
   DS=kube-proxy-rs ;;
 esac
