@@ -5,7 +5,7 @@
 #
 #   sudo ./e2e.sh [--proxy ours|upstream] [--mode nftables|iptables|socketlb]
 #                 [--focus REGEX] [--skip REGEX] [--nodes N] [--procs P]
-#                 [--report DIR] [--keep] [--docs]
+#                 [--report DIR] [--keep] [--docs] [--binary PATH]
 #
 # Last line printed: "N passed, M failed, K skipped". Exit status 0 when
 # nothing failed and the machine-wide settings are unchanged.
@@ -13,7 +13,7 @@ set -euo pipefail
 REPO=$(cd "$(dirname "$0")" && pwd)
 . "$REPO/e2e/lib.sh"
 
-PROXY=ours MODE=nftables NODES=3 PROCS=3 KEEP=0 REPORT="" DOCS=0
+PROXY=ours MODE=nftables NODES=3 PROCS=3 KEEP=0 REPORT="" DOCS=0 BINARY=""
 FOCUS='\[sig-network\]'
 SKIP='\[Slow\]|\[Serial\]|\[Disruptive\]|\[Flaky\]|\[Feature:.+\]'
 EXTRA_SKIP=""
@@ -25,10 +25,11 @@ while [ $# -gt 0 ]; do
     --skip) EXTRA_SKIP=$2; shift 2 ;;
     --nodes) NODES=$2; shift 2 ;;
     --procs) PROCS=$2; shift 2 ;;
+    --binary) BINARY=$2; shift 2 ;;
     --report) REPORT=$2; shift 2 ;;
     --keep) KEEP=1; shift ;;
     --docs) DOCS=1; shift ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
@@ -83,7 +84,13 @@ trap 'teardown' EXIT
 for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl kube-proxy e2e.test ginkgo agnhost pause; do
   [ -x "$BIN/$b" ] || { mkdir -p "$BIN"; bash "$K8S_SHARED/install.sh" "$BIN" all >/dev/null; break; }
 done
-if [ $PROXY = ours ]; then
+if [ $PROXY = ours ] && [ -n "$BINARY" ]; then
+  # a kube-proxy-rs built before (e.g. one build for a series of runs while
+  # the tree changes); KP_E2E_TREE says what it was built from
+  [ -x "$BINARY" ] || die "--binary $BINARY is not an executable"
+  export KP_BINARY=$(cd "$(dirname "$BINARY")" && pwd)/$(basename "$BINARY")
+  TREE=${KP_E2E_TREE:-"prebuilt $BINARY"}
+elif [ $PROXY = ours ]; then
   CARGO=$(command -v cargo || echo "${SUDO_USER:+$(getent passwd "$SUDO_USER" | cut -d: -f6)}/.cargo/bin/cargo")
   [ -x "$CARGO" ] || CARGO=$HOME/.cargo/bin/cargo
   log "cargo build --release -p kube-proxy-rs --bin kube-proxy-rs"

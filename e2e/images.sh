@@ -122,9 +122,10 @@ case $PROXY in
 upstream)
   image registry.k8s.io/kube-proxy:v1.36.2 '["/usr/local/bin/kube-proxy"]' null "$BASE" "$BIN/kube-proxy:/usr/local/bin/kube-proxy" ;;
 ours)
-  [ -x "$REPO/target/release/kube-proxy-rs" ] || die "target/release/kube-proxy-rs missing"
+  KP_BINARY=${KP_BINARY:-$REPO/target/release/kube-proxy-rs}
+  [ -x "$KP_BINARY" ] || die "$KP_BINARY missing"
   # deploy/ names the image kube-proxy-rs:0.1.0 (containerd: docker.io/library/...)
   image docker.io/library/kube-proxy-rs:0.1.0 '["/usr/local/bin/kube-proxy-rs"]' null "$BASE" \
-    "$REPO/target/release/kube-proxy-rs:/usr/local/bin/kube-proxy-rs" ;;
+    "$KP_BINARY:/usr/local/bin/kube-proxy-rs" ;;
 *) die "unknown proxy $PROXY" ;;
 esac
