@@ -3,6 +3,10 @@
 //! with an empty object: the mode then refuses to start and says why, and
 //! every other mode is unaffected.
 
+// A build script's panic is a build error with its message: expect() is the
+// way to report one.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
 use std::path::PathBuf;
 use std::process::Command;
 

@@ -1,6 +1,7 @@
 //! docs/iptables.md is the layout's specification: every "Each kind of
 //! Service" example must be exactly what the renderer produces for that
 //! Service, and every kind the renderer distinguishes has an example.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::net::IpAddr;
 

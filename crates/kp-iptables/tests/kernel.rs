@@ -1,5 +1,6 @@
 //! The proxier against the real iptables, inside a throwaway network namespace
 //! (never the root namespace's rules). Runs as root.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;

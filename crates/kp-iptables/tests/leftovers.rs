@@ -1,4 +1,5 @@
 //! The leftover sweep's script, on `iptables-save` text (no kernel).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use kp_iptables::leftovers::{is_ipvs_chain, is_kube_proxy_chain, sweep_script};
 

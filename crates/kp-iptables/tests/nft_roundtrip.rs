@@ -10,6 +10,7 @@
 //! shape encoded differently from iptables-nft fails here.
 //!
 //! Runs as root, only inside namespaces it creates.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;

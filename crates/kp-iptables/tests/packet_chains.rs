@@ -1,5 +1,6 @@
 //! packet_chains: the chains `kube-proxy-rs explain` looks up for a packet,
 //! upstream's names, as render_service installs them.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::sync::Arc;
 

@@ -1,5 +1,6 @@
 //! The rendered rules of each kind of Service, and partial syncs (recorded
 //! backend, no kernel).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;

@@ -3,6 +3,7 @@
 //! (include/uapi/linux/ip_vs.h, rtnetlink.h, if_addr.h), and the decoding of
 //! the kernel's dump answers. Little-endian hosts (netlink is host order).
 #![cfg(target_endian = "little")]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::net::IpAddr;
 

@@ -1,5 +1,6 @@
 //! The plan (model -> IPVS/ipset/address operations) for every kind of
 //! Service, and the diff between two plans. Pure: no kernel.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::net::IpAddr;
 use std::sync::Arc;

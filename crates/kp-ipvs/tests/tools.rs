@@ -2,6 +2,7 @@
 //! `iptables-restore`, in a throwaway network namespace (never the root
 //! namespace's). The IPVS part needs a kernel with IPVS: see the VM test
 //! (kube-proxy-rs/tests/conformance_ipvs.rs).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::net::IpAddr;
 use std::process::{Command, Stdio};

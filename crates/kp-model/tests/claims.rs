@@ -1,5 +1,6 @@
 //! Address ownership (kp_model::claims): who gets an IP:port claimed twice,
 //! whatever the order of updates and syncs.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;

@@ -2,6 +2,7 @@
 //! NodeCIDR local-traffic detection uses them (upstream: MapCIDRsByIPFamily,
 //! then the first CIDR per family), its addresses, zone label and whether it
 //! is going away.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;

@@ -1,5 +1,6 @@
 //! convert_service against upstream's newBaseServiceInfo / serviceToServiceMap
 //! (pkg/proxy/serviceport.go, servicechangetracker.go, pkg/proxy/util).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::net::IpAddr;
 

@@ -1,5 +1,6 @@
 //! convert_endpoint_slice against upstream's EndpointSliceCache.addEndpoints
 //! (pkg/proxy/endpointslicecache.go) and the informer's label filters.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::net::IpAddr;
 

@@ -1,6 +1,7 @@
 //! kp_model::explain: one test per reason the explanation gives (match kind,
 //! no match, endpoint kept or left out, drop/reject, masquerade, affinity),
 //! and kp_model::status's rows.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::sync::Arc;
 

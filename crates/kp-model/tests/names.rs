@@ -1,5 +1,6 @@
 //! Chain-name hashes against names found in upstream's iptables proxier tests
 //! (pkg/proxy/iptables/proxier_test.go), and the name validators.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use kp_model::{chain_hash, is_dns_label, is_port_name, Endpoint, Protocol, ServicePortName};
 

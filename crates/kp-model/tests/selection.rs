@@ -1,6 +1,7 @@
 //! EndpointSelection: which endpoint set serves internal and external
 //! traffic, the "no local endpoints" flags, and drop-or-reject, for every
 //! combination of internal and external traffic policy.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use kp_model::{Endpoint, EndpointSelection, EndpointSet, NoEndpoints, NodeInfo, ServicePort};
 

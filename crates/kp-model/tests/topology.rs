@@ -1,5 +1,6 @@
 //! categorize_endpoints against upstream's TestCategorizeEndpoints
 //! (pkg/proxy/topology_test.go), plus PreferSameNode node-hint cases.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::collections::BTreeSet;
 

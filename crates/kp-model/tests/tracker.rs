@@ -1,6 +1,7 @@
 //! ChangeTracker against upstream's ServiceChangeTracker / EndpointsChangeTracker /
 //! EndpointSliceCache (pkg/proxy/servicechangetracker.go, endpointschangetracker.go,
 //! endpointslicecache.go) and the stale-UDP-conntrack rules of the proxiers.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;

@@ -1,5 +1,6 @@
 // Shared by the nftables tests: build model state from JSON objects.
 #![allow(dead_code)]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::time::SystemTime;
 

@@ -1,6 +1,7 @@
 //! The netlink backend against the kernel, in throwaway network namespaces:
 //! every object and statement the proxier sends must list exactly as it does
 //! when the same transaction goes to `nft -f` as text.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 mod common;
 

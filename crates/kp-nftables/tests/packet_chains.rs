@@ -1,5 +1,6 @@
 //! packet_chains: the chains `kube-proxy-rs explain` looks up for a packet
 //! are the ones render_service installs, in traversal order.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::sync::Arc;
 

@@ -1,6 +1,7 @@
 //! Rendered rules for each kind of Service, checked against the layout in
 //! docs/nftables.md and, where root is available, by `nft -c` in a throwaway
 //! network namespace.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 mod common;
 

@@ -6,7 +6,6 @@
 //! packet. [`SocketLbProxier`] keeps the programs' maps in step with the
 //! model; nftables keeps everything else (the binary runs both).
 
-#![deny(clippy::unwrap_used, clippy::expect_used)]
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 mod kernel;

@@ -1,6 +1,7 @@
 //! The programs in the real kernel: a cgroup and a bpf filesystem of the
 //! test's own, a lab of network namespaces, no nftables at all, so whatever
 //! reaches an endpoint was translated by the socket hooks.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};

@@ -1,6 +1,7 @@
 //! The sync logic against maps in memory: every intermediate state a client
 //! could meet is usable, a partial sync ends where a full one does, and a
 //! full sync over maps a previous run left takes them over.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;

@@ -1,4 +1,5 @@
 //! The API source against the in-process test API server (each test its own).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::time::Duration;
 

@@ -1,4 +1,5 @@
 //! The manifest source: file formats, invalid documents, and change detection.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -1,6 +1,7 @@
 //! The netlink conntrack cleaner against the real kernel, in a throwaway
 //! network namespace: it deletes exactly the entries a filter selects, for
 //! both families, and counts them.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::net::{SocketAddr, UdpSocket};
 use std::process::Command;

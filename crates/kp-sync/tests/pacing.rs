@@ -2,6 +2,7 @@
 //! virtual clock ([`ManualClock`]): no test sleeps, an hour of resyncs runs
 //! in milliseconds. A fake dataplane records every sync: when, full or not,
 //! how many service ports changed.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU32, Ordering};

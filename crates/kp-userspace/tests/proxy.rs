@@ -2,6 +2,7 @@
 //! Services' externalIPs are 127.0.0.x, already local addresses; the two
 //! that put Service IPs on lo run in a network namespace of their own and
 //! need root).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};

@@ -4,7 +4,6 @@
 //! iptables mode (kp-iptables) and IPVS mode (kp-ipvs), below both, so that
 //! neither dataplane depends on the other.
 
-#![deny(clippy::unwrap_used, clippy::expect_used)]
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 use std::io::Write;

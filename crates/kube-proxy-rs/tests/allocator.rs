@@ -3,7 +3,7 @@
 //! figures), keeps its process name, and leaves an operator's own mimalloc
 //! options alone, and runs on two threads. Runs the proxy in a fresh network
 //! namespace (root needed) and reads /proc/PID/environ, comm and task.
-
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 #![cfg(feature = "mimalloc")]
 
 use std::process::{Child, Command, Stdio};

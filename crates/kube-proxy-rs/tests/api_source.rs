@@ -2,6 +2,7 @@
 //! initial list, changes programmed, rules kept through an API outage and a
 //! 410 relist, and the HTTP servers' answers. Runs in a throwaway network
 //! namespace (the API server listens inside it too).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

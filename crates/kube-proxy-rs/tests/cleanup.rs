@@ -2,6 +2,7 @@
 //! every mode (nftables tables, iptables chains in both backends, ipvs mode's
 //! link and ipsets) as well as ours, and nothing of anyone else. Real kernel,
 //! in throwaway network namespaces.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};

@@ -1,5 +1,6 @@
 //! --version, log verbosity and format, and the generated completions and man
 //! page.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::process::Command;
 

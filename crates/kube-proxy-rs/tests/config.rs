@@ -1,4 +1,5 @@
 //! Flags, the KubeProxyConfiguration file, and how they combine.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::ffi::OsString;
 use std::net::{IpAddr, SocketAddr};

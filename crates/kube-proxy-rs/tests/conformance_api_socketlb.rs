@@ -1,5 +1,6 @@
 //! The conformance suite with socket load balancing (`--socket-lb`) against
 //! a real kube-apiserver: the same cases as conformance_api_nftables.rs.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 #[macro_use]
 mod conformance;

@@ -8,6 +8,7 @@
 //! 9p, and runs this same test binary inside it. Without qemu the VM test
 //! skips with a printed reason. docs/ipvs.md says how to run the cases on a
 //! real node.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 #[macro_use]
 mod conformance;

@@ -1,4 +1,5 @@
 //! The conformance suite in nftables mode (real kernel, network namespaces).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 #[macro_use]
 mod conformance;

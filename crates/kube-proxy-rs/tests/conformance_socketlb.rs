@@ -1,6 +1,7 @@
 //! The conformance suite in nftables mode with socket load balancing
 //! (`--socket-lb`): each node's namespace and pods are in that node's
 //! cgroup, where its proxy's programs balance their sockets.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 #[macro_use]
 mod conformance;

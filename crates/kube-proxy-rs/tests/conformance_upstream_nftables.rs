@@ -1,6 +1,7 @@
 //! The differential run: the same conformance cases with upstream
 //! kube-proxy v1.36 (nftables mode) against the same kind of real control plane,
 //! so no expectation of the suite holds for our proxy alone.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 #[macro_use]
 mod conformance;

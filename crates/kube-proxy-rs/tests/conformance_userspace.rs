@@ -4,6 +4,7 @@
 //! (the proxy's own address replaces the client's; connections live in the
 //! proxy process) and its extra capabilities (retry on refusal, least
 //! connections, grace period, unprivileged operation).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 #[macro_use]
 mod conformance;

@@ -5,6 +5,7 @@
 //! entrypoint the DaemonSet runs; and the binary, run with the DaemonSet's
 //! exact command, args and mounted ConfigMap, becomes healthy against the API
 //! test server and posts its start Event.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;

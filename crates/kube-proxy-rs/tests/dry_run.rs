@@ -2,6 +2,7 @@
 //! an operator must be able to check it with `nft -c -f -` and load it with
 //! `nft -f -`. Services of every kind, session affinity among them, in both
 //! families; the load happens in a throwaway network namespace (root).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::io::Write;
 use std::process::{Command, Stdio};

@@ -3,6 +3,7 @@
 //! real binary in nftables mode in a throwaway network namespace (as root),
 //! including drift after one of our chains is deleted behind its back; and
 //! the same read-back in iptables mode (iptables-legacy).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

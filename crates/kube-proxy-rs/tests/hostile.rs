@@ -7,6 +7,7 @@
 //! a throwaway network namespace.
 //!
 //! Case counts: PROPTEST_CASES overrides (CI runs the defaults below).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::net::IpAddr;
 use std::path::Path;

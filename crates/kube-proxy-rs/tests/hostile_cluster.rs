@@ -2,6 +2,7 @@
 //! well-formed ones: each is rejected (or its bad value ignored, or its text
 //! kept out of the rules), logged with the object's name and counted, and
 //! the rest of the cluster still syncs and answers. Both modes.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 mod conformance;
 

@@ -2,6 +2,7 @@
 //! no import circle between the files of a product crate, no product crate
 //! built on a lab crate, and the dataplanes and sources built on the model,
 //! not on each other. Reads the sources as text; runs nothing.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -412,4 +413,38 @@ fn the_circle_finder_sees_a_circle() {
     assert_eq!(found[0].len(), 2, "{found:?}");
     assert!(found[0].iter().any(|p| p.ends_with("a/b.rs")), "{found:?}");
     assert!(found[0].iter().any(|p| p.ends_with("c.rs")), "{found:?}");
+}
+
+/// The no-unwrap policy lives once, in the workspace's `[workspace.lints]`:
+/// every product crate takes it (`[lints] workspace = true`), none keeps a
+/// copy of its own in its source.
+#[test]
+fn every_product_crate_takes_the_workspace_lints() {
+    let root = std::fs::read_to_string(workspace().join("Cargo.toml")).unwrap();
+    let lints = root
+        .split("[workspace.lints.clippy]")
+        .nth(1)
+        .expect("[workspace.lints.clippy] in the workspace Cargo.toml");
+    for l in ["unwrap_used = \"deny\"", "expect_used = \"deny\""] {
+        assert!(lints.contains(l), "[workspace.lints.clippy] lacks {l}");
+    }
+    let mut wrong = Vec::new();
+    for (name, dir) in crates() {
+        if LAB.contains(&name.as_str()) {
+            continue;
+        }
+        let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+        if !manifest.contains("[lints]\nworkspace = true") {
+            wrong.push(format!(
+                "{name}: Cargo.toml has no `[lints] workspace = true`"
+            ));
+        }
+        for root in ["src/lib.rs", "src/main.rs"] {
+            let text = std::fs::read_to_string(dir.join(root)).unwrap_or_default();
+            if text.contains("#![deny(clippy::unwrap_used") {
+                wrong.push(format!("{name}/{root}: a copy of the workspace lints"));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }

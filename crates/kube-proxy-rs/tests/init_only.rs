@@ -4,6 +4,7 @@
 //! namespace's own; nf_conntrack_max is node-wide (read-only outside the
 //! initial namespace), so these runs leave it alone with
 //! --conntrack-max-per-core=0. The root namespace is only read.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};

@@ -3,6 +3,7 @@
 //! exactly the rules file's groups, and every metric the dashboard and the
 //! rules use is one the real binary exports, read from its live /metrics
 //! (run in a throwaway network namespace, as root).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -3,6 +3,7 @@
 //! them at start, and exits when they change. The `--dry-run` tests need
 //! nothing; the change test runs the real proxy in a throwaway network
 //! namespace (root).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

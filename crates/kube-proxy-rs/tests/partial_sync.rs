@@ -16,6 +16,7 @@
 //! cases (default 20 for nftables, fewer for the iptables backends, whose
 //! tools cost ~10 ms a call); the seeds of past failures are replayed from
 //! `partial_sync.proptest-regressions` first.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;

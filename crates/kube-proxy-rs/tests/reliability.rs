@@ -1,5 +1,6 @@
 //! Fault tests in nftables mode: rules flushed behind our back are repaired, and
 //! a failing rule apply keeps the previous rules, is counted and retried.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 mod conformance;
 mod faults;

@@ -13,6 +13,7 @@
 //! server, plus what a real server cannot be made to do on demand (watches
 //! cut mid-event, 410 relists). Needs root; skips loudly without the
 //! Kubernetes binaries (fails instead under KP_REQUIRE_REAL_APISERVER=1).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 mod conformance;
 mod faults;

@@ -4,6 +4,7 @@
 //! `--cleanup` leaves other people's tables and chains alone. (NodePorts on
 //! 127.0.0.1 from another host and loadBalancerSourceRanges are conformance
 //! cases 14 and 3, run in every mode.)
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 mod conformance;
 

@@ -1,5 +1,6 @@
 //! The HTTP servers over real loopback sockets: /healthz, /livez, /metrics,
 //! /proxyMode, /configz and the per-Service health check ports.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

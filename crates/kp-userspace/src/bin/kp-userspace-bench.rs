@@ -10,6 +10,7 @@
 //! depend on it more than on anything in the proxy (BENCHMARKS.md), and the
 //! host's own setting is left alone. A non-initial namespace may only pick
 //! from `net.ipv4.tcp_allowed_congestion_control`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: a panic ends the run with its message
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
