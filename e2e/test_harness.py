@@ -3,7 +3,7 @@
 a run lie (a failure counted as a pass, a skip without its reason, a lab DNS
 that answers wrongly, a bad option taken silently). CI runs them before the
 lab itself: `python3 e2e/test_harness.py`. Needs python3 and openssl; no root."""
-import json, os, re, socket, ssl, struct, subprocess, sys, tempfile, threading, time, unittest
+import json, os, re, shutil, socket, ssl, struct, subprocess, sys, tempfile, threading, time, unittest
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 E2E = os.path.dirname(os.path.abspath(__file__))
@@ -34,7 +34,8 @@ def run(*args, **kw):
 
 class Report(unittest.TestCase):
     def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="kpe2e-harness-")
+        self.dir = tempfile.mkdtemp(prefix="kp-e2e-harness-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
         self.junit = os.path.join(self.dir, "junit.xml")
         with open(self.junit, "w") as f:
             f.write(JUNIT)
@@ -190,7 +191,7 @@ class LabDNS(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        d = tempfile.mkdtemp(prefix="kpe2e-dns-")
+        d = tempfile.mkdtemp(prefix="kp-e2e-dns-")
         cls.dir = d
         run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
             "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", f"{d}/k.pem", "-out", f"{d}/c.pem", check=True)
@@ -225,6 +226,7 @@ class LabDNS(unittest.TestCase):
         cls.dns.communicate()
         cls.api.shutdown()
         cls.api.server_close()
+        shutil.rmtree(cls.dir, True)
 
     def test_cluster_ip(self):
         for tcp in (False, True):
