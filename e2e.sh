@@ -6,6 +6,7 @@
 #   sudo ./e2e.sh [--proxy ours|upstream] [--mode nftables|iptables|socketlb]
 #                 [--focus REGEX] [--skip REGEX] [--nodes N] [--procs P]
 #                 [--report DIR] [--keep] [--docs] [--binary PATH]
+#   sudo ./e2e.sh --migrate [--mode nftables|iptables]   (e2e/migrate.sh)
 #
 # Last line printed: "N passed, M failed, K skipped". Exit status 0 when
 # nothing failed and the machine-wide settings are unchanged.
@@ -13,7 +14,7 @@ set -euo pipefail
 REPO=$(cd "$(dirname "$0")" && pwd)
 . "$REPO/e2e/lib.sh"
 
-PROXY=ours MODE=nftables NODES=3 PROCS=3 KEEP=0 REPORT="" DOCS=0 BINARY=""
+PROXY=ours MODE=nftables NODES=3 PROCS=3 KEEP=0 REPORT="" DOCS=0 BINARY="" MIGRATE=0
 FOCUS='\[sig-network\]'
 SKIP='\[Slow\]|\[Serial\]|\[Disruptive\]|\[Flaky\]|\[Feature:.+\]'
 EXTRA_SKIP=""
@@ -26,10 +27,11 @@ while [ $# -gt 0 ]; do
     --nodes) NODES=$2; shift 2 ;;
     --procs) PROCS=$2; shift 2 ;;
     --binary) BINARY=$2; shift 2 ;;
+    --migrate) MIGRATE=1; PROXY=upstream; shift ;;
     --report) REPORT=$2; shift 2 ;;
     --keep) KEEP=1; shift ;;
     --docs) DOCS=1; shift ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
@@ -84,13 +86,15 @@ trap 'teardown' EXIT
 for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl kube-proxy e2e.test ginkgo agnhost pause; do
   [ -x "$BIN/$b" ] || { mkdir -p "$BIN"; bash "$K8S_SHARED/install.sh" "$BIN" all >/dev/null; break; }
 done
-if [ $PROXY = ours ] && [ -n "$BINARY" ]; then
+# --migrate starts with upstream and ends with it, with ours in between
+OURS=0; { [ $PROXY = ours ] || [ $MIGRATE = 1 ]; } && OURS=1
+if [ $OURS = 1 ] && [ -n "$BINARY" ]; then
   # a kube-proxy-rs built before (e.g. one build for a series of runs while
   # the tree changes); KP_E2E_TREE says what it was built from
   [ -x "$BINARY" ] || die "--binary $BINARY is not an executable"
   export KP_BINARY=$(cd "$(dirname "$BINARY")" && pwd)/$(basename "$BINARY")
   TREE=${KP_E2E_TREE:-"prebuilt $BINARY"}
-elif [ $PROXY = ours ]; then
+elif [ $OURS = 1 ]; then
   CARGO=$(command -v cargo || echo "${SUDO_USER:+$(getent passwd "$SUDO_USER" | cut -d: -f6)}/.cargo/bin/cargo")
   [ -x "$CARGO" ] || CARGO=$HOME/.cargo/bin/cargo
   log "cargo build --release -p kube-proxy-rs --bin kube-proxy-rs"
@@ -100,7 +104,8 @@ elif [ $PROXY = ours ]; then
 else
   TREE="kube-proxy v1.36.2"
 fi
-"$E2E/images.sh" $PROXY > "$RUN/images.list"
+IMAGES_FOR=$PROXY; [ $MIGRATE = 1 ] && IMAGES_FOR=both
+"$E2E/images.sh" $IMAGES_FOR > "$RUN/images.list"
 
 T0=$SECONDS
 
@@ -117,9 +122,14 @@ T_UP=$((SECONDS - T0))
 log "cluster up in ${T_UP}s"
 echo "$T_UP" > "$RUN/cluster-up-seconds"
 
-# --- the suite
+# --- the suite (or the migration)
 T1=$SECONDS
 set +e
+if [ $MIGRATE = 1 ]; then
+  SUMMARY=$("$E2E/migrate.sh" "$RUN" $MODE "$REPORT" | tail -1)
+  GINKGO_RC=$?
+  [ -n "$SUMMARY" ] || SUMMARY="0 passed, 0 failed, 0 skipped"
+else
 inlab "$BIN/ginkgo" --procs=$PROCS --timeout=100m --no-color --silence-skips \
   --focus="$FOCUS" --skip="$SKIP" \
   --junit-report=junit.xml --json-report=report.json --output-dir="$REPORT" \
@@ -128,11 +138,12 @@ inlab "$BIN/ginkgo" --procs=$PROCS --timeout=100m --no-color --silence-skips \
   --num-nodes=$NODES --disable-log-dump --dump-logs-on-failure=false --minStartupPods=0 \
   > "$REPORT/ginkgo.log" 2>&1
 GINKGO_RC=$?
+fi
 set -e
 T_RUN=$((SECONDS - T1))
 log "suite finished in ${T_RUN}s (ginkgo exit $GINKGO_RC; log $REPORT/ginkgo.log)"
 kc -n kube-system logs -l k8s-app --all-containers --prefix --tail=-1 > "$REPORT/proxy.log" 2>&1 || true
-SUMMARY=$(python3 "$E2E/report.py" summary "$REPORT/junit.xml" --focus "$FOCUS" --proxy "$PROXY" --mode "$MODE" \
+[ $MIGRATE = 1 ] || SUMMARY=$(python3 "$E2E/report.py" summary "$REPORT/junit.xml" --focus "$FOCUS" --proxy "$PROXY" --mode "$MODE" \
   --up "$T_UP" --run "$T_RUN" --tree "$TREE" --out "$REPORT/result.json") || SUMMARY="0 passed, 0 failed, 0 skipped"
 
 if [ $DOCS = 1 ]; then

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Builds the lab's images as OCI layout tars (no registry, no Docker):
-#   e2e/images.sh ours|upstream   -> prints "NAME=TAR" lines (one per image)
+#   e2e/images.sh ours|upstream|both   -> prints "NAME=TAR" lines (one per image)
 # Cached under target/e2e-images/ keyed by content (package list, binaries,
 # image config), so a re-run reuses them.
 set -euo pipefail
@@ -118,14 +118,19 @@ image registry.k8s.io/e2e-test-images/agnhost:2.63.0 '["/agnhost"]' '["pause"]' 
 # this image (upstream: Debian's iptables and conntrack on distroless)
 image registry.k8s.io/build-image/distroless-iptables:v0.9.3 null null "$BASE"
 BUSYBOX_APPLETS=1 image registry.k8s.io/e2e-test-images/busybox:1.37.0-1 null '["sh"]' - /bin/busybox:/bin/busybox
-case $PROXY in
-upstream)
-  image registry.k8s.io/kube-proxy:v1.36.2 '["/usr/local/bin/kube-proxy"]' null "$BASE" "$BIN/kube-proxy:/usr/local/bin/kube-proxy" ;;
-ours)
+upstream_image() {
+  image registry.k8s.io/kube-proxy:v1.36.2 '["/usr/local/bin/kube-proxy"]' null "$BASE" "$BIN/kube-proxy:/usr/local/bin/kube-proxy"
+}
+ours_image() {
   KP_BINARY=${KP_BINARY:-$REPO/target/release/kube-proxy-rs}
   [ -x "$KP_BINARY" ] || die "$KP_BINARY missing"
   # deploy/ names the image kube-proxy-rs:0.1.0 (containerd: docker.io/library/...)
   image docker.io/library/kube-proxy-rs:0.1.0 '["/usr/local/bin/kube-proxy-rs"]' null "$BASE" \
-    "$KP_BINARY:/usr/local/bin/kube-proxy-rs" ;;
+    "$KP_BINARY:/usr/local/bin/kube-proxy-rs"
+}
+case $PROXY in
+upstream) upstream_image ;;
+ours) ours_image ;;
+both) upstream_image; ours_image ;;   # e2e.sh --migrate
 *) die "unknown proxy $PROXY" ;;
 esac

@@ -40,8 +40,24 @@ pub enum Scope {
     /// Starting in this mode: everything that belongs to the other modes (as
     /// upstream does on a mode switch), and upstream's objects that ours
     /// do not replace by name. iptables and ipvs mode keep the chains (and
-    /// ipvs mode the link and ipsets) they take over by name.
+    /// ipvs mode the link and ipsets) they take over by name. Starting in
+    /// nftables mode, upstream's nftables table is not removed here: it
+    /// keeps serving until our first sync, then [`remove_superseded`] takes
+    /// it away (a replacement of upstream nftables mode drops nothing).
     StartingIn(ProxyMode),
+}
+
+/// After the first sync of every family in `mode`: upstream's rules that
+/// ours now replace. Starting in nftables mode over upstream's nftables mode,
+/// both tables serve the same Services for a moment (the first to translate
+/// a connection wins); until then, upstream's alone did. Other modes take
+/// upstream's objects over by name or remove them at start (`--init-only`).
+pub fn remove_superseded(mode: ProxyMode) -> Outcome {
+    let mut out = Outcome::default();
+    if mode == ProxyMode::Nftables {
+        remove_nft_tables(&[UPSTREAM_NFT_TABLE], &mut out);
+    }
+    out
 }
 
 const FAMILIES: [IpFamily; 2] = [IpFamily::V4, IpFamily::V6];
@@ -76,13 +92,17 @@ pub fn remove_leftovers(scope: Scope, cfg: &ProxyConfig) -> Outcome {
 }
 
 fn nftables(scope: Scope, out: &mut Outcome) {
-    let mut tables = vec![UPSTREAM_NFT_TABLE];
+    // Starting in nftables mode, upstream's table goes after our first sync
+    // (remove_superseded), and ours is what we start with.
     if scope != Scope::StartingIn(ProxyMode::Nftables) {
-        tables.push(TABLE_NAME);
+        remove_nft_tables(&[UPSTREAM_NFT_TABLE, TABLE_NAME], out);
     }
+}
+
+fn remove_nft_tables(tables: &[&str], out: &mut Outcome) {
     let mut nl = NftNetlink::new();
     for f in FAMILIES {
-        for t in &tables {
+        for t in tables {
             match nl.table_exists(f, t) {
                 Ok(false) => {}
                 Ok(true) => {

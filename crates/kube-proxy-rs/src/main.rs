@@ -18,7 +18,7 @@ use kp_sync::{
     Conntrack, ConntrackCli, ConntrackNetlink, FamilyProxier, ProgrammedState, SyncLoop,
     SystemClock,
 };
-use kube_proxy_rs::config::{self, ConfigError, DetectLocalMode, ProxyConfig};
+use kube_proxy_rs::config::{self, ConfigError, DetectLocalMode, ProxyConfig, ProxyMode};
 use kube_proxy_rs::debug::DebugState;
 use kube_proxy_rs::healthcheck::ServiceHealthServer;
 use kube_proxy_rs::metrics::Metrics;
@@ -239,6 +239,11 @@ async fn serve(
     };
     let hcs = ServiceHealthServer::new(hc_ips, health.clone(), tokio::runtime::Handle::current());
 
+    let mut superseded = Superseded {
+        mode: Some(cfg.mode),
+        health: health.clone(),
+        started: std::time::SystemTime::now(),
+    };
     let families: Vec<FamilyProxier> = modes::trackers(&cfg)
         .into_iter()
         .zip(dataplanes)
@@ -261,6 +266,7 @@ async fn serve(
         on_synced: Box::new(move |d| {
             hcs.sync_services(&d.ports);
             hcs.sync_endpoints(&d.local_endpoints);
+            superseded.check();
         }),
         programmed,
     };
@@ -301,6 +307,26 @@ async fn serve(
     // restart.
     tracing::info!("shutting down; programmed rules stay in place");
     Ok(())
+}
+
+/// Upstream's rules that ours replace go once every family has synced
+/// (cleanup::remove_superseded): until then they keep serving.
+struct Superseded {
+    /// None once done.
+    mode: Option<ProxyMode>,
+    health: Arc<HealthState>,
+    started: std::time::SystemTime,
+}
+
+impl Superseded {
+    fn check(&mut self) {
+        if let Some(mode) = self.mode {
+            if self.health.every_family_updated_after(self.started) {
+                self.mode = None;
+                cleanup::remove_superseded(mode).log("our rules are in place; removing upstream's");
+            }
+        }
+    }
 }
 
 /// Source events waiting for the sync loop, at most.

@@ -320,9 +320,12 @@ fn starting_in_nftables_mode_removes_other_modes_leftovers() {
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
+    // (upstream's nftables table goes right after our first sync)
     let ok = kp_netlab::wait_until(Duration::from_secs(20), Duration::from_millis(100), || {
-        ns.ok(&["nft", "list", "tables"])
-            .contains("table ip kube-proxy-rs")
+        let t = ns.ok(&["nft", "list", "tables"]);
+        t.contains("table ip kube-proxy-rs")
+            && !t.contains("table ip kube-proxy\n")
+            && !t.contains("table ip6 kube-proxy\n")
             && ns
                 .ok(&["nft", "list", "table", "ip", "kube-proxy-rs"])
                 .contains("10.96.0.10")
@@ -427,4 +430,89 @@ fn starting_in_ipvs_mode_keeps_ipvs_objects() {
         .lines()
         .any(|l| l == "KUBE-CLUSTER-IP"));
     assert!(!ns.ok(&["nft", "list", "tables"]).contains("kube-proxy"));
+}
+
+/// Replacing upstream kube-proxy in nftables mode drops nothing: neither the
+/// privileged `--init-only` nor the start removes upstream's `kube-proxy`
+/// table; it serves until our first sync is done, and goes right after it
+/// (docs/migrate-from-kube-proxy.md; found by e2e.sh --migrate: a gap of
+/// failed requests while the new pod started).
+#[test]
+fn upstreams_nftables_table_serves_until_our_first_sync() {
+    let ns = Ns::new("handover");
+    ns.nft_script(
+        "add table ip kube-proxy
+add chain ip kube-proxy nat-prerouting { type nat hook prerouting priority -100 ; }
+add table ip6 kube-proxy
+",
+    );
+    let o = ns.run(&[binary(), "--init-only", "--hostname-override=node1"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let nft = ns.ok(&["nft", "list", "tables"]);
+    assert!(
+        nft.contains("table ip kube-proxy\n"),
+        "--init-only removed it:\n{nft}"
+    );
+    assert!(
+        nft.contains("table ip6 kube-proxy\n"),
+        "--init-only removed it:\n{nft}"
+    );
+
+    let dir: PathBuf = std::env::temp_dir().join(format!("{}-manifests", ns.0));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("svc.yaml"),
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\n\
+         spec: {clusterIP: 10.96.0.10, clusterIPs: [10.96.0.10], ports: [{name: http, port: 80, protocol: TCP}]}\n",
+    )
+    .unwrap();
+    let log = std::env::temp_dir().join(format!("{}.log", ns.0));
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &ns.0, binary()])
+        .arg(format!("--manifests={}", dir.display()))
+        .args([
+            "--hostname-override=node1",
+            "--healthz-bind-address=127.0.0.1:10256",
+            "--metrics-bind-address=127.0.0.1:10249",
+        ])
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let gone = kp_netlab::wait_until(Duration::from_secs(20), Duration::from_millis(50), || {
+        let t = ns.ok(&["nft", "list", "tables"]);
+        !t.contains("table ip kube-proxy\n") && !t.contains("table ip6 kube-proxy\n")
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_file(&log);
+    assert!(gone, "upstream's table never went\n{stderr}");
+    assert!(
+        ns.ok(&["nft", "list", "table", "ip", "kube-proxy-rs"])
+            .contains("10.96.0.10"),
+        "{stderr}"
+    );
+    // In that order: both families synced, then upstream's table removed.
+    let line = |needle: &str| {
+        stderr
+            .lines()
+            .position(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no log line with {needle:?}\n{stderr}"))
+    };
+    let removed = stderr
+        .lines()
+        .position(|l| l.contains("removing upstream's") && l.contains("nftables ip kube-proxy"))
+        .unwrap_or_else(|| panic!("no removal logged\n{stderr}"));
+    let synced: Vec<usize> = ["IPv4", "IPv6"]
+        .iter()
+        .map(|f| {
+            stderr
+                .lines()
+                .position(|l| l.contains("synced rules") && l.contains(f))
+                .unwrap_or_else(|| panic!("no {f} sync\n{stderr}"))
+        })
+        .collect();
+    assert!(synced.iter().all(|s| *s < removed), "{stderr}");
+    assert!(line("kube-proxy-rs started") < removed, "{stderr}");
 }
