@@ -6,6 +6,7 @@
 #   sudo ./e2e.sh [--proxy ours|upstream] [--mode nftables|iptables|socketlb]
 #                 [--focus REGEX] [--skip REGEX] [--nodes N] [--procs P]
 #                 [--report DIR] [--keep] [--docs] [--binary PATH]
+#   sudo ./e2e.sh --serial ...: the [Serial] and [Disruptive] specs of the focus, one at a time
 #   sudo ./e2e.sh --migrate [--mode nftables|iptables]   (e2e/migrate.sh)
 #
 # Last line printed: "N passed, M failed, K skipped". Exit status 0 when
@@ -14,7 +15,7 @@ set -euo pipefail
 REPO=$(cd "$(dirname "$0")" && pwd)
 . "$REPO/e2e/lib.sh"
 
-PROXY=ours MODE=nftables NODES=3 PROCS=3 KEEP=0 REPORT="" DOCS=0 BINARY="" MIGRATE=0
+PROXY=ours MODE=nftables NODES=3 PROCS=3 KEEP=0 REPORT="" DOCS=0 BINARY="" MIGRATE=0 SERIAL=0
 FOCUS='\[sig-network\]'
 SKIP='\[Slow\]|\[Serial\]|\[Disruptive\]|\[Flaky\]|\[Feature:.+\]'
 EXTRA_SKIP=""
@@ -28,10 +29,11 @@ while [ $# -gt 0 ]; do
     --procs) PROCS=$2; shift 2 ;;
     --binary) BINARY=$2; shift 2 ;;
     --migrate) MIGRATE=1; PROXY=upstream; shift ;;
+    --serial) SERIAL=1; PROCS=1; shift ;;
     --report) REPORT=$2; shift 2 ;;
     --keep) KEEP=1; shift ;;
     --docs) DOCS=1; shift ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
@@ -55,6 +57,11 @@ if [ ${#need[@]} -gt 0 ]; then
     || die "could not install ${need[*]}"
 fi
 [ -e /run/netns/$LAB_NS ] && die "$LAB_NS exists: another run is active, or run e2e/down.sh /tmp/kpe2e.* to clean up"
+if [ $SERIAL = 1 ]; then
+  # only what the default run leaves out for being [Serial] or [Disruptive]
+  FOCUS="(?:$FOCUS).*(?:\[Serial\]|\[Disruptive\])"
+  SKIP='\[Slow\]|\[Flaky\]|\[Feature:.+\]'
+fi
 while IFS=$'\t' read -r re _; do
   case $re in ''|'#'*) continue ;; esac
   SKIP="$SKIP|$re"
