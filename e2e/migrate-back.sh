@@ -14,7 +14,7 @@ kc -n kube-system delete daemonset kube-proxy-rs >/dev/null
 [ $MODE = iptables ] && exit 0
 for i in $(seq 1 $NODES); do
   out=$(kc debug node/$(node_name $i) --profile=sysadmin --image=kube-proxy-rs:0.1.1 -- \
-    sh -c 'nft delete table ip kube-proxy-rs; nft delete table ip6 kube-proxy-rs' 2>&1)
+    sh -c 'nft delete table ip kube-proxy-rs; nft delete table ip6 kube-proxy-rs; nft list tables' 2>&1)
   pod=$(sed -n 's/^Creating debugging pod \([^ ]*\) .*/\1/p' <<<"$out")
   [ -n "$pod" ] || die "kubectl debug node/$(node_name $i): $out"
   kc wait --for=jsonpath='{.status.phase}'=Succeeded pod/$pod --timeout=60s >/dev/null \

@@ -29,7 +29,7 @@ pub mod sync;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use conntrack::{Conntrack, ConntrackCli, ConntrackNetlink};
 pub use programmed::{Programmed, ProgrammedFamily, ProgrammedState};
-pub use report::{NoReport, SyncHealth, SyncMetrics};
+pub use report::{ClaimEvents, NoReport, SyncHealth, SyncMetrics};
 pub use sync::{
     FamilyProxier, HealthCheckData, Pacer, SyncLoop, DRAIN_AT_MOST, FULL_SYNC_PERIOD,
     LARGE_CLUSTER_ENDPOINTS, TO_BE_DELETED_TAINT,

@@ -22,10 +22,6 @@ pub trait SyncMetrics: Send {
     /// Address claims refused this sync: lost to a host process listening
     /// there, or to another Service (kp_model::claims).
     fn claims_refused(&self, _family: IpFamily, _to_host: u64, _to_service: u64) {}
-    /// One newly refused claim (also counted in `claims_refused`): the binary
-    /// posts a Warning Event on the Service, so its owner sees why the
-    /// address does not answer.
-    fn claim_refused(&self, _family: IpFamily, _claim: &kp_model::RefusedClaim) {}
     /// `family` synced successfully in `secs`.
     fn synced(&self, family: IpFamily, report: &SyncReport, secs: f64);
     /// A change reached the kernel `secs` after its trigger time.
@@ -38,6 +34,13 @@ pub trait SyncMetrics: Send {
     fn conntrack_reconciled(&self, family: IpFamily, secs: f64, deleted: u64);
     /// The source lost (false) or regained (true) its connection.
     fn source_connected(&self, connected: bool);
+}
+
+/// Where each newly refused address claim goes (also counted in
+/// [`SyncMetrics::claims_refused`]): the binary posts a Warning Event on the
+/// Service, so its owner sees why the address does not answer.
+pub trait ClaimEvents: Send {
+    fn refused(&self, family: IpFamily, claim: &kp_model::RefusedClaim);
 }
 
 /// Health the sync loop reports (upstream's ProxyHealthServer updates).
@@ -75,4 +78,8 @@ impl SyncHealth for NoReport {
     fn updated(&self, _: IpFamily) {}
     fn set_node_eligible(&self, _: bool) {}
     fn set_source_connected(&self, _: bool) {}
+}
+
+impl ClaimEvents for NoReport {
+    fn refused(&self, _: IpFamily, _: &kp_model::RefusedClaim) {}
 }

@@ -21,7 +21,7 @@ use kp_source::SourceEvent;
 use crate::clock::Clock;
 use crate::conntrack::Conntrack;
 use crate::programmed::ProgrammedState;
-use crate::report::{SyncHealth, SyncMetrics};
+use crate::report::{ClaimEvents, SyncHealth, SyncMetrics};
 
 /// Token bucket of upstream's BoundedFrequencyRunner.
 pub struct Pacer {
@@ -152,6 +152,8 @@ pub struct SyncLoop {
     pub conntrack: Box<dyn Conntrack>,
     /// Where time comes from ([`crate::SystemClock`] outside tests).
     pub clock: Box<dyn Clock>,
+    /// Receives each newly refused address claim.
+    pub claim_events: Box<dyn ClaimEvents>,
     /// Receives health-check data after every sync.
     pub on_synced: Box<dyn FnMut(HealthCheckData) + Send>,
     /// Updated after each successful sync of a family with the ports it
@@ -307,7 +309,7 @@ impl SyncLoop {
                         to_host += 1;
                     }
                     tracing::warn!(family = %fam, claim = %r, "address claim refused; the address keeps its owner");
-                    self.metrics.claim_refused(fam, r);
+                    self.claim_events.refused(fam, r);
                 }
                 self.metrics
                     .claims_refused(fam, to_host, cs.refused.len() as u64 - to_host);

@@ -155,6 +155,7 @@ fn start(
         sync_period: sync,
         metrics: Box::new(metrics.clone()),
         health: Arc::new(NoReport),
+        claim_events: Box::new(NoReport),
         conntrack: Box::new(NoConntrack),
         clock: Box::new(clock.clone()),
         on_synced: Box::new(|_| {}),

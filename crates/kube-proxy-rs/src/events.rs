@@ -10,6 +10,19 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
+/// Refused address claims from the sync loop, queued for the API source side,
+/// which posts each as a Warning Event on its Service (manifest mode has no
+/// receiver: they are dropped there).
+pub struct ClaimEventQueue(pub tokio::sync::mpsc::UnboundedSender<kp_model::RefusedClaim>);
+
+impl kp_sync::ClaimEvents for ClaimEventQueue {
+    fn refused(&self, _family: kp_model::IpFamily, claim: &kp_model::RefusedClaim) {
+        // The receiver is gone only while the process shuts down, or in
+        // manifest mode.
+        let _ = self.0.send(claim.clone());
+    }
+}
+
 /// reportingController of our Events.
 pub const CONTROLLER: &str = "kube-proxy-rs";
 /// Upstream's reason and action for the start event.

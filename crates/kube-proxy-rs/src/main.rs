@@ -25,7 +25,7 @@ use kube_proxy_rs::metrics::Metrics;
 use kube_proxy_rs::modes::{self, FAMILIES};
 use kube_proxy_rs::nodecidr::{self, PodCidrWatch};
 use kube_proxy_rs::server::{self, HealthState};
-use kube_proxy_rs::{cleanup, dryrun, host, source};
+use kube_proxy_rs::{cleanup, dryrun, events, host, source};
 
 // mimalloc instead of glibc malloc: at 10k-50k Services a sync allocates and
 // frees millions of small strings, and glibc's chunk consolidation was the
@@ -192,7 +192,6 @@ async fn serve(
     // Refused address claims: counted by the sync loop, posted as Events on
     // their Services by the API source side (events.rs).
     let (claim_tx, claim_rx) = tokio::sync::mpsc::unbounded_channel();
-    metrics.forward_claim_events(claim_tx);
     let mut rx = source::start_source(&cfg, claim_rx).await?;
 
     if cfg.dry_run {
@@ -256,6 +255,7 @@ async fn serve(
         sync_period: cfg.sync_period,
         metrics: Box::new(metrics),
         health,
+        claim_events: Box::new(events::ClaimEventQueue(claim_tx)),
         // Netlink by default (no program needed); KUBE_PROXY_RS_CONNTRACK=cli
         // runs conntrack-tools instead.
         conntrack: match std::env::var("KUBE_PROXY_RS_CONNTRACK").as_deref() {

@@ -91,8 +91,6 @@ struct Inner {
     userspace_errors: CounterVec,
     source_connected: Gauge,
     server_restarts: CounterVec,
-    /// Where refused address claims go to become Events (API mode).
-    claim_events: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<kp_model::RefusedClaim>>,
 }
 
 /// All metrics of one process. Cheap to clone (shared).
@@ -340,7 +338,6 @@ impl Metrics {
                 userspace_errors,
                 source_connected,
                 server_restarts,
-                claim_events: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -578,15 +575,6 @@ impl Metrics {
         }
     }
 
-    /// Refused address claims reported by the sync loop are sent to `tx`
-    /// (events.rs posts them as Events on the Service). Set once, in API mode.
-    pub fn forward_claim_events(
-        &self,
-        tx: tokio::sync::mpsc::UnboundedSender<kp_model::RefusedClaim>,
-    ) {
-        let _ = self.inner.claim_events.set(tx);
-    }
-
     /// The `server` ("healthz", "metrics") stopped and is started again.
     pub fn inc_server_restart(&self, server: &str) {
         self.inner
@@ -637,12 +625,6 @@ impl kp_sync::SyncMetrics for Metrics {
     }
     fn rules_lost(&self, family: IpFamily) {
         self.inc_rules_lost(family);
-    }
-    fn claim_refused(&self, _family: IpFamily, claim: &kp_model::RefusedClaim) {
-        if let Some(tx) = self.inner.claim_events.get() {
-            // The receiver is gone only while the process shuts down.
-            let _ = tx.send(claim.clone());
-        }
     }
     fn claims_refused(&self, family: IpFamily, to_host: u64, to_service: u64) {
         for (holder, n) in [("host", to_host), ("service", to_service)] {
