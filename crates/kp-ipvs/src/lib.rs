@@ -34,7 +34,9 @@ pub use proxier::{host_sysctls, init_host, IpvsProxier, DUMMY_DEV};
 pub use rtnl::msg as rtnl_msg;
 pub use rules::{jumps, restore_input, with_jumps};
 
-/// Helpers for tests elsewhere (byte-level message tests, VM harness).
+/// Helpers for tests (byte-level message tests, VM harness): feature
+/// `testing`, which only dev-dependencies enable; not the product's API.
+#[cfg(any(test, feature = "testing"))]
 pub mod internals {
     pub use crate::ipset::{add_line, create_lines, name as set_name, parse_save};
     pub use crate::ipvs::{parse_dest, parse_service};

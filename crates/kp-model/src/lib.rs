@@ -5,7 +5,8 @@
 //! port's endpoints are picked per traffic policy, once for every dataplane, by
 //! [`EndpointSelection`], and [`ChangeTracker`] collapses any number of object
 //! updates into one [`ChangeSet`] per sync. Nothing in this crate does I/O, so
-//! it is tested fast and fuzzed. [`testing`] has builders for tests.
+//! it is tested fast and fuzzed. `testing` (feature `testing`) has builders
+//! for tests; it is not part of the product's API.
 
 // Data from outside (API objects, files, the kernel) must never panic the
 // proxy: no unwrap/expect outside tests (issue 19).
@@ -18,6 +19,7 @@ pub mod explain;
 mod names;
 mod selection;
 pub mod status;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod topology;
 mod tracker;

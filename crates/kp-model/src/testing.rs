@@ -3,21 +3,7 @@
 //! literals. Plain values, no I/O; addresses are parsed from strings and a
 //! bad one panics (they are written by the test).
 //!
-//! ```
-//! use kp_model::{Endpoint, NodeInfo, ServicePort};
-//! let sp = ServicePort::builder("default", "web")
-//!     .port_name("http")
-//!     .cluster_ip("10.96.0.10")
-//!     .node_port(30080)
-//!     .local_external()
-//!     .build();
-//! let eps = [
-//!     Endpoint::at("10.244.1.5:8080").local(),
-//!     Endpoint::at("10.244.2.6:8080").serving_terminating(),
-//! ];
-//! let node = NodeInfo::named("node1").in_zone("zone-a");
-//! assert!(sp.external_policy_local && eps[0].is_local && node.zone.is_some());
-//! ```
+//! (`builders_in_one_line` below shows each in use.)
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -195,17 +181,30 @@ impl Endpoint {
 }
 
 impl NodeInfo {
-    /// A node without a zone label.
-    pub fn named(name: &str) -> NodeInfo {
-        NodeInfo {
-            name: name.to_string(),
-            zone: None,
-        }
-    }
     /// With topology.kubernetes.io/zone `zone`.
     #[must_use]
     pub fn in_zone(mut self, zone: &str) -> NodeInfo {
         self.zone = Some(zone.to_string());
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn builders_in_one_line() {
+        use crate::{Endpoint, NodeInfo, ServicePort};
+        let sp = ServicePort::builder("default", "web")
+            .port_name("http")
+            .cluster_ip("10.96.0.10")
+            .node_port(30080)
+            .local_external()
+            .build();
+        let eps = [
+            Endpoint::at("10.244.1.5:8080").local(),
+            Endpoint::at("10.244.2.6:8080").serving_terminating(),
+        ];
+        let node = NodeInfo::named("node1").in_zone("zone-a");
+        assert!(sp.external_policy_local && eps[0].is_local && node.zone.is_some());
     }
 }

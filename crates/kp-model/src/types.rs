@@ -388,6 +388,16 @@ pub struct NodeInfo {
     pub zone: Option<String>,
 }
 
+impl NodeInfo {
+    /// A node whose zone is not known (yet).
+    pub fn named(name: &str) -> NodeInfo {
+        NodeInfo {
+            name: name.to_string(),
+            zone: None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod placement_tests {
     use super::*;

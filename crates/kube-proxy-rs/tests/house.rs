@@ -448,3 +448,47 @@ fn every_product_crate_takes_the_workspace_lints() {
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
+
+/// Test helpers (kp_model::testing, kp_ipvs::internals) sit behind the
+/// `testing` feature, which only dev-dependencies turn on: the product is
+/// built without them (`cargo build` would fail if it used one).
+#[test]
+fn test_helpers_stay_out_of_the_product() {
+    let mut wrong = Vec::new();
+    for (name, dir) in crates() {
+        if LAB.contains(&name.as_str()) {
+            continue;
+        }
+        let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+        let mut section = String::new();
+        for line in manifest.lines() {
+            let l = line.trim();
+            if l.starts_with('[') {
+                section = l.to_string();
+            } else if section == "[dependencies]" && l.contains("\"testing\"") {
+                wrong.push(format!(
+                    "{name}: [dependencies] turns on a testing feature: {l}"
+                ));
+            }
+        }
+    }
+    for (krate, module) in [
+        ("kp-model", "pub mod testing;"),
+        ("kp-ipvs", "pub mod internals"),
+    ] {
+        let lib =
+            std::fs::read_to_string(workspace().join("crates").join(krate).join("src/lib.rs"))
+                .unwrap();
+        let at = lib
+            .find(module)
+            .unwrap_or_else(|| panic!("{krate}: no `{module}`"));
+        let before = lib[..at].lines().rev().nth(1).unwrap_or_default();
+        assert!(
+            lib[..at]
+                .trim_end()
+                .ends_with("#[cfg(any(test, feature = \"testing\"))]"),
+            "{krate}: `{module}` is not behind the testing feature (line before: {before:?})"
+        );
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
