@@ -9,7 +9,7 @@
 //! has nothing to say produces no event at all). Data from a watcher that
 //! did not fail proves nothing about the ones that did.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::HashSet;
 use std::time::Duration;
 
 use futures::stream::{BoxStream, SelectAll};
@@ -23,6 +23,7 @@ use tokio::sync::mpsc::{self, Sender};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
+use crate::connection::{Connection, Watch};
 use crate::service::ProxiedService;
 use crate::{SourceError, SourceEvent};
 
@@ -120,7 +121,6 @@ struct Known {
     keys: HashSet<(String, String)>,
     /// Keys seen since the current relist began (None when not relisting).
     relist: Option<HashSet<(String, String)>>,
-    listed_once: bool,
 }
 
 impl Known {
@@ -145,7 +145,6 @@ impl Known {
 
     /// Ends a relist; returns the keys that went away meanwhile.
     fn init_done(&mut self) -> Vec<(String, String)> {
-        self.listed_once = true;
         let Some(seen) = self.relist.take() else {
             return Vec::new();
         };
@@ -185,6 +184,11 @@ fn translate<K: ResourceExt + Clone>(
     }
 }
 
+/// True for the end of a complete list.
+fn is_list_end<K>(ev: &Event<K>) -> bool {
+    matches!(ev, Event::InitDone)
+}
+
 /// True for events that prove the API server answered (Init is produced
 /// locally before any request).
 fn is_data<K>(ev: &Event<K>) -> bool {
@@ -197,22 +201,21 @@ fn is_disconnect(err: &watcher::Error) -> bool {
     !matches!(err, watcher::Error::WatchError(status) if status.code == 410)
 }
 
-struct Conn {
-    /// The watches whose last error was a disconnection and that have
-    /// delivered nothing since; connected while it is empty. Only data
-    /// from one of them proves the server answers again: a server failing
-    /// only EndpointSlice lists kept answering Service lists, and taking
-    /// those for a reconnection restarted every watch at once, again and
-    /// again (~45 lists in half a second).
-    failing: BTreeSet<&'static str>,
-    probe: Option<JoinHandle<()>>,
-}
+/// The running probe (connection.rs decides when); aborted when dropped.
+#[derive(Default)]
+struct Probe(Option<JoinHandle<()>>);
 
-impl Drop for Conn {
-    fn drop(&mut self) {
-        if let Some(p) = self.probe.take() {
+impl Probe {
+    fn stop(&mut self) {
+        if let Some(p) = self.0.take() {
             p.abort();
         }
+    }
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
@@ -371,11 +374,8 @@ pub async fn run_api_source(
     let mut svc_known = Known::default();
     let mut slice_known = Known::default();
     let mut node_known = Known::default();
-    let mut synced = false;
-    let mut conn = Conn {
-        failing: BTreeSet::new(),
-        probe: None,
-    };
+    let mut conn = Connection::new();
+    let mut probe_task = Probe::default();
     let (probe_tx, mut probe_rx) = mpsc::channel::<()>(1);
 
     info!(node = %opts.node_name, selector = ?opts.label_selector, "watching the API server");
@@ -383,9 +383,8 @@ pub async fn run_api_source(
         let item = tokio::select! {
             _ = tx.closed() => return Ok(()),
             Some(()) = probe_rx.recv() => {
-                conn.probe = None;
-                if !conn.failing.is_empty() {
-                    conn.failing.clear();
+                probe_task.0 = None;
+                if conn.probe_answered() {
                     // The watchers may sit in their backoff (up to 30 s)
                     // although the server answers again: start fresh ones,
                     // which relist (without flushing, see Known) at once, so
@@ -403,11 +402,11 @@ pub async fn run_api_source(
                 None => return Err(SourceError::WatchEnded),
             },
         };
-        let (resource, outcome) = match item {
+        let (watch, outcome) = match item {
             Item::Service(r) => (
-                "services",
+                Watch::Services,
                 (*r).map(|ev| {
-                    let data = is_data(&ev);
+                    let data = (is_data(&ev), is_list_end(&ev));
                     let out = translate(
                         ev,
                         &mut svc_known,
@@ -418,9 +417,9 @@ pub async fn run_api_source(
                 }),
             ),
             Item::Slice(r) => (
-                "endpointslices",
+                Watch::EndpointSlices,
                 (*r).map(|ev| {
-                    let data = is_data(&ev);
+                    let data = (is_data(&ev), is_list_end(&ev));
                     let out = translate(
                         ev,
                         &mut slice_known,
@@ -431,9 +430,9 @@ pub async fn run_api_source(
                 }),
             ),
             Item::Node(r) => (
-                "nodes",
+                Watch::Nodes,
                 (*r).map(|ev| {
-                    let data = is_data(&ev);
+                    let data = (is_data(&ev), is_list_end(&ev));
                     // SourceEvent has no node deletion: the model keeps the
                     // last labels it saw, as upstream does when its Node goes.
                     let out = translate(
@@ -449,35 +448,22 @@ pub async fn run_api_source(
                 }),
             ),
         };
+        let resource = watch.as_str();
         let mut out = Vec::new();
         let mut restart = false;
         match outcome {
-            Ok((data, events)) => {
-                if data && conn.failing.remove(resource) {
-                    if let Some(p) = conn.probe.take() {
-                        p.abort();
-                    }
+            Ok(((data, listed), events)) => {
+                let step = conn.delivered(watch, data, listed);
+                if step.stop_probe {
+                    probe_task.stop();
+                }
+                if step.reconnected {
                     info!(resource, "API watch delivering again");
                     out.push(SourceEvent::Reconnected);
-                    // The other watchers that failed may sit in their
-                    // backoff (up to 30 s after a long outage): fresh ones
-                    // relist now, as after a successful probe. One that
-                    // fails again is a new disconnection, and only its own
-                    // data ends that one: no restart loop.
-                    restart = !conn.failing.is_empty();
-                    conn.failing.clear();
                 }
+                restart = step.restart_watches;
                 out.extend(events);
-                // The Node's list too: its zone label decides topology
-                // hints, and a first sync without it would spread traffic
-                // over every zone until the Node arrived (upstream likewise
-                // has its Node before its first sync).
-                if !synced
-                    && svc_known.listed_once
-                    && slice_known.listed_once
-                    && node_known.listed_once
-                {
-                    synced = true;
+                if step.synced {
                     out.push(SourceEvent::Synced);
                 }
             }
@@ -485,23 +471,22 @@ pub async fn run_api_source(
                 debug!(resource, "watch history expired, relisting: {err}");
             }
             Err(err) => {
-                let was_connected = conn.failing.is_empty();
-                conn.failing.insert(resource);
-                if was_connected {
+                let step = conn.failed(watch);
+                if step.disconnected {
                     warn!(
                         resource,
                         "API watch failed, keeping the current rules: {err}"
                     );
                     out.push(SourceEvent::Disconnected(format!("{resource}: {err}")));
-                    if conn.probe.is_none() {
-                        conn.probe = Some(tokio::spawn(probe(
-                            client.clone(),
-                            opts.clone(),
-                            probe_tx.clone(),
-                        )));
-                    }
                 } else {
                     debug!(resource, "API watch still failing: {err}");
+                }
+                if step.start_probe {
+                    probe_task.0 = Some(tokio::spawn(probe(
+                        client.clone(),
+                        opts.clone(),
+                        probe_tx.clone(),
+                    )));
                 }
             }
         }
@@ -640,7 +625,6 @@ mod tests {
         assert_eq!(run(&mut k, Event::InitApply(svc("a", "x"))), ["+x"]);
         assert_eq!(run(&mut k, Event::InitApply(svc("a", "y"))), ["+y"]);
         assert!(run(&mut k, Event::InitDone).is_empty());
-        assert!(k.listed_once);
         assert_eq!(run(&mut k, Event::Apply(svc("a", "z"))), ["+z"]);
         // Relist: y is gone, x and z remain.
         run(&mut k, Event::Init);

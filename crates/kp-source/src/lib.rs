@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 pub mod api;
+pub mod connection;
 pub mod manifest;
 pub mod service;
 
