@@ -137,6 +137,14 @@ fn run(cfg: ProxyConfig) -> Result<()> {
     } else {
         None
     };
+    if !cfg.dry_run && !cfg.cleanup {
+        // Like upstream on a mode switch: the other modes' rules (and
+        // upstream kube-proxy's) would otherwise keep steering traffic.
+        // Before the node's addresses are read: ipvs mode's kube-ipvs0
+        // holds Service IPs, which are no NodePort addresses.
+        cleanup::remove_leftovers(cleanup::Scope::StartingIn(cfg.mode), &cfg)
+            .log("removing other modes' leftovers");
+    }
     let node_ips = host::local_addresses();
     let metrics = Metrics::new();
     metrics.init_series(&FAMILIES);
@@ -166,12 +174,6 @@ fn run(cfg: ProxyConfig) -> Result<()> {
         }
         tracing::info!(removed = out.removed.len(), "removed every kube-proxy rule");
         return Ok(());
-    }
-    if !cfg.dry_run {
-        // Like upstream on a mode switch: the other modes' rules (and
-        // upstream kube-proxy's) would otherwise keep steering traffic.
-        cleanup::remove_leftovers(cleanup::Scope::StartingIn(cfg.mode), &cfg)
-            .log("removing other modes' leftovers");
     }
     // The settings the dataplanes were built with, for /debug/explain.
     let proxier_configs: Vec<ProxierConfig> = FAMILIES

@@ -336,6 +336,10 @@ fn starting_in_nftables_mode_removes_other_modes_leftovers() {
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_file(&log);
     assert!(ok, "no first sync\n{stderr}");
+    // kube-ipvs0's Service IP went before the node's addresses were read:
+    // it is no NodePort address (nftables mode's default is `primary`).
+    let ips = ns.ok(&["nft", "list", "set", "ip", "kube-proxy-rs", "nodeport-ips"]);
+    assert!(!ips.contains("10.96.0.1"), "{ips}");
     let nft = ns.ok(&["nft", "list", "tables"]);
     assert!(!nft.contains("table ip kube-proxy\n"), "{nft}");
     assert!(!nft.contains("table ip6 kube-proxy\n"), "{nft}");
