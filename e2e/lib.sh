@@ -9,7 +9,7 @@ IMAGES=${IMAGES:-$REPO/target/e2e-images} # content-keyed image tars
 # ../shared/k8s beside the checkout (as CI has it)
 K8S_SHARED=${K8S_SHARED:-$(cd "$REPO/../shared/k8s" 2>/dev/null && pwd || echo /work/shared/k8s)}
 
-PREFIX=kpe2e
+PREFIX=${KP_E2E_PREFIX:-kpe2e}  # another prefix: a second lab beside the first
 LAB_NS=$PREFIX-lab                 # control plane, e2e.test, the lab DNS
 LAB_IP=172.30.0.1                  # on the lab bridge br0 (inside $LAB_NS only)
 LAB_NET=172.30.0.0/24
