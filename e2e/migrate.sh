@@ -69,7 +69,7 @@ spec:
             while :; do
               t=\$(date +%s.%N)
               if curl -s -o /dev/null -m 1 "\$2"; then echo "\$t \$1 ok"; else echo "\$t \$1 FAIL"; fi
-              sleep 0.05
+              sleep 0.02
             done
           }
           loop clusterip http://$CIP/hostname &
