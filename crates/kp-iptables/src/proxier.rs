@@ -336,8 +336,8 @@ impl IptablesProxier {
 }
 
 impl Dataplane for IptablesProxier {
-    fn mode(&self) -> &'static str {
-        "iptables"
+    fn mode(&self) -> kp_model::DataplaneKind {
+        kp_model::DataplaneKind::Iptables
     }
 
     fn sync(

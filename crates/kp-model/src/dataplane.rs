@@ -140,12 +140,46 @@ impl std::fmt::Display for RefusedList<'_> {
     }
 }
 
+/// Which dataplane a [`Dataplane`] is: its name in logs, and which of
+/// upstream's failure counters its failed syncs count in (the binary's
+/// metrics match on it, so a new kind must say).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DataplaneKind {
+    Nftables,
+    /// nftables with socket load balancing (`--socket-lb`).
+    NftablesSocketLb,
+    /// The socket load balancer alone (its maps; nftables wraps it).
+    SocketLb,
+    Iptables,
+    Ipvs,
+    Userspace,
+}
+
+impl DataplaneKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DataplaneKind::Nftables => "nftables",
+            DataplaneKind::NftablesSocketLb => "nftables+socket-lb",
+            DataplaneKind::SocketLb => "socket-lb",
+            DataplaneKind::Iptables => "iptables",
+            DataplaneKind::Ipvs => "ipvs",
+            DataplaneKind::Userspace => "userspace",
+        }
+    }
+}
+
+impl std::fmt::Display for DataplaneKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A proxy mode. The sync loop owns one per IP family and calls it from one
 /// thread; implementations keep whatever they last programmed so that a partial
 /// sync sends only the difference.
 pub trait Dataplane: Send {
-    /// "nftables", "iptables", ...
-    fn mode(&self) -> &'static str;
+    /// Which dataplane this is.
+    fn mode(&self) -> DataplaneKind;
 
     /// Programs `state`. `changed` lists the service ports whose service or
     /// endpoints changed since the previous call; with `full` (or when the previous

@@ -31,7 +31,7 @@ pub use convert::{
     ConvertError, NodeDetails, PodCidrs, SliceEndpoints, TO_BE_DELETED_TAINT, ZONE_LABEL,
 };
 pub use dataplane::{
-    Dataplane, DataplaneError, LocalDetector, ProxierConfig, RefusedOp, SyncReport,
+    Dataplane, DataplaneError, DataplaneKind, LocalDetector, ProxierConfig, RefusedOp, SyncReport,
 };
 pub use names::{chain_hash, is_dns_label, is_port_name};
 pub use selection::{EndpointSelection, EndpointSet, NoEndpoints};

@@ -968,8 +968,8 @@ impl Claims {
 }
 
 impl Dataplane for NftablesProxier {
-    fn mode(&self) -> &'static str {
-        "nftables"
+    fn mode(&self) -> kp_model::DataplaneKind {
+        kp_model::DataplaneKind::Nftables
     }
 
     fn sync(

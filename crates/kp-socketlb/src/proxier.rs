@@ -412,8 +412,8 @@ impl SocketLbProxier {
 }
 
 impl Dataplane for SocketLbProxier {
-    fn mode(&self) -> &'static str {
-        "socket-lb"
+    fn mode(&self) -> kp_model::DataplaneKind {
+        kp_model::DataplaneKind::SocketLb
     }
 
     fn sync(

@@ -735,8 +735,8 @@ impl UserspaceProxier {
 }
 
 impl Dataplane for UserspaceProxier {
-    fn mode(&self) -> &'static str {
-        "userspace"
+    fn mode(&self) -> kp_model::DataplaneKind {
+        kp_model::DataplaneKind::Userspace
     }
 
     fn sync(

@@ -11,7 +11,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use kp_model::{IpFamily, SyncReport};
+use kp_model::{DataplaneKind, IpFamily, SyncReport};
 use prometheus_client::encoding::text::encode_registry;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -372,16 +372,21 @@ impl Metrics {
     /// (iptables and ipvs: iptables_restore_failures; nftables:
     /// nftables_sync_failures). Other modes have no upstream counter.
     /// A combined mode ("nftables+socket-lb") counts under its rules mode's.
-    pub fn inc_sync_failure(&self, family: IpFamily, mode: &str) {
+    pub fn inc_sync_failure(&self, family: IpFamily, mode: DataplaneKind) {
         let l = fam(family);
-        match mode.split('+').next().unwrap_or(mode) {
-            "iptables" | "ipvs" => {
+        // Upstream's counters: iptables-restore's (iptables, and ipvs mode's
+        // iptables rules) and nftables'. Userspace mode has none upstream
+        // (kubeproxy_rs_sync_retries_total counts every mode).
+        match mode {
+            DataplaneKind::Iptables | DataplaneKind::Ipvs => {
                 self.inner.iptables_restore_failures.get_or_create(&l).inc();
             }
-            "nftables" => {
+            DataplaneKind::Nftables | DataplaneKind::NftablesSocketLb => {
                 self.inner.nftables_sync_failures.get_or_create(&l).inc();
             }
-            _ => {}
+            // The socket load balancer alone runs only inside
+            // NftablesSocketLb, which reports for both.
+            DataplaneKind::Userspace | DataplaneKind::SocketLb => {}
         }
     }
 
@@ -641,11 +646,11 @@ impl kp_sync::SyncMetrics for Metrics {
     fn programming_latency(&self, family: IpFamily, secs: f64) {
         self.observe_programming_latency(family, secs);
     }
-    fn sync_failed(&self, family: IpFamily, mode: &str, full: bool) {
+    fn sync_failed(&self, family: IpFamily, mode: DataplaneKind, full: bool) {
         self.inc_sync_failure(family, mode);
         // Upstream's iptables proxier counts a failed partial sync (then
         // syncs in full); its IPVS proxier has no partial syncs.
-        if mode == "iptables" && !full {
+        if mode == DataplaneKind::Iptables && !full {
             self.inc_partial_restore_failure(family);
         }
         self.inc_sync_retry(family);
@@ -725,10 +730,10 @@ mod tests {
     fn sync_failures_count_in_every_rules_mode() {
         use kp_sync::SyncMetrics;
         let m = Metrics::new();
-        m.sync_failed(IpFamily::V4, "nftables+socket-lb", true);
-        m.sync_failed(IpFamily::V4, "nftables", false);
-        m.sync_failed(IpFamily::V6, "ipvs", true);
-        m.sync_failed(IpFamily::V6, "iptables", false);
+        m.sync_failed(IpFamily::V4, DataplaneKind::NftablesSocketLb, true);
+        m.sync_failed(IpFamily::V4, DataplaneKind::Nftables, false);
+        m.sync_failed(IpFamily::V6, DataplaneKind::Ipvs, true);
+        m.sync_failed(IpFamily::V6, DataplaneKind::Iptables, false);
         let text = m.encode();
         for want in [
             "kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family=\"IPv4\"} 2\n",

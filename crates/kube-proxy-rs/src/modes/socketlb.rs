@@ -127,8 +127,8 @@ pub fn wrap(
 }
 
 impl Dataplane for WithSocketLb {
-    fn mode(&self) -> &'static str {
-        "nftables+socket-lb"
+    fn mode(&self) -> kp_model::DataplaneKind {
+        kp_model::DataplaneKind::NftablesSocketLb
     }
 
     fn sync(
