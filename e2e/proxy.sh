@@ -44,12 +44,6 @@ configMapGenerator:
       - kubeconfig.conf
 generatorOptions:
   disableNameSuffixHash: true
-# how e2e.test finds the proxy pods to restart ("Services should work after
-# restarting kube-proxy [Disruptive]"): the pods only, not the selector
-labels:
-  - pairs: {component: kube-proxy}
-    includeTemplates: true
-    includeSelectors: false
 EOT
   if [ $MODE = socketlb ]; then
     # the YAML block after "# kustomize patch for deploy/" in docs/ebpf.md
