@@ -430,10 +430,15 @@ fn normalize_nft(text: &str) -> Vec<String> {
             "rule" => {
                 let chain = obj["chain"].as_str().unwrap_or_default().to_string();
                 let mut expr = obj["expr"].clone();
-                resolve_slots(&fam, &mut expr, &maps);
-                // The affinity rules, and the new client's DNAT by hash.
+                // The affinity rules, and the new client's DNAT by hash:
+                // told before the slots are resolved, which replaces the
+                // jhash key by the picks. Their endpoints keep their index
+                // across partial syncs (keep_affinity_places), where a
+                // fresh full sync places them in the model's order.
                 let text = expr.to_string();
-                if text.contains("@affinity-") || text.contains("\"jhash\"") {
+                let affinity = text.contains("@affinity-") || text.contains("\"jhash\"");
+                resolve_slots(&fam, &mut expr, &maps);
+                if affinity {
                     let targets = affinity_targets
                         .entry(format!("{fam} {chain}"))
                         .or_default();
