@@ -293,12 +293,9 @@ fn pinned_backend_cleanup_leaves_the_other_backend_alone() {
     assert!(chains(&ns.ok(&["iptables-nft-save"])).contains(&"KUBE-NODE-PORT".into()));
 }
 
-/// Starting in nftables mode removes the other modes' and upstream's objects
-/// (as upstream does on a mode switch) and then programs its own table.
-#[test]
-fn starting_in_nftables_mode_removes_other_modes_leftovers() {
-    let ns = Ns::new("start");
-    plant(&ns);
+/// Starts the proxy (nftables mode) in `ns` on a manifest directory with one
+/// Service, 10.96.0.10:80; returns it, the directory and its log file.
+fn start_with_one_service(ns: &Ns) -> (std::process::Child, PathBuf, PathBuf) {
     let dir: PathBuf = std::env::temp_dir().join(format!("{}-manifests", ns.0));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(
@@ -308,7 +305,7 @@ fn starting_in_nftables_mode_removes_other_modes_leftovers() {
     )
     .unwrap();
     let log = std::env::temp_dir().join(format!("{}.log", ns.0));
-    let mut child = Command::new("ip")
+    let child = Command::new("ip")
         .args(["netns", "exec", &ns.0, binary()])
         .arg(format!("--manifests={}", dir.display()))
         .args([
@@ -320,6 +317,16 @@ fn starting_in_nftables_mode_removes_other_modes_leftovers() {
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
+    (child, dir, log)
+}
+
+/// Starting in nftables mode removes the other modes' and upstream's objects
+/// (as upstream does on a mode switch) and then programs its own table.
+#[test]
+fn starting_in_nftables_mode_removes_other_modes_leftovers() {
+    let ns = Ns::new("start");
+    plant(&ns);
+    let (mut child, dir, log) = start_with_one_service(&ns);
     // (upstream's nftables table goes right after our first sync)
     let ok = kp_netlab::wait_until(Duration::from_secs(20), Duration::from_millis(100), || {
         let t = ns.ok(&["nft", "list", "tables"]);
@@ -462,26 +469,7 @@ add table ip6 kube-proxy
         "--init-only removed it:\n{nft}"
     );
 
-    let dir: PathBuf = std::env::temp_dir().join(format!("{}-manifests", ns.0));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("svc.yaml"),
-        "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\n\
-         spec: {clusterIP: 10.96.0.10, clusterIPs: [10.96.0.10], ports: [{name: http, port: 80, protocol: TCP}]}\n",
-    )
-    .unwrap();
-    let log = std::env::temp_dir().join(format!("{}.log", ns.0));
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", &ns.0, binary()])
-        .arg(format!("--manifests={}", dir.display()))
-        .args([
-            "--hostname-override=node1",
-            "--healthz-bind-address=127.0.0.1:10256",
-            "--metrics-bind-address=127.0.0.1:10249",
-        ])
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
+    let (mut child, dir, log) = start_with_one_service(&ns);
     let gone = kp_netlab::wait_until(Duration::from_secs(20), Duration::from_millis(50), || {
         let t = ns.ok(&["nft", "list", "tables"]);
         !t.contains("table ip kube-proxy\n") && !t.contains("table ip6 kube-proxy\n")
