@@ -242,8 +242,7 @@ async fn serve(
 
     let mut superseded = Superseded {
         mode: Some(cfg.mode),
-        health: health.clone(),
-        started: std::time::SystemTime::now(),
+        programmed: programmed.clone(),
     };
     let families: Vec<FamilyProxier> = modes::trackers(&cfg)
         .into_iter()
@@ -316,14 +315,20 @@ async fn serve(
 struct Superseded {
     /// None once done.
     mode: Option<ProxyMode>,
-    health: Arc<HealthState>,
-    started: std::time::SystemTime,
+    /// Where the sync loop records each family's successful syncs.
+    programmed: ProgrammedState,
 }
 
 impl Superseded {
     fn check(&mut self) {
         if let Some(mode) = self.mode {
-            if self.health.every_family_updated_after(self.started) {
+            let synced = {
+                let p = self.programmed.read();
+                FAMILIES
+                    .iter()
+                    .all(|f| p.family(*f).is_some_and(|f| f.last_sync.is_some()))
+            };
+            if synced {
                 self.mode = None;
                 cleanup::remove_superseded(mode).log("our rules are in place; removing upstream's");
             }

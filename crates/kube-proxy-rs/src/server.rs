@@ -169,12 +169,6 @@ impl HealthState {
         g.last_updated.insert(family, now);
     }
 
-    /// Whether every family's rules were updated after `t`.
-    pub fn every_family_updated_after(&self, t: SystemTime) -> bool {
-        let g = self.lock();
-        !g.last_updated.is_empty() && g.last_updated.values().all(|u| *u > t)
-    }
-
     /// False when the Node is being deleted or carries [`TO_BE_DELETED_TAINT`];
     /// only /healthz looks at it.
     pub fn set_node_eligible(&self, eligible: bool) {
