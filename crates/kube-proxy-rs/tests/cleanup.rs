@@ -293,9 +293,27 @@ fn pinned_backend_cleanup_leaves_the_other_backend_alone() {
     assert!(chains(&ns.ok(&["iptables-nft-save"])).contains(&"KUBE-NODE-PORT".into()));
 }
 
-/// Starts the proxy (nftables mode) in `ns` on a manifest directory with one
-/// Service, 10.96.0.10:80; returns it, the directory and its log file.
-fn start_with_one_service(ns: &Ns) -> (std::process::Child, PathBuf, PathBuf) {
+/// The proxy (nftables mode) running in a test namespace on a manifest
+/// directory with one Service, 10.96.0.10:80.
+struct Running {
+    child: std::process::Child,
+    dir: PathBuf,
+    log: PathBuf,
+}
+
+impl Running {
+    /// Stops it, removes its files; its log.
+    fn stop(mut self) -> String {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let stderr = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = std::fs::remove_file(&self.log);
+        stderr
+    }
+}
+
+fn start_with_one_service(ns: &Ns) -> Running {
     let dir: PathBuf = std::env::temp_dir().join(format!("{}-manifests", ns.0));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(
@@ -317,7 +335,7 @@ fn start_with_one_service(ns: &Ns) -> (std::process::Child, PathBuf, PathBuf) {
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    (child, dir, log)
+    Running { child, dir, log }
 }
 
 /// Starting in nftables mode removes the other modes' and upstream's objects
@@ -326,7 +344,7 @@ fn start_with_one_service(ns: &Ns) -> (std::process::Child, PathBuf, PathBuf) {
 fn starting_in_nftables_mode_removes_other_modes_leftovers() {
     let ns = Ns::new("start");
     plant(&ns);
-    let (mut child, dir, log) = start_with_one_service(&ns);
+    let proxy = start_with_one_service(&ns);
     // (upstream's nftables table goes right after our first sync)
     let ok = kp_netlab::wait_until(Duration::from_secs(20), Duration::from_millis(100), || {
         let t = ns.ok(&["nft", "list", "tables"]);
@@ -337,11 +355,7 @@ fn starting_in_nftables_mode_removes_other_modes_leftovers() {
                 .ok(&["nft", "list", "table", "ip", "kube-proxy-rs"])
                 .contains("10.96.0.10")
     });
-    let _ = child.kill();
-    let _ = child.wait();
-    let stderr = std::fs::read_to_string(&log).unwrap_or_default();
-    let _ = std::fs::remove_dir_all(&dir);
-    let _ = std::fs::remove_file(&log);
+    let stderr = proxy.stop();
     assert!(ok, "no first sync\n{stderr}");
     // kube-ipvs0's Service IP went before the node's addresses were read:
     // it is no NodePort address (nftables mode's default is `primary`).
@@ -469,16 +483,12 @@ add table ip6 kube-proxy
         "--init-only removed it:\n{nft}"
     );
 
-    let (mut child, dir, log) = start_with_one_service(&ns);
+    let proxy = start_with_one_service(&ns);
     let gone = kp_netlab::wait_until(Duration::from_secs(20), Duration::from_millis(50), || {
         let t = ns.ok(&["nft", "list", "tables"]);
         !t.contains("table ip kube-proxy\n") && !t.contains("table ip6 kube-proxy\n")
     });
-    let _ = child.kill();
-    let _ = child.wait();
-    let stderr = std::fs::read_to_string(&log).unwrap_or_default();
-    let _ = std::fs::remove_dir_all(&dir);
-    let _ = std::fs::remove_file(&log);
+    let stderr = proxy.stop();
     assert!(gone, "upstream's table never went\n{stderr}");
     assert!(
         ns.ok(&["nft", "list", "table", "ip", "kube-proxy-rs"])

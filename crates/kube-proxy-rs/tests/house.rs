@@ -41,6 +41,14 @@ fn crates() -> Vec<(String, PathBuf)> {
     out
 }
 
+/// Every crate but the lab's.
+fn product_crates() -> Vec<(String, PathBuf)> {
+    crates()
+        .into_iter()
+        .filter(|(name, _)| !LAB.contains(&name.as_str()))
+        .collect()
+}
+
 /// The crate names in a manifest's `[dependencies]` (not dev- or build-).
 fn dependencies(manifest: &Path) -> BTreeSet<String> {
     let text = std::fs::read_to_string(manifest).expect("reading a Cargo.toml");
@@ -67,10 +75,7 @@ fn dependencies(manifest: &Path) -> BTreeSet<String> {
 #[test]
 fn no_product_crate_builds_on_a_lab_crate_and_parts_stand_on_the_model() {
     let mut wrong = Vec::new();
-    for (name, dir) in crates() {
-        if LAB.contains(&name.as_str()) {
-            continue;
-        }
+    for (name, dir) in product_crates() {
         let deps = dependencies(&dir.join("Cargo.toml"));
         for d in &deps {
             if LAB.contains(&d.as_str()) {
@@ -356,10 +361,7 @@ fn file_edges(src: &Path) -> BTreeMap<PathBuf, BTreeSet<PathBuf>> {
 fn no_import_circle_between_product_files() {
     let mut found = Vec::new();
     let mut files = 0;
-    for (name, dir) in crates() {
-        if LAB.contains(&name.as_str()) {
-            continue;
-        }
+    for (_, dir) in product_crates() {
         let edges = file_edges(&dir.join("src"));
         files += edges.len();
         for c in circles(&edges) {
@@ -429,10 +431,7 @@ fn every_product_crate_takes_the_workspace_lints() {
         assert!(lints.contains(l), "[workspace.lints.clippy] lacks {l}");
     }
     let mut wrong = Vec::new();
-    for (name, dir) in crates() {
-        if LAB.contains(&name.as_str()) {
-            continue;
-        }
+    for (name, dir) in product_crates() {
         let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
         if !manifest.contains("[lints]\nworkspace = true") {
             wrong.push(format!(
@@ -455,10 +454,7 @@ fn every_product_crate_takes_the_workspace_lints() {
 #[test]
 fn test_helpers_stay_out_of_the_product() {
     let mut wrong = Vec::new();
-    for (name, dir) in crates() {
-        if LAB.contains(&name.as_str()) {
-            continue;
-        }
+    for (name, dir) in product_crates() {
         let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
         let mut section = String::new();
         for line in manifest.lines() {
