@@ -19,7 +19,7 @@ fi
 # ours still runs; ours goes once upstream is ready everywhere
 "$E2E/proxy.sh" "$RUN" upstream $MODE
 kc -n kube-system delete daemonset kube-proxy-rs --wait=true >/dev/null
-kc -n kube-system wait --for=delete pod -l k8s-app=kube-proxy-rs --timeout=60s >/dev/null 2>&1 || true
+kc -n kube-system wait --for=delete pod -l app.kubernetes.io/name=kube-proxy-rs --timeout=60s >/dev/null 2>&1 || true
 for i in $(seq 1 $NODES); do
   out=$(kc debug node/$(node_name $i) --profile=sysadmin --image=kube-proxy-rs:0.1.1 -- \
     sh -c 'nft delete table ip kube-proxy-rs; nft delete table ip6 kube-proxy-rs; nft list tables' 2>&1)

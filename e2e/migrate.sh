@@ -100,7 +100,7 @@ kc -n kube-system rollout status ds/kube-proxy-rs --timeout=180s >/dev/null
 sleep $SETTLE
 
 mark delete-pod
-P=$(kc -n kube-system get pods -l k8s-app=kube-proxy-rs -o jsonpath='{.items[0].metadata.name}')
+P=$(kc -n kube-system get pods -l app.kubernetes.io/name=kube-proxy-rs -o jsonpath='{.items[0].metadata.name}')
 kc -n kube-system delete pod "$P" >/dev/null
 kc -n kube-system rollout status ds/kube-proxy-rs --timeout=180s >/dev/null
 sleep $SETTLE

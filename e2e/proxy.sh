@@ -19,7 +19,8 @@ upstream)
   sed -e "s#@API@#$API#" -e "s#@MODE@#$MODE#" -e "s#@CLUSTER_CIDR@#$CLUSTER_CIDR#" \
       -e "s#@IMAGE@#registry.k8s.io/kube-proxy:v1.36.2#" "$E2E/upstream/kube-proxy.yaml" > "$RUN/kube-proxy.yaml"
   kc apply -f "$RUN/kube-proxy.yaml" >/dev/null
-  DS=kube-proxy ;;
+  # ours carry k8s-app=kube-proxy too (deploy/daemonset.yaml)
+  DS=kube-proxy SEL='k8s-app=kube-proxy,!app.kubernetes.io/name' ;;
 ours)
   O=$RUN/deploy-ours; rm -rf "$O"; mkdir -p "$O"
   cp -r "$REPO/deploy" "$O/base"
@@ -60,8 +61,8 @@ patches:
 EOT
   fi
   kc apply -k "$O" >/dev/null
-  DS=kube-proxy-rs ;;
+  DS=kube-proxy-rs SEL=app.kubernetes.io/name=kube-proxy-rs ;;
 esac
 kc -n kube-system rollout status ds/$DS --timeout=180s >/dev/null || {
   kc -n kube-system get pods -o wide >&2; die "DaemonSet $DS did not become ready"; }
-log "$PROXY proxy ($MODE) running on every node: $(kc -n kube-system get pods -l k8s-app=$DS -o jsonpath='{range .items[*]}{.spec.nodeName} {end}')"
+log "$PROXY proxy ($MODE) running on every node: $(kc -n kube-system get pods -l $SEL -o jsonpath='{range .items[*]}{.spec.nodeName} {end}')"

@@ -133,9 +133,32 @@ fn every_manifest_is_a_kubernetes_object_and_they_fit_together() {
             .any(|t| t.operator.as_deref() == Some("Exists") && t.key.is_none()),
         "must tolerate every taint, as upstream's DaemonSet: {tol:?}"
     );
+    // The pods carry upstream's label (what monitoring and Kubernetes' e2e
+    // specs find a node's proxy by); the selector must not select upstream's
+    // pods, or the two DaemonSets would count each other's during a migration.
+    let selector = spec.selector.match_labels.clone().unwrap_or_default();
+    let pod_labels = spec
+        .template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.labels.clone())
+        .unwrap_or_default();
+    assert!(!selector.is_empty());
+    for (k, v) in &selector {
+        assert_eq!(
+            pod_labels.get(k),
+            Some(v),
+            "selector {k}={v} not on the pods"
+        );
+    }
     assert_eq!(
-        spec.selector.match_labels,
-        spec.template.metadata.as_ref().unwrap().labels
+        pod_labels.get("k8s-app").map(String::as_str),
+        Some("kube-proxy"),
+        "pods must carry upstream's k8s-app=kube-proxy: {pod_labels:?}"
+    );
+    assert!(
+        !selector.contains_key("k8s-app"),
+        "selector {selector:?} would also select upstream kube-proxy's pods"
     );
     let c = container(&ds);
     // Least privilege, as conformance_caps_* runs the proxy.
