@@ -245,7 +245,7 @@ fn in_namespace<T>(ns: &str, home: &std::fs::File, f: impl FnOnce(&str) -> Resul
     result
 }
 
-/// One Service with `ports` ports and `m` endpoints (issue 19, item 6):
+/// One Service with `ports` ports and `m` endpoints:
 /// model, render, full syncs and the partial syncs that touch it.
 fn run_ports(o: &Opts, ports: u32, m: u32, home: &std::fs::File) -> Result<()> {
     let parse = |syn: kp_bench::Synthetic| -> Result<(Vec<Service>, Vec<EndpointSlice>)> {

@@ -107,15 +107,7 @@ pub fn plan(state: &ProxyState, cfg: &IpvsConfig, local_ips: &[IpAddr]) -> Layou
     }
     let nodeport_ips: Vec<IpAddr> = local_ips
         .iter()
-        .filter(|ip| fam.matches(ip))
-        .filter(|ip| {
-            cfg.proxier.nodeport_addresses.is_empty()
-                || cfg
-                    .proxier
-                    .nodeport_addresses
-                    .iter()
-                    .any(|c| c.contains(*ip))
-        })
+        .filter(|ip| fam.matches(ip) && cfg.proxier.serves_nodeports(ip))
         .copied()
         .collect();
     for (name, sp) in &state.services {

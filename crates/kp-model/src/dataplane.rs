@@ -59,6 +59,27 @@ impl ProxierConfig {
     pub fn masquerade_mark(&self) -> u32 {
         1u32 << self.masquerade_bit
     }
+
+    /// Whether NodePorts are answered on `ip`, one of this node's addresses:
+    /// see [`serves_nodeports`].
+    pub fn serves_nodeports(&self, ip: &IpAddr) -> bool {
+        serves_nodeports(&self.nodeport_addresses, ip)
+    }
+}
+
+/// Whether NodePorts are answered on `ip`, one of this node's addresses, under
+/// --nodeport-addresses `cidrs`: inside one of them, or, with none, any
+/// address but loopback. The one filter every dataplane that lists
+/// addresses applies (nftables' `nodeport-ips`, IPVS, userspace, socket
+/// load balancing, `explain`); which addresses it is given, and what else
+/// each excludes, is the dataplane's (docs/architecture.md, NodePorts).
+/// iptables lists none: its `addrtype` match asks the kernel at packet time.
+pub fn serves_nodeports(cidrs: &[IpNet], ip: &IpAddr) -> bool {
+    if cidrs.is_empty() {
+        !ip.is_loopback()
+    } else {
+        cidrs.iter().any(|n| n.contains(ip))
+    }
 }
 
 /// What one sync did, for metrics and the benchmark.
@@ -203,4 +224,35 @@ pub trait Dataplane: Send {
 
     /// Removes everything this mode installed, and nothing else.
     fn cleanup(&mut self) -> Result<(), DataplaneError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn nodeports_are_served_inside_the_cidrs_or_everywhere_but_loopback() {
+        let every: [IpNet; 0] = [];
+        assert!(serves_nodeports(&every, &ip("10.0.0.1")));
+        assert!(serves_nodeports(&every, &ip("fd00::1")));
+        assert!(!serves_nodeports(&every, &ip("127.0.0.1")));
+        assert!(!serves_nodeports(&every, &ip("::1")));
+        let some: Vec<IpNet> = vec![
+            "10.0.0.0/24".parse().unwrap(),
+            "127.0.0.0/8".parse().unwrap(),
+        ];
+        assert!(serves_nodeports(&some, &ip("10.0.0.7")));
+        assert!(!serves_nodeports(&some, &ip("10.0.1.7")));
+        assert!(
+            serves_nodeports(&some, &ip("127.0.0.1")),
+            "localhost asked for"
+        );
+        let mut pc = ProxierConfig::new(IpFamily::V4);
+        pc.nodeport_addresses = some;
+        assert!(pc.serves_nodeports(&ip("10.0.0.7")) && !pc.serves_nodeports(&ip("192.0.2.1")));
+    }
 }

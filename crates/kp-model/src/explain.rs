@@ -293,13 +293,12 @@ fn source_in_cluster(cfg: &ProxierConfig, src: &IpAddr) -> (Tri, String) {
 
 /// Whether `dst` is an address NodePorts are answered on.
 fn is_nodeport_address(cfg: &ProxierConfig, dst: &IpAddr) -> bool {
-    if cfg.nodeport_addresses.is_empty() {
-        // Every local address (but loopback): when the node's addresses are
-        // unknown (offline), assume the packet was addressed to the node.
-        !dst.is_loopback() && (cfg.node_ips.is_empty() || cfg.node_ips.contains(dst))
-    } else {
-        cfg.nodeport_addresses.iter().any(|n| n.contains(dst))
-    }
+    // With no CIDRs, every local address: when the node's addresses are
+    // unknown (offline), assume the packet was addressed to the node.
+    cfg.serves_nodeports(dst)
+        && (!cfg.nodeport_addresses.is_empty()
+            || cfg.node_ips.is_empty()
+            || cfg.node_ips.contains(dst))
 }
 
 fn find_match<'s>(

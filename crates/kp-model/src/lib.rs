@@ -9,7 +9,7 @@
 //! for tests; it is not part of the product's API.
 
 // Data from outside (API objects, files, the kernel) must never panic the
-// proxy: no unwrap/expect outside tests (issue 19).
+// proxy: no unwrap/expect outside tests.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod claims;
@@ -31,7 +31,8 @@ pub use convert::{
     ConvertError, NodeDetails, PodCidrs, SliceEndpoints, TO_BE_DELETED_TAINT, ZONE_LABEL,
 };
 pub use dataplane::{
-    Dataplane, DataplaneError, DataplaneKind, LocalDetector, ProxierConfig, RefusedOp, SyncReport,
+    serves_nodeports, Dataplane, DataplaneError, DataplaneKind, LocalDetector, ProxierConfig,
+    RefusedOp, SyncReport,
 };
 pub use names::{chain_hash, is_dns_label, is_port_name};
 pub use selection::{EndpointSelection, EndpointSet, NoEndpoints};

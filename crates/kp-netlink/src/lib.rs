@@ -23,7 +23,7 @@
 //! are pinned by tests), conntrack's with netlink-packet-netfilter.
 
 // Data from outside (API objects, files, the kernel) must never panic the
-// proxy: no unwrap/expect outside tests (issue 19).
+// proxy: no unwrap/expect outside tests.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 mod build;

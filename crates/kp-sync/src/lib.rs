@@ -2,8 +2,9 @@
 //! dataplanes, paced as upstream's BoundedFrequencyRunner, then the stale
 //! UDP conntrack cleanup.
 //!
-//! * [`SyncLoop`] / [`FamilyProxier`] / [`Pacer`]: `sync.rs`; every pacing
-//!   decision (when the next sync runs, whether it is full) is there.
+//! * [`SyncLoop`] / [`FamilyProxier`]: `sync.rs`, the loop itself.
+//! * [`Schedule`] / [`Pacer`]: `schedule.rs`, every pacing decision (when
+//!   the next sync runs, whether it is full), a pure state machine.
 //! * [`Clock`]: where time comes from; [`ManualClock`] makes the pacing
 //!   testable without sleeping.
 //! * [`SyncMetrics`] / [`SyncHealth`]: what the loop reports; the binary
@@ -16,7 +17,7 @@
 //! `Box<dyn kp_model::Dataplane>`.
 
 // Data from outside (API objects, files, the kernel) must never panic the
-// proxy: no unwrap/expect outside tests (issue 19).
+// proxy: no unwrap/expect outside tests.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod clock;
@@ -24,13 +25,15 @@ pub mod conntrack;
 pub mod hostports;
 pub mod programmed;
 pub mod report;
+pub mod schedule;
 pub mod sync;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use conntrack::{Conntrack, ConntrackCli, ConntrackNetlink};
 pub use programmed::{Programmed, ProgrammedFamily, ProgrammedState};
 pub use report::{ClaimEvents, NoReport, SyncHealth, SyncMetrics};
+pub use schedule::{Pacer, Planned, Schedule};
 pub use sync::{
-    FamilyProxier, HealthCheckData, Pacer, SyncLoop, DRAIN_AT_MOST, FULL_SYNC_PERIOD,
+    FamilyProxier, HealthCheckData, SyncLoop, DRAIN_AT_MOST, FULL_SYNC_PERIOD,
     LARGE_CLUSTER_ENDPOINTS, TO_BE_DELETED_TAINT,
 };

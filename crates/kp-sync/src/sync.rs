@@ -3,13 +3,14 @@
 //! with a burst of 2, a resync every syncPeriod that rebuilds everything in
 //! small clusters and hourly in large ones, backoff after failures).
 //!
-//! Every pacing decision is in [`SyncLoop::run`] and [`Pacer`]; time comes
-//! from the injected [`Clock`], so tests drive it with a [`crate::ManualClock`].
+//! Every pacing decision is [`crate::schedule::Schedule`]'s, a pure state
+//! machine; time comes from the injected [`Clock`], so tests drive the
+//! whole loop with a [`crate::ManualClock`].
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 pub use kp_model::TO_BE_DELETED_TAINT;
 use kp_model::{
@@ -22,52 +23,7 @@ use crate::clock::Clock;
 use crate::conntrack::Conntrack;
 use crate::programmed::ProgrammedState;
 use crate::report::{ClaimEvents, SyncHealth, SyncMetrics};
-
-/// Token bucket of upstream's BoundedFrequencyRunner.
-pub struct Pacer {
-    min_interval: Duration,
-    burst: u32,
-    tokens: f64,
-    last: Instant,
-}
-
-impl Pacer {
-    /// A full bucket at `now`.
-    pub fn new(min_interval: Duration, burst: u32, now: Instant) -> Self {
-        Pacer {
-            min_interval,
-            burst: burst.max(1),
-            tokens: burst.max(1) as f64,
-            last: now,
-        }
-    }
-
-    fn refill(&mut self, now: Instant) {
-        if self.min_interval.is_zero() {
-            self.tokens = self.burst as f64;
-        } else {
-            let add = now.duration_since(self.last).as_secs_f64() / self.min_interval.as_secs_f64();
-            self.tokens = (self.tokens + add).min(self.burst as f64);
-        }
-        self.last = now;
-    }
-
-    /// When a sync may run (now or later).
-    pub fn ready_at(&mut self, now: Instant) -> Instant {
-        self.refill(now);
-        if self.tokens >= 1.0 {
-            now
-        } else {
-            now + self.min_interval.mul_f64(1.0 - self.tokens)
-        }
-    }
-
-    /// Takes a token for a sync that runs now.
-    pub fn take(&mut self, now: Instant) {
-        self.refill(now);
-        self.tokens = (self.tokens - 1.0).max(0.0);
-    }
-}
+use crate::schedule::Schedule;
 
 /// Per-Service health-check data the sync loop publishes after each sync:
 /// healthCheckNodePort per Service and its local ready endpoint count.
@@ -86,6 +42,11 @@ pub struct FamilyProxier {
     stale: BTreeSet<StaleConntrack>,
     triggers: Vec<SystemTime>,
     needs_full: bool,
+    /// Per Service port with a healthCheckNodePort: the port and its local
+    /// ready endpoints, kept up to date from each sync's changes (a zone
+    /// change marks every port changed), so a sync does not select the
+    /// endpoints of every such Service again.
+    health_checks: BTreeMap<ServicePortName, (u16, usize)>,
 }
 
 impl FamilyProxier {
@@ -97,10 +58,30 @@ impl FamilyProxier {
             stale: BTreeSet::new(),
             triggers: Vec::new(),
             needs_full: true,
+            health_checks: BTreeMap::new(),
         }
     }
     pub fn family(&self) -> IpFamily {
         self.tracker.family()
+    }
+
+    /// Brings the health-check entries of the `changed` ports up to date
+    /// with the tracker's state.
+    fn update_health_checks(&mut self, changed: &BTreeSet<ServicePortName>) {
+        let state = self.tracker.state();
+        for name in changed {
+            match state.services.get(name) {
+                Some(sp) if sp.health_check_node_port != 0 => {
+                    let sel = EndpointSelection::new(sp, state.endpoints_of(name), &state.node);
+                    let ready = sel.local.iter().filter(|e| e.ready).count();
+                    self.health_checks
+                        .insert(name.clone(), (sp.health_check_node_port, ready));
+                }
+                _ => {
+                    self.health_checks.remove(name);
+                }
+            }
+        }
     }
 }
 
@@ -314,6 +295,7 @@ impl SyncLoop {
                 self.metrics
                     .claims_refused(fam, to_host, cs.refused.len() as u64 - to_host);
             }
+            f.update_health_checks(&cs.changed);
             f.pending.extend(cs.changed);
             f.stale.extend(cs.stale);
             f.triggers.extend(cs.trigger_times);
@@ -364,16 +346,9 @@ impl SyncLoop {
                     ok = false;
                 }
             }
-            let state = f.tracker.state();
-            for (name, sp) in &state.services {
-                if sp.health_check_node_port != 0 {
-                    hc.ports
-                        .insert(name.service.clone(), sp.health_check_node_port);
-                    let eps = state.endpoints_of(name);
-                    let sel = EndpointSelection::new(sp, eps, &state.node);
-                    let n = sel.local.iter().filter(|e| e.ready).count();
-                    hc.local_endpoints.insert(name.service.clone(), n);
-                }
+            for (name, (port, ready)) in &f.health_checks {
+                hc.ports.insert(name.service.clone(), *port);
+                hc.local_endpoints.insert(name.service.clone(), *ready);
             }
         }
         self.report_pending();
@@ -386,35 +361,15 @@ impl SyncLoop {
     /// fast events arrive, a due sync runs after at most [`DRAIN_AT_MOST`]
     /// of them.
     pub fn run(mut self, rx: Receiver<SourceEvent>) {
-        let mut pacer = Pacer::new(self.min_sync_period, 2, self.clock.now());
-        let mut synced = false;
-        let mut dirty = false;
-        // The periodic sync (canary check, pending changes) and the periodic
-        // full rebuild: the same in small clusters, hourly in large ones.
-        let mut next_full = self.clock.now() + self.sync_period;
-        let mut next_rebuild = next_full;
-        let mut retry_at: Option<Instant> = None;
-        let mut synced_once = false;
-        let mut failures: u32 = 0;
+        let mut schedule = Schedule::new(self.min_sync_period, self.sync_period, self.clock.now());
         loop {
-            let now = self.clock.now();
-            // When the next sync may run.
-            let mut deadline = next_full;
-            if synced && (dirty || retry_at.is_some()) {
-                let mut at = pacer.ready_at(now);
-                if let Some(r) = retry_at {
-                    at = at.max(r);
-                }
-                deadline = deadline.min(at);
-            }
+            let deadline = schedule.deadline(self.clock.now());
             match self.clock.recv_until(&rx, deadline) {
                 Ok(ev) => {
                     let mut apply = |ev: SourceEvent| {
                         let is_synced = matches!(ev, SourceEvent::Synced);
-                        dirty |= self.apply_event(ev);
-                        if is_synced && !synced {
-                            synced = true;
-                            dirty = true;
+                        let changed = self.apply_event(ev);
+                        if schedule.events(changed, is_synced) {
                             tracing::info!("sources synced; running the first sync");
                         }
                     };
@@ -429,9 +384,7 @@ impl SyncLoop {
                         }
                     }
                     // A sync that is due runs now, events queued or not.
-                    let now = self.clock.now();
-                    let paced = pacer.ready_at(now) <= now && retry_at.is_none_or(|r| now >= r);
-                    if !(synced && (now >= next_full || (dirty && paced))) {
+                    if !schedule.due(self.clock.now()) {
                         continue;
                     }
                 }
@@ -441,84 +394,14 @@ impl SyncLoop {
                 }
                 Err(RecvTimeoutError::Timeout) => {}
             }
-            if !synced {
-                next_full = self.clock.now() + self.sync_period;
-                next_rebuild = next_full;
+            let Some(planned) = schedule.next(self.clock.now()) else {
                 continue;
-            }
-            let now = self.clock.now();
-            let periodic = now >= next_full;
-            if !(periodic || dirty || retry_at.is_some_and(|r| now >= r)) {
-                continue;
-            }
-            let rebuild = periodic && now >= next_rebuild;
-            pacer.take(now);
-            let first = !synced_once;
-            if self.sync_once(rebuild) {
-                if first {
-                    // The first sync was a full one: count the rebuild period
-                    // from it, as upstream counts from its last full sync.
-                    synced_once = true;
-                    next_rebuild = self.clock.now() + self.full_rebuild_after();
-                }
-                failures = 0;
-                retry_at = None;
-            } else {
-                failures += 1;
-                // 2s, 4s, 8s ... (64s at most), capped at the sync period.
-                let backoff = Duration::from_secs(1u64 << failures.min(6)).min(self.sync_period);
-                retry_at = Some(self.clock.now() + backoff);
-            }
-            dirty = false;
-            if periodic {
-                next_full = self.clock.now() + self.sync_period;
-            }
-            if rebuild {
-                next_rebuild = self.clock.now() + self.full_rebuild_after();
-            } else if periodic {
-                // A cluster that shrank below the threshold rebuilds on schedule again.
-                next_rebuild = next_rebuild.min(self.clock.now() + self.full_rebuild_after());
-            }
+            };
+            let ok = self.sync_once(planned.rebuild);
+            schedule.finished(planned, ok, self.clock.now(), self.full_rebuild_after());
         }
     }
 }
 
 /// Events applied in a row before the loop checks whether a sync is due.
 pub const DRAIN_AT_MOST: usize = 4096;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pacer_allows_a_burst_of_two_then_one_per_interval() {
-        let t0 = Instant::now();
-        let mut p = Pacer::new(Duration::from_secs(1), 2, t0);
-        assert_eq!(p.ready_at(t0), t0);
-        p.take(t0);
-        assert_eq!(p.ready_at(t0), t0);
-        p.take(t0);
-        // Bucket empty: the next sync waits one full interval.
-        let next = p.ready_at(t0);
-        assert!(next >= t0 + Duration::from_millis(990), "{:?}", next - t0);
-        // Half an interval later, half a token: wait the other half.
-        let half = t0 + Duration::from_millis(500);
-        let at = p.ready_at(half);
-        assert!(at > half && at <= t0 + Duration::from_millis(1010));
-        // Long idle refills to the burst, not beyond.
-        let later = t0 + Duration::from_secs(10);
-        p.take(later);
-        p.take(later);
-        assert!(p.ready_at(later) > later);
-    }
-
-    #[test]
-    fn zero_interval_never_waits() {
-        let t0 = Instant::now();
-        let mut p = Pacer::new(Duration::ZERO, 2, t0);
-        for _ in 0..5 {
-            p.take(t0);
-            assert_eq!(p.ready_at(t0), t0);
-        }
-    }
-}

@@ -17,8 +17,8 @@ use kp_model::{
 };
 use kp_source::SourceEvent;
 use kp_sync::{
-    Conntrack, FamilyProxier, ManualClock, NoReport, ProgrammedState, SyncLoop, SyncMetrics,
-    FULL_SYNC_PERIOD,
+    Conntrack, FamilyProxier, HealthCheckData, ManualClock, NoReport, ProgrammedState, SyncLoop,
+    SyncMetrics, FULL_SYNC_PERIOD,
 };
 use serde_json::json;
 
@@ -646,4 +646,73 @@ fn an_invalid_object_counts_once_in_a_dual_stack_loop() {
         *metrics.invalid.lock().unwrap(),
         vec!["Service".to_string(), "EndpointSlice".to_string()]
     );
+}
+
+/// The health-check data published after each sync follow the changes: a
+/// Service's local ready endpoints as its slices change, kept while other
+/// Services change, gone when it no longer has a healthCheckNodePort.
+#[test]
+fn health_check_data_follow_the_changes() {
+    let lb = |local: bool| -> SourceEvent {
+        let mut spec = json!({"type": "LoadBalancer", "clusterIP": "10.96.5.1",
+            "ports": [{"name": "p80", "port": 80, "nodePort": 31000}]});
+        if local {
+            spec["externalTrafficPolicy"] = json!("Local");
+            spec["healthCheckNodePort"] = json!(30000);
+        }
+        let svc: Service = serde_json::from_value(json!({
+            "metadata": {"namespace": "ns1", "name": "lb"}, "spec": spec}))
+        .unwrap();
+        SourceEvent::ServiceApplied(Box::new(svc))
+    };
+    // `local` ready endpoints on this node, one on another node, one not ready here.
+    let lb_slice = |local: u32| -> SourceEvent {
+        let mut eps: Vec<_> = (0..local)
+            .map(|i| {
+                json!({"addresses": [format!("10.1.0.{}", i + 1)], "nodeName": "node1",
+                            "conditions": {"ready": true}})
+            })
+            .collect();
+        eps.push(
+            json!({"addresses": ["10.2.0.1"], "nodeName": "node2", "conditions": {"ready": true}}),
+        );
+        eps.push(
+            json!({"addresses": ["10.1.0.9"], "nodeName": "node1", "conditions": {"ready": false}}),
+        );
+        let s: EndpointSlice = serde_json::from_value(json!({
+            "metadata": {"namespace": "ns1", "name": "lb-1",
+                         "labels": {"kubernetes.io/service-name": "lb"}},
+            "addressType": "IPv4", "endpoints": eps,
+            "ports": [{"name": "p80", "port": 80, "protocol": "TCP"}]}))
+        .unwrap();
+        SourceEvent::SliceApplied(Box::new(s))
+    };
+    let (mut lp, clock, rx, _, _) = start(Duration::ZERO, secs(30));
+    let seen: Arc<Mutex<Vec<(Duration, HealthCheckData)>>> = Arc::default();
+    let (c, s) = (clock.clone(), seen.clone());
+    lp.on_synced = Box::new(move |hc| s.lock().unwrap().push((c.elapsed(), hc)));
+    clock.at(ms(0), lb(true));
+    clock.at(ms(0), lb_slice(2));
+    clock.at(ms(0), SourceEvent::Synced);
+    clock.at(secs(1), service("other", 7));
+    clock.at(secs(2), lb_slice(1));
+    clock.at(secs(3), lb(false));
+    run(lp, &clock, rx, secs(4));
+    let at = |t: Duration| -> (Option<u16>, Option<usize>) {
+        let seen = seen.lock().unwrap();
+        let (_, hc) = seen.iter().rev().find(|(when, _)| *when <= t).unwrap();
+        let name = kp_model::ServiceName::new("ns1", "lb");
+        (
+            hc.ports.get(&name).copied(),
+            hc.local_endpoints.get(&name).copied(),
+        )
+    };
+    assert_eq!(at(ms(500)), (Some(30000), Some(2)));
+    assert_eq!(
+        at(secs(1) + ms(500)),
+        (Some(30000), Some(2)),
+        "another Service changed"
+    );
+    assert_eq!(at(secs(2) + ms(500)), (Some(30000), Some(1)));
+    assert_eq!(at(secs(3) + ms(500)), (None, None));
 }

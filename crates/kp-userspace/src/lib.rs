@@ -11,7 +11,7 @@
 //! docs/userspace.md describes the mode.
 
 // Data from outside (API objects, files, the kernel) must never panic the
-// proxy: no unwrap/expect outside tests (issue 19).
+// proxy: no unwrap/expect outside tests.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod balancer;

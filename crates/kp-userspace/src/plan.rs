@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
-use kp_model::{IpFamily, Protocol, ProxyState, ServicePort, ServicePortName};
+use kp_model::{serves_nodeports, IpFamily, Protocol, ProxyState, ServicePort, ServicePortName};
 
 /// Whether a listener serves in-cluster traffic (the ClusterIP: internal
 /// traffic policy) or traffic from outside (NodePort, externalIP,
@@ -91,15 +91,14 @@ impl PlanCtx {
         let nodeport_ips = local
             .iter()
             .filter(|(ip, lo)| {
+                // Without CIDRs, every address on the lo interface is left
+                // out, not only loopback ones.
                 family.matches(ip)
                     && !ours.contains(ip)
                     && !link_local(ip)
                     && !ip.is_unspecified()
-                    && if opts.nodeport_addresses.is_empty() {
-                        !lo
-                    } else {
-                        opts.nodeport_addresses.iter().any(|c| c.contains(ip))
-                    }
+                    && serves_nodeports(&opts.nodeport_addresses, ip)
+                    && (!opts.nodeport_addresses.is_empty() || !*lo)
             })
             .map(|(ip, _)| *ip)
             .collect();

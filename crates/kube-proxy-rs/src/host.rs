@@ -10,7 +10,6 @@ use anyhow::Context;
 
 use kp_netlink::{Sysctl, SysctlError};
 
-use crate::cleanup;
 use crate::config::{ConntrackSettings, ProxyConfig};
 
 /// The module parameter sizing the conntrack hash table (global: only the
@@ -176,7 +175,7 @@ pub fn apply_conntrack(
 /// upstream, no API access: nothing here needs the Node.
 pub fn init_only(cfg: &ProxyConfig) -> anyhow::Result<()> {
     tracing::info!(mode = cfg.mode.as_str(), "--init-only: setting up the host");
-    cleanup::remove_leftovers(cleanup::Scope::StartingIn(cfg.mode), cfg)
+    crate::modes::remove_leftovers(crate::modes::Scope::StartingIn(cfg.mode), cfg)
         .log("removing other modes' leftovers");
     let sysctl = kp_netlink::Sysctl::new();
     let mut changed = apply_conntrack(&cfg.conntrack, &sysctl, Path::new(HASHSIZE), node_cpus())

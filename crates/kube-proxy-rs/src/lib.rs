@@ -3,11 +3,10 @@
 //! the sync loop is kp-sync.
 
 // Data from outside (API objects, files, the kernel) must never panic the
-// proxy: no unwrap/expect outside tests (issue 19).
+// proxy: no unwrap/expect outside tests.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod apiclient;
-pub mod cleanup;
 pub mod config;
 pub mod debug;
 pub mod docgen;

@@ -5,7 +5,7 @@
 //! `nodecidr.rs`.
 
 // Data from outside (API objects, files, the kernel) must never panic the
-// proxy: no unwrap/expect outside tests (issue 19).
+// proxy: no unwrap/expect outside tests.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 use std::net::IpAddr;
@@ -25,12 +25,11 @@ use kube_proxy_rs::metrics::Metrics;
 use kube_proxy_rs::modes::{self, FAMILIES};
 use kube_proxy_rs::nodecidr::{self, PodCidrWatch};
 use kube_proxy_rs::server::{self, HealthState};
-use kube_proxy_rs::{cleanup, dryrun, events, host, source};
+use kube_proxy_rs::{dryrun, events, host, source};
 
 // mimalloc instead of glibc malloc: at 10k-50k Services a sync allocates and
 // frees millions of small strings, and glibc's chunk consolidation was the
-// largest item in the full-sync profile (full sync of 10k Services 4.1 s ->
-// 2.2 s in kp-bench).
+// largest item in the full-sync profile (BENCHMARKS.md).
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -40,14 +39,9 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// and the container's cgroup keep counting: arenas committed up front on
 /// Linux (`arena_eager_commit`), whose freed pages are then only marked
 /// MADV_FREE (reclaimed under memory pressure, not before), and a 1 s purge
-/// delay. kp-soak (2,000 updates/s) and kp-bench, per setting:
-///
-/// | eager commit, purge delay | 1k peak | 10k peak / steady | 10k render |
-/// |---|---|---|---|
-/// | on, 1 s (defaults) | 88 MiB | 269-282 / 177-202 MiB | 82 ms |
-/// | off, 1 s | 51 MiB | | 82 ms |
-/// | off, 200 ms (chosen) | 47 MiB | 237 / ~170 MiB | 95 ms, soak CPU 75 s vs 69 s (2 min, noisy) |
-/// | off, 0 | 38-41 MiB | 190 / 149 MiB | 164 ms, +11% CPU in the soak |
+/// delay. Measured per setting with kp-soak and kp-bench (BENCHMARKS.md,
+/// "Steady state"): eager commit off with a 200 ms purge delay roughly
+/// halves the peak at 1k Services for a slightly slower render.
 ///
 /// So the process re-executes itself once with eager commit off and a 200 ms
 /// purge delay, unless the operator set either; if that fails it runs with
@@ -142,7 +136,7 @@ fn run(cfg: ProxyConfig) -> Result<()> {
         // upstream kube-proxy's) would otherwise keep steering traffic.
         // Before the node's addresses are read: ipvs mode's kube-ipvs0
         // holds Service IPs, which are no NodePort addresses.
-        cleanup::remove_leftovers(cleanup::Scope::StartingIn(cfg.mode), &cfg)
+        modes::remove_leftovers(modes::Scope::StartingIn(cfg.mode), &cfg)
             .log("removing other modes' leftovers");
     }
     let node_ips = host::local_addresses();
@@ -159,14 +153,14 @@ fn run(cfg: ProxyConfig) -> Result<()> {
     }
     if cfg.cleanup {
         // The configured mode's own objects, then every mode's, ours and
-        // upstream kube-proxy's (cleanup.rs).
+        // upstream kube-proxy's (each mode's sweep in modes/).
         let mut failed = Vec::new();
         for dp in &mut dataplanes {
             if let Err(e) = dp.cleanup() {
                 failed.push(format!("{} mode: {e}", dp.mode()));
             }
         }
-        let out = cleanup::remove_leftovers(cleanup::Scope::Everything, &cfg);
+        let out = modes::remove_leftovers(modes::Scope::Everything, &cfg);
         out.log("cleanup");
         failed.extend(out.failed);
         if !failed.is_empty() {
@@ -311,7 +305,7 @@ async fn serve(
 }
 
 /// Upstream's rules that ours replace go once every family has synced
-/// (cleanup::remove_superseded): until then they keep serving.
+/// (modes::remove_superseded): until then they keep serving.
 struct Superseded {
     /// None once done.
     mode: Option<ProxyMode>,
@@ -330,7 +324,7 @@ impl Superseded {
             };
             if synced {
                 self.mode = None;
-                cleanup::remove_superseded(mode).log("our rules are in place; removing upstream's");
+                modes::remove_superseded(mode).log("our rules are in place; removing upstream's");
             }
         }
     }

@@ -1,6 +1,5 @@
-//! What a removal of leftovers did: kept apart from `cleanup` so that the
-//! mode modules, which `cleanup` calls for their own leftovers, can report
-//! into it without importing `cleanup` back.
+//! What a removal of leftovers did (every mode's sweep in `modes/` reports
+//! into one).
 
 /// What a cleanup did.
 #[derive(Debug, Default)]

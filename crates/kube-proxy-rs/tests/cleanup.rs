@@ -386,7 +386,7 @@ fn starting_in_nftables_mode_removes_other_modes_leftovers() {
 
 #[test]
 fn ipvs_ipset_names() {
-    use kube_proxy_rs::cleanup::is_ipvs_ipset;
+    use kube_proxy_rs::modes::ipvs::is_ipvs_ipset;
     for n in [
         "KUBE-CLUSTER-IP",
         "KUBE-6-CLUSTER-IP",
@@ -412,8 +412,8 @@ fn ipvs_ipset_names() {
 /// library function: this kernel has no IPVS, so the mode itself cannot start.
 #[test]
 fn starting_in_ipvs_mode_keeps_ipvs_objects() {
-    use kube_proxy_rs::cleanup::{remove_leftovers, Scope};
     use kube_proxy_rs::config::ProxyMode;
+    use kube_proxy_rs::modes::{remove_leftovers, Scope};
     let ns = Ns::new("ipvs");
     plant(&ns);
     ns.restore(

@@ -1,4 +1,4 @@
-//! The named hostile objects of issue 6, fed to the real binary next to
+//! Named hostile objects, fed to the real binary next to
 //! well-formed ones: each is rejected (or its bad value ignored, or its text
 //! kept out of the rules), logged with the object's name and counted, and
 //! the rest of the cluster still syncs and answers. Both modes.

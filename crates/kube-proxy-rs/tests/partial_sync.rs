@@ -1,4 +1,4 @@
-//! Partial syncs equal full syncs (issue 19, item 1).
+//! Partial syncs equal full syncs.
 //!
 //! Random 50-step sequences of Service and EndpointSlice updates (added,
 //! changed, deleted; types, ports, externalIPs and LoadBalancer IPs changed;
@@ -682,7 +682,7 @@ fn partial_syncs_equal_full_syncs_iptables_legacy() {
 }
 
 // ---------------------------------------------------------------------------
-// A large but valid Service (issue 19, item 6)
+// A large but valid Service
 // ---------------------------------------------------------------------------
 
 const BIG_PORTS: u16 = 5000;

@@ -454,7 +454,7 @@ fn api_outage_60s_and_broken_watches_in(mode: &str) {
     );
 }
 
-/// A misbehaving API server (issue 19 item 5): after the history is
+/// A misbehaving API server: after the history is
 /// compacted, every EndpointSlice list answers 500 for 2 minutes, so the
 /// proxy cannot relist. The rules stay exactly as they were and traffic
 /// flows, /healthz says the source is disconnected, and the lists it sends

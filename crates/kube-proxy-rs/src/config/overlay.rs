@@ -41,168 +41,202 @@ fn parse_feature_gates(s: &str) -> Result<BTreeMap<String, bool>, ConfigError> {
     Ok(out)
 }
 
+/// Writes one flag's value into the file's schema.
+type Overlay = fn(&mut KubeProxyConfiguration, &Cli);
+
+fn dur(d: std::time::Duration) -> Option<GoDuration> {
+    Some(GoDuration(d))
+}
+
+fn list(items: &[String]) -> Vec<String> {
+    items
+        .iter()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// Every flag that has a field in the file, by clap id, with where it goes.
+/// Upstream's masquerade and sync flags apply to whichever mode runs, so
+/// they set the iptables and the nftables section (and a sync period flag
+/// clears the mode-independent one, which would otherwise win).
+pub(super) const OVERLAYS: &[(&str, Overlay)] = &[
+    ("kubeconfig", |r, c| {
+        r.client_connection.kubeconfig = c
+            .kubeconfig
+            .as_ref()
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }),
+    ("kube_api_qps", |r, c| {
+        r.client_connection.qps = c.kube_api_qps
+    }),
+    ("kube_api_burst", |r, c| {
+        r.client_connection.burst = c.kube_api_burst
+    }),
+    ("kube_api_content_type", |r, c| {
+        r.client_connection.content_type = c.kube_api_content_type.clone()
+    }),
+    ("proxy_mode", |r, c| {
+        r.mode = c.proxy_mode.as_str().to_string()
+    }),
+    ("hostname_override", |r, c| {
+        r.hostname_override = c.hostname_override.clone()
+    }),
+    ("bind_address", |r, c| {
+        r.bind_address = c.bind_address.to_string()
+    }),
+    ("bind_address_hard_fail", |r, c| {
+        r.bind_address_hard_fail = c.bind_address_hard_fail
+    }),
+    ("healthz_bind_address", |r, c| {
+        r.healthz_bind_address = c.healthz_bind_address.clone()
+    }),
+    ("metrics_bind_address", |r, c| {
+        r.metrics_bind_address = c.metrics_bind_address.clone()
+    }),
+    ("cluster_cidr", |r, c| {
+        r.cluster_cidr = c.cluster_cidr.clone()
+    }),
+    ("detect_local_mode", |r, c| {
+        r.detect_local_mode = c.detect_local_mode.as_str().to_string()
+    }),
+    ("pod_bridge_interface", |r, c| {
+        r.detect_local.bridge_interface = c.pod_bridge_interface.clone()
+    }),
+    ("pod_interface_name_prefix", |r, c| {
+        r.detect_local.interface_name_prefix = c.pod_interface_name_prefix.clone()
+    }),
+    ("nodeport_addresses", |r, c| {
+        r.node_port_addresses = Some(list(&c.nodeport_addresses))
+    }),
+    ("masquerade_all", |r, c| {
+        r.iptables.masquerade_all = c.masquerade_all;
+        r.nftables.masquerade_all = c.masquerade_all;
+    }),
+    ("iptables_masquerade_bit", |r, c| {
+        r.iptables.masquerade_bit = Some(c.iptables_masquerade_bit);
+        r.nftables.masquerade_bit = Some(c.iptables_masquerade_bit);
+    }),
+    ("iptables_sync_period", |r, c| {
+        r.iptables.sync_period = dur(c.iptables_sync_period);
+        r.nftables.sync_period = dur(c.iptables_sync_period);
+        r.sync_period = None;
+    }),
+    ("iptables_min_sync_period", |r, c| {
+        r.iptables.min_sync_period = dur(c.iptables_min_sync_period);
+        r.nftables.min_sync_period = dur(c.iptables_min_sync_period);
+        r.min_sync_period = None;
+    }),
+    ("iptables_localhost_nodeports", |r, c| {
+        r.iptables.localhost_node_ports = Some(c.iptables_localhost_nodeports)
+    }),
+    ("config_sync_period", |r, c| {
+        r.config_sync_period = dur(c.config_sync_period)
+    }),
+    ("ipvs_scheduler", |r, c| {
+        r.ipvs.scheduler = c.ipvs_scheduler.clone()
+    }),
+    ("ipvs_sync_period", |r, c| {
+        r.ipvs.sync_period = dur(c.ipvs_sync_period);
+        if c.proxy_mode == ProxyMode::Ipvs {
+            r.sync_period = None;
+        }
+    }),
+    ("ipvs_min_sync_period", |r, c| {
+        r.ipvs.min_sync_period = dur(c.ipvs_min_sync_period);
+        if c.proxy_mode == ProxyMode::Ipvs {
+            r.min_sync_period = None;
+        }
+    }),
+    ("ipvs_exclude_cidrs", |r, c| {
+        r.ipvs.exclude_cidrs = Some(list(&c.ipvs_exclude_cidrs))
+    }),
+    ("ipvs_strict_arp", |r, c| {
+        r.ipvs.strict_arp = c.ipvs_strict_arp
+    }),
+    ("ipvs_tcp_timeout", |r, c| {
+        r.ipvs.tcp_timeout = dur(c.ipvs_tcp_timeout)
+    }),
+    ("ipvs_tcpfin_timeout", |r, c| {
+        r.ipvs.tcp_fin_timeout = dur(c.ipvs_tcpfin_timeout)
+    }),
+    ("ipvs_udp_timeout", |r, c| {
+        r.ipvs.udp_timeout = dur(c.ipvs_udp_timeout)
+    }),
+    ("conntrack_max_per_core", |r, c| {
+        r.conntrack.max_per_core = Some(c.conntrack_max_per_core)
+    }),
+    ("conntrack_min", |r, c| {
+        r.conntrack.min = Some(c.conntrack_min)
+    }),
+    ("conntrack_tcp_timeout_established", |r, c| {
+        r.conntrack.tcp_established_timeout = dur(c.conntrack_tcp_timeout_established)
+    }),
+    ("conntrack_tcp_timeout_close_wait", |r, c| {
+        r.conntrack.tcp_close_wait_timeout = dur(c.conntrack_tcp_timeout_close_wait)
+    }),
+    ("conntrack_tcp_be_liberal", |r, c| {
+        r.conntrack.tcp_be_liberal = c.conntrack_tcp_be_liberal
+    }),
+    ("conntrack_udp_timeout", |r, c| {
+        r.conntrack.udp_timeout = dur(c.conntrack_udp_timeout)
+    }),
+    ("conntrack_udp_timeout_stream", |r, c| {
+        r.conntrack.udp_stream_timeout = dur(c.conntrack_udp_timeout_stream)
+    }),
+    ("verbosity", |r, c| {
+        r.logging.verbosity = Some(u32::from(c.verbosity))
+    }),
+    ("log_format", |r, c| {
+        r.logging.format = Some(c.log_format.clone())
+    }),
+    ("oom_score_adj", |r, c| {
+        r.oom_score_adj = Some(c.oom_score_adj)
+    }),
+    ("profiling", |r, c| r.enable_profiling = c.profiling),
+    ("show_hidden_metrics_for_version", |r, c| {
+        r.show_hidden_metrics_for_version = c.show_hidden_metrics_for_version.clone()
+    }),
+];
+
 pub(super) fn overlay_flags(
     raw: &mut KubeProxyConfiguration,
     cli: &Cli,
     m: &ArgMatches,
 ) -> Result<(), ConfigError> {
-    let dur = |d| Some(GoDuration(d));
-    if given(m, "kubeconfig") {
-        raw.client_connection.kubeconfig = cli
-            .kubeconfig
-            .as_ref()
-            .map(|p| p.to_string_lossy().into_owned())
-            .unwrap_or_default();
-    }
-    if given(m, "kube_api_qps") {
-        raw.client_connection.qps = cli.kube_api_qps;
-    }
-    if given(m, "kube_api_burst") {
-        raw.client_connection.burst = cli.kube_api_burst;
-    }
-    if given(m, "kube_api_content_type") {
-        raw.client_connection.content_type = cli.kube_api_content_type.clone();
-    }
-    if given(m, "proxy_mode") {
-        raw.mode = cli.proxy_mode.as_str().to_string();
-    }
-    if given(m, "hostname_override") {
-        raw.hostname_override = cli.hostname_override.clone();
-    }
-    if given(m, "bind_address") {
-        raw.bind_address = cli.bind_address.to_string();
-    }
-    if given(m, "bind_address_hard_fail") {
-        raw.bind_address_hard_fail = cli.bind_address_hard_fail;
-    }
-    if given(m, "healthz_bind_address") {
-        raw.healthz_bind_address = cli.healthz_bind_address.clone();
-    }
-    if given(m, "metrics_bind_address") {
-        raw.metrics_bind_address = cli.metrics_bind_address.clone();
-    }
-    if given(m, "cluster_cidr") {
-        raw.cluster_cidr = cli.cluster_cidr.clone();
-    }
-    if given(m, "detect_local_mode") {
-        raw.detect_local_mode = cli.detect_local_mode.as_str().to_string();
-    }
-    if given(m, "pod_bridge_interface") {
-        raw.detect_local.bridge_interface = cli.pod_bridge_interface.clone();
-    }
-    if given(m, "pod_interface_name_prefix") {
-        raw.detect_local.interface_name_prefix = cli.pod_interface_name_prefix.clone();
-    }
-    if given(m, "nodeport_addresses") {
-        let list: Vec<String> = cli
-            .nodeport_addresses
-            .iter()
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
-            .collect();
-        raw.node_port_addresses = Some(list);
-    }
-    // Upstream's masquerade and sync flags apply to whichever mode runs.
-    if given(m, "masquerade_all") {
-        raw.iptables.masquerade_all = cli.masquerade_all;
-        raw.nftables.masquerade_all = cli.masquerade_all;
-    }
-    if given(m, "iptables_masquerade_bit") {
-        raw.iptables.masquerade_bit = Some(cli.iptables_masquerade_bit);
-        raw.nftables.masquerade_bit = Some(cli.iptables_masquerade_bit);
-    }
-    if given(m, "iptables_sync_period") {
-        raw.iptables.sync_period = dur(cli.iptables_sync_period);
-        raw.nftables.sync_period = dur(cli.iptables_sync_period);
-        raw.sync_period = None;
-    }
-    if given(m, "iptables_min_sync_period") {
-        raw.iptables.min_sync_period = dur(cli.iptables_min_sync_period);
-        raw.nftables.min_sync_period = dur(cli.iptables_min_sync_period);
-        raw.min_sync_period = None;
-    }
-    if given(m, "iptables_localhost_nodeports") {
-        raw.iptables.localhost_node_ports = Some(cli.iptables_localhost_nodeports);
-    }
-    if given(m, "config_sync_period") {
-        raw.config_sync_period = dur(cli.config_sync_period);
-    }
-    if given(m, "ipvs_scheduler") {
-        raw.ipvs.scheduler = cli.ipvs_scheduler.clone();
-    }
-    if given(m, "ipvs_sync_period") {
-        raw.ipvs.sync_period = dur(cli.ipvs_sync_period);
-        if cli.proxy_mode == ProxyMode::Ipvs {
-            raw.sync_period = None;
+    for (id, overlay) in OVERLAYS {
+        if given(m, id) {
+            overlay(raw, cli);
         }
     }
-    if given(m, "ipvs_min_sync_period") {
-        raw.ipvs.min_sync_period = dur(cli.ipvs_min_sync_period);
-        if cli.proxy_mode == ProxyMode::Ipvs {
-            raw.min_sync_period = None;
-        }
-    }
-    if given(m, "ipvs_exclude_cidrs") {
-        raw.ipvs.exclude_cidrs = Some(
-            cli.ipvs_exclude_cidrs
-                .iter()
-                .map(|s| s.trim().to_string())
-                .filter(|s| !s.is_empty())
-                .collect(),
-        );
-    }
-    if given(m, "ipvs_strict_arp") {
-        raw.ipvs.strict_arp = cli.ipvs_strict_arp;
-    }
-    if given(m, "ipvs_tcp_timeout") {
-        raw.ipvs.tcp_timeout = dur(cli.ipvs_tcp_timeout);
-    }
-    if given(m, "ipvs_tcpfin_timeout") {
-        raw.ipvs.tcp_fin_timeout = dur(cli.ipvs_tcpfin_timeout);
-    }
-    if given(m, "ipvs_udp_timeout") {
-        raw.ipvs.udp_timeout = dur(cli.ipvs_udp_timeout);
-    }
-    if given(m, "conntrack_max_per_core") {
-        raw.conntrack.max_per_core = Some(cli.conntrack_max_per_core);
-    }
-    if given(m, "conntrack_min") {
-        raw.conntrack.min = Some(cli.conntrack_min);
-    }
-    if given(m, "conntrack_tcp_timeout_established") {
-        raw.conntrack.tcp_established_timeout = dur(cli.conntrack_tcp_timeout_established);
-    }
-    if given(m, "conntrack_tcp_timeout_close_wait") {
-        raw.conntrack.tcp_close_wait_timeout = dur(cli.conntrack_tcp_timeout_close_wait);
-    }
-    if given(m, "conntrack_tcp_be_liberal") {
-        raw.conntrack.tcp_be_liberal = cli.conntrack_tcp_be_liberal;
-    }
-    if given(m, "conntrack_udp_timeout") {
-        raw.conntrack.udp_timeout = dur(cli.conntrack_udp_timeout);
-    }
-    if given(m, "conntrack_udp_timeout_stream") {
-        raw.conntrack.udp_stream_timeout = dur(cli.conntrack_udp_timeout_stream);
-    }
-    if given(m, "verbosity") {
-        raw.logging.verbosity = Some(u32::from(cli.verbosity));
-    }
-    if given(m, "log_format") {
-        raw.logging.format = Some(cli.log_format.clone());
-    }
-    if given(m, "oom_score_adj") {
-        raw.oom_score_adj = Some(cli.oom_score_adj);
-    }
+    // Merged into the file's gates, and may be refused.
     if given(m, "feature_gates") {
         for (k, v) in parse_feature_gates(&cli.feature_gates)? {
             raw.feature_gates.insert(k, v);
         }
     }
-    if given(m, "profiling") {
-        raw.enable_profiling = cli.profiling;
-    }
-    if given(m, "show_hidden_metrics_for_version") {
-        raw.show_hidden_metrics_for_version = cli.show_hidden_metrics_for_version.clone();
-    }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    /// A misspelt id would never count as given: the flag would be ignored.
+    #[test]
+    fn every_overlay_names_a_flag() {
+        let cmd = Cli::command();
+        let ids: Vec<&str> = cmd.get_arguments().map(|a| a.get_id().as_str()).collect();
+        for (id, _) in OVERLAYS {
+            assert!(ids.contains(id), "no flag with id {id}");
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        assert!(
+            OVERLAYS.iter().all(|(id, _)| seen.insert(*id)),
+            "an id twice"
+        );
+    }
 }

@@ -93,15 +93,86 @@ fn machine_hostname() -> Result<String, ConfigError> {
 }
 
 /// Applies defaults to `raw` (in place, so it can be written back out) and
-/// builds the validated settings.
+/// builds the validated settings, one section of the file at a time.
 pub(super) fn resolve(mut raw: KubeProxyConfiguration) -> Result<ProxyConfig, ConfigError> {
     raw.api_version = Some(API_VERSION.to_string());
     raw.kind = Some(KIND.to_string());
 
     let mode = ProxyMode::from_str(&raw.mode).map_err(|e| invalid("mode", e))?;
     raw.mode = mode.as_str().to_string();
+    let (bind_address, healthz, metrics) = listen_addresses(&mut raw)?;
+    let cluster_cidrs = cluster_cidrs(&raw)?;
+    let detect_local_mode = detect_local(&mut raw)?;
+    let (nodeport_addresses, nodeport_primary) = nodeport_addresses(&raw, mode)?;
+    let sync = sync_and_masquerade(&mut raw, mode)?;
+    let ipvs = ipvs(&mut raw, &sync)?;
+    let conntrack = conntrack(&mut raw)?;
+    let config_sync_period = duration_field(raw.config_sync_period, Duration::from_secs(15 * 60));
+    raw.config_sync_period = Some(GoDuration(config_sync_period));
+    let oom_score_adj = raw.oom_score_adj.unwrap_or(-999);
+    if !(-1000..=1000).contains(&oom_score_adj) {
+        return Err(invalid(
+            "oomScoreAdj",
+            format!("{oom_score_adj} is not in -1000..=1000"),
+        ));
+    }
+    raw.oom_score_adj = Some(oom_score_adj);
+    let (client, kubeconfig) = client_connection(&mut raw)?;
+    let (log_json, verbosity) = logging(&raw)?;
+    let hostname = if raw.hostname_override.trim().is_empty() {
+        machine_hostname()?
+    } else {
+        raw.hostname_override.trim().to_lowercase()
+    };
 
-    // bindAddress and the listen addresses.
+    Ok(ProxyConfig {
+        mode,
+        hostname,
+        bind_address,
+        bind_address_hard_fail: raw.bind_address_hard_fail,
+        healthz_bind_address: Some(healthz),
+        metrics_bind_address: Some(metrics),
+        cluster_cidrs,
+        detect_local_mode,
+        pod_bridge_interface: raw.detect_local.bridge_interface.clone(),
+        pod_interface_name_prefix: raw.detect_local.interface_name_prefix.clone(),
+        nodeport_addresses,
+        nodeport_primary,
+        masquerade_all: sync.masquerade_all,
+        masquerade_bit: sync.masquerade_bit,
+        sync_period: sync.sync_period,
+        min_sync_period: sync.min_sync_period,
+        localhost_nodeports: sync.localhost_nodeports,
+        config_sync_period,
+        kubeconfig,
+        master: None,
+        client,
+        manifests: None,
+        cleanup: false,
+        dry_run: false,
+        init_only: false,
+        verbosity,
+        log_json,
+        service_proxy_name: None,
+        iptables_backend: None,
+        iptables_nft_restore: false,
+        userspace: Default::default(),
+        socket_lb: Default::default(),
+        ipvs,
+        conntrack,
+        oom_score_adj,
+        feature_gates: raw.feature_gates.clone(),
+        config_file: None,
+        write_config_to: None,
+        configuration: raw,
+    })
+}
+
+/// bindAddress, and the health and metrics listen addresses (their
+/// defaults in bindAddress's family).
+fn listen_addresses(
+    raw: &mut KubeProxyConfiguration,
+) -> Result<(IpAddr, SocketAddr, SocketAddr), ConfigError> {
     let bind_address = if raw.bind_address.trim().is_empty() {
         IpAddr::V4(Ipv4Addr::UNSPECIFIED)
     } else {
@@ -140,8 +211,11 @@ pub(super) fn resolve(mut raw: KubeProxyConfiguration) -> Result<ProxyConfig, Co
         &raw.metrics_bind_address,
         DEFAULT_METRICS_PORT,
     )?;
+    Ok((bind_address, healthz, metrics))
+}
 
-    // clusterCIDR: comma-separated, at most one per family.
+/// clusterCIDR: comma-separated, at most one per family.
+fn cluster_cidrs(raw: &KubeProxyConfiguration) -> Result<Vec<IpNet>, ConfigError> {
     let mut cluster_cidrs = Vec::new();
     for part in raw
         .cluster_cidr
@@ -164,13 +238,17 @@ pub(super) fn resolve(mut raw: KubeProxyConfiguration) -> Result<ProxyConfig, Co
             ),
         ));
     }
+    Ok(cluster_cidrs)
+}
 
+/// detectLocalMode, and the field its mode needs.
+fn detect_local(raw: &mut KubeProxyConfiguration) -> Result<DetectLocalMode, ConfigError> {
     let detect_local_mode = DetectLocalMode::from_str(&raw.detect_local_mode)
         .map_err(|e| invalid("detectLocalMode", e))?;
     raw.detect_local_mode = detect_local_mode.as_str().to_string();
     match detect_local_mode {
         DetectLocalMode::BridgeInterface if raw.detect_local.bridge_interface.is_empty() => {
-            return Err(invalid(
+            Err(invalid(
                 "detectLocal.bridgeInterface",
                 "required when detectLocalMode is BridgeInterface",
             ))
@@ -178,16 +256,21 @@ pub(super) fn resolve(mut raw: KubeProxyConfiguration) -> Result<ProxyConfig, Co
         DetectLocalMode::InterfaceNamePrefix
             if raw.detect_local.interface_name_prefix.is_empty() =>
         {
-            return Err(invalid(
+            Err(invalid(
                 "detectLocal.interfaceNamePrefix",
                 "required when detectLocalMode is InterfaceNamePrefix",
             ))
         }
-        _ => {}
+        _ => Ok(detect_local_mode),
     }
+}
 
-    // nodePortAddresses: unset means "primary" in nftables mode and "all"
-    // elsewhere, as upstream.
+/// nodePortAddresses as CIDRs, and whether `primary` was asked for: unset
+/// means "primary" in nftables mode and "all" elsewhere, as upstream.
+fn nodeport_addresses(
+    raw: &KubeProxyConfiguration,
+    mode: ProxyMode,
+) -> Result<(Vec<IpNet>, bool), ConfigError> {
     let mut nodeport_addresses = Vec::new();
     let mut nodeport_primary = false;
     match &raw.node_port_addresses {
@@ -210,10 +293,28 @@ pub(super) fn resolve(mut raw: KubeProxyConfiguration) -> Result<ProxyConfig, Co
             }
         }
     }
+    Ok((nodeport_addresses, nodeport_primary))
+}
 
-    // Masquerading and sync periods: the running mode's section wins; an unset
-    // nftables field falls back to the iptables one (so an upstream config
-    // written for the iptables default keeps its meaning here).
+/// What the running mode's section (and the mode-independent fields)
+/// decide for masquerading and pacing.
+struct SyncSettings {
+    sync_period: Duration,
+    min_sync_period: Duration,
+    masquerade_all: bool,
+    masquerade_bit: u8,
+    localhost_nodeports: bool,
+    ipvs_sync: Duration,
+    ipvs_min: Duration,
+}
+
+/// Masquerading and sync periods: the running mode's section wins; an unset
+/// nftables field falls back to the iptables one (so an upstream config
+/// written for the iptables default keeps its meaning here).
+fn sync_and_masquerade(
+    raw: &mut KubeProxyConfiguration,
+    mode: ProxyMode,
+) -> Result<SyncSettings, ConfigError> {
     let ipt = raw.iptables.clone();
     let nft = raw.nftables.clone();
     let ipt_bit = masquerade_bit("iptables.masqueradeBit", ipt.masquerade_bit.unwrap_or(14))?;
@@ -264,15 +365,30 @@ pub(super) fn resolve(mut raw: KubeProxyConfiguration) -> Result<ProxyConfig, Co
             ),
         ));
     }
+    Ok(SyncSettings {
+        sync_period,
+        min_sync_period,
+        masquerade_all,
+        masquerade_bit,
+        localhost_nodeports,
+        ipvs_sync,
+        ipvs_min,
+    })
+}
 
+/// The ipvs section (its sync periods resolved with the others).
+fn ipvs(
+    raw: &mut KubeProxyConfiguration,
+    sync: &SyncSettings,
+) -> Result<IpvsSettings, ConfigError> {
     let mut exclude_cidrs = Vec::new();
     for (i, c) in raw.ipvs.exclude_cidrs.iter().flatten().enumerate() {
         exclude_cidrs.push(parse_cidr(&format!("ipvs.excludeCIDRs[{i}]"), c)?);
     }
     let ipvs = IpvsSettings {
         scheduler: raw.ipvs.scheduler.clone(),
-        sync_period: ipvs_sync,
-        min_sync_period: ipvs_min,
+        sync_period: sync.ipvs_sync,
+        min_sync_period: sync.ipvs_min,
         exclude_cidrs,
         strict_arp: raw.ipvs.strict_arp,
         tcp_timeout: duration_field_keep_zero(raw.ipvs.tcp_timeout),
@@ -282,7 +398,11 @@ pub(super) fn resolve(mut raw: KubeProxyConfiguration) -> Result<ProxyConfig, Co
     raw.ipvs.tcp_timeout = Some(GoDuration(ipvs.tcp_timeout));
     raw.ipvs.tcp_fin_timeout = Some(GoDuration(ipvs.tcp_fin_timeout));
     raw.ipvs.udp_timeout = Some(GoDuration(ipvs.udp_timeout));
+    Ok(ipvs)
+}
 
+/// The conntrack section, for `--init-only`'s sysctls.
+fn conntrack(raw: &mut KubeProxyConfiguration) -> Result<ConntrackSettings, ConfigError> {
     let ct = &raw.conntrack;
     let conntrack = ConntrackSettings {
         max_per_core: ct.max_per_core.unwrap_or(32768),
@@ -317,20 +437,13 @@ pub(super) fn resolve(mut raw: KubeProxyConfiguration) -> Result<ProxyConfig, Co
     raw.conntrack.tcp_close_wait_timeout = Some(GoDuration(conntrack.tcp_close_wait_timeout));
     raw.conntrack.udp_timeout = Some(GoDuration(conntrack.udp_timeout));
     raw.conntrack.udp_stream_timeout = Some(GoDuration(conntrack.udp_stream_timeout));
+    Ok(conntrack)
+}
 
-    let config_sync_period = duration_field(raw.config_sync_period, Duration::from_secs(15 * 60));
-    raw.config_sync_period = Some(GoDuration(config_sync_period));
-
-    let oom_score_adj = raw.oom_score_adj.unwrap_or(-999);
-    if !(-1000..=1000).contains(&oom_score_adj) {
-        return Err(invalid(
-            "oomScoreAdj",
-            format!("{oom_score_adj} is not in -1000..=1000"),
-        ));
-    }
-    raw.oom_score_adj = Some(oom_score_adj);
-
-    // clientConnection defaults.
+/// clientConnection, with upstream's defaults.
+fn client_connection(
+    raw: &mut KubeProxyConfiguration,
+) -> Result<(ClientSettings, Option<PathBuf>), ConfigError> {
     let cc = &mut raw.client_connection;
     if cc.content_type.is_empty() {
         cc.content_type = "application/vnd.kubernetes.protobuf".to_string();
@@ -363,7 +476,11 @@ pub(super) fn resolve(mut raw: KubeProxyConfiguration) -> Result<ProxyConfig, Co
     } else {
         Some(PathBuf::from(&cc.kubeconfig))
     };
+    Ok((client, kubeconfig))
+}
 
+/// logging: JSON or text, and the verbosity.
+fn logging(raw: &KubeProxyConfiguration) -> Result<(bool, u8), ConfigError> {
     let log_json = match raw.logging.format.as_deref() {
         None | Some("") | Some("text") => false,
         Some("json") => true,
@@ -377,52 +494,5 @@ pub(super) fn resolve(mut raw: KubeProxyConfiguration) -> Result<ProxyConfig, Co
     let verbosity = raw.logging.verbosity.unwrap_or(0);
     let verbosity = u8::try_from(verbosity)
         .map_err(|_| invalid("logging.verbosity", format!("{verbosity} is too large")))?;
-
-    let hostname = if raw.hostname_override.trim().is_empty() {
-        machine_hostname()?
-    } else {
-        raw.hostname_override.trim().to_lowercase()
-    };
-
-    Ok(ProxyConfig {
-        mode,
-        hostname,
-        bind_address,
-        bind_address_hard_fail: raw.bind_address_hard_fail,
-        healthz_bind_address: Some(healthz),
-        metrics_bind_address: Some(metrics),
-        cluster_cidrs,
-        detect_local_mode,
-        pod_bridge_interface: raw.detect_local.bridge_interface.clone(),
-        pod_interface_name_prefix: raw.detect_local.interface_name_prefix.clone(),
-        nodeport_addresses,
-        nodeport_primary,
-        masquerade_all,
-        masquerade_bit,
-        sync_period,
-        min_sync_period,
-        localhost_nodeports,
-        config_sync_period,
-        kubeconfig,
-        master: None,
-        client,
-        manifests: None,
-        cleanup: false,
-        dry_run: false,
-        init_only: false,
-        verbosity,
-        log_json,
-        service_proxy_name: None,
-        iptables_backend: None,
-        iptables_nft_restore: false,
-        userspace: Default::default(),
-        socket_lb: Default::default(),
-        ipvs,
-        conntrack,
-        oom_score_adj,
-        feature_gates: raw.feature_gates.clone(),
-        config_file: None,
-        write_config_to: None,
-        configuration: raw,
-    })
+    Ok((log_json, verbosity))
 }

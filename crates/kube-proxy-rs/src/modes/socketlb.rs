@@ -12,6 +12,9 @@ use anyhow::{Context, Result};
 use kp_model::{Dataplane, DataplaneError, ProxyState, ServicePortName, SyncReport};
 use kp_socketlb::{Capacity, Installed, KernelMaps, MemMaps, Placement, SocketLbProxier};
 
+use super::{Outcome, Scope};
+use crate::config::{ProxyConfig, ProxyMode};
+
 /// Where the maps and links are pinned on a node by default.
 pub const DEFAULT_PIN_PATH: &str = "/sys/fs/bpf/kube-proxy-rs";
 
@@ -89,11 +92,7 @@ pub fn install(flags: &SocketLbFlags) -> Result<()> {
 pub fn nodeport_ips(pc: &kp_model::ProxierConfig) -> Vec<std::net::IpAddr> {
     pc.node_ips
         .iter()
-        .filter(|ip| !ip.is_loopback())
-        .filter(|ip| {
-            pc.nodeport_addresses.is_empty()
-                || pc.nodeport_addresses.iter().any(|n| n.contains(*ip))
-        })
+        .filter(|ip| !ip.is_loopback() && pc.serves_nodeports(ip))
         .copied()
         .collect()
 }
@@ -170,9 +169,13 @@ impl Dataplane for WithSocketLb {
 
 /// Socket load balancing's pins under --bpf-pin-path (unpinning detaches
 /// the programs and frees the maps): for `--cleanup`, and when the proxy
-/// starts without `--socket-lb` (they would keep balancing).
-pub fn remove_leftovers(flags: &SocketLbFlags, out: &mut crate::outcome::Outcome) {
-    let dir = &flags.bpf_pin_path;
+/// starts without `--socket-lb` (they would keep balancing); starting with
+/// it, they stay and are adopted.
+pub fn remove_leftovers(scope: Scope, cfg: &ProxyConfig, out: &mut Outcome) {
+    if cfg.socket_lb.socket_lb && scope.starting_in(ProxyMode::Nftables) {
+        return;
+    }
+    let dir = &cfg.socket_lb.bpf_pin_path;
     match kp_socketlb::remove(dir) {
         Ok(true) => out
             .removed

@@ -9,6 +9,8 @@ use anyhow::{Context, Result};
 use kp_model::{Dataplane, ProxierConfig};
 use kp_userspace::{Algorithm, Direction, UserspaceConfig, UserspaceProxier, VipMode};
 
+use super::{Outcome, Scope};
+use crate::config::{ProxyConfig, ProxyMode};
 use crate::duration::parse_go_duration;
 use crate::metrics::Metrics;
 
@@ -111,7 +113,10 @@ pub fn make_dataplane(
 /// Removes the Service IPs userspace mode put on lo (both families, only
 /// the ones carrying its mark): for `--cleanup`, and when another mode
 /// starts (they would keep answering locally for Service IPs).
-pub fn remove_leftovers(out: &mut crate::outcome::Outcome) {
+pub fn remove_leftovers(scope: Scope, _cfg: &ProxyConfig, out: &mut Outcome) {
+    if scope.starting_in(ProxyMode::Userspace) {
+        return;
+    }
     let mut rtnl = match kp_userspace::netlink::Rtnl::open() {
         Ok(r) => r,
         Err(e) => {
