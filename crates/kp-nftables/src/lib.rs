@@ -12,6 +12,11 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 mod backend;
+/// An nftables kernel in memory for tests: behind the `testing` feature,
+/// which only dev-dependencies enable; not the product's API.
+#[cfg(any(test, feature = "testing"))]
+pub mod fake;
+mod names;
 mod netlink;
 mod proxier;
 mod render;
@@ -19,7 +24,8 @@ mod rule;
 pub mod types;
 
 pub use backend::{NftBackend, NftCli};
+pub use names::TABLE_NAME;
 pub use netlink::{EncodeError, NftNetlink};
 pub use proxier::NftablesProxier;
-pub use render::{packet_chains, render_service, Element, ServiceObjects, Skeleton, TABLE_NAME};
+pub use render::{packet_chains, render_service, Element, ServiceObjects, Skeleton};
 pub use types::{Rule, Transaction, Verdict};

@@ -8,26 +8,20 @@ use kp_model::{
     Protocol, ProxierConfig, ServicePort,
 };
 
-use crate::rule::{self, MARK_MASQ_CHAIN};
+use crate::names::{
+    affinity_set_name, ServiceChains, CLUSTER_IPS_CHECK, FILTER_FORWARD, FILTER_INPUT,
+    FILTER_OUTPUT, FILTER_OUTPUT_POST_DNAT, FILTER_PREROUTING, FIREWALL_CHECK, MAP_FIREWALL_IPS,
+    MAP_NO_EP_NODEPORTS, MAP_NO_EP_SERVICES, MAP_SERVICE_IPS, MAP_SERVICE_NODEPORTS,
+    MARK_MASQ_CHAIN, MASQUERADING, NAT_OUTPUT, NAT_POSTROUTING, NAT_PREROUTING,
+    NODEPORT_ENDPOINTS_CHECK, REJECT_CHAIN, SERVICES, SERVICE_ENDPOINTS_CHECK, SET_CLUSTER_IPS,
+    SET_HAIRPIN, SET_NODEPORT_IPS,
+};
+use crate::rule;
 use crate::types::{
     Addr, AddrValue, BaseChain, ChainType, CtState, DType, DnatTarget, Expr, Hook, KeyField,
     MarkOp, NumgenValue, Rule, Set, SetType, Slots, Verdict,
 };
 pub use crate::types::{ElemKey, ElemValue, MapName};
-
-/// Our table, one per family (`ip` and `ip6`). Not upstream's `kube-proxy`, so
-/// that the two never fight over one table during a migration.
-pub const TABLE_NAME: &str = "kube-proxy-rs";
-
-pub const REJECT_CHAIN: &str = "reject-chain";
-pub const MAP_SERVICE_IPS: &str = "service-ips";
-pub const MAP_SERVICE_NODEPORTS: &str = "service-nodeports";
-pub const MAP_NO_EP_SERVICES: &str = "no-endpoint-services";
-pub const MAP_NO_EP_NODEPORTS: &str = "no-endpoint-nodeports";
-pub const MAP_FIREWALL_IPS: &str = "firewall-ips";
-pub const SET_CLUSTER_IPS: &str = "cluster-ips";
-pub const SET_NODEPORT_IPS: &str = "nodeport-ips";
-pub const SET_HAIRPIN: &str = "hairpin";
 
 /// Which shared endpoint maps a [`Pool`] lives in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -104,31 +98,6 @@ pub struct ServiceObjects {
     pub pools: Vec<Pool>,
     /// eTP/iTP Local with no local endpoint (internal, external).
     pub no_local: (bool, bool),
-}
-
-fn proto_name(p: Protocol) -> &'static str {
-    p.as_lower()
-}
-
-/// Readable, unique, nft-safe chain suffix, upstream style:
-/// `HASH8-namespace/name/proto/port`.
-fn chain_base(sp: &ServicePort) -> String {
-    let h = chain_hash(&format!("{}{}", sp.name, proto_name(sp.protocol)));
-    format!(
-        "{}-{}/{}/{}/{}",
-        &h[..8],
-        sp.name.service.namespace,
-        sp.name.service.name,
-        proto_name(sp.protocol),
-        sp.name.port
-    )
-}
-
-/// The shared session-affinity set of one timeout. The timeout is in the
-/// name: a set cannot change its timeout in place, and a new name lets one
-/// transaction move a Service to another.
-pub fn affinity_set_name(timeout: u32) -> String {
-    MapName::Affinity(timeout).to_string()
 }
 
 /// The id of the selection made in `chain` (a service port's `service-…` or
@@ -217,11 +186,12 @@ pub fn render_service(
     node: &NodeInfo,
 ) -> ServiceObjects {
     let cat = EndpointSelection::new(sp, endpoints, node);
-    let base = chain_base(sp);
-    let svc_chain = format!("service-{base}");
-    let local_chain = format!("local-{base}");
-    let ext_chain = format!("external-{base}");
-    let fw_chain = format!("firewall-{base}");
+    let ServiceChains {
+        service: svc_chain,
+        local: local_chain,
+        external: ext_chain,
+        firewall: fw_chain,
+    } = ServiceChains::of(sp);
     let mut out = ServiceObjects::default();
 
     let internal_chain = match cat.internal {
@@ -449,12 +419,16 @@ impl Skeleton {
             });
             Rule::new(e)
         };
-        let nodeport_ips: Vec<IpAddr> = cfg
-            .node_ips
-            .iter()
-            .filter(|a| cfg.nodeport_addresses.iter().any(|n| n.contains(*a)))
-            .copied()
-            .collect();
+        // The set is only consulted with a list; without one `fib` decides.
+        let nodeport_ips: Vec<IpAddr> = if cfg.nodeport_addresses.is_empty() {
+            Vec::new()
+        } else {
+            cfg.node_ips
+                .iter()
+                .filter(|a| cfg.serves_nodeports(a))
+                .copied()
+                .collect()
+        };
         let services_rules: Vec<Rule> = rule::mark_masq_clusterip_unless_local(
             fam,
             &cfg.local_detector,
@@ -492,20 +466,20 @@ impl Skeleton {
         }
         let chains = vec![
             (
-                "filter-prerouting",
+                FILTER_PREROUTING,
                 base(Hook::Prerouting, ChainType::Filter, -110),
-                vec![new_jump("firewall-check")],
+                vec![new_jump(FIREWALL_CHECK)],
             ),
             (
-                "filter-input",
+                FILTER_INPUT,
                 base(Hook::Input, ChainType::Filter, -110),
                 vec![
-                    new_jump("nodeport-endpoints-check"),
-                    new_jump("service-endpoints-check"),
+                    new_jump(NODEPORT_ENDPOINTS_CHECK),
+                    new_jump(SERVICE_ENDPOINTS_CHECK),
                 ],
             ),
             (
-                "filter-forward",
+                FILTER_FORWARD,
                 base(Hook::Forward, ChainType::Filter, -110),
                 vec![
                     // Out-of-window TCP packets marked INVALID would otherwise be
@@ -515,37 +489,34 @@ impl Skeleton {
                         Expr::Ct(CtState::Invalid),
                         Expr::Verdict(Verdict::Drop),
                     ]),
-                    new_jump("service-endpoints-check"),
-                    new_jump("cluster-ips-check"),
+                    new_jump(SERVICE_ENDPOINTS_CHECK),
+                    new_jump(CLUSTER_IPS_CHECK),
                 ],
             ),
             (
-                "filter-output",
+                FILTER_OUTPUT,
                 base(Hook::Output, ChainType::Filter, -110),
-                vec![
-                    new_jump("service-endpoints-check"),
-                    new_jump("firewall-check"),
-                ],
+                vec![new_jump(SERVICE_ENDPOINTS_CHECK), new_jump(FIREWALL_CHECK)],
             ),
             (
-                "filter-output-post-dnat",
+                FILTER_OUTPUT_POST_DNAT,
                 base(Hook::Output, ChainType::Filter, -90),
-                vec![new_jump("cluster-ips-check")],
+                vec![new_jump(CLUSTER_IPS_CHECK)],
             ),
             (
-                "nat-prerouting",
+                NAT_PREROUTING,
                 base(Hook::Prerouting, ChainType::Nat, -100),
-                vec![Rule::new(vec![jump("services")])],
+                vec![Rule::new(vec![jump(SERVICES)])],
             ),
             (
-                "nat-output",
+                NAT_OUTPUT,
                 base(Hook::Output, ChainType::Nat, -100),
-                vec![Rule::new(vec![jump("services")])],
+                vec![Rule::new(vec![jump(SERVICES)])],
             ),
             (
-                "nat-postrouting",
+                NAT_POSTROUTING,
                 base(Hook::Postrouting, ChainType::Nat, 100),
-                vec![Rule::new(vec![jump("masquerading")])],
+                vec![Rule::new(vec![jump(MASQUERADING)])],
             ),
             (
                 MARK_MASQ_CHAIN,
@@ -553,7 +524,7 @@ impl Skeleton {
                 vec![Rule::new(vec![Expr::MarkSet(MarkOp::Or, mark)])],
             ),
             (
-                "masquerading",
+                MASQUERADING,
                 None,
                 vec![
                     Rule::new(vec![
@@ -576,24 +547,24 @@ impl Skeleton {
                     Rule::new(vec![Expr::Masquerade { fully_random: true }]),
                 ],
             ),
-            ("services", None, services_rules),
+            (SERVICES, None, services_rules),
             (
-                "firewall-check",
+                FIREWALL_CHECK,
                 None,
                 vec![Rule::new(vec![dispatch(MAP_FIREWALL_IPS)])],
             ),
             (REJECT_CHAIN, None, vec![Rule::new(vec![Expr::Reject])]),
             (
-                "service-endpoints-check",
+                SERVICE_ENDPOINTS_CHECK,
                 None,
                 vec![Rule::new(vec![dispatch(MAP_NO_EP_SERVICES)])],
             ),
             (
-                "nodeport-endpoints-check",
+                NODEPORT_ENDPOINTS_CHECK,
                 None,
                 vec![nodeport_dispatch(MAP_NO_EP_NODEPORTS)],
             ),
-            ("cluster-ips-check", None, cluster_check),
+            (CLUSTER_IPS_CHECK, None, cluster_check),
         ];
         let addr = DType::addr(fam);
         let set = |name: &str, key: Vec<DType>, verdict_map: bool| Set {
@@ -659,32 +630,32 @@ pub fn packet_chains(
 ) -> Vec<String> {
     use kp_model::explain::{Action, MatchKind};
     let objs = render_service(sp, endpoints, cfg, node);
-    let base = chain_base(sp);
+    let chains = ServiceChains::of(sp);
     let own = |c: String| objs.chains.iter().any(|(n, _)| *n == c).then_some(c);
     let mut out: Vec<String> = Vec::new();
     if route.kind == MatchKind::LoadBalancerIngress && !sp.load_balancer_source_ranges.is_empty() {
         let hook = if route.from_node {
-            "filter-output"
+            FILTER_OUTPUT
         } else {
-            "filter-prerouting"
+            FILTER_PREROUTING
         };
-        out.extend([hook.to_string(), "firewall-check".to_string()]);
-        out.extend(own(format!("firewall-{base}")));
+        out.extend([hook.to_string(), FIREWALL_CHECK.to_string()]);
+        out.extend(own(chains.firewall));
     }
     match route.action {
         Action::Dnat => {
             let hook = if route.from_node {
-                "nat-output"
+                NAT_OUTPUT
             } else {
-                "nat-prerouting"
+                NAT_PREROUTING
             };
-            out.extend([hook.to_string(), "services".to_string()]);
+            out.extend([hook.to_string(), SERVICES.to_string()]);
             if route.kind.is_external() {
-                out.extend(own(format!("external-{base}")));
+                out.extend(own(chains.external));
             }
             out.extend(own(match route.set {
-                EndpointSet::Cluster => format!("service-{base}"),
-                EndpointSet::Local => format!("local-{base}"),
+                EndpointSet::Cluster => chains.service,
+                EndpointSet::Local => chains.local,
             }));
         }
         Action::Drop | Action::Reject => {
@@ -692,14 +663,14 @@ pub fn packet_chains(
             // the no-endpoint maps (source-range drops stop above).
             if !route.source_ranges_drop {
                 let hook = if route.from_node {
-                    "filter-output"
+                    FILTER_OUTPUT
                 } else {
-                    "filter-input"
+                    FILTER_INPUT
                 };
                 let check = if route.kind == MatchKind::NodePort {
-                    "nodeport-endpoints-check"
+                    NODEPORT_ENDPOINTS_CHECK
                 } else {
-                    "service-endpoints-check"
+                    SERVICE_ENDPOINTS_CHECK
                 };
                 out.extend([hook.to_string(), check.to_string()]);
                 if route.action == Action::Reject {

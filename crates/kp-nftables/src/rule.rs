@@ -1,15 +1,14 @@
 //! The handful of rule shapes the per-Service chains use, built as typed
-//! [`Rule`]s (see types.rs) so that both backends get them without any nft
-//! text in between.
+//! [`Rule`]s (see types/expr.rs) so that both backends get them without any
+//! nft text in between.
 
 use std::net::SocketAddr;
 
 use ipnet::IpNet;
 use kp_model::{IpFamily, LocalDetector, Protocol};
 
+use crate::names::MARK_MASQ_CHAIN;
 use crate::types::{Addr, AddrValue, Expr, KeyField, MapName, Rule, Slots, Verdict};
-
-pub const MARK_MASQ_CHAIN: &str = "mark-for-masquerade";
 
 fn jump_masq() -> Expr {
     Expr::Verdict(Verdict::Jump(MARK_MASQ_CHAIN.into()))

@@ -6,6 +6,9 @@
 //!
 //! [`netns`] runs that server inside a network namespace of the lab.
 //!
+//! [`updates`]: random Service and EndpointSlice update sequences for the
+//! partial = full property tests.
+//!
 //! [`control_plane`] runs the real thing: etcd and kube-apiserver v1.36 with
 //! TLS, tokens and RBAC, for the tests that must hold against what clusters
 //! run (and for the differential runs against upstream kube-proxy).
@@ -13,6 +16,7 @@
 pub mod apiserver;
 pub mod control_plane;
 pub mod netns;
+pub mod updates;
 
 pub use apiserver::{ApiCall, ApiServer};
 pub use control_plane::{ControlPlane, ControlPlaneError, ControlPlaneOpts, K8sBinaries};

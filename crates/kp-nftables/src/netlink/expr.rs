@@ -1,6 +1,6 @@
-//! Rule bodies: the typed expressions of types.rs as nf_tables expressions,
-//! with nft's register layout (so that `nft list` prints them back as the
-//! same statements).
+//! Rule bodies: the typed expressions of types/expr.rs as nf_tables
+//! expressions, with nft's register layout (so that `nft list` prints them
+//! back as the same statements).
 
 use std::net::IpAddr;
 

@@ -1,0 +1,253 @@
+//! The nftables proxier: remembers what it programmed, sends the difference.
+//!
+//! Its rooms: `full` and `partial` build a sync's transaction with `tx`'s
+//! builder; `programmed` is what the proxier believes the kernel holds,
+//! `slots` where endpoints sit in the shared maps, `affinity` what keeps
+//! session-affinity clients on their endpoints across syncs.
+//! Here: the proxier itself and the sync that applies a transaction.
+
+mod affinity;
+mod full;
+mod partial;
+mod programmed;
+mod slots;
+mod tx;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Instant;
+
+use kp_model::{Dataplane, DataplaneError, ProxierConfig, ProxyState, ServicePortName, SyncReport};
+
+use crate::backend::NftBackend;
+use crate::names::{NAT_PREROUTING, TABLE_NAME};
+use crate::render::{ElemKey, Element, MapName, Skeleton};
+use crate::types::{Object, Transaction, Verb};
+use affinity::Rekey;
+use programmed::{name_owners, Programmed};
+use tx::{element_ops, Tx};
+
+pub struct NftablesProxier {
+    cfg: ProxierConfig,
+    skeleton: Skeleton,
+    backend: Box<dyn NftBackend>,
+    table: String,
+    /// None until the first successful sync, and after a failed one: the next
+    /// sync is then a full one.
+    programmed: Option<Programmed>,
+}
+
+impl NftablesProxier {
+    pub fn new(cfg: ProxierConfig, backend: Box<dyn NftBackend>) -> Self {
+        let skeleton = Skeleton::new(&cfg);
+        NftablesProxier {
+            cfg,
+            skeleton,
+            backend,
+            table: TABLE_NAME.to_string(),
+            programmed: None,
+        }
+    }
+
+    /// The transaction a full sync of `state` would send to a kernel without
+    /// our table: what --dry-run prints (as nft text), and what the tests
+    /// hand to the encoders.
+    pub fn full_transaction(&self, state: &ProxyState) -> Transaction {
+        let (tx, _) = self.full_tx(state, true);
+        tx.finish(self.cfg.family, &self.table).0
+    }
+
+    /// Brings the session-affinity records in line with what the sync
+    /// did to the endpoints' indexes: the clients of an endpoint that went
+    /// are forgotten, as upstream's deleting an endpoint's own set forgets
+    /// them (a client of a removed endpoint must not end up on whatever
+    /// takes its place); those of an endpoint that moved follow it. Lists
+    /// the records after the transaction applied, then deletes and re-adds
+    /// in a second one (a moved record gets the full timeout again). A
+    /// failure is logged and leaves the records to expire with their
+    /// timeout; one retry covers a record that expired between the listing
+    /// and the deletion.
+    fn rekey_clients(&mut self, rekeys: &[Rekey]) {
+        let mut by_set: BTreeMap<u32, HashMap<(u32, u32), Option<u32>>> = BTreeMap::new();
+        for r in rekeys {
+            by_set
+                .entry(r.timeout)
+                .or_default()
+                .insert((r.id, r.from), r.to);
+        }
+        for (timeout, moves) in by_set {
+            let set = MapName::Affinity(timeout);
+            let mut result = Ok(0);
+            for _attempt in 0..2 {
+                let records = match self.backend.affinity_records(
+                    self.cfg.family,
+                    &self.table,
+                    &set.to_string(),
+                ) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        result = Err(e);
+                        break;
+                    }
+                };
+                let element = |key| Element {
+                    map: set,
+                    key,
+                    value: None,
+                };
+                let mut gone = Vec::new();
+                let mut moved = Vec::new();
+                for key in records {
+                    let ElemKey::Affinity { client, id, index } = key else {
+                        continue;
+                    };
+                    if let Some(to) = moves.get(&(id, index)) {
+                        gone.push(element(key));
+                        if let Some(to) = to {
+                            moved.push(element(ElemKey::Affinity {
+                                client,
+                                id,
+                                index: *to,
+                            }));
+                        }
+                    }
+                }
+                if gone.is_empty() {
+                    result = Ok(0);
+                    break;
+                }
+                let n = gone.len();
+                let mut tx = Tx::default();
+                element_ops(&mut tx.del_elements, Verb::Delete, gone);
+                element_ops(&mut tx.add_elements, Verb::Add, moved);
+                let (txn, _) = tx.finish(self.cfg.family, &self.table);
+                result = self.backend.apply(&txn).map(|_| n);
+                if result.is_ok() {
+                    break;
+                }
+            }
+            match result {
+                Ok(0) => {}
+                Ok(n) => {
+                    tracing::debug!(set = %set, records = n, "affinity records of removed or moved endpoints updated")
+                }
+                Err(e) => tracing::warn!(
+                    set = %set, error = %e,
+                    "could not update the affinity records of removed or moved endpoints; they expire with the timeout"
+                ),
+            }
+        }
+    }
+}
+
+impl Dataplane for NftablesProxier {
+    fn mode(&self) -> kp_model::DataplaneKind {
+        kp_model::DataplaneKind::Nftables
+    }
+
+    fn sync(
+        &mut self,
+        state: &ProxyState,
+        changed: &BTreeSet<ServicePortName>,
+        full: bool,
+    ) -> Result<SyncReport, DataplaneError> {
+        let t0 = Instant::now();
+        let is_full = full || self.programmed.is_none();
+        let fresh = self.programmed.is_none();
+        let (mut tx, new_prog) = if is_full {
+            let (tx, prog) = self.full_tx(state, fresh);
+            (tx, prog)
+        } else {
+            let mut prog = self.programmed.take().unwrap_or_default();
+            let tx = self.partial_tx(state, changed, &mut prog);
+            (tx, prog)
+        };
+        let rekey = std::mem::take(&mut tx.rekey);
+        let (txn, ops) = tx.finish(self.cfg.family, &self.table);
+        let render = t0.elapsed();
+        let t1 = Instant::now();
+        let mut report = SyncReport {
+            full: is_full,
+            ops,
+            render,
+            ..Default::default()
+        };
+        if !txn.is_empty() {
+            // A full sync's operations are freed as they are encoded (the
+            // largest transient of the process: at 50k Services the typed
+            // operations and the batch were ~175 MB together); a kernel
+            // refusal then names lines without text, and the retry is a
+            // full sync anyway. A partial sync keeps its text for errors.
+            let (applied, kept_tx) = if is_full {
+                (self.backend.apply_owned(txn), None)
+            } else {
+                (self.backend.apply(&txn), Some(txn))
+            };
+            match applied {
+                Ok(bytes) => report.bytes = bytes,
+                Err(DataplaneError::Refused { tool, mut refused }) => {
+                    // Name whose objects were refused; a full sync's text
+                    // was freed as it was encoded, so render it again (the
+                    // transaction is deterministic).
+                    let tx = kept_tx.unwrap_or_else(|| {
+                        let (tx, _) = self.full_tx(state, fresh);
+                        tx.finish(self.cfg.family, &self.table).0
+                    });
+                    name_owners(&mut refused, &tx, &new_prog);
+                    // Nothing was applied (one transaction); forget what we
+                    // think is there so the retry is a full sync.
+                    self.programmed = None;
+                    return Err(DataplaneError::Refused { tool, refused });
+                }
+                Err(e) => {
+                    self.programmed = None;
+                    return Err(e);
+                }
+            }
+        }
+        if !rekey.is_empty() {
+            self.rekey_clients(&rekey);
+        }
+        report.apply = t1.elapsed();
+        for kept in new_prog.services.values() {
+            report.no_local_endpoints.0 += kept.objs.no_local.0 as u64;
+            report.no_local_endpoints.1 += kept.objs.no_local.1 as u64;
+        }
+        self.programmed = Some(new_prog);
+        Ok(report)
+    }
+
+    fn render(&self, state: &ProxyState) -> String {
+        self.full_transaction(state).to_string()
+    }
+
+    fn rules_lost(&mut self) -> bool {
+        if self.programmed.is_none() {
+            return false;
+        }
+        // nat-prerouting always holds `jump services`: an empty or missing
+        // chain means someone flushed or deleted our rules.
+        match self
+            .backend
+            .chain_has_rules(self.cfg.family, &self.table, NAT_PREROUTING)
+        {
+            Ok(true) => false,
+            Ok(false) => {
+                self.programmed = None;
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "nftables canary check failed");
+                false
+            }
+        }
+    }
+
+    fn cleanup(&mut self) -> Result<(), DataplaneError> {
+        // `add` first so that deleting a table that is not there is no error.
+        let mut tx = Transaction::new(self.cfg.family, &self.table);
+        tx.add(Object::Table { comment: None })
+            .delete(Object::Table { comment: None });
+        self.programmed = None;
+        self.backend.apply(&tx).map(|_| ())
+    }
+}

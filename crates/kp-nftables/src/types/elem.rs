@@ -1,0 +1,129 @@
+//! What sets and maps hold: element keys and values, verdicts, and the
+//! names of the table's sets and maps. Kept apart from the rule
+//! expressions: the proxier keeps 300k+ of these at 50k Services, and their
+//! sizes are watched (see the proxier's kept-state test).
+
+use std::fmt::{self, Display, Formatter};
+use std::net::{IpAddr, SocketAddr};
+
+use kp_model::Protocol;
+
+/// Where a rule or map element sends a packet. Chain names are boxed (16
+/// bytes, no spare capacity): a verdict is in every kept map element.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Verdict {
+    Goto(Box<str>),
+    Jump(Box<str>),
+    Drop,
+    Return,
+}
+
+impl Display for Verdict {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        match self {
+            Verdict::Goto(c) => write!(f, "goto {c}"),
+            Verdict::Jump(c) => write!(f, "jump {c}"),
+            Verdict::Drop => f.write_str("drop"),
+            Verdict::Return => f.write_str("return"),
+        }
+    }
+}
+
+/// Name of one of the table's sets or maps: a fixed one of the skeleton, or a
+/// shard of the shared endpoint maps. 16 bytes (a fixed name is a thin
+/// pointer to a `&'static str`, e.g. `&SET_HAIRPIN`): it is in every kept
+/// element and claim, 300k+ of them at 50k Services.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MapName {
+    Fixed(&'static &'static str),
+    /// `endpoints-PROTO-N`: slot -> `address . port`, DNAT targets.
+    Endpoints(Protocol, u32),
+    /// `affinity-TIMEOUT`: the client records of every Service with that
+    /// session-affinity timeout (`client . selection id . slot index`).
+    Affinity(u32),
+}
+
+impl Display for MapName {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        match self {
+            MapName::Fixed(n) => f.write_str(n),
+            MapName::Endpoints(p, k) => write!(f, "endpoints-{}-{k}", p.as_lower()),
+            MapName::Affinity(t) => write!(f, "affinity-{t}"),
+        }
+    }
+}
+
+/// Key of a map or set element.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ElemKey {
+    IpProtoPort(IpAddr, Protocol, u16),
+    ProtoPort(Protocol, u16),
+    Ip(IpAddr),
+    /// `saddr . daddr` of the hairpin set: both the endpoint's IP.
+    IpPair(IpAddr),
+    /// A slot of the shared endpoint maps (a 32-bit integer, the numgen
+    /// value; written in hex as nft lists it).
+    Slot(u32),
+    /// A client's record in an affinity set: `client . selection id .
+    /// index` (the endpoint's place in its selection's slots).
+    Affinity {
+        client: IpAddr,
+        id: u32,
+        index: u32,
+    },
+}
+
+impl Display for ElemKey {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        match self {
+            ElemKey::IpProtoPort(ip, p, port) => write!(f, "{ip} . {} . {port}", p.as_lower()),
+            ElemKey::ProtoPort(p, port) => write!(f, "{} . {port}", p.as_lower()),
+            ElemKey::Ip(ip) => write!(f, "{ip}"),
+            ElemKey::IpPair(ip) => write!(f, "{ip} . {ip}"),
+            ElemKey::Slot(n) => write!(f, "0x{n:x}"),
+            ElemKey::Affinity { client, id, index } => write!(f, "{client} . {id} . {index}"),
+        }
+    }
+}
+
+/// What a map element maps its key to. 32 bytes (24 if rustc put a
+/// `DnatTarget` beside a verdict's tag; it does not).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ElemValue {
+    Verdict(Verdict),
+    /// DNAT target in the endpoint map.
+    Endpoint(DnatTarget),
+}
+
+/// An endpoint's address and port: 20 bytes where a `SocketAddr` takes 32
+/// (IPv6 flow info and scope). Ten of them per Service in the kept pools,
+/// which hold targets only (an `ElemValue` is 32 bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DnatTarget {
+    pub ip: IpAddr,
+    pub port: u16,
+}
+
+impl Display for DnatTarget {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        write!(f, "{} . {}", self.ip, self.port)
+    }
+}
+
+impl From<SocketAddr> for DnatTarget {
+    fn from(a: SocketAddr) -> Self {
+        DnatTarget {
+            ip: a.ip(),
+            port: a.port(),
+        }
+    }
+}
+
+impl Display for ElemValue {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        match self {
+            ElemValue::Verdict(v) => write!(f, "{v}"),
+            ElemValue::Endpoint(a) => write!(f, "{a}"),
+        }
+    }
+}
