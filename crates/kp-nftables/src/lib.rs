@@ -8,7 +8,7 @@
 //! docs/nftables.md.
 
 // Data from outside (API objects, files, the kernel) must never panic the
-// proxy: no unwrap/expect outside tests (issue 19).
+// proxy: no unwrap/expect outside tests.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 mod backend;

@@ -140,7 +140,7 @@ fn failed_apply_keeps_previous_rules() {
 }
 
 // ---------------------------------------------------------------------------
-// SIGKILL under load (issue case 3), both modes
+// SIGKILL under load, both modes
 // ---------------------------------------------------------------------------
 
 /// kube-proxy-rs is SIGKILLed three times and restarted while a client
@@ -233,7 +233,7 @@ fn sigkill_under_load_nftables_socketlb() {
 }
 
 // ---------------------------------------------------------------------------
-// Someone else flushes the iptables nat table (issue case 4, iptables mode)
+// Someone else flushes the iptables nat table (iptables mode)
 // ---------------------------------------------------------------------------
 
 /// `iptables -t nat -F` empties every nat chain (ours and the builtin jumps
@@ -550,7 +550,7 @@ fn endpointslice_lists_failing_for_2_minutes() {
 }
 
 // ---------------------------------------------------------------------------
-// The netlink apply fails (issue case 5, default nftables backend)
+// The netlink apply fails (default nftables backend)
 // ---------------------------------------------------------------------------
 
 /// The kernel rejects a netlink batch: someone added a chain to our table
@@ -644,7 +644,7 @@ fn netlink_apply_failure_keeps_rules_and_retries_full() {
 }
 
 // ---------------------------------------------------------------------------
-// Rolling updates (issue case 6) and DNS-like UDP (case 7), both modes
+// Rolling updates and DNS-like UDP, both modes
 // ---------------------------------------------------------------------------
 
 /// A pod whose echo server the test can stop (the pod "exits").
@@ -897,7 +897,7 @@ fn dns_client_survives_replacement_nftables_socketlb() {
 }
 
 // ---------------------------------------------------------------------------
-// Out-of-window TCP packets: "invalid conntrack state" (issue case 8)
+// Out-of-window TCP packets: "invalid conntrack state"
 // ---------------------------------------------------------------------------
 
 mod boom {
