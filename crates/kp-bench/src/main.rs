@@ -11,6 +11,9 @@
 //! `--mode socketlb` times the socket load balancer's map writes alone (its
 //! programs attached to a cgroup of the bench's own, pins on a private
 //! bpffs); `--socket-lb` in the binary adds them to the nftables figures.
+//! Its full sync column adds the full sync of a restarted proxy over the
+//! filled maps; `--one-entry-per-call` writes without the kernel's batch
+//! commands (what the fallback does on kernels before 5.6).
 //! Needs root for the apply columns: each size is programmed into a fresh
 //! network namespace (never the host's ruleset).
 
@@ -98,6 +101,8 @@ struct SocketLbBench {
     cgroup: kp_netlab::TestCgroup,
     fs: kp_netlab::TestBpffs,
     runs: std::cell::Cell<u32>,
+    /// `--one-entry-per-call`: no batch commands (the fallback's way).
+    per_entry: bool,
 }
 
 impl SocketLbBench {
@@ -114,7 +119,21 @@ impl SocketLbBench {
             pin_dir: self.fs.path().join(format!("run{run}")),
         };
         kp_socketlb::install(&p, kp_socketlb::Capacity::default())?;
-        let maps = kp_socketlb::KernelMaps::open(&p.pin_dir)?;
+        self.open(&p.pin_dir)
+    }
+
+    /// A second proxier over the current run's maps: what a restarted proxy
+    /// finds (its first full sync adopts everything and rewrites nothing).
+    fn restarted(&self) -> Result<Box<dyn Dataplane>> {
+        let run = self.runs.get().saturating_sub(1);
+        self.open(&self.fs.path().join(format!("run{run}")))
+    }
+
+    fn open(&self, pin_dir: &std::path::Path) -> Result<Box<dyn Dataplane>> {
+        let mut maps = kp_socketlb::KernelMaps::open(pin_dir)?;
+        if self.per_entry {
+            maps = maps.one_entry_per_call();
+        }
         Ok(Box::new(kp_socketlb::SocketLbProxier::new(
             IpFamily::V4,
             Box::new(maps),
@@ -367,7 +386,7 @@ fn measure(
     }
     let t2 = Instant::now();
     let r = dp.sync(tr.state(), &BTreeSet::new(), true)?;
-    let full = format!(
+    let mut full = format!(
         "{} ms (render {}, apply {})",
         ms(t2.elapsed()),
         ms(r.render),
@@ -487,6 +506,20 @@ fn measure(
     } else {
         "-".into()
     };
+    if let Some(lb) = &o.socketlb {
+        // The full sync of a restarted proxy (timed last, so that its
+        // memory coming and going does not fall into the figures above):
+        // the maps hold everything already; it reads them back and writes
+        // nothing.
+        let mut again = lb.restarted()?;
+        let t = Instant::now();
+        let r = again.sync(tr.state(), &BTreeSet::new(), true)?;
+        full.push_str(&format!(
+            "; after a restart {} ms ({} writes)",
+            ms(t.elapsed()),
+            r.ops
+        ));
+    }
     Ok(format!(
         "| {n} | {m} | {} ms | {} ms | {size} | {full} | {change} | {} ms | {} ms ({} B) | {} ms ({} B) | {burst} | {:.0} MiB |",
         ms(model),
@@ -569,6 +602,7 @@ fn main() -> Result<()> {
                 cgroup: kp_netlab::TestCgroup::new()?,
                 fs: kp_netlab::TestBpffs::new()?,
                 runs: std::cell::Cell::new(0),
+                per_entry: has("--one-entry-per-call"),
             }),
             _ => None,
         },

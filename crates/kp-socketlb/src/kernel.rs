@@ -7,17 +7,21 @@
 //! is a Service without its translation. `--cleanup` removes the pins, which
 //! detaches the programs and frees the maps.
 
+use std::cell::Cell;
 use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 
-use aya::maps::{HashMap, Map, MapData};
+use aya::maps::{HashMap, IterableMap, Map, MapData};
 use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::{CgroupAttachMode, CgroupSockAddr};
 use aya::EbpfLoader;
 
+use crate::batch::{self, BatchError, Commands};
 use crate::maps::{
     BackendKey, BackendVal, MemberKey, SvcKey, SvcVal, ALL_MAPS, BACKENDS, MEMBERS, SERVICES,
 };
+use crate::proxier::{value, Refused};
 use crate::SocketLbError;
 
 /// The BPF object compiled from bpf/socketlb.c by build.rs (empty when the
@@ -369,10 +373,20 @@ fn remove_file(p: &Path) -> Result<bool, SocketLbError> {
 }
 
 /// The three maps the proxy writes, opened from their pins.
+///
+/// Many entries at once go through the kernel's batch commands (batch.rs):
+/// one bpf(2) call per 65,536 entries instead of one per entry (large writes
+/// spread over a few threads).
+/// Where the kernel has none (before 5.6), the first batch says so and every
+/// write from then on is one entry per call, as before.
 pub struct KernelMaps {
     pub services: HashMap<MapData, SvcKey, SvcVal>,
     pub backends: HashMap<MapData, BackendKey, BackendVal>,
     pub members: HashMap<MapData, MemberKey, u32>,
+    cmds: Commands,
+    /// Whether the kernel takes the batch commands: unknown until the first
+    /// batch.
+    batch: Cell<Option<bool>>,
 }
 
 fn open_map<K: aya::Pod, V: aya::Pod>(
@@ -392,16 +406,55 @@ impl KernelMaps {
             services: open_map(pin_dir, SERVICES)?,
             backends: open_map(pin_dir, BACKENDS)?,
             members: open_map(pin_dir, MEMBERS)?,
+            cmds: Commands::KERNEL,
+            batch: Cell::new(None),
         })
+    }
+
+    /// Whether the kernel took the batch commands (None: none tried yet).
+    pub fn batch_ops(&self) -> Option<bool> {
+        self.batch.get()
+    }
+
+    /// From now on, one entry per call (what the fallback does), without
+    /// asking the kernel. For comparing the two ways in tests and benches.
+    #[doc(hidden)]
+    pub fn one_entry_per_call(self) -> Self {
+        self.batch.set(Some(false));
+        self
+    }
+
+    /// Sends command numbers no kernel knows where the batch commands go: the
+    /// kernel answers as one without batch commands does (`EINVAL`, nothing
+    /// done), and the fallback must take over. For testing.
+    #[doc(hidden)]
+    pub fn as_if_the_kernel_had_no_batch_ops(mut self) -> Self {
+        self.cmds = Commands::UNKNOWN;
+        self.batch.set(None);
+        self
     }
 }
 
 fn map_err(e: aya::maps::MapError) -> String {
     let mut s = e.to_string();
+    let errno = match &e {
+        aya::maps::MapError::SyscallError(se) => se.io_error.raw_os_error(),
+        _ => None,
+    };
     if let Some(src) = std::error::Error::source(&e) {
         s.push_str(&format!(": {src}"));
     }
+    s.push_str(hint(errno));
     s
+}
+
+/// What an errno means for these maps, where it is not plain.
+fn hint(errno: Option<i32>) -> &'static str {
+    match errno {
+        Some(libc::E2BIG) => " (the map is full: its capacity is fixed when it is created)",
+        Some(libc::ENOMEM) => " (the kernel could not allocate the entry)",
+        _ => "",
+    }
 }
 
 /// A delete whose key is already gone is done.
@@ -415,6 +468,91 @@ fn gone_ok(r: Result<(), aya::maps::MapError>) -> Result<(), String> {
         }
         r => r.map_err(map_err),
     }
+}
+
+/// Writes `items` with `batch` where the kernel takes batches, else one by
+/// one with `one`. A single entry goes alone (a batch of one costs as
+/// much). The kernel's first "no such command" switches `support` to one
+/// by one for good, and the same items are written that way.
+pub(crate) fn batched<M, T>(
+    support: &Cell<Option<bool>>,
+    map: &str,
+    m: &mut M,
+    items: &[T],
+    batch: impl FnOnce(&M, &[T]) -> Result<(), BatchError>,
+    mut one: impl FnMut(&mut M, usize, &T) -> Result<(), String>,
+) -> Result<(), Refused> {
+    if items.len() > 1 && support.get() != Some(false) {
+        match batch(m, items) {
+            Ok(()) => {
+                support.set(Some(true));
+                return Ok(());
+            }
+            Err(BatchError::Unsupported(e)) => {
+                tracing::info!(map, error = %e, "the kernel has no batch map commands; writing one entry per call");
+                support.set(Some(false));
+            }
+            Err(BatchError::Refused {
+                index,
+                whole,
+                error,
+            }) => {
+                let why = hint(error.raw_os_error());
+                let message = if whole {
+                    format!(
+                        "{map}: the kernel refused a batch of {} entries starting with this one: {error}{why}",
+                        items.len().saturating_sub(index)
+                    )
+                } else {
+                    format!("{map}: {error}{why}")
+                };
+                return Err(Refused { index, message });
+            }
+        }
+    }
+    crate::proxier::each(items, |i, it| one(m, i, it)).map_err(|r| Refused {
+        index: r.index,
+        message: format!("{map}: {}", r.message),
+    })
+}
+
+fn fd<K: aya::Pod, V: aya::Pod>(m: &HashMap<MapData, K, V>) -> BorrowedFd<'_> {
+    IterableMap::map(m).fd().as_fd()
+}
+
+/// Every entry of `m`: `batched` (what the kernel answered to the batch
+/// read, None if not tried), else one lookup per entry (aya's iterator).
+fn read_all<K: aya::Pod + Default, V: aya::Pod + Default>(
+    support: &Cell<Option<bool>>,
+    batched: Option<Result<Vec<(K, V)>, BatchError>>,
+    name: &str,
+    m: &HashMap<MapData, K, V>,
+) -> Result<Vec<(K, V)>, String> {
+    match batched {
+        Some(Ok(v)) => {
+            support.set(Some(true));
+            return Ok(v);
+        }
+        Some(Err(BatchError::Unsupported(e))) => {
+            tracing::info!(map = name, error = %e, "the kernel has no batch map commands; reading one entry per call");
+            support.set(Some(false));
+        }
+        Some(Err(BatchError::Refused { error, .. })) => {
+            return Err(format!("{name}: reading the entries: {error}"))
+        }
+        None => {}
+    }
+    m.iter()
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{name}: {}", map_err(e)))
+}
+
+fn panicked<T>(_: Box<dyn std::any::Any + Send>) -> Result<T, BatchError> {
+    Err(BatchError::Refused {
+        index: 0,
+        whole: true,
+        error: std::io::Error::other("the thread reading the map panicked"),
+    })
 }
 
 impl crate::proxier::Maps for KernelMaps {
@@ -437,25 +575,259 @@ impl crate::proxier::Maps for KernelMaps {
         gone_ok(self.members.remove(k))
     }
     fn dump(&self) -> Result<crate::proxier::Dump, String> {
-        let services = self
-            .services
-            .iter()
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(map_err)?;
-        let backends = self
-            .backends
-            .iter()
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(map_err)?;
-        let members = self
-            .members
-            .keys()
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(map_err)?;
+        let c = self.cmds.lookup;
+        // The three maps read side by side, in batches (most of the time is
+        // the kernel's, walking the buckets and copying).
+        let (s, b, m) = if self.batch.get() == Some(false) {
+            (None, None, None)
+        } else {
+            let (fs, fb, fm) = (fd(&self.services), fd(&self.backends), fd(&self.members));
+            std::thread::scope(|sc| {
+                let s = sc.spawn(move || batch::lookup_all::<SvcKey, SvcVal>(c, fs));
+                let m = sc.spawn(move || batch::lookup_all::<MemberKey, u32>(c, fm));
+                let b = batch::lookup_all::<BackendKey, BackendVal>(c, fb);
+                (
+                    Some(s.join().unwrap_or_else(panicked)),
+                    Some(b),
+                    Some(m.join().unwrap_or_else(panicked)),
+                )
+            })
+        };
+        let services = read_all(&self.batch, s, SERVICES, &self.services)?;
+        let backends = read_all(&self.batch, b, BACKENDS, &self.backends)?;
+        let members = read_all(&self.batch, m, MEMBERS, &self.members)?
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
         Ok(crate::proxier::Dump {
             services,
             backends,
             members,
         })
+    }
+
+    fn set_services(&mut self, keys: &[SvcKey], vals: &[SvcVal]) -> Result<(), Refused> {
+        let cmd = self.cmds.update;
+        batched(
+            &self.batch,
+            SERVICES,
+            &mut self.services,
+            keys,
+            |map, keys| update(cmd, fd(map), keys, vals),
+            |map, i, k| map.insert(k, value(vals, i)?, 0).map_err(map_err),
+        )
+    }
+    fn del_services(&mut self, keys: &[SvcKey]) -> Result<(), Refused> {
+        let cmd = self.cmds.delete;
+        batched(
+            &self.batch,
+            SERVICES,
+            &mut self.services,
+            keys,
+            |map, keys| delete(cmd, fd(map), keys),
+            |map, _, k| gone_ok(map.remove(k)),
+        )
+    }
+    fn set_backends(&mut self, keys: &[BackendKey], vals: &[BackendVal]) -> Result<(), Refused> {
+        let cmd = self.cmds.update;
+        batched(
+            &self.batch,
+            BACKENDS,
+            &mut self.backends,
+            keys,
+            |map, keys| update(cmd, fd(map), keys, vals),
+            |map, i, k| map.insert(k, value(vals, i)?, 0).map_err(map_err),
+        )
+    }
+    fn del_backends(&mut self, keys: &[BackendKey]) -> Result<(), Refused> {
+        let cmd = self.cmds.delete;
+        batched(
+            &self.batch,
+            BACKENDS,
+            &mut self.backends,
+            keys,
+            |map, keys| delete(cmd, fd(map), keys),
+            |map, _, k| gone_ok(map.remove(k)),
+        )
+    }
+    fn set_members(&mut self, keys: &[MemberKey], slots: &[u32]) -> Result<(), Refused> {
+        let cmd = self.cmds.update;
+        batched(
+            &self.batch,
+            MEMBERS,
+            &mut self.members,
+            keys,
+            |map, keys| update(cmd, fd(map), keys, slots),
+            |map, i, k| map.insert(k, value(slots, i)?, 0).map_err(map_err),
+        )
+    }
+    fn del_members(&mut self, keys: &[MemberKey]) -> Result<(), Refused> {
+        let cmd = self.cmds.delete;
+        batched(
+            &self.batch,
+            MEMBERS,
+            &mut self.members,
+            keys,
+            |map, keys| delete(cmd, fd(map), keys),
+            |map, _, k| gone_ok(map.remove(k)),
+        )
+    }
+}
+
+/// `keys[i] -> vals[i]`, in batches spread over a few threads when large.
+fn update<K: aya::Pod + Sync, V: aya::Pod + Sync>(
+    cmd: u32,
+    fd: BorrowedFd<'_>,
+    keys: &[K],
+    vals: &[V],
+) -> Result<(), BatchError> {
+    if keys.len() != vals.len() {
+        return Err(BatchError::Refused {
+            index: 0,
+            whole: true,
+            error: std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{} keys for {} values", keys.len(), vals.len()),
+            ),
+        });
+    }
+    batch::split(
+        keys.len(),
+        |r| batch::update(cmd, fd, &keys[r.clone()], &vals[r]),
+        drop,
+    )
+}
+
+/// Deletes `keys` (missing ones are fine), in batches spread over a few
+/// threads when large.
+fn delete<K: aya::Pod + Sync>(cmd: u32, fd: BorrowedFd<'_>, keys: &[K]) -> Result<(), BatchError> {
+    batch::split(keys.len(), |r| batch::delete(cmd, fd, &keys[r]), drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io;
+
+    fn refused_at(index: usize, errno: i32) -> BatchError {
+        BatchError::Refused {
+            index,
+            whole: false,
+            error: io::Error::from_raw_os_error(errno),
+        }
+    }
+
+    #[test]
+    fn no_batch_commands_means_one_entry_per_call_from_then_on() {
+        let support = Cell::new(None);
+        let mut written = Vec::new();
+        let r = batched(
+            &support,
+            "kp_test",
+            &mut (),
+            &[1, 2, 3],
+            |_, _| {
+                Err(BatchError::Unsupported(io::Error::from_raw_os_error(
+                    libc::EINVAL,
+                )))
+            },
+            |_, _, x| {
+                written.push(*x);
+                Ok(())
+            },
+        );
+        assert_eq!(r, Ok(()));
+        assert_eq!(written, vec![1, 2, 3], "the same items, one by one");
+        assert_eq!(support.get(), Some(false));
+        // Known now: the batch is not tried again.
+        let r = batched(
+            &support,
+            "kp_test",
+            &mut (),
+            &[4, 5],
+            |_, _| panic!("batch tried on a kernel without it"),
+            |_, _, x| {
+                written.push(*x);
+                Ok(())
+            },
+        );
+        assert_eq!(r, Ok(()));
+        assert_eq!(written, vec![1, 2, 3, 4, 5]);
+    }
+
+    #[test]
+    fn a_refused_entry_stops_the_write_and_is_named() {
+        let support = Cell::new(None);
+        let r = batched(
+            &support,
+            "kp_backends",
+            &mut (),
+            &[1, 2, 3, 4],
+            |_, _| Err(refused_at(2, libc::E2BIG)),
+            |_, _, _| panic!("a refused batch must not be retried one by one"),
+        );
+        let e = r.expect_err("refused");
+        assert_eq!(e.index, 2);
+        assert!(e.message.starts_with("kp_backends: "), "{}", e.message);
+        assert!(e.message.contains("map is full"), "{}", e.message);
+        // One by one: the same error shape from the entry that failed.
+        let support = Cell::new(Some(false));
+        let mut seen = 0;
+        let r = batched(
+            &support,
+            "kp_members",
+            &mut (),
+            &[1, 2, 3],
+            |_, _| panic!("no batch"),
+            |_, _, x| {
+                seen += 1;
+                if *x == 2 {
+                    Err("nope".into())
+                } else {
+                    Ok(())
+                }
+            },
+        );
+        assert_eq!(
+            r,
+            Err(Refused {
+                index: 1,
+                message: "kp_members: nope".into()
+            })
+        );
+        assert_eq!(seen, 2, "stopped at the refused entry");
+    }
+
+    #[test]
+    fn one_entry_goes_alone_and_batches_are_used_when_taken() {
+        let support = Cell::new(None);
+        let mut alone = 0;
+        batched(
+            &support,
+            "m",
+            &mut (),
+            &[7],
+            |_, _| panic!("batch of one"),
+            |_, _, _| {
+                alone += 1;
+                Ok(())
+            },
+        )
+        .unwrap();
+        assert_eq!((alone, support.get()), (1, None));
+        let mut sent = 0;
+        batched(
+            &support,
+            "m",
+            &mut (),
+            &[1, 2],
+            |_, items| {
+                sent += items.len();
+                Ok(())
+            },
+            |_, _, _| panic!("one by one although the batch was taken"),
+        )
+        .unwrap();
+        assert_eq!((sent, support.get()), (2, Some(true)));
     }
 }

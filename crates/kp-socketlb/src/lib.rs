@@ -8,6 +8,7 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
+mod batch;
 mod kernel;
 pub mod maps;
 mod mem;
@@ -18,7 +19,7 @@ pub use kernel::{install, remove, Capacity, Installed, KernelMaps, Placement, PR
 #[doc(hidden)]
 pub use kernel::{install_object, TEST_VARIANT_OBJECT};
 pub use mem::{MemContent, MemMaps};
-pub use proxier::{wanted, Dump, Maps, Scope, SocketLbProxier, Wanted};
+pub use proxier::{wanted, Dump, Maps, Refused, Scope, SocketLbProxier, Wanted};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SocketLbError {

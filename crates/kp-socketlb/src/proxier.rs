@@ -5,10 +5,12 @@
 //! Service port ids are even for IPv4 and odd for IPv6). Every step leaves
 //! each Service port usable: endpoints are written before the count that
 //! makes them reachable, and removed only after it shrank, so a client never
-//! meets a slot without an endpoint. A full sync reads the maps back first
-//! and takes over what is there (after a restart too), re-creating nothing.
+//! meets a slot without an endpoint. A sync plans all its writes first and
+//! sends them phase by phase, each phase as one batch for every Service port
+//! ([`Plan`]). A full sync reads the maps back first and takes over what is
+//! there (after a restart too), re-creating nothing.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::time::Instant;
@@ -22,6 +24,11 @@ use crate::maps::{BackendKey, BackendVal, MemberKey, SvcKey, SvcVal};
 use crate::slots;
 
 /// The map operations a sync needs (the kernel's, or memory's in tests).
+///
+/// The plural forms write many entries of one map at once (the kernel's
+/// batch commands): the entries of one call do not depend on each other,
+/// and each may become visible before the next is written (a batch is not
+/// atomic). By default they write one entry after the other.
 pub trait Maps: Send {
     fn set_service(&mut self, k: &SvcKey, v: &SvcVal) -> Result<(), String>;
     /// Deletes succeed when the key is already gone (a full sync repairing
@@ -33,6 +40,52 @@ pub trait Maps: Send {
     fn del_member(&mut self, k: &MemberKey) -> Result<(), String>;
     /// Everything the proxy writes, as it is in the maps now.
     fn dump(&self) -> Result<Dump, String>;
+
+    /// `keys[i] -> vals[i]` for every i (the two are as long).
+    fn set_services(&mut self, keys: &[SvcKey], vals: &[SvcVal]) -> Result<(), Refused> {
+        each(keys, |i, k| self.set_service(k, value(vals, i)?))
+    }
+    fn del_services(&mut self, keys: &[SvcKey]) -> Result<(), Refused> {
+        each(keys, |_, k| self.del_service(k))
+    }
+    fn set_backends(&mut self, keys: &[BackendKey], vals: &[BackendVal]) -> Result<(), Refused> {
+        each(keys, |i, k| self.set_backend(k, value(vals, i)?))
+    }
+    fn del_backends(&mut self, keys: &[BackendKey]) -> Result<(), Refused> {
+        each(keys, |_, k| self.del_backend(k))
+    }
+    fn set_members(&mut self, keys: &[MemberKey], slots: &[u32]) -> Result<(), Refused> {
+        each(keys, |i, k| self.set_member(k, *value(slots, i)?))
+    }
+    fn del_members(&mut self, keys: &[MemberKey]) -> Result<(), Refused> {
+        each(keys, |_, k| self.del_member(k))
+    }
+}
+
+/// A write of many entries stopped: those before `index` are done, the one
+/// at `index` was refused (and those after it not written).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refused {
+    pub index: usize,
+    pub message: String,
+}
+
+/// The value for key `i`.
+pub(crate) fn value<V>(vals: &[V], i: usize) -> Result<&V, String> {
+    vals.get(i)
+        .ok_or_else(|| format!("no value for key {i} of a write of {}", vals.len()))
+}
+
+/// One write after the other (`write(i, item)`), stopping at the first
+/// refused.
+pub(crate) fn each<T>(
+    items: &[T],
+    mut write: impl FnMut(usize, &T) -> Result<(), String>,
+) -> Result<(), Refused> {
+    for (index, it) in items.iter().enumerate() {
+        write(index, it).map_err(|message| Refused { index, message })?;
+    }
+    Ok(())
 }
 
 /// The content of the three maps the proxy writes.
@@ -50,6 +103,29 @@ struct Written {
     keys: BTreeSet<SvcKey>,
     val: SvcVal,
     slots: Vec<BackendVal>,
+    members: Members,
+}
+
+/// Which of a Service port's slot endpoints are in `kp_members`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Members {
+    /// None: its addresses need none (see [`reads_members`]).
+    #[default]
+    None,
+    /// Every one.
+    All,
+    /// Some, maybe (found so by a full sync after an interrupted one).
+    Some,
+}
+
+/// Whether the programs look this Service port's endpoints up in
+/// `kp_members`: for session affinity (an affinity entry is honoured while
+/// its endpoint is a member) and for UDP (an unconnected socket keeps its
+/// endpoint while it is a member). TCP and SCTP without affinity never look,
+/// so their members are not written: half the entries of a full sync. (If
+/// bpf/socketlb.c ever reads kp_members elsewhere, this must follow.)
+fn reads_members(keys: &BTreeSet<SvcKey>, affinity_timeout_s: u32) -> bool {
+    affinity_timeout_s > 0 || keys.iter().any(|k| i32::from(k.proto) == libc::IPPROTO_UDP)
 }
 
 /// What a Service port should look like: its addresses, endpoints, affinity.
@@ -122,7 +198,12 @@ pub fn wanted(
         );
     }
     let mut out = Vec::new();
-    let (ib, eb) = (set(internal_eps), set(&cat.cluster));
+    let eb = set(&cat.cluster);
+    let ib = if sp.internal_policy_local {
+        set(internal_eps)
+    } else {
+        eb.clone()
+    };
     if !internal.is_empty() && !ib.is_empty() {
         if ib == eb {
             // One entry for both when the endpoints are the same.
@@ -150,16 +231,95 @@ pub fn wanted(
     out
 }
 
+/// The writes of one sync, by phase. Each phase needs only the phases
+/// before it done, for every Service port at once, so a sync sends each
+/// phase as one batch, in this order, and every address stays usable in
+/// between (and between any two entries of a batch):
+///
+/// 1. `members`: the endpoints that take a slot become members (a slot's
+///    endpoint is a member wherever the programs look: [`reads_members`]);
+/// 2. `backends`: they take their slots;
+/// 3. `services`: the addresses get their new count, now that every slot
+///    below it is filled; `gone_services`: the addresses that go (an address
+///    that another Service port takes in the same sync is not deleted: it
+///    moves in one write);
+/// 4. `gone_backends`: the slots beyond the counts;
+/// 5. `gone_members`: the members that left.
+///
+/// Keys and values are kept apart, as the kernel takes them.
+#[derive(Debug, Default)]
+struct Plan {
+    member_keys: Vec<MemberKey>,
+    member_slots: Vec<u32>,
+    backend_keys: Vec<BackendKey>,
+    backend_vals: Vec<BackendVal>,
+    service_keys: Vec<SvcKey>,
+    service_vals: Vec<SvcVal>,
+    gone_services: Vec<SvcKey>,
+    gone_backends: Vec<BackendKey>,
+    gone_members: Vec<MemberKey>,
+    /// The Service ports removed, by id (for naming them in errors).
+    removed: Vec<(u32, String)>,
+}
+
+impl Plan {
+    fn len(&self) -> usize {
+        self.member_keys.len()
+            + self.backend_keys.len()
+            + self.service_keys.len()
+            + self.gone_services.len()
+            + self.gone_backends.len()
+            + self.gone_members.len()
+    }
+
+    fn member(&mut self, svc_id: u32, backend: BackendVal, slot: u32) {
+        self.member_keys.push(MemberKey { svc_id, backend });
+        self.member_slots.push(slot);
+    }
+
+    fn backend(&mut self, svc_id: u32, slot: u32, b: BackendVal) {
+        self.backend_keys.push(BackendKey { svc_id, slot });
+        self.backend_vals.push(b);
+    }
+
+    /// Drops the deletes of addresses that are written in the same plan.
+    fn keep_moved_addresses(&mut self) {
+        if self.gone_services.is_empty() {
+            return;
+        }
+        let gone: HashSet<SvcKey> = self.gone_services.iter().copied().collect();
+        let taken: HashSet<SvcKey> = self
+            .service_keys
+            .iter()
+            .filter(|k| gone.contains(k))
+            .copied()
+            .collect();
+        if !taken.is_empty() {
+            self.gone_services.retain(|k| !taken.contains(k));
+        }
+    }
+}
+
+/// Slots above this are no list of ours: a full sync deletes them on sight
+/// instead of making a list that long.
+const MAX_SLOT: u32 = 1 << 20;
+
 pub struct SocketLbProxier {
     family: IpFamily,
     maps: Box<dyn Maps>,
-    written: HashMap<(ServicePortName, Scope), Written>,
+    /// What we wrote, per Service port and [`Scope`] (`[Internal, External]`).
+    written: HashMap<ServicePortName, [Option<Written>; 2]>,
     /// This node's addresses that answer NodePorts (this family's).
     nodeport_ips: Vec<IpAddr>,
     /// Found in the maps by a full sync and not yet matched to a Service
-    /// port, by id.
+    /// port, by id; and their addresses' ids.
     orphans: BTreeMap<u32, Written>,
+    orphan_keys: HashMap<SvcKey, u32>,
     free_ids: Vec<u32>,
+    /// Ids of Service ports removed by the sync running: reusable once its
+    /// writes are done (a new Service port must not write into slots that
+    /// an old one's addresses still reach).
+    freed_now: Vec<u32>,
     next_id: u32,
     synced_once: bool,
 }
@@ -171,6 +331,29 @@ fn err(what: String) -> impl FnOnce(String) -> DataplaneError {
     }
 }
 
+fn proto_name(p: u8) -> String {
+    match i32::from(p) {
+        libc::IPPROTO_TCP => "TCP".into(),
+        libc::IPPROTO_UDP => "UDP".into(),
+        libc::IPPROTO_SCTP => "SCTP".into(),
+        n => format!("protocol {n}"),
+    }
+}
+
+fn endpoint_text(b: &BackendVal, v4: bool) -> String {
+    match b.ip(v4) {
+        IpAddr::V6(ip) => format!("[{ip}]:{}", b.port()),
+        ip => format!("{ip}:{}", b.port()),
+    }
+}
+
+fn addr_text(k: &SvcKey) -> String {
+    match k.ip() {
+        IpAddr::V6(ip) => format!("[{ip}]:{}/{}", k.port(), proto_name(k.proto)),
+        ip => format!("{ip}:{}/{}", k.port(), proto_name(k.proto)),
+    }
+}
+
 impl SocketLbProxier {
     pub fn new(family: IpFamily, maps: Box<dyn Maps>) -> Self {
         SocketLbProxier {
@@ -179,7 +362,9 @@ impl SocketLbProxier {
             written: HashMap::new(),
             nodeport_ips: Vec::new(),
             orphans: BTreeMap::new(),
+            orphan_keys: HashMap::new(),
             free_ids: Vec::new(),
+            freed_now: Vec::new(),
             next_id: Self::first_id(family),
             synced_once: false,
         }
@@ -223,7 +408,7 @@ impl SocketLbProxier {
         let Dump {
             services,
             backends,
-            members,
+            mut members,
         } = self.maps.dump().map_err(err("reading the maps".into()))?;
         let fam = self.family_byte();
         let mut found: BTreeMap<u32, Written> = BTreeMap::new();
@@ -236,79 +421,147 @@ impl SocketLbProxier {
             w.val = v;
             w.keys.insert(k);
         }
-        let mut slots: BTreeMap<u32, BTreeMap<u32, BackendVal>> = BTreeMap::new();
+        let mut stray_slots = Vec::new();
+        let mut slots: Vec<(u32, u32, BackendVal)> = Vec::with_capacity(backends.len());
         for (k, v) in backends {
-            if self.ours(k.svc_id) {
-                slots.entry(k.svc_id).or_default().insert(k.slot, v);
+            if !self.ours(k.svc_id) {
+                continue;
+            }
+            if k.slot > MAX_SLOT {
+                stray_slots.push(k);
+            } else {
+                slots.push((k.svc_id, k.slot, v));
             }
         }
-        for (id, by_slot) in slots {
+        slots.sort_unstable_by_key(|(id, slot, _)| (*id, *slot));
+        for group in slots.chunk_by(|a, b| a.0 == b.0) {
+            let id = group[0].0;
             let w = found.entry(id).or_insert_with(|| Written {
                 id,
                 ..Written::default()
             });
             // Slots beyond the count are leftovers of an interrupted sync;
             // kept in the list so that the next write removes them.
-            let max = by_slot.keys().max().copied().unwrap_or(0);
-            w.slots = (0..=max)
-                .map(|s| by_slot.get(&s).copied().unwrap_or_default())
-                .collect();
-        }
-        // A member without a slot (a sync interrupted between the two
-        // writes) would keep affinity entries to it alive: gone now.
-        for m in &members {
-            let in_slot = found
-                .get(&m.svc_id)
-                .is_some_and(|w| w.slots.contains(&m.backend));
-            if self.ours(m.svc_id) && !in_slot {
-                self.maps
-                    .del_member(m)
-                    .map_err(err("removing a stale member".into()))?;
+            let max = group.last().map_or(0, |g| g.1) as usize;
+            w.slots = vec![BackendVal::default(); max + 1];
+            for (_, slot, b) in group {
+                w.slots[*slot as usize] = *b;
             }
         }
+        // A member without a slot (a sync interrupted between the two
+        // writes) would keep affinity entries to it alive: gone now. The
+        // others tell whether every slot's endpoint is a member.
+        members.retain(|m| self.ours(m.svc_id));
+        members.sort_unstable_by_key(|m| m.svc_id);
+        let mut stale = Vec::new();
+        for group in members.chunk_by(|a, b| a.svc_id == b.svc_id) {
+            let Some(w) = found.get_mut(&group[0].svc_id) else {
+                stale.extend_from_slice(group);
+                continue;
+            };
+            let mut held: Vec<BackendVal> = w
+                .slots
+                .iter()
+                .filter(|b| **b != BackendVal::default())
+                .copied()
+                .collect();
+            held.sort_unstable();
+            held.dedup();
+            let mut matched = 0;
+            for m in group {
+                if held.binary_search(&m.backend).is_ok() {
+                    matched += 1;
+                } else {
+                    stale.push(*m);
+                }
+            }
+            w.members = if matched == held.len() {
+                Members::All
+            } else {
+                Members::Some
+            };
+        }
+        let v4 = self.family == IpFamily::V4;
+        let r = if stale.is_empty() {
+            Ok(())
+        } else {
+            self.maps.del_members(&stale)
+        };
+        r.map_err(|r| {
+            self.refused("removing stale members", r, &[], &|i| {
+                stale
+                    .get(i)
+                    .map(|m| (m.svc_id, endpoint_text(&m.backend, v4)))
+            })
+        })?;
+        let r = if stray_slots.is_empty() {
+            Ok(())
+        } else {
+            self.maps.del_backends(&stray_slots)
+        };
+        r.map_err(|r| {
+            self.refused("removing stray slots", r, &[], &|i| {
+                stray_slots
+                    .get(i)
+                    .map(|k| (k.svc_id, format!("slot {}", k.slot)))
+            })
+        })?;
         self.written.clear();
         self.free_ids.clear();
+        self.freed_now.clear();
         let top = found.keys().max().copied();
         self.next_id = match top {
             Some(t) => (t + 2).max(Self::first_id(self.family)),
             None => Self::first_id(self.family),
         };
+        self.orphan_keys = found
+            .values()
+            .flat_map(|w| w.keys.iter().map(|k| (*k, w.id)))
+            .collect();
         self.orphans = found;
         Ok(())
     }
 
-    /// The previous state of a Service port: what we wrote, or an adopted
-    /// entry one of whose addresses it wants.
-    fn take_old(
-        &mut self,
-        name: &(ServicePortName, Scope),
-        want: Option<&Wanted>,
-    ) -> Option<Written> {
-        if let Some(w) = self.written.remove(name) {
-            return Some(w);
+    /// An adopted entry one of whose addresses `want` has (the lowest id of
+    /// those).
+    fn take_orphan(&mut self, want: Option<&Wanted>) -> Option<Written> {
+        if self.orphans.is_empty() {
+            return None;
         }
         let want = want?;
-        let id = self
-            .orphans
-            .values()
-            .find(|w| w.keys.iter().any(|k| want.keys.contains(k)))
-            .map(|w| w.id)?;
-        self.orphans.remove(&id)
+        let id = want
+            .keys
+            .iter()
+            .filter_map(|k| self.orphan_keys.get(k))
+            .copied()
+            .filter(|id| self.orphans.contains_key(id))
+            .min()?;
+        let w = self.orphans.remove(&id)?;
+        for k in &w.keys {
+            self.orphan_keys.remove(k);
+        }
+        Some(w)
     }
 
+    /// Plans the writes that take one Service port's `scope` from `old`
+    /// (what we wrote; None: maybe adopted) to `want`; what it will be.
     fn sync_one(
         &mut self,
-        name: &(ServicePortName, Scope),
+        plan: &mut Plan,
+        name: &ServicePortName,
+        scope: Scope,
+        old: Option<Written>,
         want: Option<Wanted>,
-    ) -> Result<usize, DataplaneError> {
-        let old = self.take_old(name, want.as_ref());
+    ) -> Option<Written> {
+        let old = old.or_else(|| self.take_orphan(want.as_ref()));
         let Some(want) = want else {
-            return match old {
-                Some(o) => self.remove(&o),
-                None => Ok(0),
-            };
+            if let Some(o) = old {
+                plan.removed
+                    .push((o.id, format!("service port {name} ({scope:?} addresses)")));
+                self.remove(plan, &o);
+            }
+            return None;
         };
-        let mut ops = 0;
         let id = match &old {
             Some(o) => o.id,
             None => self.alloc_id(),
@@ -318,27 +571,27 @@ impl SocketLbProxier {
             ..Written::default()
         });
         let slots = slots::assign(&old.slots, &want.backends);
-        let what = || format!("service port {} ({:?} addresses)", name.0, name.1);
-        // 1. Endpoints in their slots, members for the new ones.
+        let reads = reads_members(&want.keys, want.affinity_timeout_s);
+        // What the addresses in the maps read until phase 3 rewrites them.
+        let read_before = reads_members(&old.keys, old.val.affinity_timeout_s);
+        // Members written only for that time (the new value reads none).
+        let mut interim = BTreeSet::new();
+        // 1. and 2. Endpoints in their slots, members for the new ones
+        // (for all of them where the members were not all there).
         for (i, b) in slots.iter().enumerate() {
             let slot = i as u32;
-            if old.slots.get(i) != Some(b) {
-                // Member first: a slot's endpoint is always a member.
-                self.maps
-                    .set_member(
-                        &MemberKey {
-                            svc_id: id,
-                            backend: *b,
-                        },
-                        slot,
-                    )
-                    .map_err(err(what()))?;
-                let k = BackendKey { svc_id: id, slot };
-                self.maps.set_backend(&k, b).map_err(err(what()))?;
-                ops += 2;
+            let moved = old.slots.get(i) != Some(b);
+            if reads && (moved || old.members != Members::All) {
+                plan.member(id, *b, slot);
+            } else if read_before && moved {
+                plan.member(id, *b, slot);
+                interim.insert(*b);
+            }
+            if moved {
+                plan.backend(id, slot, *b);
             }
         }
-        // 2. The addresses, now that every slot below the count is filled.
+        // 3. The addresses, once every slot below the count is filled.
         let val = SvcVal {
             id,
             count: slots.len() as u32,
@@ -347,68 +600,226 @@ impl SocketLbProxier {
         };
         for k in &want.keys {
             if old.val != val || !old.keys.contains(k) {
-                self.maps.set_service(k, &val).map_err(err(what()))?;
-                ops += 1;
+                plan.service_keys.push(*k);
+                plan.service_vals.push(val);
             }
         }
-        for k in old.keys.difference(&want.keys) {
-            self.maps.del_service(k).map_err(err(what()))?;
-            ops += 1;
-        }
-        // 3. What no address reaches any more.
-        for slot in slots.len()..old.slots.len() {
-            let k = BackendKey {
+        plan.gone_services
+            .extend(old.keys.difference(&want.keys).copied());
+        // 4. and 5. What no address reaches (or reads) any more.
+        plan.gone_backends
+            .extend((slots.len()..old.slots.len()).map(|slot| BackendKey {
                 svc_id: id,
                 slot: slot as u32,
-            };
-            self.maps.del_backend(&k).map_err(err(what()))?;
-            ops += 1;
+            }));
+        if old.members != Members::None {
+            for b in &old.slots {
+                if !reads || !want.backends.contains(b) {
+                    interim.remove(b);
+                    plan.gone_members.push(MemberKey {
+                        svc_id: id,
+                        backend: *b,
+                    });
+                }
+            }
         }
-        for b in old.slots.iter().filter(|b| !want.backends.contains(b)) {
-            self.maps
-                .del_member(&MemberKey {
-                    svc_id: id,
-                    backend: *b,
-                })
-                .map_err(err(what()))?;
-            ops += 1;
-        }
-        self.written.insert(
-            name.clone(),
-            Written {
-                id,
-                keys: want.keys,
-                val,
-                slots,
-            },
-        );
-        Ok(ops)
+        plan.gone_members
+            .extend(interim.into_iter().map(|b| MemberKey {
+                svc_id: id,
+                backend: b,
+            }));
+        Some(Written {
+            id,
+            keys: want.keys,
+            val,
+            slots,
+            members: if reads { Members::All } else { Members::None },
+        })
     }
 
-    /// Removes a Service port: its addresses first (clients then go on to
-    /// nftables), then its endpoints.
-    fn remove(&mut self, o: &Written) -> Result<usize, DataplaneError> {
-        let what = || format!("service port id {}", o.id);
-        for k in &o.keys {
-            self.maps.del_service(k).map_err(err(what()))?;
-        }
+    /// Plans a Service port's removal: its addresses in phase 3 (clients
+    /// then go on to nftables), its endpoints after.
+    fn remove(&mut self, plan: &mut Plan, o: &Written) {
+        plan.gone_services.extend(o.keys.iter().copied());
         for (slot, b) in o.slots.iter().enumerate() {
-            self.maps
-                .del_backend(&BackendKey {
-                    svc_id: o.id,
-                    slot: slot as u32,
-                })
-                .map_err(err(what()))?;
-            self.maps
-                .del_member(&MemberKey {
+            plan.gone_backends.push(BackendKey {
+                svc_id: o.id,
+                slot: slot as u32,
+            });
+            if o.members != Members::None {
+                plan.gone_members.push(MemberKey {
                     svc_id: o.id,
                     backend: *b,
-                })
-                .map_err(err(what()))?;
+                });
+            }
         }
-        self.free_ids.push(o.id);
-        Ok(o.keys.len() + 2 * o.slots.len())
+        self.freed_now.push(o.id);
     }
+
+    /// Writes a plan, phase by phase. On an error the maps hold the phases
+    /// before the refused write and part of its own (every address still
+    /// usable), and the next sync is a full one, which reads them back and
+    /// finishes the job.
+    fn flush(&mut self, mut plan: Plan) -> Result<usize, DataplaneError> {
+        plan.keep_moved_addresses();
+        let ops = plan.len();
+        match self.write(&plan) {
+            Ok(()) => {
+                self.free_ids.append(&mut self.freed_now);
+                Ok(ops)
+            }
+            Err(e) => {
+                self.freed_now.clear();
+                self.synced_once = false;
+                Err(e)
+            }
+        }
+    }
+
+    fn write(&mut self, p: &Plan) -> Result<(), DataplaneError> {
+        let v4 = self.family == IpFamily::V4;
+        let ep = |b: &BackendVal| endpoint_text(b, v4);
+        if !p.member_keys.is_empty() {
+            let r = self.maps.set_members(&p.member_keys, &p.member_slots);
+            r.map_err(|r| {
+                self.refused("adding members", r, &p.removed, &|i| {
+                    p.member_keys.get(i).map(|k| (k.svc_id, ep(&k.backend)))
+                })
+            })?;
+        }
+        if !p.backend_keys.is_empty() {
+            let r = self.maps.set_backends(&p.backend_keys, &p.backend_vals);
+            r.map_err(|r| {
+                self.refused("filling slots", r, &p.removed, &|i| {
+                    let (k, b) = (p.backend_keys.get(i)?, p.backend_vals.get(i)?);
+                    Some((k.svc_id, format!("slot {} = {}", k.slot, ep(b))))
+                })
+            })?;
+        }
+        if !p.service_keys.is_empty() {
+            let r = self.maps.set_services(&p.service_keys, &p.service_vals);
+            r.map_err(|r| {
+                self.refused("writing Service addresses", r, &p.removed, &|i| {
+                    let (k, v) = (p.service_keys.get(i)?, p.service_vals.get(i)?);
+                    Some((v.id, format!("{} -> {} endpoints", addr_text(k), v.count)))
+                })
+            })?;
+        }
+        if !p.gone_services.is_empty() {
+            let r = self.maps.del_services(&p.gone_services);
+            r.map_err(|r| {
+                self.refused("removing Service addresses", r, &p.removed, &|i| {
+                    p.gone_services.get(i).map(|k| (u32::MAX, addr_text(k)))
+                })
+            })?;
+        }
+        if !p.gone_backends.is_empty() {
+            let r = self.maps.del_backends(&p.gone_backends);
+            r.map_err(|r| {
+                self.refused("removing slots", r, &p.removed, &|i| {
+                    p.gone_backends
+                        .get(i)
+                        .map(|k| (k.svc_id, format!("slot {}", k.slot)))
+                })
+            })?;
+        }
+        if !p.gone_members.is_empty() {
+            let r = self.maps.del_members(&p.gone_members);
+            r.map_err(|r| {
+                self.refused("removing members", r, &p.removed, &|i| {
+                    p.gone_members.get(i).map(|k| (k.svc_id, ep(&k.backend)))
+                })
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The error for a refused write: the phase, the entry (`entry(i)`:
+    /// its Service port id, u32::MAX for none, and what it says) and the
+    /// Service port it belongs to.
+    fn refused(
+        &self,
+        phase: &str,
+        r: Refused,
+        removed: &[(u32, String)],
+        entry: &dyn Fn(usize) -> Option<(u32, String)>,
+    ) -> DataplaneError {
+        let (id, what) = entry(r.index).unwrap_or((u32::MAX, "?".into()));
+        let owner = self
+            .written
+            .iter()
+            .flat_map(|(n, ws)| ws.iter().zip(SCOPES).map(move |(w, s)| (n, s, w)))
+            .find(|(_, _, w)| w.as_ref().is_some_and(|w| w.id == id))
+            .map(|(n, s, _)| format!("service port {n} ({s:?} addresses)"))
+            .or_else(|| {
+                removed
+                    .iter()
+                    .find(|(i, _)| *i == id)
+                    .map(|(_, n)| format!("{n}, removed"))
+            })
+            .or_else(|| (id != u32::MAX).then(|| format!("service port id {id}")));
+        DataplaneError::Apply {
+            tool: "bpf maps".into(),
+            message: format!(
+                "{phase}: {what}{}: {} (the sync stopped there, every address still usable; the next full sync writes the rest)",
+                owner.map(|o| format!(" of {o}")).unwrap_or_default(),
+                r.message,
+            ),
+        }
+    }
+}
+
+/// Per Service port, what each [`Scope`] should look like (`[Internal,
+/// External]`; None: nothing).
+type Wants<'a> = Vec<(&'a ServicePortName, [Option<Wanted>; 2])>;
+
+const SCOPES: [Scope; 2] = [Scope::Internal, Scope::External];
+
+/// What each of `names` should look like. Many names are split over a few
+/// threads (the order stays that of `names`).
+fn render_all<'a>(
+    names: &[&'a ServicePortName],
+    state: &ProxyState,
+    nodeport_ips: &[IpAddr],
+) -> Wants<'a> {
+    let one = |out: &mut Wants<'a>, n: &'a ServicePortName| {
+        let mut both = [None, None];
+        if let Some(sp) = state.services.get(n) {
+            for (scope, w) in wanted(sp, state, nodeport_ips) {
+                both[scope as usize] = Some(w);
+            }
+        }
+        out.push((n, both));
+    };
+    let threads = crate::batch::threads(names.len() / 4096);
+    let part = |names: &[&'a ServicePortName]| {
+        let mut out = Vec::with_capacity(names.len());
+        for n in names {
+            one(&mut out, n);
+        }
+        out
+    };
+    if threads == 1 {
+        return part(names);
+    }
+    let chunks: Vec<_> = names.chunks(names.len().div_ceil(threads)).collect();
+    std::thread::scope(|s| {
+        let part = &part;
+        let rest: Vec<_> = chunks[1..]
+            .iter()
+            .map(|c| s.spawn(move || part(c)))
+            .collect();
+        let mut all = part(chunks[0]);
+        all.reserve(names.len());
+        for h in rest {
+            match h.join() {
+                Ok(v) => all.extend(v),
+                // A panic in wanted() is a bug; it is one here too.
+                Err(p) => std::panic::resume_unwind(p),
+            }
+        }
+        all
+    })
 }
 
 impl Dataplane for SocketLbProxier {
@@ -424,38 +835,60 @@ impl Dataplane for SocketLbProxier {
     ) -> Result<SyncReport, DataplaneError> {
         let start = Instant::now();
         let full = full || !self.synced_once;
-        let mut ops = 0;
         let names: Vec<&ServicePortName> = if full {
             state.services.keys().collect()
         } else {
             changed.iter().collect()
         };
         // "render": what each Service port should look like; "apply": the
-        // map reads (full sync) and writes.
-        let mut wants: Vec<((ServicePortName, Scope), Option<Wanted>)> = Vec::new();
-        for n in names {
-            let mut got = match state.services.get(n) {
-                Some(sp) => wanted(sp, state, &self.nodeport_ips),
-                None => Vec::new(),
-            };
-            for scope in [Scope::Internal, Scope::External] {
-                let i = got.iter().position(|(s, _)| *s == scope);
-                let want = i.map(|i| got.swap_remove(i).1);
-                wants.push(((n.clone(), scope), want));
-            }
-        }
+        // map reads (full sync), planning and writes.
+        let wants = render_all(&names, state, &self.nodeport_ips);
         let render = start.elapsed();
         if full {
-            self.adopt()?;
+            if let Err(e) = self.adopt() {
+                self.synced_once = false;
+                return Err(e);
+            }
         }
-        for (name, want) in wants {
-            ops += self.sync_one(&name, want)?;
+        let mut plan = Plan::default();
+        if full {
+            // Room for writing everything (what a full sync over empty maps
+            // does), not grown step by step.
+            let (mut keys, mut eps) = (0, 0);
+            for w in wants.iter().flat_map(|(_, w)| w.iter().flatten()) {
+                keys += w.keys.len();
+                eps += w.backends.len();
+            }
+            plan.backend_keys.reserve(eps);
+            plan.backend_vals.reserve(eps);
+            plan.service_keys.reserve(keys);
+            plan.service_vals.reserve(keys);
+            self.written.reserve(wants.len());
+        }
+        for (name, [internal, external]) in wants {
+            let [a, b] = self.written.remove(name).unwrap_or_default();
+            let now = [
+                self.sync_one(&mut plan, name, Scope::Internal, a, internal),
+                self.sync_one(&mut plan, name, Scope::External, b, external),
+            ];
+            if now.iter().any(Option::is_some) {
+                self.written.insert(name.clone(), now);
+            }
         }
         if full {
             for o in std::mem::take(&mut self.orphans).into_values() {
-                ops += self.remove(&o)?;
+                plan.removed.push((
+                    o.id,
+                    format!(
+                        "service port id {} (found in the maps, wanted no more)",
+                        o.id
+                    ),
+                ));
+                self.remove(&mut plan, &o);
             }
+            self.orphan_keys.clear();
         }
+        let ops = self.flush(plan)?;
         self.synced_once = true;
         Ok(SyncReport {
             full,
@@ -508,9 +941,12 @@ impl Dataplane for SocketLbProxier {
 
     fn cleanup(&mut self) -> Result<(), DataplaneError> {
         self.adopt()?;
+        let mut plan = Plan::default();
         for o in std::mem::take(&mut self.orphans).into_values() {
-            self.remove(&o)?;
+            self.remove(&mut plan, &o);
         }
+        self.orphan_keys.clear();
+        self.flush(plan)?;
         Ok(())
     }
 }

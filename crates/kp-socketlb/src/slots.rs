@@ -7,6 +7,19 @@ use std::collections::BTreeSet;
 
 /// The new slot list for `wanted` given the `old` one.
 pub fn assign<T: Ord + Copy>(old: &[T], wanted: &BTreeSet<T>) -> Vec<T> {
+    // The common cases first: nothing before (a new Service port), and the
+    // same endpoints as before (a full sync over what is already there).
+    if old.is_empty() {
+        return wanted.iter().copied().collect();
+    }
+    if old.len() == wanted.len() && old.iter().all(|b| wanted.contains(b)) {
+        let mut seen: Vec<T> = old.to_vec();
+        seen.sort_unstable();
+        seen.dedup();
+        if seen.len() == old.len() {
+            return old.to_vec();
+        }
+    }
     let mut slots: Vec<Option<T>> = old
         .iter()
         .map(|b| wanted.contains(b).then_some(*b))

@@ -136,8 +136,9 @@ fn a_full_sync_takes_over_what_a_previous_run_left_and_removes_the_rest() {
     let report = px.sync(&after, &BTreeSet::new(), true).unwrap();
     let c = maps.content();
     // a kept its id and slots (nothing written for it); gone removed
-    // (1 address + 1 slot + 1 member); the IPv6 entries untouched.
-    assert_eq!(report.ops, 3);
+    // (1 address + 1 slot; TCP without affinity has no members); the IPv6
+    // entries untouched.
+    assert_eq!(report.ops, 2);
     assert_eq!(c.services.len(), 2);
     assert!(c.services.values().all(|v| ids_before.contains(&v.id)));
     assert_eq!(c.backends.len(), 3);
@@ -197,13 +198,14 @@ fn external_addresses_get_the_cluster_endpoints_and_source_ranges_stay_with_nfta
 fn a_full_sync_repairs_what_an_interrupted_one_left() {
     use kp_socketlb::maps::{BackendKey, BackendVal, MemberKey};
     use kp_socketlb::Maps;
+    // With affinity: its members matter.
     let st = state(
         IpFamily::V4,
         &[(
             "a",
             "10.96.0.1",
             &["10.244.1.1", "10.244.1.2", "10.244.1.3"],
-            None,
+            Some(30),
         )],
     );
     let mut maps = MemMaps::new(false);
@@ -248,4 +250,324 @@ fn a_full_sync_repairs_what_an_interrupted_one_left() {
         .members
         .keys()
         .any(|m| m.backend == ghost || m.backend == stray));
+}
+
+/// `n` Services `svc-i` with `m` endpoints each (generation `g` changes every
+/// endpoint's last octet), every 7th with affinity, every 5th UDP.
+fn many(n: u32, m: u32, g: u32) -> ProxyState {
+    use kp_model::Protocol;
+    let mut st = ProxyState::new(IpFamily::V4, NodeInfo::named("node1"));
+    for i in 0..n {
+        let proto = if i % 5 == 0 {
+            Protocol::Udp
+        } else {
+            Protocol::Tcp
+        };
+        let mut b = ServicePort::builder("ns", &format!("svc-{i}"))
+            .protocol(proto)
+            .cluster_ip(&format!("10.96.{}.{}", i / 250, i % 250 + 1));
+        if i % 7 == 0 {
+            b = b.affinity(60);
+        }
+        let sp = b.build();
+        let list: Vec<Endpoint> = (0..m)
+            .map(|j| {
+                let ip: IpAddr = format!(
+                    "10.{}.{}.{}",
+                    128 + i / 60_000,
+                    (i / 250) % 240,
+                    (j + g) % 250 + 1
+                )
+                .parse()
+                .unwrap();
+                Endpoint::ready(ip, 8080 + (i % 250) as u16, false)
+            })
+            .collect();
+        st.endpoints.insert(sp.name.clone(), Arc::new(list));
+        st.services.insert(sp.name.clone(), Arc::new(sp));
+    }
+    st
+}
+
+/// What each address reaches (ids and slots may differ between runs).
+fn reach(
+    c: &kp_socketlb::MemContent,
+) -> Vec<(
+    kp_socketlb::maps::SvcKey,
+    BTreeSet<kp_socketlb::maps::BackendVal>,
+    u32,
+)> {
+    c.services
+        .iter()
+        .map(|(k, v)| {
+            let eps: BTreeSet<_> = (0..v.count)
+                .map(|s| {
+                    c.backends[&kp_socketlb::maps::BackendKey {
+                        svc_id: v.id,
+                        slot: s,
+                    }]
+                })
+                .collect();
+            (*k, eps, v.affinity_timeout_s)
+        })
+        .collect()
+}
+
+fn fresh(st: &ProxyState) -> kp_socketlb::MemContent {
+    let maps = MemMaps::new(false);
+    SocketLbProxier::new(IpFamily::V4, Box::new(maps.clone()))
+        .sync(st, &BTreeSet::new(), true)
+        .unwrap();
+    maps.content()
+}
+
+const PHASES: [&str; 6] = [
+    "set_members",
+    "set_backends",
+    "set_services",
+    "del_services",
+    "del_backends",
+    "del_members",
+];
+
+/// The calls are batches, at most one per phase, in the phases' order.
+fn assert_phased(calls: &[(&'static str, usize)]) {
+    let mut at = 0;
+    for (op, n) in calls {
+        let Some(p) = PHASES.iter().position(|x| x == op) else {
+            panic!("{op} ({n} entries) is not a batch: {calls:?}");
+        };
+        assert!(p >= at, "{op} after a later phase: {calls:?}");
+        assert!(*n > 0, "an empty batch: {calls:?}");
+        at = p + 1;
+    }
+}
+
+#[test]
+fn a_sync_writes_each_phase_as_one_batch_in_order() {
+    let maps = MemMaps::new(true);
+    let mut px = SocketLbProxier::new(IpFamily::V4, Box::new(maps.clone()));
+    let st = many(300, 4, 0);
+    px.sync(&st, &BTreeSet::new(), true).unwrap();
+    let calls = maps.calls();
+    assert_phased(&calls);
+    // 300 addresses, 1200 slots, members for the UDP and affinity ones.
+    let readers = (0..300).filter(|i| i % 5 == 0 || i % 7 == 0).count();
+    assert_eq!(
+        calls,
+        vec![
+            ("set_members", readers * 4),
+            ("set_backends", 1200),
+            ("set_services", 300)
+        ]
+    );
+    // Many changes in one partial sync: every endpoint replaced in half of
+    // the Services, a tenth of them deleted.
+    let mut next = many(300, 4, 0);
+    let changed: BTreeSet<_> = next.services.keys().take(150).cloned().collect();
+    let replaced = many(300, 4, 1);
+    for n in &changed {
+        next.endpoints
+            .insert(n.clone(), replaced.endpoints[n].clone());
+    }
+    let gone: Vec<_> = next
+        .services
+        .keys()
+        .skip(150)
+        .step_by(10)
+        .cloned()
+        .collect();
+    for n in &gone {
+        next.services.remove(n);
+    }
+    // And 20 new ones.
+    let more = many(320, 4, 0);
+    let added: Vec<_> = more
+        .services
+        .keys()
+        .filter(|n| !st.services.contains_key(*n))
+        .cloned()
+        .collect();
+    for n in &added {
+        next.services.insert(n.clone(), more.services[n].clone());
+        next.endpoints.insert(n.clone(), more.endpoints[n].clone());
+    }
+    let before = maps.calls().len();
+    let all: BTreeSet<_> = changed.iter().chain(&gone).chain(&added).cloned().collect();
+    px.sync(&next, &all, false).unwrap();
+    let calls = maps.calls()[before..].to_vec();
+    assert_phased(&calls);
+    assert_eq!(calls.len(), 6, "{calls:?}");
+    assert_eq!(reach(&maps.content()), reach(&fresh(&next)));
+    // One endpoint replaced in a TCP Service without affinity: one slot.
+    let mut one = next.clone();
+    let name = one.services.keys().nth(1).cloned().unwrap();
+    let mut eps = (*one.endpoints[&name]).clone();
+    eps[0] = Endpoint::ready("10.200.0.1".parse().unwrap(), 8080, false);
+    one.endpoints.insert(name.clone(), Arc::new(eps));
+    let before = maps.calls().len();
+    let r = px.sync(&one, &[name].into(), false).unwrap();
+    assert_eq!(r.ops, 1);
+    assert_eq!(maps.calls()[before..].to_vec(), vec![("set_backends", 1)]);
+}
+
+#[test]
+fn members_are_written_where_the_programs_read_them_and_before_they_do() {
+    let maps = MemMaps::new(true);
+    let mut px = SocketLbProxier::new(IpFamily::V4, Box::new(maps.clone()));
+    let eps = ["10.244.1.1", "10.244.1.2"];
+    let plain = state(IpFamily::V4, &[("a", "10.96.0.1", &eps, None)]);
+    px.sync(&plain, &BTreeSet::new(), true).unwrap();
+    assert!(maps.content().members.is_empty(), "TCP without affinity");
+    // Affinity on: every endpoint becomes a member before the address
+    // carries the timeout (MemMaps checks after each write).
+    let sticky = state(IpFamily::V4, &[("a", "10.96.0.1", &eps, Some(30))]);
+    let names: BTreeSet<_> = sticky.services.keys().cloned().collect();
+    px.sync(&sticky, &names, false).unwrap();
+    assert_eq!(maps.content().members.len(), 2);
+    // One replaced: the newcomer is a member, the one that left is not.
+    let moved = state(
+        IpFamily::V4,
+        &[("a", "10.96.0.1", &["10.244.1.1", "10.244.1.9"], Some(30))],
+    );
+    px.sync(&moved, &names, false).unwrap();
+    let c = maps.content();
+    let members: BTreeSet<String> = c
+        .members
+        .keys()
+        .map(|m| m.backend.ip(true).to_string())
+        .collect();
+    assert_eq!(
+        members,
+        ["10.244.1.1", "10.244.1.9"].map(String::from).into()
+    );
+    // Affinity off: the members go, after the address dropped the timeout.
+    px.sync(&plain, &names, false).unwrap();
+    let c = maps.content();
+    assert!(c.members.is_empty(), "{:?}", c.members);
+    assert_eq!(c.missing_deletes, 0);
+    assert_eq!(reach(&c), reach(&fresh(&plain)));
+    // A full sync of a new process over maps with members everywhere (an
+    // older version wrote them for every Service port) removes the unread
+    // ones and keeps the rest.
+    let mut old = MemMaps::new(true);
+    SocketLbProxier::new(IpFamily::V4, Box::new(old.clone()))
+        .sync(&sticky, &BTreeSet::new(), true)
+        .unwrap();
+    let c = old.content();
+    let (k, v) = c.services.iter().next().map(|(k, v)| (*k, *v)).unwrap();
+    use kp_socketlb::Maps;
+    old.set_service(
+        &k,
+        &kp_socketlb::maps::SvcVal {
+            affinity_timeout_s: 0,
+            ..v
+        },
+    )
+    .unwrap();
+    let r = SocketLbProxier::new(IpFamily::V4, Box::new(old.clone()))
+        .sync(&plain, &BTreeSet::new(), true)
+        .unwrap();
+    assert_eq!(r.ops, 2, "two members removed, nothing else");
+    assert!(old.content().members.is_empty());
+}
+
+#[test]
+fn an_address_that_moves_to_another_service_port_is_not_lost() {
+    // "b" goes and "a" takes its ClusterIP in the same sync: "a" is planned
+    // first, "b"'s removal after; the address must end up "a"'s.
+    let maps = MemMaps::new(true);
+    let mut px = SocketLbProxier::new(IpFamily::V4, Box::new(maps.clone()));
+    let before = state(IpFamily::V4, &[("b", "10.96.0.7", &["10.244.2.1"], None)]);
+    px.sync(&before, &BTreeSet::new(), true).unwrap();
+    let after = state(IpFamily::V4, &[("a", "10.96.0.7", &["10.244.1.1"], None)]);
+    px.sync(&after, &all(&after, &before), false).unwrap();
+    let c = maps.content();
+    assert_eq!(reach(&c), reach(&fresh(&after)));
+    assert_eq!(c.backends.len(), 1, "b's slot is gone");
+    // The same within one Service: internalTrafficPolicy Local with
+    // different endpoints for the ClusterIP and the external address, then
+    // Cluster: the external address joins the ClusterIP's entry.
+    let mut st = ProxyState::new(IpFamily::V4, NodeInfo::named("node1"));
+    let sp = ServicePort::builder("ns", "lb")
+        .cluster_ip("10.96.0.5")
+        .external_ips(&["203.0.113.1"])
+        .local_internal()
+        .build();
+    let eps = vec![
+        Endpoint::at("10.244.1.1:8080").local(),
+        Endpoint::at("10.244.2.1:8080"),
+    ];
+    st.endpoints.insert(sp.name.clone(), Arc::new(eps));
+    st.services.insert(sp.name.clone(), Arc::new(sp.clone()));
+    let maps = MemMaps::new(true);
+    let mut px = SocketLbProxier::new(IpFamily::V4, Box::new(maps.clone()));
+    px.sync(&st, &BTreeSet::new(), true).unwrap();
+    assert_eq!(maps.content().services.len(), 2);
+    let mut cluster = sp;
+    cluster.internal_policy_local = false;
+    st.services
+        .insert(cluster.name.clone(), Arc::new(cluster.clone()));
+    px.sync(&st, &[cluster.name.clone()].into(), false).unwrap();
+    let c = maps.content();
+    assert_eq!(c.services.len(), 2, "an address was lost: {:?}", c.services);
+    assert_eq!(reach(&c), reach(&fresh(&st)));
+}
+
+#[test]
+fn a_refused_write_fails_cleanly_and_the_next_full_sync_repairs_it() {
+    let first = many(60, 3, 0);
+    let mut next = many(60, 3, 1);
+    // Some Services go, some come.
+    let gone: Vec<_> = next.services.keys().step_by(6).cloned().collect();
+    for n in &gone {
+        next.services.remove(n);
+    }
+    let extra = many(70, 3, 2);
+    for (n, sp) in extra.services.iter().skip(60) {
+        next.services.insert(n.clone(), sp.clone());
+        next.endpoints.insert(n.clone(), extra.endpoints[n].clone());
+    }
+    let changed = all(&first, &next);
+    let total = {
+        let maps = MemMaps::new(false);
+        let mut px = SocketLbProxier::new(IpFamily::V4, Box::new(maps.clone()));
+        px.sync(&first, &BTreeSet::new(), true).unwrap();
+        px.sync(&next, &changed, false).unwrap().ops
+    };
+    // Refused at every point of the partial sync in turn (each write checked
+    // as a client would meet it).
+    for at in (0..total).step_by(7) {
+        let maps = MemMaps::new(true);
+        let mut px = SocketLbProxier::new(IpFamily::V4, Box::new(maps.clone()));
+        px.sync(&first, &BTreeSet::new(), true).unwrap();
+        maps.refuse_after(at);
+        let e = px
+            .sync(&next, &changed, false)
+            .expect_err("the refused write fails the sync")
+            .to_string();
+        assert!(e.contains("refused by the test"), "{e}");
+        assert!(
+            e.contains("svc-") || e.contains("10.96."),
+            "names what: {e}"
+        );
+        maps.content().consistent().unwrap();
+        maps.accept_all();
+        // The next sync is a full one even if asked for a partial one.
+        let r = px.sync(&next, &BTreeSet::new(), false).unwrap();
+        assert!(r.full, "after a failure at {at}");
+        let c = maps.content();
+        assert_eq!(reach(&c), reach(&fresh(&next)), "refused at {at}");
+        let f = fresh(&next);
+        assert_eq!(
+            c.backends.len(),
+            f.backends.len(),
+            "refused at {at}: stale slots"
+        );
+        assert_eq!(
+            c.members.len(),
+            f.members.len(),
+            "refused at {at}: stale members"
+        );
+    }
 }
