@@ -84,22 +84,6 @@ fn every_step_of_a_change_leaves_each_address_usable_and_partial_equals_full() {
         other.sync(st, &BTreeSet::new(), true).unwrap();
         let (a, b) = (maps.content(), fresh.content());
         // Ids and slots may differ; what each address reaches may not.
-        let reach = |c: &kp_socketlb::MemContent| {
-            c.services
-                .iter()
-                .map(|(k, v)| {
-                    let eps: BTreeSet<_> = (0..v.count)
-                        .map(|s| {
-                            c.backends[&kp_socketlb::maps::BackendKey {
-                                svc_id: v.id,
-                                slot: s,
-                            }]
-                        })
-                        .collect();
-                    (*k, eps, v.affinity_timeout_s)
-                })
-                .collect::<Vec<_>>()
-        };
         assert_eq!(reach(&a), reach(&b), "step {i}");
         assert_eq!(a.backends.len(), b.backends.len(), "step {i}: stale slots");
         assert_eq!(a.members.len(), b.members.len(), "step {i}: stale members");

@@ -1,8 +1,8 @@
 //! nftables mode (the default), and the nftables leftovers: our
 //! `kube-proxy-rs` tables and upstream's `kube-proxy` tables (ip and ip6).
 
-use kp_model::{Dataplane, IpFamily, ProxierConfig};
-use kp_nftables::types::Object;
+use kp_model::{Dataplane, ProxierConfig};
+use kp_nftables::types::{family_kw, Object};
 use kp_nftables::{NftBackend, NftNetlink, Transaction, TABLE_NAME};
 
 use super::{Outcome, Scope, FAMILIES};
@@ -46,13 +46,6 @@ pub fn remove_superseded(out: &mut Outcome) {
     remove_tables(&[UPSTREAM_NFT_TABLE], out);
 }
 
-fn nft_family(f: IpFamily) -> &'static str {
-    match f {
-        IpFamily::V4 => "ip",
-        IpFamily::V6 => "ip6",
-    }
-}
-
 fn remove_tables(tables: &[&str], out: &mut Outcome) {
     let mut nl = NftNetlink::new();
     for f in FAMILIES {
@@ -63,10 +56,10 @@ fn remove_tables(tables: &[&str], out: &mut Outcome) {
                     let mut tx = Transaction::new(f, *t);
                     tx.delete(Object::Table { comment: None });
                     match nl.apply(&tx) {
-                        Ok(_) => out.removed.push(format!("nftables {} {t}", nft_family(f))),
+                        Ok(_) => out.removed.push(format!("nftables {} {t}", family_kw(f))),
                         Err(e) => out
                             .failed
-                            .push(format!("nftables {} {t}: {e}", nft_family(f))),
+                            .push(format!("nftables {} {t}: {e}", family_kw(f))),
                     }
                 }
                 Err(e) => {
