@@ -32,9 +32,15 @@ pub fn cluster(n: u32, m: u32) -> Synthetic {
 
 /// [`cluster`], with or without the session-affinity Services.
 pub fn cluster_with(n: u32, m: u32, affinity: bool) -> Synthetic {
-    let mut services = Vec::with_capacity(n as usize);
-    let mut slices = Vec::with_capacity(n as usize);
-    for i in 0..n {
+    cluster_range(0..n, m, affinity)
+}
+
+/// Services `ids` of [`cluster_with`] and their slices (a Service's objects
+/// depend on its index alone): the next ones a bench adds to a cluster.
+pub fn cluster_range(ids: std::ops::Range<u32>, m: u32, affinity: bool) -> Synthetic {
+    let mut services = Vec::with_capacity(ids.len());
+    let mut slices = Vec::with_capacity(ids.len());
+    for i in ids {
         let name = format!("svc-{i}");
         let cip = cluster_ip(i);
         let mut ports =

@@ -6,8 +6,9 @@
 //! [--big 5000] [--backend netlink|nft|restore] [--iptables-backend auto|nft|legacy]
 //! [--no-affinity] [--no-apply] [--ports 5000]`.
 //! `--ports N` measures one Service with N ports instead of the table;
-//! `--floor` compares the full sync and one endpoint replaced with the
-//! kernel alone on the same batches (floor.rs).
+//! `--floor` compares the full sync and the changes (an endpoint replaced,
+//! an endpoint added, a Service added) with the kernel alone on the same
+//! batches (floor.rs).
 //! `--mode socketlb` times the socket load balancer's map writes alone (its
 //! programs attached to a cgroup of the bench's own, pins on a private
 //! bpffs); `--socket-lb` in the binary adds them to the nftables figures.
@@ -357,6 +358,31 @@ fn replacement(n: u32, m: u32, g: u32) -> Result<(u32, EndpointSlice)> {
     Ok((i, serde_json::from_value(kp_bench::slice(i, m, g, multi))?))
 }
 
+/// The `g`th "one endpoint added" change: one endpoint more in a Service's
+/// slice (the count changes: its selection rule is rewritten).
+fn growth(n: u32, m: u32, g: u32) -> Result<EndpointSlice> {
+    let i = (g * 7919 + 1) % n;
+    let multi = n > 1 && i % 10 == 3;
+    Ok(serde_json::from_value(kp_bench::slice(i, m + 1, 0, multi))?)
+}
+
+/// The "add 1 Service" changes of a table of `n`: the cluster's next
+/// `changes` Services (the same mix) with their slices.
+fn additions(
+    n: u32,
+    m: u32,
+    affinity: bool,
+    changes: usize,
+) -> Result<Vec<(Service, EndpointSlice)>> {
+    let extra = kp_bench::cluster_range(n..n + changes as u32, m, affinity);
+    extra
+        .services
+        .into_iter()
+        .zip(extra.slices)
+        .map(|(s, sl)| Ok((serde_json::from_value(s)?, serde_json::from_value(sl)?)))
+        .collect()
+}
+
 fn measure(
     o: &Opts,
     n: u32,
@@ -439,8 +465,7 @@ fn measure(
     // is rewritten, which costs the kernel a validation of the whole table).
     let mut grow = Vec::new();
     for g in 1..=o.changes as u32 {
-        let i = (g * 7919 + 1) % n;
-        let s: EndpointSlice = serde_json::from_value(kp_bench::slice(i, m + 1, 0, multi(i)))?;
+        let s = growth(n, m, g)?;
         let t = Instant::now();
         let _ = tr.update_endpoint_slice(&s, SystemTime::now());
         let cs = tr.take_changes();
@@ -450,15 +475,12 @@ fn measure(
 
     // New Services next to the existing ones, then their deletion.
     // The same mix as the cluster (with or without affinity Services).
-    let extra = kp_bench::cluster_with(n + o.changes as u32, m, affinity);
     let (mut add, mut del) = (Vec::new(), Vec::new());
     let (mut add_bytes, mut del_bytes) = (Vec::new(), Vec::new());
-    for k in n..n + o.changes as u32 {
-        let s: Service = serde_json::from_value(extra.services[k as usize].clone())?;
-        let sl: EndpointSlice = serde_json::from_value(extra.slices[k as usize].clone())?;
+    for (s, sl) in &additions(n, m, affinity, o.changes)? {
         let t = Instant::now();
-        let _ = tr.update_service(&s, SystemTime::now());
-        let _ = tr.update_endpoint_slice(&sl, SystemTime::now());
+        let _ = tr.update_service(s, SystemTime::now());
+        let _ = tr.update_endpoint_slice(sl, SystemTime::now());
         let cs = tr.take_changes();
         let r = dp.sync(tr.state(), &cs.changed, false)?;
         add.push(t.elapsed());
@@ -472,7 +494,6 @@ fn measure(
         del.push(t.elapsed());
         del_bytes.push(r.bytes);
     }
-    drop(extra);
 
     // A burst: `burst` endpoint changes arriving evenly within 1 s; a sync runs
     // whenever the previous one is done, with everything that arrived meanwhile.
@@ -650,12 +671,7 @@ fn main() -> Result<()> {
         if o.mode != "nftables" || !o.netlink {
             bail!("--floor measures nftables over netlink");
         }
-        println!("| Services | full sync: ours | of which encoding the batch | kernel floor | ours / floor | 1 endpoint replaced p50 / p99: ours | kernel floor | ours / floor (p50) |");
-        println!("|---|---|---|---|---|---|---|---|");
-        for &n in &sizes {
-            println!("{}", floor::run(&o, n, m, affinity, &home)?);
-        }
-        return Ok(());
+        return floor::tables(&o, &sizes, m, affinity, &home);
     }
 
     println!("| Services | endpoints each | model (convert+track) | render full | ruleset | full sync | 1 endpoint replaced p50 / p99 (bytes sent) | 1 endpoint added p50 / p99 | add 1 Service p50 / p99 (bytes sent) | delete 1 Service p50 / p99 (bytes sent) | burst of {} changes in 1 s | bench peak RSS |", o.burst);
