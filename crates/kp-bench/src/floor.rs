@@ -63,7 +63,7 @@ impl NftBackend for Keep {
 }
 
 /// kp-bench's cluster in a fresh tracker.
-fn cluster(n: u32, m: u32, affinity: bool) -> Result<ChangeTracker> {
+pub(super) fn cluster(n: u32, m: u32, affinity: bool) -> Result<ChangeTracker> {
     let (svcs, slices) = parsed_cluster(n, m, affinity)?;
     let mut tr = tracker();
     let now = SystemTime::now();

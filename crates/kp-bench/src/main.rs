@@ -9,6 +9,8 @@
 //! `--floor` compares the full sync and the changes (an endpoint replaced,
 //! an endpoint added, a Service added) with the kernel alone on the same
 //! batches (floor.rs).
+//! `--restart` times a restart's first sync over the table left behind,
+//! adopted and replaced (restart.rs).
 //! `--mode socketlb` times the socket load balancer's map writes alone (its
 //! programs attached to a cgroup of the bench's own, pins on a private
 //! bpffs); `--socket-lb` in the binary adds them to the nftables figures.
@@ -32,6 +34,7 @@ use kp_userspace::{UserspaceConfig, UserspaceProxier, VipMode};
 use std::sync::Arc;
 
 mod floor;
+mod restart;
 
 // The allocator kube-proxy-rs itself uses (see its main.rs), so the figures
 // are the product's.
@@ -667,6 +670,12 @@ fn main() -> Result<()> {
     // Where to come back to after each size's namespace.
     let home = std::fs::File::open("/proc/self/ns/net").context("opening our network namespace")?;
 
+    if has("--restart") {
+        if o.mode != "nftables" || !o.netlink {
+            bail!("--restart measures nftables over netlink");
+        }
+        return restart::tables(&sizes, m, affinity, &home);
+    }
     if has("--floor") {
         if o.mode != "nftables" || !o.netlink {
             bail!("--floor measures nftables over netlink");

@@ -31,6 +31,7 @@ pub mod msg {
     pub const GETRULE: u16 = 7;
     pub const DELRULE: u16 = 8;
     pub const NEWSET: u16 = 9;
+    pub const GETSET: u16 = 10;
     pub const DELSET: u16 = 11;
     pub const NEWSETELEM: u16 = 12;
     pub const GETSETELEM: u16 = 13;

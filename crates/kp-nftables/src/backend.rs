@@ -6,6 +6,7 @@ use std::process::{Command, Stdio};
 use kp_model::{DataplaneError, IpFamily, RefusedOp};
 
 use crate::types::{family_kw, ElemKey, Transaction};
+use crate::view::TableView;
 
 /// Applies one nft transaction atomically: the netlink backend encodes the
 /// typed objects, the `nft` program gets them as nft text.
@@ -33,6 +34,18 @@ pub trait NftBackend: Send {
         _chain: &str,
     ) -> Result<bool, DataplaneError> {
         self.table_exists(family, table)
+    }
+    /// What the kernel holds of our table, as fingerprints a restart can
+    /// compare its first sync with (elements of the sets `skip_elements`
+    /// names are not read). None when the table is not there or the
+    /// backend cannot read it back (then the first sync rewrites it all).
+    fn read_table(
+        &mut self,
+        _family: IpFamily,
+        _table: &str,
+        _skip_elements: &dyn Fn(&str) -> bool,
+    ) -> Result<Option<Box<dyn TableView>>, DataplaneError> {
+        Ok(None)
     }
     /// The client records (`ElemKey::Affinity`) in affinity set `set`, to
     /// forget the clients of a removed endpoint. A backend that cannot list

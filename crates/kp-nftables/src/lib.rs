@@ -22,10 +22,11 @@ mod proxier;
 mod render;
 mod rule;
 pub mod types;
+mod view;
 
 pub use backend::{NftBackend, NftCli};
 pub use names::TABLE_NAME;
 pub use netlink::{EncodeError, NftNetlink};
-pub use proxier::NftablesProxier;
+pub use proxier::{Adoption, NftablesProxier};
 pub use render::{packet_chains, render_service, Element, ServiceObjects, Skeleton};
 pub use types::{Rule, Transaction, Verdict};

@@ -43,6 +43,17 @@ pub const MAP_FIREWALL_IPS: &str = "firewall-ips";
 pub const SET_CLUSTER_IPS: &str = "cluster-ips";
 pub const SET_NODEPORT_IPS: &str = "nodeport-ips";
 pub const SET_HAIRPIN: &str = "hairpin";
+/// The skeleton's sets and maps, as [`MapName::Fixed`] names them.
+pub static FIXED_SETS: [&&str; 8] = [
+    &MAP_SERVICE_IPS,
+    &MAP_SERVICE_NODEPORTS,
+    &MAP_NO_EP_SERVICES,
+    &MAP_NO_EP_NODEPORTS,
+    &MAP_FIREWALL_IPS,
+    &SET_CLUSTER_IPS,
+    &SET_NODEPORT_IPS,
+    &SET_HAIRPIN,
+];
 
 /// The shared session-affinity set of one timeout. The timeout is in the
 /// name: a set cannot change its timeout in place, and a new name lets one

@@ -10,6 +10,11 @@
 //! difference is a bug in the partial path (or in a rule that depends on the
 //! order of syncs).
 //!
+//! nftables runs restarts into the sequences: new dataplanes over the same
+//! kernel, whose first sync adopts the table the previous ones left (with
+//! the step's change pending, and with nothing changed, when it must send
+//! nothing at all).
+//!
 //! Each case runs in anonymous network namespaces (`unshare` on a thread of
 //! its own): nothing is named, nothing outlives the thread, the root
 //! namespace is never touched. `PROPTEST_CASES=N` sets the number of random
@@ -403,12 +408,43 @@ fn check_sequence(mode: Mode, steps: &[Step]) -> Result<(), TestCaseError> {
             .collect();
         let mut dps: Vec<Box<dyn Dataplane>> =
             families.iter().map(|&f| dataplane(mode, f)).collect();
+        // nftables adopts the table a previous run left: restarts (new
+        // dataplanes over the same kernel) every few steps, with the
+        // step's change pending (its first sync adopts and changes), and
+        // with nothing changed (its first sync must send nothing).
+        let restarts = matches!(mode, Mode::Nftables);
         for (n, step) in steps.iter().enumerate() {
+            if restarts && n % 6 == 5 {
+                dps = families.iter().map(|&f| dataplane(mode, f)).collect();
+            }
             for (t, dp) in trackers.iter_mut().zip(dps.iter_mut()) {
                 apply(t, step);
                 let cs = t.take_changes();
                 dp.sync(t.state(), &cs.changed, false)
                     .map_err(|e| format!("step {n}: partial sync ({}): {e}", t.family()))?;
+            }
+            if restarts && n % 6 == 2 {
+                let before = listing(mode);
+                dps = families.iter().map(|&f| dataplane(mode, f)).collect();
+                for (t, dp) in trackers.iter().zip(dps.iter_mut()) {
+                    let r = dp
+                        .sync(t.state(), &BTreeSet::new(), false)
+                        .map_err(|e| format!("step {n}: restart ({}): {e}", t.family()))?;
+                    if r.ops != 0 {
+                        return Err(format!(
+                            "step {n}: a restart onto an unchanged cluster sent {} operations ({})",
+                            r.ops,
+                            t.family()
+                        ));
+                    }
+                }
+                let after = listing(mode);
+                if before != after {
+                    return Err(format!(
+                        "step {n}: a restart changed the table:\n{}",
+                        diff(&after, &before)
+                    ));
+                }
             }
             let partial = listing(mode);
             let states: Vec<&ProxyState> = trackers.iter().map(|t| t.state()).collect();
@@ -611,4 +647,99 @@ fn five_thousand_port_service_is_programmed_iptables() {
         Variant::Nft
     };
     big_service_is_programmed(Mode::Iptables(v));
+}
+
+/// A restart over a table someone changed behind the proxy's back (a
+/// rule added to one of our chains, a chain and a set of their own in our
+/// table, an element taken out of a set and another put in): the first
+/// sync adopts what is still right, repairs the rest, and the table is
+/// then what a fresh full sync installs.
+#[test]
+fn restart_repairs_what_was_changed_behind_its_back_nftables() {
+    in_fresh_netns(|| {
+        let mut t = ChangeTracker::new(TrackerConfig {
+            family: IpFamily::V4,
+            node_name: "node1".into(),
+            service_proxy_name: None,
+        });
+        for s in [
+            Step::Apply(json!({
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": {"namespace": "default", "name": "web"},
+                "spec": {"clusterIP": "10.96.7.1", "clusterIPs": ["10.96.7.1"],
+                         "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]},
+            })),
+            Step::Apply(json!({
+                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"namespace": "default", "name": "web-1",
+                             "labels": {"kubernetes.io/service-name": "web"}},
+                "addressType": "IPv4",
+                "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+                "endpoints": [{"addresses": ["10.1.0.5"], "conditions": {"ready": true}},
+                              {"addresses": ["10.1.0.6"], "conditions": {"ready": true}}],
+            })),
+        ] {
+            apply(&mut t, &s);
+        }
+        t.take_changes();
+        let mut first =
+            NftablesProxier::new(proxier_config(IpFamily::V4), Box::new(NftNetlink::new()));
+        first
+            .sync(t.state(), &BTreeSet::new(), true)
+            .expect("first sync");
+        let t4 = ["ip", "kube-proxy-rs"];
+        for cmd in [
+            vec!["add", "chain", t4[0], t4[1], "stray"],
+            vec!["add", "rule", t4[0], t4[1], "stray", "counter"],
+            vec!["add", "rule", t4[0], t4[1], "services", "accept"],
+            vec![
+                "add",
+                "set",
+                t4[0],
+                t4[1],
+                "strayset",
+                "{ type ipv4_addr; }",
+            ],
+            vec![
+                "delete",
+                "element",
+                t4[0],
+                t4[1],
+                "cluster-ips",
+                "{ 10.96.7.1 }",
+            ],
+            vec![
+                "add",
+                "element",
+                t4[0],
+                t4[1],
+                "cluster-ips",
+                "{ 10.99.99.99 }",
+            ],
+        ] {
+            let mut argv = vec!["nft"];
+            argv.extend(cmd);
+            run(&argv);
+        }
+        let mut second =
+            NftablesProxier::new(proxier_config(IpFamily::V4), Box::new(NftNetlink::new()));
+        let r = second
+            .sync(t.state(), &BTreeSet::new(), true)
+            .expect("restart");
+        let a = second.adoption().expect("the restart adopted the table");
+        assert_eq!(a.chains_rewritten, 1, "{a:?}");
+        assert_eq!(a.chains_deleted, 1, "{a:?}");
+        assert_eq!(a.sets_changed, 1, "{a:?}");
+        assert_eq!(a.elements_changed, 2, "{a:?}");
+        assert!(a.chains_kept > 0 && r.ops > 0, "{a:?}");
+        let after = listing(Mode::Nftables);
+        let full = fresh_full(Mode::Nftables, &[t.state()]).expect("fresh");
+        assert!(
+            after == full,
+            "repaired table differs:\n{}",
+            diff(&after, &full)
+        );
+        let text = run(&["nft", "list", "table", "ip", "kube-proxy-rs"]);
+        assert!(!text.contains("stray"), "{text}");
+    });
 }

@@ -360,7 +360,7 @@ fn encode_op(b: &mut Batch, line: usize, fam: Family, table: &str, op: &Op) -> R
     Ok(())
 }
 
-fn comment_udata(text: &str) -> Result<Vec<u8>, String> {
+pub(super) fn comment_udata(text: &str) -> Result<Vec<u8>, String> {
     // Type 0 = comment, NUL included, as nft writes it (at most 255 bytes).
     let text = clean(text);
     if text.len() >= 255 {
@@ -566,7 +566,7 @@ fn set_attrs(table: &str, s: &Set, fam: Family, id: u32) -> Attrs {
 }
 
 /// An element key; each field of a concatenation padded to 4 bytes.
-fn key_bytes(k: &ElemKey, fam: Family) -> Result<Vec<u8>, String> {
+pub(super) fn key_bytes(k: &ElemKey, fam: Family) -> Result<Vec<u8>, String> {
     let pad = |v: &mut Vec<u8>| {
         while !v.len().is_multiple_of(4) {
             v.push(0);

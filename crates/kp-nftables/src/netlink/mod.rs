@@ -4,6 +4,7 @@
 
 mod batch;
 mod expr;
+mod readback;
 
 use kp_model::{DataplaneError, IpFamily, RefusedOp};
 use kp_netlink::nftables::{
@@ -13,6 +14,7 @@ use kp_netlink::{Attrs, ParsedAttrs, Reply, Until, NLM_F_ACK, NLM_F_DUMP};
 
 use crate::backend::{shorten, NftBackend};
 use crate::types::{ElemKey, Transaction};
+use crate::view::TableView;
 
 pub use batch::EncodeError;
 
@@ -229,6 +231,20 @@ impl NftBackend for NftNetlink {
             }
         }
         Ok(out)
+    }
+
+    fn read_table(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        skip_elements: &dyn Fn(&str) -> bool,
+    ) -> Result<Option<Box<dyn TableView>>, DataplaneError> {
+        if !self.table_exists(family, table)? {
+            return Ok(None);
+        }
+        Ok(self
+            .read_back(family, table, skip_elements)?
+            .map(|t| Box::new(t) as Box<dyn TableView>))
     }
 
     fn table_exists(&mut self, family: IpFamily, table: &str) -> Result<bool, DataplaneError> {

@@ -6,6 +6,7 @@
 //! session-affinity clients on their endpoints across syncs.
 //! Here: the proxier itself and the sync that applies a transaction.
 
+mod adopt;
 mod affinity;
 mod full;
 mod partial;
@@ -22,6 +23,7 @@ use crate::backend::NftBackend;
 use crate::names::{NAT_PREROUTING, TABLE_NAME};
 use crate::render::{ElemKey, Element, MapName, Skeleton};
 use crate::types::{Object, Transaction, Verb};
+pub use adopt::Adoption;
 use affinity::Rekey;
 use programmed::{name_owners, Programmed};
 use tx::{element_ops, Tx};
@@ -34,6 +36,10 @@ pub struct NftablesProxier {
     /// None until the first successful sync, and after a failed one: the next
     /// sync is then a full one.
     programmed: Option<Programmed>,
+    /// Until the first sync: whether it reads back a table a previous run
+    /// left and sends only the difference (else it replaces the table).
+    adopt: bool,
+    last_adoption: Option<adopt::Adoption>,
 }
 
 impl NftablesProxier {
@@ -45,7 +51,89 @@ impl NftablesProxier {
             backend,
             table: TABLE_NAME.to_string(),
             programmed: None,
+            adopt: true,
+            last_adoption: None,
         }
+    }
+
+    /// What the first sync kept and rewrote of the table a previous run
+    /// left, if it adopted one.
+    pub fn adoption(&self) -> Option<Adoption> {
+        self.last_adoption
+    }
+
+    /// Whether the first sync adopts a table it finds (default) or
+    /// replaces it whole.
+    pub fn with_adoption(mut self, adopt: bool) -> Self {
+        self.adopt = adopt;
+        self
+    }
+
+    /// The first sync over a table a previous run left: reads it back and
+    /// sends only what differs from `state`. None when there is no table
+    /// to adopt or it could not be (logged): the caller replaces it.
+    fn adopt_table(&mut self, state: &ProxyState, t0: Instant) -> Option<SyncReport> {
+        let skip = |name: &str| name.starts_with("affinity-");
+        let read = match self.backend.read_table(self.cfg.family, &self.table, &skip) {
+            Ok(Some(kt)) => kt,
+            Ok(None) => return None,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read back the table a previous run left; replacing it");
+                return None;
+            }
+        };
+        let read_in = t0.elapsed();
+        let (mut tx, prog, mut st) = self.adopt_tx(state, read.as_ref());
+        st.read = read_in;
+        drop(read);
+        let rekey = std::mem::take(&mut tx.rekey);
+        let (txn, ops) = tx.finish(self.cfg.family, &self.table);
+        let render = t0.elapsed();
+        let t1 = Instant::now();
+        let bytes = if txn.is_empty() {
+            0
+        } else {
+            match self.backend.apply(&txn) {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the kernel refused the difference to the table a previous run left; replacing it");
+                    return None;
+                }
+            }
+        };
+        if !rekey.is_empty() {
+            self.rekey_clients(&rekey);
+        }
+        let mut report = SyncReport {
+            full: true,
+            ops,
+            render,
+            bytes,
+            apply: t1.elapsed(),
+            ..Default::default()
+        };
+        report.no_local_endpoints = prog.no_local_endpoints();
+        tracing::info!(
+            family = ?self.cfg.family,
+            read_ms = read_in.as_millis() as u64,
+            rules_read = st.rules_read,
+            elements_read = st.elements_read,
+            chains_kept = st.chains_kept,
+            chains_rewritten = st.chains_rewritten,
+            chains_added = st.chains_added,
+            chains_deleted = st.chains_deleted,
+            sets_kept = st.sets_kept,
+            sets_changed = st.sets_changed,
+            elements_changed = st.elements_changed,
+            sets_rewritten = st.sets_rewritten,
+            slot_ranges_kept = st.pools_kept,
+            slot_ranges_moved = st.pools_moved,
+            operations_sent = ops,
+            "adopted the table a previous run left"
+        );
+        self.last_adoption = Some(st);
+        self.programmed = Some(prog);
+        Some(report)
     }
 
     /// The transaction a full sync of `state` would send to a kernel without
@@ -151,6 +239,11 @@ impl Dataplane for NftablesProxier {
         full: bool,
     ) -> Result<SyncReport, DataplaneError> {
         let t0 = Instant::now();
+        if std::mem::take(&mut self.adopt) && self.programmed.is_none() {
+            if let Some(report) = self.adopt_table(state, t0) {
+                return Ok(report);
+            }
+        }
         let is_full = full || self.programmed.is_none();
         let fresh = self.programmed.is_none();
         let (mut tx, new_prog) = if is_full {
@@ -208,10 +301,7 @@ impl Dataplane for NftablesProxier {
             self.rekey_clients(&rekey);
         }
         report.apply = t1.elapsed();
-        for kept in new_prog.services.values() {
-            report.no_local_endpoints.0 += kept.objs.no_local.0 as u64;
-            report.no_local_endpoints.1 += kept.objs.no_local.1 as u64;
-        }
+        report.no_local_endpoints = new_prog.no_local_endpoints();
         self.programmed = Some(new_prog);
         Ok(report)
     }

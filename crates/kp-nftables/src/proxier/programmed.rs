@@ -83,6 +83,14 @@ pub(super) struct Programmed {
 }
 
 impl Programmed {
+    /// Service ports with a Local traffic policy and no local endpoint
+    /// (internal, external), for the sync's report.
+    pub(super) fn no_local_endpoints(&self) -> (u64, u64) {
+        self.services.values().fold((0, 0), |(i, e), k| {
+            (i + k.objs.no_local.0 as u64, e + k.objs.no_local.1 as u64)
+        })
+    }
+
     /// Counts `objs`' affinity sets in (`by` 1) or out (-1). Returns the
     /// timeouts whose set went from unused to used (in) or from used to
     /// unused (out).

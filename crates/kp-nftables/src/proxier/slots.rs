@@ -2,7 +2,7 @@
 //! ranges handed out per map shard, reused when freed, and the selection
 //! rules pointed at them.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::render::{MapName, Pool, PoolKind, ServiceObjects};
 use crate::types::Expr;
@@ -18,6 +18,8 @@ pub(super) struct Shard {
     /// Freed ranges by size.
     free: HashMap<u32, Vec<u32>>,
     pools: u32,
+    /// Ranges taken over from the kernel at a restart: base -> size.
+    adopted: BTreeMap<u32, u32>,
 }
 
 /// Hands out slot ranges of the shared endpoint maps. Ranges are powers of
@@ -96,22 +98,105 @@ impl Slots {
                 }
             }
         }
-        for (_, rules) in new.chains.iter_mut() {
-            for e in rules.iter_mut().flat_map(|r| r.exprs.iter_mut()) {
-                if let Expr::NumgenDnat { slots, .. }
-                | Expr::AffinityHit { slots, .. }
-                | Expr::HashDnat { slots, .. } = e
-                {
-                    if let Some(p) = new.pools.get(slots.pool) {
-                        slots.map = p.map;
-                        slots.offset = p.base;
-                    }
-                }
-            }
-        }
+        point_rules(new);
         for (op, k) in old_pools.iter().zip(kept) {
             if !k {
                 self.release(op);
+            }
+        }
+    }
+
+    /// Takes over a range a previous run gave out (read back from the
+    /// kernel): the allocator goes on behind it. False when it overlaps
+    /// one taken over before (the kernel's table is then not one we
+    /// wrote, and the Service gets a new range).
+    pub(super) fn adopt(&mut self, kind: PoolKind, k: u32, base: u32, cap: u32) -> bool {
+        let map = kind.shard(k);
+        let Some(end) = base.checked_add(cap) else {
+            return false;
+        };
+        let sh = self.shards.entry(map).or_default();
+        if sh
+            .adopted
+            .range(..end)
+            .next_back()
+            .is_some_and(|(b, c)| b + c > base)
+        {
+            return false;
+        }
+        sh.adopted.insert(base, cap);
+        sh.next = sh.next.max(end);
+        sh.pools += 1;
+        let c = self.count.entry(kind).or_default();
+        *c = (*c).max(k + 1);
+        true
+    }
+
+    /// After [`Self::adopt`]: which shards can take another pool, and the
+    /// taken-over ranges forgotten (they were only for the overlap check).
+    pub(super) fn adopted(&mut self) {
+        for (kind, count) in &self.count {
+            let room = self.room.entry(*kind).or_default();
+            for k in 0..*count {
+                let sh = self.shards.entry(kind.shard(k)).or_default();
+                sh.adopted = BTreeMap::new();
+                if sh.pools < POOLS_PER_SHARD {
+                    room.insert(k);
+                } else {
+                    room.remove(&k);
+                }
+            }
+        }
+    }
+
+    /// Gives `new`'s pools the ranges a previous run gave them where they
+    /// still fit (`taken[i]` for pool i, already [`Self::adopt`]ed), new
+    /// ones elsewhere, and points the selection rules at them.
+    pub(super) fn assign_adopted(
+        &mut self,
+        new: &mut ServiceObjects,
+        taken: &[Option<(MapName, u32, u32)>],
+    ) {
+        for (i, pool) in new.pools.iter_mut().enumerate() {
+            let n = pool.values.len() as u32;
+            let want = n.next_power_of_two();
+            match taken.get(i).copied().flatten() {
+                Some((map, base, cap)) if n <= cap && cap <= want * 4 => {
+                    (pool.map, pool.base, pool.cap) = (map, base, cap);
+                }
+                other => {
+                    if let Some((map, base, cap)) = other {
+                        let gone = Pool {
+                            kind: pool.kind,
+                            values: Vec::new(),
+                            map,
+                            base,
+                            cap,
+                            affinity: None,
+                        };
+                        self.release(&gone);
+                    }
+                    (pool.map, pool.base) = self.alloc(pool.kind, want);
+                    pool.cap = want;
+                }
+            }
+        }
+        point_rules(new);
+    }
+}
+
+/// Points the selection rules at their pools' maps and offsets.
+fn point_rules(new: &mut ServiceObjects) {
+    for (_, rules) in new.chains.iter_mut() {
+        for e in rules.iter_mut().flat_map(|r| r.exprs.iter_mut()) {
+            if let Expr::NumgenDnat { slots, .. }
+            | Expr::AffinityHit { slots, .. }
+            | Expr::HashDnat { slots, .. } = e
+            {
+                if let Some(p) = new.pools.get(slots.pool) {
+                    slots.map = p.map;
+                    slots.offset = p.base;
+                }
             }
         }
     }
