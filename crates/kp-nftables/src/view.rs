@@ -46,6 +46,8 @@ impl SetChanges {
 
 /// Our table as read back: what a restart compares its first sync with.
 pub trait TableView {
+    /// The table's comment, which names the layout that made it.
+    fn comment(&self) -> Option<&str>;
     fn chain_names(&self) -> Vec<&str>;
     /// Named sets and maps (not the rules' anonymous ones).
     fn set_names(&self) -> Vec<&str>;

@@ -743,3 +743,29 @@ fn restart_repairs_what_was_changed_behind_its_back_nftables() {
         assert!(!text.contains("stray"), "{text}");
     });
 }
+
+/// A table made by another layout (an older build: its comment names no
+/// layout) is replaced whole, not adopted.
+#[test]
+fn restart_replaces_a_table_of_another_layout_nftables() {
+    in_fresh_netns(|| {
+        run(&[
+            "nft",
+            "add table ip kube-proxy-rs { comment \"rules for kube-proxy-rs\" ; }",
+        ]);
+        run(&["nft", "add chain ip kube-proxy-rs stray"]);
+        let t = ChangeTracker::new(TrackerConfig {
+            family: IpFamily::V4,
+            node_name: "node1".into(),
+            service_proxy_name: None,
+        });
+        let mut dp =
+            NftablesProxier::new(proxier_config(IpFamily::V4), Box::new(NftNetlink::new()));
+        dp.sync(t.state(), &BTreeSet::new(), true)
+            .expect("first sync");
+        assert!(dp.adoption().is_none(), "adopted another layout's table");
+        let text = run(&["nft", "list", "table", "ip", "kube-proxy-rs"]);
+        assert!(!text.contains("stray"), "{text}");
+        assert!(text.contains("(layout "), "{text}");
+    });
+}

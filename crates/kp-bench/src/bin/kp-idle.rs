@@ -2,8 +2,11 @@
 //!
 //! `cargo build --release -p kube-proxy-rs -p kp-bench && sudo
 //! target/release/kp-idle [--sizes 10000,50000] [--endpoints 10] [--idle 30]
-//! [--mode nftables] [--bin target/release/kube-proxy-rs] [--perf FILE]`
-//! (`--perf`: `perf record -e cpu-clock -g` of the idle window into FILE.N.data)
+//! [--mode nftables] [--bin target/release/kube-proxy-rs] [--perf FILE]
+//! [--restarts N]`
+//! (`--perf`: `perf record -e cpu-clock -g` of the idle window into FILE.N.data;
+//! `--restarts`: then SIGKILL it and start it again over the table it left,
+//! N times, each timed to its first sync)
 //!
 //! For each size: writes the synthetic cluster (`kp_bench::cluster`) as JSON
 //! `List` manifests into a directory under the binary's target dir, starts the
@@ -133,6 +136,76 @@ struct Row {
     rss_avg: u64,
     rss_max: u64,
     idle_cpu_pct: f64,
+    restarts: Vec<Restart>,
+}
+
+/// Starts kube-proxy-rs in `ns` on the manifests in `dir` and waits for
+/// its first full sync: the process, and the time from spawn to that.
+fn start(
+    bin: &Path,
+    mode: &str,
+    ns: &str,
+    dir: &Path,
+    log_path: &Path,
+) -> Result<(Proc, Duration)> {
+    let log = std::fs::File::create(log_path)?;
+    let t0 = Instant::now();
+    // `ip netns exec` execs the program: the child's pid is kube-proxy-rs's.
+    let child = Command::new("ip")
+        .args(["netns", "exec", ns])
+        .arg(bin)
+        .arg(format!("--proxy-mode={mode}"))
+        .arg(format!("--manifests={}", dir.display()))
+        .args([
+            "--hostname-override=node1",
+            "--healthz-bind-address=127.0.0.1:10256",
+            &format!("--metrics-bind-address={METRICS}"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let mut p = Proc(child);
+    let count = "kubeproxy_sync_full_proxy_rules_duration_seconds_count";
+    loop {
+        if let Some(st) = p.0.try_wait()? {
+            bail!(
+                "kube-proxy-rs exited ({st}) before its first sync:\n{}",
+                std::fs::read_to_string(log_path).unwrap_or_default()
+            );
+        }
+        if let Ok(text) = http_get(ns, "/metrics") {
+            if metric(&text, count).unwrap_or(0.0) >= 1.0 {
+                return Ok((p, t0.elapsed()));
+            }
+        }
+        if t0.elapsed() > Duration::from_secs(1800) {
+            bail!("no full sync after 30 minutes");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// One restart after a SIGKILL: time to the first sync, its CPU, the new
+/// process's peak RSS, and what its log says it adopted.
+struct Restart {
+    first_sync: Duration,
+    cpu: f64,
+    hwm: u64,
+    adopted: String,
+}
+
+/// `key=value` of the log's adoption lines (one per family), joined.
+fn adopted(log: &str, key: &str) -> String {
+    log.lines()
+        .filter(|l| l.contains("adopted the table a previous run left"))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix(&format!("{key}=")))
+                .map(str::to_string)
+        })
+        .collect::<Vec<_>>()
+        .join(" + ")
 }
 
 fn run(
@@ -142,6 +215,7 @@ fn run(
     idle: u64,
     work: &Path,
     perf_out: Option<&Path>,
+    restarts: usize,
 ) -> Result<Row> {
     let dir = Dir(work.join(format!("kp-idle-{}-{n}", std::process::id())));
     let manifest_bytes = write_manifests(&dir.0, n, m)?;
@@ -158,43 +232,8 @@ fn run(
         .args(["netns", "exec", &ns, "ip", "link", "set", "lo", "up"])
         .status()?;
     let log_path = dir.0.with_extension("log");
-    let log = std::fs::File::create(&log_path)?;
-    let t0 = Instant::now();
-    // `ip netns exec` execs the program: the child's pid is kube-proxy-rs's.
-    let child = Command::new("ip")
-        .args(["netns", "exec", &ns])
-        .arg(bin)
-        .arg(format!("--proxy-mode={mode}"))
-        .arg(format!("--manifests={}", dir.0.display()))
-        .args([
-            "--hostname-override=node1",
-            "--healthz-bind-address=127.0.0.1:10256",
-            &format!("--metrics-bind-address={METRICS}"),
-        ])
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .with_context(|| format!("starting {}", bin.display()))?;
-    let mut p = Proc(child);
+    let (mut p, first_sync) = start(bin, mode, &ns, &dir.0, &log_path)?;
     let pid = p.0.id();
-    let count = "kubeproxy_sync_full_proxy_rules_duration_seconds_count";
-    let first_sync = loop {
-        if let Some(st) = p.0.try_wait()? {
-            bail!(
-                "kube-proxy-rs exited ({st}) before its first sync:\n{}",
-                std::fs::read_to_string(&log_path).unwrap_or_default()
-            );
-        }
-        if let Ok(text) = http_get(&ns, "/metrics") {
-            if metric(&text, count).unwrap_or(0.0) >= 1.0 {
-                break t0.elapsed();
-            }
-        }
-        if t0.elapsed() > Duration::from_secs(1800) {
-            bail!("no full sync after 30 minutes");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
     let sync_cpu = cpu_seconds(pid)?;
     // The settle phase counts from here (the check below can take minutes at
     // 50k: nft reads the whole table to answer one element).
@@ -234,7 +273,7 @@ fn run(
         let c = cpu_seconds(pid)?;
         let quiet = c - prev < 0.05;
         prev = c;
-        if (t0.elapsed() > Duration::from_secs(32) && quiet)
+        if (settle_from.elapsed() + first_sync > Duration::from_secs(32) && quiet)
             || settle_from.elapsed() > Duration::from_secs(180)
         {
             break;
@@ -243,7 +282,11 @@ fn run(
     let settle_cpu = cpu_seconds(pid)? - sync_cpu;
     let syncs = |text: &str| {
         (
-            metric(text, count).unwrap_or(0.0),
+            metric(
+                text,
+                "kubeproxy_sync_full_proxy_rules_duration_seconds_count",
+            )
+            .unwrap_or(0.0),
             metric(
                 text,
                 "kubeproxy_sync_partial_proxy_rules_duration_seconds_count",
@@ -297,9 +340,29 @@ fn run(
     if p.0.try_wait()?.is_some() {
         bail!("kube-proxy-rs exited during the idle window");
     }
+    // SIGKILL and start again over the table it left, `restarts` times.
+    let mut again = Vec::new();
     drop(p);
+    for _ in 0..restarts {
+        let (p, first_sync) = start(bin, mode, &ns, &dir.0, &log_path)?;
+        let cpu = cpu_seconds(p.0.id())?;
+        let hwm = status_kib(p.0.id(), "VmHWM:")?;
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        again.push(Restart {
+            first_sync,
+            cpu,
+            hwm,
+            adopted: format!(
+                "read {} ms, {} operations sent",
+                adopted(&log, "read_ms"),
+                adopted(&log, "operations_sent")
+            ),
+        });
+        drop(p);
+    }
     let _ = std::fs::remove_file(&log_path);
     Ok(Row {
+        restarts: again,
         n,
         manifest_bytes,
         first_sync,
@@ -332,6 +395,7 @@ fn main() -> Result<()> {
     let idle: u64 = get("--idle").unwrap_or_else(|| "30".into()).parse()?;
     let mode = get("--mode").unwrap_or_else(|| "nftables".into());
     let perf = get("--perf").map(PathBuf::from);
+    let restarts: usize = get("--restarts").unwrap_or_else(|| "0".into()).parse()?;
     let exe = std::env::current_exe()?;
     let here = exe
         .parent()
@@ -347,8 +411,9 @@ fn main() -> Result<()> {
     }
     println!("| Services (x{m} endpoints) | mode | manifests | time to first full sync | CPU to first sync | peak RSS (VmHWM) | after the first sync: CPU (over) | idle RSS avg / max | idle CPU ({idle} s) | syncs while idle (full / partial) |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
+    let mut again = Vec::new();
     for &n in &sizes {
-        let r = run(&bin, &mode, (n, m), idle, here, perf.as_deref())?;
+        let r = run(&bin, &mode, (n, m), idle, here, perf.as_deref(), restarts)?;
         println!(
             "| {} | {mode} | {:.1} MiB JSON | {:.2} s | {:.2} s | {} MiB | {:.2} s ({:.0} s) | {} / {} MiB | {:.2}% | {} / {} |",
             r.n,
@@ -364,6 +429,24 @@ fn main() -> Result<()> {
             r.idle_syncs.0,
             r.idle_syncs.1,
         );
+        again.push((r.n, r.restarts));
+    }
+    if restarts > 0 {
+        println!();
+        println!("| Services | restart after SIGKILL | time to first full sync | CPU to first sync | peak RSS (VmHWM) | adoption (per family, from the log) |");
+        println!("|---|---|---|---|---|---|");
+        for (n, rs) in again {
+            for (i, r) in rs.iter().enumerate() {
+                println!(
+                    "| {n} | {} | {:.2} s | {:.2} s | {} MiB | {} |",
+                    i + 1,
+                    r.first_sync.as_secs_f64(),
+                    r.cpu,
+                    mib(r.hwm),
+                    r.adopted
+                );
+            }
+        }
     }
     Ok(())
 }

@@ -239,11 +239,42 @@ impl NftBackend for NftNetlink {
         table: &str,
         skip_elements: &dyn Fn(&str) -> bool,
     ) -> Result<Option<Box<dyn TableView>>, DataplaneError> {
-        if !self.table_exists(family, table)? {
-            return Ok(None);
-        }
+        let mut a = Attrs::new();
+        a.str(1, table);
+        let answer = self.query(
+            family,
+            msg::GETTABLE,
+            NLM_F_ACK,
+            &a,
+            "the nftables table",
+            Until::Ack,
+        )?;
+        let replies = match answer {
+            Ok(r) => r,
+            Err(libc::ENOENT) => return Ok(None),
+            Err(errno) => {
+                return Err(DataplaneError::Apply {
+                    tool: TOOL.into(),
+                    message: format!("getting table {table}: {}", errno_text(errno)),
+                })
+            }
+        };
+        // NFTA_TABLE_USERDATA: nft's comment, `type 0, length, text NUL`.
+        let comment = replies
+            .iter()
+            .filter(|r| r.ty == nft_type(msg::NEWTABLE))
+            .find_map(|r| {
+                let a = ParsedAttrs::parse(r.payload().get(4..).unwrap_or_default());
+                let ud = a.get(6)?;
+                let (&0, rest) = ud.split_first()? else {
+                    return None;
+                };
+                let (&len, text) = rest.split_first()?;
+                let text = text.get(..len as usize)?;
+                Some(String::from_utf8_lossy(text.strip_suffix(&[0]).unwrap_or(text)).into_owned())
+            });
         Ok(self
-            .read_back(family, table, skip_elements)?
+            .read_back(family, table, skip_elements, comment)?
             .map(|t| Box::new(t) as Box<dyn TableView>))
     }
 

@@ -37,6 +37,7 @@ struct SeenChain {
 
 /// What the kernel holds of our table in one family, as fingerprints.
 pub struct KernelTable {
+    comment: Option<String>,
     fam: Family,
     table: String,
     chains: HashMap<String, SeenChain>,
@@ -49,6 +50,10 @@ pub struct KernelTable {
 }
 
 impl TableView for KernelTable {
+    fn comment(&self) -> Option<&str> {
+        self.comment.as_deref()
+    }
+
     fn chain_names(&self) -> Vec<&str> {
         self.chains.keys().map(String::as_str).collect()
     }
@@ -446,9 +451,11 @@ impl NftNetlink {
         family: IpFamily,
         table: &str,
         skip_elements: &dyn Fn(&str) -> bool,
+        comment: Option<String>,
     ) -> Result<Option<KernelTable>, DataplaneError> {
         let fam = Family::from(family);
         let mut kt = KernelTable {
+            comment,
             fam,
             table: table.to_string(),
             chains: HashMap::new(),

@@ -456,3 +456,53 @@ impl NftablesProxier {
             .map(|n| MapName::Fixed(n))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::names::TABLE_NAME;
+    use crate::render::Skeleton;
+    use crate::types::Transaction;
+    use kp_model::{IpFamily, Protocol, ProxierConfig};
+
+    /// A restart adopts a table only when its comment names this layout,
+    /// and adopting never declares a set or base chain again: the figure
+    /// of every declaration is pinned to the layout's number. If this
+    /// fails, a table made by the previous build would be kept with the
+    /// old declarations: change the layout number in `TABLE_COMMENT` and
+    /// the figure together.
+    #[test]
+    fn declarations_are_the_layouts() {
+        let mut text = String::new();
+        for fam in [IpFamily::V4, IpFamily::V6] {
+            let sk = Skeleton::new(&ProxierConfig::new(fam));
+            let mut tx = Transaction::new(fam, TABLE_NAME);
+            for s in &sk.sets {
+                tx.add(Object::Set(s.clone()));
+            }
+            for (name, base, _) in &sk.chains {
+                tx.add(Object::Chain(Chain {
+                    name: name.to_string(),
+                    base: *base,
+                }));
+            }
+            for p in [Protocol::Tcp, Protocol::Udp, Protocol::Sctp] {
+                tx.add(Object::Set(shard_set(MapName::Endpoints(p, 0))));
+            }
+            tx.add(Object::Set(affinity_set(10800)));
+            text += &tx.to_string();
+        }
+        // FNV-1a: stable across builds and toolchains.
+        let figure = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+        });
+        assert_eq!(
+            (super::super::full::TABLE_COMMENT, format!("{figure:#x}")),
+            (
+                "rules for kube-proxy-rs (layout 1)",
+                "0xc061a1d0bd7eb14b".to_string()
+            ),
+            "{text}"
+        );
+    }
+}

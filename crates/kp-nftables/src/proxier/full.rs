@@ -14,7 +14,11 @@ use crate::names::SET_NODEPORT_IPS;
 use crate::render::{affinity_set, render_service, shard_set, ElemKey, MapName, ServiceObjects};
 use crate::types::{Chain, Object, Verb};
 
-const TABLE_COMMENT: &str = "rules for kube-proxy-rs";
+/// Written when the table is made (an update keeps the first comment), and
+/// read back by a restart: the layout number changes whenever the sets'
+/// declarations do, so that a table made by another layout is replaced
+/// rather than adopted (`proxier::tests` holds the declarations' figure).
+pub(super) const TABLE_COMMENT: &str = "rules for kube-proxy-rs (layout 1)";
 
 impl NftablesProxier {
     fn skeleton_ops(&self, tx: &mut Tx, fresh: bool) {

@@ -82,6 +82,13 @@ impl NftablesProxier {
                 return None;
             }
         };
+        if read.comment() != Some(full::TABLE_COMMENT) {
+            tracing::info!(
+                comment = read.comment().unwrap_or(""),
+                "the table a previous run left was made by another layout; replacing it"
+            );
+            return None;
+        }
         let read_in = t0.elapsed();
         let (mut tx, prog, mut st) = self.adopt_tx(state, read.as_ref());
         st.read = read_in;
