@@ -79,7 +79,8 @@ fn pool_refs(rules: &[Rule]) -> Vec<(usize, Option<u32>)> {
 /// (shard number, base, size, count) where every reference agrees and one
 /// gives the count. `objs` is rendered, not yet placed.
 fn placements(objs: &ServiceObjects, kt: &dyn TableView) -> Vec<Option<(u32, u32, u32, u32)>> {
-    let mut found: Vec<Option<Option<(u32, u32, u32)>>> = vec![None; objs.pools.len()];
+    // (shard, base, count); count 0 until a reference gives it.
+    let mut found: Vec<Option<(u32, u32, u32)>> = vec![None; objs.pools.len()];
     let mut bad = vec![false; objs.pools.len()];
     for (name, rules) in &objs.chains {
         let ours = pool_refs(rules);
@@ -113,26 +114,24 @@ fn placements(objs: &ServiceObjects, kt: &dyn TableView) -> Vec<Option<(u32, u32
                 bad[p] = true;
                 continue;
             };
-            let size = index
-                .is_none()
-                .then(|| r.modulus.max(1).next_power_of_two());
+            // An affinity hit's numgen counts 1; the selection's gives the count.
+            let count = if index.is_none() { r.modulus } else { 0 };
             match &mut found[p] {
-                slot @ None => *slot = Some(size.map(|s| (k, base, s)).or(Some((k, base, 0)))),
-                Some(Some((k0, b0, s0))) => {
+                slot @ None => *slot = Some((k, base, count)),
+                Some((k0, b0, c0)) => {
                     if *k0 != k || *b0 != base {
                         bad[p] = true;
-                    } else if let Some(s) = size {
-                        *s0 = (*s0).max(s);
+                    } else {
+                        *c0 = (*c0).max(count);
                     }
                 }
-                Some(None) => {}
             }
         }
     }
     found
         .into_iter()
         .zip(bad)
-        .map(|(f, bad)| match f.flatten() {
+        .map(|(f, bad)| match f {
             // Aligned to its size, as the allocator hands ranges out.
             Some((k, base, count)) if !bad && count > 0 => {
                 let size = count.next_power_of_two();
