@@ -74,6 +74,53 @@ impl NftNetlink {
 }
 
 impl NftNetlink {
+    /// A dump request's answer; None when the object asked about is not
+    /// there (ENOENT). `what` names it in I/O errors, `doing` in the
+    /// kernel's refusals.
+    fn dump(
+        &mut self,
+        family: IpFamily,
+        ty: u16,
+        attrs: &Attrs,
+        what: &str,
+        doing: &str,
+    ) -> Result<Option<Vec<Reply>>, DataplaneError> {
+        match self.query(family, ty, NLM_F_DUMP, attrs, what, Until::Done)? {
+            Ok(r) => Ok(Some(r)),
+            Err(libc::ENOENT) => Ok(None),
+            Err(errno) => Err(DataplaneError::Apply {
+                tool: TOOL.into(),
+                message: format!("{doing}: {}", errno_text(errno)),
+            }),
+        }
+    }
+
+    /// Our table's description (NEWTABLE); None when it is not there.
+    fn get_table(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+    ) -> Result<Option<Vec<Reply>>, DataplaneError> {
+        let mut a = Attrs::new();
+        a.str(1, table);
+        let answer = self.query(
+            family,
+            msg::GETTABLE,
+            NLM_F_ACK,
+            &a,
+            "the nftables table",
+            Until::Ack,
+        )?;
+        match answer {
+            Ok(r) => Ok(Some(r)),
+            Err(libc::ENOENT) => Ok(None),
+            Err(errno) => Err(DataplaneError::Apply {
+                tool: TOOL.into(),
+                message: format!("getting table {table}: {}", errno_text(errno)),
+            }),
+        }
+    }
+
     /// Sends an encoded batch; `text` gives a refused line's text, if kept.
     fn send(
         &mut self,
@@ -168,22 +215,9 @@ impl NftBackend for NftNetlink {
         a.str(1, table).str(2, chain);
         let newrule = nft_type(msg::NEWRULE);
         // GETRULE dump of one chain: a few messages, never the whole table.
-        let answer = self.query(
-            family,
-            msg::GETRULE,
-            NLM_F_DUMP,
-            &a,
-            "our canary chain",
-            Until::Done,
-        )?;
-        match answer {
-            Ok(replies) => Ok(replies.iter().any(|r| r.ty == newrule)),
-            Err(libc::ENOENT) => Ok(false),
-            Err(errno) => Err(DataplaneError::Apply {
-                tool: TOOL.into(),
-                message: format!("listing chain {chain}: {}", errno_text(errno)),
-            }),
-        }
+        let doing = format!("listing chain {chain}");
+        let replies = self.dump(family, msg::GETRULE, &a, "our canary chain", &doing)?;
+        Ok(replies.is_some_and(|r| r.iter().any(|r| r.ty == newrule)))
     }
 
     fn affinity_records(
@@ -194,23 +228,10 @@ impl NftBackend for NftNetlink {
     ) -> Result<Vec<ElemKey>, DataplaneError> {
         let mut a = Attrs::new();
         a.str(1, table).str(2, set);
-        let answer = self.query(
-            family,
-            msg::GETSETELEM,
-            NLM_F_DUMP,
-            &a,
-            "an affinity set's elements",
-            Until::Done,
-        )?;
-        let replies = match answer {
-            Ok(r) => r,
-            Err(libc::ENOENT) => return Ok(Vec::new()),
-            Err(errno) => {
-                return Err(DataplaneError::Apply {
-                    tool: TOOL.into(),
-                    message: format!("listing set {set}: {}", errno_text(errno)),
-                })
-            }
+        let doing = format!("listing set {set}");
+        let what = "an affinity set's elements";
+        let Some(replies) = self.dump(family, msg::GETSETELEM, &a, what, &doing)? else {
+            return Ok(Vec::new());
         };
         let fam = expr::Family::from(family);
         let newsetelem = nft_type(msg::NEWSETELEM);
@@ -239,25 +260,8 @@ impl NftBackend for NftNetlink {
         table: &str,
         skip_elements: &dyn Fn(&str) -> bool,
     ) -> Result<Option<Box<dyn TableView>>, DataplaneError> {
-        let mut a = Attrs::new();
-        a.str(1, table);
-        let answer = self.query(
-            family,
-            msg::GETTABLE,
-            NLM_F_ACK,
-            &a,
-            "the nftables table",
-            Until::Ack,
-        )?;
-        let replies = match answer {
-            Ok(r) => r,
-            Err(libc::ENOENT) => return Ok(None),
-            Err(errno) => {
-                return Err(DataplaneError::Apply {
-                    tool: TOOL.into(),
-                    message: format!("getting table {table}: {}", errno_text(errno)),
-                })
-            }
+        let Some(replies) = self.get_table(family, table)? else {
+            return Ok(None);
         };
         // NFTA_TABLE_USERDATA: nft's comment, `type 0, length, text NUL`.
         let comment = replies
@@ -279,23 +283,6 @@ impl NftBackend for NftNetlink {
     }
 
     fn table_exists(&mut self, family: IpFamily, table: &str) -> Result<bool, DataplaneError> {
-        let mut a = Attrs::new();
-        a.str(1, table);
-        let answer = self.query(
-            family,
-            msg::GETTABLE,
-            NLM_F_ACK,
-            &a,
-            "the nftables table",
-            Until::Ack,
-        )?;
-        match answer {
-            Ok(_) => Ok(true),
-            Err(libc::ENOENT) => Ok(false),
-            Err(errno) => Err(DataplaneError::Apply {
-                tool: TOOL.into(),
-                message: format!("getting table {table}: {}", errno_text(errno)),
-            }),
-        }
+        Ok(self.get_table(family, table)?.is_some())
     }
 }

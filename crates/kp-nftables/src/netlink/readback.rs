@@ -16,8 +16,8 @@ use std::collections::{HashMap, HashSet};
 use std::hash::Hasher;
 
 use kp_model::{DataplaneError, IpFamily};
-use kp_netlink::nftables::{errno_text, msg, nft_type};
-use kp_netlink::{Attrs, ParsedAttrs, Until, NLM_F_DUMP};
+use kp_netlink::nftables::{msg, nft_type};
+use kp_netlink::{Attrs, ParsedAttrs};
 
 use super::batch::key_bytes;
 use super::expr::{encode_rule, put_elem_value, Family};
@@ -424,25 +424,6 @@ fn in_parallel<T: Send>(
 }
 
 impl NftNetlink {
-    /// Dumps one kind of object of `table`, answering None when the table
-    /// is not there.
-    fn dump(
-        &mut self,
-        family: IpFamily,
-        ty: u16,
-        attrs: &Attrs,
-        what: &str,
-    ) -> Result<Option<Vec<kp_netlink::Reply>>, DataplaneError> {
-        match self.query(family, ty, NLM_F_DUMP, attrs, what, Until::Done)? {
-            Ok(r) => Ok(Some(r)),
-            Err(libc::ENOENT) => Ok(None),
-            Err(errno) => Err(DataplaneError::Apply {
-                tool: TOOL.into(),
-                message: format!("listing {what}: {}", errno_text(errno)),
-            }),
-        }
-    }
-
     /// Reads `table` of `family` back: every chain and rule, every named
     /// set, and the elements of those not in `skip_elements`. None when
     /// the table is not there.
@@ -467,7 +448,14 @@ impl NftNetlink {
         let mut by_table = Attrs::new();
         by_table.str(1, table);
         // Chains (a chain without rules is in no rule dump).
-        let Some(replies) = self.dump(family, msg::GETCHAIN, &by_table, "our chains")? else {
+        let Some(replies) = self.dump(
+            family,
+            msg::GETCHAIN,
+            &by_table,
+            "our chains",
+            "listing our chains",
+        )?
+        else {
             return Ok(None);
         };
         for r in replies.iter().filter(|r| r.ty == nft_type(msg::NEWCHAIN)) {
@@ -491,7 +479,7 @@ impl NftNetlink {
             let mut seen = SeenChain::default();
             let what = format!("the rules of chain {chain}");
             for r in nl
-                .dump(family, msg::GETRULE, &a, &what)?
+                .dump(family, msg::GETRULE, &a, &what, &format!("listing {what}"))?
                 .unwrap_or_default()
             {
                 if r.ty != nft_type(msg::NEWRULE) {
@@ -509,7 +497,14 @@ impl NftNetlink {
             kt.rules += seen.rules.len();
             kt.chains.insert(name, seen);
         }
-        let Some(replies) = self.dump(family, msg::GETSET, &by_table, "our sets")? else {
+        let Some(replies) = self.dump(
+            family,
+            msg::GETSET,
+            &by_table,
+            "our sets",
+            "listing our sets",
+        )?
+        else {
             return Ok(None);
         };
         let mut names = Vec::new();
@@ -535,7 +530,13 @@ impl NftNetlink {
             a.str(1, table).str(2, name);
             let what = format!("the elements of set {name}");
             for r in nl
-                .dump(family, msg::GETSETELEM, &a, &what)?
+                .dump(
+                    family,
+                    msg::GETSETELEM,
+                    &a,
+                    &what,
+                    &format!("listing {what}"),
+                )?
                 .unwrap_or_default()
             {
                 if r.ty != nft_type(msg::NEWSETELEM) {
