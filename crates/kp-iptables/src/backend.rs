@@ -2,7 +2,7 @@
 //! iptables programs (kp-xtables).
 
 use kp_model::{DataplaneError, IpFamily};
-use kp_xtables::{detect_variant, IptablesBackend, IptablesCli, Jump, Variant};
+use kp_xtables::{detect_variant, Adopted, IptablesBackend, IptablesCli, Jump, Variant};
 
 /// The backend for `--iptables-backend` (`None`: detect, on first use so
 /// that --dry-run runs nothing): iptables-nft is written over netlink
@@ -59,6 +59,9 @@ impl Selected {
 impl IptablesBackend for Selected {
     fn restore(&mut self, input: &str) -> Result<(), DataplaneError> {
         self.inner().restore(input)
+    }
+    fn restore_adopting(&mut self, input: &str) -> Result<Option<Adopted>, DataplaneError> {
+        self.inner().restore_adopting(input)
     }
     fn chains(&mut self, table: &str) -> Result<Vec<String>, DataplaneError> {
         self.inner().chains(table)

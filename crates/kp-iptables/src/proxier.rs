@@ -12,8 +12,8 @@ use kp_model::{
 
 use kp_netlink::{Sysctl, SysctlError};
 
-use kp_xtables::IptablesBackend;
 use kp_xtables::{with_jumps, Jump};
+use kp_xtables::{Adopted, IptablesBackend};
 
 use crate::render::{
     is_our_chain, jumps, render_service, ServiceRules, Skeleton, CANARY_CHAIN, EXTERNAL_CHAIN,
@@ -57,6 +57,10 @@ pub struct IptablesProxier {
     /// Set route_localnet when localhost NodePorts are on (upstream does it at
     /// start; off for proxiers in tests that must not touch sysctls).
     manage_route_localnet: bool,
+    /// Until a sync succeeded: full syncs keep the chains a previous run
+    /// left that are already right (a restart sends only the difference).
+    adopt: bool,
+    last_adoption: Option<Adopted>,
 }
 
 /// Hashes of the top-level chains' rules, by (table, chain).
@@ -90,6 +94,58 @@ impl IptablesProxier {
             backend,
             programmed: None,
             manage_route_localnet,
+            adopt: true,
+            last_adoption: None,
+        }
+    }
+
+    /// Whether full syncs adopt what a previous run left until one sync
+    /// succeeded (on by default; off, each rewrites every chain).
+    pub fn with_adoption(mut self, adopt: bool) -> Self {
+        self.adopt = adopt;
+        self
+    }
+
+    /// What this process's first sync found of the rules a previous run
+    /// left, when the backend could read them back.
+    pub fn adoption(&self) -> Option<&Adopted> {
+        self.last_adoption.as_ref()
+    }
+
+    /// Restores `text` keeping the chains a previous run left that are
+    /// already right; (lines, bytes) sent. If the kernel refuses the
+    /// difference, the whole input is restored in the same call.
+    fn restore_adopting(&mut self, text: &str) -> Result<(usize, usize), DataplaneError> {
+        let t0 = Instant::now();
+        match self.backend.restore_adopting(text) {
+            Ok(Some(a)) if a.chains_kept + a.chains_rewritten == 0 => {
+                tracing::debug!(family = ?self.cfg.family, read_ms = a.read.as_millis() as u64, "no chains of a previous run to adopt");
+                let sent = (a.lines_sent, a.bytes_sent);
+                self.last_adoption = Some(a);
+                Ok(sent)
+            }
+            Ok(Some(a)) => {
+                tracing::info!(
+                    family = ?self.cfg.family,
+                    read_ms = a.read.as_millis() as u64,
+                    rules_read = a.rules_read,
+                    chains_kept = a.chains_kept,
+                    chains_rewritten = a.chains_rewritten,
+                    chains_added = a.chains_added,
+                    operations_sent = a.lines_sent,
+                    ms = t0.elapsed().as_millis() as u64,
+                    "adopted the rules a previous run left"
+                );
+                let sent = (a.lines_sent, a.bytes_sent);
+                self.last_adoption = Some(a);
+                Ok(sent)
+            }
+            Ok(None) => Ok((text.lines().count(), text.len())),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not adopt the rules a previous run left; rewriting every chain");
+                self.backend.restore(text)?;
+                Ok((text.lines().count(), text.len()))
+            }
         }
     }
 
@@ -366,13 +422,19 @@ impl Dataplane for IptablesProxier {
         if is_full {
             self.ensure_route_localnet();
         }
+        let (mut ops, mut bytes) = (restore.lines, restore.text.len());
         if !restore.text.is_empty() {
-            self.backend.restore(&restore.text)?;
+            if is_full && self.adopt {
+                (ops, bytes) = self.restore_adopting(&restore.text)?;
+            } else {
+                self.backend.restore(&restore.text)?;
+            }
         }
+        self.adopt = false;
         let mut report = SyncReport {
             full: is_full,
-            bytes: restore.text.len(),
-            ops: restore.lines,
+            bytes,
+            ops,
             render,
             apply: t1.elapsed(),
             ..Default::default()

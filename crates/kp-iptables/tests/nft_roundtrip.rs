@@ -330,3 +330,123 @@ fn a_refused_batch_names_the_line_and_changes_nothing() {
     .to_string();
     assert!(e.contains("line 2") && e.contains("limit"), "{e}");
 }
+
+/// The first chain of `saved` named `prefix…` that has rules.
+fn chain_with_rules(saved: &str, prefix: &str) -> String {
+    saved
+        .lines()
+        .filter_map(|l| l.strip_prefix("-A "))
+        .filter_map(|l| l.split(' ').next())
+        .find(|c| c.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no {prefix} chain with rules:\n{saved}"))
+        .to_string()
+}
+
+/// A restart (a new proxier over the rules a previous process left)
+/// reads every chain back and sends nothing when nothing changed, for
+/// every rendered shape; chains changed behind its back are rewritten,
+/// exactly those, and the result is what a fresh full sync installs.
+#[test]
+fn a_restart_adopts_the_rules_a_previous_run_left() {
+    for family in [IpFamily::V4, IpFamily::V6] {
+        for (name, config) in configs(family) {
+            let tag = format!("{}{name}", if family == IpFamily::V4 { 4 } else { 6 });
+            let ctx = format!("{family:?} {name}");
+            let ipt = format!("{}-nft", base(family));
+            let a = Netns::new(&format!("{tag}-ad"));
+            a.run(&[&ipt, "-t", "nat", "-N", "USER-CHAIN"]);
+            a.run(&[&ipt, "-t", "nat", "-A", "PREROUTING", "-j", "USER-CHAIN"]);
+            let proxier = || {
+                IptablesProxier::new(config.clone(), Box::new(IptablesNetlink::new(family)))
+                    .with_route_localnet(false)
+            };
+            // What a fresh full sync of `st` installs, in a namespace of its own.
+            let fresh = |st: &ProxyState| {
+                let b = Netns::new(&format!("{tag}-fr"));
+                b.run(&[&ipt, "-t", "nat", "-N", "USER-CHAIN"]);
+                b.run(&[&ipt, "-t", "nat", "-A", "PREROUTING", "-j", "USER-CHAIN"]);
+                in_netns(&b.name, || proxier().sync(st, &BTreeSet::new(), false))
+                    .unwrap()
+                    .unwrap();
+                (b.save(family), b.rules(family))
+            };
+            let mut services = every_kind(family);
+            let st = state(family, &services);
+            let first = in_netns(&a.name, || {
+                let mut p = proxier();
+                let r = p.sync(&st, &BTreeSet::new(), false).unwrap();
+                (r.ops, p.adoption().cloned())
+            })
+            .unwrap();
+            let found = first.1.expect("netlink reads back");
+            assert_eq!(found.chains_kept, 0, "{ctx}: a fresh namespace: {found:?}");
+            assert!(found.chains_added > 10 && first.0 > 0, "{ctx}: {found:?}");
+            let before = a.save(family);
+
+            // Restarted onto the same cluster: every chain kept, nothing sent.
+            let (ops, found) = in_netns(&a.name, || {
+                let mut p = proxier();
+                let r = p.sync(&st, &BTreeSet::new(), false).unwrap();
+                (r.ops, p.adoption().cloned().unwrap())
+            })
+            .unwrap();
+            assert_eq!(
+                (ops, found.chains_rewritten, found.chains_added),
+                (0, 0, 0),
+                "{ctx}: a restart onto an unchanged cluster: {found:?}"
+            );
+            assert!(
+                found.chains_kept > 10 && found.rules_read > 10,
+                "{ctx}: {found:?}"
+            );
+            assert_eq!(a.save(family), before, "{ctx}: the restart changed rules");
+
+            // Changed behind its back: a rule added to an endpoint's chain,
+            // the first rule of a Service's chain deleted, a stale chain of
+            // ours. Exactly the two chains are rewritten, the stale one goes.
+            let sep = chain_with_rules(&before, "KUBE-SEP-");
+            let svc = chain_with_rules(&before, "KUBE-SVC-");
+            a.run(&[&ipt, "-t", "nat", "-A", &sep, "-j", "RETURN"]);
+            a.run(&[&ipt, "-t", "nat", "-D", &svc, "1"]);
+            a.run(&[&ipt, "-t", "nat", "-N", "KUBE-SEP-STALESTALESTALE"]);
+            let found = in_netns(&a.name, || {
+                let mut p = proxier();
+                p.sync(&st, &BTreeSet::new(), false).unwrap();
+                p.adoption().cloned().unwrap()
+            })
+            .unwrap();
+            assert_eq!(
+                (found.chains_rewritten, found.chains_added),
+                (2, 0),
+                "{ctx}: {sep} and {svc} changed: {found:?}"
+            );
+            let (save, rules) = fresh(&st);
+            assert_eq!(a.save(family), save, "{ctx}: after the repair");
+            assert_eq!(a.rules(family), rules, "{ctx}: after the repair");
+            assert_eq!(a.save(family), before, "{ctx}: after the repair");
+
+            // The cluster changed while it was down: one endpoint replaced,
+            // a Service gone.
+            services[0].1[0] = Endpoint::at(if family == IpFamily::V6 {
+                "[fd00:244::77]:8080"
+            } else {
+                "10.244.1.77:8080"
+            });
+            services.remove(1);
+            let st = state(family, &services);
+            let found = in_netns(&a.name, || {
+                let mut p = proxier();
+                p.sync(&st, &BTreeSet::new(), false).unwrap();
+                p.adoption().cloned().unwrap()
+            })
+            .unwrap();
+            assert!(
+                found.chains_added >= 1 && found.chains_kept > 10,
+                "{ctx}: {found:?}"
+            );
+            let (save, rules) = fresh(&st);
+            assert_eq!(a.save(family), save, "{ctx}: after changes while down");
+            assert_eq!(a.rules(family), rules, "{ctx}: after changes while down");
+        }
+    }
+}

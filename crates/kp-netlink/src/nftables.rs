@@ -418,6 +418,56 @@ impl NftSocket {
     }
 }
 
+/// Fingerprints of rules as the kernel lists them back, for the dataplanes
+/// that adopt what a previous run left: each reduces what it reads and what
+/// it would write the same way, with these parts in common.
+pub mod fingerprint {
+    use std::hash::Hasher;
+
+    use crate::ParsedAttrs;
+
+    /// A payload with its length.
+    pub fn bytes(h: &mut impl Hasher, p: &[u8]) {
+        h.write_usize(p.len());
+        h.write(p);
+    }
+
+    /// `NFTA_DATA_*` (a value, or a verdict's code and chain), in type
+    /// order, byte for byte.
+    pub fn data(h: &mut impl Hasher, b: &[u8]) {
+        let mut items: Vec<(u16, &[u8])> = ParsedAttrs::parse(b).iter().collect();
+        items.sort_by_key(|(t, _)| *t);
+        for (t, p) in items {
+            h.write_u16(t);
+            if t == 2 {
+                let mut v: Vec<(u16, &[u8])> = ParsedAttrs::parse(p).iter().collect();
+                v.sort_by_key(|(t, _)| *t);
+                for (t, p) in v {
+                    h.write_u16(t);
+                    bytes(h, p);
+                }
+            } else {
+                bytes(h, p);
+            }
+        }
+    }
+
+    /// One expression's attributes, already reduced, in type order: those
+    /// whose type is in `nested` as data, the others byte for byte.
+    pub fn attrs(h: &mut impl Hasher, mut items: Vec<(u16, &[u8])>, nested: &[u16]) {
+        items.sort_by_key(|(t, _)| *t);
+        h.write_usize(items.len());
+        for (t, p) in items {
+            h.write_u16(t);
+            if nested.contains(&t) {
+                data(h, p);
+            } else {
+                bytes(h, p);
+            }
+        }
+    }
+}
+
 /// nf_tables expressions, as `NFTA_LIST_ELEM` entries of a rule's
 /// expression list. Registers are given as the caller allocates them.
 pub mod expr {

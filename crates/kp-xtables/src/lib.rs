@@ -17,6 +17,14 @@ pub trait IptablesBackend: Send {
     /// `iptables-restore --noflush --wait` with `input` on stdin: every table
     /// in it is committed, or (per table) nothing is.
     fn restore(&mut self, input: &str) -> Result<(), DataplaneError>;
+    /// `restore`, except that a chain `input` declares which the kernel
+    /// already holds with exactly the rules `input` gives it is left as it
+    /// is instead of flushed and written again: how a restart adopts what
+    /// a previous run left. None from a backend that cannot read rules
+    /// back (the default): it restored the whole input.
+    fn restore_adopting(&mut self, input: &str) -> Result<Option<Adopted>, DataplaneError> {
+        self.restore(input).map(|()| None)
+    }
     /// Names of the chains in `table` (from `iptables-save -t TABLE`).
     fn chains(&mut self, table: &str) -> Result<Vec<String>, DataplaneError>;
     /// One table's `iptables-save -t TABLE` text (chains and rules). The
@@ -61,6 +69,23 @@ pub trait IptablesBackend: Send {
         chain: &str,
         args: &[String],
     ) -> Result<(), DataplaneError>;
+}
+
+/// What [`IptablesBackend::restore_adopting`] found and sent.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Adopted {
+    /// Reading the declared chains back.
+    pub read: std::time::Duration,
+    pub rules_read: usize,
+    /// Declared chains the kernel held exactly as declared: not written.
+    pub chains_kept: usize,
+    /// Declared chains the kernel held with other rules: flushed and written.
+    pub chains_rewritten: usize,
+    /// Declared chains the kernel did not hold.
+    pub chains_added: usize,
+    /// Lines of the input left to restore (0: nothing was sent).
+    pub lines_sent: usize,
+    pub bytes_sent: usize,
 }
 
 /// Which iptables implementation the programs talk to.

@@ -8,7 +8,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 
 mod scratch;
-use scratch::{Ns, TempFile};
+use scratch::{Ns, TempDir};
 
 const SERVICES: &str = r#"
 apiVersion: v1
@@ -106,10 +106,10 @@ fn nft_in(ns: &str, args: &[&str], stdin: &str) -> std::process::Output {
 
 #[test]
 fn dry_run_output_loads_with_nft() {
-    let dir = std::env::temp_dir().join(format!("kpr-dryrun-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let _file = TempFile(dir.join("services.yaml"));
-    std::fs::write(&_file.0, SERVICES).unwrap();
+    let dir = TempDir(std::env::temp_dir().join(format!("kpr-dryrun-{}", std::process::id())));
+    let dir = &dir.0;
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("services.yaml"), SERVICES).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_kube-proxy-rs"))
         .arg(format!("--manifests={}", dir.display()))
         .args([
@@ -119,7 +119,6 @@ fn dry_run_output_loads_with_nft() {
         ])
         .output()
         .unwrap();
-    let _ = std::fs::remove_dir(&dir);
     assert!(
         out.status.success(),
         "{}",

@@ -10,10 +10,10 @@
 //! difference is a bug in the partial path (or in a rule that depends on the
 //! order of syncs).
 //!
-//! nftables runs restarts into the sequences: new dataplanes over the same
-//! kernel, whose first sync adopts the table the previous ones left (with
-//! the step's change pending, and with nothing changed, when it must send
-//! nothing at all).
+//! nftables and iptables-nft over netlink run restarts into the sequences:
+//! new dataplanes over the same kernel, whose first sync adopts the table
+//! or chains the previous ones left (with the step's change pending, and
+//! with nothing changed, when it must send nothing at all).
 //!
 //! Each case runs in anonymous network namespaces (`unshare` on a thread of
 //! its own): nothing is named, nothing outlives the thread, the root
@@ -408,11 +408,12 @@ fn check_sequence(mode: Mode, steps: &[Step]) -> Result<(), TestCaseError> {
             .collect();
         let mut dps: Vec<Box<dyn Dataplane>> =
             families.iter().map(|&f| dataplane(mode, f)).collect();
-        // nftables adopts the table a previous run left: restarts (new
-        // dataplanes over the same kernel) every few steps, with the
-        // step's change pending (its first sync adopts and changes), and
-        // with nothing changed (its first sync must send nothing).
-        let restarts = matches!(mode, Mode::Nftables);
+        // nftables and iptables-nft over netlink adopt what a previous run
+        // left: restarts (new dataplanes over the same kernel) every few
+        // steps, with the step's change pending (its first sync adopts and
+        // changes), and with nothing changed (its first sync must send
+        // nothing).
+        let restarts = matches!(mode, Mode::Nftables | Mode::IptablesNetlink);
         for (n, step) in steps.iter().enumerate() {
             if restarts && n % 6 == 5 {
                 dps = families.iter().map(|&f| dataplane(mode, f)).collect();

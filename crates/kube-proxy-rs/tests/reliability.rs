@@ -147,7 +147,8 @@ fn failed_apply_keeps_previous_rules() {
 /// opens a new connection to a ClusterIP every 10 ms: no connection fails
 /// while it is down or while it comes back, and after the restart the
 /// ruleset is exactly what it was (nothing missing, nothing doubled). In
-/// nftables mode each restart adopts the table and sends nothing.
+/// nftables and iptables (nft) modes each restart adopts what the previous
+/// process left and sends nothing.
 fn sigkill_under_load(mode: &str) {
     let mut env = Env::new("sigkill", mode);
     let a = env.pod(1, "a");
@@ -188,14 +189,16 @@ fn sigkill_under_load(mode: &str) {
     }
     std::thread::sleep(Duration::from_millis(500));
     let results = load.finish();
-    // nftables adopts the table the killed process left: each restart's
-    // first sync (per family) read it back and sent nothing.
-    if mode.starts_with("nftables") {
+    // nftables and iptables-nft adopt what the killed process left: each
+    // restart's first sync (per family) read it back and sent nothing.
+    let adoption = match mode {
+        m if m.starts_with("nftables") => Some("adopted the table a previous run left"),
+        "iptables" => Some("adopted the rules a previous run left"),
+        _ => None,
+    };
+    if let Some(line) = adoption {
         let log = plain(&env.log(1));
-        let adopted: Vec<&str> = log
-            .lines()
-            .filter(|l| l.contains("adopted the table a previous run left"))
-            .collect();
+        let adopted: Vec<&str> = log.lines().filter(|l| l.contains(line)).collect();
         assert_eq!(adopted.len(), 6, "3 restarts x 2 families:\n{log}");
         for l in adopted {
             assert!(

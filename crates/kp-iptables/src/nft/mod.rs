@@ -16,6 +16,7 @@
 //! and flush only the chains the input declares, and rules go into builtin
 //! chains only as the input's `-I` jumps.
 
+mod adopt;
 mod encode;
 mod rule;
 
@@ -32,7 +33,7 @@ use kp_netlink::{
 
 pub use encode::Family;
 use kp_xtables::Jump;
-use kp_xtables::{IptablesBackend, IptablesCli, Variant};
+use kp_xtables::{Adopted, IptablesBackend, IptablesCli, Variant};
 use rule::{parse_rule, restore_lines, Line};
 
 const TOOL: &str = "iptables-nft over netlink";
@@ -304,26 +305,16 @@ impl IptablesNetlink {
         table: &str,
         chain: &str,
     ) -> Result<Vec<(u64, Vec<u8>)>, DataplaneError> {
-        let mut a = Attrs::new();
-        a.str(1, table).str(2, chain);
-        // A dump of one chain (the kernel filters by table and chain): the
-        // builtin chains hold a few rules, never the whole table.
-        let what = format!("the rules of {table} {chain}");
-        let replies = match self.query(msg::GETRULE, NLM_F_DUMP, &a, &what, Until::Done)? {
-            Ok(r) => r,
-            Err(libc::ENOENT) => return Ok(Vec::new()),
-            Err(errno) => return Err(apply_err(format!("listing {what}: {}", errno_text(errno)))),
-        };
-        let newrule = nft_type(msg::NEWRULE);
-        Ok(replies
-            .iter()
-            .filter(|r| r.ty == newrule)
-            .filter_map(|r| {
-                let at = ParsedAttrs::parse(nft_attrs(&r.bytes));
-                let handle = u64::from_be_bytes(at.get(3)?.get(..8)?.try_into().ok()?);
-                Some((handle, at.get(4).unwrap_or(&[]).to_vec()))
-            })
-            .collect())
+        Ok(
+            dump_chain(&mut self.sock, nfproto(self.family), table, chain)?
+                .iter()
+                .filter_map(|r| {
+                    let at = ParsedAttrs::parse(nft_attrs(&r.bytes));
+                    let handle = u64::from_be_bytes(at.get(3)?.get(..8)?.try_into().ok()?);
+                    Some((handle, at.get(4).unwrap_or(&[]).to_vec()))
+                })
+                .collect(),
+        )
     }
 
     /// The rules of `chain` in order, each as its expressions without the
@@ -359,6 +350,31 @@ impl IptablesNetlink {
             .map(|(h, _)| h)
             .collect())
     }
+}
+
+/// The rule messages of one chain (none when it is not there). One dump
+/// per chain: the kernel finds the chain by its hash and walks only its
+/// rules (a builtin chain holds a few); a dump of the whole table walks it
+/// again for every 32 KiB of answer.
+fn dump_chain(
+    sock: &mut NftSocket,
+    proto: u8,
+    table: &str,
+    chain: &str,
+) -> Result<Vec<kp_netlink::Reply>, DataplaneError> {
+    let mut a = Attrs::new();
+    a.str(1, table).str(2, chain);
+    let what = format!("the rules of {table} {chain}");
+    let replies = match sock
+        .query(proto, msg::GETRULE, NLM_F_DUMP, &a, Until::Done)
+        .map_err(|e| io_err(e, &format!("asking the kernel for {what}")))?
+    {
+        Ok(r) => r,
+        Err(libc::ENOENT) => return Ok(Vec::new()),
+        Err(errno) => return Err(apply_err(format!("listing {what}: {}", errno_text(errno)))),
+    };
+    let newrule = nft_type(msg::NEWRULE);
+    Ok(replies.into_iter().filter(|r| r.ty == newrule).collect())
 }
 
 fn rule_attrs(table: &str, chain: &str, enc: &encode::Encoded) -> Attrs {
@@ -422,6 +438,12 @@ impl IptablesBackend for IptablesNetlink {
         self.known.clear();
         errors.truncate(6);
         Err(apply_err(errors.join(" | ")))
+    }
+
+    fn restore_adopting(&mut self, input: &str) -> Result<Option<Adopted>, DataplaneError> {
+        let (rest, adopted) = self.adopt(input)?;
+        self.restore(&rest)?;
+        Ok(Some(adopted))
     }
 
     fn chains(&mut self, table: &str) -> Result<Vec<String>, DataplaneError> {

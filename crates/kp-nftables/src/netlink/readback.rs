@@ -16,6 +16,7 @@ use std::collections::{HashMap, HashSet};
 use std::hash::Hasher;
 
 use kp_model::{DataplaneError, IpFamily};
+use kp_netlink::nftables::fingerprint::{self, bytes};
 use kp_netlink::nftables::{msg, nft_type};
 use kp_netlink::{Attrs, ParsedAttrs};
 
@@ -204,32 +205,6 @@ fn attrs(b: &[u8]) -> Vec<(u16, &[u8])> {
     ParsedAttrs::parse(b).iter().collect()
 }
 
-/// `NFTA_DATA_*`: a value or a verdict, byte for byte.
-fn data_fp(h: &mut DefaultHasher, b: &[u8]) {
-    let mut items = attrs(b);
-    items.sort_by_key(|(t, _)| *t);
-    for (t, p) in items {
-        h.write_u16(t);
-        match t {
-            // NFTA_DATA_VERDICT { code, chain }
-            2 => {
-                let mut v = attrs(p);
-                v.sort_by_key(|(t, _)| *t);
-                for (t, p) in v {
-                    h.write_u16(t);
-                    bytes(h, p);
-                }
-            }
-            _ => bytes(h, p),
-        }
-    }
-}
-
-fn bytes(h: &mut DefaultHasher, p: &[u8]) {
-    h.write_usize(p.len());
-    h.write(p);
-}
-
 /// The data attributes (nested `NFTA_DATA_*`) of the expressions we write.
 fn data_attrs(name: &[u8]) -> &'static [u16] {
     match name {
@@ -281,21 +256,12 @@ fn rule_fp(exprs: &[u8], udata: &[u8]) -> u64 {
             items.retain(|(t, _)| !matches!(t, 4 | 6 | 7));
             items.extend(nat_extra.iter().map(|(t, v)| (*t, &v[..])));
         }
-        let mut items: Vec<(u16, &[u8])> = items
+        let items: Vec<(u16, &[u8])> = items
             .into_iter()
             // Zero numbers are the kernel's defaults (or ours, alike).
             .filter(|(t, p)| nested.contains(t) || p.is_empty() || p.iter().any(|b| *b != 0))
             .collect();
-        items.sort_by_key(|(t, _)| *t);
-        h.write_usize(items.len());
-        for (t, p) in items {
-            h.write_u16(t);
-            if nested.contains(&t) {
-                data_fp(&mut h, p);
-            } else {
-                bytes(&mut h, p);
-            }
-        }
+        fingerprint::attrs(&mut h, items, nested);
     }
     h.write_u8(0xff);
     bytes(&mut h, udata);
@@ -320,7 +286,7 @@ fn elem_fp(b: &[u8]) -> u64 {
         h.write_u16(t);
         match t {
             3 => bytes(&mut h, p),
-            _ => data_fp(&mut h, p),
+            _ => fingerprint::data(&mut h, p),
         }
     }
     h.finish()

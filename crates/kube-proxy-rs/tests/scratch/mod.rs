@@ -1,6 +1,6 @@
 //! Scratch resources of the binary-level tests, each removed on drop, also
-//! when the test fails: a network namespace, a file, a child process; and
-//! our nftables table as a namespace holds it.
+//! when the test fails: a network namespace, a file or directory, a child
+//! process; and our nftables table as a namespace holds it.
 
 #![allow(dead_code)]
 
@@ -41,6 +41,14 @@ pub struct TempFile(pub PathBuf);
 impl Drop for TempFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// A temporary directory removed with what it holds on drop.
+pub struct TempDir(pub PathBuf);
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
