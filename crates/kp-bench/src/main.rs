@@ -9,8 +9,9 @@
 //! `--floor` compares the full sync and the changes (an endpoint replaced,
 //! an endpoint added, a Service added) with the kernel alone on the same
 //! batches (floor.rs).
-//! `--restart` times a restart's first sync over the table left behind,
-//! adopted and replaced (restart.rs).
+//! `--restart` times a restart's first sync over the table (nftables) or
+//! chains (`--mode iptables`, iptables-nft) left behind, adopted and
+//! replaced (restart.rs).
 //! `--mode socketlb` times the socket load balancer's map writes alone (its
 //! programs attached to a cgroup of the bench's own, pins on a private
 //! bpffs); `--socket-lb` in the binary adds them to the nftables figures.
@@ -671,10 +672,10 @@ fn main() -> Result<()> {
     let home = std::fs::File::open("/proc/self/ns/net").context("opening our network namespace")?;
 
     if has("--restart") {
-        if o.mode != "nftables" || !o.netlink {
-            bail!("--restart measures nftables over netlink");
+        if !o.netlink || !matches!(o.mode.as_str(), "nftables" | "iptables") {
+            bail!("--restart measures nftables, or iptables-nft, over netlink");
         }
-        return restart::tables(&sizes, m, affinity, &home);
+        return restart::tables(o.mode == "iptables", &sizes, m, affinity, &home);
     }
     if has("--floor") {
         if o.mode != "nftables" || !o.netlink {

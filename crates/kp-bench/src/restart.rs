@@ -3,13 +3,15 @@
 //! replacing the table whole (what every restart did before). Each is
 //! timed from the new proxier's creation to its first sync done, with the
 //! cluster already in the tracker (the source synced), in one namespace
-//! that keeps the table between them.
+//! that keeps the table between them. nftables, or iptables-nft over
+//! netlink (`--mode iptables`: the chains read back and adopted).
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Result};
-use kp_model::Dataplane;
+use kp_iptables::{IptablesNetlink, IptablesProxier};
+use kp_model::{Dataplane, IpFamily};
 use kp_nftables::{NftNetlink, NftablesProxier};
 
 use super::floor::cluster;
@@ -18,38 +20,85 @@ use super::{in_namespace, ms, pct, proxier_config, replacement};
 /// Restarts timed per kind.
 const RUNS: usize = 3;
 
-pub fn tables(sizes: &[u32], m: u32, affinity: bool, home: &std::fs::File) -> Result<()> {
+pub fn tables(
+    iptables: bool,
+    sizes: &[u32],
+    m: u32,
+    affinity: bool,
+    home: &std::fs::File,
+) -> Result<()> {
     println!("| Services | first full sync | restart, nothing changed: adopted p50 / max (of which reading the table back; operations sent) | restart, 1% of the Services' endpoints changed while down: adopted (operations sent) | restart replacing the table p50 / max |");
     println!("|---|---|---|---|---|");
     for &n in sizes {
-        println!("{}", run(n, m, affinity, home)?);
+        println!("{}", run(iptables, n, m, affinity, home)?);
     }
     Ok(())
 }
 
-fn proxier(adopt: bool) -> NftablesProxier {
-    NftablesProxier::new(proxier_config(), Box::new(NftNetlink::new())).with_adoption(adopt)
+/// A new proxier, as a restarted process makes it.
+enum Proxy {
+    Nft(Box<NftablesProxier>),
+    Ipt(Box<IptablesProxier>),
 }
 
-fn run(n: u32, m: u32, affinity: bool, home: &std::fs::File) -> Result<String> {
+impl Proxy {
+    fn new(iptables: bool, adopt: bool) -> Proxy {
+        if iptables {
+            Proxy::Ipt(Box::new(
+                IptablesProxier::new(
+                    proxier_config(),
+                    Box::new(IptablesNetlink::new(IpFamily::V4)),
+                )
+                .with_route_localnet(false)
+                .with_adoption(adopt),
+            ))
+        } else {
+            Proxy::Nft(Box::new(
+                NftablesProxier::new(proxier_config(), Box::new(NftNetlink::new()))
+                    .with_adoption(adopt),
+            ))
+        }
+    }
+
+    fn dp(&mut self) -> &mut dyn Dataplane {
+        match self {
+            Proxy::Nft(p) => p.as_mut(),
+            Proxy::Ipt(p) => p.as_mut(),
+        }
+    }
+
+    /// How long its first sync read back what it adopted.
+    fn adopted_read(&self) -> Option<Duration> {
+        match self {
+            Proxy::Nft(p) => p.adoption().map(|a| a.read),
+            Proxy::Ipt(p) => p
+                .adoption()
+                .filter(|a| a.chains_kept + a.chains_rewritten > 0)
+                .map(|a| a.read),
+        }
+    }
+}
+
+fn run(iptables: bool, n: u32, m: u32, affinity: bool, home: &std::fs::File) -> Result<String> {
     let ns = format!("kprestart{}", std::process::id());
+    let proxier = |adopt| Proxy::new(iptables, adopt);
     in_namespace(&ns, home, |_| {
         let none = BTreeSet::new();
         let mut tr = cluster(n, m, affinity)?;
         let t = Instant::now();
-        proxier(true).sync(tr.state(), &none, true)?;
+        proxier(true).dp().sync(tr.state(), &none, true)?;
         let full = t.elapsed();
         // Nothing changed: each restart finds the table as the last left it.
         let (mut adopted, mut read, mut sent) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..RUNS {
             let t = Instant::now();
             let mut dp = proxier(true);
-            let r = dp.sync(tr.state(), &none, true)?;
+            let r = dp.dp().sync(tr.state(), &none, true)?;
             adopted.push(t.elapsed());
-            let Some(a) = dp.adoption() else {
+            let Some(a) = dp.adopted_read() else {
                 bail!("the restart did not adopt the table");
             };
-            read.push(a.read);
+            read.push(a);
             sent.push(r.ops);
         }
         // Changed while down: one endpoint replaced in 1% of the Services.
@@ -59,12 +108,12 @@ fn run(n: u32, m: u32, affinity: bool, home: &std::fs::File) -> Result<String> {
         }
         tr.take_changes();
         let t = Instant::now();
-        let r = proxier(true).sync(tr.state(), &none, true)?;
+        let r = proxier(true).dp().sync(tr.state(), &none, true)?;
         let changed = format!("{} ms ({})", ms(t.elapsed()), r.ops);
         let mut replaced = Vec::new();
         for _ in 0..RUNS {
             let t = Instant::now();
-            proxier(false).sync(tr.state(), &none, true)?;
+            proxier(false).dp().sync(tr.state(), &none, true)?;
             replaced.push(t.elapsed());
         }
         let max = |v: &[Duration]| v.iter().max().copied().map_or_else(String::new, ms);

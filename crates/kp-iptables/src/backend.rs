@@ -76,6 +76,9 @@ impl IptablesBackend for Selected {
     ) -> Result<(Vec<String>, Vec<Jump>), DataplaneError> {
         self.inner().survey(table, jumps)
     }
+    fn missing_jumps(&mut self, table: &str, jumps: &[Jump]) -> Result<Vec<Jump>, DataplaneError> {
+        self.inner().missing_jumps(table, jumps)
+    }
     fn chain_exists(&mut self, table: &str, chain: &str) -> Result<bool, DataplaneError> {
         self.inner().chain_exists(table, chain)
     }

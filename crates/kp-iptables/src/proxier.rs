@@ -328,13 +328,14 @@ impl IptablesProxier {
     ) -> Result<(BTreeMap<ServicePortName, ServiceRules>, Restore, TopLevel), DataplaneError> {
         let services = self.render_all(state);
         let write: BTreeSet<&str> = services.values().flat_map(|s| s.chain_names()).collect();
-        // One listing per table tells both which per-service chains are left
-        // over from a previous run (or from a sync whose partial write failed),
-        // as upstream finds them, and which jumps from the builtin chains are
-        // missing.
+        // nat's listing tells both which per-service chains are left over
+        // from a previous run (or from a sync whose partial write failed), as
+        // upstream finds them, and which jumps from the builtin chains are
+        // missing; of filter (no per-service chains) only the jumps are
+        // checked.
         let jumps = jumps();
         let (nat_chains, mut missing) = self.backend.survey("nat", &jumps)?;
-        let (_, filter_missing) = self.backend.survey("filter", &jumps)?;
+        let filter_missing = self.backend.missing_jumps("filter", &jumps)?;
         missing.extend(filter_missing);
         let delete: BTreeSet<String> = nat_chains
             .iter()

@@ -53,6 +53,11 @@ pub trait IptablesBackend: Send {
                 .collect(),
         ))
     }
+    /// Which of `jumps` (those of `table`) are missing: `survey` without
+    /// the chains, for backends that can check rules without listing them.
+    fn missing_jumps(&mut self, table: &str, jumps: &[Jump]) -> Result<Vec<Jump>, DataplaneError> {
+        self.survey(table, jumps).map(|(_, missing)| missing)
+    }
     /// Whether `chain` exists in `table` (`iptables -S CHAIN`; cheap).
     fn chain_exists(&mut self, table: &str, chain: &str) -> Result<bool, DataplaneError>;
     /// `iptables -C`: whether the rule is in `chain`.

@@ -302,6 +302,11 @@ struct Running {
 }
 
 impl Running {
+    /// Its log so far.
+    fn log_so_far(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
     /// Stops it, removes its files; its log.
     fn stop(mut self) -> String {
         let _ = self.child.kill();
@@ -484,9 +489,18 @@ add table ip6 kube-proxy
     );
 
     let proxy = start_with_one_service(&ns);
+    // Gone, and the removal logged (it is logged after it is done).
     let gone = kp_netlab::wait_until(Duration::from_secs(20), Duration::from_millis(50), || {
         let t = ns.ok(&["nft", "list", "tables"]);
-        !t.contains("table ip kube-proxy\n") && !t.contains("table ip6 kube-proxy\n")
+        !t.contains("table ip kube-proxy\n")
+            && !t.contains("table ip6 kube-proxy\n")
+            && ["ip", "ip6"].iter().all(|f| {
+                let what = format!("nftables {f} kube-proxy");
+                proxy
+                    .log_so_far()
+                    .lines()
+                    .any(|l| l.contains("removing upstream's") && l.contains(&what))
+            })
     });
     let stderr = proxy.stop();
     assert!(gone, "upstream's table never went\n{stderr}");

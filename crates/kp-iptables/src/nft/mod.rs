@@ -481,13 +481,20 @@ impl IptablesBackend for IptablesNetlink {
         jumps: &[Jump],
     ) -> Result<(Vec<String>, Vec<Jump>), DataplaneError> {
         let chains = self.chains(table)?;
+        Ok((chains, self.missing_jumps(table, jumps)?))
+    }
+
+    fn missing_jumps(&mut self, table: &str, jumps: &[Jump]) -> Result<Vec<Jump>, DataplaneError> {
+        // Only the builtin chains the jumps live in are read, never the
+        // chain list: a dump of every chain walks them all again for each
+        // 32 KiB of answer (0.6 s at 10k Services).
         let mut missing = Vec::new();
         for j in jumps.iter().filter(|j| j.table == table) {
             if self.find_rule(table, j.from, &j.args)?.is_empty() {
                 missing.push(j.clone());
             }
         }
-        Ok((chains, missing))
+        Ok(missing)
     }
 
     fn chain_exists(&mut self, table: &str, chain: &str) -> Result<bool, DataplaneError> {
