@@ -4,7 +4,10 @@
 //! `cargo run --release -p kp-bench -- [--mode nftables|iptables|userspace|socketlb]
 //! [--sizes 1000,10000,50000] [--endpoints 10] [--changes 100] [--burst 1000]
 //! [--big 5000] [--backend netlink|nft|restore] [--iptables-backend auto|nft|legacy]
-//! [--no-affinity] [--no-apply] [--ports 5000]`.
+//! [--no-affinity] [--no-apply] [--ports 5000] [--pause 0]`.
+//! `--pause MS` waits before each timed endpoint change (and iptables
+//! probe), so that what the kernel defers from one batch (x_tables
+//! destructors after an RCU grace period) is not paid by the next.
 //! `--ports N` measures one Service with N ports instead of the table;
 //! `--floor` compares the full sync and the changes (an endpoint replaced,
 //! an endpoint added, a Service added) with the kernel alone on the same
@@ -95,6 +98,9 @@ struct Opts {
     netlink: bool,
     apply: bool,
     changes: usize,
+    /// Before each timed endpoint change (and iptables probe): the kernel
+    /// finishes what the previous batch left to do in the background.
+    pause: Duration,
     burst: usize,
     /// iptables mode's backend (None: detected, as the binary does).
     iptables_backend: Option<Variant>,
@@ -424,7 +430,7 @@ fn measure(
     );
 
     if o.mode == "iptables" && o.netlink {
-        iptables_floor(n, o.changes)?;
+        iptables_floor(n, o.changes, o.pause)?;
     }
 
     // One endpoint replaced in one Service, `changes` times.
@@ -434,6 +440,7 @@ fn measure(
     let multi = |i: u32| n > 1 && i % 10 == 3;
     for g in 1..=o.changes as u32 {
         let (i, s) = replacement(n, m, g)?;
+        std::thread::sleep(o.pause);
         let t = Instant::now();
         let _ = tr.update_endpoint_slice(&s, SystemTime::now());
         let cs = tr.take_changes();
@@ -562,27 +569,80 @@ fn measure(
 /// the rules: one batch adding one rule with a verdict (`-j RETURN`) to an
 /// empty chain of `nat` makes nf_tables validate every chain reachable from
 /// the table's base chains at commit; the same rule without a verdict does
-/// not. Printed beside the table (stderr).
-fn iptables_floor(n: u32, times: usize) -> Result<()> {
+/// not. Then probes that take one endpoint change apart: the rules of a
+/// Service's chain (x_tables matches and a verdict each) written into an
+/// empty chain, the same chain flushed and written again, and a chain
+/// flushed and deleted. Printed beside the table (stderr).
+fn iptables_floor(n: u32, times: usize, pause: Duration) -> Result<()> {
     use kp_iptables::{IptablesBackend, IptablesNetlink};
     let mut nl = IptablesNetlink::new(IpFamily::V4);
+    let rules = |k: usize, chain: &str| -> String {
+        (0..k)
+            .map(|i| {
+                format!(
+                    "-A {chain} -m comment --comment \"ns/svc:p -> 10.128.0.{i}:80\" -m statistic --mode random --probability 0.{:04} -j RETURN\n",
+                    1000 + i
+                )
+            })
+            .collect()
+    };
+    let eleven = rules(11, "KUBE-FLOOR");
+    // (what, set up before each, timed)
+    let probes: Vec<(&str, String, String)> = vec![
+        (
+            "one rule with a verdict",
+            String::new(),
+            "*nat\n:KUBE-FLOOR - [0:0]\n-A KUBE-FLOOR -j RETURN\nCOMMIT\n".into(),
+        ),
+        (
+            "one rule without",
+            String::new(),
+            "*nat\n:KUBE-FLOOR - [0:0]\n-A KUBE-FLOOR -s 192.0.2.1/32\nCOMMIT\n".into(),
+        ),
+        (
+            "one rule with matches and a verdict",
+            String::new(),
+            format!(
+                "*nat\n:KUBE-FLOOR - [0:0]\n{}COMMIT\n",
+                rules(1, "KUBE-FLOOR")
+            ),
+        ),
+        (
+            "11 such rules into an empty chain",
+            "*nat\n:KUBE-FLOOR - [0:0]\nCOMMIT\n".into(),
+            format!("*nat\n:KUBE-FLOOR - [0:0]\n{eleven}COMMIT\n"),
+        ),
+        (
+            "11 such rules flushed and written again",
+            format!("*nat\n:KUBE-FLOOR - [0:0]\n{eleven}COMMIT\n"),
+            format!("*nat\n:KUBE-FLOOR - [0:0]\n{eleven}COMMIT\n"),
+        ),
+        (
+            "a chain of 2 such rules flushed and deleted",
+            format!(
+                "*nat\n:KUBE-FLOOR - [0:0]\n{}COMMIT\n",
+                rules(2, "KUBE-FLOOR")
+            ),
+            "*nat\n:KUBE-FLOOR - [0:0]\n-X KUBE-FLOOR\nCOMMIT\n".into(),
+        ),
+    ];
     let mut row = Vec::new();
-    for (what, rule) in [
-        ("with a verdict", "-j RETURN"),
-        ("without", "-s 192.0.2.1/32"),
-    ] {
+    for (what, setup, timed) in probes {
         let mut lat = Vec::new();
         for _ in 0..times.clamp(3, 20) {
-            let input = format!("*nat\n:KUBE-FLOOR - [0:0]\n-A KUBE-FLOOR {rule}\nCOMMIT\n");
+            if !setup.is_empty() {
+                nl.restore(&setup)?;
+            }
+            std::thread::sleep(pause);
             let t = Instant::now();
-            nl.restore(&input)?;
+            nl.restore(&timed)?;
             lat.push(t.elapsed());
         }
         row.push(format!("{what} {} ms", p50_p99(&mut lat)));
     }
     nl.restore("*nat\n:KUBE-FLOOR - [0:0]\n-X KUBE-FLOOR\nCOMMIT\n")?;
     eprintln!(
-        "  {n} Services: kernel floor, one rule into an empty nat chain (p50 / p99): {}",
+        "  {n} Services: kernel floor and probes, each one batch into nat (p50 / p99): {}",
         row.join("; ")
     );
     Ok(())
@@ -615,6 +675,7 @@ fn main() -> Result<()> {
             .unwrap_or_else(|| "100".into())
             .parse::<usize>()?
             .max(1),
+        pause: Duration::from_millis(get("--pause").unwrap_or_else(|| "0".into()).parse()?),
         burst: get("--burst").unwrap_or_else(|| "1000".into()).parse()?,
         iptables_backend: match get("--iptables-backend").as_deref() {
             None | Some("auto") => None,

@@ -185,26 +185,33 @@ impl IptablesNetlink {
                 Line::Insert(..) => {}
             }
         }
-        let wanted: Vec<ChainKey> = declared
-            .iter()
-            .filter(|(_, d)| !d.not_adoptable && !d.lines.is_empty())
-            .map(|(k, _)| k.clone())
-            .collect();
-        let kernel = read_chains(nfproto(self.family), wanted)?;
-        let mut st = Adopted {
-            rules_read: kernel.values().map(Vec::len).sum(),
-            ..Adopted::default()
+        // Which chains exist: the listing of the full sync that made the
+        // input, or one of our own. Only those are read back (on a node
+        // without our chains, nothing is).
+        let existing = match self.listing.take() {
+            Some(l) => l,
+            None => self.all_chains()?,
         };
+        let mut st = Adopted::default();
+        let mut wanted: Vec<ChainKey> = Vec::new();
+        for (key, d) in &declared {
+            if d.not_adoptable || d.lines.is_empty() {
+                continue;
+            }
+            if existing.contains(key) {
+                wanted.push(key.clone());
+            } else {
+                st.chains_added += 1;
+            }
+        }
+        let kernel = read_chains(nfproto(self.family), wanted)?;
+        st.rules_read = kernel.values().map(Vec::len).sum();
         let mut skip: HashSet<usize> = HashSet::new();
         for (key, fps) in &kernel {
             let Some(d) = declared.get(key) else {
                 continue;
             };
-            // The kernel lists nothing for a chain that is not there.
-            let exists = !fps.is_empty() || self.exists(&key.0, &key.1)?;
-            if !exists {
-                st.chains_added += 1;
-            } else if *fps == d.fps {
+            if *fps == d.fps {
                 st.chains_kept += 1;
                 skip.extend(&d.lines);
             } else {

@@ -20,7 +20,7 @@ mod adopt;
 mod encode;
 mod rule;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 
 use kp_model::{DataplaneError, IpFamily};
 use kp_netlink::nftables::{
@@ -66,6 +66,11 @@ pub struct IptablesNetlink {
     /// Tables and builtin chains seen or created; forgotten after a failed
     /// batch, so that a table deleted behind our back is made again.
     known: BTreeSet<(String, String)>,
+    /// Every (table, chain) of the family as the last chain listing found
+    /// them, until the next write: a full sync lists the chains and then
+    /// restores, and adopting needs to know which chains exist (reading
+    /// the rules of one that does not costs as much as of one that does).
+    listing: Option<HashSet<(String, String)>>,
     /// `iptables-nft-save`, for listings off the sync path (explain, debug).
     cli: IptablesCli,
 }
@@ -139,6 +144,7 @@ impl IptablesNetlink {
             family,
             sock: NftSocket::new(),
             known: BTreeSet::new(),
+            listing: None,
             cli: IptablesCli::variant(family, Variant::Nft),
         }
     }
@@ -317,6 +323,29 @@ impl IptablesNetlink {
         )
     }
 
+    /// Every (table, chain) of the family: one dump (the kernel does not
+    /// filter chains by table), names only.
+    fn all_chains(&mut self) -> Result<HashSet<(String, String)>, DataplaneError> {
+        let what = "the chains";
+        let replies =
+            match self.query(msg::GETCHAIN, NLM_F_DUMP, &Attrs::new(), what, Until::Done)? {
+                Ok(r) => r,
+                Err(libc::ENOENT) => return Ok(HashSet::new()),
+                Err(errno) => {
+                    return Err(apply_err(format!("listing {what}: {}", errno_text(errno))))
+                }
+            };
+        let newchain = nft_type(msg::NEWCHAIN);
+        Ok(replies
+            .iter()
+            .filter(|r| r.ty == newchain)
+            .filter_map(|r| {
+                let at = ParsedAttrs::parse(nft_attrs(&r.bytes));
+                Some((attr_str(at.get(1)?), attr_str(at.get(3)?)))
+            })
+            .collect())
+    }
+
     /// The rules of `chain` in order, each as its expressions without the
     /// counter: a read-back of exactly what the kernel holds, which tests
     /// compare with what `iptables-nft-restore` installs.
@@ -395,6 +424,7 @@ fn rule_attrs(table: &str, chain: &str, enc: &encode::Encoded) -> Attrs {
 
 impl IptablesBackend for IptablesNetlink {
     fn restore(&mut self, input: &str) -> Result<(), DataplaneError> {
+        self.listing = None;
         let batch = match self.encode(input) {
             Ok(b) => b,
             Err(e) => {
@@ -447,26 +477,14 @@ impl IptablesBackend for IptablesNetlink {
     }
 
     fn chains(&mut self, table: &str) -> Result<Vec<String>, DataplaneError> {
-        // A dump of every chain of the family (the kernel does not filter
-        // chains by table): names only, no rules.
-        let what = format!("the chains of table {table}");
-        let replies =
-            match self.query(msg::GETCHAIN, NLM_F_DUMP, &Attrs::new(), &what, Until::Done)? {
-                Ok(r) => r,
-                Err(libc::ENOENT) => return Ok(Vec::new()),
-                Err(errno) => {
-                    return Err(apply_err(format!("listing {what}: {}", errno_text(errno))))
-                }
-            };
-        let newchain = nft_type(msg::NEWCHAIN);
-        Ok(replies
+        let all = self.all_chains()?;
+        let names = all
             .iter()
-            .filter(|r| r.ty == newchain)
-            .filter_map(|r| {
-                let at = ParsedAttrs::parse(nft_attrs(&r.bytes));
-                (attr_str(at.get(1)?) == table).then(|| attr_str(at.get(3).unwrap_or(&[])))
-            })
-            .collect())
+            .filter(|(t, _)| t == table)
+            .map(|(_, c)| c.clone())
+            .collect();
+        self.listing = Some(all);
+        Ok(names)
     }
 
     fn save_table(&mut self, table: &str) -> Result<String, DataplaneError> {
@@ -516,6 +534,7 @@ impl IptablesBackend for IptablesNetlink {
         chain: &str,
         args: &[String],
     ) -> Result<(), DataplaneError> {
+        self.listing = None;
         // `iptables -D` deletes the first rule that is `args`.
         let Some(handle) = self.find_rule(table, chain, args)?.first().copied() else {
             return Err(apply_err(format!(
