@@ -431,6 +431,7 @@ fn measure(
 
     if o.mode == "iptables" && o.netlink {
         iptables_floor(n, o.changes, o.pause)?;
+        iptables_full_floor(n, dp.as_mut(), tr)?;
     }
 
     // One endpoint replaced in one Service, `changes` times.
@@ -644,6 +645,35 @@ fn iptables_floor(n: u32, times: usize, pause: Duration) -> Result<()> {
     eprintln!(
         "  {n} Services: kernel floor and probes, each one batch into nat (p50 / p99): {}",
         row.join("; ")
+    );
+    Ok(())
+}
+
+/// A full sync over the table against the kernel alone writing the same
+/// rules: ours (render, the chain listing, encoding, the batch) and the
+/// batch of the same restore input encoded beforehand, sent over the same
+/// table (every chain flushed and written again), alternately, 3 times
+/// each. Printed beside the table (stderr).
+fn iptables_full_floor(n: u32, dp: &mut dyn Dataplane, tr: &ChangeTracker) -> Result<()> {
+    use kp_iptables::IptablesNetlink;
+    let input = dp.render(tr.state());
+    let mut nl = IptablesNetlink::new(IpFamily::V4);
+    let (mut ours, mut kernel) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        let t = Instant::now();
+        dp.sync(tr.state(), &BTreeSet::new(), true)?;
+        ours.push(t.elapsed());
+        let batch = nl.encode_input(&input)?;
+        let t = Instant::now();
+        nl.send_encoded(&batch, &input)?;
+        kernel.push(t.elapsed());
+    }
+    let (a, b) = (pct(&mut ours, 0.5), pct(&mut kernel, 0.5));
+    eprintln!(
+        "  {n} Services: full sync over the table, p50 of 3: ours {} ms, the kernel alone (the same rules, encoded beforehand) {} ms: {:.2}x",
+        ms(a),
+        ms(b),
+        a.as_secs_f64() / b.as_secs_f64().max(1e-9)
     );
     Ok(())
 }

@@ -305,6 +305,55 @@ impl IptablesNetlink {
         Ok(())
     }
 
+    /// `input` encoded as one batch, for [`Self::send_encoded`] (the
+    /// restore in two steps: benchmarks time the kernel's part alone).
+    pub fn encode_input(&mut self, input: &str) -> Result<Batch, DataplaneError> {
+        self.listing = None;
+        self.encode(input).inspect_err(|_| self.known.clear())
+    }
+
+    /// Sends a batch [`Self::encode_input`] made of `input` (named in the
+    /// errors): committed whole, or nothing is.
+    pub fn send_encoded(&mut self, batch: &Batch, input: &str) -> Result<(), DataplaneError> {
+        self.listing = None;
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let answers = self.sock.send_batch(batch).map_err(|e| {
+            self.known.clear();
+            io_err(e, TOOL)
+        })?;
+        let lines: Vec<&str> = input.lines().collect();
+        let mut errors: Vec<String> = refusals(batch, &answers)
+            .into_iter()
+            .map(|r| match r {
+                Refusal::Commit(errno) => format!("commit failed: {}", errno_text(errno)),
+                Refusal::Op(n, errno) => format!(
+                    "line {n}: {}: `{}`",
+                    errno_text(errno),
+                    lines.get(n - 1).copied().unwrap_or_default()
+                ),
+                Refusal::Foreign(seq, errno) => {
+                    format!("message {seq} (not ours): {}", errno_text(errno))
+                }
+                Refusal::Unacknowledged { acked, sent } => {
+                    format!("{acked} of {sent} messages acknowledged; state unknown")
+                }
+            })
+            .collect();
+        if errors.is_empty() {
+            tracing::debug!(
+                messages = batch.len(),
+                bytes = batch.bytes(),
+                "iptables-nft batch applied"
+            );
+            return Ok(());
+        }
+        self.known.clear();
+        errors.truncate(6);
+        Err(apply_err(errors.join(" | ")))
+    }
+
     /// The rules of one chain: (handle, expression list).
     fn chain_rules(
         &mut self,
@@ -424,50 +473,8 @@ fn rule_attrs(table: &str, chain: &str, enc: &encode::Encoded) -> Attrs {
 
 impl IptablesBackend for IptablesNetlink {
     fn restore(&mut self, input: &str) -> Result<(), DataplaneError> {
-        self.listing = None;
-        let batch = match self.encode(input) {
-            Ok(b) => b,
-            Err(e) => {
-                self.known.clear();
-                return Err(e);
-            }
-        };
-        if batch.is_empty() {
-            return Ok(());
-        }
-        let answers = self.sock.send_batch(&batch).map_err(|e| {
-            self.known.clear();
-            io_err(e, TOOL)
-        })?;
-        let lines: Vec<&str> = input.lines().collect();
-        let mut errors: Vec<String> = refusals(&batch, &answers)
-            .into_iter()
-            .map(|r| match r {
-                Refusal::Commit(errno) => format!("commit failed: {}", errno_text(errno)),
-                Refusal::Op(n, errno) => format!(
-                    "line {n}: {}: `{}`",
-                    errno_text(errno),
-                    lines.get(n - 1).copied().unwrap_or_default()
-                ),
-                Refusal::Foreign(seq, errno) => {
-                    format!("message {seq} (not ours): {}", errno_text(errno))
-                }
-                Refusal::Unacknowledged { acked, sent } => {
-                    format!("{acked} of {sent} messages acknowledged; state unknown")
-                }
-            })
-            .collect();
-        if errors.is_empty() {
-            tracing::debug!(
-                messages = batch.len(),
-                bytes = batch.bytes(),
-                "iptables-nft batch applied"
-            );
-            return Ok(());
-        }
-        self.known.clear();
-        errors.truncate(6);
-        Err(apply_err(errors.join(" | ")))
+        let batch = self.encode_input(input)?;
+        self.send_encoded(&batch, input)
     }
 
     fn restore_adopting(&mut self, input: &str) -> Result<Option<Adopted>, DataplaneError> {
