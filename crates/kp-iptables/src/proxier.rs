@@ -322,27 +322,45 @@ impl IptablesProxier {
         }
     }
 
+    /// Everything written again. `last` is what the previous sync of this
+    /// process programmed, when it succeeded.
     fn full_sync(
         &mut self,
         state: &ProxyState,
+        last: Option<&BTreeMap<ServicePortName, ServiceRules>>,
     ) -> Result<(BTreeMap<ServicePortName, ServiceRules>, Restore, TopLevel), DataplaneError> {
         let services = self.render_all(state);
         let write: BTreeSet<&str> = services.values().flat_map(|s| s.chain_names()).collect();
-        // nat's listing tells both which per-service chains are left over
-        // from a previous run (or from a sync whose partial write failed), as
-        // upstream finds them, and which jumps from the builtin chains are
-        // missing; of filter (no per-service chains) only the jumps are
-        // checked.
         let jumps = jumps();
-        let (nat_chains, mut missing) = self.backend.survey("nat", &jumps)?;
-        let filter_missing = self.backend.missing_jumps("filter", &jumps)?;
-        missing.extend(filter_missing);
-        let delete: BTreeSet<String> = nat_chains
-            .iter()
-            .filter(|c| is_our_chain("nat", c) && !NAT_CHAINS.contains(&c.as_str()))
-            .filter(|c| !write.contains(c.as_str()))
-            .cloned()
-            .collect();
+        let (delete, mut missing): (BTreeSet<String>, Vec<Jump>) = match last {
+            // Which per-service chains are stale is known when every sync
+            // since the first succeeded: those last written and no longer
+            // rendered. A listing of every chain costs 0.6 s at 10k Services.
+            Some(last) => (
+                last.values()
+                    .flat_map(|s| s.chain_names())
+                    .filter(|c| !write.contains(c))
+                    .map(String::from)
+                    .collect(),
+                self.backend.missing_jumps("nat", &jumps)?,
+            ),
+            // Otherwise (a start, a failed sync, rules lost) nat's listing
+            // tells both which are left over from a previous run or from a
+            // sync whose partial write failed, as upstream finds them, and
+            // which jumps from the builtin chains are missing.
+            None => {
+                let (nat_chains, missing) = self.backend.survey("nat", &jumps)?;
+                let delete = nat_chains
+                    .iter()
+                    .filter(|c| is_our_chain("nat", c) && !NAT_CHAINS.contains(&c.as_str()))
+                    .filter(|c| !write.contains(c.as_str()))
+                    .cloned()
+                    .collect();
+                (delete, missing)
+            }
+        };
+        // Of filter (no per-service chains) only the jumps are checked.
+        missing.extend(self.backend.missing_jumps("filter", &jumps)?);
         let (mut r, hashes) = self.script(&services, &write, &delete, true, None);
         if !missing.is_empty() {
             // In the same restore as the chains they lead to: a separate
@@ -414,7 +432,7 @@ impl Dataplane for IptablesProxier {
                 self.written = None;
                 Ok(r)
             }
-            _ => self.full_sync(state),
+            last => self.full_sync(state, last.as_ref()),
         };
         // On any error `programmed` stays None: the retry is a full sync.
         let (services, restore, hashes) = built?;

@@ -632,6 +632,22 @@ fn partial_sync_writes_only_changed_chains() {
         rec.0.lock().unwrap().inserted.len(),
         kp_iptables::jumps().len()
     );
+
+    // A forced full sync after successful ones deletes what it last wrote
+    // and no longer renders, without listing the chains (a leftover only a
+    // listing would show waits for the next start or failed sync).
+    p.sync(&st2, &BTreeSet::new(), true).unwrap();
+    rec.0
+        .lock()
+        .unwrap()
+        .chains
+        .insert("nat".into(), vec!["KUBE-SVC-LEFTOVERLEFTOVER".into()]);
+    let r = p.sync(&st3, &BTreeSet::new(), true).unwrap();
+    assert!(r.full);
+    let last = rec.0.lock().unwrap().restores.last().unwrap().clone();
+    assert!(last.contains(&format!("-X {}\n", svc_chain(&db))), "{last}");
+    assert!(last.contains(&format!("-X {}\n", sep_chain(&db, &db_eps2[0]))));
+    assert!(!last.contains("LEFTOVER"), "{last}");
 }
 
 #[test]
