@@ -5,6 +5,7 @@
 //! every kube-proxy exports (/metrics, /proc, the kernel's ruleset).
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
@@ -84,6 +85,63 @@ pub fn api_service(mut s: Value) -> (Value, Option<Value>) {
     (s, lb)
 }
 
+/// Requests [`Lab::populate`] keeps in flight.
+pub const IN_FLIGHT: usize = 32;
+
+/// What the API server answered while [`Lab::populate`] wrote.
+#[derive(Default)]
+pub struct Populated {
+    /// Requests that succeeded (creates and status patches).
+    pub ok: AtomicU64,
+    /// 429s (the server's flow control), each retried after a second.
+    pub throttled: AtomicU64,
+    /// 5xx answers and timeouts, each retried (up to 5 times a request).
+    pub failed: AtomicU64,
+}
+
+impl Populated {
+    /// `req` until it succeeds, again after a 429 (as client-go does) or a
+    /// server error (etcd slow under the load), counting each. A create
+    /// retried after an error may find its object made: 409 is success then.
+    async fn retry<T, F: std::future::Future<Output = kube::Result<T>>>(
+        &self,
+        req: impl Fn() -> F,
+    ) -> Result<()> {
+        let mut errors = 0;
+        loop {
+            let e = match req().await {
+                Ok(_) => {
+                    self.ok.fetch_add(1, Ordering::Relaxed);
+                    return Ok(());
+                }
+                Err(e) => e,
+            };
+            let code = match &e {
+                kube::Error::Api(s) => s.code,
+                _ => 0,
+            };
+            if code == 409 && errors > 0 {
+                self.ok.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
+            if code == 429 {
+                self.throttled.fetch_add(1, Ordering::Relaxed);
+            } else if code >= 500
+                || matches!(e, kube::Error::HyperError(_) | kube::Error::Service(_))
+            {
+                self.failed.fetch_add(1, Ordering::Relaxed);
+                errors += 1;
+                if errors > 5 {
+                    return Err(e.into());
+                }
+            } else {
+                return Err(e.into());
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+}
+
 pub struct Lab {
     pub cluster: Cluster,
     pub cp: ControlPlane,
@@ -98,13 +156,24 @@ impl Lab {
     /// `name` names the lab's namespaces; `upstream`: upstream kube-proxy
     /// must be found too.
     pub fn new(name: &str, upstream: bool) -> Result<Lab> {
+        Lab::start(name, upstream, |_| {})
+    }
+
+    /// [`Lab::new`], with the control plane's options changed by `tune`.
+    pub fn start(
+        name: &str,
+        upstream: bool,
+        tune: impl FnOnce(&mut ControlPlaneOpts),
+    ) -> Result<Lab> {
         let bins = K8sBinaries::find().context("finding the Kubernetes binaries")?;
         if upstream && bins.kube_proxy.is_none() {
             bail!("upstream kube-proxy not found (UPSTREAM_KUBE_PROXY_BIN or ../shared/k8s)");
         }
         let cluster = Cluster::new(name, ClusterOpts::with_nodes(2))?;
         let host = cluster.add_host("cp", 5)?;
-        let cp = ControlPlane::start(&bins, ControlPlaneOpts::in_netns(name, &host.ns, host.ip))?;
+        let mut opts = ControlPlaneOpts::in_netns(name, &host.ns, host.ip);
+        tune(&mut opts);
+        let cp = ControlPlane::start(&bins, opts)?;
         for i in 1..=2 {
             cp.apply(&node(&cluster, i))?;
         }
@@ -165,11 +234,30 @@ impl Lab {
         Api::namespaced(self.client.clone(), NS)
     }
 
-    /// Creates Services and slices, 32 requests in flight.
-    pub fn populate(&self, n: u32) -> Result<()> {
+    /// Creates Services and slices, [`IN_FLIGHT`] requests at a time and no
+    /// rate limit of the client's own; what the API server answered.
+    pub fn populate(&self, n: u32) -> Result<Populated> {
+        let tally = Populated::default();
+        self.populate_within(n, Duration::MAX, &tally)?;
+        Ok(tally)
+    }
+
+    /// [`Lab::populate`] into `tally`, giving up after `limit`, and saying
+    /// every minute how far it got: kube-apiserver 1.36 counts every
+    /// ClusterIP it holds after each allocation (its allocator's metrics),
+    /// so each create costs more than the one before.
+    pub fn populate_within(&self, n: u32, limit: Duration, tally: &Populated) -> Result<()> {
         let syn = crate::cluster(n, ENDPOINTS);
         let (svcs, slices) = (self.services(), self.slices());
-        self.rt.block_on(async {
+        let t0 = Instant::now();
+        let progress = async {
+            loop {
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                let ok = tally.ok.load(Ordering::Relaxed);
+                eprintln!("  {ok} requests after {:.0} s", t0.elapsed().as_secs_f64());
+            }
+        };
+        let work = async {
             futures::stream::iter(syn.services.into_iter().map(|s| {
                 let svcs = svcs.clone();
                 async move {
@@ -178,36 +266,48 @@ impl Lab {
                         .as_str()
                         .unwrap_or_default()
                         .to_string();
-                    svcs.create(&PostParams::default(), &serde_json::from_value(s)?)
-                        .await?;
+                    let s: Service = serde_json::from_value(s)?;
+                    let post = PostParams::default();
+                    tally.retry(|| svcs.create(&post, &s)).await?;
                     if let Some(lb) = lb {
-                        svcs.patch_status(
-                            &name,
-                            &PatchParams::default(),
-                            &Patch::Merge(json!({"status": lb})),
-                        )
-                        .await?;
+                        let (patch, pp) =
+                            (Patch::Merge(json!({"status": lb})), PatchParams::default());
+                        tally
+                            .retry(|| svcs.patch_status(&name, &pp, &patch))
+                            .await?;
                     }
                     anyhow::Ok(())
                 }
             }))
-            .buffer_unordered(32)
+            .buffer_unordered(IN_FLIGHT)
             .try_collect::<Vec<()>>()
             .await?;
             futures::stream::iter(syn.slices.into_iter().map(|s| {
                 let slices = slices.clone();
                 async move {
-                    slices
-                        .create(&PostParams::default(), &serde_json::from_value(s)?)
-                        .await?;
+                    let (s, post): (EndpointSlice, _) =
+                        (serde_json::from_value(s)?, PostParams::default());
+                    tally.retry(|| slices.create(&post, &s)).await?;
                     anyhow::Ok(())
                 }
             }))
-            .buffer_unordered(32)
+            .buffer_unordered(IN_FLIGHT)
             .try_collect::<Vec<()>>()
             .await
-        })?;
-        Ok(())
+        };
+        self.rt.block_on(async {
+            tokio::select! {
+                r = tokio::time::timeout(limit, work) => match r {
+                    Ok(r) => r.map(drop),
+                    Err(_) => Err(anyhow::anyhow!(
+                        "populating stopped after {:.0} s: {} requests done",
+                        t0.elapsed().as_secs_f64(),
+                        tally.ok.load(Ordering::Relaxed)
+                    )),
+                },
+                () = progress => Ok(()),
+            }
+        })
     }
 
     /// Replaces the last endpoint of Service `i` (generation `g`) through the
@@ -370,21 +470,22 @@ impl Proxy<'_> {
 
     /// Waits until the proxy has synced once and the last of `n` Services'
     /// ClusterIP is in the kernel (polling every 20 ms, at most `limit`); the
-    /// time since `since`.
+    /// time since `since` to the poll that saw the sync (reading the ruleset
+    /// back takes seconds at 100k Services: not counted).
     pub fn wait_first_sync(&self, n: u32, since: Instant, limit: Duration) -> Result<Duration> {
         let last_ip = crate::cluster_ip(n - 1);
         loop {
             if !self.guard.is_running() {
                 bail!("the proxy exited; log: {}", self.guard.log_path().display());
             }
-            if self
+            let synced = self
                 .samples("kubeproxy_sync_proxy_rules_duration_seconds_count")
                 .iter()
                 .sum::<f64>()
-                >= 1.0
-                && has_ip(&self.ruleset(), &last_ip)
-            {
-                return Ok(since.elapsed());
+                >= 1.0;
+            let seen = since.elapsed();
+            if synced && has_ip(&self.ruleset(), &last_ip) {
+                return Ok(seen);
             }
             if since.elapsed() > limit {
                 bail!("no first sync within {limit:?}");
@@ -448,6 +549,16 @@ pub fn exit_on_help(source: &str) {
 /// for a flag it does not know either.
 pub fn parse_common(
     sizes: &[u32],
+    extra: impl FnMut(&str, String) -> Result<bool>,
+) -> Result<CommonOpts> {
+    parse_common_from(std::env::args().skip(1), sizes, extra)
+}
+
+/// [`parse_common`] over `args` (a benchmark's switches, flags without a
+/// value, taken out first).
+pub fn parse_common_from(
+    mut args: impl Iterator<Item = String>,
+    sizes: &[u32],
     mut extra: impl FnMut(&str, String) -> Result<bool>,
 ) -> Result<CommonOpts> {
     let exe = std::env::current_exe().context("locating the benchmark binary")?;
@@ -459,7 +570,6 @@ pub fn parse_common(
         write: None,
         ours: exe.with_file_name("kube-proxy-rs"),
     };
-    let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let v = args.next().with_context(|| format!("{a} needs a value"))?;
         match a.as_str() {

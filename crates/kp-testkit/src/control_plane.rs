@@ -248,6 +248,8 @@ pub struct ControlPlaneOpts {
     pub address: IpAddr,
     /// `--service-cluster-ip-range` (dual-stack by default).
     pub service_cidrs: String,
+    /// `--service-node-port-range` (the default, 30000-32767).
+    pub node_port_range: String,
     /// Label for directories and logs.
     pub name: String,
 }
@@ -259,6 +261,7 @@ impl ControlPlaneOpts {
             netns: Some(ns.to_string()),
             address,
             service_cidrs: "10.96.0.0/16,fd00:96::/108".into(),
+            node_port_range: "30000-32767".into(),
             name: name.to_string(),
         }
     }
@@ -547,7 +550,7 @@ impl ControlPlane {
                 d.join("sa.key").display()
             ),
             format!("--service-cluster-ip-range={}", self.opts.service_cidrs),
-            "--service-node-port-range=30000-32767".into(),
+            format!("--service-node-port-range={}", self.opts.node_port_range),
             format!("--cert-dir={}", d.join("certs").display()),
             "--profiling=false".into(),
         ]
@@ -626,6 +629,20 @@ impl ControlPlane {
     /// The test's directory (certificates, kubeconfigs, logs).
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// etcd's data directory (`member/snap/db` is its database).
+    pub fn etcd_dir(&self) -> &Path {
+        &self.etcd_dir
+    }
+
+    /// The process ids of etcd and the API server, while they run (`ip
+    /// netns exec` execs them: the child is the server itself).
+    pub fn pids(&self) -> (Option<u32>, Option<u32>) {
+        (
+            self.etcd.as_ref().map(Child::id),
+            self.apiserver.as_ref().map(Child::id),
+        )
     }
 
     /// The last lines of the API server's log.

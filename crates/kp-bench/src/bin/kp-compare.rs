@@ -19,22 +19,37 @@
 //! * a burst of endpoint changes -> all of them in the kernel;
 //! * CPU seconds to the first sync and while idle, RSS at the end and peak (VmHWM).
 //!
-//! `sudo target/release/kp-compare [--sizes 1000] [--mode nftables|iptables]
-//! [--changes 50] [--burst 1000] [--idle 60] [--write BENCHMARKS.md]
-//! [--ours PATH]` (--ours defaults to the kube-proxy-rs beside kp-compare)
-//! (build first: `cargo build --release -p kube-proxy-rs -p kp-bench`).
-//! `--write` replaces the table between the `kp-compare` markers of that file.
+//! `--only-ours` runs ours alone, for sizes upstream cannot sync in useful
+//! time (50k: hours): the same first sync, changes, idle CPU and memory
+//! (no Service added or deleted, no burst), the split of its first sync from
+//! its log, and the API server's side: the time to write the objects, the
+//! requests it throttled or failed, kube-apiserver's and etcd's RSS and
+//! etcd's database after writing and at the end. The lab's service CIDR and
+//! NodePort range are widened for it (see [`ours_room`]). Writing the
+//! objects slows down as they add up (kube-apiserver's ClusterIP allocator,
+//! see `Lab::populate_within`): `--populate-within SECS` gives up a size
+//! after that long, as a row of the table.
+//!
+//! `sudo target/release/kp-compare [--only-ours [--populate-within SECS]] [--sizes 1000]
+//! [--mode nftables|iptables] [--changes 50] [--burst 1000] [--idle 60]
+//! [--write BENCHMARKS.md] [--ours PATH]` (--ours defaults to the
+//! kube-proxy-rs beside kp-compare) (build first: `cargo build --release -p
+//! kube-proxy-rs -p kp-bench`). `--write` replaces the table between the
+//! `kp-compare MODE` markers of that file (`kp-compare-ours MODE` with
+//! `--only-ours`).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use futures::{StreamExt, TryStreamExt};
 use kp_bench::lab::{
-    check_binary, date_utc, has_ip, load_average, now_unix, parse_common, pct, secs, write_into,
-    Lab, ENDPOINTS,
+    check_binary, date_utc, has_ip, load_average, now_unix, parse_common_from, pct, secs,
+    status_mib, write_into, Lab, Populated, Proxy, ENDPOINTS, IN_FLIGHT,
 };
+use kp_testkit::ControlPlaneOpts;
 use kube::api::DeleteParams;
 use serde_json::json;
 
@@ -46,15 +61,23 @@ struct Opts {
     idle: u64,
     write: Option<PathBuf>,
     ours: PathBuf,
+    only_ours: bool,
+    populate_within: Duration,
 }
 
 fn parse_opts() -> Result<Opts> {
     let (mut changes, mut burst, mut idle) = (50, 1000, 60);
-    let c = parse_common(&[1000], |flag, v| {
+    let mut populate_within = Duration::MAX;
+    let only_ours = std::env::args().any(|a| a == "--only-ours");
+    let args = std::env::args().skip(1).filter(|a| a != "--only-ours");
+    let c = parse_common_from(args, &[1000], |flag, v| {
         match flag {
             "--changes" => changes = v.parse().context("--changes")?,
             "--burst" => burst = v.parse().context("--burst")?,
             "--idle" => idle = v.parse().context("--idle")?,
+            "--populate-within" => {
+                populate_within = Duration::from_secs(v.parse().context("--populate-within")?)
+            }
             _ => return Ok(false),
         }
         Ok(true)
@@ -67,6 +90,8 @@ fn parse_opts() -> Result<Opts> {
         idle,
         write: c.write,
         ours: c.ours,
+        only_ours,
+        populate_within,
     })
 }
 
@@ -85,39 +110,7 @@ struct Figures {
 }
 
 fn measure(lab: &Lab, o: &Opts, n: u32, upstream: bool, generation: &mut u32) -> Result<Figures> {
-    let node = if upstream { 2 } else { 1 };
-    let who = if upstream { "upstream" } else { "ours" };
-    let t_start = Instant::now();
-    let p = lab.spawn_proxy(node, &o.mode, upstream, &o.ours, &format!("{who}-{n}"))?;
-    let first_sync = p.wait_first_sync(n, t_start, Duration::from_secs(3600))?;
-    let mut f = Figures {
-        first_sync,
-        first_sync_cpu: p.cpu_secs(),
-        ..Figures::default()
-    };
-    eprintln!(
-        "  first sync {:.2} s ({:.2} s CPU)",
-        secs(f.first_sync),
-        f.first_sync_cpu
-    );
-    // Let the proxy settle (its own follow-up syncs) before timing changes.
-    std::thread::sleep(Duration::from_secs(2));
-    for k in 0..o.changes {
-        // One change into a quiet proxy: both pace syncs with a token bucket
-        // (minSyncPeriod 1 s, burst 2); back-to-back changes would time the
-        // pacing instead of the proxy.
-        std::thread::sleep(Duration::from_millis(1500));
-        *generation += 1;
-        let i = (k as u32 * 7919) % n;
-        let t0 = now_unix();
-        let addr = lab.change(i, *generation)?;
-        f.change.push(p.programmed(t0, |r| has_ip(r, &addr))?);
-    }
-    eprintln!(
-        "  one change p50 {:.1} ms p99 {:.1} ms",
-        secs(pct(&f.change, 0.5)) * 1e3,
-        secs(pct(&f.change, 0.99)) * 1e3
-    );
+    let (p, mut f) = first_sync_and_changes(lab, o, n, upstream, generation)?;
     // A Service added, then deleted (each into a quiet proxy, as above).
     std::thread::sleep(Duration::from_millis(1500));
     let ip = "10.96.255.250";
@@ -167,15 +160,317 @@ fn measure(lab: &Lab, o: &Opts, n: u32, upstream: bool, generation: &mut u32) ->
     })?;
     f.burst = p.programmed(t0, |r| wanted.iter().all(|a| has_ip(r, a)))?;
     eprintln!("  burst of {burst}: {:.2} s", secs(f.burst));
+    idle_and_memory(&p, o, &mut f);
+    p.guard.kill_hard();
+    // The next proxy starts from a namespace of its own: nothing to clean.
+    Ok(f)
+}
+
+/// Starts a proxy, waits for its first sync, times `o.changes` endpoint
+/// changes; the proxy, still running.
+fn first_sync_and_changes<'a>(
+    lab: &'a Lab,
+    o: &Opts,
+    n: u32,
+    upstream: bool,
+    generation: &mut u32,
+) -> Result<(Proxy<'a>, Figures)> {
+    let node = if upstream { 2 } else { 1 };
+    let who = if upstream { "upstream" } else { "ours" };
+    let t_start = Instant::now();
+    let p = lab.spawn_proxy(node, &o.mode, upstream, &o.ours, &format!("{who}-{n}"))?;
+    let first_sync = p.wait_first_sync(n, t_start, Duration::from_secs(3600))?;
+    let mut f = Figures {
+        first_sync,
+        first_sync_cpu: p.cpu_secs(),
+        ..Figures::default()
+    };
+    eprintln!(
+        "  first sync {:.2} s ({:.2} s CPU)",
+        secs(f.first_sync),
+        f.first_sync_cpu
+    );
+    // Let the proxy settle (its own follow-up syncs) before timing changes.
+    std::thread::sleep(Duration::from_secs(2));
+    for k in 0..o.changes {
+        // One change into a quiet proxy: both pace syncs with a token bucket
+        // (minSyncPeriod 1 s, burst 2); back-to-back changes would time the
+        // pacing instead of the proxy.
+        std::thread::sleep(Duration::from_millis(1500));
+        *generation += 1;
+        let i = (k as u32 * 7919) % n;
+        let t0 = now_unix();
+        let addr = lab.change(i, *generation)?;
+        f.change.push(p.programmed(t0, |r| has_ip(r, &addr))?);
+    }
+    eprintln!(
+        "  one change p50 {:.1} ms p99 {:.1} ms",
+        secs(pct(&f.change, 0.5)) * 1e3,
+        secs(pct(&f.change, 0.99)) * 1e3
+    );
+    Ok((p, f))
+}
+
+fn idle_and_memory(p: &Proxy, o: &Opts, f: &mut Figures) {
     std::thread::sleep(Duration::from_secs(2));
     let cpu0 = p.cpu_secs();
     std::thread::sleep(Duration::from_secs(o.idle));
     f.idle_cpu = p.cpu_secs() - cpu0;
     f.rss_mib = p.status_mib("VmRSS:");
     f.peak_mib = p.status_mib("VmHWM:");
+}
+
+/// What `--only-ours` saw at one size, beside ours' [`Figures`].
+struct OursAlone {
+    f: Figures,
+    populate: Duration,
+    written: Populated,
+    /// From ours' log: process start -> "sources synced" (the lists from
+    /// the API server, decoded), and the first sync's render and apply.
+    listed: Option<f64>,
+    render_apply_ms: Option<(f64, f64)>,
+    /// One `nft list ruleset` (or iptables-save) at the end: MiB, seconds.
+    readback: (f64, Duration),
+    after_populate: Server,
+    at_end: Server,
+}
+
+/// kube-apiserver's and etcd's memory (VmRSS, VmHWM, MiB) and etcd's
+/// database file (MiB).
+#[derive(Default)]
+struct Server {
+    api: (f64, f64),
+    etcd: (f64, f64),
+    db_mib: f64,
+}
+
+fn server(lab: &Lab) -> Server {
+    let (etcd, api) = lab.cp.pids();
+    let mem = |pid: Option<u32>| {
+        pid.map_or((0.0, 0.0), |p| {
+            let p = p.to_string();
+            (status_mib(&p, "VmRSS:"), status_mib(&p, "VmHWM:"))
+        })
+    };
+    let db = std::fs::metadata(lab.cp.etcd_dir().join("member/snap/db"));
+    Server {
+        api: mem(api),
+        etcd: mem(etcd),
+        db_mib: db.map_or(0.0, |m| m.len() as f64 / 1048576.0),
+    }
+}
+
+/// kp-bench's mix needs a NodePort for 15% of its Services and a health
+/// check port for another 5%: the default range (2768 ports) holds ~13.8k
+/// Services of it, the default /16 of ClusterIPs 65k (kp-bench numbers them
+/// from 10.96.0.10). Widened for `--only-ours`, which runs 50k and 100k.
+fn ours_room(o: &mut ControlPlaneOpts) {
+    o.service_cidrs = "10.96.0.0/15,fd00:96::/108".into();
+    o.node_port_range = "30000-59999".into();
+}
+
+/// Seconds of the UTC day of a log line (`2026-11-27T13:45:01.123456Z ...`,
+/// tracing's format).
+fn day_secs(line: &str) -> Option<f64> {
+    let t = line.split_whitespace().next()?.split('T').nth(1)?;
+    let mut hms = t.trim_end_matches('Z').split(':');
+    let mut next = || hms.next()?.parse::<f64>().ok();
+    Some(next()? * 3600.0 + next()? * 60.0 + next()?)
+}
+
+/// `key=VALUE` of a log line.
+fn field(line: &str, key: &str) -> Option<f64> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))?
+        .parse()
+        .ok()
+}
+
+/// Ours' log: seconds from `started` (unix) to the sources synced, and the
+/// first sync's render and apply ms.
+fn log_phases(log: &Path, started: f64) -> (Option<f64>, Option<(f64, f64)>) {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let listed = text
+        .lines()
+        .find(|l| l.contains("sources synced"))
+        .and_then(day_secs)
+        .map(|t| (t - started.rem_euclid(86400.0)).rem_euclid(86400.0));
+    let first = text.lines().find(|l| l.contains("synced rules"));
+    let phases = first.and_then(|l| Some((field(l, "render_ms")?, field(l, "apply_ms")?)));
+    (listed, phases)
+}
+
+fn measure_ours(o: &Opts, n: u32) -> Result<OursAlone> {
+    let lab = Lab::start("compare", false, ours_room)?;
+    let t = Instant::now();
+    let written = Populated::default();
+    lab.populate_within(n, o.populate_within, &written)?;
+    let populate = t.elapsed();
+    eprintln!(
+        "  {} requests in {:.1} s ({} throttled, {} failed)",
+        written.ok.load(Ordering::Relaxed),
+        secs(populate),
+        written.throttled.load(Ordering::Relaxed),
+        written.failed.load(Ordering::Relaxed)
+    );
+    let after_populate = server(&lab);
+    let started = now_unix();
+    let (p, mut f) = first_sync_and_changes(&lab, o, n, false, &mut 0)?;
+    let (listed, render_apply_ms) = log_phases(p.guard.log_path(), started);
+    idle_and_memory(&p, o, &mut f);
+    let t = Instant::now();
+    let mib = p.ruleset().len() as f64 / 1048576.0;
+    let readback = (mib, t.elapsed());
+    let at_end = server(&lab);
     p.guard.kill_hard();
-    // The next proxy starts from a namespace of its own: nothing to clean.
-    Ok(f)
+    Ok(OursAlone {
+        f,
+        populate,
+        written,
+        listed,
+        render_apply_ms,
+        readback,
+        after_populate,
+        at_end,
+    })
+}
+
+fn table_ours(o: &Opts, results: &BTreeMap<u32, Result<OursAlone>>) -> String {
+    let mut out = format!(
+        "Measured {} by `kp-compare --only-ours --sizes {} --mode {} --changes {} --idle {}{}` \
+         ({} cores, load average {} at the end): kube-proxy-rs alone against kube-apiserver \
+         v1.36.2 + etcd, N Services x {ENDPOINTS} endpoints (kp-bench's mix) written through \
+         the API first ({IN_FLIGHT} requests in flight, no rate limit of the client's; a 429 \
+         or a server error retried after 1 s), service CIDR 10.96.0.0/15 and NodePorts \
+         30000-59999 (the defaults hold ~13.8k Services of this mix). A change is timed to \
+         the end of the sync that put it in the kernel, read back once per sync after it.\n\n\
+         | N | what | figure |\n|---|---|---|\n",
+        date_utc(),
+        o.sizes
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+            .join(","),
+        o.mode,
+        o.changes,
+        o.idle,
+        if o.populate_within < Duration::MAX {
+            format!(" --populate-within {}", o.populate_within.as_secs())
+        } else {
+            String::new()
+        },
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        load_average(),
+    );
+    let mib = |(rss, peak): (f64, f64)| format!("{rss:.0} ({peak:.0}) MiB");
+    for (n, r) in results {
+        let a = match r {
+            Ok(a) => a,
+            Err(e) => {
+                out.push_str(&format!("| {n} | failed | {e:#} |\n"));
+                continue;
+            }
+        };
+        let f = &a.f;
+        let ok = a.written.ok.load(Ordering::Relaxed);
+        let mut rows = vec![
+            (
+                "API server populated (Services, LB status patches, EndpointSlices)".to_string(),
+                format!(
+                    "{ok} requests in {:.1} s ({:.0}/s); throttled (429) {}, failed {}",
+                    secs(a.populate),
+                    ok as f64 / secs(a.populate).max(1e-9),
+                    a.written.throttled.load(Ordering::Relaxed),
+                    a.written.failed.load(Ordering::Relaxed)
+                ),
+            ),
+            (
+                "first sync (start -> ruleset in the kernel)".into(),
+                format!("{:.2} s", secs(f.first_sync)),
+            ),
+            (
+                "of which start -> lists done (log); first sync render, apply".into(),
+                format!(
+                    "{}; {}",
+                    a.listed.map_or("-".into(), |s| format!("{s:.2} s")),
+                    a.render_apply_ms
+                        .map_or("-".into(), |(r, w)| format!("{r:.0} ms, {w:.0} ms"))
+                ),
+            ),
+            (
+                "CPU to first sync".into(),
+                format!("{:.2} s", f.first_sync_cpu),
+            ),
+        ];
+        if !f.change.is_empty() {
+            rows.push((
+                "one endpoint change p50 / p99".into(),
+                format!(
+                    "{:.1} / {:.1} ms",
+                    secs(pct(&f.change, 0.5)) * 1e3,
+                    secs(pct(&f.change, 0.99)) * 1e3
+                ),
+            ));
+        }
+        rows.extend([
+            (
+                format!("CPU while idle {} s", o.idle),
+                format!("{:.2} s", f.idle_cpu),
+            ),
+            (
+                "kube-proxy-rs RSS at the end (peak)".into(),
+                mib((f.rss_mib, f.peak_mib)),
+            ),
+            (
+                "ruleset read back once at the end".into(),
+                format!("{:.0} MiB in {:.2} s", a.readback.0, secs(a.readback.1)),
+            ),
+            (
+                "kube-apiserver RSS (peak): after populating / at the end".into(),
+                format!("{} / {}", mib(a.after_populate.api), mib(a.at_end.api)),
+            ),
+            (
+                "etcd RSS (peak): after populating / at the end".into(),
+                format!("{} / {}", mib(a.after_populate.etcd), mib(a.at_end.etcd)),
+            ),
+            (
+                "etcd database file: after populating / at the end".into(),
+                format!(
+                    "{:.0} / {:.0} MiB",
+                    a.after_populate.db_mib, a.at_end.db_mib
+                ),
+            ),
+        ]);
+        for (what, v) in rows {
+            out.push_str(&format!("| {n} | {what} | {v} |\n"));
+        }
+    }
+    out
+}
+
+/// `--only-ours`: each size in a lab of its own; a size that fails (the
+/// API server or etcd giving up is a finding too) is a row of the table.
+fn main_ours(o: &Opts) -> Result<()> {
+    let mut results = BTreeMap::new();
+    for &n in &o.sizes {
+        eprintln!(
+            "N = {n} ({} mode, ours alone): starting the control plane",
+            o.mode
+        );
+        let r = measure_ours(o, n);
+        if let Err(e) = &r {
+            eprintln!("  failed: {e:#}");
+        }
+        results.insert(n, r);
+        // After each size: a later one may take hours (see populate_within).
+        let text = table_ours(o, &results);
+        eprint!("{text}");
+        if let Some(path) = &o.write {
+            write_into(path, &format!("kp-compare-ours {}", o.mode), &text)?;
+            eprintln!("wrote the table into {}", path.display());
+        }
+    }
+    Ok(())
 }
 
 fn row(out: &mut String, n: u32, mode: &str, what: &str, up: String, ours: String, ratio: f64) {
@@ -294,6 +589,9 @@ fn table(o: &Opts, results: &BTreeMap<u32, (Figures, Figures)>) -> String {
 fn main() -> Result<()> {
     let o = parse_opts()?;
     check_binary(&o.ours)?;
+    if o.only_ours {
+        return main_ours(&o);
+    }
     let mut results = BTreeMap::new();
     for &n in &o.sizes {
         eprintln!("N = {n} ({} mode): starting the control plane", o.mode);
