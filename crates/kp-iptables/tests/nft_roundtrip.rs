@@ -450,3 +450,21 @@ fn a_restart_adopts_the_rules_a_previous_run_left() {
         }
     }
 }
+
+/// A rule appended before its chain is declared keeps the chain out of
+/// adoption: the input is restored as it says (one rule, not two).
+#[test]
+fn adoption_keeps_a_chain_appended_before_its_declaration() {
+    let ns = Netns::new("adorder");
+    let first = "*nat\n:KUBE-X - [0:0]\n-A KUBE-X -j RETURN\nCOMMIT\n";
+    let again = "*nat\n-A KUBE-X -j RETURN\n:KUBE-X - [0:0]\n-A KUBE-X -j RETURN\nCOMMIT\n";
+    let found = in_netns(&ns.name, || {
+        let mut nl = IptablesNetlink::new(IpFamily::V4);
+        nl.restore(first).unwrap();
+        nl.restore_adopting(again).unwrap().unwrap()
+    })
+    .unwrap();
+    assert_eq!(found.chains_kept, 0, "{found:?}");
+    let save = ns.save(IpFamily::V4);
+    assert_eq!(save.matches("-A KUBE-X -j RETURN").count(), 1, "{save}");
+}

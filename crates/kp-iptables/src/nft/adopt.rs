@@ -175,7 +175,13 @@ impl IptablesNetlink {
                         .not_adoptable = true;
                 }
                 Line::Append(c, r) => {
-                    if let Some(d) = declared.get_mut(&(table.clone(), c)) {
+                    let d = declared.entry((table.clone(), c)).or_default();
+                    if d.lines.is_empty() {
+                        // Before any declaration (a builtin chain, or one
+                        // declared later): this line stays, and so does
+                        // the chain's declaration.
+                        d.not_adoptable = true;
+                    } else {
                         let enc = encode::encode(&r, fam)
                             .map_err(|e| apply_err(format!("line {n}: {e}")))?;
                         d.fps.push(rule_fp(enc.exprs.as_bytes(), None));
