@@ -650,7 +650,7 @@ fn iptables_floor(n: u32, times: usize, pause: Duration) -> Result<()> {
 }
 
 /// A full sync over the table against the kernel alone writing the same
-/// rules: ours (render, the chain listing, encoding, the batch) and the
+/// rules: ours (render, the jumps checked, encoding, the batch) and the
 /// batch of the same restore input encoded beforehand, sent over the same
 /// table (every chain flushed and written again), alternately, 3 times
 /// each. Printed beside the table (stderr).

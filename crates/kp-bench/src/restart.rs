@@ -71,10 +71,7 @@ impl Proxy {
     fn adopted_read(&self) -> Option<Duration> {
         match self {
             Proxy::Nft(p) => p.adoption().map(|a| a.read),
-            Proxy::Ipt(p) => p
-                .adoption()
-                .filter(|a| a.chains_kept + a.chains_rewritten > 0)
-                .map(|a| a.read),
+            Proxy::Ipt(p) => p.adoption().filter(|a| a.found_previous()).map(|a| a.read),
         }
     }
 }

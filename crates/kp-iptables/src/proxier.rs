@@ -118,24 +118,26 @@ impl IptablesProxier {
     fn restore_adopting(&mut self, text: &str) -> Result<(usize, usize), DataplaneError> {
         let t0 = Instant::now();
         match self.backend.restore_adopting(text) {
-            Ok(Some(a)) if a.chains_kept + a.chains_rewritten == 0 => {
-                tracing::debug!(family = ?self.cfg.family, read_ms = a.read.as_millis() as u64, "no chains of a previous run to adopt");
-                let sent = (a.lines_sent, a.bytes_sent);
-                self.last_adoption = Some(a);
-                Ok(sent)
-            }
             Ok(Some(a)) => {
-                tracing::info!(
-                    family = ?self.cfg.family,
-                    read_ms = a.read.as_millis() as u64,
-                    rules_read = a.rules_read,
-                    chains_kept = a.chains_kept,
-                    chains_rewritten = a.chains_rewritten,
-                    chains_added = a.chains_added,
-                    operations_sent = a.lines_sent,
-                    ms = t0.elapsed().as_millis() as u64,
-                    "adopted the rules a previous run left"
-                );
+                if !a.found_previous() {
+                    tracing::debug!(
+                        family = ?self.cfg.family,
+                        read_ms = a.read.as_millis() as u64,
+                        "no chains of a previous run to adopt"
+                    );
+                } else {
+                    tracing::info!(
+                        family = ?self.cfg.family,
+                        read_ms = a.read.as_millis() as u64,
+                        rules_read = a.rules_read,
+                        chains_kept = a.chains_kept,
+                        chains_rewritten = a.chains_rewritten,
+                        chains_added = a.chains_added,
+                        operations_sent = a.lines_sent,
+                        ms = t0.elapsed().as_millis() as u64,
+                        "adopted the rules a previous run left"
+                    );
+                }
                 let sent = (a.lines_sent, a.bytes_sent);
                 self.last_adoption = Some(a);
                 Ok(sent)

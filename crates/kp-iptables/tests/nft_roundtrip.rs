@@ -353,18 +353,31 @@ fn a_restart_adopts_the_rules_a_previous_run_left() {
             let tag = format!("{}{name}", if family == IpFamily::V4 { 4 } else { 6 });
             let ctx = format!("{family:?} {name}");
             let ipt = format!("{}-nft", base(family));
-            let a = Netns::new(&format!("{tag}-ad"));
-            a.run(&[&ipt, "-t", "nat", "-N", "USER-CHAIN"]);
-            a.run(&[&ipt, "-t", "nat", "-A", "PREROUTING", "-j", "USER-CHAIN"]);
+            // A namespace holding another owner's chain and jump.
+            let lab = |suffix: &str| {
+                let ns = Netns::new(&format!("{tag}-{suffix}"));
+                ns.run(&[&ipt, "-t", "nat", "-N", "USER-CHAIN"]);
+                ns.run(&[&ipt, "-t", "nat", "-A", "PREROUTING", "-j", "USER-CHAIN"]);
+                ns
+            };
+            let a = lab("ad");
             let proxier = || {
                 IptablesProxier::new(config.clone(), Box::new(IptablesNetlink::new(family)))
                     .with_route_localnet(false)
             };
+            // A new proxier's first sync of `st` in `a`: operations sent, and
+            // what it found.
+            let start = |st: &ProxyState| {
+                in_netns(&a.name, || {
+                    let mut p = proxier();
+                    let r = p.sync(st, &BTreeSet::new(), false).unwrap();
+                    (r.ops, p.adoption().cloned().expect("netlink reads back"))
+                })
+                .unwrap()
+            };
             // What a fresh full sync of `st` installs, in a namespace of its own.
             let fresh = |st: &ProxyState| {
-                let b = Netns::new(&format!("{tag}-fr"));
-                b.run(&[&ipt, "-t", "nat", "-N", "USER-CHAIN"]);
-                b.run(&[&ipt, "-t", "nat", "-A", "PREROUTING", "-j", "USER-CHAIN"]);
+                let b = lab("fr");
                 in_netns(&b.name, || proxier().sync(st, &BTreeSet::new(), false))
                     .unwrap()
                     .unwrap();
@@ -372,24 +385,13 @@ fn a_restart_adopts_the_rules_a_previous_run_left() {
             };
             let mut services = every_kind(family);
             let st = state(family, &services);
-            let first = in_netns(&a.name, || {
-                let mut p = proxier();
-                let r = p.sync(&st, &BTreeSet::new(), false).unwrap();
-                (r.ops, p.adoption().cloned())
-            })
-            .unwrap();
-            let found = first.1.expect("netlink reads back");
+            let (ops, found) = start(&st);
             assert_eq!(found.chains_kept, 0, "{ctx}: a fresh namespace: {found:?}");
-            assert!(found.chains_added > 10 && first.0 > 0, "{ctx}: {found:?}");
+            assert!(found.chains_added > 10 && ops > 0, "{ctx}: {found:?}");
             let before = a.save(family);
 
             // Restarted onto the same cluster: every chain kept, nothing sent.
-            let (ops, found) = in_netns(&a.name, || {
-                let mut p = proxier();
-                let r = p.sync(&st, &BTreeSet::new(), false).unwrap();
-                (r.ops, p.adoption().cloned().unwrap())
-            })
-            .unwrap();
+            let (ops, found) = start(&st);
             assert_eq!(
                 (ops, found.chains_rewritten, found.chains_added),
                 (0, 0, 0),
@@ -409,12 +411,7 @@ fn a_restart_adopts_the_rules_a_previous_run_left() {
             a.run(&[&ipt, "-t", "nat", "-A", &sep, "-j", "RETURN"]);
             a.run(&[&ipt, "-t", "nat", "-D", &svc, "1"]);
             a.run(&[&ipt, "-t", "nat", "-N", "KUBE-SEP-STALESTALESTALE"]);
-            let found = in_netns(&a.name, || {
-                let mut p = proxier();
-                p.sync(&st, &BTreeSet::new(), false).unwrap();
-                p.adoption().cloned().unwrap()
-            })
-            .unwrap();
+            let (_, found) = start(&st);
             assert_eq!(
                 (found.chains_rewritten, found.chains_added),
                 (2, 0),
@@ -434,12 +431,7 @@ fn a_restart_adopts_the_rules_a_previous_run_left() {
             });
             services.remove(1);
             let st = state(family, &services);
-            let found = in_netns(&a.name, || {
-                let mut p = proxier();
-                p.sync(&st, &BTreeSet::new(), false).unwrap();
-                p.adoption().cloned().unwrap()
-            })
-            .unwrap();
+            let (_, found) = start(&st);
             assert!(
                 found.chains_added >= 1 && found.chains_kept > 10,
                 "{ctx}: {found:?}"

@@ -64,3 +64,48 @@ pub const NLA_TYPE_MASK: u16 = !(NLA_F_NESTED | NLA_F_NET_BYTEORDER);
 pub fn align4(n: usize) -> usize {
     (n + 3) & !3
 }
+
+/// `f` for every item, on up to 4 threads (no more than the machine has
+/// cores, nor one per fewer than `per_thread` items), each with its own
+/// state from `new` (a socket: one dump at a time per socket), items dealt
+/// round-robin; the results in no particular order. A thread starts in the
+/// network namespace of the one that spawns it. Reading many small dumps
+/// back this way overlaps their round trips.
+pub fn on_threads<K: Send, T: Send, S, E: Send>(
+    items: Vec<K>,
+    per_thread: usize,
+    new: impl Fn() -> S + Sync,
+    f: impl Fn(&mut S, K) -> Result<T, E> + Sync,
+    panicked: impl Fn() -> E,
+) -> Result<Vec<T>, E> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, 4)
+        .min(items.len().div_ceil(per_thread.max(1)).max(1));
+    let mut parts: Vec<Vec<K>> = (0..threads).map(|_| Vec::new()).collect();
+    for (i, k) in items.into_iter().enumerate() {
+        parts[i % threads].push(k);
+    }
+    let (new, f) = (&new, &f);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = parts
+            .into_iter()
+            .map(|part| {
+                s.spawn(move || {
+                    let mut state = new();
+                    part.into_iter()
+                        .map(|k| f(&mut state, k))
+                        .collect::<Result<Vec<T>, E>>()
+                })
+            })
+            .collect();
+        let mut out = Vec::new();
+        for h in handles {
+            match h.join() {
+                Ok(part) => out.extend(part?),
+                Err(_) => return Err(panicked()),
+            }
+        }
+        Ok(out)
+    })
+}

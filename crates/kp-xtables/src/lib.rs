@@ -93,6 +93,14 @@ pub struct Adopted {
     pub bytes_sent: usize,
 }
 
+impl Adopted {
+    /// Whether the kernel held any declared chain: something of a previous
+    /// run was there to adopt.
+    pub fn found_previous(&self) -> bool {
+        self.chains_kept + self.chains_rewritten > 0
+    }
+}
+
 /// Which iptables implementation the programs talk to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Variant {

@@ -335,6 +335,15 @@ fn measure_ours(o: &Opts, n: u32) -> Result<OursAlone> {
     })
 }
 
+/// `--sizes` as given: `1000,10000`.
+fn sizes_arg(sizes: &[u32]) -> String {
+    sizes
+        .iter()
+        .map(|s| s.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 fn table_ours(o: &Opts, results: &BTreeMap<u32, Result<OursAlone>>) -> String {
     let mut out = format!(
         "Measured {} by `kp-compare --only-ours --sizes {} --mode {} --changes {} --idle {}{}` \
@@ -346,11 +355,7 @@ fn table_ours(o: &Opts, results: &BTreeMap<u32, Result<OursAlone>>) -> String {
          the end of the sync that put it in the kernel, read back once per sync after it.\n\n\
          | N | what | figure |\n|---|---|---|\n",
         date_utc(),
-        o.sizes
-            .iter()
-            .map(|s| s.to_string())
-            .collect::<Vec<_>>()
-            .join(","),
+        sizes_arg(&o.sizes),
         o.mode,
         o.changes,
         o.idle,
@@ -492,11 +497,7 @@ fn table(o: &Opts, results: &BTreeMap<u32, (Figures, Figures)>) -> String {
          machine, against the same kube-apiserver v1.36.2, N Services x {ENDPOINTS} endpoints \
          (kp-bench's mix). Ratio = upstream / ours (above 1: ours is faster or smaller).\n\n\
          | N | mode | what | upstream kube-proxy | kube-proxy-rs | ratio |\n|---|---|---|---|---|---|\n",
-        o.sizes
-            .iter()
-            .map(|s| s.to_string())
-            .collect::<Vec<_>>()
-            .join(","),
+        sizes_arg(&o.sizes),
         o.mode,
         o.changes,
         o.burst,

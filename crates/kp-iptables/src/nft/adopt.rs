@@ -102,41 +102,20 @@ fn chain_fps(
         .collect())
 }
 
-/// `chain_fps` of every chain, on up to 4 threads with a socket each (a
-/// thread starts in the network namespace of the one that spawns it).
+/// `chain_fps` of every chain, on up to 4 threads with a socket each
+/// (none spawned for a few hundred chains).
 fn read_chains(
     proto: u8,
     chains: Vec<ChainKey>,
 ) -> Result<HashMap<ChainKey, Vec<u64>>, DataplaneError> {
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .clamp(1, 4)
-        .min(chains.len().div_ceil(256).max(1));
-    let mut parts: Vec<Vec<ChainKey>> = vec![Vec::new(); threads];
-    for (i, c) in chains.into_iter().enumerate() {
-        parts[i % threads].push(c);
-    }
-    std::thread::scope(|s| {
-        let handles: Vec<_> = parts
-            .into_iter()
-            .map(|part| {
-                s.spawn(move || {
-                    let mut sock = NftSocket::new();
-                    part.into_iter()
-                        .map(|(t, c)| chain_fps(&mut sock, proto, &t, &c).map(|f| ((t, c), f)))
-                        .collect::<Result<Vec<_>, _>>()
-                })
-            })
-            .collect();
-        let mut out = HashMap::new();
-        for h in handles {
-            match h.join() {
-                Ok(part) => out.extend(part?),
-                Err(_) => return Err(apply_err("a thread reading rules back panicked".into())),
-            }
-        }
-        Ok(out)
-    })
+    let read = kp_netlink::on_threads(
+        chains,
+        256,
+        NftSocket::new,
+        |sock, (t, c)| chain_fps(sock, proto, &t, &c).map(|f| ((t, c), f)),
+        || apply_err("a thread reading rules back panicked".into()),
+    )?;
+    Ok(read.into_iter().collect())
 }
 
 /// What the input declares of one chain.
@@ -144,6 +123,7 @@ fn read_chains(
 struct Declared {
     /// Input lines (1-based) of the declaration and of its rules.
     lines: Vec<usize>,
+    /// Its rules' fingerprints, made only when the kernel has the chain.
     fps: Vec<u64>,
     /// Deleted (`-X`) or declared twice: always written as the input says.
     not_adoptable: bool,
@@ -156,6 +136,14 @@ impl IptablesNetlink {
     pub(super) fn adopt(&mut self, input: &str) -> Result<(String, Adopted), DataplaneError> {
         let t0 = Instant::now();
         let fam = self.fam();
+        // Which chains exist: the listing of the full sync that made the
+        // input, or one of our own. Only those are read back and only
+        // their rules encoded to compare (on a node without our chains,
+        // nothing is).
+        let existing = match self.listing.take() {
+            Some(l) => l,
+            None => self.all_chains()?,
+        };
         let mut declared: HashMap<ChainKey, Declared> = HashMap::new();
         let mut table = String::new();
         for line in restore_lines(input) {
@@ -175,29 +163,26 @@ impl IptablesNetlink {
                         .not_adoptable = true;
                 }
                 Line::Append(c, r) => {
-                    let d = declared.entry((table.clone(), c)).or_default();
+                    let key = (table.clone(), c);
+                    let exists = existing.contains(&key);
+                    let d = declared.entry(key).or_default();
                     if d.lines.is_empty() {
                         // Before any declaration (a builtin chain, or one
                         // declared later): this line stays, and so does
                         // the chain's declaration.
                         d.not_adoptable = true;
                     } else {
-                        let enc = encode::encode(&r, fam)
-                            .map_err(|e| apply_err(format!("line {n}: {e}")))?;
-                        d.fps.push(rule_fp(enc.exprs.as_bytes(), None));
+                        if exists {
+                            let enc = encode::encode(&r, fam)
+                                .map_err(|e| apply_err(format!("line {n}: {e}")))?;
+                            d.fps.push(rule_fp(enc.exprs.as_bytes(), None));
+                        }
                         d.lines.push(n);
                     }
                 }
                 Line::Insert(..) => {}
             }
         }
-        // Which chains exist: the listing of the full sync that made the
-        // input, or one of our own. Only those are read back (on a node
-        // without our chains, nothing is).
-        let existing = match self.listing.take() {
-            Some(l) => l,
-            None => self.all_chains()?,
-        };
         let mut st = Adopted::default();
         let mut wanted: Vec<ChainKey> = Vec::new();
         for (key, d) in &declared {

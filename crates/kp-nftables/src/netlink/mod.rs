@@ -74,9 +74,34 @@ impl NftNetlink {
 }
 
 impl NftNetlink {
-    /// A dump request's answer; None when the object asked about is not
-    /// there (ENOENT). `what` names it in I/O errors, `doing` in the
-    /// kernel's refusals.
+    /// A request's answer: a dump, or one object's (acknowledged); None
+    /// when the object asked about is not there (ENOENT). `what` names it
+    /// in I/O errors, `doing` in the kernel's refusals.
+    fn ask(
+        &mut self,
+        family: IpFamily,
+        ty: u16,
+        dump: bool,
+        attrs: &Attrs,
+        what: &str,
+        doing: &str,
+    ) -> Result<Option<Vec<Reply>>, DataplaneError> {
+        let (flags, until) = if dump {
+            (NLM_F_DUMP, Until::Done)
+        } else {
+            (NLM_F_ACK, Until::Ack)
+        };
+        match self.query(family, ty, flags, attrs, what, until)? {
+            Ok(r) => Ok(Some(r)),
+            Err(libc::ENOENT) => Ok(None),
+            Err(errno) => Err(DataplaneError::Apply {
+                tool: TOOL.into(),
+                message: format!("{doing}: {}", errno_text(errno)),
+            }),
+        }
+    }
+
+    /// A dump request's answer, as [`Self::ask`] gives it.
     fn dump(
         &mut self,
         family: IpFamily,
@@ -85,14 +110,7 @@ impl NftNetlink {
         what: &str,
         doing: &str,
     ) -> Result<Option<Vec<Reply>>, DataplaneError> {
-        match self.query(family, ty, NLM_F_DUMP, attrs, what, Until::Done)? {
-            Ok(r) => Ok(Some(r)),
-            Err(libc::ENOENT) => Ok(None),
-            Err(errno) => Err(DataplaneError::Apply {
-                tool: TOOL.into(),
-                message: format!("{doing}: {}", errno_text(errno)),
-            }),
-        }
+        self.ask(family, ty, true, attrs, what, doing)
     }
 
     /// Our table's description (NEWTABLE); None when it is not there.
@@ -103,22 +121,14 @@ impl NftNetlink {
     ) -> Result<Option<Vec<Reply>>, DataplaneError> {
         let mut a = Attrs::new();
         a.str(1, table);
-        let answer = self.query(
+        self.ask(
             family,
             msg::GETTABLE,
-            NLM_F_ACK,
+            false,
             &a,
             "the nftables table",
-            Until::Ack,
-        )?;
-        match answer {
-            Ok(r) => Ok(Some(r)),
-            Err(libc::ENOENT) => Ok(None),
-            Err(errno) => Err(DataplaneError::Apply {
-                tool: TOOL.into(),
-                message: format!("getting table {table}: {}", errno_text(errno)),
-            }),
-        }
+            &format!("getting table {table}"),
+        )
     }
 
     /// Sends an encoded batch; `text` gives a refused line's text, if kept.

@@ -352,41 +352,16 @@ fn in_parallel<T: Send>(
     names: Vec<String>,
     f: impl Fn(&mut NftNetlink, &str) -> Result<T, DataplaneError> + Sync,
 ) -> Result<Vec<(String, T)>, DataplaneError> {
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .clamp(1, 4)
-        .min(names.len().max(1));
-    let mut parts: Vec<Vec<String>> = vec![Vec::new(); threads];
-    for (i, n) in names.into_iter().enumerate() {
-        parts[i % threads].push(n);
-    }
-    let f = &f;
-    std::thread::scope(|s| {
-        let handles: Vec<_> = parts
-            .into_iter()
-            .map(|part| {
-                s.spawn(move || {
-                    let mut nl = NftNetlink::new();
-                    part.into_iter()
-                        .map(|n| f(&mut nl, &n).map(|t| (n, t)))
-                        .collect::<Result<Vec<_>, _>>()
-                })
-            })
-            .collect();
-        let mut out = Vec::new();
-        for h in handles {
-            match h.join() {
-                Ok(part) => out.extend(part?),
-                Err(_) => {
-                    return Err(DataplaneError::Apply {
-                        tool: TOOL.into(),
-                        message: "a thread reading the table back panicked".into(),
-                    })
-                }
-            }
-        }
-        Ok(out)
-    })
+    kp_netlink::on_threads(
+        names,
+        1,
+        NftNetlink::new,
+        |nl, n| f(nl, &n).map(|t| (n, t)),
+        || DataplaneError::Apply {
+            tool: TOOL.into(),
+            message: "a thread reading the table back panicked".into(),
+        },
+    )
 }
 
 impl NftNetlink {
