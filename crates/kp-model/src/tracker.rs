@@ -403,13 +403,15 @@ impl ChangeTracker {
                 touched.insert(k);
             }
             let created = self.created.get(svc).copied().unwrap_or_default();
-            let new: Vec<(AddressKey, Claimant)> = self
+            let mut new: Vec<(AddressKey, Claimant)> = self
                 .services
                 .get(svc)
                 .into_iter()
                 .flatten()
                 .flat_map(|p| claims_of(p, created))
                 .collect();
+            // Kept as long as the Service: collecting made room for four.
+            new.shrink_to_fit();
             for (k, c) in &new {
                 self.claims.add(*k, c.clone());
                 touched.insert(*k);
