@@ -398,10 +398,7 @@ impl ChangeTracker {
     fn update_claims(&mut self, dirty: Vec<ServiceName>) -> BTreeSet<ServiceName> {
         let mut touched = std::mem::take(&mut self.touched);
         for svc in &dirty {
-            for (k, c) in self.service_claims.remove(svc).unwrap_or_default() {
-                self.claims.remove(&k, &c);
-                touched.insert(k);
-            }
+            let old = self.service_claims.remove(svc).unwrap_or_default();
             let created = self.created.get(svc).copied().unwrap_or_default();
             let mut new: Vec<(AddressKey, Claimant)> = self
                 .services
@@ -410,6 +407,20 @@ impl ChangeTracker {
                 .flatten()
                 .flat_map(|p| claims_of(p, created))
                 .collect();
+            if new == old {
+                // Its endpoints changed, not its addresses: no other
+                // claimant's standing moved (at 100k Services, re-checking
+                // the Services sharing a contested address on every
+                // endpoint change was a 3 ms p99).
+                if !old.is_empty() {
+                    self.service_claims.insert(svc.clone(), old);
+                }
+                continue;
+            }
+            for (k, c) in old {
+                self.claims.remove(&k, &c);
+                touched.insert(k);
+            }
             // Kept as long as the Service: collecting made room for four.
             new.shrink_to_fit();
             for (k, c) in &new {
@@ -533,7 +544,10 @@ impl ChangeTracker {
             ..Default::default()
         };
         let node_changed = std::mem::take(&mut self.node_changed);
-        let dirty: Vec<ServiceName> = self.dirty.drain().collect();
+        // Taken, not drained: a drain keeps the set's room, and after the
+        // first sync (every Service dirty) each later one scanned 100k
+        // empty slots at 100k Services (up to 40 us per endpoint change).
+        let dirty: Vec<ServiceName> = std::mem::take(&mut self.dirty).into_iter().collect();
         let todo = self.update_claims(dirty);
         for svc in todo {
             // Old ports of this service.

@@ -315,3 +315,52 @@ fn host_listeners_keep_their_address() {
     t.take_changes();
     assert!(external_ips(t.state(), "b").contains(&ip("192.168.1.10")));
 }
+
+/// The owner's endpoints changing moves nothing: the other claimant stays
+/// refused (and is not reported again), and a later change of the owner's
+/// addresses still hands the address over in the same sync.
+#[test]
+fn an_owners_endpoint_change_keeps_every_claim_where_it_was() {
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    let a = service(
+        "a",
+        None,
+        "10.96.0.1",
+        80,
+        json!({"externalIPs": ["203.0.113.5"]}),
+    );
+    let b = service(
+        "b",
+        None,
+        "10.96.0.2",
+        80,
+        json!({"externalIPs": ["203.0.113.5"]}),
+    );
+    let mut t = tracker();
+    let cs = apply(&mut t, &[&a, &b]);
+    assert_eq!(cs.refused.len(), 1, "{:?}", cs.refused);
+    let slice = |ip: &str| -> EndpointSlice {
+        serde_json::from_value(json!({
+            "metadata": {"namespace": "ns1", "name": "a-1",
+                         "labels": {"kubernetes.io/service-name": "a"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}],
+            "ports": [{"name": "p", "port": 8080, "protocol": "TCP"}]
+        }))
+        .unwrap()
+    };
+    for ep in ["10.1.0.1", "10.1.0.2"] {
+        t.update_endpoint_slice(&slice(ep), SystemTime::now())
+            .unwrap();
+        let cs = t.take_changes();
+        assert_eq!(cs.changed, BTreeSet::from([spn("a")]));
+        assert!(cs.refused.is_empty(), "{:?}", cs.refused);
+        assert_eq!(external_ips(t.state(), "a"), vec![ip("203.0.113.5")]);
+        assert!(external_ips(t.state(), "b").is_empty());
+        assert_eq!(t.state().endpoints[&spn("a")][0].ip, ip(ep));
+    }
+    let a2 = service("a", None, "10.96.0.1", 80, json!({}));
+    let cs = apply(&mut t, &[&a2]);
+    assert!(cs.changed.contains(&spn("b")), "{:?}", cs.changed);
+    assert_eq!(external_ips(t.state(), "b"), vec![ip("203.0.113.5")]);
+}
