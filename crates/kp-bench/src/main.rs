@@ -444,19 +444,32 @@ fn measure(
         std::thread::sleep(o.pause);
         let t = Instant::now();
         let _ = tr.update_endpoint_slice(&s, SystemTime::now());
+        let updated = t.elapsed();
         let cs = tr.take_changes();
+        let taken = t.elapsed();
         let r = dp.sync(tr.state(), &cs.changed, false)?;
         lat.push(t.elapsed());
         bytes.push(r.bytes);
-        slowest.push((t.elapsed(), i, r.bytes, r.render, r.apply));
+        slowest.push((
+            t.elapsed(),
+            i,
+            r.bytes,
+            r.render,
+            r.apply,
+            updated,
+            taken - updated,
+        ));
     }
     // What the tail is made of (on stderr, beside the table): which Service,
     // how much was sent, and where the time went.
     slowest.sort_by_key(|s| std::cmp::Reverse(s.0));
-    for (d, i, b, render, apply) in slowest.iter().take(3) {
+    for (d, i, b, render, apply, update, take) in slowest.iter().take(3) {
         eprintln!(
-            "  {n} Services: slow endpoint change: svc-{i} {} ms ({b} B; render {} ms, apply {} ms)",
+            "  {n} Services: slow endpoint change: svc-{i} {} ms ({b} B; tracker update {} ms, \
+             take_changes {} ms, render {} ms, apply {} ms)",
             ms(*d),
+            ms(*update),
+            ms(*take),
             ms(*render),
             ms(*apply)
         );
@@ -658,22 +671,25 @@ fn iptables_full_floor(n: u32, dp: &mut dyn Dataplane, tr: &ChangeTracker) -> Re
     use kp_iptables::IptablesNetlink;
     let input = dp.render(tr.state());
     let mut nl = IptablesNetlink::new(IpFamily::V4);
-    let (mut ours, mut kernel) = (Vec::new(), Vec::new());
+    let (mut ours, mut kernel, mut encoding) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..3 {
         let t = Instant::now();
         dp.sync(tr.state(), &BTreeSet::new(), true)?;
         ours.push(t.elapsed());
+        let t = Instant::now();
         let batch = nl.encode_input(&input)?;
+        encoding.push(t.elapsed());
         let t = Instant::now();
         nl.send_encoded(&batch, &input)?;
         kernel.push(t.elapsed());
     }
     let (a, b) = (pct(&mut ours, 0.5), pct(&mut kernel, 0.5));
     eprintln!(
-        "  {n} Services: full sync over the table, p50 of 3: ours {} ms, the kernel alone (the same rules, encoded beforehand) {} ms: {:.2}x",
+        "  {n} Services: full sync over the table, p50 of 3: ours {} ms, the kernel alone (the same rules, encoded beforehand) {} ms: {:.2}x; encoding them {} ms",
         ms(a),
         ms(b),
-        a.as_secs_f64() / b.as_secs_f64().max(1e-9)
+        a.as_secs_f64() / b.as_secs_f64().max(1e-9),
+        ms(pct(&mut encoding, 0.5))
     );
     Ok(())
 }

@@ -34,9 +34,98 @@ use kp_netlink::{
 pub use encode::Family;
 use kp_xtables::Jump;
 use kp_xtables::{Adopted, IptablesBackend, IptablesCli, Variant};
-use rule::{parse_rule, restore_lines, Line};
+use rule::{parse_rule, restore_line, Line};
 
 const TOOL: &str = "iptables-nft over netlink";
+
+/// Inputs of at least this many lines are encoded on two threads.
+const SPLIT_AT_LINES: usize = 20_000;
+
+/// Encodes `lines` (the input's from line `offset + 1`; `table`: the table
+/// in force before them) into `b`. The tables and builtin chains they use
+/// were added beforehand.
+fn encode_lines(
+    b: &mut Batch,
+    proto: u8,
+    fam: Family,
+    lines: &[&str],
+    offset: usize,
+    table: &str,
+) -> Result<(), DataplaneError> {
+    let mut table = table.to_string();
+    for (i, raw) in lines.iter().enumerate() {
+        let Some(line) = restore_line(offset + i + 1, raw) else {
+            continue;
+        };
+        let (n, line) = line.map_err(apply_err)?;
+        let need_table = |table: &str| {
+            if table.is_empty() {
+                Err(apply_err(format!("line {n}: outside a table (`*table`)")))
+            } else {
+                Ok(())
+            }
+        };
+        match line {
+            Line::Table(t) => table = t,
+            Line::Commit => table.clear(),
+            Line::Chain(c) => {
+                need_table(&table)?;
+                if builtin(&table, &c).is_some() {
+                    return Err(apply_err(format!(
+                        "line {n}: builtin chain {c} cannot be declared (it would be flushed)"
+                    )));
+                }
+                let mut a = Attrs::new();
+                a.str(1, &table).str(3, &c);
+                b.push(n, proto, msg::NEWCHAIN, NLM_F_CREATE, &a);
+                let mut a = Attrs::new();
+                a.str(1, &table).str(2, &c);
+                b.push(n, proto, msg::DELRULE, 0, &a);
+            }
+            Line::DeleteChain(c) => {
+                need_table(&table)?;
+                let mut a = Attrs::new();
+                a.str(1, &table).str(3, &c);
+                b.push(n, proto, msg::DELCHAIN, 0, &a);
+            }
+            Line::Append(c, r) => {
+                need_table(&table)?;
+                push_rule(b, (proto, fam), n, (&table, &c), &r, true)?;
+            }
+            Line::Insert(c, r) => {
+                need_table(&table)?;
+                push_rule(b, (proto, fam), n, (&table, &c), &r, false)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Adds rule `r` to (table, chain): appended, or first in the chain (`-I 1`).
+fn push_rule(
+    b: &mut Batch,
+    (proto, fam): (u8, Family),
+    n: usize,
+    (table, chain): (&str, &str),
+    r: &rule::Rule,
+    append: bool,
+) -> Result<(), DataplaneError> {
+    let enc = encode::encode(r, fam).map_err(|e| apply_err(format!("line {n}: {e}")))?;
+    let flags = if append {
+        NLM_F_CREATE | NLM_F_APPEND
+    } else {
+        // Without NLM_F_APPEND or a position the rule goes first.
+        NLM_F_CREATE
+    };
+    b.push(
+        n,
+        proto,
+        msg::NEWRULE,
+        flags,
+        &rule_attrs(table, chain, &enc),
+    );
+    Ok(())
+}
 
 /// The base chains iptables-nft creates for a builtin chain: (type, hook,
 /// priority), from iptables' nft.c tables.
@@ -218,91 +307,101 @@ impl IptablesNetlink {
         Ok(())
     }
 
-    /// The input as one batch.
+    /// The input as one batch: first the tables and builtin chains it
+    /// needs and the kernel lacks, then its lines in order, a large input
+    /// in two halves on two threads (parsing and encoding 480k lines took
+    /// 0.8-1.2 s at 10k Services, 0.5-0.8 s in halves, while the kernel
+    /// waits for the batch).
     fn encode(&mut self, input: &str) -> Result<Batch, DataplaneError> {
-        let proto = nfproto(self.family);
-        // Every line is at most two messages, plus tables and builtin chains.
-        let seq0 = next_seq(input.lines().count() * 2 + 32);
-        let mut b = Batch::new(seq0, input.len() * 2 + 64);
-        let mut table = String::new();
-        for line in restore_lines(input) {
-            let (n, line) = line.map_err(apply_err)?;
-            let need_table = || {
-                if table.is_empty() {
-                    Err(apply_err(format!("line {n}: outside a table (`*table`)")))
-                } else {
-                    Ok(())
-                }
-            };
-            match line {
-                Line::Table(t) => {
-                    self.ensure(&mut b, n, &t, "")?;
-                    table = t;
-                }
-                Line::Commit => table.clear(),
-                Line::Chain(c) => {
-                    need_table()?;
-                    if builtin(&table, &c).is_some() {
-                        return Err(apply_err(format!(
-                            "line {n}: builtin chain {c} cannot be declared (it would be flushed)"
-                        )));
-                    }
-                    let mut a = Attrs::new();
-                    a.str(1, &table).str(3, &c);
-                    b.push(n, proto, msg::NEWCHAIN, NLM_F_CREATE, &a);
-                    let mut a = Attrs::new();
-                    a.str(1, &table).str(2, &c);
-                    b.push(n, proto, msg::DELRULE, 0, &a);
-                }
-                Line::DeleteChain(c) => {
-                    need_table()?;
-                    let mut a = Attrs::new();
-                    a.str(1, &table).str(3, &c);
-                    b.push(n, proto, msg::DELCHAIN, 0, &a);
-                }
-                Line::Append(c, r) => {
-                    need_table()?;
-                    self.push_rule(&mut b, n, &table, &c, &r, true)?;
-                }
-                Line::Insert(c, r) => {
-                    need_table()?;
-                    self.push_rule(&mut b, n, &table, &c, &r, false)?;
-                }
-            }
-        }
-        Ok(b.finish())
+        self.encode_split(input, SPLIT_AT_LINES)
     }
 
-    /// Adds rule `r` to `chain`: appended, or first in the chain (`-I 1`).
-    fn push_rule(
-        &mut self,
-        b: &mut Batch,
-        n: usize,
-        table: &str,
-        chain: &str,
-        r: &rule::Rule,
-        append: bool,
-    ) -> Result<(), DataplaneError> {
-        if builtin(table, chain).is_some() {
-            // Our jumps: the builtin chain may not exist yet in a fresh
-            // namespace (iptables-nft makes them on first use too).
-            self.ensure(b, n, table, chain)?;
+    /// [`Self::encode`], in halves from `split_at` lines.
+    fn encode_split(&mut self, input: &str, split_at: usize) -> Result<Batch, DataplaneError> {
+        let lines: Vec<&str> = input.lines().collect();
+        // Which tables and builtin chains the input uses, without parsing
+        // its rules: a rule line's chain is its second word.
+        let mut needed: Vec<(usize, &str, &str)> = Vec::new();
+        let mut seen: HashSet<(&str, &str)> = HashSet::new();
+        let mut table = "";
+        for (i, raw) in lines.iter().enumerate() {
+            let l = raw.trim();
+            let want = if let Some(t) = l.strip_prefix('*') {
+                table = t;
+                Some((t, ""))
+            } else if l == "COMMIT" {
+                table = "";
+                None
+            } else if !table.is_empty() && (l.starts_with("-A") || l.starts_with("-I")) {
+                l.split_whitespace()
+                    .nth(1)
+                    .filter(|c| builtin(table, c).is_some())
+                    .map(|c| (table, c))
+            } else {
+                None
+            };
+            if let Some(w) = want.filter(|w| seen.insert(*w)) {
+                needed.push((i + 1, w.0, w.1));
+            }
         }
-        let enc = encode::encode(r, self.fam()).map_err(|e| apply_err(format!("line {n}: {e}")))?;
-        let flags = if append {
-            NLM_F_CREATE | NLM_F_APPEND
-        } else {
-            // Without NLM_F_APPEND or a position the rule goes first.
-            NLM_F_CREATE
+        // Every line is at most two messages.
+        let seq0 = next_seq(lines.len() * 2 + needed.len() + 32);
+        let mut head = Batch::new(seq0, input.len() * 2 + 64);
+        for (n, t, c) in needed {
+            self.ensure(&mut head, n, t, c)?;
+        }
+        let (proto, fam) = (nfproto(self.family), self.fam());
+        let two = lines.len() >= split_at
+            && std::thread::available_parallelism().is_ok_and(|c| c.get() > 1);
+        if !two {
+            encode_lines(&mut head, proto, fam, &lines, 0, "")?;
+            return Ok(head.finish());
+        }
+        // Halves of equal bytes rather than lines: the chain declarations
+        // come first and cost a fraction of a rule each.
+        let mut left = input.len() / 2;
+        let mid = lines
+            .iter()
+            .position(|l| {
+                left = left.saturating_sub(l.len() + 1);
+                left == 0
+            })
+            .map_or(lines.len() / 2, |i| i + 1);
+        // The table the second half starts in; its messages are numbered
+        // after every number the first half can use.
+        let table_at_mid = lines[..mid]
+            .iter()
+            .rev()
+            .map(|l| l.trim())
+            .find_map(|l| match l {
+                "COMMIT" => Some(""),
+                _ => l.strip_prefix('*'),
+            })
+            .unwrap_or("");
+        let seq1 = head.last_seq().wrapping_add((mid * 2) as u32);
+        let rest = &lines[mid..];
+        let (first, second) = std::thread::scope(|s| {
+            let h = s.spawn(move || {
+                let mut b = Batch::continuation(seq1, rest.len() * 128);
+                encode_lines(&mut b, proto, fam, rest, mid, table_at_mid).map(|_| b)
+            });
+            let first = encode_lines(&mut head, proto, fam, &lines[..mid], 0, "");
+            (first, h.join())
+        });
+        first?;
+        let second = match second {
+            Ok(b) => b?,
+            // Encoding returns an error for bad input and does not panic;
+            // should it, say where rather than take the process down.
+            Err(_) => {
+                return Err(apply_err(format!(
+                    "line {}: the encoder panicked on this half of the input",
+                    mid + 1
+                )))
+            }
         };
-        b.push(
-            n,
-            nfproto(self.family),
-            msg::NEWRULE,
-            flags,
-            &rule_attrs(table, chain, &enc),
-        );
-        Ok(())
+        head.append(second);
+        Ok(head.finish())
     }
 
     /// `input` encoded as one batch, for [`Self::send_encoded`] (the
@@ -559,6 +658,95 @@ impl IptablesBackend for IptablesNetlink {
             Some(r) => Err(apply_err(format!(
                 "deleting rule {handle} of {table} {chain}: {r:?}"
             ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // a test: a panic is its failure
+    use super::*;
+
+    /// A proxier the kernel is never asked about: its tables and builtin
+    /// chains are taken as existing.
+    fn offline() -> IptablesNetlink {
+        let mut nl = IptablesNetlink::new(IpFamily::V4);
+        for (t, c) in [
+            ("filter", ""),
+            ("nat", ""),
+            ("filter", "INPUT"),
+            ("nat", "PREROUTING"),
+            ("nat", "OUTPUT"),
+        ] {
+            nl.known.insert((t.into(), c.into()));
+        }
+        nl
+    }
+
+    /// Two tables; the nat one's Service chains take most lines, so the
+    /// halves meet inside it.
+    fn input(services: usize) -> String {
+        let mut s = String::from(
+            "*filter\n:KUBE-FIREWALL -\n-A KUBE-FIREWALL -m conntrack --ctstate INVALID -j DROP\n\
+             -I INPUT 1 -j KUBE-FIREWALL\nCOMMIT\n*nat\n:KUBE-SERVICES -\n",
+        );
+        for i in 0..services {
+            s.push_str(&format!(":KUBE-SVC-{i:06} -\n"));
+        }
+        s.push_str("-I PREROUTING 1 -j KUBE-SERVICES\n-I OUTPUT 1 -j KUBE-SERVICES\n");
+        for i in 0..services {
+            let ip = std::net::Ipv4Addr::from(0x0a60_0000u32 + i as u32);
+            s.push_str(&format!(
+                "-A KUBE-SERVICES -d {ip}/32 -p tcp -m tcp --dport 80 -j KUBE-SVC-{i:06}\n\
+                 -A KUBE-SVC-{i:06} -p tcp -m tcp -j DNAT --to-destination 10.1.0.1:8080\n"
+            ));
+        }
+        s.push_str("COMMIT\n");
+        s
+    }
+
+    /// Every message with its sequence number zeroed, and the line of each.
+    fn messages(b: &Batch) -> (Vec<u8>, Vec<usize>) {
+        let mut out = Vec::new();
+        for piece in b.pieces() {
+            let mut p = piece.as_slice();
+            while p.len() >= 16 {
+                let len = u32::from_ne_bytes([p[0], p[1], p[2], p[3]]) as usize;
+                let mut m = p[..len].to_vec();
+                m[8..12].fill(0);
+                out.extend(m);
+                p = &p[kp_netlink::align4(len).min(p.len())..];
+            }
+        }
+        (out, b.ops.iter().map(|(_, line)| *line).collect())
+    }
+
+    #[test]
+    fn halves_encode_what_one_pass_does() {
+        let text = input(300);
+        let one = offline().encode_split(&text, usize::MAX).unwrap();
+        let two = offline().encode_split(&text, 0).unwrap();
+        assert!(one.len() > 900);
+        assert_eq!(messages(&one), messages(&two));
+        // Numbers rise through the batch: the kernel's answers are told
+        // apart by them.
+        let seqs: Vec<u32> = two.ops.iter().map(|(s, _)| *s).collect();
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+        assert!(seqs.last().unwrap() < &two.last_seq());
+    }
+
+    #[test]
+    fn an_error_in_either_half_names_its_line() {
+        let text = input(300);
+        let lines: Vec<&str> = text.lines().collect();
+        for bad in [5, lines.len() / 2 + 1, lines.len() - 3] {
+            let mut broken = lines.clone();
+            broken[bad - 1] = "-A KUBE-SERVICES --no-such-option";
+            let e = match offline().encode_split(&broken.join("\n"), 0) {
+                Ok(_) => panic!("line {bad} was accepted"),
+                Err(e) => e.to_string(),
+            };
+            assert!(e.contains(&format!("line {bad}:")), "{e}");
         }
     }
 }

@@ -169,18 +169,23 @@ pub fn split_args(text: &str) -> Result<Vec<String>, String> {
 /// Blank lines and comments are skipped; anything render.rs does not emit is
 /// an error naming the line.
 pub fn restore_lines(input: &str) -> impl Iterator<Item = Result<(usize, Line), String>> + '_ {
-    input.lines().enumerate().filter_map(|(i, raw)| {
-        let n = i + 1;
-        let l = raw.trim();
-        if l.is_empty() || l.starts_with('#') {
-            return None;
-        }
-        Some(
-            parse_line(l)
-                .map(|line| (n, line))
-                .map_err(|e| format!("line {n}: {e}: `{l}`")),
-        )
-    })
+    input
+        .lines()
+        .enumerate()
+        .filter_map(|(i, raw)| restore_line(i + 1, raw))
+}
+
+/// Line `n` of a restore input, `raw`: None for a blank line or a comment.
+pub fn restore_line(n: usize, raw: &str) -> Option<Result<(usize, Line), String>> {
+    let l = raw.trim();
+    if l.is_empty() || l.starts_with('#') {
+        return None;
+    }
+    Some(
+        parse_line(l)
+            .map(|line| (n, line))
+            .map_err(|e| format!("line {n}: {e}: `{l}`")),
+    )
 }
 
 fn parse_line(l: &str) -> Result<Line, String> {
