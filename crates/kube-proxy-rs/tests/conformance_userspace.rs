@@ -423,8 +423,21 @@ fn open_fds(pid: u32) -> usize {
         .unwrap_or(0)
 }
 
+/// The highest descriptor number `pid` holds. The limit bounds numbers, not
+/// the count: one set from the count alone can sit below a descriptor
+/// opened earlier, and the storm then fills every free number under it.
+fn highest_fd(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .max()
+                .unwrap_or(0)
+        })
+        .unwrap_or(0)
+}
+
 /// Fd exhaustion (an accept storm past RLIMIT_NOFILE): the running proxy's
-/// limit is lowered to 24 above what it holds, then 300 clients connect and
+/// limit is lowered to 24 above its highest descriptor, then 300 clients connect and
 /// stay (the kernel completes their handshakes in the listen backlog), so
 /// `accept` fails with EMFILE. The proxy survives, counts the failures in
 /// kubeproxy_rs_userspace_errors at the pace of its 50 ms back-off (not a
@@ -440,7 +453,7 @@ fn u19_accept_storm_past_rlimit_nofile() {
     let proxy = env.spawn(1, &Env::binary(), &env.proxy_args(1, &[]), "node1.log");
     let vip = sa("10.96.0.190", 80);
     assert_eq!(env.wait_tcp(client.ns(), vip).server, "a");
-    let limit = open_fds(proxy.pid()) + 24;
+    let limit = highest_fd(proxy.pid()) + 1 + 24;
     let out = std::process::Command::new("prlimit")
         .args([
             "--pid",
