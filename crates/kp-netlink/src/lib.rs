@@ -65,6 +65,25 @@ pub fn align4(n: usize) -> usize {
     (n + 3) & !3
 }
 
+/// `first` on this thread and `second` on one of its own, at the same time
+/// (a large batch encoded in two halves). `first`'s error is returned before
+/// `second`'s; `panicked()` if `second` panics.
+pub fn side_by_side<A, B: Send, E: Send>(
+    first: impl FnOnce() -> Result<A, E>,
+    second: impl FnOnce() -> Result<B, E> + Send,
+    panicked: impl FnOnce() -> E,
+) -> Result<(A, B), E> {
+    let (a, b) = std::thread::scope(|s| {
+        let h = s.spawn(second);
+        (first(), h.join())
+    });
+    let a = a?;
+    match b {
+        Ok(b) => Ok((a, b?)),
+        Err(_) => Err(panicked()),
+    }
+}
+
 /// `f` for every item, on up to 4 threads (no more than the machine has
 /// cores, nor one per fewer than `per_thread` items), each with its own
 /// state from `new` (a socket: one dump at a time per socket), items dealt

@@ -320,10 +320,14 @@ impl IptablesNetlink {
     fn encode_split(&mut self, input: &str, split_at: usize) -> Result<Batch, DataplaneError> {
         let lines: Vec<&str> = input.lines().collect();
         // Which tables and builtin chains the input uses, without parsing
-        // its rules: a rule line's chain is its second word.
+        // its rules (a rule line's chain is its second word); and where a
+        // second half would start, by bytes rather than lines (the chain
+        // declarations come first and cost a fraction of a rule each), with
+        // the table in force there.
         let mut needed: Vec<(usize, &str, &str)> = Vec::new();
         let mut seen: HashSet<(&str, &str)> = HashSet::new();
         let mut table = "";
+        let (mut left, mut mid) = (input.len() / 2, None);
         for (i, raw) in lines.iter().enumerate() {
             let l = raw.trim();
             let want = if let Some(t) = l.strip_prefix('*') {
@@ -343,6 +347,10 @@ impl IptablesNetlink {
             if let Some(w) = want.filter(|w| seen.insert(*w)) {
                 needed.push((i + 1, w.0, w.1));
             }
+            left = left.saturating_sub(raw.len() + 1);
+            if left == 0 && mid.is_none() {
+                mid = Some((i + 1, table));
+            }
         }
         // Every line is at most two messages.
         let seq0 = next_seq(lines.len() * 2 + needed.len() + 32);
@@ -353,53 +361,29 @@ impl IptablesNetlink {
         let (proto, fam) = (nfproto(self.family), self.fam());
         let two = lines.len() >= split_at
             && std::thread::available_parallelism().is_ok_and(|c| c.get() > 1);
-        if !two {
+        let Some((mid, table_at_mid)) = mid.filter(|_| two) else {
             encode_lines(&mut head, proto, fam, &lines, 0, "")?;
             return Ok(head.finish());
-        }
-        // Halves of equal bytes rather than lines: the chain declarations
-        // come first and cost a fraction of a rule each.
-        let mut left = input.len() / 2;
-        let mid = lines
-            .iter()
-            .position(|l| {
-                left = left.saturating_sub(l.len() + 1);
-                left == 0
-            })
-            .map_or(lines.len() / 2, |i| i + 1);
-        // The table the second half starts in; its messages are numbered
-        // after every number the first half can use.
-        let table_at_mid = lines[..mid]
-            .iter()
-            .rev()
-            .map(|l| l.trim())
-            .find_map(|l| match l {
-                "COMMIT" => Some(""),
-                _ => l.strip_prefix('*'),
-            })
-            .unwrap_or("");
+        };
+        // The second half's messages are numbered after every number the
+        // first half can use.
         let seq1 = head.last_seq().wrapping_add((mid * 2) as u32);
         let rest = &lines[mid..];
-        let (first, second) = std::thread::scope(|s| {
-            let h = s.spawn(move || {
+        let ((), second) = kp_netlink::side_by_side(
+            || encode_lines(&mut head, proto, fam, &lines[..mid], 0, ""),
+            move || {
                 let mut b = Batch::continuation(seq1, rest.len() * 128);
                 encode_lines(&mut b, proto, fam, rest, mid, table_at_mid).map(|_| b)
-            });
-            let first = encode_lines(&mut head, proto, fam, &lines[..mid], 0, "");
-            (first, h.join())
-        });
-        first?;
-        let second = match second {
-            Ok(b) => b?,
+            },
             // Encoding returns an error for bad input and does not panic;
             // should it, say where rather than take the process down.
-            Err(_) => {
-                return Err(apply_err(format!(
+            || {
+                apply_err(format!(
                     "line {}: the encoder panicked on this half of the input",
                     mid + 1
-                )))
-            }
-        };
+                ))
+            },
+        )?;
         head.append(second);
         Ok(head.finish())
     }

@@ -211,29 +211,24 @@ fn in_halves<O: Ops>(
     // The second half numbers its messages after every number the first
     // can use, and its anonymous sets far above the first's ids.
     let seq1 = seq0.wrapping_add(ops_messages(ops.ops()) as u32);
-    let (a, b) = std::thread::scope(|s| {
-        let encode = &encode;
-        let h = s.spawn(move || {
+    let encode = &encode;
+    let (mut a, b) = kp_netlink::side_by_side(
+        || {
+            let mut a = Batch::new(seq0, mid * 128 + 64);
+            encode(&mut a, 0, ops).map(|_| a)
+        },
+        move || {
             let mut b = Batch::continuation(seq1, 1 << 30, (n - mid) * 128);
             encode(&mut b, mid, second).map(|_| b)
-        });
-        let mut a = Batch::new(seq0, mid * 128 + 64);
-        let a = encode(&mut a, 0, ops).map(|_| a);
-        (a, h.join())
-    });
-    let mut a = a?;
-    let b = match b {
-        Ok(b) => b?,
+        },
         // Encoding does not panic on any input (bad input is an error);
         // should it, say so rather than take the process down.
-        Err(_) => {
-            return Err(EncodeError {
-                line: mid + 1,
-                text: text(mid + 1),
-                why: "the encoder panicked on this half of the transaction".into(),
-            })
-        }
-    };
+        || EncodeError {
+            line: mid + 1,
+            text: text(mid + 1),
+            why: "the encoder panicked on this half of the transaction".into(),
+        },
+    )?;
     a.inner.append(b.inner);
     Ok(a.finish())
 }
