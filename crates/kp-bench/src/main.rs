@@ -89,6 +89,10 @@ fn median(v: &mut [usize]) -> usize {
     v.get(v.len() / 2).copied().unwrap_or(0)
 }
 
+/// One timed endpoint change: (total, Service index, bytes sent, render,
+/// apply, tracker update, take_changes).
+type ChangeParts = (Duration, u32, usize, Duration, Duration, Duration, Duration);
+
 fn p50_p99(v: &mut [Duration]) -> String {
     format!("{} / {}", ms(pct(v, 0.5)), ms(pct(v, 0.99)))
 }
@@ -462,6 +466,19 @@ fn measure(
     }
     // What the tail is made of (on stderr, beside the table): which Service,
     // how much was sent, and where the time went.
+    // And each part's own percentiles: a tail can be one part's or spread.
+    let part = |f: fn(&ChangeParts) -> Duration| {
+        let mut v: Vec<Duration> = slowest.iter().map(f).collect();
+        p50_p99(&mut v)
+    };
+    eprintln!(
+        "  {n} Services: endpoint change parts p50 / p99 ms: tracker update {}, take_changes {}, \
+         render {}, apply {}",
+        part(|s| s.5),
+        part(|s| s.6),
+        part(|s| s.3),
+        part(|s| s.4)
+    );
     slowest.sort_by_key(|s| std::cmp::Reverse(s.0));
     for (d, i, b, render, apply, update, take) in slowest.iter().take(3) {
         eprintln!(

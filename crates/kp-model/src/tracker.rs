@@ -137,6 +137,11 @@ pub struct ChangeTracker {
     /// (namespace, slice name) -> the service it belongs to.
     slice_owner: HashMap<(String, String), ServiceName>,
     dirty: HashSet<ServiceName>,
+    /// The dirty Services whose object changed (added, updated, deleted),
+    /// not only their endpoints: only these can move a claim or a port, so
+    /// only these (and the other claimants of what they touch) have their
+    /// ports worked out again; the rest keep the ports they have.
+    spec_dirty: HashSet<ServiceName>,
     /// This node's zone changed: topology may pick other endpoints for every
     /// service, so the next sync reports all of them even if unchanged.
     node_changed: bool,
@@ -181,6 +186,7 @@ impl ChangeTracker {
             slices: HashMap::new(),
             slice_owner: HashMap::new(),
             dirty: HashSet::new(),
+            spec_dirty: HashSet::new(),
             node_changed: false,
             triggers: Vec::new(),
             service_changes: 0,
@@ -260,6 +266,7 @@ impl ChangeTracker {
         if changed {
             self.service_changes += 1;
             self.triggers.push(now);
+            self.spec_dirty.insert(name.clone());
             self.dirty.insert(name);
         }
         Ok(warnings)
@@ -271,6 +278,7 @@ impl ChangeTracker {
         if self.services.remove(&key).is_some() {
             self.service_changes += 1;
             self.triggers.push(now);
+            self.spec_dirty.insert(key.clone());
             self.dirty.insert(key);
         }
     }
@@ -392,12 +400,12 @@ impl ChangeTracker {
             .collect()
     }
 
-    /// Re-indexes the claims of the dirty Services and returns every Service
-    /// whose programmed ports may differ: the dirty ones and all other
+    /// Re-indexes the claims of the Services whose object changed and returns
+    /// every Service whose programmed ports may differ: those and all other
     /// claimants of the addresses they (or the reserved set) touched.
-    fn update_claims(&mut self, dirty: Vec<ServiceName>) -> BTreeSet<ServiceName> {
+    fn update_claims(&mut self, changed: Vec<ServiceName>) -> HashSet<ServiceName> {
         let mut touched = std::mem::take(&mut self.touched);
-        for svc in &dirty {
+        for svc in &changed {
             let old = self.service_claims.remove(svc).unwrap_or_default();
             let created = self.created.get(svc).copied().unwrap_or_default();
             let mut new: Vec<(AddressKey, Claimant)> = self
@@ -408,10 +416,10 @@ impl ChangeTracker {
                 .flat_map(|p| claims_of(p, created))
                 .collect();
             if new == old {
-                // Its endpoints changed, not its addresses: no other
+                // Its ports changed, not its addresses: no other
                 // claimant's standing moved (at 100k Services, re-checking
                 // the Services sharing a contested address on every
-                // endpoint change was a 3 ms p99).
+                // change was a 3 ms p99).
                 if !old.is_empty() {
                     self.service_claims.insert(svc.clone(), old);
                 }
@@ -431,7 +439,7 @@ impl ChangeTracker {
                 self.service_claims.insert(svc.clone(), new);
             }
         }
-        let mut todo: BTreeSet<ServiceName> = dirty.into_iter().collect();
+        let mut todo: HashSet<ServiceName> = changed.into_iter().collect();
         for k in &touched {
             for c in self.claims.claimants(k) {
                 if let Some(o) = &c.owner {
@@ -547,31 +555,24 @@ impl ChangeTracker {
         // Taken, not drained: a drain keeps the set's room, and after the
         // first sync (every Service dirty) each later one scanned 100k
         // empty slots at 100k Services (up to 40 us per endpoint change).
-        let dirty: Vec<ServiceName> = std::mem::take(&mut self.dirty).into_iter().collect();
-        let todo = self.update_claims(dirty);
+        let spec: Vec<ServiceName> = std::mem::take(&mut self.spec_dirty).into_iter().collect();
+        let recheck = self.update_claims(spec);
+        let mut todo: BTreeSet<ServiceName> = std::mem::take(&mut self.dirty).into_iter().collect();
+        todo.extend(recheck.iter().cloned());
         for svc in todo {
-            // Old ports of this service.
-            let old_names: Vec<ServicePortName> = self
-                .state
-                .services
-                .range(ServicePortName::first_of(&svc)..)
-                .take_while(|(k, _)| k.service == svc)
-                .map(|(k, _)| k.clone())
-                .collect();
-            let new_ports = self.effective_ports(&svc, &mut cs.refused);
-            let new_names: BTreeSet<&ServicePortName> = new_ports.iter().map(|p| &p.name).collect();
-
-            for old in &old_names {
-                if !new_names.contains(old) {
-                    let old_port = self.state.services.remove(old);
-                    let old_eps = self.state.endpoints.remove(old);
-                    if let Some(op) = old_port {
-                        stale_for_removed_port(&op, &mut cs.stale);
-                        let _ = old_eps;
-                    }
-                    cs.changed.insert(old.clone());
-                }
-            }
+            let new_ports = if recheck.contains(&svc) {
+                self.recheck_ports(&svc, &mut cs)
+            } else {
+                // Only its endpoints (or the node's zone) changed: its
+                // ports are the ones it has (working them out again was
+                // half of an endpoint change's cost at 100k Services).
+                self.state
+                    .services
+                    .range(ServicePortName::first_of(&svc)..)
+                    .take_while(|(k, _)| k.service == svc)
+                    .map(|(_, p)| Arc::clone(p))
+                    .collect()
+            };
             for port in new_ports {
                 let eps = self.merged_endpoints(&port.name);
                 let old_port = self.state.services.get(&port.name).cloned();
@@ -613,10 +614,36 @@ impl ChangeTracker {
                 } else {
                     self.state.endpoints.insert(port.name.clone(), eps);
                 }
-                self.state.services.insert(port.name.clone(), port);
+                if port_changed {
+                    self.state.services.insert(port.name.clone(), port);
+                }
             }
         }
         cs
+    }
+
+    /// `svc`'s ports worked out again from its object and the claims; the
+    /// ports it no longer has are removed from the state and reported.
+    fn recheck_ports(&mut self, svc: &ServiceName, cs: &mut ChangeSet) -> Vec<Arc<ServicePort>> {
+        let old_names: Vec<ServicePortName> = self
+            .state
+            .services
+            .range(ServicePortName::first_of(svc)..)
+            .take_while(|(k, _)| k.service == *svc)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let new_ports = self.effective_ports(svc, &mut cs.refused);
+        let new_names: BTreeSet<&ServicePortName> = new_ports.iter().map(|p| &p.name).collect();
+        for old in &old_names {
+            if !new_names.contains(old) {
+                self.state.endpoints.remove(old);
+                if let Some(op) = self.state.services.remove(old) {
+                    stale_for_removed_port(&op, &mut cs.stale);
+                }
+                cs.changed.insert(old.clone());
+            }
+        }
+        new_ports
     }
 }
 

@@ -316,41 +316,39 @@ fn host_listeners_keep_their_address() {
     assert!(external_ips(t.state(), "b").contains(&ip("192.168.1.10")));
 }
 
+/// Services `a` and `b` (same age: `a` wins by name), both with externalIP
+/// 203.0.113.5 on port 80.
+fn both_claim_203_0_113_5() -> (Service, Service) {
+    let ext = json!({"externalIPs": ["203.0.113.5"]});
+    (
+        service("a", None, "10.96.0.1", 80, ext.clone()),
+        service("b", None, "10.96.0.2", 80, ext),
+    )
+}
+
+/// Service `svc`'s slice `svc-1`: one ready endpoint `ip`, port `p` 8080.
+fn one_endpoint(svc: &str, ip: &str) -> k8s_openapi::api::discovery::v1::EndpointSlice {
+    serde_json::from_value(json!({
+        "metadata": {"namespace": "ns1", "name": format!("{svc}-1"),
+                     "labels": {"kubernetes.io/service-name": svc}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}],
+        "ports": [{"name": "p", "port": 8080, "protocol": "TCP"}]
+    }))
+    .unwrap()
+}
+
 /// The owner's endpoints changing moves nothing: the other claimant stays
 /// refused (and is not reported again), and a later change of the owner's
 /// addresses still hands the address over in the same sync.
 #[test]
 fn an_owners_endpoint_change_keeps_every_claim_where_it_was() {
-    use k8s_openapi::api::discovery::v1::EndpointSlice;
-    let a = service(
-        "a",
-        None,
-        "10.96.0.1",
-        80,
-        json!({"externalIPs": ["203.0.113.5"]}),
-    );
-    let b = service(
-        "b",
-        None,
-        "10.96.0.2",
-        80,
-        json!({"externalIPs": ["203.0.113.5"]}),
-    );
+    let (a, b) = both_claim_203_0_113_5();
     let mut t = tracker();
     let cs = apply(&mut t, &[&a, &b]);
     assert_eq!(cs.refused.len(), 1, "{:?}", cs.refused);
-    let slice = |ip: &str| -> EndpointSlice {
-        serde_json::from_value(json!({
-            "metadata": {"namespace": "ns1", "name": "a-1",
-                         "labels": {"kubernetes.io/service-name": "a"}},
-            "addressType": "IPv4",
-            "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}],
-            "ports": [{"name": "p", "port": 8080, "protocol": "TCP"}]
-        }))
-        .unwrap()
-    };
     for ep in ["10.1.0.1", "10.1.0.2"] {
-        t.update_endpoint_slice(&slice(ep), SystemTime::now())
+        t.update_endpoint_slice(&one_endpoint("a", ep), SystemTime::now())
             .unwrap();
         let cs = t.take_changes();
         assert_eq!(cs.changed, BTreeSet::from([spn("a")]));
@@ -363,4 +361,22 @@ fn an_owners_endpoint_change_keeps_every_claim_where_it_was() {
     let cs = apply(&mut t, &[&a2]);
     assert!(cs.changed.contains(&spn("b")), "{:?}", cs.changed);
     assert_eq!(external_ips(t.state(), "b"), vec![ip("203.0.113.5")]);
+}
+
+/// The loser's endpoints change in the batch that deletes the owner: the
+/// loser is worked out again from its object (not kept as it was because
+/// only its endpoints changed) and takes the address in that sync.
+#[test]
+fn a_losers_endpoint_change_with_the_owners_deletion_hands_the_address_over() {
+    let (a, b) = both_claim_203_0_113_5();
+    let mut t = tracker();
+    apply(&mut t, &[&a, &b]);
+    assert!(external_ips(t.state(), "b").is_empty());
+    t.update_endpoint_slice(&one_endpoint("b", "10.1.0.7"), SystemTime::now())
+        .unwrap();
+    t.delete_service("ns1", "a", SystemTime::now());
+    let cs = t.take_changes();
+    assert!(cs.changed.contains(&spn("b")), "{:?}", cs.changed);
+    assert_eq!(external_ips(t.state(), "b"), vec![ip("203.0.113.5")]);
+    assert_eq!(t.state().endpoints[&spn("b")][0].ip, ip("10.1.0.7"));
 }
