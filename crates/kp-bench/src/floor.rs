@@ -20,7 +20,7 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kp_model::{ChangeTracker, Dataplane, DataplaneError, IpFamily};
 use kp_netlink::nftables::{Batch, NftSocket};
-use kp_nftables::types::{Chain, ElemKey, ElemValue, Object};
+use kp_nftables::types::{Chain, ElemKey, ElemValue, Object, Verb};
 use kp_nftables::{NftBackend, NftNetlink, NftablesProxier, Transaction, Verdict};
 
 use super::{
@@ -134,8 +134,10 @@ fn ours(
 /// Service added's transactions: its element in the Service map (a fresh
 /// address, 198.51.100.1) sending to its chain, which exists by then; the
 /// same element sending to a new empty chain, added in the transaction;
-/// that chain alone. Each pair is (timed, undo), encoded beforehand.
-fn probes(added: &[Transaction], times: usize) -> Result<[Vec<(Batch, Batch)>; 3]> {
+/// that chain alone; an element in the ClusterIP set (a plain set: no
+/// verdict, no chain, what any transaction costs the kernel at this size).
+/// Each pair is (timed, undo), encoded beforehand.
+fn probes(added: &[Transaction], times: usize) -> Result<[Vec<(Batch, Batch)>; 4]> {
     let found = added.iter().find_map(|tx| {
         tx.ops.iter().find_map(|op| match &op.object {
             Object::Elements { set, elems } => elems.iter().find_map(|e| match e {
@@ -156,6 +158,22 @@ fn probes(added: &[Transaction], times: usize) -> Result<[Vec<(Batch, Batch)>; 3
     let Some((tx, set, key, existing)) = found else {
         bail!("no Service map element in a Service added");
     };
+    let plain = added.iter().find_map(|tx| {
+        tx.ops.iter().find_map(|op| match &op.object {
+            Object::Elements { set, elems } => elems
+                .iter()
+                .any(|e| matches!(e, (ElemKey::Ip(_), None)))
+                .then_some(*set),
+            _ => None,
+        })
+    });
+    let Some(plain) = plain else {
+        bail!("no ClusterIP set element in a Service added");
+    };
+    let plain_elem = || Object::Elements {
+        set: plain,
+        elems: vec![(ElemKey::Ip(PROBE_IP), None)],
+    };
     let chain = || Object::Chain(Chain::regular("kp-floor-probe"));
     let elem = |v: Option<Verdict>| Object::Elements {
         set,
@@ -163,20 +181,23 @@ fn probes(added: &[Transaction], times: usize) -> Result<[Vec<(Batch, Batch)>; 3
     };
     let new = Some(Verdict::Goto("kp-floor-probe".into()));
     let tx = || Transaction::new(tx.family, tx.table.clone());
-    let (mut to_existing, mut to_new, mut chain_alone) = (tx(), tx(), tx());
+    let (mut to_existing, mut to_new, mut chain_alone, mut in_set) = (tx(), tx(), tx(), tx());
     to_existing.add(elem(Some(existing)));
     to_new.add(chain()).add(elem(new));
     chain_alone.add(chain());
-    let (mut undo_elem, mut undo_both, mut undo_chain) = (tx(), tx(), tx());
+    in_set.add(plain_elem());
+    let (mut undo_elem, mut undo_both, mut undo_chain, mut undo_set) = (tx(), tx(), tx(), tx());
     undo_elem.delete(elem(None));
     undo_both.delete(elem(None)).delete(chain());
     undo_chain.delete(chain());
+    undo_set.delete(plain_elem());
     let pairs = [
         (to_existing, undo_elem),
         (to_new, undo_both),
         (chain_alone, undo_chain),
+        (in_set, undo_set),
     ];
-    let mut out: [Vec<(Batch, Batch)>; 3] = Default::default();
+    let mut out: [Vec<(Batch, Batch)>; 4] = Default::default();
     for (o, (t, u)) in out.iter_mut().zip(&pairs) {
         for _ in 0..times {
             o.push((NftNetlink::encode(t)?, NftNetlink::encode(u)?));
@@ -239,6 +260,14 @@ fn run(o: &Opts, n: u32, m: u32, affinity: bool, home: &std::fs::File) -> Result
     }
     let added = syncs.get(1 + 2 * o.changes).cloned().unwrap_or_default();
     let probes = probes(&txs[added], o.changes)?;
+    // Every commit walks every chain of the namespace's tables (the kernel's
+    // nf_tables_commit, making the new rules visible): what the set element
+    // probe costs should follow this.
+    let chains = txs[full_txs.clone()]
+        .iter()
+        .flat_map(|t| &t.ops)
+        .filter(|op| matches!(op.object, Object::Chain(_)) && op.verb != Verb::Delete)
+        .count();
     drop(txs);
     let (times, probed) = in_namespace(&ns("f"), home, |_| {
         let mut sock = NftSocket::new();
@@ -247,7 +276,7 @@ fn run(o: &Opts, n: u32, m: u32, affinity: bool, home: &std::fs::File) -> Result
             .enumerate()
             .map(|(i, b)| send(&mut sock, b, &format!("batch {i}")))
             .collect::<Result<Vec<_>>>()?;
-        let mut probed: [Vec<Duration>; 3] = Default::default();
+        let mut probed: [Vec<Duration>; 4] = Default::default();
         for (p, batches) in probed.iter_mut().zip(&probes) {
             for (t, u) in batches {
                 p.push(send(&mut sock, t, "probe")?);
@@ -272,7 +301,7 @@ fn run(o: &Opts, n: u32, m: u32, affinity: bool, home: &std::fs::File) -> Result
         format!("{} ms | {} ms | {r:.2}", p50_p99(ours), p50_p99(floor))
     };
     let (replaced, grown, added) = (pair(0), pair(1), pair(2));
-    let [mut to_existing, mut to_new, mut chain_alone] = probed;
+    let [mut to_existing, mut to_new, mut chain_alone, mut in_set] = probed;
     Ok([
         format!(
             "| {n} | {} ms | {} ms | {} ms | {:.2} | {replaced} |",
@@ -282,10 +311,11 @@ fn run(o: &Opts, n: u32, m: u32, affinity: bool, home: &std::fs::File) -> Result
             ratio(our_full, floor_full),
         ),
         format!(
-            "| {n} | {grown} | {added} | {} ms | {} ms | {} ms |",
+            "| {n} | {grown} | {added} | {} ms | {} ms | {} ms | {} ms | {chains} |",
             p50_p99(&mut to_existing),
             p50_p99(&mut to_new),
             p50_p99(&mut chain_alone),
+            p50_p99(&mut in_set),
         ),
     ])
 }
@@ -301,8 +331,8 @@ pub fn tables(o: &Opts, sizes: &[u32], m: u32, affinity: bool, home: &std::fs::F
         second.push(other);
     }
     println!();
-    println!("| Services | 1 endpoint added p50 / p99: ours | kernel floor | ours / floor (p50) | a Service added p50 / p99: ours | kernel floor | ours / floor (p50) | kernel alone: 1 Service map element, to an existing chain | a new chain and 1 element to it | a new chain alone |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("| Services | 1 endpoint added p50 / p99: ours | kernel floor | ours / floor (p50) | a Service added p50 / p99: ours | kernel floor | ours / floor (p50) | kernel alone: 1 Service map element, to an existing chain | a new chain and 1 element to it | a new chain alone | 1 ClusterIP set element (no verdict, no chain) | chains in the table |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for row in second {
         println!("{row}");
     }
