@@ -28,13 +28,11 @@
 
 use std::collections::BTreeSet;
 
-use kp_model::{
-    ChangeTracker, Dataplane, IpFamily, LocalDetector, ProxierConfig, ProxyState, TrackerConfig,
-};
+use kp_model::{ChangeTracker, Dataplane, IpFamily, LocalDetector, ProxierConfig, ProxyState};
 use kp_nftables::fake::{Fake, FakeState, FakeTable};
 use kp_nftables::types::{ElemKey, ElemValue, Expr, MapName, Object, Rule, Slots, Transaction};
 use kp_nftables::{NftBackend, NftablesProxier, TABLE_NAME};
-use kp_testkit::updates::{apply, step, Step};
+use kp_testkit::updates::{apply, step, tracker, Step};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
 use serde_json::json;
@@ -87,14 +85,6 @@ fn proxier_config(family: IpFamily) -> ProxierConfig {
     pc.node_ips = vec![node.parse().expect("ip")];
     pc.local_detector = LocalDetector::Cidrs(vec![pods.parse().expect("cidr")]);
     pc
-}
-
-fn tracker(family: IpFamily) -> ChangeTracker {
-    ChangeTracker::new(TrackerConfig {
-        family,
-        node_name: "node1".into(),
-        service_proxy_name: None,
-    })
 }
 
 fn is_shard(set: &str) -> bool {

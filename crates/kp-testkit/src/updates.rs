@@ -9,7 +9,7 @@ use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kp_model::ChangeTracker;
+use kp_model::{ChangeTracker, IpFamily, TrackerConfig};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
@@ -193,6 +193,16 @@ pub fn step() -> impl Strategy<Value = Step> {
         1 => (0..SERVICES).prop_map(Step::DeleteService),
         1 => (0..SERVICES, 0..2usize).prop_map(|(i, j)| Step::DeleteSlice(i, j)),
     ]
+}
+
+/// A tracker of `family` on node1, the node the sequences' local
+/// endpoints are on.
+pub fn tracker(family: IpFamily) -> ChangeTracker {
+    ChangeTracker::new(TrackerConfig {
+        family,
+        node_name: "node1".into(),
+        service_proxy_name: None,
+    })
 }
 
 /// Feeds `step` to a tracker as the binary would.

@@ -11,17 +11,9 @@
 //! a new tracker given every step so far and synced once.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
-use kp_model::{ChangeTracker, IpFamily, ProxyState, TrackerConfig};
-use kp_testkit::updates::{apply, step, Step};
+use kp_model::{IpFamily, ProxyState};
+use kp_testkit::updates::{apply, step, tracker, Step};
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-
-fn tracker(family: IpFamily) -> ChangeTracker {
-    ChangeTracker::new(TrackerConfig {
-        family,
-        node_name: "node1".into(),
-        service_proxy_name: None,
-    })
-}
 
 /// The state as comparable text: ports and their endpoints, in name order.
 fn listing(st: &ProxyState) -> String {

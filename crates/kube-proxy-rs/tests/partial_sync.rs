@@ -27,11 +27,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 
 use kp_iptables::{IptablesCli, IptablesNetlink, IptablesProxier, Variant};
-use kp_model::{
-    ChangeTracker, Dataplane, IpFamily, LocalDetector, ProxierConfig, ProxyState, TrackerConfig,
-};
+use kp_model::{ChangeTracker, Dataplane, IpFamily, LocalDetector, ProxierConfig, ProxyState};
 use kp_nftables::{NftNetlink, NftablesProxier};
-use kp_testkit::updates::{apply, step, Step};
+use kp_testkit::updates::{apply, step, tracker, Step};
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
 use serde_json::{json, Value};
 
@@ -396,16 +394,8 @@ fn diff(partial: &[String], full: &[String]) -> String {
 fn check_sequence(mode: Mode, steps: &[Step]) -> Result<(), TestCaseError> {
     let result: Result<(), String> = in_fresh_netns(|| {
         let families = [IpFamily::V4, IpFamily::V6];
-        let mut trackers: Vec<ChangeTracker> = families
-            .iter()
-            .map(|&family| {
-                ChangeTracker::new(TrackerConfig {
-                    family,
-                    node_name: "node1".into(),
-                    service_proxy_name: None,
-                })
-            })
-            .collect();
+        let mut trackers: Vec<ChangeTracker> =
+            families.iter().map(|&family| tracker(family)).collect();
         let mut dps: Vec<Box<dyn Dataplane>> =
             families.iter().map(|&f| dataplane(mode, f)).collect();
         // nftables and iptables-nft over netlink adopt what a previous run
@@ -571,11 +561,7 @@ fn big_service_is_programmed(mode: Mode) {
         }
         let last = BIG_PORTS - 1;
         let listener = std::net::TcpListener::bind(("10.1.0.1", 20000 + last)).expect("listener");
-        let mut t = ChangeTracker::new(TrackerConfig {
-            family: IpFamily::V4,
-            node_name: "node1".into(),
-            service_proxy_name: None,
-        });
+        let mut t = tracker(IpFamily::V4);
         let mut dp = dataplane(mode, IpFamily::V4);
         for s in big_service("10.1.0.2") {
             apply(&mut t, &s);
@@ -658,11 +644,7 @@ fn five_thousand_port_service_is_programmed_iptables() {
 #[test]
 fn restart_repairs_what_was_changed_behind_its_back_nftables() {
     in_fresh_netns(|| {
-        let mut t = ChangeTracker::new(TrackerConfig {
-            family: IpFamily::V4,
-            node_name: "node1".into(),
-            service_proxy_name: None,
-        });
+        let mut t = tracker(IpFamily::V4);
         for s in [
             Step::Apply(json!({
                 "apiVersion": "v1", "kind": "Service",
@@ -755,11 +737,7 @@ fn restart_replaces_a_table_of_another_layout_nftables() {
             "add table ip kube-proxy-rs { comment \"rules for kube-proxy-rs\" ; }",
         ]);
         run(&["nft", "add chain ip kube-proxy-rs stray"]);
-        let t = ChangeTracker::new(TrackerConfig {
-            family: IpFamily::V4,
-            node_name: "node1".into(),
-            service_proxy_name: None,
-        });
+        let t = tracker(IpFamily::V4);
         let mut dp =
             NftablesProxier::new(proxier_config(IpFamily::V4), Box::new(NftNetlink::new()));
         dp.sync(t.state(), &BTreeSet::new(), true)
