@@ -266,7 +266,9 @@ fn run(o: &Opts, n: u32, m: u32, affinity: bool, home: &std::fs::File) -> Result
     let chains = txs[full_txs.clone()]
         .iter()
         .flat_map(|t| &t.ops)
-        .filter(|op| matches!(op.object, Object::Chain(_)) && op.verb != Verb::Delete)
+        .filter(|op| {
+            matches!(op.object, Object::Chain(_)) && matches!(op.verb, Verb::Add | Verb::Create)
+        })
         .count();
     drop(txs);
     let (times, probed) = in_namespace(&ns("f"), home, |_| {
