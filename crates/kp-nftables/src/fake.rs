@@ -216,6 +216,7 @@ fn rule_sets(rule: &Rule) -> Vec<String> {
             Expr::HashDnat { slots, .. } | Expr::NumgenDnat { slots, .. } => {
                 out.push(slots.map.to_string())
             }
+            Expr::PickDnat { map, .. } => out.push(map.to_string()),
             Expr::Ct(_)
             | Expr::AddrMatch { .. }
             | Expr::L4Proto(_)

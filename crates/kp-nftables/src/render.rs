@@ -9,7 +9,7 @@ use kp_model::{
 };
 
 use crate::names::{
-    affinity_set_name, ServiceChains, CLUSTER_IPS_CHECK, FILTER_FORWARD, FILTER_INPUT,
+    affinity_set_name, pick_chain, ServiceChains, CLUSTER_IPS_CHECK, FILTER_FORWARD, FILTER_INPUT,
     FILTER_OUTPUT, FILTER_OUTPUT_POST_DNAT, FILTER_PREROUTING, FIREWALL_CHECK, MAP_FIREWALL_IPS,
     MAP_NO_EP_NODEPORTS, MAP_NO_EP_SERVICES, MAP_SERVICE_IPS, MAP_SERVICE_NODEPORTS,
     MARK_MASQ_CHAIN, MASQUERADING, NAT_OUTPUT, NAT_POSTROUTING, NAT_PREROUTING,
@@ -85,6 +85,37 @@ pub struct PoolAffinity {
     pub id: u32,
 }
 
+/// A Service port picked in a shared `pick-PROTO-N` chain: its endpoints
+/// at indexes 0..N under its ClusterIP and port in `select-PROTO-K`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pick {
+    pub protocol: Protocol,
+    pub ip: IpAddr,
+    pub port: u16,
+    /// The DNAT targets, in index order (N = their count).
+    pub values: Vec<DnatTarget>,
+}
+
+impl Pick {
+    pub fn count(&self) -> u32 {
+        self.values.len() as u32
+    }
+
+    /// Its elements in the select map.
+    pub fn elements(&self) -> impl Iterator<Item = Element> + '_ {
+        let map = MapName::select(self.protocol, self.count());
+        self.values.iter().enumerate().map(move |(j, v)| Element {
+            map,
+            key: ElemKey::Select {
+                ip: self.ip,
+                port: self.port,
+                index: j as u32,
+            },
+            value: Some(ElemValue::Endpoint(*v)),
+        })
+    }
+}
+
 /// Everything one service port owns in the table.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServiceObjects {
@@ -96,6 +127,8 @@ pub struct ServiceObjects {
     pub elements: Vec<Element>,
     /// Endpoint-map slot ranges the selection rules index into.
     pub pools: Vec<Pool>,
+    /// Selections made in a shared chain (at most one: the ClusterIP's).
+    pub picks: Vec<Pick>,
     /// eTP/iTP Local with no local endpoint (internal, external).
     pub no_local: (bool, bool),
 }
@@ -200,9 +233,20 @@ pub fn render_service(
     };
     out.no_local = cat.no_local();
 
+    let has_external = cat.has_external();
+    // External traffic that falls through the chain is dropped by the
+    // no-endpoint maps.
+    let uses_external_chain = cat.uses_external_chain();
+    // A Service reached only at its ClusterIP, without session affinity,
+    // needs no chain of its own: its ClusterIP goes to the shared chain
+    // for its endpoint count, which picks by the address and port the
+    // packet asked for. Its changes are then map elements only, and the
+    // table holds far fewer chains (every commit walks them all).
+    let shared = sp.session_affinity_timeout.is_none() && !uses_external_chain;
+
     // No per-chain "mark for masquerade unless from the cluster" rule here:
     // one rule before the dispatch does it for every ClusterIP (Skeleton).
-    if !cat.cluster.is_empty() {
+    if !shared && !cat.cluster.is_empty() {
         let rules = selection(
             sp,
             &svc_chain,
@@ -212,7 +256,7 @@ pub fn render_service(
         );
         out.chains.push((svc_chain.clone(), rules));
     }
-    if cat.has_local() {
+    if !shared && cat.has_local() {
         let rules = selection(
             sp,
             &local_chain,
@@ -223,10 +267,6 @@ pub fn render_service(
         out.chains.push((local_chain.clone(), rules));
     }
 
-    let has_external = cat.has_external();
-    // External traffic that falls through the chain is dropped by the
-    // no-endpoint maps.
-    let uses_external_chain = cat.uses_external_chain();
     if uses_external_chain {
         let mut rules = Vec::new();
         if sp.external_policy_local {
@@ -274,12 +314,23 @@ pub fn render_service(
             value: Some(ElemValue::Verdict(no_ep_verdict.clone())),
         });
     } else {
+        let target = if shared {
+            let eps = cat.internal_endpoints();
+            let count = eps.len() as u32;
+            out.picks.push(Pick {
+                protocol: sp.protocol,
+                ip: sp.cluster_ip,
+                port: sp.port,
+                values: eps.iter().map(|e| e.socket_addr().into()).collect(),
+            });
+            pick_chain(sp.protocol, count)
+        } else {
+            internal_chain.clone()
+        };
         out.elements.push(Element {
             map: MapName::Fixed(&MAP_SERVICE_IPS),
             key: key(sp.cluster_ip),
-            value: Some(ElemValue::Verdict(Verdict::Goto(
-                internal_chain.as_str().into(),
-            ))),
+            value: Some(ElemValue::Verdict(Verdict::Goto(target.into()))),
         });
     }
     let external_ips: BTreeSet<IpAddr> = sp
@@ -609,6 +660,27 @@ pub fn shard_set(m: MapName) -> Set {
     }
 }
 
+/// The declaration of a `select-PROTO-K` map.
+pub fn select_set(m: MapName) -> Set {
+    let proto = match m {
+        MapName::Select(proto, _) => proto,
+        _ => Protocol::Tcp,
+    };
+    Set {
+        name: m.to_string(),
+        ty: SetType::Select(proto),
+    }
+}
+
+/// The shared chain that picks among `count` endpoints of `protocol`,
+/// with its one rule.
+pub fn pick_chain_rules(protocol: Protocol, count: u32) -> (String, Vec<Rule>) {
+    (
+        pick_chain(protocol, count),
+        vec![rule::pick_dnat(protocol, count)],
+    )
+}
+
 /// The declaration of the shared session-affinity set of one timeout.
 pub fn affinity_set(timeout: u32) -> Set {
     Set {
@@ -657,6 +729,10 @@ pub fn packet_chains(
                 EndpointSet::Cluster => chains.service,
                 EndpointSet::Local => chains.local,
             }));
+            // A Service picked in a shared chain (ClusterIP traffic only).
+            if !route.kind.is_external() {
+                out.extend(objs.picks.iter().map(|p| pick_chain(p.protocol, p.count())));
+            }
         }
         Action::Drop | Action::Reject => {
             // Traffic without endpoints is stopped in the filter chains by

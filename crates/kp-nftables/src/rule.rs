@@ -159,6 +159,20 @@ pub fn numgen_dnat(protocol: Protocol, count: u32, slots: Slots) -> Rule {
     ])
 }
 
+/// The rule of a shared `pick-PROTO-N` chain: a random index below
+/// `count`, DNAT to the endpoint at that index of the Service the packet
+/// asked for (its address and port).
+pub fn pick_dnat(protocol: Protocol, count: u32) -> Rule {
+    Rule::new(vec![
+        Expr::L4Proto(protocol),
+        Expr::PickDnat {
+            protocol,
+            count,
+            map: MapName::select(protocol, count),
+        },
+    ])
+}
+
 /// DNAT to one endpoint.
 pub fn dnat(protocol: Protocol, endpoint: SocketAddr) -> Rule {
     Rule::new(vec![Expr::L4Proto(protocol), Expr::Dnat(endpoint)])

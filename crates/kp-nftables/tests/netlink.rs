@@ -1373,7 +1373,9 @@ fn every_kind(family: IpFamily) -> Vec<serde_json::Value> {
         service(
             "udp",
             &c(16),
-            with(json!({"ports": [{"name": "http", "port": 53, "protocol": "UDP"}]})),
+            with(
+                json!({"type": "NodePort", "ports": [{"name": "http", "port": 53, "protocol": "UDP", "nodePort": 30053}]}),
+            ),
         ),
     ];
     v[7]["status"] = json!({"loadBalancer": {"ingress": [{"ip": lb[0]}]}});
@@ -1384,13 +1386,26 @@ fn every_kind(family: IpFamily) -> Vec<serde_json::Value> {
     let mut sctp = service(
         "sctp",
         &c(20),
-        with(json!({"ports": [{"name": "http", "port": 9000, "protocol": "SCTP"}]})),
+        with(
+            json!({"type": "NodePort", "ports": [{"name": "http", "port": 9000, "protocol": "SCTP", "nodePort": 30900}]}),
+        ),
     );
     sctp["metadata"]["name"] = json!("sctp");
     v.push(sctp);
     let mut s = endpoints("sctp", &[ep(1, 11, "node1"), ep(2, 11, "node2")]);
     s["ports"] = json!([{"name": "http", "port": 9000, "protocol": "SCTP"}]);
     v.push(s);
+    // Reached at their ClusterIP only: picked in the shared chains.
+    for (name, ip, proto, port, n) in [
+        ("dns", 21, "UDP", 5353, 12),
+        ("assoc", 22, "SCTP", 9001, 13),
+    ] {
+        let ports = json!([{"name": "http", "port": port, "protocol": proto}]);
+        v.push(service(name, &c(ip), with(json!({"ports": ports}))));
+        let mut s = endpoints(name, &[ep(1, n, "node1"), ep(2, n, "node2")]);
+        s["ports"] = ports;
+        v.push(s);
+    }
     v
 }
 
@@ -1461,6 +1476,9 @@ fn kinds_in(tx: &Transaction, seen: &mut HashSet<String>) {
                 if let SetType::Numgen(v) = &s.ty {
                     seen.insert(format!("numgen map {v:?}"));
                 }
+                if let SetType::Select(p) = &s.ty {
+                    seen.insert(format!("select map {p:?}"));
+                }
             }
             Object::Chain(c) => {
                 seen.insert(format!("chain base {}", c.base.is_some()));
@@ -1475,7 +1493,8 @@ fn kinds_in(tx: &Transaction, seen: &mut HashSet<String>) {
                             format!("{v:?}").split('(').next().unwrap_or("").to_string()
                         }
                     };
-                    seen.insert(format!("elem {} -> {v}", k.split('(').next().unwrap_or("")));
+                    let k = k.split(['(', ' ']).next().unwrap_or("");
+                    seen.insert(format!("elem {k} -> {v}"));
                 }
             }
             Object::Table { .. } => {}
@@ -1577,6 +1596,7 @@ fn every_rendered_shape_lists_the_same_through_netlink_and_nft() {
         "affinity-record",
         "hash-dnat",
         "numgen-dnat",
+        "pick-dnat",
         "dnat",
         "masquerade",
         "reject",
@@ -1598,6 +1618,10 @@ fn every_rendered_shape_lists_the_same_through_netlink_and_nft() {
             "numgen map AddrPort(Tcp)",
             "numgen map AddrPort(Udp)",
             "numgen map AddrPort(Sctp)",
+            "select map Tcp",
+            "select map Udp",
+            "select map Sctp",
+            "elem Select -> endpoint",
             "elem IpProtoPort -> Goto",
             "elem IpProtoPort -> Drop",
             "elem ProtoPort -> Goto",

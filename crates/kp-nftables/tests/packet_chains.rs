@@ -94,3 +94,26 @@ fn no_endpoints_and_source_ranges() {
     assert_eq!(got[..2], ["filter-prerouting", "firewall-check"]);
     assert_eq!(got[3..], ["filter-input", "service-endpoints-check"]);
 }
+
+/// A Service reached only at its ClusterIP is picked in the shared chain
+/// for its endpoint count, which the sync installs for it.
+#[test]
+fn cluster_ip_only_goes_through_the_shared_pick_chain() {
+    let sp = ServicePort::builder("default", "db")
+        .cluster_ip("10.96.0.12")
+        .build();
+    let eps = vec![
+        Endpoint::at("10.244.1.5:5432"),
+        Endpoint::at("10.244.2.6:5432"),
+        Endpoint::at("10.244.2.7:5432"),
+    ];
+    let (s, c) = setup(sp.clone(), eps.clone());
+    let objs = render_service(&sp, &eps, &c, &s.node);
+    assert!(objs.chains.is_empty(), "no chain of its own: {objs:?}");
+    assert_eq!(objs.picks.len(), 1);
+    assert_eq!(objs.picks[0].count(), 3);
+    assert_eq!(
+        chains(&s, &c, "10.244.1.9", "10.96.0.12", 80),
+        ["nat-prerouting", "services", "pick-tcp-3"]
+    );
+}

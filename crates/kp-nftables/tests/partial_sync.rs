@@ -309,12 +309,20 @@ fn partial_syncs_equal_full_syncs_on_the_fake() {
 // The comparison itself
 // ---------------------------------------------------------------------------
 
-fn service_with_endpoints(name: &str, ip: &str, affinity: bool) -> Vec<Step> {
+/// A Service with three endpoints: ClusterIP only (picked in a shared
+/// chain), with session affinity, or a NodePort (both with chains of
+/// their own).
+fn service_with_endpoints(name: &str, ip: &str, kind: &str) -> Vec<Step> {
     let mut spec = json!({"type": "ClusterIP", "clusterIP": ip, "clusterIPs": [ip],
                           "ipFamilies": ["IPv4"],
                           "ports": [{"name": "p0", "port": 80, "protocol": "TCP"}]});
-    if affinity {
-        spec["sessionAffinity"] = json!("ClientIP");
+    match kind {
+        "affinity" => spec["sessionAffinity"] = json!("ClientIP"),
+        "nodeport" => {
+            spec["type"] = json!("NodePort");
+            spec["ports"][0]["nodePort"] = json!(30080);
+        }
+        _ => {}
     }
     vec![
         Step::Apply(json!({
@@ -340,14 +348,15 @@ fn service_with_endpoints(name: &str, ip: &str, affinity: bool) -> Vec<Step> {
 #[test]
 fn the_comparison_sees_what_matters() {
     let mut t = tracker(IpFamily::V4);
-    for s in service_with_endpoints("s0", "10.96.0.1", false)
+    for s in service_with_endpoints("s0", "10.96.0.1", "nodeport")
         .iter()
-        .chain(&service_with_endpoints("s1", "10.96.0.2", true))
+        .chain(&service_with_endpoints("s1", "10.96.0.2", "affinity"))
+        .chain(&service_with_endpoints("s2", "10.96.0.3", "clusterip"))
     {
         apply(&mut t, s);
     }
     t.take_changes();
-    assert_eq!(t.state().services.len(), 2);
+    assert_eq!(t.state().services.len(), 3);
     let state = fresh_full(&[t.state()]).unwrap();
     let want = facts(&state);
     assert_eq!(want, facts(&fresh_full(&[t.state()]).unwrap()));
@@ -402,6 +411,16 @@ fn the_comparison_sees_what_matters() {
         swapped, want,
         "the endpoints of a numgen DNAT keep their order"
     );
+    // The shared pick chains' endpoints are compared as they are.
+    let select = MapName::select(kp_model::Protocol::Tcp, 3).to_string();
+    let picked = changed(&|t| {
+        let set = t.sets.get_mut(&select).unwrap();
+        let (k, v) = set.elements.pop_first().unwrap();
+        set.elements.insert(k, v.clone());
+        let (k, _) = set.elements.pop_last().unwrap();
+        set.elements.insert(k, v);
+    });
+    assert_ne!(picked, want, "the endpoints of a shared pick stay in place");
     let reordered = changed(&|t| {
         let chain = t.chains.get_mut("services").unwrap();
         chain.rules.reverse();

@@ -585,7 +585,12 @@ fn netlink_apply_failure_keeps_rules_and_retries_full() {
     let mut env = Env::new("nlfail", "nftables");
     let a = env.pod(1, "a");
     let client = env.pod(1, "client");
-    env.put("svc", &service("gone", &["10.96.5.10"], json!({})));
+    // Session affinity: a chain of its own (a ClusterIP-only Service
+    // without it is picked in a shared chain, which others still use).
+    env.put(
+        "svc",
+        &service("gone", &["10.96.5.10"], json!({"sessionAffinity": "ClientIP"})),
+    );
     env.put("eps", &slice("gone", "1", "IPv4", &ready(&[&a])));
     env.put("svc2", &service("stay", &["10.96.5.11"], json!({})));
     env.put("eps2", &slice("stay", "1", "IPv4", &ready(&[&a])));

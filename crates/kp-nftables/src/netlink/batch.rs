@@ -456,6 +456,29 @@ fn numgen_map_udata(kind: NumgenValue, fam: Family) -> Vec<u8> {
     ud
 }
 
+/// Set userdata nft 1.0.6 writes for `typeof ip daddr . tcp dport .
+/// numgen random mod 1 : ip daddr . tcp dport` (read off `nft
+/// --debug=mnl`): both byte orders none, the key's typeof, the value's,
+/// and the zero attribute 6 of maps.
+fn select_map_udata(proto: Protocol, fam: Family) -> Vec<u8> {
+    let (desc, daddr) = addr_field(fam, true);
+    let addr_port = || {
+        vec![
+            typeof_payload(desc, daddr),
+            typeof_payload(l4_desc(proto), 2), // dport
+        ]
+    };
+    let mut ud = Vec::new();
+    udata(&mut ud, 0, &0u32.to_ne_bytes());
+    udata(&mut ud, 1, &0u32.to_ne_bytes());
+    let mut key = addr_port();
+    key.push(typeof_numgen());
+    udata(&mut ud, 3, &typeof_concat(&key));
+    udata(&mut ud, 4, &typeof_concat(&addr_port()));
+    udata(&mut ud, 6, &0u32.to_ne_bytes());
+    ud
+}
+
 /// Set userdata nft 1.0.6 writes for the affinity records, `typeof ip
 /// saddr . numgen random mod 1 . numgen random mod 1` (read off `nft
 /// --debug=mnl`): key byte order none, then the key's typeof.
@@ -487,6 +510,19 @@ fn set_attrs(table: &str, s: &Set, fam: Family, id: u32) -> Attrs {
             }
             a.u32be(10, id);
             a.attr(13, &numgen_map_udata(*kind, fam));
+            return a;
+        }
+        SetType::Select(proto) => {
+            // NFT_SET_MAP; key: address . port . a 32-bit integer (nft's
+            // TYPE_INTEGER, 4), the port padded to a register word.
+            a.str(1, table).str(2, &s.name).u32be(3, 0x8);
+            let port = dtype(DType::InetService).0;
+            a.u32be(4, (fam.addr_type() << 12) | (port << 6) | 4);
+            a.u32be(5, fam.addr_len() as u32 + 8);
+            a.u32be(6, (fam.addr_type() << 6) | port);
+            a.u32be(7, fam.addr_len() as u32 + 4);
+            a.u32be(10, id);
+            a.attr(13, &select_map_udata(*proto, fam));
             return a;
         }
         SetType::Records { timeout } => {
@@ -589,6 +625,14 @@ pub(super) fn key_bytes(k: &ElemKey, fam: Family) -> Result<Vec<u8>, String> {
         }
         // A slot of a numgen-keyed map: numgen writes host-endian integers.
         ElemKey::Slot(n) => n.to_ne_bytes().to_vec(),
+        // Port padded to a register word; the index is a numgen value.
+        ElemKey::Select { ip, port, index } => {
+            let mut v = addr_bytes(*ip, fam)?;
+            v.extend_from_slice(&port.to_be_bytes());
+            pad(&mut v);
+            v.extend_from_slice(&index.to_ne_bytes());
+            v
+        }
         // The id and index are numgen values: host-endian integers.
         ElemKey::Affinity { client, id, index } => {
             let mut v = addr_bytes(*client, fam)?;

@@ -597,6 +597,19 @@ pub fn encode_rule(
                 client_hash(out, fam, 4, 1, *count, *seed, slots.offset);
                 slot_dnat(out, fam, slots);
             }
+            // nft's layout: address, port and index from register 1 on,
+            // the endpoint written back from register 1.
+            Expr::PickDnat { count, map, .. } => {
+                if *count == 0 {
+                    return Err("numgen modulus 0".into());
+                }
+                let a = fam.addr_len() / 4;
+                out.push(KeyField::Addr(Addr::Daddr).load(fam, 1)?);
+                out.push(KeyField::ThDport.load(fam, reg(a))?);
+                out.push(numgen(reg(a + 1), *count, 0));
+                out.push(lookup(1, Some(1), &map.to_string(), None, false));
+                out.push(nat(fam, reg(a), None));
+            }
             Expr::NumgenDnat { count, slots } => {
                 if *count == 0 {
                     return Err("numgen modulus 0".into());

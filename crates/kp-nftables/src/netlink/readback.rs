@@ -186,6 +186,12 @@ fn decode_key(set: &str, b: &[u8], fam: Family) -> Option<ElemKey> {
     let port = |b: &[u8]| Some(u16::from_be_bytes(b.get(..2)?.try_into().ok()?));
     let key = if set.starts_with("endpoints-") {
         ElemKey::Slot(u32::from_ne_bytes(b.get(..4)?.try_into().ok()?))
+    } else if set.starts_with("select-") {
+        ElemKey::Select {
+            ip: ip(b)?,
+            port: port(b.get(n..)?)?,
+            index: u32::from_ne_bytes(b.get(n + 4..n + 8)?.try_into().ok()?),
+        }
     } else if set == MAP_SERVICE_NODEPORTS || set == MAP_NO_EP_NODEPORTS {
         ElemKey::ProtoPort(proto(*b.first()?)?, port(b.get(4..)?)?)
     } else if set == SET_CLUSTER_IPS || set == SET_NODEPORT_IPS {
@@ -587,6 +593,14 @@ mod tests {
                 (
                     MAP_SERVICE_IPS,
                     ElemKey::IpProtoPort(ip, Protocol::Sctp, 443),
+                ),
+                (
+                    "select-udp-1",
+                    ElemKey::Select {
+                        ip,
+                        port: 53,
+                        index: 70,
+                    },
                 ),
             ] {
                 let b = key_bytes(&key, fam).unwrap();

@@ -18,8 +18,8 @@ use super::programmed::{all_elements, Kept, Programmed};
 use super::tx::{chain, element_ops, op, Tx};
 use super::NftablesProxier;
 use crate::render::{
-    affinity_set, render_service, shard_set, ElemKey, Element, MapName, Pool, PoolKind,
-    ServiceObjects,
+    affinity_set, pick_chain_rules, render_service, select_set, shard_set, ElemKey, Element,
+    MapName, Pool, PoolKind, ServiceObjects,
 };
 use crate::types::{Chain, DnatTarget, ElemValue, Expr, Object, Rule, Set, Verb};
 use crate::view::{ChainState, SetChanges, TableView};
@@ -206,6 +206,7 @@ impl NftablesProxier {
             MapName::Fixed(n) => self.skeleton.sets.iter().find(|s| s.name == **n).cloned(),
             MapName::Endpoints(..) => Some(shard_set(m)),
             MapName::Affinity(t) => Some(affinity_set(t)),
+            MapName::Select(..) => Some(select_set(m)),
         }
     }
 
@@ -301,11 +302,28 @@ impl NftablesProxier {
                 }
             }
             prog.use_affinity(&objs, 1);
+            prog.use_picks(&objs, 1);
             let (kept, rules) = Kept::new(objs);
             for ((c, _), rules) in kept.objs.chains.iter().zip(rules) {
                 put_chain(&mut tx, &mut st, Chain::regular(c), rules);
             }
             prog.services.insert(name.clone(), kept);
+        }
+        // The shared pick chains in use, and the select maps they read.
+        let select_maps: BTreeSet<MapName> = prog
+            .picks
+            .keys()
+            .map(|(p, n)| MapName::select(*p, *n))
+            .collect();
+        for m in &select_maps {
+            if !kt.has_set(&m.to_string()) {
+                tx.head.push(op(Verb::Add, Object::Set(select_set(*m))));
+                tx.ops += 1;
+            }
+        }
+        for (p, n) in prog.picks.keys() {
+            let (name, rules) = pick_chain_rules(*p, *n);
+            put_chain(&mut tx, &mut st, Chain::regular(&name), rules);
         }
         // Elements, set by set, claimed as a full sync claims them.
         let mut by_set: BTreeMap<MapName, Vec<Element>> = BTreeMap::new();
@@ -420,6 +438,7 @@ impl NftablesProxier {
             .map(|s| s.name.clone())
             .chain(prog.affinity.keys().map(|t| affinity_set(*t).name))
             .chain(prog.slots.declared.iter().map(|m| m.to_string()))
+            .chain(select_maps.iter().map(|m| m.to_string()))
             .collect();
         for c in kt
             .chain_names()
@@ -487,6 +506,7 @@ mod tests {
             }
             for p in [Protocol::Tcp, Protocol::Udp, Protocol::Sctp] {
                 tx.add(Object::Set(shard_set(MapName::Endpoints(p, 0))));
+                tx.add(Object::Set(select_set(MapName::select(p, 1))));
             }
             tx.add(Object::Set(affinity_set(10800)));
             text += &tx.to_string();
@@ -498,8 +518,8 @@ mod tests {
         assert_eq!(
             (super::super::full::TABLE_COMMENT, format!("{figure:#x}")),
             (
-                "rules for kube-proxy-rs (layout 1)",
-                "0xc061a1d0bd7eb14b".to_string()
+                "rules for kube-proxy-rs (layout 2)",
+                "0xca260510e2909765".to_string()
             ),
             "{text}"
         );

@@ -18,7 +18,7 @@ use crate::types::{Chain, Object, Verb};
 /// read back by a restart: the layout number changes whenever the sets'
 /// declarations do, so that a table made by another layout is replaced
 /// rather than adopted (`proxier::tests` holds the declarations' figure).
-pub(super) const TABLE_COMMENT: &str = "rules for kube-proxy-rs (layout 1)";
+pub(super) const TABLE_COMMENT: &str = "rules for kube-proxy-rs (layout 2)";
 
 impl NftablesProxier {
     fn skeleton_ops(&self, tx: &mut Tx, fresh: bool) {
@@ -93,6 +93,7 @@ impl NftablesProxier {
             keep_affinity_places(&mut objs, old, &mut tx.rekey);
             prog.slots.assign(&mut objs, None);
             prog.use_affinity(&objs, 1);
+            prog.use_picks(&objs, 1);
             let kept = tx.add_service(objs);
             prog.services.insert(name.clone(), kept);
         }
@@ -150,6 +151,13 @@ impl NftablesProxier {
             }
         }
         prog.slots.declared = declared;
+        // Shared pick chains and their select maps: those of a table in
+        // place that stay are refilled (the flush above emptied them).
+        let picks_before = match (&self.programmed, fresh) {
+            (Some(old), false) => old.pick_keys(),
+            _ => Default::default(),
+        };
+        tx.move_picks(&picks_before, &prog.pick_keys(), true);
         if !fresh {
             // Chains and affinity sets we had but no longer want.
             if let Some(old) = &self.programmed {

@@ -28,6 +28,7 @@ impl NftablesProxier {
         // service port of this sync may take them up again).
         let mut gone_sets: Vec<u32> = Vec::new();
         let mut updates: Vec<(ServicePortName, Option<Kept>, Option<Kept>)> = Vec::new();
+        let picks_before = prog.pick_keys();
         for name in changed {
             let mut new = state
                 .services
@@ -66,6 +67,8 @@ impl NftablesProxier {
                 tx.ops += 1;
             }
             gone_sets.extend(prog.use_affinity(o, -1));
+            prog.use_picks(n, 1);
+            prog.use_picks(o, -1);
             tx.delete_stale(o, new.as_ref().map(|(k, _)| &k.objs));
             let new = new.map(|(kept, rules)| {
                 for (((name, _), rules), d) in kept.objs.chains.iter().zip(rules).zip(&kept.digests)
@@ -137,6 +140,7 @@ impl NftablesProxier {
             tx.ops += 1;
             prog.slots.declared.insert(m);
         }
+        tx.move_picks(&picks_before, &prog.pick_keys(), false);
         for timeout in gone_sets {
             if !prog.affinity.contains_key(&timeout) {
                 tx.delete_affinity_set(timeout);

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use kp_model::{RefusedOp, ServicePortName};
+use kp_model::{Protocol, RefusedOp, ServicePortName};
 
 use super::slots::Slots;
 use crate::render::{ElemKey, Element, MapName, ServiceObjects};
@@ -49,6 +49,10 @@ impl Kept {
         for p in &mut objs.pools {
             p.values.shrink_to_fit();
         }
+        objs.picks.shrink_to_fit();
+        for p in &mut objs.picks {
+            p.values.shrink_to_fit();
+        }
         (Kept { objs, digests }, rules)
     }
 
@@ -80,6 +84,9 @@ pub(super) struct Programmed {
     pub(super) slots: Slots,
     /// Shared affinity sets by timeout -> how many service ports use them.
     pub(super) affinity: BTreeMap<u32, usize>,
+    /// Shared pick chains by (protocol, endpoint count) -> how many
+    /// service ports go to them.
+    pub(super) picks: BTreeMap<(Protocol, u32), usize>,
 }
 
 impl Programmed {
@@ -89,6 +96,26 @@ impl Programmed {
         self.services.values().fold((0, 0), |(i, e), k| {
             (i + k.objs.no_local.0 as u64, e + k.objs.no_local.1 as u64)
         })
+    }
+
+    /// Counts `objs`' shared pick chains in (`by` 1) or out (-1).
+    pub(super) fn use_picks(&mut self, objs: &ServiceObjects, by: i32) {
+        for p in &objs.picks {
+            let k = (p.protocol, p.count());
+            if by > 0 {
+                *self.picks.entry(k).or_insert(0) += 1;
+            } else if let Some(users) = self.picks.get_mut(&k) {
+                *users = users.saturating_sub(1);
+                if *users == 0 {
+                    self.picks.remove(&k);
+                }
+            }
+        }
+    }
+
+    /// The shared pick chains in use.
+    pub(super) fn pick_keys(&self) -> BTreeSet<(Protocol, u32)> {
+        self.picks.keys().copied().collect()
     }
 
     /// Counts `objs`' affinity sets in (`by` 1) or out (-1). Returns the
@@ -125,7 +152,8 @@ impl Claims {
         // Endpoint-map slots belong to the one Service the allocator gave
         // them to: no owner to record (they are most of the elements, and
         // recording them was the proxier's largest item of memory).
-        if matches!(e.key, ElemKey::Slot(_)) {
+        // So do the select maps' (one Service per address and port).
+        if matches!(e.key, ElemKey::Slot(_) | ElemKey::Select { .. }) {
             return true;
         }
         let k = (e.map, e.key.clone());
@@ -153,7 +181,7 @@ impl Claims {
 
     /// Reverse of [`Self::claim`]; true when the element must leave the kernel.
     pub(super) fn release(&mut self, owner: &ServicePortName, e: &Element) -> bool {
-        if matches!(e.key, ElemKey::Slot(_)) {
+        if matches!(e.key, ElemKey::Slot(_) | ElemKey::Select { .. }) {
             return true;
         }
         let k = (e.map, e.key.clone());
@@ -179,8 +207,8 @@ impl Claims {
 }
 
 /// Every element `objs` puts in the kernel: its own, then its pools' slots
-/// (derived from the pools rather than stored twice: with 10 endpoints per
-/// Service the slots are most of the elements).
+/// and its picks' endpoints (derived rather than stored twice: with 10
+/// endpoints per Service they are most of the elements).
 pub(super) fn all_elements(objs: &ServiceObjects) -> impl Iterator<Item = Element> + '_ {
     let slots = objs.pools.iter().flat_map(|pool| {
         pool.values.iter().enumerate().map(|(j, v)| Element {
@@ -189,7 +217,8 @@ pub(super) fn all_elements(objs: &ServiceObjects) -> impl Iterator<Item = Elemen
             value: Some(ElemValue::Endpoint(*v)),
         })
     });
-    objs.elements.iter().cloned().chain(slots)
+    let picks = objs.picks.iter().flat_map(|p| p.elements());
+    objs.elements.iter().cloned().chain(slots).chain(picks)
 }
 
 /// Fills in each refused operation's owner (the Service port whose chain

@@ -1,11 +1,13 @@
 //! The transaction builder: operations gathered in the order the kernel
 //! needs them, and the few shapes of operation a sync is made of.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use super::affinity::Rekey;
 use super::programmed::Kept;
-use crate::render::{affinity_set, ElemKey, Element, MapName, ServiceObjects};
+use crate::render::{
+    affinity_set, pick_chain_rules, select_set, ElemKey, Element, MapName, ServiceObjects,
+};
 use crate::types::{Chain, ElemValue, Object, Op, Rule, Transaction, Verb};
 
 /// Elements per `add element` operation: a netlink attribute's length is
@@ -30,6 +32,9 @@ pub(super) struct Tx {
     /// it applied.
     pub(super) rekey: Vec<Rekey>,
 }
+
+/// Shared pick chains by (protocol, endpoint count).
+pub(super) type PickSet = BTreeSet<(kp_model::Protocol, u32)>;
 
 pub(super) fn op(verb: Verb, object: Object) -> Op {
     Op { verb, object }
@@ -99,6 +104,52 @@ impl Tx {
         self.del_objects
             .push(op(Verb::Delete, Object::Set(affinity_set(timeout))));
         self.ops += 1;
+    }
+
+    /// Moves the shared pick chains, and the select maps they read, from
+    /// those in use `before` to those in use `after`. With `refill` (a
+    /// full sync over the table in place, which flushed every rule) the
+    /// chains that stay get their rule again and the maps that stay are
+    /// emptied for the sync's elements.
+    pub(super) fn move_picks(&mut self, before: &PickSet, after: &PickSet, refill: bool) {
+        let maps = |s: &PickSet| -> BTreeSet<MapName> {
+            s.iter().map(|(p, n)| MapName::select(*p, *n)).collect()
+        };
+        let (maps_before, maps_after) = (maps(before), maps(after));
+        for m in &maps_after {
+            if !maps_before.contains(m) {
+                self.add_objects
+                    .push(op(Verb::Add, Object::Set(select_set(*m))));
+                self.ops += 1;
+            } else if refill {
+                self.add_objects
+                    .push(op(Verb::Flush, Object::Set(select_set(*m))));
+                self.ops += 1;
+            }
+        }
+        for (p, n) in after {
+            let stays = before.contains(&(*p, *n));
+            if stays && !refill {
+                continue;
+            }
+            let (name, rules) = pick_chain_rules(*p, *n);
+            if !stays {
+                self.add_objects.push(op(Verb::Add, chain(&name)));
+                self.ops += 1;
+            }
+            self.add_rules(&name, rules);
+        }
+        for (p, n) in before.difference(after) {
+            let name = crate::names::pick_chain(*p, *n);
+            self.flush_stale.push(op(Verb::Flush, chain(&name)));
+            self.del_objects.push(op(Verb::Delete, chain(&name)));
+            self.ops += 2;
+        }
+        for m in maps_before.difference(&maps_after) {
+            self.del_objects
+                .push(op(Verb::Delete, Object::Set(select_set(*m))));
+            self.ops += 1;
+        }
     }
 
     /// Flushes and deletes the chains of `old` that `new` no longer has.

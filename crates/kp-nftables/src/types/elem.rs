@@ -41,6 +41,22 @@ pub enum MapName {
     /// `affinity-TIMEOUT`: the client records of every Service with that
     /// session-affinity timeout (`client . selection id . slot index`).
     Affinity(u32),
+    /// `select-PROTO-K`: `address . port . index` -> `address . port`, the
+    /// endpoints of the Services picked in the shared `pick-PROTO-N`
+    /// chains; `K` groups endpoint counts by [`SELECT_COUNTS_PER_MAP`].
+    Select(Protocol, u32),
+}
+
+/// Endpoint counts (pick chains) one `select-PROTO-K` map serves: every
+/// rule bound to a map is checked for every element added to it, so this
+/// bounds an element's cost, as the endpoint-map shards do.
+pub const SELECT_COUNTS_PER_MAP: u32 = 64;
+
+impl MapName {
+    /// The select map the Services with `count` endpoints are picked from.
+    pub fn select(protocol: Protocol, count: u32) -> MapName {
+        MapName::Select(protocol, count.saturating_sub(1) / SELECT_COUNTS_PER_MAP)
+    }
 }
 
 impl Display for MapName {
@@ -49,6 +65,7 @@ impl Display for MapName {
             MapName::Fixed(n) => f.write_str(n),
             MapName::Endpoints(p, k) => write!(f, "endpoints-{}-{k}", p.as_lower()),
             MapName::Affinity(t) => write!(f, "affinity-{t}"),
+            MapName::Select(p, k) => write!(f, "select-{}-{k}", p.as_lower()),
         }
     }
 }
@@ -71,6 +88,13 @@ pub enum ElemKey {
         id: u32,
         index: u32,
     },
+    /// An endpoint of a Service picked in a shared chain: the Service's
+    /// address and port, and the endpoint's index (a numgen value).
+    Select {
+        ip: IpAddr,
+        port: u16,
+        index: u32,
+    },
 }
 
 impl Display for ElemKey {
@@ -82,6 +106,7 @@ impl Display for ElemKey {
             ElemKey::IpPair(ip) => write!(f, "{ip} . {ip}"),
             ElemKey::Slot(n) => write!(f, "0x{n:x}"),
             ElemKey::Affinity { client, id, index } => write!(f, "{client} . {id} . {index}"),
+            ElemKey::Select { ip, port, index } => write!(f, "{ip} . {port} . {index}"),
         }
     }
 }

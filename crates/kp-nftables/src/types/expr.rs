@@ -139,6 +139,15 @@ pub enum Expr {
         count: u32,
         slots: Slots,
     },
+    /// `dnat ip addr . port to ip daddr . tcp dport . numgen random mod N
+    /// map @select-tcp-K`: the shared selection of every Service with N
+    /// endpoints, keyed by the address and port the packet asked for (a
+    /// `pick-PROTO-N` chain; the rule's `meta l4proto` comes before it).
+    PickDnat {
+        protocol: Protocol,
+        count: u32,
+        map: MapName,
+    },
     /// `dnat ip addr . port to numgen random mod N offset O map @map`
     NumgenDnat {
         count: u32,
@@ -180,6 +189,7 @@ impl Expr {
             Expr::AffinityRecord { .. } => "affinity-record",
             Expr::HashDnat { .. } => "hash-dnat",
             Expr::NumgenDnat { .. } => "numgen-dnat",
+            Expr::PickDnat { .. } => "pick-dnat",
             Expr::Dnat(_) => "dnat",
             Expr::Masquerade { .. } => "masquerade",
             Expr::Reject => "reject",
@@ -271,6 +281,15 @@ impl Expr {
                 f,
                 "dnat {ip} addr . port to jhash {ip} saddr . th sport mod {count} seed 0x{seed:x} offset {} map @{}",
                 slots.offset, slots.map
+            ),
+            Expr::PickDnat {
+                protocol,
+                count,
+                map,
+            } => write!(
+                f,
+                "dnat {ip} addr . port to {ip} daddr . {} dport . numgen random mod {count} map @{map}",
+                protocol.as_lower()
             ),
             Expr::NumgenDnat { count, slots } => write!(
                 f,

@@ -111,6 +111,10 @@ pub enum SetType {
     /// so that the rules' `numgen` constants (see
     /// [`Expr::AffinityHit`](super::Expr::AffinityHit)) match its key's type.
     Records { timeout: u32 },
+    /// `typeof ip daddr . tcp dport . numgen random mod 1 : ip daddr . tcp
+    /// dport ;`: a `select-PROTO-K` map (Service address, port and
+    /// endpoint index -> the endpoint).
+    Select(Protocol),
 }
 
 /// The value of a numgen-keyed map.
@@ -131,7 +135,7 @@ impl Set {
     pub fn is_map(&self) -> bool {
         match &self.ty {
             SetType::Typed { verdict_map, .. } => *verdict_map,
-            SetType::Numgen(_) => true,
+            SetType::Numgen(_) | SetType::Select(_) => true,
             SetType::Records { .. } => false,
         }
     }

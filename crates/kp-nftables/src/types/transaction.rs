@@ -176,6 +176,13 @@ impl Display for OpText<'_> {
                         }
                         f.write_str(" ; }")
                     }
+                    SetType::Select(p) => {
+                        let p = p.as_lower();
+                        write!(
+                            f,
+                            " {{ typeof {fam} daddr . {p} dport . numgen random mod 1 : {fam} daddr . {p} dport ; }}"
+                        )
+                    }
                     SetType::Records { timeout } => write!(
                         f,
                         " {{ typeof {fam} saddr . numgen random mod 1 . numgen random mod 1 ; \
