@@ -62,13 +62,6 @@ pub fn affinity_set_name(timeout: u32) -> String {
     MapName::Affinity(timeout).to_string()
 }
 
-/// The shared chain that picks among `count` endpoints for every Service
-/// reached only at its ClusterIP without session affinity (see
-/// [`Expr::PickDnat`](crate::types::Expr::PickDnat)).
-pub fn pick_chain(protocol: kp_model::Protocol, count: u32) -> String {
-    format!("pick-{}-{count}", protocol.as_lower())
-}
-
 /// The chains one service port may own (each only when it needs it).
 pub struct ServiceChains {
     /// The selection among all usable endpoints.

@@ -9,7 +9,7 @@ use kp_model::{
 };
 
 use crate::names::{
-    affinity_set_name, pick_chain, ServiceChains, CLUSTER_IPS_CHECK, FILTER_FORWARD, FILTER_INPUT,
+    affinity_set_name, ServiceChains, CLUSTER_IPS_CHECK, FILTER_FORWARD, FILTER_INPUT,
     FILTER_OUTPUT, FILTER_OUTPUT_POST_DNAT, FILTER_PREROUTING, FIREWALL_CHECK, MAP_FIREWALL_IPS,
     MAP_NO_EP_NODEPORTS, MAP_NO_EP_SERVICES, MAP_SERVICE_IPS, MAP_SERVICE_NODEPORTS,
     MARK_MASQ_CHAIN, MASQUERADING, NAT_OUTPUT, NAT_POSTROUTING, NAT_PREROUTING,
@@ -19,7 +19,7 @@ use crate::names::{
 use crate::rule;
 use crate::types::{
     Addr, AddrValue, BaseChain, ChainType, CtState, DType, DnatTarget, Expr, Hook, KeyField,
-    MarkOp, NumgenValue, Rule, Set, SetType, Slots, Verdict,
+    MarkOp, NumgenValue, PickKey, Rule, Set, SetType, Slots, Verdict,
 };
 pub use crate::types::{ElemKey, ElemValue, MapName};
 
@@ -101,9 +101,14 @@ impl Pick {
         self.values.len() as u32
     }
 
+    /// The shared chain it is picked in.
+    pub fn key(&self) -> PickKey {
+        PickKey::of(self.protocol, self.count(), self.ip, self.port)
+    }
+
     /// Its elements in the select map.
     pub fn elements(&self) -> impl Iterator<Item = Element> + '_ {
-        let map = MapName::select(self.protocol, self.count());
+        let map = self.key().map();
         self.values.iter().enumerate().map(move |(j, v)| Element {
             map,
             key: ElemKey::Select {
@@ -315,15 +320,19 @@ pub fn render_service(
         });
     } else {
         let target = if shared {
-            let eps = cat.internal_endpoints();
-            let count = eps.len() as u32;
-            out.picks.push(Pick {
+            let pick = Pick {
                 protocol: sp.protocol,
                 ip: sp.cluster_ip,
                 port: sp.port,
-                values: eps.iter().map(|e| e.socket_addr().into()).collect(),
-            });
-            pick_chain(sp.protocol, count)
+                values: cat
+                    .internal_endpoints()
+                    .iter()
+                    .map(|e| e.socket_addr().into())
+                    .collect(),
+            };
+            let chain = pick.key().chain();
+            out.picks.push(pick);
+            chain
         } else {
             internal_chain.clone()
         };
@@ -663,7 +672,7 @@ pub fn shard_set(m: MapName) -> Set {
 /// The declaration of a `select-PROTO-K` map.
 pub fn select_set(m: MapName) -> Set {
     let proto = match m {
-        MapName::Select(proto, _) => proto,
+        MapName::Select(proto, ..) => proto,
         _ => Protocol::Tcp,
     };
     Set {
@@ -672,13 +681,9 @@ pub fn select_set(m: MapName) -> Set {
     }
 }
 
-/// The shared chain that picks among `count` endpoints of `protocol`,
-/// with its one rule.
-pub fn pick_chain_rules(protocol: Protocol, count: u32) -> (String, Vec<Rule>) {
-    (
-        pick_chain(protocol, count),
-        vec![rule::pick_dnat(protocol, count)],
-    )
+/// A shared pick chain with its one rule.
+pub fn pick_chain_rules(key: PickKey) -> (String, Vec<Rule>) {
+    (key.chain(), vec![rule::pick_dnat(key)])
 }
 
 /// The declaration of the shared session-affinity set of one timeout.
@@ -731,7 +736,7 @@ pub fn packet_chains(
             }));
             // A Service picked in a shared chain (ClusterIP traffic only).
             if !route.kind.is_external() {
-                out.extend(objs.picks.iter().map(|p| pick_chain(p.protocol, p.count())));
+                out.extend(objs.picks.iter().map(|p| p.key().chain()));
             }
         }
         Action::Drop | Action::Reject => {

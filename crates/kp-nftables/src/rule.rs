@@ -8,7 +8,7 @@ use ipnet::IpNet;
 use kp_model::{IpFamily, LocalDetector, Protocol};
 
 use crate::names::MARK_MASQ_CHAIN;
-use crate::types::{Addr, AddrValue, Expr, KeyField, MapName, Rule, Slots, Verdict};
+use crate::types::{Addr, AddrValue, Expr, KeyField, MapName, PickKey, Rule, Slots, Verdict};
 
 fn jump_masq() -> Expr {
     Expr::Verdict(Verdict::Jump(MARK_MASQ_CHAIN.into()))
@@ -159,16 +159,16 @@ pub fn numgen_dnat(protocol: Protocol, count: u32, slots: Slots) -> Rule {
     ])
 }
 
-/// The rule of a shared `pick-PROTO-N` chain: a random index below
-/// `count`, DNAT to the endpoint at that index of the Service the packet
-/// asked for (its address and port).
-pub fn pick_dnat(protocol: Protocol, count: u32) -> Rule {
+/// The rule of a shared `pick-PROTO-N-S` chain: a random index below
+/// N, DNAT to the endpoint at that index of the Service the packet asked
+/// for (its address and port).
+pub fn pick_dnat(key: PickKey) -> Rule {
     Rule::new(vec![
-        Expr::L4Proto(protocol),
+        Expr::L4Proto(key.protocol),
         Expr::PickDnat {
-            protocol,
-            count,
-            map: MapName::select(protocol, count),
+            protocol: key.protocol,
+            count: key.count,
+            map: key.map(),
         },
     ])
 }

@@ -412,9 +412,12 @@ fn the_comparison_sees_what_matters() {
         "the endpoints of a numgen DNAT keep their order"
     );
     // The shared pick chains' endpoints are compared as they are.
-    let select = MapName::select(kp_model::Protocol::Tcp, 3).to_string();
     let picked = changed(&|t| {
-        let set = t.sets.get_mut(&select).unwrap();
+        let (_, set) = t
+            .sets
+            .iter_mut()
+            .find(|(name, _)| name.starts_with("select-tcp-0-"))
+            .unwrap();
         let (k, v) = set.elements.pop_first().unwrap();
         set.elements.insert(k, v.clone());
         let (k, _) = set.elements.pop_last().unwrap();

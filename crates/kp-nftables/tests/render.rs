@@ -150,9 +150,34 @@ fn each_kind_of_service_renders_its_layout() {
     let p = NftablesProxier::new(cfg(), Box::new(rec.clone()));
     let text = p.render(t.state());
 
-    // ClusterIP with two endpoints: one numgen DNAT rule, masquerade for off-cluster sources.
+    // ClusterIP only, two endpoints: no chain of its own; the shared
+    // chain for two TCP endpoints picks one of them under the ClusterIP
+    // and port in its select map.
+    let pick = text
+        .lines()
+        .filter(|l| l.contains("service-ips {"))
+        .find_map(|l| l.split("10.96.0.10 . tcp . 80 : goto ").nth(1))
+        .and_then(|r| r.split([',', ' ']).next())
+        .unwrap_or_else(|| panic!("no service-ips element for 10.96.0.10: {text}"));
+    assert!(pick.starts_with("pick-tcp-2-"), "{text}");
+    assert!(!text.contains("default/plain/"), "{text}");
+    let select = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(&format!("add rule ip kube-proxy-rs {pick} meta l4proto tcp dnat ip addr . port to ip daddr . tcp dport . numgen random mod 2 map @"))
+        })
+        .unwrap_or_else(|| panic!("no rule in {pick}: {text}"));
+    assert!(select.starts_with("select-tcp-0-"), "{select}");
+    let elems = map_elements(&text, select);
     assert!(
-        text.contains("10.96.0.10 . tcp . 80 : goto service-"),
+        elems.contains("10.96.0.10 . 80 . 0 : 10.244.1.2 . 8080")
+            && elems.contains("10.96.0.10 . 80 . 1 : 10.244.2.2 . 8080"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "add map ip kube-proxy-rs {select} {{ typeof ip daddr . tcp dport . numgen random mod 1 : ip daddr . tcp dport ; }}"
+        )),
         "{text}"
     );
     // One rule before the dispatch marks off-cluster traffic to any
@@ -176,13 +201,14 @@ fn each_kind_of_service_renders_its_layout() {
         services_rules.len() == 3 && services_rules[0].contains("mark-for-masquerade"),
         "the masquerade mark comes before the dispatch: {services_rules:?}"
     );
-    // The service chain picks one of two slots of the shared TCP endpoint map,
-    // and those slots hold the two endpoints.
-    let (map, base) = slot_base(&text, "10.96.0.10", "endpoints-tcp-", 2);
+    // A Service with a chain of its own (here the LoadBalancer's, for
+    // cluster-wide traffic) picks one of two slots of the shared TCP
+    // endpoint map, and those slots hold its two endpoints.
+    let (map, base) = slot_base(&text, "10.96.0.13", "endpoints-tcp-", 2);
     let elems = map_elements(&text, &map);
     assert!(
-        elems.contains(&format!("0x{:x} : 10.244.1.2 . 8080", base))
-            && elems.contains(&format!("0x{:x} : 10.244.2.2 . 8080", base + 1)),
+        elems.contains(&format!("0x{:x} : 10.244.1.4 . 8080", base))
+            && elems.contains(&format!("0x{:x} : 10.244.2.4 . 8080", base + 1)),
         "{text}"
     );
     assert!(
@@ -244,11 +270,15 @@ fn each_kind_of_service_renders_its_layout() {
     // iTP=Local with no local endpoint: dropped, not rejected (endpoints exist elsewhere).
     assert!(text.contains("10.96.0.15 . tcp . 80 : drop"));
     // SCTP service ports are keyed and DNATed like TCP ones.
-    assert!(text.contains("10.96.0.16 . sctp . 9000 : goto service-"));
-    assert!(text.contains("meta l4proto sctp dnat ip addr . port to numgen random mod 2"));
-    let (map, sctp) = slot_base(&text, "10.96.0.16", "endpoints-sctp-", 2);
     assert!(
-        map_elements(&text, &map).contains(&format!("0x{sctp:x} : 10.244.")),
+        text.contains("10.96.0.16 . sctp . 9000 : goto pick-sctp-2-"),
+        "{text}"
+    );
+    assert!(text.contains(
+        "meta l4proto sctp dnat ip addr . port to ip daddr . sctp dport . numgen random mod 2 map @select-sctp-0-"
+    ));
+    assert!(
+        text.contains("10.96.0.16 . 9000 . 1 : 10.244.2.9 . 9000"),
         "{text}"
     );
     // Out-of-window packets marked INVALID are dropped before they can be
@@ -280,17 +310,21 @@ fn partial_sync_touches_only_the_changed_service() {
     assert!(!r.full);
     let scripts = rec.0.lock().unwrap();
     let last = scripts.last().unwrap();
-    // Same number of endpoints: the rule stays, only the replaced slot changes.
+    // Same number of endpoints: no chain or rule, only the replaced
+    // endpoint's select element changes.
     assert!(!last.contains("flush chain"), "{last}");
     assert!(!last.contains("add rule"), "{last}");
+    assert!(!last.contains("service-ips"), "{last}");
+    let lines: Vec<&str> = last.lines().collect();
+    assert_eq!(lines.len(), 2, "{last}");
     assert!(
-        last.contains("delete element ip kube-proxy-rs endpoints-tcp-0 { 0x")
-            && last.contains(" : 10.244.2.2 . 8080 }"),
+        lines[0].starts_with("delete element ip kube-proxy-rs select-tcp-0-")
+            && lines[0].ends_with(" { 10.96.0.10 . 80 . 1 : 10.244.2.2 . 8080 }"),
         "{last}"
     );
     assert!(
-        last.contains("add element ip kube-proxy-rs endpoints-tcp-0 { 0x")
-            && last.contains(" : 10.244.2.9 . 8080 }"),
+        lines[1].starts_with("add element ip kube-proxy-rs select-tcp-0-")
+            && lines[1].ends_with(" { 10.96.0.10 . 80 . 1 : 10.244.2.9 . 8080 }"),
         "{last}"
     );
     assert!(
@@ -367,12 +401,15 @@ fn kernel_accepts_full_and_partial_ruleset() {
 fn endpoint_slots_are_kept_grown_and_reused() {
     let mut t = tracker(IpFamily::V4);
     let two = |a: &'static str, b: &'static str| [ready(a, "node1"), ready(b, "node2")];
+    // NodePorts: chains of their own (a ClusterIP-only Service is picked
+    // in a shared chain, without slots).
+    let np = |port: u16| json!({"type": "NodePort", "ports": [{"name": "http", "port": 80, "protocol": "TCP", "nodePort": port}]});
     apply(
         &mut t,
         &[
-            service("a", "10.96.0.20", json!({})),
+            service("a", "10.96.0.20", np(30020)),
             endpoints("a", &two("10.244.1.2", "10.244.2.2")),
-            service("b", "10.96.0.21", json!({})),
+            service("b", "10.96.0.21", np(30021)),
             endpoints("b", &two("10.244.1.3", "10.244.2.3")),
         ],
     );
@@ -428,7 +465,7 @@ fn endpoint_slots_are_kept_grown_and_reused() {
     let cs = apply(
         &mut t,
         &[
-            service("c", "10.96.0.22", json!({})),
+            service("c", "10.96.0.22", np(30022)),
             endpoints("c", &two("10.244.1.5", "10.244.2.5")),
         ],
     );

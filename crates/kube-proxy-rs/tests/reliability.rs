@@ -589,7 +589,11 @@ fn netlink_apply_failure_keeps_rules_and_retries_full() {
     // without it is picked in a shared chain, which others still use).
     env.put(
         "svc",
-        &service("gone", &["10.96.5.10"], json!({"sessionAffinity": "ClientIP"})),
+        &service(
+            "gone",
+            &["10.96.5.10"],
+            json!({"sessionAffinity": "ClientIP"}),
+        ),
     );
     env.put("eps", &slice("gone", "1", "IPv4", &ready(&[&a])));
     env.put("svc2", &service("stay", &["10.96.5.11"], json!({})));

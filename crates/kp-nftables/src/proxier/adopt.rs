@@ -310,19 +310,15 @@ impl NftablesProxier {
             prog.services.insert(name.clone(), kept);
         }
         // The shared pick chains in use, and the select maps they read.
-        let select_maps: BTreeSet<MapName> = prog
-            .picks
-            .keys()
-            .map(|(p, n)| MapName::select(*p, *n))
-            .collect();
+        let select_maps: BTreeSet<MapName> = prog.picks.keys().map(|k| k.map()).collect();
         for m in &select_maps {
             if !kt.has_set(&m.to_string()) {
                 tx.head.push(op(Verb::Add, Object::Set(select_set(*m))));
                 tx.ops += 1;
             }
         }
-        for (p, n) in prog.picks.keys() {
-            let (name, rules) = pick_chain_rules(*p, *n);
+        for k in prog.picks.keys() {
+            let (name, rules) = pick_chain_rules(*k);
             put_chain(&mut tx, &mut st, Chain::regular(&name), rules);
         }
         // Elements, set by set, claimed as a full sync claims them.
@@ -506,7 +502,7 @@ mod tests {
             }
             for p in [Protocol::Tcp, Protocol::Udp, Protocol::Sctp] {
                 tx.add(Object::Set(shard_set(MapName::Endpoints(p, 0))));
-                tx.add(Object::Set(select_set(MapName::select(p, 1))));
+                tx.add(Object::Set(select_set(MapName::Select(p, 0, 0))));
             }
             tx.add(Object::Set(affinity_set(10800)));
             text += &tx.to_string();
@@ -519,7 +515,7 @@ mod tests {
             (super::super::full::TABLE_COMMENT, format!("{figure:#x}")),
             (
                 "rules for kube-proxy-rs (layout 2)",
-                "0xca260510e2909765".to_string()
+                "0x5c26147b09f6b907".to_string()
             ),
             "{text}"
         );

@@ -5,11 +5,11 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use kp_model::{Protocol, RefusedOp, ServicePortName};
+use kp_model::{RefusedOp, ServicePortName};
 
 use super::slots::Slots;
 use crate::render::{ElemKey, Element, MapName, ServiceObjects};
-use crate::types::{ElemValue, Object, Rule, Transaction};
+use crate::types::{ElemValue, Object, PickKey, Rule, Transaction};
 
 /// A service port as programmed: its objects with the chains' rules taken
 /// out (they went to the kernel) and a digest of each chain's rules kept to
@@ -86,7 +86,7 @@ pub(super) struct Programmed {
     pub(super) affinity: BTreeMap<u32, usize>,
     /// Shared pick chains by (protocol, endpoint count) -> how many
     /// service ports go to them.
-    pub(super) picks: BTreeMap<(Protocol, u32), usize>,
+    pub(super) picks: BTreeMap<PickKey, usize>,
 }
 
 impl Programmed {
@@ -101,7 +101,7 @@ impl Programmed {
     /// Counts `objs`' shared pick chains in (`by` 1) or out (-1).
     pub(super) fn use_picks(&mut self, objs: &ServiceObjects, by: i32) {
         for p in &objs.picks {
-            let k = (p.protocol, p.count());
+            let k = p.key();
             if by > 0 {
                 *self.picks.entry(k).or_insert(0) += 1;
             } else if let Some(users) = self.picks.get_mut(&k) {
@@ -114,7 +114,7 @@ impl Programmed {
     }
 
     /// The shared pick chains in use.
-    pub(super) fn pick_keys(&self) -> BTreeSet<(Protocol, u32)> {
+    pub(super) fn pick_keys(&self) -> BTreeSet<PickKey> {
         self.picks.keys().copied().collect()
     }
 

@@ -33,8 +33,8 @@ pub(super) struct Tx {
     pub(super) rekey: Vec<Rekey>,
 }
 
-/// Shared pick chains by (protocol, endpoint count).
-pub(super) type PickSet = BTreeSet<(kp_model::Protocol, u32)>;
+/// Shared pick chains.
+pub(super) type PickSet = BTreeSet<crate::types::PickKey>;
 
 pub(super) fn op(verb: Verb, object: Object) -> Op {
     Op { verb, object }
@@ -112,9 +112,7 @@ impl Tx {
     /// chains that stay get their rule again and the maps that stay are
     /// emptied for the sync's elements.
     pub(super) fn move_picks(&mut self, before: &PickSet, after: &PickSet, refill: bool) {
-        let maps = |s: &PickSet| -> BTreeSet<MapName> {
-            s.iter().map(|(p, n)| MapName::select(*p, *n)).collect()
-        };
+        let maps = |s: &PickSet| -> BTreeSet<MapName> { s.iter().map(|k| k.map()).collect() };
         let (maps_before, maps_after) = (maps(before), maps(after));
         for m in &maps_after {
             if !maps_before.contains(m) {
@@ -127,20 +125,20 @@ impl Tx {
                 self.ops += 1;
             }
         }
-        for (p, n) in after {
-            let stays = before.contains(&(*p, *n));
+        for k in after {
+            let stays = before.contains(k);
             if stays && !refill {
                 continue;
             }
-            let (name, rules) = pick_chain_rules(*p, *n);
+            let (name, rules) = pick_chain_rules(*k);
             if !stays {
                 self.add_objects.push(op(Verb::Add, chain(&name)));
                 self.ops += 1;
             }
             self.add_rules(&name, rules);
         }
-        for (p, n) in before.difference(after) {
-            let name = crate::names::pick_chain(*p, *n);
+        for k in before.difference(after) {
+            let name = k.chain();
             self.flush_stale.push(op(Verb::Flush, chain(&name)));
             self.del_objects.push(op(Verb::Delete, chain(&name)));
             self.ops += 2;

@@ -41,21 +41,70 @@ pub enum MapName {
     /// `affinity-TIMEOUT`: the client records of every Service with that
     /// session-affinity timeout (`client . selection id . slot index`).
     Affinity(u32),
-    /// `select-PROTO-K`: `address . port . index` -> `address . port`, the
-    /// endpoints of the Services picked in the shared `pick-PROTO-N`
-    /// chains; `K` groups endpoint counts by [`SELECT_COUNTS_PER_MAP`].
-    Select(Protocol, u32),
+    /// `select-PROTO-K-S`: `address . port . index` -> `address . port`,
+    /// the endpoints of the Services picked in the shared `pick-PROTO-N-S`
+    /// chains; `K` groups endpoint counts by [`SELECT_COUNTS_PER_MAP`], `S`
+    /// is the Services' shard ([`PickKey`]).
+    Select(Protocol, u32, u16),
 }
 
-/// Endpoint counts (pick chains) one `select-PROTO-K` map serves: every
+/// Endpoint counts (pick chains) one `select-PROTO-K-S` map serves: every
 /// rule bound to a map is checked for every element added to it, so this
 /// bounds an element's cost, as the endpoint-map shards do.
 pub const SELECT_COUNTS_PER_MAP: u32 = 64;
 
-impl MapName {
-    /// The select map the Services with `count` endpoints are picked from.
-    pub fn select(protocol: Protocol, count: u32) -> MapName {
-        MapName::Select(protocol, count.saturating_sub(1) / SELECT_COUNTS_PER_MAP)
+/// Shards of the shared pick chains and select maps. The kernel dumps a
+/// hashed set in pieces of 32 KiB and walks it from the start for each
+/// piece, so reading a set back (a restart's adoption) costs the square
+/// of its size: one select map for 100k Services of 10 endpoints took 35 s
+/// to read. 256 shards keep a map at ~4k elements there.
+pub const PICK_SHARDS: u32 = 256;
+
+/// One shared pick chain: the Services of one protocol, endpoint count and
+/// shard. The shard is a hash of the Service's address and port, so it
+/// never depends on what was synced before.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PickKey {
+    pub protocol: Protocol,
+    pub count: u32,
+    pub shard: u16,
+}
+
+impl PickKey {
+    pub fn of(protocol: Protocol, count: u32, ip: IpAddr, port: u16) -> PickKey {
+        // FNV-1a: stable across builds, so a restart finds the same shard.
+        let mut h: u32 = 0x811c_9dc5;
+        let octets = match ip {
+            IpAddr::V4(a) => a.octets().to_vec(),
+            IpAddr::V6(a) => a.octets().to_vec(),
+        };
+        for b in octets.into_iter().chain(port.to_be_bytes()) {
+            h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
+        }
+        PickKey {
+            protocol,
+            count,
+            shard: (h % PICK_SHARDS) as u16,
+        }
+    }
+
+    /// `pick-PROTO-N-S`
+    pub fn chain(&self) -> String {
+        format!(
+            "pick-{}-{}-{}",
+            self.protocol.as_lower(),
+            self.count,
+            self.shard
+        )
+    }
+
+    /// The select map its rule reads.
+    pub fn map(&self) -> MapName {
+        MapName::Select(
+            self.protocol,
+            self.count.saturating_sub(1) / SELECT_COUNTS_PER_MAP,
+            self.shard,
+        )
     }
 }
 
@@ -65,7 +114,7 @@ impl Display for MapName {
             MapName::Fixed(n) => f.write_str(n),
             MapName::Endpoints(p, k) => write!(f, "endpoints-{}-{k}", p.as_lower()),
             MapName::Affinity(t) => write!(f, "affinity-{t}"),
-            MapName::Select(p, k) => write!(f, "select-{}-{k}", p.as_lower()),
+            MapName::Select(p, k, s) => write!(f, "select-{}-{k}-{s}", p.as_lower()),
         }
     }
 }

@@ -20,7 +20,7 @@ mod object;
 mod text;
 mod transaction;
 
-pub use elem::{DnatTarget, ElemKey, ElemValue, MapName, Verdict};
+pub use elem::{DnatTarget, ElemKey, ElemValue, MapName, PickKey, Verdict, PICK_SHARDS};
 pub use expr::{Addr, AddrValue, CtState, Expr, KeyField, MarkOp, Rule, Slots};
 pub use object::{
     BaseChain, Chain, ChainType, DType, Hook, NumgenValue, Object, Set, SetType, DYNAMIC_SET_SIZE,
