@@ -74,13 +74,16 @@ impl PickKey {
     pub fn of(protocol: Protocol, count: u32, ip: IpAddr, port: u16) -> PickKey {
         // FNV-1a: stable across builds, so a restart finds the same shard.
         let mut h: u32 = 0x811c_9dc5;
-        let octets = match ip {
-            IpAddr::V4(a) => a.octets().to_vec(),
-            IpAddr::V6(a) => a.octets().to_vec(),
+        let mut eat = |bytes: &[u8]| {
+            for b in bytes {
+                h = (h ^ u32::from(*b)).wrapping_mul(0x0100_0193);
+            }
         };
-        for b in octets.into_iter().chain(port.to_be_bytes()) {
-            h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
+        match ip {
+            IpAddr::V4(a) => eat(&a.octets()),
+            IpAddr::V6(a) => eat(&a.octets()),
         }
+        eat(&port.to_be_bytes());
         PickKey {
             protocol,
             count,
@@ -199,5 +202,24 @@ impl Display for ElemValue {
             ElemValue::Verdict(v) => write!(f, "{v}"),
             ElemValue::Endpoint(a) => write!(f, "{a}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A restart finds each Service in the shard the previous build put it
+    /// in only if the hash never changes: these are the shards the
+    /// examples in docs/nftables.md show.
+    #[test]
+    fn pick_shards_are_pinned() {
+        let shard = |ip: &str, port| PickKey::of(Protocol::Tcp, 3, ip.parse().unwrap(), port).shard;
+        assert_eq!(shard("10.96.0.10", 80), 213);
+        assert_eq!(shard("10.96.0.50", 80), 141);
+        let k = PickKey::of(Protocol::Udp, 65, "fd00::a".parse().unwrap(), 53);
+        assert!(u32::from(k.shard) < PICK_SHARDS);
+        assert_eq!(k.map(), MapName::Select(Protocol::Udp, 1, k.shard));
+        assert_eq!(k.chain(), format!("pick-udp-65-{}", k.shard));
     }
 }
