@@ -85,8 +85,8 @@ pub struct PoolAffinity {
     pub id: u32,
 }
 
-/// A Service port picked in a shared `pick-PROTO-N` chain: its endpoints
-/// at indexes 0..N under its ClusterIP and port in `select-PROTO-K`.
+/// A Service port picked in a shared `pick-PROTO-N-S` chain: its endpoints
+/// at indexes 0..N under its ClusterIP and port in `select-PROTO-K-S`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pick {
     pub protocol: Protocol,
@@ -669,7 +669,7 @@ pub fn shard_set(m: MapName) -> Set {
     }
 }
 
-/// The declaration of a `select-PROTO-K` map.
+/// The declaration of a `select-PROTO-K-S` map.
 pub fn select_set(m: MapName) -> Set {
     let proto = match m {
         MapName::Select(proto, ..) => proto,

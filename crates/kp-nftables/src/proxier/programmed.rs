@@ -84,7 +84,7 @@ pub(super) struct Programmed {
     pub(super) slots: Slots,
     /// Shared affinity sets by timeout -> how many service ports use them.
     pub(super) affinity: BTreeMap<u32, usize>,
-    /// Shared pick chains by (protocol, endpoint count) -> how many
+    /// Shared pick chains (protocol, endpoint count, shard) -> how many
     /// service ports go to them.
     pub(super) picks: BTreeMap<PickKey, usize>,
 }

@@ -140,9 +140,9 @@ pub enum Expr {
         slots: Slots,
     },
     /// `dnat ip addr . port to ip daddr . tcp dport . numgen random mod N
-    /// map @select-tcp-K`: the shared selection of every Service with N
-    /// endpoints, keyed by the address and port the packet asked for (a
-    /// `pick-PROTO-N` chain; the rule's `meta l4proto` comes before it).
+    /// map @select-tcp-K-S`: the shared selection of the Services with N
+    /// endpoints in shard S, keyed by the address and port the packet asked for (a
+    /// `pick-PROTO-N-S` chain; the rule's `meta l4proto` comes before it).
     PickDnat {
         protocol: Protocol,
         count: u32,

@@ -112,7 +112,7 @@ pub enum SetType {
     /// [`Expr::AffinityHit`](super::Expr::AffinityHit)) match its key's type.
     Records { timeout: u32 },
     /// `typeof ip daddr . tcp dport . numgen random mod 1 : ip daddr . tcp
-    /// dport ;`: a `select-PROTO-K` map (Service address, port and
+    /// dport ;`: a `select-PROTO-K-S` map (Service address, port and
     /// endpoint index -> the endpoint).
     Select(Protocol),
 }
