@@ -315,7 +315,7 @@ fn node_cidr_pod_cidrs_come_from_the_api() {
     ]);
     assert!(
         out.contains("ip daddr @cluster-ips ip saddr != 10.244.1.0/24 jump mark-for-masquerade")
-            && out.contains("10.96.7.7 . tcp . 80 : goto service-"),
+            && out.contains("10.96.7.7 . tcp . 80 : goto pick-tcp-1-"),
         "{out}"
     );
     let calls = srv.api_calls();
