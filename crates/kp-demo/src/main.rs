@@ -300,12 +300,7 @@ fn ruleset_summary(listing: &str, max_lines: usize, only_service: bool) -> Strin
             || !only_service
                 && ["services ", "service-ips ", "cluster-ips ", "hairpin "]
                     .iter()
-                    .any(|n| {
-                        head.trim_start()
-                            .split_once(' ')
-                            .map(|x| x.1)
-                            .is_some_and(|r| r.starts_with(n))
-                    })
+                    .any(|n| name.starts_with(n))
     };
     let mut out = String::new();
     for (i, b) in blocks.iter().filter(|b| wanted(b)).enumerate() {

@@ -104,20 +104,25 @@ fn map_elements(text: &str, map: &str) -> String {
         .join("\n")
 }
 
-/// The map and slot offset of the `numgen` DNAT rule in the chain that
-/// `ip`'s service-ips element goes to, checking its modulus and map prefix.
-fn slot_base(text: &str, ip: &str, map: &str, n: usize) -> (String, u32) {
+/// The chain `ip`'s service-ips element goes to.
+fn service_ips_target<'a>(text: &'a str, ip: &str) -> &'a str {
     let elem = format!("{ip} . ");
     let line = text
         .lines()
         .find(|l| l.contains("service-ips {") && l.contains(&elem))
         .unwrap_or_else(|| panic!("no service-ips element for {ip}: {text}"));
     let after = &line[line.find(&elem).unwrap_or(0)..];
-    let chain = after
+    after
         .split(": goto ")
         .nth(1)
         .and_then(|r| r.split([',', ' ']).next())
-        .unwrap_or_else(|| panic!("no chain for {ip}: {line}"));
+        .unwrap_or_else(|| panic!("no chain for {ip}: {line}"))
+}
+
+/// The map and slot offset of the `numgen` DNAT rule in the chain that
+/// `ip`'s service-ips element goes to, checking its modulus and map prefix.
+fn slot_base(text: &str, ip: &str, map: &str, n: usize) -> (String, u32) {
+    let chain = service_ips_target(text, ip);
     let prefix = format!("add rule ip kube-proxy-rs {chain} ");
     let rule = text
         .lines()
@@ -153,12 +158,7 @@ fn each_kind_of_service_renders_its_layout() {
     // ClusterIP only, two endpoints: no chain of its own; the shared
     // chain for two TCP endpoints picks one of them under the ClusterIP
     // and port in its select map.
-    let pick = text
-        .lines()
-        .filter(|l| l.contains("service-ips {"))
-        .find_map(|l| l.split("10.96.0.10 . tcp . 80 : goto ").nth(1))
-        .and_then(|r| r.split([',', ' ']).next())
-        .unwrap_or_else(|| panic!("no service-ips element for 10.96.0.10: {text}"));
+    let pick = service_ips_target(&text, "10.96.0.10");
     assert!(pick.starts_with("pick-tcp-2-"), "{text}");
     assert!(!text.contains("default/plain/"), "{text}");
     let select = text

@@ -433,6 +433,23 @@ fn addr_field(fam: Family, daddr: bool) -> (u32, u32) {
     }
 }
 
+/// The `typeof` parts of `ip daddr . tcp dport`: the endpoint maps' value,
+/// and the select maps' key and value.
+fn addr_port_typeof(proto: Protocol, fam: Family) -> Vec<Vec<u8>> {
+    let (desc, daddr) = addr_field(fam, true);
+    vec![
+        typeof_payload(desc, daddr),
+        typeof_payload(l4_desc(proto), 2), // dport
+    ]
+}
+
+/// A map's value type `address . port` (NFTA_SET_DATA_TYPE and _LEN; the
+/// port padded to a register word).
+fn addr_port_data(a: &mut Attrs, fam: Family) {
+    a.u32be(6, (fam.addr_type() << 6) | dtype(DType::InetService).0);
+    a.u32be(7, fam.addr_len() as u32 + 4);
+}
+
 /// Set userdata nft 1.0.6 writes for `typeof numgen random mod 1 : VALUE`
 /// (read off `nft --debug=mnl`): key byte order host, data byte order none,
 /// the key's typeof (numgen random mod 1), the value's typeof, and a zero
@@ -443,13 +460,7 @@ fn numgen_map_udata(kind: NumgenValue, fam: Family) -> Vec<u8> {
     udata(&mut ud, 1, &0u32.to_ne_bytes());
     udata(&mut ud, 3, &typeof_numgen());
     let data = match kind {
-        NumgenValue::AddrPort(proto) => {
-            let (desc, daddr) = addr_field(fam, true);
-            typeof_concat(&[
-                typeof_payload(desc, daddr),
-                typeof_payload(l4_desc(proto), 2), // dport
-            ])
-        }
+        NumgenValue::AddrPort(proto) => typeof_concat(&addr_port_typeof(proto, fam)),
     };
     udata(&mut ud, 4, &data);
     udata(&mut ud, 6, &0u32.to_ne_bytes());
@@ -461,20 +472,13 @@ fn numgen_map_udata(kind: NumgenValue, fam: Family) -> Vec<u8> {
 /// --debug=mnl`): both byte orders none, the key's typeof, the value's,
 /// and the zero attribute 6 of maps.
 fn select_map_udata(proto: Protocol, fam: Family) -> Vec<u8> {
-    let (desc, daddr) = addr_field(fam, true);
-    let addr_port = || {
-        vec![
-            typeof_payload(desc, daddr),
-            typeof_payload(l4_desc(proto), 2), // dport
-        ]
-    };
     let mut ud = Vec::new();
     udata(&mut ud, 0, &0u32.to_ne_bytes());
     udata(&mut ud, 1, &0u32.to_ne_bytes());
-    let mut key = addr_port();
+    let mut key = addr_port_typeof(proto, fam);
     key.push(typeof_numgen());
     udata(&mut ud, 3, &typeof_concat(&key));
-    udata(&mut ud, 4, &typeof_concat(&addr_port()));
+    udata(&mut ud, 4, &typeof_concat(&addr_port_typeof(proto, fam)));
     udata(&mut ud, 6, &0u32.to_ne_bytes());
     ud
 }
@@ -503,10 +507,7 @@ fn set_attrs(table: &str, s: &Set, fam: Family, id: u32) -> Attrs {
             a.str(1, table).str(2, &s.name).u32be(3, 0x8);
             a.u32be(4, 4).u32be(5, 4);
             match kind {
-                NumgenValue::AddrPort(_) => {
-                    a.u32be(6, (fam.addr_type() << 6) | dtype(DType::InetService).0);
-                    a.u32be(7, fam.addr_len() as u32 + 4);
-                }
+                NumgenValue::AddrPort(_) => addr_port_data(&mut a, fam),
             }
             a.u32be(10, id);
             a.attr(13, &numgen_map_udata(*kind, fam));
@@ -519,8 +520,7 @@ fn set_attrs(table: &str, s: &Set, fam: Family, id: u32) -> Attrs {
             let port = dtype(DType::InetService).0;
             a.u32be(4, (fam.addr_type() << 12) | (port << 6) | 4);
             a.u32be(5, fam.addr_len() as u32 + 8);
-            a.u32be(6, (fam.addr_type() << 6) | port);
-            a.u32be(7, fam.addr_len() as u32 + 4);
+            addr_port_data(&mut a, fam);
             a.u32be(10, id);
             a.attr(13, &select_map_udata(*proto, fam));
             return a;

@@ -9,7 +9,7 @@ use kp_model::{IpFamily, Protocol};
 use kp_netlink::{Attrs, Nest};
 
 use crate::types::{
-    clean, Addr, AddrValue, CtState, DnatTarget, ElemValue, Expr, KeyField, MarkOp, Rule, Slots,
+    clean, Addr, AddrValue, CtState, DnatTarget, ElemValue, Expr, KeyField, MapName, MarkOp, Rule,
     Verdict,
 };
 use kp_netlink::nftables::expr::{bitwise, cmp, ex, meta_load, payload};
@@ -199,10 +199,11 @@ impl KeyField {
     }
 }
 
-/// DNAT to the endpoint in the slot of `slots.map` that register 1 names:
-/// the map writes address and port from register 1 on.
-fn slot_dnat(out: &mut Vec<Attrs>, fam: Family, slots: &Slots) {
-    out.push(lookup(1, Some(1), &slots.map.to_string(), None, false));
+/// DNAT to the endpoint `map` holds under the key from register 1 on (a
+/// slot, or a select key): the map writes address and port from register
+/// 1 on.
+fn map_dnat(out: &mut Vec<Attrs>, fam: Family, map: MapName) {
+    out.push(lookup(1, Some(1), &map.to_string(), None, false));
     out.push(nat(fam, reg(fam.addr_len() / 4), None));
 }
 
@@ -574,7 +575,7 @@ pub fn encode_rule(
                     .checked_add(*index)
                     .ok_or("slot out of range")?;
                 out.push(numgen(1, 1, slot));
-                slot_dnat(out, fam, slots);
+                map_dnat(out, fam, slots.map);
             }
             // nft's layout for the rule's text: the key at word 0 with the
             // index hashed into its last word from a copy of `saddr .
@@ -595,7 +596,7 @@ pub fn encode_rule(
                     return Err("jhash modulus 0".into());
                 }
                 client_hash(out, fam, 4, 1, *count, *seed, slots.offset);
-                slot_dnat(out, fam, slots);
+                map_dnat(out, fam, slots.map);
             }
             // nft's layout: address, port and index from register 1 on,
             // the endpoint written back from register 1.
@@ -607,15 +608,14 @@ pub fn encode_rule(
                 out.push(KeyField::Addr(Addr::Daddr).load(fam, 1)?);
                 out.push(KeyField::ThDport.load(fam, reg(a))?);
                 out.push(numgen(reg(a + 1), *count, 0));
-                out.push(lookup(1, Some(1), &map.to_string(), None, false));
-                out.push(nat(fam, reg(a), None));
+                map_dnat(out, fam, *map);
             }
             Expr::NumgenDnat { count, slots } => {
                 if *count == 0 {
                     return Err("numgen modulus 0".into());
                 }
                 out.push(numgen(1, *count, slots.offset));
-                slot_dnat(out, fam, slots);
+                map_dnat(out, fam, slots.map);
             }
             Expr::Dnat(to) => {
                 out.push(immediate_data(1, &addr_bytes(to.ip(), fam)?));
