@@ -476,7 +476,12 @@ impl Proxy<'_> {
         let last_ip = crate::cluster_ip(n - 1);
         loop {
             if !self.guard.is_running() {
-                bail!("the proxy exited; log: {}", self.guard.log_path().display());
+                // The log's directory goes with the lab: quote its end here.
+                let path = self.guard.log_path();
+                let log = std::fs::read_to_string(path).unwrap_or_default();
+                let lines: Vec<&str> = log.lines().collect();
+                let tail = lines[lines.len().saturating_sub(15)..].join("\n");
+                bail!("the proxy exited; the end of {}:\n{tail}", path.display());
             }
             let synced = self
                 .samples("kubeproxy_sync_proxy_rules_duration_seconds_count")

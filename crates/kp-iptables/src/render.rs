@@ -136,6 +136,17 @@ impl ServiceRules {
     pub fn chain_names(&self) -> impl Iterator<Item = &str> {
         self.nat_chains.iter().map(|(c, _)| c.as_str())
     }
+
+    /// Whether both put the same lines into the top-level chains (those
+    /// every Service shares: KUBE-SERVICES, KUBE-NODEPORTS, ...).
+    pub fn same_top_level(&self, other: &ServiceRules) -> bool {
+        self.nat_services == other.nat_services
+            && self.nat_nodeports == other.nat_nodeports
+            && self.filter_services == other.filter_services
+            && self.filter_external == other.filter_external
+            && self.filter_firewall == other.filter_firewall
+            && self.filter_nodeports == other.filter_nodeports
+    }
 }
 
 /// `KUBE-SVC-` + upstream's hash of `servicePortName + protocol`.

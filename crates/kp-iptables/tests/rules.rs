@@ -722,3 +722,60 @@ fn dry_run_render_is_the_full_restore_input() {
     let p = IptablesProxier::new(c, Box::new(Recorder::default()));
     assert!(p.render(&st).contains("--or-mark 0x20\n"));
 }
+
+#[test]
+fn top_level_chains_are_compared_again_after_a_change_that_kept_them() {
+    let rec = Recorder::default();
+    let mut p = IptablesProxier::new(cfg(), Box::new(rec.clone()));
+    let web = sp("web", "10.96.0.10").build();
+    let db = sp("db", "10.96.0.11").build();
+    let two = |a: &str, b: &str| vec![ep(a, true), ep(b, false)];
+    let st = state(vec![
+        (web.clone(), two("10.244.1.5", "10.244.2.6")),
+        (db.clone(), vec![ep("10.244.1.9", true)]),
+    ]);
+    p.sync(&st, &BTreeSet::new(), false).unwrap();
+    let restores = |rec: &Recorder| rec.0.lock().unwrap().restores.clone();
+
+    // web's endpoint replaced: its top-level lines stay, none is written.
+    let st2 = state(vec![
+        (web.clone(), two("10.244.1.5", "10.244.2.7")),
+        (db.clone(), vec![ep("10.244.1.9", true)]),
+    ]);
+    let changed: BTreeSet<ServicePortName> = [web.name.clone()].into();
+    p.sync(&st2, &changed, false).unwrap();
+    let second = restores(&rec)[1].clone();
+    assert!(!second.contains("KUBE-SERVICES") && !second.contains("*filter"));
+
+    // Then web loses every endpoint: its ClusterIP line leaves nat
+    // KUBE-SERVICES for a REJECT in filter KUBE-SERVICES. Both are written,
+    // and only they: the other top-level chains are still known to be as
+    // written two syncs ago.
+    let st3 = state(vec![
+        (web.clone(), vec![]),
+        (db.clone(), vec![ep("10.244.1.9", true)]),
+    ]);
+    p.sync(&st3, &changed, false).unwrap();
+    let third = restores(&rec)[2].clone();
+    let filter = third.split("*nat").next().unwrap();
+    assert!(filter.contains(":KUBE-SERVICES - [0:0]"), "{third}");
+    assert!(
+        filter.contains("default/web:http has no endpoints"),
+        "{third}"
+    );
+    assert!(declared_nat(&third).contains("KUBE-SERVICES"), "{third}");
+    assert!(
+        !third.contains(&format!("-j {}", svc_chain(&web))),
+        "{third}"
+    );
+    for unchanged in [
+        "KUBE-NODEPORTS",
+        "KUBE-EXTERNAL-SERVICES",
+        "KUBE-POSTROUTING",
+    ] {
+        assert!(
+            !third.contains(&format!(":{unchanged} ")),
+            "{unchanged}:\n{third}"
+        );
+    }
+}
