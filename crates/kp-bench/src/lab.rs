@@ -9,9 +9,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
+use base64::Engine;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::jiff::Timestamp;
 use kp_netlab::{Cluster, ClusterOpts, ProcGuard};
 use kp_testkit::{ControlPlane, ControlPlaneOpts, K8sBinaries};
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -83,6 +85,110 @@ pub fn api_service(mut s: Value) -> (Value, Option<Value>) {
     }
     let lb = status.filter(|st| st["loadBalancer"]["ingress"].is_array());
     (s, lb)
+}
+
+/// Objects [`Lab::populate_etcd`] puts in one etcd transaction: etcd's
+/// default `--max-txn-ops`.
+pub const ETCD_TXN_OPS: usize = 128;
+
+/// etcd keys and values of kp-bench's cluster of `n` Services as
+/// kube-apiserver stores them, in JSON (which it reads beside its default
+/// protobuf): each Service with the fields the API server defaults on create
+/// and NodePorts (health-check ports too) numbered upwards from 30000 (the API
+/// server refuses kp-bench's repeating ones), its EndpointSlice, and the
+/// IPAddress object holding its ClusterIP, as the allocator writes it
+/// (without one, the API server's repair loop would create them all while
+/// the proxy is measured). Needs kp-compare `--only-ours`'s ranges: ClusterIPs
+/// in 10.96.0.0/15 past 65k Services, NodePorts 30000-59999.
+pub fn etcd_objects(n: u32, created: Timestamp) -> Result<Vec<(String, String)>> {
+    let syn = crate::cluster(n, ENDPOINTS);
+    let created = Timestamp::from_second(created.as_second())?.to_string();
+    let mut next_port: u32 = 30000;
+    let mut port = || {
+        next_port += 1;
+        if next_port > 60000 {
+            bail!("NodePorts 30000-59999 are all taken");
+        }
+        Ok(next_port - 1)
+    };
+    let mut out = Vec::with_capacity(3 * n as usize);
+    for (i, (mut svc, mut slice)) in syn.services.into_iter().zip(syn.slices).enumerate() {
+        let i = i as u64;
+        let uid = |k: u64| format!("00000000-0000-4000-8000-{:012x}", k * u64::from(n) + i);
+        let name = svc["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let meta = |uid: String| json!({"uid": uid, "creationTimestamp": created});
+        merge(&mut svc["metadata"], meta(uid(0)));
+        let spec = &mut svc["spec"];
+        let kind = spec["type"].as_str().unwrap_or("ClusterIP").to_string();
+        merge(
+            spec,
+            json!({"ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack",
+                   "internalTrafficPolicy": "Cluster"}),
+        );
+        if spec["sessionAffinity"] == "ClientIP" {
+            spec["sessionAffinityConfig"] = json!({"clientIP": {"timeoutSeconds": 10800}});
+        } else {
+            spec["sessionAffinity"] = json!("None");
+        }
+        if kind != "ClusterIP" {
+            spec["ports"][0]["nodePort"] = json!(port()?);
+            if spec["externalTrafficPolicy"].is_null() {
+                spec["externalTrafficPolicy"] = json!("Cluster");
+            }
+        }
+        if kind == "LoadBalancer" {
+            spec["healthCheckNodePort"] = json!(port()?);
+            spec["allocateLoadBalancerNodePorts"] = json!(true);
+        }
+        if svc["status"]["loadBalancer"].is_null() {
+            svc["status"] = json!({"loadBalancer": {}});
+        }
+        let ip = svc["spec"]["clusterIP"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        merge(&mut slice["metadata"], meta(uid(1)));
+        let address = json!({"apiVersion": "networking.k8s.io/v1", "kind": "IPAddress",
+            "metadata": {"name": ip, "uid": uid(2), "creationTimestamp": created,
+                "labels": {"ipaddress.kubernetes.io/ip-family": "IPv4",
+                           "ipaddress.kubernetes.io/managed-by": "ipallocator.k8s.io"}},
+            "spec": {"parentRef": {"group": "", "resource": "services", "namespace": NS, "name": name}}});
+        out.push((
+            format!("/registry/services/specs/{NS}/{name}"),
+            svc.to_string(),
+        ));
+        out.push((
+            format!("/registry/endpointslices/{NS}/{name}-x"),
+            slice.to_string(),
+        ));
+        out.push((format!("/registry/ipaddresses/{ip}"), address.to_string()));
+    }
+    // The NodePort allocator's bitmap, as it snapshots it (a big integer's
+    // bytes, big-endian, bit k for port 30000 + k): without it the API
+    // server's repair loop logs every port at its start and writes it.
+    let taken = (next_port - 30000) as usize;
+    let mut bitmap = vec![0xffu8; taken.div_ceil(8)];
+    if let Some(first) = bitmap.first_mut().filter(|_| !taken.is_multiple_of(8)) {
+        *first = (1u8 << (taken % 8)) - 1;
+    }
+    let ranges = json!({"apiVersion": "v1", "kind": "RangeAllocation",
+        "metadata": {"creationTimestamp": created}, "range": "30000-59999",
+        "data": base64::engine::general_purpose::STANDARD.encode(&bitmap)});
+    out.push((
+        "/registry/ranges/servicenodeports".into(),
+        ranges.to_string(),
+    ));
+    Ok(out)
+}
+
+/// `extra`'s fields set in the object `into`.
+fn merge(into: &mut Value, extra: Value) {
+    if let (Some(o), Value::Object(e)) = (into.as_object_mut(), extra) {
+        o.extend(e);
+    }
 }
 
 /// Requests [`Lab::populate`] keeps in flight.
@@ -308,6 +414,89 @@ impl Lab {
                 () = progress => Ok(()),
             }
         })
+    }
+
+    /// Writes kp-bench's cluster of `n` Services straight into the lab's
+    /// etcd ([`etcd_objects`]), [`ETCD_TXN_OPS`] objects a transaction, with
+    /// the API server stopped, starts it again and waits until it lists them
+    /// all: what the proxy reads then comes through kube-apiserver as from
+    /// objects created through it. For sizes the API's create path cannot
+    /// reach in useful time (see [`Lab::populate_within`]). Stopped, because
+    /// a running API server's ClusterIP repair loop sees a Service and its
+    /// IPAddress arrive apart, takes the address for leaked or missing, and
+    /// deletes and writes addresses for a minute afterwards (seen at 20k).
+    pub fn populate_etcd(&mut self, n: u32, tally: &Populated) -> Result<()> {
+        self.cp.stop_apiserver();
+        let objects = etcd_objects(n, Timestamp::now())?;
+        let url = self.cp.etcd_url().parse().context("etcd's URL")?;
+        // The client spawns its connection task: built inside the runtime.
+        let etcd = self
+            .rt
+            .block_on(async { kube::Client::try_from(kube::Config::new(url)) })?;
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        let txns: Vec<Vec<u8>> = objects
+            .chunks(ETCD_TXN_OPS)
+            .map(|chunk| {
+                let puts: Vec<Value> = chunk
+                    .iter()
+                    .map(|(k, v)| json!({"requestPut": {"key": b64(k), "value": b64(v)}}))
+                    .collect();
+                serde_json::to_vec(&json!({ "success": puts }))
+            })
+            .collect::<Result<_, _>>()?;
+        self.rt.block_on(async {
+            futures::stream::iter(txns.into_iter().map(|body| {
+                let etcd = etcd.clone();
+                async move {
+                    let ops = body.len();
+                    let mut errors = 0;
+                    loop {
+                        let req = http::Request::post("/v3/kv/txn")
+                            .header("content-type", "application/json")
+                            .body(body.clone())?;
+                        match etcd.request_text(req).await {
+                            Ok(text) if text.contains("\"succeeded\":true") => break,
+                            Ok(text) => bail!("etcd refused a transaction ({ops} bytes): {text}"),
+                            Err(e) => {
+                                tally.failed.fetch_add(1, Ordering::Relaxed);
+                                errors += 1;
+                                if errors > 5 {
+                                    return Err(anyhow::Error::new(e).context("writing to etcd"));
+                                }
+                                tokio::time::sleep(Duration::from_secs(1)).await;
+                            }
+                        }
+                    }
+                    anyhow::Ok(())
+                }
+            }))
+            .buffer_unordered(4)
+            .try_collect::<Vec<()>>()
+            .await
+        })?;
+        tally.ok.fetch_add(objects.len() as u64, Ordering::Relaxed);
+        self.cp
+            .start_apiserver()
+            .context("starting the API server on the written etcd")?;
+        // The API server's watch cache takes the writes in from etcd's watch:
+        // list until both kinds are all there, and each Service decoded.
+        let t0 = Instant::now();
+        loop {
+            let (svcs, slices) = self.rt.block_on(async {
+                let lp = kube::api::ListParams::default();
+                anyhow::Ok((
+                    self.services().list(&lp).await?.items.len(),
+                    self.slices().list(&lp).await?.items.len(),
+                ))
+            })?;
+            if svcs == n as usize && slices == n as usize {
+                return Ok(());
+            }
+            if t0.elapsed() > Duration::from_secs(600) {
+                bail!("after writing {n} Services into etcd the API server lists {svcs} Services and {slices} slices");
+            }
+            std::thread::sleep(Duration::from_secs(2));
+        }
     }
 
     /// Replaces the last endpoint of Service `i` (generation `g`) through the
@@ -657,4 +846,88 @@ pub fn load_average() -> String {
         .take(3)
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn etcd_objects_hold_what_the_api_server_would_have_written() {
+        let n = 400;
+        let objects = etcd_objects(n, Timestamp::now()).expect("objects");
+        assert_eq!(objects.len(), 3 * n as usize + 1);
+        let keys: HashSet<&str> = objects.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys.len(), objects.len(), "a key written twice");
+        let (mut ports, mut uids) = (HashSet::new(), HashSet::new());
+        let mut kinds = HashSet::new();
+        for (key, value) in &objects {
+            let v: Value = serde_json::from_str(value).expect("JSON");
+            assert!(
+                v["metadata"]["resourceVersion"].is_null(),
+                "{key}: etcd's revision is the version"
+            );
+            assert!(
+                uids.insert(v["metadata"]["uid"].to_string()),
+                "{key}: uid reused"
+            );
+            assert!(v["metadata"]["creationTimestamp"]
+                .as_str()
+                .is_some_and(|t| t.ends_with('Z')));
+            if !key.starts_with("/registry/services/specs/bench/") {
+                continue;
+            }
+            let spec = &v["spec"];
+            let kind = spec["type"].as_str().expect("type");
+            kinds.insert(kind.to_string());
+            for f in ["ipFamilyPolicy", "internalTrafficPolicy", "sessionAffinity"] {
+                assert!(spec[f].is_string(), "{key}: {f} not defaulted");
+            }
+            let mut taken = vec![&spec["ports"][0]["nodePort"]];
+            match kind {
+                "ClusterIP" => assert!(taken[0].is_null(), "{key}: a ClusterIP with a NodePort"),
+                "LoadBalancer" => taken.push(&spec["healthCheckNodePort"]),
+                _ => {}
+            }
+            for p in taken.into_iter().filter(|_| kind != "ClusterIP") {
+                let p = p.as_u64().expect("a NodePort");
+                assert!((30000..60000).contains(&p), "{key}: NodePort {p}");
+                assert!(ports.insert(p), "{key}: NodePort {p} given twice");
+            }
+            if spec["sessionAffinity"] == "ClientIP" {
+                assert_eq!(
+                    spec["sessionAffinityConfig"]["clientIP"]["timeoutSeconds"],
+                    10800
+                );
+            }
+            let ip = spec["clusterIP"].as_str().expect("clusterIP");
+            let name = v["metadata"]["name"].as_str().expect("name");
+            let (_, addr) = objects
+                .iter()
+                .find(|(k, _)| *k == format!("/registry/ipaddresses/{ip}"))
+                .expect("an IPAddress for each ClusterIP");
+            let addr: Value = serde_json::from_str(addr).expect("JSON");
+            assert_eq!(addr["spec"]["parentRef"]["name"], name);
+            assert_eq!(addr["spec"]["parentRef"]["resource"], "services");
+            assert!(keys.contains(format!("/registry/endpointslices/bench/{name}-x").as_str()));
+        }
+        assert_eq!(kinds.len(), 3, "the mix's three types: {kinds:?}");
+        let (_, ranges) = objects
+            .iter()
+            .find(|(k, _)| k == "/registry/ranges/servicenodeports")
+            .expect("the NodePort bitmap");
+        let ranges: Value = serde_json::from_str(ranges).expect("JSON");
+        let bitmap = base64::engine::general_purpose::STANDARD
+            .decode(ranges["data"].as_str().expect("data"))
+            .expect("base64");
+        let ones: u32 = bitmap.iter().map(|b| b.count_ones()).sum();
+        assert_eq!(ones as usize, ports.len(), "a bit per NodePort given");
+        let highest = ports.iter().max().expect("ports") - 30000;
+        assert_eq!(
+            bitmap.len() as u64,
+            highest / 8 + 1,
+            "big-endian, no leading zero byte"
+        );
+    }
 }

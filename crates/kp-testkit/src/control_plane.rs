@@ -631,6 +631,12 @@ impl ControlPlane {
         &self.dir
     }
 
+    /// etcd's client URL (plain HTTP on loopback: reachable from inside the
+    /// control plane's namespace, when it has one).
+    pub fn etcd_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.ports.etcd_client)
+    }
+
     /// etcd's data directory (`member/snap/db` is its database).
     pub fn etcd_dir(&self) -> &Path {
         &self.etcd_dir

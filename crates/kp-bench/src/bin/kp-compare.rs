@@ -28,15 +28,18 @@
 //! NodePort range are widened for it (see [`ours_room`]). Writing the
 //! objects slows down as they add up (kube-apiserver's ClusterIP allocator,
 //! see `Lab::populate_within`): `--populate-within SECS` gives up a size
-//! after that long, as a row of the table.
+//! after that long, as a row of the table. `--via-etcd` writes the objects
+//! into etcd instead, as the API server stores them (`Lab::populate_etcd`),
+//! so 100k is populated in minutes; the proxy still lists and watches them
+//! through kube-apiserver, and its changes go through the API as before.
 //!
-//! `sudo target/release/kp-compare [--only-ours [--populate-within SECS]] [--sizes 1000]
+//! `sudo target/release/kp-compare [--only-ours [--populate-within SECS | --via-etcd]] [--sizes 1000]
 //! [--mode nftables|iptables] [--changes 50] [--burst 1000] [--idle 60]
 //! [--write BENCHMARKS.md] [--ours PATH]` (--ours defaults to the
 //! kube-proxy-rs beside kp-compare) (build first: `cargo build --release -p
 //! kube-proxy-rs -p kp-bench`). `--write` replaces the table between the
 //! `kp-compare MODE` markers of that file (`kp-compare-ours MODE` with
-//! `--only-ours`).
+//! `--only-ours`, `kp-compare-ours-etcd MODE` with `--via-etcd`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -63,13 +66,20 @@ struct Opts {
     ours: PathBuf,
     only_ours: bool,
     populate_within: Duration,
+    via_etcd: bool,
 }
 
 fn parse_opts() -> Result<Opts> {
     let (mut changes, mut burst, mut idle) = (50, 1000, 60);
     let mut populate_within = Duration::MAX;
     let only_ours = std::env::args().any(|a| a == "--only-ours");
-    let args = std::env::args().skip(1).filter(|a| a != "--only-ours");
+    let via_etcd = std::env::args().any(|a| a == "--via-etcd");
+    if via_etcd && !only_ours {
+        anyhow::bail!("--via-etcd goes with --only-ours");
+    }
+    let args = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--only-ours" && a != "--via-etcd");
     let c = parse_common_from(args, &[1000], |flag, v| {
         match flag {
             "--changes" => changes = v.parse().context("--changes")?,
@@ -92,6 +102,7 @@ fn parse_opts() -> Result<Opts> {
         ours: c.ours,
         only_ours,
         populate_within,
+        via_etcd,
     })
 }
 
@@ -301,13 +312,18 @@ fn log_phases(log: &Path, started: f64) -> (Option<f64>, Option<(f64, f64)>) {
 }
 
 fn measure_ours(o: &Opts, n: u32) -> Result<OursAlone> {
-    let lab = Lab::start("compare", false, ours_room)?;
+    let mut lab = Lab::start("compare", false, ours_room)?;
     let t = Instant::now();
     let written = Populated::default();
-    lab.populate_within(n, o.populate_within, &written)?;
+    if o.via_etcd {
+        lab.populate_etcd(n, &written)?;
+    } else {
+        lab.populate_within(n, o.populate_within, &written)?;
+    }
     let populate = t.elapsed();
     eprintln!(
-        "  {} requests in {:.1} s ({} throttled, {} failed)",
+        "  {} {} in {:.1} s ({} throttled, {} failed)",
+        if o.via_etcd { "objects" } else { "requests" },
         written.ok.load(Ordering::Relaxed),
         secs(populate),
         written.throttled.load(Ordering::Relaxed),
@@ -346,15 +362,15 @@ fn sizes_arg(sizes: &[u32]) -> String {
 
 fn table_ours(o: &Opts, results: &BTreeMap<u32, Result<OursAlone>>) -> String {
     let mut out = format!(
-        "Measured {} by `kp-compare --only-ours --sizes {} --mode {} --changes {} --idle {}{}` \
+        "Measured {} by `kp-compare --only-ours{} --sizes {} --mode {} --changes {} --idle {}{}` \
          ({} cores, load average {} at the end): kube-proxy-rs alone against kube-apiserver \
-         v1.36.2 + etcd, N Services x {ENDPOINTS} endpoints (kp-bench's mix) written through \
-         the API first ({IN_FLIGHT} requests in flight, no rate limit of the client's; a 429 \
-         or a server error retried after 1 s), service CIDR 10.96.0.0/15 and NodePorts \
+         v1.36.2 + etcd, N Services x {ENDPOINTS} endpoints (kp-bench's mix) {}, service \
+         CIDR 10.96.0.0/15 and NodePorts \
          30000-59999 (the defaults hold ~13.8k Services of this mix). A change is timed to \
          the end of the sync that put it in the kernel, read back once per sync after it.\n\n\
          | N | what | figure |\n|---|---|---|\n",
         date_utc(),
+        if o.via_etcd { " --via-etcd" } else { "" },
         sizes_arg(&o.sizes),
         o.mode,
         o.changes,
@@ -366,6 +382,18 @@ fn table_ours(o: &Opts, results: &BTreeMap<u32, Result<OursAlone>>) -> String {
         },
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         load_average(),
+        if o.via_etcd {
+            "written into etcd first, as the API server stores them (JSON), with an IPAddress \
+             object per ClusterIP and NodePorts numbered from 30000, then listed through the API \
+             server until all are there (its create path is quadratic in Services on 1.36: see \
+             BENCHMARKS)"
+                .to_string()
+        } else {
+            format!(
+                "written through the API first ({IN_FLIGHT} requests in flight, no rate limit of \
+                 the client's; a 429 or a server error retried after 1 s)"
+            )
+        },
     );
     let mib = |(rss, peak): (f64, f64)| format!("{rss:.0} ({peak:.0}) MiB");
     for (n, r) in results {
@@ -378,7 +406,16 @@ fn table_ours(o: &Opts, results: &BTreeMap<u32, Result<OursAlone>>) -> String {
         };
         let f = &a.f;
         let ok = a.written.ok.load(Ordering::Relaxed);
-        let mut rows = vec![
+        let populated = if o.via_etcd {
+            (
+                "etcd written directly (Services, EndpointSlices, IPAddresses), then listed through the API server".to_string(),
+                format!(
+                    "{ok} objects in {:.1} s; transactions retried {}",
+                    secs(a.populate),
+                    a.written.failed.load(Ordering::Relaxed)
+                ),
+            )
+        } else {
             (
                 "API server populated (Services, LB status patches, EndpointSlices)".to_string(),
                 format!(
@@ -388,7 +425,10 @@ fn table_ours(o: &Opts, results: &BTreeMap<u32, Result<OursAlone>>) -> String {
                     a.written.throttled.load(Ordering::Relaxed),
                     a.written.failed.load(Ordering::Relaxed)
                 ),
-            ),
+            )
+        };
+        let mut rows = vec![
+            populated,
             (
                 "first sync (start -> ruleset in the kernel)".into(),
                 format!("{:.2} s", secs(f.first_sync)),
@@ -471,7 +511,12 @@ fn main_ours(o: &Opts) -> Result<()> {
         let text = table_ours(o, &results);
         eprint!("{text}");
         if let Some(path) = &o.write {
-            write_into(path, &format!("kp-compare-ours {}", o.mode), &text)?;
+            let marker = if o.via_etcd {
+                "kp-compare-ours-etcd"
+            } else {
+                "kp-compare-ours"
+            };
+            write_into(path, &format!("{marker} {}", o.mode), &text)?;
             eprintln!("wrote the table into {}", path.display());
         }
     }
