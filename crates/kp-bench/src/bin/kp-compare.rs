@@ -383,10 +383,9 @@ fn table_ours(o: &Opts, results: &BTreeMap<u32, Result<OursAlone>>) -> String {
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         load_average(),
         if o.via_etcd {
-            "written into etcd first, as the API server stores them (JSON), with an IPAddress \
-             object per ClusterIP and NodePorts numbered from 30000, then listed through the API \
-             server until all are there (its create path is quadratic in Services on 1.36: see \
-             BENCHMARKS)"
+            "written into etcd first with the API server stopped, as it stores them (JSON), \
+             with an IPAddress object per ClusterIP, NodePorts numbered from 30000 and their \
+             bitmap, then listed through the restarted API server until all are there (its create path is quadratic in Services on 1.36)"
                 .to_string()
         } else {
             format!(
