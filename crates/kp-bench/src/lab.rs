@@ -478,8 +478,8 @@ impl Lab {
         self.cp
             .start_apiserver()
             .context("starting the API server on the written etcd")?;
-        // The API server's watch cache takes the writes in from etcd's watch:
-        // list until both kinds are all there, and each Service decoded.
+        // Ready is not yet every object in its watch cache: list until both
+        // kinds are all there, each decoded.
         let t0 = Instant::now();
         loop {
             let (svcs, slices) = self.rt.block_on(async {
