@@ -448,7 +448,7 @@ impl Lab {
             futures::stream::iter(txns.into_iter().map(|body| {
                 let etcd = etcd.clone();
                 async move {
-                    let ops = body.len();
+                    let bytes = body.len();
                     let mut errors = 0;
                     loop {
                         let req = http::Request::post("/v3/kv/txn")
@@ -456,7 +456,7 @@ impl Lab {
                             .body(body.clone())?;
                         match etcd.request_text(req).await {
                             Ok(text) if text.contains("\"succeeded\":true") => break,
-                            Ok(text) => bail!("etcd refused a transaction ({ops} bytes): {text}"),
+                            Ok(text) => bail!("etcd refused a transaction ({bytes} bytes): {text}"),
                             Err(e) => {
                                 tally.failed.fetch_add(1, Ordering::Relaxed);
                                 errors += 1;
