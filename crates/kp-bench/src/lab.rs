@@ -207,18 +207,20 @@ pub struct Populated {
 
 impl Populated {
     /// `req` until it succeeds, again after a 429 (as client-go does) or a
-    /// server error (etcd slow under the load), counting each. A create
-    /// retried after an error may find its object made: 409 is success then.
+    /// server error (etcd slow under the load), counting each; a success
+    /// counts `objects` (what the request wrote). A create retried after an
+    /// error may find its object made: 409 is success then, with no answer.
     async fn retry<T, F: std::future::Future<Output = kube::Result<T>>>(
         &self,
+        objects: u64,
         req: impl Fn() -> F,
-    ) -> Result<()> {
+    ) -> Result<Option<T>> {
         let mut errors = 0;
         loop {
             let e = match req().await {
-                Ok(_) => {
-                    self.ok.fetch_add(1, Ordering::Relaxed);
-                    return Ok(());
+                Ok(t) => {
+                    self.ok.fetch_add(objects, Ordering::Relaxed);
+                    return Ok(Some(t));
                 }
                 Err(e) => e,
             };
@@ -227,8 +229,8 @@ impl Populated {
                 _ => 0,
             };
             if code == 409 && errors > 0 {
-                self.ok.fetch_add(1, Ordering::Relaxed);
-                return Ok(());
+                self.ok.fetch_add(objects, Ordering::Relaxed);
+                return Ok(None);
             }
             if code == 429 {
                 self.throttled.fetch_add(1, Ordering::Relaxed);
@@ -374,12 +376,12 @@ impl Lab {
                         .to_string();
                     let s: Service = serde_json::from_value(s)?;
                     let post = PostParams::default();
-                    tally.retry(|| svcs.create(&post, &s)).await?;
+                    tally.retry(1, || svcs.create(&post, &s)).await?;
                     if let Some(lb) = lb {
                         let (patch, pp) =
                             (Patch::Merge(json!({"status": lb})), PatchParams::default());
                         tally
-                            .retry(|| svcs.patch_status(&name, &pp, &patch))
+                            .retry(1, || svcs.patch_status(&name, &pp, &patch))
                             .await?;
                     }
                     anyhow::Ok(())
@@ -393,7 +395,7 @@ impl Lab {
                 async move {
                     let (s, post): (EndpointSlice, _) =
                         (serde_json::from_value(s)?, PostParams::default());
-                    tally.retry(|| slices.create(&post, &s)).await?;
+                    tally.retry(1, || slices.create(&post, &s)).await?;
                     anyhow::Ok(())
                 }
             }))
@@ -434,38 +436,37 @@ impl Lab {
             .rt
             .block_on(async { kube::Client::try_from(kube::Config::new(url)) })?;
         let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
-        let txns: Vec<Vec<u8>> = objects
+        let txns: Vec<(u64, Vec<u8>)> = objects
             .chunks(ETCD_TXN_OPS)
             .map(|chunk| {
                 let puts: Vec<Value> = chunk
                     .iter()
                     .map(|(k, v)| json!({"requestPut": {"key": b64(k), "value": b64(v)}}))
                     .collect();
-                serde_json::to_vec(&json!({ "success": puts }))
+                serde_json::to_vec(&json!({ "success": puts })).map(|b| (chunk.len() as u64, b))
             })
             .collect::<Result<_, _>>()?;
         self.rt.block_on(async {
-            futures::stream::iter(txns.into_iter().map(|body| {
+            futures::stream::iter(txns.into_iter().map(|(puts, body)| {
                 let etcd = etcd.clone();
                 async move {
                     let bytes = body.len();
-                    let mut errors = 0;
-                    loop {
-                        let req = http::Request::post("/v3/kv/txn")
-                            .header("content-type", "application/json")
-                            .body(body.clone())?;
-                        match etcd.request_text(req).await {
-                            Ok(text) if text.contains("\"succeeded\":true") => break,
-                            Ok(text) => bail!("etcd refused a transaction ({bytes} bytes): {text}"),
-                            Err(e) => {
-                                tally.failed.fetch_add(1, Ordering::Relaxed);
-                                errors += 1;
-                                if errors > 5 {
-                                    return Err(anyhow::Error::new(e).context("writing to etcd"));
-                                }
-                                tokio::time::sleep(Duration::from_secs(1)).await;
+                    let answer = tally
+                        .retry(puts, || {
+                            let (etcd, body) = (etcd.clone(), body.clone());
+                            async move {
+                                let req = http::Request::post("/v3/kv/txn")
+                                    .header("content-type", "application/json")
+                                    .body(body)
+                                    .map_err(kube::Error::HttpError)?;
+                                etcd.request_text(req).await
                             }
-                        }
+                        })
+                        .await
+                        .context("writing to etcd")?
+                        .unwrap_or_default();
+                    if !answer.contains("\"succeeded\":true") {
+                        bail!("etcd refused a transaction ({bytes} bytes): {answer}");
                     }
                     anyhow::Ok(())
                 }
@@ -474,7 +475,6 @@ impl Lab {
             .try_collect::<Vec<()>>()
             .await
         })?;
-        tally.ok.fetch_add(objects.len() as u64, Ordering::Relaxed);
         self.cp
             .start_apiserver()
             .context("starting the API server on the written etcd")?;

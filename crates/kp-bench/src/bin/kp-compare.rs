@@ -35,7 +35,9 @@
 //!
 //! `sudo target/release/kp-compare [--only-ours [--populate-within SECS | --via-etcd]] [--sizes 1000]
 //! [--mode nftables|iptables] [--changes 50] [--burst 1000] [--idle 60]
-//! [--write BENCHMARKS.md] [--ours PATH]` (--ours defaults to the
+//! [--first-sync-within SECS] [--write BENCHMARKS.md] [--ours PATH]`
+//! (--first-sync-within: how long a proxy may take to its first sync,
+//! 3600 by default; upstream's iptables-nft mode needs ~95 min at 10k) (--ours defaults to the
 //! kube-proxy-rs beside kp-compare) (build first: `cargo build --release -p
 //! kube-proxy-rs -p kp-bench`). `--write` replaces the table between the
 //! `kp-compare MODE` markers of that file (`kp-compare-ours MODE` with
@@ -67,11 +69,13 @@ struct Opts {
     only_ours: bool,
     populate_within: Duration,
     via_etcd: bool,
+    first_sync_within: Duration,
 }
 
 fn parse_opts() -> Result<Opts> {
     let (mut changes, mut burst, mut idle) = (50, 1000, 60);
     let mut populate_within = Duration::MAX;
+    let mut first_sync_within = Duration::from_secs(3600);
     let only_ours = std::env::args().any(|a| a == "--only-ours");
     let via_etcd = std::env::args().any(|a| a == "--via-etcd");
     if via_etcd && !only_ours {
@@ -88,6 +92,9 @@ fn parse_opts() -> Result<Opts> {
             "--populate-within" => {
                 populate_within = Duration::from_secs(v.parse().context("--populate-within")?)
             }
+            "--first-sync-within" => {
+                first_sync_within = Duration::from_secs(v.parse().context("--first-sync-within")?)
+            }
             _ => return Ok(false),
         }
         Ok(true)
@@ -103,6 +110,7 @@ fn parse_opts() -> Result<Opts> {
         only_ours,
         populate_within,
         via_etcd,
+        first_sync_within,
     })
 }
 
@@ -190,7 +198,7 @@ fn first_sync_and_changes<'a>(
     let who = if upstream { "upstream" } else { "ours" };
     let t_start = Instant::now();
     let p = lab.spawn_proxy(node, &o.mode, upstream, &o.ours, &format!("{who}-{n}"))?;
-    let first_sync = p.wait_first_sync(n, t_start, Duration::from_secs(3600))?;
+    let first_sync = p.wait_first_sync(n, t_start, o.first_sync_within)?;
     let mut f = Figures {
         first_sync,
         first_sync_cpu: p.cpu_secs(),
@@ -536,7 +544,7 @@ fn row(out: &mut String, n: u32, mode: &str, what: &str, up: String, ours: Strin
 fn table(o: &Opts, results: &BTreeMap<u32, (Figures, Figures)>) -> String {
     let (date, load) = (date_utc(), load_average());
     let mut out = format!(
-        "Measured {date} by `kp-compare --sizes {} --mode {} --changes {} --burst {} --idle {}` \
+        "Measured {date} by `kp-compare --sizes {} --mode {} --changes {} --burst {} --idle {}{}` \
          ({} cores, load average {} at the end): both proxies in the same run, on the same \
          machine, against the same kube-apiserver v1.36.2, N Services x {ENDPOINTS} endpoints \
          (kp-bench's mix). Ratio = upstream / ours (above 1: ours is faster or smaller).\n\n\
@@ -546,6 +554,11 @@ fn table(o: &Opts, results: &BTreeMap<u32, (Figures, Figures)>) -> String {
         o.changes,
         o.burst,
         o.idle,
+        if o.first_sync_within == Duration::from_secs(3600) {
+            String::new()
+        } else {
+            format!(" --first-sync-within {}", o.first_sync_within.as_secs())
+        },
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         load,
     );
