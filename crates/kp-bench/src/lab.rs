@@ -197,7 +197,8 @@ pub const IN_FLIGHT: usize = 32;
 /// What the API server answered while [`Lab::populate`] wrote.
 #[derive(Default)]
 pub struct Populated {
-    /// Requests that succeeded (creates and status patches).
+    /// What was written: requests through the API (creates and status
+    /// patches), objects through etcd (`Lab::populate_etcd`).
     pub ok: AtomicU64,
     /// 429s (the server's flow control), each retried after a second.
     pub throttled: AtomicU64,
