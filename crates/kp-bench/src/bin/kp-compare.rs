@@ -72,10 +72,14 @@ struct Opts {
     first_sync_within: Duration,
 }
 
+/// How long a proxy may take to its first sync unless `--first-sync-within`
+/// says otherwise.
+const FIRST_SYNC_WITHIN: Duration = Duration::from_secs(3600);
+
 fn parse_opts() -> Result<Opts> {
     let (mut changes, mut burst, mut idle) = (50, 1000, 60);
     let mut populate_within = Duration::MAX;
-    let mut first_sync_within = Duration::from_secs(3600);
+    let mut first_sync_within = FIRST_SYNC_WITHIN;
     let only_ours = std::env::args().any(|a| a == "--only-ours");
     let via_etcd = std::env::args().any(|a| a == "--via-etcd");
     if via_etcd && !only_ours {
@@ -359,6 +363,15 @@ fn measure_ours(o: &Opts, n: u32) -> Result<OursAlone> {
     })
 }
 
+/// `--first-sync-within` as given, for the command a table quotes.
+fn first_sync_arg(o: &Opts) -> String {
+    if o.first_sync_within == FIRST_SYNC_WITHIN {
+        String::new()
+    } else {
+        format!(" --first-sync-within {}", o.first_sync_within.as_secs())
+    }
+}
+
 /// `--sizes` as given: `1000,10000`.
 fn sizes_arg(sizes: &[u32]) -> String {
     sizes
@@ -370,7 +383,7 @@ fn sizes_arg(sizes: &[u32]) -> String {
 
 fn table_ours(o: &Opts, results: &BTreeMap<u32, Result<OursAlone>>) -> String {
     let mut out = format!(
-        "Measured {} by `kp-compare --only-ours{} --sizes {} --mode {} --changes {} --idle {}{}` \
+        "Measured {} by `kp-compare --only-ours{} --sizes {} --mode {} --changes {} --idle {}{}{}` \
          ({} cores, load average {} at the end): kube-proxy-rs alone against kube-apiserver \
          v1.36.2 + etcd, N Services x {ENDPOINTS} endpoints (kp-bench's mix) {}, service \
          CIDR 10.96.0.0/15 and NodePorts \
@@ -388,6 +401,7 @@ fn table_ours(o: &Opts, results: &BTreeMap<u32, Result<OursAlone>>) -> String {
         } else {
             String::new()
         },
+        first_sync_arg(o),
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         load_average(),
         if o.via_etcd {
@@ -554,11 +568,7 @@ fn table(o: &Opts, results: &BTreeMap<u32, (Figures, Figures)>) -> String {
         o.changes,
         o.burst,
         o.idle,
-        if o.first_sync_within == Duration::from_secs(3600) {
-            String::new()
-        } else {
-            format!(" --first-sync-within {}", o.first_sync_within.as_secs())
-        },
+        first_sync_arg(o),
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         load,
     );
