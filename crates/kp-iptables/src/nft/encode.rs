@@ -108,13 +108,13 @@ fn address(out: &mut Attrs, fam: Family, offset: u32, a: &Addr) -> Result<(), St
     Ok(())
 }
 
-fn comment(text: &str) -> Result<Vec<u8>, String> {
+fn comment(text: &str) -> Result<[u8; 256], String> {
     // struct xt_comment_info { char comment[256]; }
     if text.len() > 255 {
         return Err("comment longer than 255 bytes".into());
     }
-    let mut v = text.as_bytes().to_vec();
-    v.resize(256, 0);
+    let mut v = [0; 256];
+    v[..text.len()].copy_from_slice(text.as_bytes());
     Ok(v)
 }
 
@@ -266,7 +266,9 @@ fn reject(fam: Family) -> Vec<u8> {
 
 /// Encodes `r` for a table of family `fam`.
 pub fn encode(r: &Rule, fam: Family) -> Result<Encoded, String> {
-    let mut out = Attrs::new();
+    // Room for the rules render.rs writes (a comment's structure alone is
+    // 256 bytes): one allocation for most.
+    let mut out = Attrs::with_capacity(768);
     if let Some(i) = &r.in_iface {
         iface(&mut out, META_IIFNAME, i);
     }

@@ -160,9 +160,9 @@ impl NftNetlink {
                 Refusal::Foreign(seq, errno) => {
                     errors.push(format!("message {seq} (not ours): {}", errno_text(errno)))
                 }
-                // Without every acknowledgement we cannot tell whether it applied.
-                Refusal::Unacknowledged { acked, sent } => errors.push(format!(
-                    "{acked} of {sent} messages acknowledged; state unknown"
+                // Without the acknowledgement we cannot tell whether it applied.
+                Refusal::Unacknowledged { sent } => errors.push(format!(
+                    "the last of {sent} messages was not acknowledged; state unknown"
                 )),
             }
         }
