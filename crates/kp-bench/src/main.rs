@@ -684,21 +684,34 @@ fn iptables_floor(n: u32, times: usize, pause: Duration) -> Result<()> {
 /// batch of the same restore input encoded beforehand, sent over the same
 /// table (every chain flushed and written again), alternately, 3 times
 /// each. Printed beside the table (stderr).
+///
+/// Each timed step starts after a pause as long as the step before it
+/// (0.2-5 s): the kernel frees the rules a commit replaced afterwards, on
+/// a worker, and without the pause that work ran into ours' render (ours
+/// started as the kernel alone's batch returned; the kernel alone after
+/// the untimed encoding).
 fn iptables_full_floor(n: u32, dp: &mut dyn Dataplane, tr: &ChangeTracker) -> Result<()> {
     use kp_iptables::IptablesNetlink;
     let input = dp.render(tr.state());
     let mut nl = IptablesNetlink::new(IpFamily::V4);
     let (mut ours, mut kernel, mut encoding) = (Vec::new(), Vec::new(), Vec::new());
+    let settle = |after: Duration| {
+        std::thread::sleep(after.clamp(Duration::from_millis(200), Duration::from_secs(5)))
+    };
+    let mut last = Duration::ZERO;
     for _ in 0..3 {
+        settle(last);
         let t = Instant::now();
         dp.sync(tr.state(), &BTreeSet::new(), true)?;
         ours.push(t.elapsed());
         let t = Instant::now();
         let batch = nl.encode_input(&input)?;
         encoding.push(t.elapsed());
+        settle(ours[ours.len() - 1]);
         let t = Instant::now();
         nl.send_encoded(&batch, &input)?;
-        kernel.push(t.elapsed());
+        last = t.elapsed();
+        kernel.push(last);
     }
     let (a, b) = (pct(&mut ours, 0.5), pct(&mut kernel, 0.5));
     eprintln!(

@@ -101,7 +101,7 @@ impl Restore {
 }
 
 /// Services from which a full sync renders them on two threads.
-const RENDER_SPLIT_AT: usize = 2_000;
+const RENDER_SPLIT_AT: usize = 500;
 
 impl IptablesProxier {
     pub fn new(cfg: ProxierConfig, backend: Box<dyn IptablesBackend>) -> Self {
@@ -215,7 +215,7 @@ impl IptablesProxier {
         // rendered again here rather than lost.
         let second =
             second.unwrap_or_else(|_| state.services.iter().skip(n / 2).map(render).collect());
-        // Both halves are in key order: the map is built without sorting.
+        // Collecting sorts by key; the halves come in key order already.
         first.into_iter().chain(second).collect()
     }
 

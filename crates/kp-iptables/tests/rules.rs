@@ -779,3 +779,42 @@ fn top_level_chains_are_compared_again_after_a_change_that_kept_them() {
         );
     }
 }
+
+/// Enough Services to be rendered in two halves on two threads: every
+/// Service's chains and rules are in the input (none lost with a half),
+/// and their lines in nat KUBE-SERVICES come in the order of the
+/// Services' names.
+#[test]
+fn many_services_render_whole_and_in_order() {
+    let services: Vec<(ServicePort, Vec<Endpoint>)> = (0..700u32)
+        .map(|i| {
+            let (a, b) = (i / 250, i % 250 + 1);
+            (
+                sp(&format!("s{i:03}"), &format!("10.96.{a}.{b}")).build(),
+                vec![ep(&format!("10.244.{a}.{b}"), i % 2 == 0)],
+            )
+        })
+        .collect();
+    let st = state(services);
+    let p = IptablesProxier::new(cfg(), Box::new(Recorder::default()));
+    let text = p.render(&st);
+    let lines: BTreeSet<&str> = text.lines().collect();
+    let mut want_services = Vec::new();
+    for (name, s) in &st.services {
+        let r = render_service(s, st.endpoints_of(name), &cfg(), &st.node);
+        for (c, rules) in &r.nat_chains {
+            assert!(lines.contains(format!(":{c} - [0:0]").as_str()), "{c}");
+            for l in rules {
+                assert!(lines.contains(l.as_str()), "missing: {l}");
+            }
+        }
+        want_services.extend(r.nat_services);
+    }
+    let nat = text.split("*nat").nth(1).unwrap();
+    let got: Vec<&str> = nat
+        .lines()
+        .filter(|l| l.starts_with("-A KUBE-SERVICES "))
+        .collect();
+    assert_eq!(want_services.len(), 700);
+    assert_eq!(got[..want_services.len()], want_services[..]);
+}
