@@ -48,12 +48,17 @@ impl Attrs {
 
     /// One attribute with `data` as its payload.
     pub fn attr(&mut self, ty: u16, data: &[u8]) -> &mut Self {
-        let len = 4 + data.len();
-        self.buf.extend_from_slice(&(len as u16).to_ne_bytes());
-        self.buf.extend_from_slice(&ty.to_ne_bytes());
+        self.header(ty, data.len());
         self.buf.extend_from_slice(data);
         self.pad();
         self
+    }
+
+    /// struct nlattr for a payload of `len` bytes that follows.
+    fn header(&mut self, ty: u16, len: usize) {
+        self.buf
+            .extend_from_slice(&((4 + len) as u16).to_ne_bytes());
+        self.buf.extend_from_slice(&ty.to_ne_bytes());
     }
 
     pub fn u8(&mut self, ty: u16, v: u8) -> &mut Self {
@@ -74,9 +79,8 @@ impl Attrs {
     /// NUL-terminated string, as the kernel's NLA_STRING / NLA_NUL_STRING
     /// policies expect.
     pub fn str(&mut self, ty: u16, s: &str) -> &mut Self {
-        let len = 4 + s.len() + 1;
-        self.buf.extend_from_slice(&(len as u16).to_ne_bytes());
-        self.buf.extend_from_slice(&ty.to_ne_bytes());
+        // Written in place, NUL and all: no copy of the string first.
+        self.header(ty, s.len() + 1);
         self.buf.extend_from_slice(s.as_bytes());
         self.buf.push(0);
         self.pad();

@@ -108,6 +108,9 @@ pub struct Batch {
     pub ops: Vec<(u32, usize)>,
     pub begin_seq: u32,
     seq: u32,
+    /// Where the last message of an operation starts in the last piece:
+    /// [`Batch::finish`] asks for its acknowledgement.
+    last_op_at: Option<usize>,
 }
 
 impl Batch {
@@ -134,8 +137,10 @@ impl Batch {
     pub fn push(&mut self, op: usize, family: u8, ty: u16, flags: u16, attrs: &Attrs) {
         self.seq = self.seq.wrapping_add(1);
         let (len, seq) = (NLMSG_HDRLEN + 4 + attrs.len(), self.seq);
+        let piece = self.room(len);
+        let at = piece.len();
         put_msg(
-            self.room(len),
+            piece,
             nft_type(ty),
             NLM_F_REQUEST | flags,
             seq,
@@ -143,6 +148,7 @@ impl Batch {
             0,
             attrs.as_bytes(),
         );
+        self.last_op_at = Some(at);
         self.ops.push((self.seq, op));
     }
 
@@ -155,16 +161,23 @@ impl Batch {
             ops: Vec::new(),
             begin_seq: seq0,
             seq: seq0,
+            last_op_at: None,
         }
     }
 
     /// Appends a continuation's messages (their sequence numbers are its
     /// own, so it must have started after this batch's last one).
     pub fn append(&mut self, mut rest: Batch) {
+        // Empty pieces dropped, so that the last piece holds the last
+        // message (`last_op_at`).
         self.pieces.retain(|p| !p.is_empty());
-        self.pieces.append(&mut rest.pieces);
+        self.pieces
+            .extend(rest.pieces.into_iter().filter(|p| !p.is_empty()));
         self.ops.append(&mut rest.ops);
         self.seq = rest.seq;
+        if rest.last_op_at.is_some() {
+            self.last_op_at = rest.last_op_at;
+        }
     }
 
     /// The sequence number of the last message (END once finished); every
@@ -202,24 +215,11 @@ impl Batch {
     /// committed or aborted, so that acknowledgement with no error beside
     /// it says the whole batch applied.
     pub fn finish(mut self) -> Batch {
-        if !self.ops.is_empty() {
-            if let Some(p) = self.pieces.iter_mut().rev().find(|p| !p.is_empty()) {
-                // The piece's messages back to back: hop to the last one.
-                let mut at = 0;
-                let mut last = None;
-                while let Some(len) = p.get(at..at + 4).and_then(|b| b.try_into().ok()) {
-                    let len = u32::from_ne_bytes(len) as usize;
-                    if len < NLMSG_HDRLEN {
-                        break;
-                    }
-                    last = Some(at);
-                    at += crate::align4(len);
-                }
-                if let Some(flags) = last.and_then(|at| p.get_mut(at + 6..at + 8)) {
-                    let f = u16::from_ne_bytes([flags[0], flags[1]]) | NLM_F_ACK;
-                    flags.copy_from_slice(&f.to_ne_bytes());
-                }
-            }
+        // nlmsg_flags: bytes 6-7 of the message header.
+        let last = self.pieces.last_mut().zip(self.last_op_at);
+        if let Some(flags) = last.and_then(|(p, at)| p.get_mut(at + 6..at + 8)) {
+            let f = u16::from_ne_bytes([flags[0], flags[1]]) | NLM_F_ACK;
+            flags.copy_from_slice(&f.to_ne_bytes());
         }
         self.seq = self.seq.wrapping_add(1);
         let seq = self.seq;
