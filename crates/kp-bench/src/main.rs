@@ -682,14 +682,19 @@ fn iptables_floor(n: u32, times: usize, pause: Duration) -> Result<()> {
 /// A full sync over the table against the kernel alone writing the same
 /// rules: ours (render, the jumps checked, encoding, the batch) and the
 /// batch of the same restore input encoded beforehand, sent over the same
-/// table (every chain flushed and written again), alternately, 3 times
-/// each. Printed beside the table (stderr).
+/// table (every chain flushed and written again), alternately,
+/// [`FULL_FLOOR_RUNS`] times each. Printed beside the table (stderr).
 ///
 /// Each timed step starts after a pause as long as the step before it
 /// (0.2-5 s): the kernel frees the rules a commit replaced afterwards, on
 /// a worker, and without the pause that work ran into ours' render (ours
 /// started as the kernel alone's batch returned; the kernel alone after
 /// the untimed encoding).
+/// How many times each side of [`iptables_full_floor`] runs: the kernel's
+/// time for the same batch moves from one run to the next by as much as
+/// ours adds to it, so the median needs more than a few.
+const FULL_FLOOR_RUNS: usize = 7;
+
 fn iptables_full_floor(n: u32, dp: &mut dyn Dataplane, tr: &ChangeTracker) -> Result<()> {
     use kp_iptables::IptablesNetlink;
     let input = dp.render(tr.state());
@@ -699,7 +704,7 @@ fn iptables_full_floor(n: u32, dp: &mut dyn Dataplane, tr: &ChangeTracker) -> Re
         std::thread::sleep(after.clamp(Duration::from_millis(200), Duration::from_secs(5)))
     };
     let mut last = Duration::ZERO;
-    for _ in 0..3 {
+    for _ in 0..FULL_FLOOR_RUNS {
         settle(last);
         let t = Instant::now();
         dp.sync(tr.state(), &BTreeSet::new(), true)?;
@@ -715,10 +720,14 @@ fn iptables_full_floor(n: u32, dp: &mut dyn Dataplane, tr: &ChangeTracker) -> Re
     }
     let (a, b) = (pct(&mut ours, 0.5), pct(&mut kernel, 0.5));
     eprintln!(
-        "  {n} Services: full sync over the table, p50 of 3: ours {} ms, the kernel alone (the same rules, encoded beforehand) {} ms: {:.2}x; encoding them {} ms",
+        "  {n} Services: full sync over the table, p50 of {FULL_FLOOR_RUNS}: ours {} ms, the kernel alone (the same rules, encoded beforehand) {} ms: {:.2}x (ours {}-{} ms, kernel alone {}-{} ms); encoding them {} ms",
         ms(a),
         ms(b),
         a.as_secs_f64() / b.as_secs_f64().max(1e-9),
+        ms(pct(&mut ours, 0.0)),
+        ms(pct(&mut ours, 1.0)),
+        ms(pct(&mut kernel, 0.0)),
+        ms(pct(&mut kernel, 1.0)),
         ms(pct(&mut encoding, 0.5))
     );
     Ok(())

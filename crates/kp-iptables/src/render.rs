@@ -4,9 +4,10 @@
 //! chain names (so tools and people that know kube-proxy find their way), the
 //! same rule order and comments.
 
-use std::collections::BTreeSet;
+use std::borrow::Cow;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
 use kp_model::{
@@ -155,20 +156,25 @@ pub fn svc_chain(sp: &ServicePort) -> String {
 }
 
 fn port_hash(sp: &ServicePort) -> String {
-    chain_hash(&format!("{}{}", sp.name, sp.protocol.as_lower()))
+    chain_hash(&port_key(sp))
 }
 
 /// `KUBE-SEP-` + upstream's hash of `servicePortName + protocol + endpoint`.
 pub fn sep_chain(sp: &ServicePort, ep: &Endpoint) -> String {
-    format!(
-        "KUBE-SEP-{}",
-        chain_hash(&format!(
-            "{}{}{}",
-            sp.name,
-            sp.protocol.as_lower(),
-            ep.addr_string()
-        ))
-    )
+    sep_chain_of(&port_key(sp), &ep.addr_string())
+}
+
+/// `servicePortName + protocol`: what upstream hashes for KUBE-SVC and the
+/// other per-port chains, and what each KUBE-SEP hash starts with.
+fn port_key(sp: &ServicePort) -> String {
+    format!("{}{}", sp.name, sp.protocol.as_lower())
+}
+
+fn sep_chain_of(prefix: &str, addr: &str) -> String {
+    let mut input = String::with_capacity(prefix.len() + addr.len());
+    input.push_str(prefix);
+    input.push_str(addr);
+    format!("KUBE-SEP-{}", chain_hash(&input))
 }
 
 /// `-m comment --comment "..."`. Names reaching here are validated DNS labels;
@@ -226,7 +232,8 @@ pub fn render_service(
 ) -> ServiceRules {
     let fam = cfg.family;
     let sel = EndpointSelection::new(sp, endpoints, node);
-    let hash = port_hash(sp);
+    let key = port_key(sp);
+    let hash = chain_hash(&key);
     let svc = format!("KUBE-SVC-{hash}");
     let svl = format!("KUBE-SVL-{hash}");
     let ext = format!("KUBE-EXT-{hash}");
@@ -249,10 +256,15 @@ pub fn render_service(
     // KUBE-EXTERNAL-SERVICES (INPUT, FORWARD).
     let uses_external_chain = sel.uses_external_chain();
 
-    // Per-endpoint chains, for every endpoint either policy may pick.
+    // Per-endpoint chains, for every endpoint either policy may pick. Each
+    // endpoint's address text and chain name are worked out once here (a
+    // sha256 each; a third of the render before): the selection rules
+    // below look them up.
     let mut seps: Vec<(String, Vec<String>)> = Vec::new();
+    let mut names: HashMap<SocketAddr, (String, usize)> = HashMap::new();
     for ep in &sel.all_reachable {
-        let chain = sep_chain(sp, ep);
+        let addr = ep.addr_string();
+        let chain = sep_chain_of(&key, &addr);
         if seps.iter().any(|(c, _)| *c == chain) {
             continue;
         }
@@ -267,29 +279,42 @@ pub fn render_service(
             String::new()
         };
         rules.push(format!(
-            "-A {chain} {c}{affinity} {pmatch} -j DNAT --to-destination {}",
-            ep.addr_string()
+            "-A {chain} {c}{affinity} {pmatch} -j DNAT --to-destination {addr}"
         ));
+        names.insert(ep.socket_addr(), (addr, seps.len()));
         seps.push((chain, rules));
     }
+    // An endpoint's (address, KUBE-SEP chain): every endpoint a set holds is
+    // one of all_reachable, so the fallback is never taken.
+    let named = |ep: &Endpoint| -> (Cow<'_, str>, Cow<'_, str>) {
+        match names.get(&ep.socket_addr()) {
+            Some((addr, i)) => (
+                Cow::Borrowed(addr.as_str()),
+                Cow::Borrowed(seps[*i].0.as_str()),
+            ),
+            None => {
+                let addr = ep.addr_string();
+                let chain = sep_chain_of(&key, &addr);
+                (Cow::Owned(addr), Cow::Owned(chain))
+            }
+        }
+    };
 
     // The endpoint-selection rules of a SVC or SVL chain.
     let selection = |chain: &str, eps: &[&Endpoint], rules: &mut Vec<String>| {
         if let Some(timeout) = sp.session_affinity_timeout {
             for ep in eps {
-                let sep = sep_chain(sp, ep);
+                let (addr, sep) = named(ep);
                 rules.push(format!(
                     "-A {chain} {} -m recent --name {sep} --rcheck --seconds {timeout} --reap -j {sep}",
-                    comment(&format!("{name} -> {}", ep.addr_string()))
+                    comment(&format!("{name} -> {addr}"))
                 ));
             }
         }
         let n = eps.len();
         for (i, ep) in eps.iter().enumerate() {
-            let mut r = format!(
-                "-A {chain} {}",
-                comment(&format!("{name} -> {}", ep.addr_string()))
-            );
+            let (addr, sep) = named(ep);
+            let mut r = format!("-A {chain} {}", comment(&format!("{name} -> {addr}")));
             if i + 1 < n {
                 let _ = write!(
                     r,
@@ -297,7 +322,7 @@ pub fn render_service(
                     probability(n - i)
                 );
             }
-            let _ = write!(r, " -j {}", sep_chain(sp, ep));
+            let _ = write!(r, " -j {sep}");
             rules.push(r);
         }
     };
