@@ -112,6 +112,14 @@ struct Opts {
     socketlb: Option<SocketLbBench>,
 }
 
+impl Opts {
+    /// iptables mode writing iptables-nft over netlink: the kernel's floor
+    /// can be probed with the same encoder (not with the legacy tables).
+    fn iptables_nft_netlink(&self) -> bool {
+        self.mode == "iptables" && self.netlink && self.iptables_backend != Some(Variant::Legacy)
+    }
+}
+
 struct SocketLbBench {
     cgroup: kp_netlab::TestCgroup,
     fs: kp_netlab::TestBpffs,
@@ -433,7 +441,7 @@ fn measure(
         ms(r.apply)
     );
 
-    if o.mode == "iptables" && o.netlink {
+    if o.iptables_nft_netlink() {
         iptables_floor(n, o.changes, o.pause)?;
         iptables_full_floor(n, dp.as_mut(), tr)?;
     }
@@ -443,6 +451,13 @@ fn measure(
     let mut bytes = Vec::new();
     let mut slowest = Vec::new();
     let multi = |i: u32| n > 1 && i % 10 == 3;
+    // iptables over netlink: each change is followed by the kernel's floor,
+    // one rule with a verdict into nat, so that the two are compared pair
+    // by pair rather than across minutes in which the kernel's time drifts.
+    let mut floor = o
+        .iptables_nft_netlink()
+        .then(|| kp_iptables::IptablesNetlink::new(IpFamily::V4));
+    let mut floor_lat = Vec::new();
     for g in 1..=o.changes as u32 {
         let (i, s) = replacement(n, m, g)?;
         std::thread::sleep(o.pause);
@@ -463,6 +478,32 @@ fn measure(
             updated,
             taken - updated,
         ));
+        if let Some(nl) = floor.as_mut() {
+            use kp_iptables::IptablesBackend;
+            std::thread::sleep(o.pause);
+            let t = Instant::now();
+            nl.restore(FLOOR_PROBE)?;
+            floor_lat.push(t.elapsed());
+        }
+    }
+    if let Some(nl) = floor.as_mut() {
+        use kp_iptables::IptablesBackend;
+        nl.restore("*nat\n:KUBE-FLOOR - [0:0]\n-X KUBE-FLOOR\nCOMMIT\n")?;
+        let mut diff: Vec<f64> = lat
+            .iter()
+            .zip(&floor_lat)
+            .map(|(c, f)| (c.as_secs_f64() - f.as_secs_f64()) * 1e3)
+            .collect();
+        diff.sort_by(f64::total_cmp);
+        let q = |p: f64| diff[((diff.len() - 1) as f64 * p).round() as usize];
+        eprintln!(
+            "  {n} Services: one endpoint change, each followed by the floor (one rule with a verdict into nat): change p50 / p99 {} ms, floor {} ms; change - floor, pair by pair: p10 {:+.1}, p50 {:+.1}, p90 {:+.1} ms",
+            p50_p99(&mut lat.clone()),
+            p50_p99(&mut floor_lat),
+            q(0.1),
+            q(0.5),
+            q(0.9)
+        );
     }
     // What the tail is made of (on stderr, beside the table): which Service,
     // how much was sent, and where the time went.
@@ -604,6 +645,10 @@ fn measure(
 /// Service's chain (x_tables matches and a verdict each) written into an
 /// empty chain, the same chain flushed and written again, and a chain
 /// flushed and deleted. Printed beside the table (stderr).
+/// The kernel's floor for upstream's layout: one rule with a verdict into
+/// a chain of nat, which has nf_tables validate the whole table at commit.
+const FLOOR_PROBE: &str = "*nat\n:KUBE-FLOOR - [0:0]\n-A KUBE-FLOOR -j RETURN\nCOMMIT\n";
+
 fn iptables_floor(n: u32, times: usize, pause: Duration) -> Result<()> {
     use kp_iptables::{IptablesBackend, IptablesNetlink};
     let mut nl = IptablesNetlink::new(IpFamily::V4);
@@ -620,11 +665,7 @@ fn iptables_floor(n: u32, times: usize, pause: Duration) -> Result<()> {
     let eleven = rules(11, "KUBE-FLOOR");
     // (what, set up before each, timed)
     let probes: Vec<(&str, String, String)> = vec![
-        (
-            "one rule with a verdict",
-            String::new(),
-            "*nat\n:KUBE-FLOOR - [0:0]\n-A KUBE-FLOOR -j RETURN\nCOMMIT\n".into(),
-        ),
+        ("one rule with a verdict", String::new(), FLOOR_PROBE.into()),
         (
             "one rule without",
             String::new(),
@@ -679,6 +720,11 @@ fn iptables_floor(n: u32, times: usize, pause: Duration) -> Result<()> {
     Ok(())
 }
 
+/// How many times each side of [`iptables_full_floor`] runs: the kernel's
+/// time for the same batch moves from one run to the next by as much as
+/// ours adds to it, so the median needs more than a few.
+const FULL_FLOOR_RUNS: usize = 7;
+
 /// A full sync over the table against the kernel alone writing the same
 /// rules: ours (render, the jumps checked, encoding, the batch) and the
 /// batch of the same restore input encoded beforehand, sent over the same
@@ -690,11 +736,6 @@ fn iptables_floor(n: u32, times: usize, pause: Duration) -> Result<()> {
 /// a worker, and without the pause that work ran into ours' render (ours
 /// started as the kernel alone's batch returned; the kernel alone after
 /// the untimed encoding).
-/// How many times each side of [`iptables_full_floor`] runs: the kernel's
-/// time for the same batch moves from one run to the next by as much as
-/// ours adds to it, so the median needs more than a few.
-const FULL_FLOOR_RUNS: usize = 7;
-
 fn iptables_full_floor(n: u32, dp: &mut dyn Dataplane, tr: &ChangeTracker) -> Result<()> {
     use kp_iptables::IptablesNetlink;
     let input = dp.render(tr.state());

@@ -29,6 +29,11 @@ impl Attrs {
         }
     }
 
+    /// Emptied, its room kept: one buffer serves message after message.
+    pub fn clear(&mut self) {
+        self.buf.clear();
+    }
+
     /// The encoded attributes.
     pub fn as_bytes(&self) -> &[u8] {
         &self.buf

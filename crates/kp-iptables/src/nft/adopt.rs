@@ -175,7 +175,7 @@ impl IptablesNetlink {
                         if exists {
                             let enc = encode::encode(&r, fam)
                                 .map_err(|e| apply_err(format!("line {n}: {e}")))?;
-                            d.fps.push(rule_fp(enc.exprs.as_bytes(), None));
+                            d.fps.push(rule_fp(enc.as_bytes(), None));
                         }
                         d.lines.push(n);
                     }

@@ -16,9 +16,9 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use kp_netlink::nftables::expr::{
-    bitwise, cmp, counter, immediate_verdict, meta_load, payload, xt, META_IIFNAME, META_L4PROTO,
-    META_MARK, META_OIFNAME, PAYLOAD_NETWORK, PAYLOAD_TRANSPORT, REG_1, VERDICT_ACCEPT,
-    VERDICT_DROP, VERDICT_JUMP, VERDICT_RETURN,
+    bitwise_in, cmp_in, counter_in, immediate_verdict_in, meta_load_in, payload_in, xt_in,
+    META_IIFNAME, META_L4PROTO, META_MARK, META_OIFNAME, PAYLOAD_NETWORK, PAYLOAD_TRANSPORT, REG_1,
+    VERDICT_ACCEPT, VERDICT_DROP, VERDICT_JUMP, VERDICT_RETURN,
 };
 use kp_netlink::Attrs;
 
@@ -47,13 +47,6 @@ impl Family {
     }
 }
 
-/// One encoded rule: its expression list and the protocol nft_compat checks
-/// x_tables extensions against (`NFTA_RULE_COMPAT`).
-pub struct Encoded {
-    pub exprs: Attrs,
-    pub compat_proto: Option<u8>,
-}
-
 /// x_tables structures are padded to 8 bytes (XT_ALIGN on x86-64).
 fn xt_align(mut v: Vec<u8>) -> Vec<u8> {
     v.resize(v.len().div_ceil(8) * 8, 0);
@@ -61,22 +54,25 @@ fn xt_align(mut v: Vec<u8>) -> Vec<u8> {
 }
 
 fn iface(out: &mut Attrs, key: u32, i: &Iface) {
-    out.extend(&meta_load(key, REG_1));
+    meta_load_in(out, key, REG_1);
     // A `+` prefix compares the name's bytes only; a full name includes
     // the NUL, so that "eth0" does not match "eth01".
     let mut bytes = i.name.as_bytes().to_vec();
     if !i.prefix {
         bytes.push(0);
     }
-    out.extend(&cmp(REG_1, i.negate, &bytes));
+    cmp_in(out, REG_1, i.negate, &bytes);
 }
 
-fn addr_bytes(ip: IpAddr, fam: Family) -> Result<Vec<u8>, String> {
+/// The address's bytes: the first 4 (IPv4) or all 16 of the result.
+fn addr_bytes(ip: IpAddr, fam: Family) -> Result<([u8; 16], usize), String> {
+    let mut v = [0; 16];
     match (ip, fam) {
-        (IpAddr::V4(a), Family::V4) => Ok(a.octets().to_vec()),
-        (IpAddr::V6(a), Family::V6) => Ok(a.octets().to_vec()),
-        _ => Err(format!("address {ip} is not of the table's family")),
+        (IpAddr::V4(a), Family::V4) => v[..4].copy_from_slice(&a.octets()),
+        (IpAddr::V6(a), Family::V6) => v = a.octets(),
+        _ => return Err(format!("address {ip} is not of the table's family")),
     }
+    Ok((v, fam.addr_len()))
 }
 
 /// iptables' add_addr: a whole-byte prefix loads just its bytes; any other
@@ -90,20 +86,20 @@ fn address(out: &mut Attrs, fam: Family, offset: u32, a: &Addr) -> Result<(), St
         // iptables leaves 0.0.0.0/0 out altogether.
         return Ok(());
     }
-    let bytes = addr_bytes(a.net.addr(), fam)?;
+    let (buf, len) = addr_bytes(a.net.addr(), fam)?;
+    let bytes = &buf[..len];
     if plen.is_multiple_of(8) {
         let n = plen / 8;
-        out.extend(&payload(PAYLOAD_NETWORK, offset, n as u32, REG_1));
-        out.extend(&cmp(REG_1, a.negate, &bytes[..n]));
+        payload_in(out, PAYLOAD_NETWORK, offset, n as u32, REG_1);
+        cmp_in(out, REG_1, a.negate, &bytes[..n]);
     } else {
         let mask = match a.net {
             IpNet::V4(n) => n.netmask().octets().to_vec(),
             IpNet::V6(n) => n.netmask().octets().to_vec(),
         };
-        let len = fam.addr_len();
-        out.extend(&payload(PAYLOAD_NETWORK, offset, len as u32, REG_1));
-        out.extend(&bitwise(REG_1, &mask, &vec![0; len]));
-        out.extend(&cmp(REG_1, a.negate, &bytes));
+        payload_in(out, PAYLOAD_NETWORK, offset, len as u32, REG_1);
+        bitwise_in(out, REG_1, &mask, &[0; 16][..len]);
+        cmp_in(out, REG_1, a.negate, bytes);
     }
     Ok(())
 }
@@ -119,14 +115,13 @@ fn comment(text: &str) -> Result<[u8; 256], String> {
 }
 
 /// struct xt_tcp (12 bytes: ports, option, flags, invflags) or xt_udp (10:
-/// ports, invflags) with every port: what `-m tcp` alone holds.
-fn any_ports() -> Vec<u8> {
-    let mut v = Vec::new();
-    for x in [0u16, 0xffff, 0, 0xffff] {
-        v.extend_from_slice(&x.to_ne_bytes());
+/// ports, invflags) with every port: what `-m tcp` alone holds, padded.
+fn any_ports() -> [u8; 16] {
+    let mut v = [0; 16];
+    for (i, x) in [0u16, 0xffff, 0, 0xffff].into_iter().enumerate() {
+        v[2 * i..2 * i + 2].copy_from_slice(&x.to_ne_bytes());
     }
-    v.resize(12, 0);
-    xt_align(v)
+    v
 }
 
 /// struct xt_sctp_info with `--dport`, as libxt_sctp leaves it: ports not
@@ -153,20 +148,15 @@ fn sctp(dport: Option<u16>) -> Vec<u8> {
 }
 
 /// struct xt_statistic_info in random mode (the kernel's `master` pointer
-/// left zero).
-fn statistic(probability: u32) -> Vec<u8> {
-    let mut v = Vec::with_capacity(24);
-    v.extend_from_slice(&0u16.to_ne_bytes()); // XT_STATISTIC_MODE_RANDOM
-    v.extend_from_slice(&0u16.to_ne_bytes()); // flags
-    v.extend_from_slice(&probability.to_ne_bytes());
+/// left zero): mode and flags (u16 each, XT_STATISTIC_MODE_RANDOM and 0),
+/// the probability, then `u.nth` (every, packet, count).
+fn statistic(probability: u32) -> [u8; 24] {
+    let mut v = [0; 24];
+    v[4..8].copy_from_slice(&probability.to_ne_bytes());
     // libxt_statistic sets u.nth.count = every - packet whatever the mode;
     // in random mode `every` is the probability's place.
-    v.resize(12, 0);
-    v.extend_from_slice(&probability.to_ne_bytes());
-    xt_align({
-        v.resize(24, 0);
-        v
-    })
+    v[12..16].copy_from_slice(&probability.to_ne_bytes());
+    v
 }
 
 /// struct xt_recent_mtinfo_v1: seconds, hit_count, check_set, invert,
@@ -218,21 +208,21 @@ fn conntrack(negate: bool, states: u16) -> Vec<u8> {
     xt_align(v)
 }
 
-/// struct nf_nat_range2 for DNAT (revision 2).
-fn dnat(addr: IpAddr, port: Option<u16>, fam: Family) -> Result<Vec<u8>, String> {
+/// struct nf_nat_range2 for DNAT (revision 2): flags, min and max address
+/// (16 bytes each), min and max port, base_proto, padded to 48.
+fn dnat(addr: IpAddr, port: Option<u16>, fam: Family) -> Result<[u8; 48], String> {
     // NF_NAT_RANGE_MAP_IPS, NF_NAT_RANGE_PROTO_SPECIFIED.
     let flags: u32 = if port.is_some() { 1 | 2 } else { 1 };
-    let mut a = addr_bytes(addr, fam)?;
-    a.resize(16, 0);
-    let mut v = Vec::with_capacity(48);
-    v.extend_from_slice(&flags.to_ne_bytes());
-    v.extend_from_slice(&a);
-    v.extend_from_slice(&a);
+    // Unused bytes of an IPv4 address stay zero, as in the union.
+    let (a, _) = addr_bytes(addr, fam)?;
     let p = port.unwrap_or(0).to_be_bytes();
-    v.extend_from_slice(&p);
-    v.extend_from_slice(&p);
-    v.extend_from_slice(&[0, 0]); // base_proto
-    Ok(xt_align(v))
+    let mut v = [0; 48];
+    v[0..4].copy_from_slice(&flags.to_ne_bytes());
+    v[4..20].copy_from_slice(&a);
+    v[20..36].copy_from_slice(&a);
+    v[36..38].copy_from_slice(&p);
+    v[38..40].copy_from_slice(&p);
+    Ok(v)
 }
 
 /// MASQUERADE, revision 0: IPv4's nf_nat_ipv4_multi_range_compat (one
@@ -264,44 +254,51 @@ fn reject(fam: Family) -> Vec<u8> {
     xt_align(with.to_ne_bytes().to_vec())
 }
 
-/// Encodes `r` for a table of family `fam`.
-pub fn encode(r: &Rule, fam: Family) -> Result<Encoded, String> {
+/// The expression list of `r` for a table of family `fam`.
+pub fn encode(r: &Rule, fam: Family) -> Result<Attrs, String> {
     // Room for the rules render.rs writes (a comment's structure alone is
     // 256 bytes): one allocation for most.
-    let mut out = Attrs::with_capacity(768);
+    let mut exprs = Attrs::with_capacity(768);
+    encode_into(&mut exprs, r, fam)?;
+    Ok(exprs)
+}
+
+/// [`encode`]'s expressions written at the end of `out` (the expression
+/// list of a rule message being built).
+pub fn encode_into(out: &mut Attrs, r: &Rule, fam: Family) -> Result<(), String> {
     if let Some(i) = &r.in_iface {
-        iface(&mut out, META_IIFNAME, i);
+        iface(out, META_IIFNAME, i);
     }
     if let Some(i) = &r.out_iface {
-        iface(&mut out, META_OIFNAME, i);
+        iface(out, META_OIFNAME, i);
     }
     if let Some(p) = r.proto {
-        out.extend(&meta_load(META_L4PROTO, REG_1));
-        out.extend(&cmp(REG_1, false, &[p]));
+        meta_load_in(out, META_L4PROTO, REG_1);
+        cmp_in(out, REG_1, false, &[p]);
     }
     let (src_off, dst_off) = fam.addr_offsets();
     if let Some(a) = &r.src {
-        address(&mut out, fam, src_off, a)?;
+        address(out, fam, src_off, a)?;
     }
     if let Some(a) = &r.dst {
-        address(&mut out, fam, dst_off, a)?;
+        address(out, fam, dst_off, a)?;
     }
     for m in &r.matches {
         match m {
             Match::Comment(c) => {
-                out.extend(&xt("match", "comment", 0, &comment(c)?));
+                xt_in(out, "match", "comment", 0, &comment(c)?);
             }
             Match::Ports { proto, dport } => {
                 if *proto == IPPROTO_SCTP {
-                    out.extend(&xt("match", "sctp", 0, &sctp(*dport)));
+                    xt_in(out, "match", "sctp", 0, &sctp(*dport));
                 } else {
                     if r.proto != Some(*proto) {
                         return Err("a port match needs its `-p`".into());
                     }
                     match dport {
                         Some(p) => {
-                            out.extend(&payload(PAYLOAD_TRANSPORT, 2, 2, REG_1));
-                            out.extend(&cmp(REG_1, false, &p.to_be_bytes()));
+                            payload_in(out, PAYLOAD_TRANSPORT, 2, 2, REG_1);
+                            cmp_in(out, REG_1, false, &p.to_be_bytes());
                         }
                         None => {
                             let name = if *proto == super::rule::IPPROTO_TCP {
@@ -309,75 +306,73 @@ pub fn encode(r: &Rule, fam: Family) -> Result<Encoded, String> {
                             } else {
                                 "udp"
                             };
-                            out.extend(&xt("match", name, 0, &any_ports()));
+                            xt_in(out, "match", name, 0, &any_ports());
                         }
                     }
                 }
             }
             Match::Random { probability } => {
-                out.extend(&xt("match", "statistic", 0, &statistic(*probability)));
+                xt_in(out, "match", "statistic", 0, &statistic(*probability));
             }
             Match::Recent(rc) => {
-                out.extend(&xt("match", "recent", 1, &recent(rc)?));
+                xt_in(out, "match", "recent", 1, &recent(rc)?);
             }
             Match::AddrType { src, dst } => {
-                out.extend(&xt("match", "addrtype", 1, &addrtype(*src, *dst)));
+                xt_in(out, "match", "addrtype", 1, &addrtype(*src, *dst));
             }
             Match::CtState { negate, states } => {
-                out.extend(&xt("match", "conntrack", 3, &conntrack(*negate, *states)));
+                xt_in(out, "match", "conntrack", 3, &conntrack(*negate, *states));
             }
             Match::Mark {
                 negate,
                 value,
                 mask,
             } => {
-                out.extend(&meta_load(META_MARK, REG_1));
+                meta_load_in(out, META_MARK, REG_1);
                 if *mask != u32::MAX {
-                    out.extend(&bitwise(REG_1, &mask.to_ne_bytes(), &[0; 4]));
+                    bitwise_in(out, REG_1, &mask.to_ne_bytes(), &[0; 4]);
                 }
-                out.extend(&cmp(REG_1, *negate, &value.to_ne_bytes()));
+                cmp_in(out, REG_1, *negate, &value.to_ne_bytes());
             }
         }
     }
-    out.extend(&counter());
+    counter_in(out);
     match &r.target {
         Target::None => {}
         Target::Accept => {
-            out.extend(&immediate_verdict(VERDICT_ACCEPT, None));
+            immediate_verdict_in(out, VERDICT_ACCEPT, None);
         }
         Target::Drop => {
-            out.extend(&immediate_verdict(VERDICT_DROP, None));
+            immediate_verdict_in(out, VERDICT_DROP, None);
         }
         Target::Return => {
-            out.extend(&immediate_verdict(VERDICT_RETURN, None));
+            immediate_verdict_in(out, VERDICT_RETURN, None);
         }
         Target::Jump(c) => {
-            out.extend(&immediate_verdict(VERDICT_JUMP, Some(c)));
+            immediate_verdict_in(out, VERDICT_JUMP, Some(c));
         }
         Target::Reject => {
-            out.extend(&xt("target", "REJECT", 0, &reject(fam)));
+            xt_in(out, "target", "REJECT", 0, &reject(fam));
         }
         Target::Dnat { addr, port } => {
-            out.extend(&xt("target", "DNAT", 2, &dnat(*addr, *port, fam)?));
+            xt_in(out, "target", "DNAT", 2, &dnat(*addr, *port, fam)?);
         }
         Target::Masquerade { random_fully } => {
-            out.extend(&xt(
+            xt_in(
+                out,
                 "target",
                 "MASQUERADE",
                 0,
                 &masquerade(*random_fully, fam),
-            ));
+            );
         }
         Target::Mark { mark, mask } => {
             let mut v = mark.to_ne_bytes().to_vec();
             v.extend_from_slice(&mask.to_ne_bytes());
-            out.extend(&xt("target", "MARK", 2, &v));
+            xt_in(out, "target", "MARK", 2, &v);
         }
     }
-    Ok(Encoded {
-        exprs: out,
-        compat_proto: r.proto,
-    })
+    Ok(())
 }
 
 #[cfg(test)]

@@ -56,6 +56,8 @@ fn encode_lines(
     table: &str,
 ) -> Result<(), DataplaneError> {
     let mut table = table.to_string();
+    // Each rule's message is built here, in one buffer for them all.
+    let mut msg_buf = Attrs::with_capacity(1024);
     for (i, raw) in lines.iter().enumerate() {
         let Some(line) = restore_line(offset + i + 1, raw) else {
             continue;
@@ -93,40 +95,47 @@ fn encode_lines(
             }
             Line::Append(c, r) => {
                 need_table(&table)?;
-                push_rule(b, (proto, fam), n, (&table, &c), &r, true)?;
+                push_rule(b, &mut msg_buf, (proto, fam), n, (&table, &c), &r, true)?;
             }
             Line::Insert(c, r) => {
                 need_table(&table)?;
-                push_rule(b, (proto, fam), n, (&table, &c), &r, false)?;
+                push_rule(b, &mut msg_buf, (proto, fam), n, (&table, &c), &r, false)?;
             }
         }
     }
     Ok(())
 }
 
-/// Adds rule `r` to (table, chain): appended, or first in the chain (`-I 1`).
+/// Adds rule `r` to (table, chain): appended, or first in the chain (`-I
+/// 1`). Its message is built in `a`, whatever `a` held.
 fn push_rule(
     b: &mut Batch,
+    a: &mut Attrs,
     (proto, fam): (u8, Family),
     n: usize,
     (table, chain): (&str, &str),
     r: &rule::Rule,
     append: bool,
 ) -> Result<(), DataplaneError> {
-    let enc = encode::encode(r, fam).map_err(|e| apply_err(format!("line {n}: {e}")))?;
+    a.clear();
+    a.str(1, table).str(2, chain);
+    let exprs = a.begin_nest(4);
+    encode::encode_into(a, r, fam).map_err(|e| apply_err(format!("line {n}: {e}")))?;
+    a.end_nest(exprs);
+    if let Some(p) = r.proto {
+        // NFTA_RULE_COMPAT: what nft_compat checks x_tables matches against
+        // (`-m tcp` is only valid with `-p tcp`), as iptables-nft sends it.
+        let c = a.begin_nest(5);
+        a.u32be(1, p as u32).u32be(2, 0);
+        a.end_nest(c);
+    }
     let flags = if append {
         NLM_F_CREATE | NLM_F_APPEND
     } else {
         // Without NLM_F_APPEND or a position the rule goes first.
         NLM_F_CREATE
     };
-    b.push(
-        n,
-        proto,
-        msg::NEWRULE,
-        flags,
-        &rule_attrs(table, chain, &enc),
-    );
+    b.push(n, proto, msg::NEWRULE, flags, a);
     Ok(())
 }
 
@@ -507,7 +516,7 @@ impl IptablesNetlink {
     fn matching(&self, rules: &[ChainRule], args: &[String]) -> Result<Vec<u64>, DataplaneError> {
         let r = parse_rule(args).map_err(|e| apply_err(format!("rule {args:?}: {e}")))?;
         let enc = encode::encode(&r, self.fam()).map_err(apply_err)?;
-        let want = rule_identity(enc.exprs.as_bytes());
+        let want = rule_identity(enc.as_bytes());
         Ok(rules
             .iter()
             .filter(|(_, list)| rule_identity(list) == want)
@@ -539,22 +548,6 @@ fn dump_chain(
     };
     let newrule = nft_type(msg::NEWRULE);
     Ok(replies.into_iter().filter(|r| r.ty == newrule).collect())
-}
-
-fn rule_attrs(table: &str, chain: &str, enc: &encode::Encoded) -> Attrs {
-    let mut a = Attrs::with_capacity(enc.exprs.len() + table.len() + chain.len() + 48);
-    a.str(1, table).str(2, chain);
-    let l = a.begin_nest(4);
-    a.extend(&enc.exprs);
-    a.end_nest(l);
-    if let Some(p) = enc.compat_proto {
-        // NFTA_RULE_COMPAT: what nft_compat checks x_tables matches against
-        // (`-m tcp` is only valid with `-p tcp`), as iptables-nft sends it.
-        let c = a.begin_nest(5);
-        a.u32be(1, p as u32).u32be(2, 0);
-        a.end_nest(c);
-    }
-    a
 }
 
 impl IptablesBackend for IptablesNetlink {
