@@ -12,6 +12,11 @@
 //! `--floor` compares the full sync and the changes (an endpoint replaced,
 //! an endpoint added, a Service added) with the kernel alone on the same
 //! batches (floor.rs).
+//! `--mode iptables` over iptables-nft also prints, beside the table, the
+//! kernel's floor for that layout (probes of one batch each into nat), each
+//! endpoint change against the floor probe right after it, and a full sync
+//! over the table against the kernel alone sending the same rules encoded
+//! beforehand, with what ours does before its batch leaves.
 //! `--restart` times a restart's first sync over the table (nftables) or
 //! chains (`--mode iptables`, iptables-nft) left behind, adopted and
 //! replaced (restart.rs).
