@@ -257,17 +257,16 @@ pub fn render_service(
     let uses_external_chain = sel.uses_external_chain();
 
     // Per-endpoint chains, for every endpoint either policy may pick. Each
-    // endpoint's address text and chain name are worked out once here (a
-    // sha256 each; a third of the render before): the selection rules
-    // below look them up.
+    // endpoint's address text and chain name (a sha256) are worked out once
+    // here, by address: the selection rules below look them up.
     let mut seps: Vec<(String, Vec<String>)> = Vec::new();
     let mut names: HashMap<SocketAddr, (String, usize)> = HashMap::new();
     for ep in &sel.all_reachable {
-        let addr = ep.addr_string();
-        let chain = sep_chain_of(&key, &addr);
-        if seps.iter().any(|(c, _)| *c == chain) {
+        if names.contains_key(&ep.socket_addr()) {
             continue;
         }
+        let addr = ep.addr_string();
+        let chain = sep_chain_of(&key, &addr);
         let c = comment(&name);
         let mut rules = vec![format!(
             "-A {chain} {c} -s {} -j {MARK_MASQ_CHAIN}",

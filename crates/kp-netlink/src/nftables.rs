@@ -528,8 +528,9 @@ pub mod expr {
 
     /// [`ex`] written at the end of `a`. The `_in` functions below write
     /// so: a rule's expressions go straight into its message, with no
-    /// buffer per expression (480k rules of ~10 expressions at 10k iptables
-    /// Services); the others return the expression in a buffer of its own.
+    /// buffer per expression (a full iptables sync encodes hundreds of
+    /// thousands of rules); the others return the expression in a buffer
+    /// of its own.
     pub fn ex_in(a: &mut Attrs, name: &str, f: impl FnOnce(&mut Attrs)) {
         let elem = a.begin_nest(1);
         a.str(1, name);
