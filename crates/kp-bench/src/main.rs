@@ -493,7 +493,7 @@ fn measure(
     }
     if let Some(nl) = floor.as_mut() {
         use kp_iptables::IptablesBackend;
-        nl.restore("*nat\n:KUBE-FLOOR - [0:0]\n-X KUBE-FLOOR\nCOMMIT\n")?;
+        nl.restore(FLOOR_CLEANUP)?;
         let mut diff: Vec<f64> = lat
             .iter()
             .zip(&floor_lat)
@@ -642,6 +642,13 @@ fn measure(
     ))
 }
 
+/// The kernel's floor for upstream's layout: one rule with a verdict into
+/// a chain of nat, which has nf_tables validate the whole table at commit.
+const FLOOR_PROBE: &str = "*nat\n:KUBE-FLOOR - [0:0]\n-A KUBE-FLOOR -j RETURN\nCOMMIT\n";
+
+/// The probes' chain flushed and deleted: how each set of probes ends.
+const FLOOR_CLEANUP: &str = "*nat\n:KUBE-FLOOR - [0:0]\n-X KUBE-FLOOR\nCOMMIT\n";
+
 /// What the kernel alone costs iptables-nft at this size, whatever writes
 /// the rules: one batch adding one rule with a verdict (`-j RETURN`) to an
 /// empty chain of `nat` makes nf_tables validate every chain reachable from
@@ -650,10 +657,6 @@ fn measure(
 /// Service's chain (x_tables matches and a verdict each) written into an
 /// empty chain, the same chain flushed and written again, and a chain
 /// flushed and deleted. Printed beside the table (stderr).
-/// The kernel's floor for upstream's layout: one rule with a verdict into
-/// a chain of nat, which has nf_tables validate the whole table at commit.
-const FLOOR_PROBE: &str = "*nat\n:KUBE-FLOOR - [0:0]\n-A KUBE-FLOOR -j RETURN\nCOMMIT\n";
-
 fn iptables_floor(n: u32, times: usize, pause: Duration) -> Result<()> {
     use kp_iptables::{IptablesBackend, IptablesNetlink};
     let mut nl = IptablesNetlink::new(IpFamily::V4);
@@ -700,7 +703,7 @@ fn iptables_floor(n: u32, times: usize, pause: Duration) -> Result<()> {
                 "*nat\n:KUBE-FLOOR - [0:0]\n{}COMMIT\n",
                 rules(2, "KUBE-FLOOR")
             ),
-            "*nat\n:KUBE-FLOOR - [0:0]\n-X KUBE-FLOOR\nCOMMIT\n".into(),
+            FLOOR_CLEANUP.into(),
         ),
     ];
     let mut row = Vec::new();
@@ -717,7 +720,7 @@ fn iptables_floor(n: u32, times: usize, pause: Duration) -> Result<()> {
         }
         row.push(format!("{what} {} ms", p50_p99(&mut lat)));
     }
-    nl.restore("*nat\n:KUBE-FLOOR - [0:0]\n-X KUBE-FLOOR\nCOMMIT\n")?;
+    nl.restore(FLOOR_CLEANUP)?;
     eprintln!(
         "  {n} Services: kernel floor and probes, each one batch into nat (p50 / p99): {}",
         row.join("; ")
@@ -790,13 +793,13 @@ fn iptables_full_floor(n: u32, dp: &mut dyn Dataplane, tr: &ChangeTracker) -> Re
         ms(pct(&mut kernel, 1.0)),
         ms(pct(&mut encoding, 0.5))
     );
-    let (c, k) = (pct(&mut beside, 0.5), pct(&mut kernel, 0.5));
+    let c = pct(&mut beside, 0.5);
     eprintln!(
         "  {n} Services: what ours does before its batch leaves (render + encoding), p50 {} ms ({}-{} ms): the kernel alone's p50 plus that is {:.2}x it",
         ms(c),
         ms(pct(&mut beside, 0.0)),
         ms(pct(&mut beside, 1.0)),
-        (k + c).as_secs_f64() / k.as_secs_f64().max(1e-9)
+        (b + c).as_secs_f64() / b.as_secs_f64().max(1e-9)
     );
     Ok(())
 }

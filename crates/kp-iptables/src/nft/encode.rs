@@ -147,9 +147,10 @@ fn sctp(dport: Option<u16>) -> Vec<u8> {
     xt_align(v)
 }
 
-/// struct xt_statistic_info in random mode (the kernel's `master` pointer
-/// left zero): mode and flags (u16 each, XT_STATISTIC_MODE_RANDOM and 0),
-/// the probability, then `u.nth` (every, packet, count).
+/// struct xt_statistic_info in random mode: mode and flags (u16 each,
+/// XT_STATISTIC_MODE_RANDOM and 0), the union `u` (the probability, in the
+/// place of u.nth.every; packet; count), then the kernel's `master`
+/// pointer, left zero.
 fn statistic(probability: u32) -> [u8; 24] {
     let mut v = [0; 24];
     v[4..8].copy_from_slice(&probability.to_ne_bytes());
