@@ -26,6 +26,9 @@ RUN apt-get update \
       nftables iptables conntrack ipset ipvsadm iproute2 \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/target/release/kube-proxy-rs /usr/local/bin/kube-proxy-rs
+# kubeadm's DaemonSet runs /usr/local/bin/kube-proxy: swapping only the image
+# must start this binary with upstream's command line.
+RUN ln -s kube-proxy-rs /usr/local/bin/kube-proxy
 COPY --from=build /out/bash/kube-proxy-rs /usr/share/bash-completion/completions/kube-proxy-rs
 COPY --from=build /out/zsh/_kube-proxy-rs /usr/share/zsh/vendor-completions/_kube-proxy-rs
 COPY --from=build /out/fish/kube-proxy-rs.fish /usr/share/fish/vendor_completions.d/kube-proxy-rs.fish

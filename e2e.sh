@@ -4,10 +4,14 @@
 # own image. See docs/e2e.md.
 #
 #   sudo ./e2e.sh [--proxy ours|upstream] [--mode nftables|iptables|socketlb]
+#                 [--deploy deploy|kubeadm]
 #                 [--focus REGEX] [--skip REGEX] [--nodes N] [--procs P]
 #                 [--report DIR] [--keep] [--docs] [--binary PATH]
 #   sudo ./e2e.sh --serial ...: the [Serial] and [Disruptive] specs of the focus, one at a time
-#   sudo ./e2e.sh --migrate [--mode nftables|iptables]   (e2e/migrate.sh)
+#   sudo ./e2e.sh --migrate [--mode nftables|iptables] [--deploy deploy|kubeadm]   (e2e/migrate.sh)
+#   --deploy kubeadm: ours as the operator swaps it, kubeadm's DaemonSet and
+#   ConfigMap (e2e/upstream/kube-proxy.yaml) with only the image changed
+#   (default: deploy/, ours' least-privilege DaemonSet).
 #
 # Last line printed: "N passed, M failed, K skipped". Exit status 0 when
 # nothing failed and the machine-wide settings are unchanged.
@@ -15,7 +19,7 @@ set -euo pipefail
 REPO=$(cd "$(dirname "$0")" && pwd)
 . "$REPO/e2e/lib.sh"
 
-PROXY=ours MODE=nftables NODES=3 PROCS=3 KEEP=0 REPORT="" DOCS=0 BINARY="" MIGRATE=0 SERIAL=0
+PROXY=ours MODE=nftables NODES=3 PROCS=3 KEEP=0 REPORT="" DOCS=0 BINARY="" MIGRATE=0 SERIAL=0 DEPLOY=deploy
 FOCUS='\[sig-network\]'
 SKIP='\[Slow\]|\[Serial\]|\[Disruptive\]|\[Flaky\]|\[Feature:.+\]'
 EXTRA_SKIP=""
@@ -23,6 +27,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --proxy) PROXY=$2; shift 2 ;;
     --mode) MODE=$2; shift 2 ;;
+    --deploy) DEPLOY=$2; shift 2 ;;
     --focus) FOCUS=$2; shift 2 ;;
     --skip) EXTRA_SKIP=$2; shift 2 ;;
     --nodes) NODES=$2; shift 2 ;;
@@ -33,11 +38,14 @@ while [ $# -gt 0 ]; do
     --report) REPORT=$2; shift 2 ;;
     --keep) KEEP=1; shift ;;
     --docs) DOCS=1; shift ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
 case $PROXY in ours|upstream) ;; *) die "--proxy ours|upstream" ;; esac
+case $DEPLOY in deploy) ;; kubeadm) [ $MODE = socketlb ] && die "--deploy kubeadm runs kubeadm's DaemonSet unchanged: no --socket-lb" ;;
+  *) die "--deploy deploy|kubeadm" ;; esac
+export DEPLOY
 case $MODE in nftables|iptables) ;; socketlb) [ $PROXY = ours ] || die "--mode socketlb is kube-proxy-rs's (nftables with --socket-lb)" ;;
   *) die "--mode nftables|iptables|socketlb" ;; esac
 case $NODES in [1-9]|[1-9][0-9]) ;; *) die "--nodes takes a number of nodes, 1 to 99 (got $NODES)" ;; esac
@@ -72,7 +80,7 @@ export NODES
 RUN=$(mktemp -d /tmp/kpe2e.XXXXXX); chmod 755 "$RUN"; export RUN
 REPORT=${REPORT:-$RUN/report}; mkdir -p "$REPORT"; REPORT=$(cd "$REPORT" && pwd)
 machine_state > "$RUN/machine-before"
-log "run directory $RUN; proxy $PROXY ($MODE), $NODES nodes"
+log "run directory $RUN; proxy $PROXY ($MODE, $DEPLOY), $NODES nodes"
 
 teardown() {
   local rc=$?
@@ -124,7 +132,7 @@ for i in $(seq 1 $NODES); do "$E2E/node.sh" up "$RUN" $i; done
 for i in $(seq 1 $NODES); do
   kc wait --for=condition=Ready node/$(node_name $i) --timeout=120s >/dev/null || die "node $(node_name $i) not Ready (see $RUN/node$i)"
 done
-"$E2E/proxy.sh" "$RUN" $PROXY $MODE
+"$E2E/proxy.sh" "$RUN" $PROXY $MODE $DEPLOY
 T_UP=$((SECONDS - T0))
 log "cluster up in ${T_UP}s"
 echo "$T_UP" > "$RUN/cluster-up-seconds"
@@ -133,7 +141,7 @@ echo "$T_UP" > "$RUN/cluster-up-seconds"
 T1=$SECONDS
 set +e
 if [ $MIGRATE = 1 ]; then
-  SUMMARY=$("$E2E/migrate.sh" "$RUN" $MODE "$REPORT" | tail -1)
+  SUMMARY=$("$E2E/migrate.sh" "$RUN" $MODE "$REPORT" $DEPLOY | tail -1)
   GINKGO_RC=$?
   [ -n "$SUMMARY" ] || SUMMARY="0 passed, 0 failed, 0 skipped"
 else
@@ -150,7 +158,8 @@ set -e
 T_RUN=$((SECONDS - T1))
 log "suite finished in ${T_RUN}s (ginkgo exit $GINKGO_RC; log $REPORT/ginkgo.log)"
 kc -n kube-system logs -l k8s-app --all-containers --prefix --tail=-1 > "$REPORT/proxy.log" 2>&1 || true
-[ $MIGRATE = 1 ] || SUMMARY=$(python3 "$E2E/report.py" summary "$REPORT/junit.xml" --focus "$FOCUS" --proxy "$PROXY" --mode "$MODE" \
+LABEL=$PROXY; [ $PROXY = ours ] && [ $DEPLOY = kubeadm ] && LABEL="ours (kubeadm DaemonSet)"
+[ $MIGRATE = 1 ] || SUMMARY=$(python3 "$E2E/report.py" summary "$REPORT/junit.xml" --focus "$FOCUS" --proxy "$LABEL" --mode "$MODE" \
   --up "$T_UP" --run "$T_RUN" --tree "$TREE" --out "$REPORT/result.json") || SUMMARY="0 passed, 0 failed, 0 skipped"
 
 if [ $DOCS = 1 ]; then

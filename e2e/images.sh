@@ -125,8 +125,10 @@ ours_image() {
   KP_BINARY=${KP_BINARY:-$REPO/target/release/kube-proxy-rs}
   [ -x "$KP_BINARY" ] || die "$KP_BINARY missing"
   # deploy/ names the image kube-proxy-rs:0.1.0 (containerd: docker.io/library/...)
+  # /usr/local/bin/kube-proxy too, as the Dockerfile links it: kubeadm's
+  # DaemonSet (e2e.sh --deploy kubeadm) runs that path.
   image docker.io/library/kube-proxy-rs:0.1.0 '["/usr/local/bin/kube-proxy-rs"]' null "$BASE" \
-    "$KP_BINARY:/usr/local/bin/kube-proxy-rs"
+    "$KP_BINARY:/usr/local/bin/kube-proxy-rs" "$KP_BINARY:/usr/local/bin/kube-proxy"
 }
 case $PROXY in
 upstream) upstream_image ;;

@@ -64,3 +64,20 @@ wait_for() {
 procs_in() {
   find /proc -mindepth 3 -maxdepth 3 -path "/proc/[0-9]*/ns/$1" -lname "$2" 2>/dev/null | cut -d/ -f3
 }
+
+# delete_our_nft_tables IMAGE: remove kube-proxy-rs's nftables tables from
+# every node with `kubectl debug node` (an image that has nft), as an
+# operator going back to upstream's nftables mode would (upstream does not
+# know our table).
+delete_our_nft_tables() {
+  local i out pod
+  for i in $(seq 1 $NODES); do
+    out=$(kc debug node/$(node_name $i) --profile=sysadmin --image=$1 -- \
+      sh -c 'nft delete table ip kube-proxy-rs; nft delete table ip6 kube-proxy-rs; nft list tables' 2>&1)
+    pod=$(sed -n 's/^Creating debugging pod \([^ ]*\) .*/\1/p' <<<"$out")
+    [ -n "$pod" ] || die "kubectl debug node/$(node_name $i): $out"
+    kc wait --for=jsonpath='{.status.phase}'=Succeeded pod/$pod --timeout=60s >/dev/null \
+      || die "$pod: $(kc logs $pod 2>&1)"
+    kc delete pod $pod --wait=false >/dev/null
+  done
+}

@@ -20,12 +20,4 @@ fi
 "$E2E/proxy.sh" "$RUN" upstream $MODE
 kc -n kube-system delete daemonset kube-proxy-rs --wait=true >/dev/null
 kc -n kube-system wait --for=delete pod -l app.kubernetes.io/name=kube-proxy-rs --timeout=60s >/dev/null 2>&1 || true
-for i in $(seq 1 $NODES); do
-  out=$(kc debug node/$(node_name $i) --profile=sysadmin --image=kube-proxy-rs:0.1.1 -- \
-    sh -c 'nft delete table ip kube-proxy-rs; nft delete table ip6 kube-proxy-rs; nft list tables' 2>&1)
-  pod=$(sed -n 's/^Creating debugging pod \([^ ]*\) .*/\1/p' <<<"$out")
-  [ -n "$pod" ] || die "kubectl debug node/$(node_name $i): $out"
-  kc wait --for=jsonpath='{.status.phase}'=Succeeded pod/$pod --timeout=60s >/dev/null \
-    || die "$pod: $(kc logs $pod 2>&1)"
-  kc delete pod $pod --wait=false >/dev/null
-done
+delete_our_nft_tables kube-proxy-rs:0.1.1

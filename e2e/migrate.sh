@@ -1,7 +1,9 @@
 #!/bin/bash
-# e2e/migrate.sh RUN MODE REPORT: docs/migrate-from-kube-proxy.md followed on
-# the live lab, under load (e2e.sh --migrate runs it on a cluster whose proxy
-# is upstream kube-proxy in MODE).
+# e2e/migrate.sh RUN MODE REPORT [deploy|kubeadm]: docs/migrate-from-kube-proxy.md
+# followed on the live lab, under load (e2e.sh --migrate runs it on a cluster
+# whose proxy is upstream kube-proxy in MODE). kubeadm: the image of kubeadm's
+# DaemonSet swapped in place (kubectl set image), a pod deleted, and the
+# image set back.
 #
 # One client pod per node calls a ClusterIP Service and, on the next node's
 # address, its NodePort, each about 20 times a second (curl, 1 s timeout).
@@ -14,7 +16,7 @@
 # passes with no failed request and nothing left behind).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
-RUN=$1 MODE=$2 REPORT=$3
+RUN=$1 MODE=$2 REPORT=$3 DEPLOY=${4:-deploy}
 NS=kpe2e-migrate
 STEPS=$REPORT/migration-steps
 : > "$STEPS"
@@ -83,6 +85,34 @@ log "clients: ClusterIP $CIP:80 and NodePort $NP on every node"
 # --- the steps, as the doc says
 mark upstream; sleep $SETTLE
 
+if [ $DEPLOY = kubeadm ]; then
+  # Only the image changes, as docs/migrate-from-kube-proxy.md's kubeadm
+  # section says; the rolling update replaces one node's proxy at a time.
+  swap_image() {
+    kc -n kube-system set image ds/kube-proxy kube-proxy=$1 >/dev/null
+    kc -n kube-system rollout status ds/kube-proxy --timeout=180s >/dev/null
+  }
+  mark swap
+  swap_image docker.io/library/kube-proxy-rs:0.1.0
+  sleep $SETTLE
+  [ $MODE = nftables ] && check_gone "upstream's nftables table" '(ip|ip6) kube-proxy( |$)'
+  echo "left swap $left" >> "$STEPS"; left=""
+
+  mark delete-pod
+  P=$(kc -n kube-system get pods -l k8s-app=kube-proxy -o jsonpath='{.items[0].metadata.name}')
+  kc -n kube-system delete pod "$P" >/dev/null
+  kc -n kube-system rollout status ds/kube-proxy --timeout=180s >/dev/null
+  sleep $SETTLE
+
+  mark back
+  swap_image registry.k8s.io/kube-proxy:v1.36.2
+  [ $MODE = nftables ] && delete_our_nft_tables docker.io/library/kube-proxy-rs:0.1.0
+  sleep $SETTLE
+  check_gone "kube-proxy-rs's nftables table" 'kube-proxy-rs'
+  echo "left back $left" >> "$STEPS"; left=""
+  mark end
+else
+
 mark replace
 kc -n kube-system delete daemonset kube-proxy >/dev/null
 "$E2E/proxy.sh" "$RUN" ours $MODE
@@ -115,6 +145,7 @@ for i in $(seq 1 $NODES); do
 done
 echo "left back $left" >> "$STEPS"; left=""
 mark end
+fi
 
 # --- count
 for p in $(kc -n $NS get pods -l app=client -o jsonpath='{.items[*].metadata.name}'); do

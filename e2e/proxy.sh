@@ -1,7 +1,8 @@
 #!/bin/bash
-# e2e/proxy.sh RUN ours|upstream MODE: deploys the proxy as a DaemonSet and
-# waits until it runs on every node.
+# e2e/proxy.sh RUN ours|upstream MODE [deploy|kubeadm]: deploys the proxy as
+# a DaemonSet and waits until it runs on every node.
 #  upstream: e2e/upstream/kube-proxy.yaml (kubeadm's shape).
+#  ours kubeadm: the same file, only the image ours (as an operator swaps it).
 #  ours:     `kubectl apply -k` of an overlay on deploy/ that does what
 #            docs/migrate-from-kube-proxy.md asks of a user: the API server
 #            address in kubeconfig.conf, the mode, and (the lab's one
@@ -13,11 +14,15 @@
 #            directory (e2e/node.sh), as the nodes share one machine.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
-RUN=$1 PROXY=$2 MODE=$3
+RUN=$1 PROXY=$2 MODE=$3 DEPLOY=${4:-deploy}
+IMAGE=registry.k8s.io/kube-proxy:v1.36.2
+if [ $PROXY = ours ] && [ $DEPLOY = kubeadm ]; then
+  PROXY=upstream IMAGE=docker.io/library/kube-proxy-rs:0.1.0
+fi
 case $PROXY in
 upstream)
   sed -e "s#@API@#$API#" -e "s#@MODE@#$MODE#" -e "s#@CLUSTER_CIDR@#$CLUSTER_CIDR#" \
-      -e "s#@IMAGE@#registry.k8s.io/kube-proxy:v1.36.2#" "$E2E/upstream/kube-proxy.yaml" > "$RUN/kube-proxy.yaml"
+      -e "s#@IMAGE@#$IMAGE#" "$E2E/upstream/kube-proxy.yaml" > "$RUN/kube-proxy.yaml"
   kc apply -f "$RUN/kube-proxy.yaml" >/dev/null
   # ours carry k8s-app=kube-proxy too (deploy/daemonset.yaml)
   DS=kube-proxy SEL='k8s-app=kube-proxy,!app.kubernetes.io/name' ;;
@@ -65,4 +70,4 @@ EOT
 esac
 kc -n kube-system rollout status ds/$DS --timeout=180s >/dev/null || {
   kc -n kube-system get pods -o wide >&2; die "DaemonSet $DS did not become ready"; }
-log "$PROXY proxy ($MODE) running on every node: $(kc -n kube-system get pods -l $SEL -o jsonpath='{range .items[*]}{.spec.nodeName} {end}')"
+log "$2 proxy ($MODE, $DEPLOY) running on every node: $(kc -n kube-system get pods -l $SEL -o jsonpath='{range .items[*]}{.spec.nodeName} {end}')"

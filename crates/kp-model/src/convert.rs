@@ -535,6 +535,22 @@ pub struct NodeDetails {
 }
 
 impl NodeDetails {
+    /// The node's primary IPs as upstream's GetNodeHostIPs picks them: the
+    /// first InternalIP (else ExternalIP) of any family, then the first
+    /// address of the other family, InternalIPs again first. Empty when the
+    /// Node has neither.
+    pub fn host_ips(&self) -> Vec<IpAddr> {
+        let mut all = self.internal_ips.iter().chain(&self.external_ips);
+        let Some(first) = all.next().copied() else {
+            return Vec::new();
+        };
+        let mut out = vec![first];
+        if let Some(other) = all.find(|ip| ip.is_ipv6() != first.is_ipv6()) {
+            out.push(*other);
+        }
+        out
+    }
+
     /// What endpoint selection needs of the node (name, zone).
     pub fn info(&self) -> NodeInfo {
         NodeInfo {

@@ -165,3 +165,40 @@ fn going_away() {
     }));
     assert!(!other_taint.to_be_deleted);
 }
+
+fn addressed(addresses: Value) -> NodeDetails {
+    convert_node(
+        &serde_json::from_value(json!({
+            "metadata": {"name": "node1"},
+            "status": {"addresses": addresses},
+        }))
+        .unwrap(),
+    )
+}
+
+/// `nodePortAddresses: primary` takes these (upstream's GetNodeHostIPs):
+/// InternalIPs before ExternalIPs, the first address of each family, the
+/// family of the first one first.
+#[test]
+fn host_ips_are_the_first_internal_then_external_address_per_family() {
+    let n = addressed(json!([
+        {"type": "Hostname", "address": "node1"},
+        {"type": "ExternalIP", "address": "203.0.113.7"},
+        {"type": "InternalIP", "address": "10.0.0.5"},
+        {"type": "InternalIP", "address": "10.0.0.6"},
+        {"type": "ExternalIP", "address": "2001:db8::7"},
+    ]));
+    assert_eq!(n.host_ips(), ips(&["10.0.0.5", "2001:db8::7"]));
+
+    let n = addressed(json!([
+        {"type": "InternalIP", "address": "fd00::5"},
+        {"type": "InternalIP", "address": "10.0.0.5"},
+    ]));
+    assert_eq!(n.host_ips(), ips(&["fd00::5", "10.0.0.5"]));
+
+    let n = addressed(json!([{"type": "ExternalIP", "address": "203.0.113.7"}]));
+    assert_eq!(n.host_ips(), ips(&["203.0.113.7"]));
+
+    let n = addressed(json!([{"type": "Hostname", "address": "node1"}]));
+    assert!(n.host_ips().is_empty());
+}

@@ -42,10 +42,28 @@ pub fn node_ref(node: &str) -> ObjectReference {
     }
 }
 
-/// Posts the start Event for `node`, retrying a few times (the API server may
-/// be briefly unreachable while the node starts). Failure is logged, never
-/// fatal: the proxy works without it.
+/// Upstream's warning that IPVS mode is deprecated (KEP-5495), logged as an
+/// error and posted as a Warning Event on the Node at every start.
+pub const IPVS_DEPRECATION_REASON: &str = "IPVSDeprecation";
+pub const IPVS_DEPRECATION_NOTE: &str =
+    "The ipvs proxier is now deprecated and may be removed in a future release. Please use 'nftables' instead.";
+
+/// Posts the start Event for `node` (events with retries: [`node_event`]).
 pub async fn birth_cry(client: kube::Client, node: String) {
+    node_event(client, node, EventType::Normal, START_REASON, START_NOTE).await
+}
+
+/// Posts an Event about the proxy's start on `node` (action
+/// [`START_ACTION`], as upstream's), retrying a few times (the API server
+/// may be briefly unreachable while the node starts). Failure is logged,
+/// never fatal: the proxy works without it.
+pub async fn node_event(
+    client: kube::Client,
+    node: String,
+    type_: EventType,
+    reason: &'static str,
+    note: &'static str,
+) {
     let recorder = Recorder::new(
         client,
         Reporter {
@@ -54,9 +72,9 @@ pub async fn birth_cry(client: kube::Client, node: String) {
         },
     );
     let ev = Event {
-        type_: EventType::Normal,
-        reason: START_REASON.into(),
-        note: Some(START_NOTE.into()),
+        type_,
+        reason: reason.into(),
+        note: Some(note.into()),
         action: START_ACTION.into(),
         secondary: None,
     };
@@ -65,15 +83,15 @@ pub async fn birth_cry(client: kube::Client, node: String) {
     for attempt in 1..=6 {
         match recorder.publish(&ev, &reference).await {
             Ok(()) => {
-                tracing::info!(node = %node, "posted the {START_REASON} event");
+                tracing::info!(node = %node, "posted the {reason} event");
                 return;
             }
             Err(e) if attempt < 6 => {
-                tracing::debug!(error = %e, attempt, "posting the start event failed; retrying");
+                tracing::debug!(error = %e, attempt, reason, "posting an event failed; retrying");
                 tokio::time::sleep(delay).await;
                 delay *= 2;
             }
-            Err(e) => tracing::warn!(error = %e, "could not post the start event"),
+            Err(e) => tracing::warn!(error = %e, reason, "could not post the event"),
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The conntrack settings (`--conntrack-*`, `conntrack.*`) as upstream's
-//! conntrack.SetSysctls (pkg/proxy/conntrack): what `--init-only` applies
-//! before the modes' own host settings. A normal start leaves them alone (see
+//! setupConntrack (cmd/kube-proxy/app/server_linux.go): applied at every
+//! start, and by `--init-only` before the modes' own host settings (see
 //! docs/migrate-from-kube-proxy.md).
 
 use std::net::IpAddr;
@@ -111,60 +111,96 @@ pub fn node_cpus() -> u64 {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u64))
 }
 
-/// Applies `s` as upstream does: nf_conntrack_max is only raised, the hash
-/// table grown to a quarter of it when smaller, the other sysctls set when
-/// they differ. Every change is logged; returns them ("name=value").
+/// What [`apply_conntrack`] did: the settings it changed ("name=value") and
+/// the ones the host refused.
+#[derive(Debug, Default)]
+pub struct Applied {
+    pub changed: Vec<String>,
+    pub refused: Vec<HostError>,
+}
+
+/// Applies `s` as upstream's setupConntrack does: nf_conntrack_max and the
+/// other sysctls set where they differ, the hash table grown to a quarter of
+/// the maximum when smaller. A refused setting does not stop the others;
+/// every change is logged.
 pub fn apply_conntrack(
     s: &ConntrackSettings,
     sysctl: &Sysctl,
     hashsize: &Path,
     cpus: u64,
-) -> Result<Vec<String>, HostError> {
-    let mut changed = Vec::new();
-    let mut note = |name: &str, value: i64| {
+) -> Applied {
+    let mut out = Applied::default();
+    let note = |out: &mut Applied, name: &str, value: i64| {
         tracing::info!(sysctl = name, value, "set");
-        changed.push(format!("{name}={value}"));
+        out.changed.push(format!("{name}={value}"));
     };
     let max = conntrack_max(s, cpus);
     if max > 0 {
         let max = i64::try_from(max).unwrap_or(i64::MAX);
         const MAX: &str = "net/netfilter/nf_conntrack_max";
-        // Never lowered: someone may have raised it for a reason.
-        if sysctl.get(MAX).map_or(true, |cur| cur < max) {
-            sysctl.set(MAX, max)?;
-            note(MAX, max);
+        match sysctl.ensure(MAX, max) {
+            Ok(true) => note(&mut out, MAX, max),
+            Ok(false) => {}
+            Err(e) => out.refused.push(e.into()),
         }
-        let path = hashsize.display().to_string();
-        let text = std::fs::read_to_string(hashsize).map_err(|source| HostError::Hashsize {
-            what: "reading",
-            path: path.clone(),
-            source,
-        })?;
-        let cur: i64 = text.trim().parse().map_err(|_| HostError::Hashsize {
-            what: "reading",
-            path: path.clone(),
-            source: std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("{:?} is not an integer", text.trim()),
-            ),
-        })?;
-        if cur < max / 4 {
-            std::fs::write(hashsize, (max / 4).to_string()).map_err(|source| {
-                HostError::Hashsize {
-                    what: "writing",
-                    path: path.clone(),
-                    source,
-                }
-            })?;
-            note(&path, max / 4);
+        match grow_hashsize(hashsize, max / 4) {
+            Ok(Some(v)) => note(&mut out, &hashsize.display().to_string(), v),
+            Ok(None) => {}
+            Err(e) => out.refused.push(e),
         }
     }
     for (name, value) in conntrack_sysctls(s) {
-        if sysctl.ensure(name, value)? {
-            note(name, value);
+        match sysctl.ensure(name, value) {
+            Ok(true) => note(&mut out, name, value),
+            Ok(false) => {}
+            Err(e) => out.refused.push(e.into()),
         }
     }
-    Ok(changed)
+    out
+}
+
+/// The conntrack hash table raised to `want` buckets when smaller (the
+/// module parameter only the initial network namespace may write, so it is
+/// written only when needed); the value written, if any.
+fn grow_hashsize(hashsize: &Path, want: i64) -> Result<Option<i64>, HostError> {
+    let path = hashsize.display().to_string();
+    let text = std::fs::read_to_string(hashsize).map_err(|source| HostError::Hashsize {
+        what: "reading",
+        path: path.clone(),
+        source,
+    })?;
+    let cur: i64 = text.trim().parse().map_err(|_| HostError::Hashsize {
+        what: "reading",
+        path: path.clone(),
+        source: std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{:?} is not an integer", text.trim()),
+        ),
+    })?;
+    if cur >= want {
+        return Ok(None);
+    }
+    std::fs::write(hashsize, want.to_string()).map_err(|source| HostError::Hashsize {
+        what: "writing",
+        path,
+        source,
+    })?;
+    Ok(Some(want))
+}
+
+/// At every start, as upstream's process: the conntrack settings. Where the
+/// host refuses one (a read-only /proc/sys in a least-privilege container,
+/// whose init container set them; a namespace that may not write the
+/// machine-wide maximum), it is said once and the proxy goes on.
+pub fn conntrack_at_start(cfg: &ProxyConfig) {
+    let sysctl = kp_netlink::Sysctl::new();
+    let a = apply_conntrack(&cfg.conntrack, &sysctl, Path::new(HASHSIZE), node_cpus());
+    for e in &a.refused {
+        tracing::warn!(
+            error = %e,
+            "could not apply a conntrack setting (--conntrack-*); going on without it"
+        );
+    }
 }
 
 /// --init-only, as upstream: other modes' leftovers go (its Run cleans up
@@ -178,8 +214,11 @@ pub fn init_only(cfg: &ProxyConfig) -> anyhow::Result<()> {
     crate::modes::remove_leftovers(crate::modes::Scope::StartingIn(cfg.mode), cfg)
         .log("removing other modes' leftovers");
     let sysctl = kp_netlink::Sysctl::new();
-    let mut changed = apply_conntrack(&cfg.conntrack, &sysctl, Path::new(HASHSIZE), node_cpus())
-        .context("setting the conntrack sysctls")?;
+    let applied = apply_conntrack(&cfg.conntrack, &sysctl, Path::new(HASHSIZE), node_cpus());
+    if let Some(e) = applied.refused.into_iter().next() {
+        return Err(e).context("setting the conntrack sysctls");
+    }
+    let mut changed = applied.changed;
     changed.extend(crate::modes::init_host(cfg, &sysctl)?);
     tracing::info!(
         changed = ?changed,
@@ -290,7 +329,7 @@ mod tests {
         let hashsize = root.join("hashsize");
         std::fs::write(&hashsize, "16384\n").unwrap();
         let sysctl = Sysctl::with_root(&root);
-        let got = apply_conntrack(&settings(), &sysctl, &hashsize, 2).unwrap();
+        let got = apply_conntrack(&settings(), &sysctl, &hashsize, 2).changed;
         assert_eq!(
             got,
             [
@@ -303,22 +342,35 @@ mod tests {
             sysctl.get("net/netfilter/nf_conntrack_max").unwrap(),
             131072
         );
-        // A second run (the main container after --init-only) writes nothing;
-        // a larger maximum is never lowered.
+        // A second run (the main container after --init-only) writes nothing.
+        let again = apply_conntrack(&settings(), &sysctl, &hashsize, 2);
+        assert!(again.changed.is_empty() && again.refused.is_empty());
+        // A different maximum is set as upstream sets it, lower too; the
+        // hash table only grows.
         std::fs::write(nf.join("nf_conntrack_max"), "262144").unwrap();
-        assert!(apply_conntrack(&settings(), &sysctl, &hashsize, 2)
-            .unwrap()
-            .is_empty());
+        std::fs::write(&hashsize, "65536\n").unwrap();
+        assert_eq!(
+            apply_conntrack(&settings(), &sysctl, &hashsize, 2).changed,
+            ["net/netfilter/nf_conntrack_max=131072"]
+        );
         assert_eq!(
             sysctl.get("net/netfilter/nf_conntrack_max").unwrap(),
-            262144
+            131072
         );
-        // Without the hash table parameter the maximum cannot be applied.
+        // Without the hash table parameter the rest still applies, and the
+        // refusal is reported.
         std::fs::remove_file(&hashsize).unwrap();
-        assert!(matches!(
-            apply_conntrack(&settings(), &sysctl, &hashsize, 2),
-            Err(HostError::Hashsize { .. })
-        ));
+        std::fs::write(nf.join("nf_conntrack_tcp_timeout_close_wait"), "60").unwrap();
+        let a = apply_conntrack(&settings(), &sysctl, &hashsize, 2);
+        assert!(
+            matches!(a.refused[..], [HostError::Hashsize { .. }]),
+            "{:?}",
+            a.refused
+        );
+        assert_eq!(
+            a.changed,
+            ["net/netfilter/nf_conntrack_tcp_timeout_close_wait=3600"]
+        );
         let _ = std::fs::remove_dir_all(&root);
     }
 }

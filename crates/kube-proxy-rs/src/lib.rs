@@ -8,6 +8,7 @@
 
 pub mod apiclient;
 pub mod config;
+pub mod configwatch;
 pub mod debug;
 pub mod docgen;
 pub mod dryrun;

@@ -23,9 +23,9 @@ use kube_proxy_rs::debug::DebugState;
 use kube_proxy_rs::healthcheck::ServiceHealthServer;
 use kube_proxy_rs::metrics::Metrics;
 use kube_proxy_rs::modes::{self, FAMILIES};
-use kube_proxy_rs::nodecidr::{self, PodCidrWatch};
+use kube_proxy_rs::nodecidr::{self, HostIpsWatch, PodCidrWatch};
 use kube_proxy_rs::server::{self, HealthState};
-use kube_proxy_rs::{dryrun, events, host, source};
+use kube_proxy_rs::{configwatch, dryrun, events, host, source};
 
 // mimalloc instead of glibc malloc: at 10k-50k Services a sync allocates and
 // frees millions of small strings, and glibc's chunk consolidation was the
@@ -99,9 +99,12 @@ fn main() {
 
 fn init_logging(cfg: &ProxyConfig) {
     kube_proxy_rs::logging::init(cfg.verbosity, cfg.log_json);
+    for w in &cfg.load_warnings {
+        tracing::warn!("{w}");
+    }
 }
 
-fn run(cfg: ProxyConfig) -> Result<()> {
+fn run(mut cfg: ProxyConfig) -> Result<()> {
     if let Some(path) = &cfg.write_config_to {
         cfg.write_config(path)?;
         tracing::info!(path = %path.display(), "wrote the configuration");
@@ -127,10 +130,29 @@ fn run(cfg: ProxyConfig) -> Result<()> {
     // Upstream waits for the podCIDRs before it builds the proxier: the rules
     // that tell local traffic apart are written with them.
     let pod_cidrs = if cfg.detect_local_mode == DetectLocalMode::NodeCidr && !cfg.cleanup {
-        Some(rt.block_on(nodecidr::wait_for_node(&cfg))?)
+        Some(rt.block_on(nodecidr::wait_for_node_pod_cidrs(&cfg))?)
     } else {
         None
     };
+    let host_ips_watch = if cfg.nodeport_primary && !cfg.cleanup {
+        let ips = rt.block_on(primary_ips(&cfg))?;
+        cfg.node_primary_ips = with_bind_address(&ips, cfg.bind_address);
+        tracing::info!(node_ips = ?cfg.node_primary_ips, "NodePorts are accepted on this node's primary IPs (nodePortAddresses primary)");
+        // Nothing to compare with when no Node said (manifests without one).
+        (!ips.is_empty()).then(|| HostIpsWatch::new(&cfg.hostname, &ips))
+    } else {
+        None
+    };
+    match cfg.mode {
+        ProxyMode::Ipvs => {
+            tracing::info!("Using ipvs Proxier");
+            tracing::error!("{}", events::IPVS_DEPRECATION_NOTE);
+        }
+        m => tracing::info!("Using {m} Proxier"),
+    }
+    if !cfg.dry_run && !cfg.cleanup {
+        host::conntrack_at_start(&cfg);
+    }
     if !cfg.dry_run && !cfg.cleanup {
         // Like upstream on a mode switch: the other modes' rules (and
         // upstream kube-proxy's) would otherwise keep steering traffic.
@@ -152,17 +174,18 @@ fn run(cfg: ProxyConfig) -> Result<()> {
         dataplanes.push(modes::make_dataplane(&cfg, f, &node_ips, cidrs, &metrics)?);
     }
     if cfg.cleanup {
-        // The configured mode's own objects, then every mode's, ours and
-        // upstream kube-proxy's (each mode's sweep in modes/).
-        let mut failed = Vec::new();
+        // Every mode's objects, ours and upstream kube-proxy's (each mode's
+        // sweep in modes/), then whatever the configured mode's own cleanup
+        // still finds. In that order: upstream's ipvs leftovers jump to
+        // chains iptables mode owns too, which could not go first.
+        let out = modes::remove_leftovers(modes::Scope::Everything, &cfg);
+        out.log("cleanup");
+        let mut failed = out.failed.clone();
         for dp in &mut dataplanes {
             if let Err(e) = dp.cleanup() {
                 failed.push(format!("{} mode: {e}", dp.mode()));
             }
         }
-        let out = modes::remove_leftovers(modes::Scope::Everything, &cfg);
-        out.log("cleanup");
-        failed.extend(out.failed);
         if !failed.is_empty() {
             bail!("cleanup failed: {}", failed.join("; "));
         }
@@ -174,15 +197,69 @@ fn run(cfg: ProxyConfig) -> Result<()> {
         .iter()
         .map(|f| cfg.proxier_config(*f, &node_ips, cidrs))
         .collect();
-    let watch = pod_cidrs.map(|p| PodCidrWatch::new(&cfg.hostname, &p));
+    let watch = NodeWatch {
+        pod_cidrs: pod_cidrs.map(|p| PodCidrWatch::new(&cfg.hostname, &p)),
+        host_ips: host_ips_watch,
+    };
     rt.block_on(serve(cfg, dataplanes, metrics, watch, proxier_configs))
+}
+
+/// This node's primary IPs for `nodePortAddresses: primary`: from the API
+/// server, waited for as upstream's NodeManager waits (up to 5 minutes, then
+/// the start fails); from a manifest directory, its Node if it has one, else
+/// none (so every local address, as upstream's loopback fallback gives).
+async fn primary_ips(cfg: &ProxyConfig) -> Result<Vec<IpAddr>> {
+    if let Some(dir) = &cfg.manifests {
+        let node = kp_source::load_dir(dir)
+            .ok()
+            .and_then(|l| l.nodes.get(&cfg.hostname).cloned());
+        let ips = node.map_or_else(Vec::new, |n| kp_model::convert_node(&n).host_ips());
+        if ips.is_empty() {
+            tracing::warn!(node = %cfg.hostname, dir = %dir.display(), "no Node with an address in the manifests: NodePorts are accepted on every local IP");
+        }
+        return Ok(ips);
+    }
+    nodecidr::wait_for_node(cfg, &nodecidr::HOST_IPS).await
+}
+
+/// Upstream's detectNodeIPs: a --bind-address that is not 0.0.0.0 or ::
+/// replaces the Node's IP of its family.
+fn with_bind_address(ips: &[IpAddr], bind: IpAddr) -> Vec<IpAddr> {
+    if bind.is_unspecified() {
+        return ips.to_vec();
+    }
+    let mut out: Vec<IpAddr> = ips
+        .iter()
+        .filter(|ip| ip.is_ipv4() != bind.is_ipv4())
+        .copied()
+        .collect();
+    out.insert(0, bind);
+    out
+}
+
+/// What of this Node the rules were built with; a change exits, as upstream.
+struct NodeWatch {
+    pod_cidrs: Option<PodCidrWatch>,
+    host_ips: Option<HostIpsWatch>,
+}
+
+impl NodeWatch {
+    fn check(&self, n: &k8s_openapi::api::core::v1::Node) -> Result<()> {
+        if let Some(w) = &self.pod_cidrs {
+            w.check(n)?;
+        }
+        if let Some(w) = &self.host_ips {
+            w.check(n)?;
+        }
+        Ok(())
+    }
 }
 
 async fn serve(
     cfg: ProxyConfig,
     dataplanes: Vec<Box<dyn Dataplane>>,
     metrics: Metrics,
-    pod_cidr_watch: Option<PodCidrWatch>,
+    node_watch: NodeWatch,
     proxier_configs: Vec<ProxierConfig>,
 ) -> Result<()> {
     // Refused address claims: counted by the sync loop, posted as Events on
@@ -276,15 +353,24 @@ async fn serve(
     tracing::info!(mode = cfg.mode.as_str(), node = %cfg.hostname, "kube-proxy-rs started");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
+    let config_changed = async {
+        match (&cfg.config_file, cfg.config_file_digest) {
+            (Some(path), Some(d)) => configwatch::changed(path.clone(), d).await,
+            _ => std::future::pending().await,
+        }
+    };
+    tokio::pin!(config_changed);
     loop {
         tokio::select! {
+            // The rules stay, as on any exit: the restart takes them over.
+            changed = &mut config_changed => return Err(changed.into()),
             ev = rx.recv() => match ev {
                 Some(ev) => {
                     // The local-traffic rules hold the podCIDRs we started
                     // with: like upstream, exit (the rules stay) and let the
                     // restart use the new ones.
-                    if let (SourceEvent::NodeApplied(n), Some(w)) = (&ev, &pod_cidr_watch) {
-                        w.check(n)?;
+                    if let SourceEvent::NodeApplied(n) = &ev {
+                        node_watch.check(n)?;
                     }
                     forward(&std_tx, ev).await?;
                 }

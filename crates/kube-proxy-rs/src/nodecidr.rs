@@ -5,6 +5,7 @@
 //! that the restarted proxy (the DaemonSet restarts it) uses the new ones.
 
 use std::future::Future;
+use std::net::IpAddr;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
@@ -23,12 +24,13 @@ const LOG_EVERY: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeCidrError {
-    #[error(
-        "--detect-local-mode=NodeCIDR: gave up after {waited:?} waiting for Node {node}'s \
-         podCIDRs: {reason}"
-    )]
+    #[error("{why}: gave up after {waited:?} waiting for Node {node}'s {what}: {reason}")]
     Timeout {
+        /// The setting that needs it ("--detect-local-mode=NodeCIDR").
+        why: &'static str,
         node: String,
+        /// What was waited for ("podCIDRs").
+        what: &'static str,
         waited: Duration,
         reason: String,
     },
@@ -41,17 +43,56 @@ pub enum NodeCidrError {
         old: Vec<String>,
         new: Vec<String>,
     },
+    #[error(
+        "nodePortAddresses primary: Node {node}'s IPs changed from {old:?} to {new:?}; \
+         exiting so that the restarted proxy accepts NodePorts on the new ones"
+    )]
+    IpsChanged {
+        node: String,
+        old: Vec<IpAddr>,
+        new: Vec<IpAddr>,
+    },
 }
+
+/// What [`wait_for_node`] waits for: which setting needs it, what it is,
+/// the Node field that lacks it, and how to take it from a Node (None:
+/// not there yet).
+pub struct Wanted<T> {
+    pub why: &'static str,
+    pub what: &'static str,
+    pub missing: &'static str,
+    pub take: fn(&Node) -> Option<T>,
+}
+
+/// spec.podCIDRs, for NodeCIDR mode. Upstream accepts any non-empty
+/// spec.podCIDRs; entries that do not parse only lose local-traffic
+/// detection for their family.
+pub const POD_CIDRS: Wanted<PodCidrs> = Wanted {
+    why: "--detect-local-mode=NodeCIDR",
+    what: "podCIDRs",
+    missing: "spec.podCIDRs",
+    take: |n| Some(convert_node(n).pod_cidrs).filter(|c| !c.raw.is_empty()),
+};
+
+/// The primary IPs (upstream's GetNodeHostIPs), for `nodePortAddresses:
+/// primary`.
+pub const HOST_IPS: Wanted<Vec<IpAddr>> = Wanted {
+    why: "nodePortAddresses primary",
+    what: "IPs",
+    missing: "InternalIP or ExternalIP address",
+    take: |n| Some(convert_node(n).host_ips()).filter(|ips| !ips.is_empty()),
+};
 
 /// Calls `fetch` (this node's Node: `Ok(None)` when it does not exist, `Err`
 /// with a reason when it could not be read) every `poll` until the Node has
-/// podCIDRs, logging why it waits; fails after `timeout`.
-pub async fn wait_for_pod_cidrs<F, Fut>(
+/// what `want` takes, logging why it waits; fails after `timeout`.
+pub async fn wait_for<F, Fut, T>(
     node: &str,
+    want: &Wanted<T>,
     mut fetch: F,
     poll: Duration,
     timeout: Duration,
-) -> Result<PodCidrs, NodeCidrError>
+) -> Result<T, NodeCidrError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Option<Node>, String>>,
@@ -60,15 +101,10 @@ where
     let mut logged: Option<Instant> = None;
     loop {
         let reason = match tokio::time::timeout(FETCH_TIMEOUT, fetch()).await {
-            // Upstream accepts any non-empty spec.podCIDRs; entries that do
-            // not parse only lose local-traffic detection for their family.
-            Ok(Ok(Some(n))) => {
-                let cidrs = convert_node(&n).pod_cidrs;
-                if !cidrs.raw.is_empty() {
-                    return Ok(cidrs);
-                }
-                format!("Node {node} has no spec.podCIDRs yet")
-            }
+            Ok(Ok(Some(n))) => match (want.take)(&n) {
+                Some(got) => return Ok(got),
+                None => format!("Node {node} has no {} yet", want.missing),
+            },
             Ok(Ok(None)) => format!("Node {node} does not exist"),
             Ok(Err(e)) => e,
             Err(_) => format!("no answer within {FETCH_TIMEOUT:?}"),
@@ -76,7 +112,9 @@ where
         let waited = start.elapsed();
         if waited >= timeout {
             return Err(NodeCidrError::Timeout {
+                why: want.why,
                 node: node.to_string(),
+                what: want.what,
                 waited,
                 reason,
             });
@@ -86,11 +124,61 @@ where
                 node,
                 %reason,
                 waited_s = waited.as_secs(),
-                "waiting for this node's podCIDRs (--detect-local-mode=NodeCIDR)"
+                "waiting for this node's {} ({})", want.what, want.why
             );
             logged = Some(Instant::now());
         }
         tokio::time::sleep(poll).await;
+    }
+}
+
+/// [`wait_for`] podCIDRs.
+pub async fn wait_for_pod_cidrs<F, Fut>(
+    node: &str,
+    fetch: F,
+    poll: Duration,
+    timeout: Duration,
+) -> Result<PodCidrs, NodeCidrError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<Node>, String>>,
+{
+    wait_for(node, &POD_CIDRS, fetch, poll, timeout).await
+}
+
+/// The primary IPs the dataplanes were built with (`nodePortAddresses:
+/// primary`): like upstream's NodeManager, a change exits the proxy so that
+/// its restart uses the new ones.
+#[derive(Clone, Debug)]
+pub struct HostIpsWatch {
+    node: String,
+    ips: Vec<IpAddr>,
+}
+
+impl HostIpsWatch {
+    pub fn new(node: &str, started_with: &[IpAddr]) -> Self {
+        HostIpsWatch {
+            node: node.to_string(),
+            ips: started_with.to_vec(),
+        }
+    }
+
+    /// `Err` when `n` is this node and its primary IPs differ from the ones
+    /// we started with; other Nodes are not ours, and a Node that lists no
+    /// address at all is not acted on (upstream logs and keeps going).
+    pub fn check(&self, n: &Node) -> Result<(), NodeCidrError> {
+        if n.metadata.name.as_deref() != Some(self.node.as_str()) {
+            return Ok(());
+        }
+        let now = convert_node(n).host_ips();
+        if now.is_empty() || now == self.ips {
+            return Ok(());
+        }
+        Err(NodeCidrError::IpsChanged {
+            node: self.node.clone(),
+            old: self.ips.clone(),
+            new: now,
+        })
     }
 }
 
@@ -128,20 +216,23 @@ impl PodCidrWatch {
     }
 }
 
-/// NodeCIDR mode: this node's podCIDRs, from its Node in the manifest
-/// directory or (listed, as the watcher does) from the API server; waits for
-/// them as upstream does.
-pub async fn wait_for_node(cfg: &crate::config::ProxyConfig) -> anyhow::Result<PodCidrs> {
+/// What `want` takes from this node's Node, from the manifest directory or
+/// (listed, as the watcher does) from the API server; waited for as
+/// upstream's NodeManager waits.
+pub async fn wait_for_node<T>(
+    cfg: &crate::config::ProxyConfig,
+    want: &Wanted<T>,
+) -> anyhow::Result<T> {
     let node = cfg.hostname.clone();
     let (poll, timeout) = (POLL_INTERVAL, WAIT_TIMEOUT);
-    let cidrs = if let Some(dir) = cfg.manifests.clone() {
+    Ok(if let Some(dir) = cfg.manifests.clone() {
         let fetch = || {
             let got = kp_source::load_dir(&dir)
                 .map(|l| l.nodes.get(&node).cloned())
                 .map_err(|e| e.to_string());
             std::future::ready(got)
         };
-        wait_for_pod_cidrs(&node, fetch, poll, timeout).await?
+        wait_for(&node, want, fetch, poll, timeout).await?
     } else {
         let client = crate::source::kube_client(cfg).await?;
         let fetch = || {
@@ -152,8 +243,14 @@ pub async fn wait_for_node(cfg: &crate::config::ProxyConfig) -> anyhow::Result<P
                     .map_err(|e| e.to_string())
             }
         };
-        wait_for_pod_cidrs(&node, fetch, poll, timeout).await?
-    };
+        wait_for(&node, want, fetch, poll, timeout).await?
+    })
+}
+
+/// NodeCIDR mode: this node's podCIDRs ([`wait_for_node`]), logged.
+pub async fn wait_for_node_pod_cidrs(cfg: &crate::config::ProxyConfig) -> anyhow::Result<PodCidrs> {
+    let node = cfg.hostname.clone();
+    let cidrs = wait_for_node(cfg, &POD_CIDRS).await?;
     for bad in &cidrs.invalid {
         tracing::warn!(node = %node, cidr = %bad, "ignoring a podCIDR that is not a CIDR");
     }

@@ -58,6 +58,15 @@ pub async fn start_source(
                 client.clone(),
                 cfg.hostname.clone(),
             ));
+            if cfg.mode == crate::config::ProxyMode::Ipvs {
+                tokio::spawn(crate::events::node_event(
+                    client.clone(),
+                    cfg.hostname.clone(),
+                    kube::runtime::events::EventType::Warning,
+                    crate::events::IPVS_DEPRECATION_REASON,
+                    crate::events::IPVS_DEPRECATION_NOTE,
+                ));
+            }
             tokio::spawn(crate::events::post_claim_events(
                 client.clone(),
                 cfg.hostname.clone(),

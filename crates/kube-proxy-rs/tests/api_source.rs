@@ -89,6 +89,14 @@ fn binary_follows_the_api_server() {
     let srv = srv_rx.recv().unwrap();
     srv.apply_service(service("10.96.7.7"));
     srv.apply_endpoint_slice(slice(&["10.244.1.2"]));
+    // nftables mode's NodePorts wait for this node's primary IP, as upstream's.
+    srv.apply_node(
+        serde_json::from_value(json!({
+            "metadata": {"name": "node1"},
+            "status": {"addresses": [{"type": "InternalIP", "address": "10.100.0.11"}]}
+        }))
+        .unwrap(),
+    );
     let kubeconfig: PathBuf = std::env::temp_dir().join(format!("{ns}-kubeconfig"));
     srv.write_kubeconfig(&kubeconfig).unwrap();
     let log = std::env::temp_dir().join(format!("{ns}.log"));
@@ -96,6 +104,7 @@ fn binary_follows_the_api_server() {
         .args(["netns", "exec", &ns, env!("CARGO_BIN_EXE_kube-proxy-rs")])
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
         .args([
+            "--proxy-mode=nftables",
             "--hostname-override=node1",
             "--iptables-min-sync-period=100ms",
             "--healthz-bind-address=127.0.0.1:10256",
@@ -299,7 +308,8 @@ fn node_cidr_pod_cidrs_come_from_the_api() {
     srv.apply_node(
         serde_json::from_value(json!({
             "metadata": {"name": "node1"},
-            "spec": {"podCIDR": "10.244.1.0/24", "podCIDRs": ["10.244.1.0/24"]}
+            "spec": {"podCIDR": "10.244.1.0/24", "podCIDRs": ["10.244.1.0/24"]},
+            "status": {"addresses": [{"type": "InternalIP", "address": "10.100.0.11"}]}
         }))
         .unwrap(),
     );
@@ -309,6 +319,7 @@ fn node_cidr_pod_cidrs_come_from_the_api() {
     srv.write_kubeconfig(&kubeconfig.0).unwrap();
     let out = run_to_exit(&[
         format!("--kubeconfig={}", kubeconfig.0.display()),
+        "--proxy-mode=nftables".to_string(),
         "--hostname-override=node1".to_string(),
         "--detect-local-mode=NodeCIDR".to_string(),
         "--dry-run".to_string(),

@@ -332,6 +332,7 @@ fn start_with_one_service(ns: &Ns) -> Running {
         .args(["netns", "exec", &ns.0, binary()])
         .arg(format!("--manifests={}", dir.display()))
         .args([
+            "--proxy-mode=nftables",
             "--hostname-override=node1",
             "--healthz-bind-address=127.0.0.1:10256",
             "--metrics-bind-address=127.0.0.1:10249",
@@ -476,7 +477,14 @@ add chain ip kube-proxy nat-prerouting { type nat hook prerouting priority -100 
 add table ip6 kube-proxy
 ",
     );
-    let o = ns.run(&[binary(), "--init-only", "--hostname-override=node1"]);
+    let o = ns.run(&[
+        binary(),
+        "--init-only",
+        "--proxy-mode=nftables",
+        "--hostname-override=node1",
+        // The machine-wide table size: not this namespace's to set.
+        "--conntrack-max-per-core=0",
+    ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let nft = ns.ok(&["nft", "list", "tables"]);
     assert!(

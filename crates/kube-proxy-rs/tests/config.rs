@@ -132,7 +132,8 @@ winkernel:
 #[test]
 fn defaults_match_upstream() {
     let c = load(args(&["--hostname-override", "Node-A "])).unwrap();
-    assert_eq!(c.mode, ProxyMode::Nftables);
+    // Upstream's default on Linux.
+    assert_eq!(c.mode, ProxyMode::Iptables);
     assert_eq!(c.hostname, "node-a");
     assert_eq!(c.bind_address, "0.0.0.0".parse::<IpAddr>().unwrap());
     assert_eq!(
@@ -146,7 +147,11 @@ fn defaults_match_upstream() {
     assert!(c.cluster_cidrs.is_empty());
     assert_eq!(c.detect_local_mode, DetectLocalMode::ClusterCidr);
     assert!(c.nodeport_addresses.is_empty());
-    assert!(c.nodeport_primary, "nftables mode defaults to primary");
+    assert!(
+        !c.nodeport_primary,
+        "iptables mode: every local IP when unset"
+    );
+    assert!(c.load_warnings.is_empty());
     assert!(!c.masquerade_all);
     assert_eq!(c.masquerade_bit, 14);
     assert_eq!(c.sync_period, Duration::from_secs(30));
@@ -210,7 +215,10 @@ fn iptables_mode_serves_nodeports_on_all_addresses() {
 #[test]
 fn kubeadm_configmap_loads() {
     let c = load_file("kubeadm", KUBEADM_CONFIG, &["--hostname-override", "n1"]).unwrap();
-    assert_eq!(c.mode, ProxyMode::Nftables);
+    // `mode: ""` is upstream's platform default: iptables.
+    assert_eq!(c.mode, ProxyMode::Iptables);
+    assert!(!c.nodeport_primary);
+    assert!(c.load_warnings.is_empty(), "{:?}", c.load_warnings);
     assert_eq!(
         c.kubeconfig,
         Some(PathBuf::from("/var/lib/kube-proxy/kubeconfig.conf"))
@@ -287,7 +295,9 @@ featureGates:
     assert_eq!(c.verbosity, 3);
     assert_eq!(c.feature_gates.get("SomeGate"), Some(&true));
 
-    // Given flags override; the others leave the file alone.
+    // With --config, upstream takes everything from the file but its logging
+    // flags and --hostname-override: the other flags given are ignored, and
+    // named in a warning.
     let c = load_file(
         "given",
         yaml,
@@ -304,23 +314,90 @@ featureGates:
             "text",
             "--iptables-min-sync-period",
             "500ms",
+            "--hostname-override",
+            "From-Flag",
+            "--feature-gates",
+            "SomeGate=false",
+            "--metrics-bind-address",
+            "",
         ],
     )
     .unwrap();
-    assert_eq!(c.mode, ProxyMode::Nftables);
-    assert_eq!(c.cluster_cidrs, vec![net("10.2.0.0/16")]);
-    assert_eq!(c.masquerade_bit, 5);
-    assert!(!c.masquerade_all);
-    assert_eq!(c.min_sync_period, Duration::from_millis(500));
-    // nftables mode falls back to the file's iptables syncPeriod.
+    assert_eq!(c.mode, ProxyMode::Iptables);
+    assert_eq!(c.cluster_cidrs, vec![net("10.1.0.0/16")]);
+    assert_eq!(c.masquerade_bit, 12);
+    assert!(c.masquerade_all);
+    assert_eq!(c.min_sync_period, Duration::from_secs(2));
     assert_eq!(c.sync_period, Duration::from_secs(10));
-    assert_eq!(c.verbosity, 5);
-    assert!(!c.log_json);
-    assert_eq!(c.hostname, "from-file");
+    assert_eq!(c.feature_gates.get("SomeGate"), Some(&true));
     assert_eq!(
         c.metrics_bind_address,
-        Some("0.0.0.0:10249".parse::<SocketAddr>().unwrap())
+        Some("0.0.0.0:10249".parse::<SocketAddr>().unwrap()),
+        "an empty --metrics-bind-address does not disable the file's"
     );
+    // These apply over the file.
+    assert_eq!(c.verbosity, 5);
+    assert!(!c.log_json);
+    assert_eq!(c.hostname, "from-flag");
+    assert_eq!(c.load_warnings.len(), 1, "{:?}", c.load_warnings);
+    // The list after the explanation.
+    let w = c.load_warnings[0].rsplit(": ").next().unwrap();
+    for ignored in [
+        "--cluster-cidr",
+        "--iptables-masquerade-bit",
+        "--masquerade-all",
+        "--proxy-mode",
+        "--iptables-min-sync-period",
+        "--feature-gates",
+        "--metrics-bind-address",
+    ] {
+        assert!(w.contains(ignored), "{ignored} missing from {w:?}");
+    }
+    for applied in ["--hostname-override", "--log-format", "--verbosity"] {
+        assert!(!w.contains(applied), "{applied} named in {w:?}");
+    }
+}
+
+/// Upstream's deprecated --healthz-port and --metrics-port, without a file:
+/// 0 disables the server, another port only completes an address that has
+/// none.
+#[test]
+fn deprecated_port_flags() {
+    let c = load(args(&["--hostname-override", "n", "--healthz-port", "0"])).unwrap();
+    assert_eq!(c.healthz_bind_address, None);
+    assert!(c.metrics_bind_address.is_some());
+    let c = load(args(&["--hostname-override", "n", "--metrics-port=0"])).unwrap();
+    assert_eq!(c.metrics_bind_address, None);
+    let c = load(args(&[
+        "--hostname-override",
+        "n",
+        "--healthz-port=12345",
+        "--metrics-bind-address=127.0.0.1",
+        "--metrics-port=23456",
+    ]))
+    .unwrap();
+    assert_eq!(
+        c.healthz_bind_address,
+        Some("0.0.0.0:10256".parse::<SocketAddr>().unwrap()),
+        "the default address has a port already"
+    );
+    assert_eq!(
+        c.metrics_bind_address,
+        Some("127.0.0.1:23456".parse::<SocketAddr>().unwrap())
+    );
+    // The other flags upstream accepts for its logging are taken.
+    load(args(&[
+        "--hostname-override",
+        "n",
+        "--log-text-split-stream",
+        "--log-json-split-stream=false",
+        "--log-text-info-buffer-size=1Mi",
+        "--log-json-info-buffer-size=0",
+        "--boot-id-file=/proc/sys/kernel/random/boot_id",
+        "--machine-id-file=/etc/machine-id",
+        "--log-flush-frequency=5s",
+    ]))
+    .unwrap();
 }
 
 fn expect_invalid(tag: &str, yaml_body: &str, needles: &[&str]) {
@@ -334,18 +411,27 @@ fn expect_invalid(tag: &str, yaml_body: &str, needles: &[&str]) {
     }
 }
 
+/// As upstream (strict, then lenient decoding): unknown fields are left out
+/// and named in a warning; the rest of the file applies.
 #[test]
-fn unknown_fields_are_errors_naming_the_field() {
-    expect_invalid("unk1", "bogusField: 1\n", &["bogusField"]);
+fn unknown_fields_are_left_out_with_a_warning_naming_them() {
+    let yaml = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
+                bogusField: 1\nmode: nftables\niptables:\n  fooBar: true\n  masqueradeBit: 9\n\
+                conntrack:\n  maxPerCore: 1\n  tcpTimeout: 1s\n";
+    let c = load_file("unk", yaml, &["--hostname-override", "n"]).unwrap();
+    assert_eq!(c.mode, ProxyMode::Nftables);
+    assert_eq!(c.masquerade_bit, 9);
+    assert_eq!(c.conntrack.max_per_core, 1);
+    let all = c.load_warnings.join("\n");
+    for f in ["bogusField", "iptables.fooBar", "conntrack.tcpTimeout"] {
+        assert!(all.contains(f), "{f} not named in {all:?}");
+    }
+    assert_eq!(c.load_warnings.len(), 3, "{all}");
+    // A value of the wrong type is still an error, naming its field.
     expect_invalid(
-        "unk2",
-        "iptables:\n  fooBar: true\n",
-        &["iptables", "fooBar"],
-    );
-    expect_invalid(
-        "unk3",
-        "conntrack:\n  maxPerCore: 1\n  tcpTimeout: 1s\n",
-        &["conntrack", "tcpTimeout"],
+        "unk4",
+        "bogusField: 1\niptables:\n  masqueradeBit: lots\n",
+        &["iptables.masqueradeBit"],
     );
 }
 
@@ -636,7 +722,9 @@ fn local_detector_modes() {
 
 #[test]
 fn nodeport_addresses_per_family() {
-    let c = load(args(&[
+    let mut c = load(args(&[
+        "--proxy-mode",
+        "nftables",
         "--nodeport-addresses",
         "primary,10.0.0.0/8",
         "--hostname-override",
@@ -645,13 +733,22 @@ fn nodeport_addresses_per_family() {
     .unwrap();
     assert!(c.nodeport_primary);
     assert_eq!(c.nodeport_addresses, vec![net("10.0.0.0/8")]);
-    let ips: Vec<IpAddr> = vec!["172.16.0.5".parse().unwrap(), "fd00::5".parse().unwrap()];
+    // The host's addresses (a bridge, a VIP beside the node's own) are not
+    // the Node's primary IPs: only the latter take NodePorts.
+    let ips: Vec<IpAddr> = vec![
+        "172.16.0.5".parse().unwrap(),
+        "172.17.0.1".parse().unwrap(),
+        "fd00::5".parse().unwrap(),
+    ];
+    let pc = c.proxier_config(IpFamily::V4, &ips, &[]);
+    assert_eq!(pc.nodeport_addresses, vec![net("10.0.0.0/8")]);
+    c.node_primary_ips = vec![ips[0], ips[2]];
     let pc = c.proxier_config(IpFamily::V4, &ips, &[]);
     assert_eq!(
         pc.nodeport_addresses,
         vec![net("10.0.0.0/8"), net("172.16.0.5/32")]
     );
-    assert_eq!(pc.node_ips, vec![ips[0]]);
+    assert_eq!(pc.node_ips, vec![ips[0], ips[1]]);
     assert_eq!(pc.masquerade_bit, 14);
     assert!(
         !pc.localhost_nodeports,
@@ -659,6 +756,10 @@ fn nodeport_addresses_per_family() {
     );
     let pc6 = c.proxier_config(IpFamily::V6, &ips, &[]);
     assert_eq!(pc6.nodeport_addresses, vec![net("fd00::5/128")]);
+    // A loopback primary IP (upstream's fallback when no Node IP is known)
+    // is left out: every local address, as upstream.
+    c.node_primary_ips = vec!["::1".parse().unwrap()];
+    assert!(c.nodeport_addresses_for(IpFamily::V6).is_empty());
 
     let c = load(args(&[
         "--nodeport-addresses",
@@ -667,7 +768,7 @@ fn nodeport_addresses_per_family() {
         "n",
     ]))
     .unwrap();
-    assert!(c.nodeport_addresses_for(IpFamily::V4, &ips).is_empty());
+    assert!(c.nodeport_addresses_for(IpFamily::V4).is_empty());
     let c = load(args(&[
         "--nodeport-addresses",
         "10.0.0.0/8",
@@ -678,7 +779,7 @@ fn nodeport_addresses_per_family() {
     ]))
     .unwrap();
     // No CIDR of the family means every address, as upstream.
-    assert!(c.nodeport_addresses_for(IpFamily::V6, &ips).is_empty());
+    assert!(c.nodeport_addresses_for(IpFamily::V6).is_empty());
     assert!(
         c.proxier_config(IpFamily::V4, &ips, &[])
             .localhost_nodeports
@@ -726,6 +827,8 @@ fn write_config_round_trips() {
     let mut second = load(args(&["--config", out.to_str().unwrap()])).unwrap();
     assert_eq!(second.config_file.as_deref(), Some(out.as_path()));
     second.config_file = None;
+    assert!(second.config_file_digest.is_some());
+    second.config_file_digest = None;
     let mut first = first;
     first.write_config_to = None;
     assert_eq!(first, second);
@@ -798,14 +901,19 @@ fn refusals_named_in_the_migration_guide() {
     ] {
         assert!(load(args(&bad)).is_err(), "{bad:?} was accepted");
     }
-    let r = load_file(
+    // A misspelt field is no refusal (upstream reads leniently) but is named.
+    let c = load_file(
         "refusals",
         "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\niptables:\n  masqueradBit: 14\n",
         &[],
-    );
+    )
+    .unwrap();
     assert!(
-        r.unwrap_err().to_string().contains("masqueradBit"),
-        "the error names the field"
+        c.load_warnings
+            .iter()
+            .any(|w| w.contains("iptables.masqueradBit")),
+        "the warning names the field: {:?}",
+        c.load_warnings
     );
 }
 

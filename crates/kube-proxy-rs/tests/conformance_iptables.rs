@@ -11,3 +11,13 @@ conformance_suite!("iptables");
 fn c08b_clusterip_masquerade() {
     conformance::clusterip_masquerade("iptables");
 }
+
+#[test]
+fn c18_nodeport_default_addresses() {
+    conformance::nodeport_default_addresses("iptables");
+}
+
+#[test]
+fn c19_conntrack_timeouts_at_start() {
+    conformance::conntrack_timeouts_at_start("iptables");
+}

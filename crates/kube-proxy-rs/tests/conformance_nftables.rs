@@ -15,3 +15,13 @@ fn c04b_session_affinity_lifecycle() {
 fn c08b_clusterip_masquerade() {
     conformance::clusterip_masquerade("nftables");
 }
+
+#[test]
+fn c18_nodeport_default_addresses() {
+    conformance::nodeport_default_addresses("nftables");
+}
+
+#[test]
+fn c19_conntrack_timeouts_at_start() {
+    conformance::conntrack_timeouts_at_start("nftables");
+}

@@ -17,3 +17,17 @@ fn c08b_clusterip_masquerade() {
         conformance::clusterip_masquerade("upstream/iptables");
     }
 }
+
+#[test]
+fn c18_nodeport_default_addresses() {
+    if conformance::binaries_for("upstream/iptables") {
+        conformance::nodeport_default_addresses("upstream/iptables");
+    }
+}
+
+#[test]
+fn c19_conntrack_timeouts_at_start() {
+    if conformance::binaries_for("upstream/iptables") {
+        conformance::conntrack_timeouts_at_start("upstream/iptables");
+    }
+}

@@ -24,3 +24,17 @@ fn c08b_clusterip_masquerade() {
         conformance::clusterip_masquerade("upstream/nftables");
     }
 }
+
+#[test]
+fn c18_nodeport_default_addresses() {
+    if conformance::binaries_for("upstream/nftables") {
+        conformance::nodeport_default_addresses("upstream/nftables");
+    }
+}
+
+#[test]
+fn c19_conntrack_timeouts_at_start() {
+    if conformance::binaries_for("upstream/nftables") {
+        conformance::conntrack_timeouts_at_start("upstream/nftables");
+    }
+}

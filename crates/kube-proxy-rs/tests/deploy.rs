@@ -516,7 +516,10 @@ fn daemonset_runs_against_the_api_server() {
     let srv = srv_rx.recv().unwrap();
     srv.apply_node(
         serde_json::from_value(
-            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}),
+            // As the kubelet registers it: nftables mode's NodePorts wait for
+            // its primary IP, as upstream's do.
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node},
+                   "status": {"addresses": [{"type": "InternalIP", "address": "10.100.0.11"}]}}),
         )
         .unwrap(),
     );

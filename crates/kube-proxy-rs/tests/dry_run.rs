@@ -113,6 +113,7 @@ fn dry_run_output_loads_with_nft() {
     let out = Command::new(env!("CARGO_BIN_EXE_kube-proxy-rs"))
         .arg(format!("--manifests={}", dir.display()))
         .args([
+            "--proxy-mode=nftables",
             "--hostname-override=node1",
             "--cluster-cidr=10.244.0.0/16,fd00:10:244::/56",
             "--dry-run",

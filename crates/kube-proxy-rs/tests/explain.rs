@@ -191,6 +191,11 @@ fn spawn_proxy(ns: &str, dir: &Path, log: &Path, extra: &[&str]) -> Proc {
         .args(["netns", "exec", ns, bin()])
         .arg(format!("--manifests={}", dir.display()))
         .args(extra)
+        // nftables unless the test names another mode.
+        .args(
+            (!extra.iter().any(|a| a.starts_with("--proxy-mode")))
+                .then_some("--proxy-mode=nftables"),
+        )
         .args([
             "--hostname-override=node1",
             "--cluster-cidr=10.244.0.0/16",

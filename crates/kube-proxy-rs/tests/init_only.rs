@@ -164,6 +164,7 @@ fn nftables_mode_starts_no_source_and_programs_nothing() {
     let manifests = format!("--manifests={}", dir.0.display());
     let out = ns.run(&[
         "--init-only",
+        "--proxy-mode=nftables",
         "--hostname-override=node1",
         &manifests,
         "--conntrack-max-per-core=0",

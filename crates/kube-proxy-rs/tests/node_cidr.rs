@@ -128,7 +128,10 @@ fn local_traffic_rules_use_the_nodes_pod_cidrs() {
     let dir = Dir::new("rules");
     dir.write_node(&["10.244.1.0/24", "fd00:10:244:1::/64"]);
     let out = stdout_ok(&finish(
-        dry_run(&dir, &["--detect-local-mode=NodeCIDR"]),
+        dry_run(
+            &dir,
+            &["--detect-local-mode=NodeCIDR", "--proxy-mode=nftables"],
+        ),
         Duration::from_secs(30),
     ));
     // Traffic from outside this node's pod CIDR is masqueraded, per family.
@@ -165,7 +168,10 @@ fn local_traffic_rules_use_the_nodes_pod_cidrs() {
 fn waits_for_the_pod_cidrs() {
     let dir = Dir::new("wait");
     dir.write_node(&[]);
-    let mut child = dry_run(&dir, &["--detect-local-mode=NodeCIDR"]);
+    let mut child = dry_run(
+        &dir,
+        &["--detect-local-mode=NodeCIDR", "--proxy-mode=nftables"],
+    );
     // Upstream polls for up to five minutes: nothing is rendered meanwhile.
     std::thread::sleep(Duration::from_millis(1500));
     if child.try_wait().unwrap().is_some() {
@@ -204,6 +210,7 @@ fn exits_when_the_pod_cidrs_change() {
         .args(["netns", "exec", &ns, env!("CARGO_BIN_EXE_kube-proxy-rs")])
         .arg(format!("--manifests={}", dir.path().display()))
         .args([
+            "--proxy-mode=nftables",
             "--hostname-override=node1",
             "--detect-local-mode=NodeCIDR",
             "--healthz-bind-address=",

@@ -210,24 +210,52 @@ impl KubeProxyConfiguration {
     /// Parses a KubeProxyConfiguration YAML (or JSON) document. Errors name the
     /// field path.
     pub fn from_yaml(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let (cfg, unknown) = Self::from_yaml_lenient(text, path)?;
+        match unknown.first() {
+            Some(field) => Err(ConfigError::Parse {
+                path: path.to_path_buf(),
+                message: format!("{field}: unknown field"),
+            }),
+            None => Ok(cfg),
+        }
+    }
+
+    /// As upstream reads `--config`: strictly first, and when only unknown
+    /// fields stand in the way (a file written for a newer kube-proxy, a
+    /// typo) once more without them. Returns the fields left out by path,
+    /// for the caller to warn about; any other error is an error.
+    pub fn from_yaml_lenient(text: &str, path: &Path) -> Result<(Self, Vec<String>), ConfigError> {
         let parse_err = |message: String| ConfigError::Parse {
             path: path.to_path_buf(),
             message,
         };
         // Two steps so that type and unknown-field errors carry the field path.
-        let value: serde_json::Value =
+        let mut value: serde_json::Value =
             serde_saphyr::from_str(text).map_err(|e| parse_err(e.to_string()))?;
         if value.is_null() {
             return Err(parse_err("the file is empty".to_string()));
         }
-        let cfg: KubeProxyConfiguration = serde_path_to_error::deserialize(value).map_err(|e| {
-            let p = e.path().to_string();
-            if p == "." || p.is_empty() {
-                parse_err(e.inner().to_string())
-            } else {
-                parse_err(format!("{p}: {}", e.inner()))
+        let mut unknown = Vec::new();
+        let cfg: KubeProxyConfiguration = loop {
+            match serde_path_to_error::deserialize(value.clone()) {
+                Ok(cfg) => break cfg,
+                Err(e) => {
+                    let p = e.path().to_string();
+                    let msg = e.inner().to_string();
+                    if let Some(field) = unknown_field(&msg) {
+                        if let Some(full) = remove_field(&mut value, &p, field) {
+                            unknown.push(full);
+                            continue;
+                        }
+                    }
+                    return Err(if p == "." || p.is_empty() {
+                        parse_err(msg)
+                    } else {
+                        parse_err(format!("{p}: {msg}"))
+                    });
+                }
             }
-        })?;
+        };
         match cfg.api_version.as_deref() {
             Some(API_VERSION) => {}
             Some(other) => {
@@ -248,6 +276,33 @@ impl KubeProxyConfiguration {
             Some(other) => return Err(invalid("kind", format!("{other:?} is not {KIND}"))),
             None => return Err(invalid("kind", format!("missing (expected {KIND})"))),
         }
-        Ok(cfg)
+        Ok((cfg, unknown))
     }
+}
+
+/// The field serde's derive refused: "unknown field `foo`, expected ...".
+fn unknown_field(msg: &str) -> Option<&str> {
+    let rest = msg.strip_prefix("unknown field `")?;
+    rest.split_once('`').map(|(f, _)| f)
+}
+
+/// Removes `field` from the object at `path` (serde_path_to_error's form,
+/// "." for the root; it may or may not end with the field itself) and
+/// returns the field's full path; None when it is not there, so a message
+/// that only looks like an unknown field can never loop.
+fn remove_field(value: &mut serde_json::Value, path: &str, field: &str) -> Option<String> {
+    let mut parts: Vec<&str> = path
+        .split('.')
+        .filter(|p| !p.is_empty() && *p != "?")
+        .collect();
+    if parts.last() == Some(&field) {
+        parts.pop();
+    }
+    let mut at = &mut *value;
+    for p in &parts {
+        at = at.get_mut(*p)?;
+    }
+    at.as_object_mut()?.remove(field)?;
+    parts.push(field);
+    Some(parts.join("."))
 }

@@ -36,9 +36,10 @@ impl FromStr for ProxyMode {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
-            // Empty is upstream's "the platform default"; ours is nftables.
-            "" | "nftables" => Ok(ProxyMode::Nftables),
-            "iptables" => Ok(ProxyMode::Iptables),
+            // Empty is upstream's "the platform default": iptables on Linux
+            // (kubeadm's ConfigMap says `mode: ""`). nftables is asked for.
+            "nftables" => Ok(ProxyMode::Nftables),
+            "" | "iptables" => Ok(ProxyMode::Iptables),
             "ipvs" => Ok(ProxyMode::Ipvs),
             "userspace" => Ok(ProxyMode::Userspace),
             other => Err(format!(
@@ -112,8 +113,9 @@ pub struct Cli {
     /// The address of the Kubernetes API server (overrides any value in kubeconfig).
     #[arg(long)]
     pub master: Option<String>,
-    /// Which proxy mode to use: nftables (default), iptables, ipvs or userspace.
-    #[arg(long, default_value = "nftables", value_parser = ProxyMode::from_str)]
+    /// Which proxy mode to use: iptables (default, as upstream's on Linux),
+    /// nftables, ipvs or userspace.
+    #[arg(long, default_value = "iptables", value_parser = ProxyMode::from_str)]
     pub proxy_mode: ProxyMode,
     /// If non-empty, will be used as the name of the Node kube-proxy is running on.
     #[arg(long, default_value = "")]
@@ -226,6 +228,30 @@ pub struct Cli {
     /// Accepted for compatibility.
     #[arg(long)]
     pub log_flush_frequency: Option<String>,
+    /// Accepted for compatibility (upstream's klog buffering and stream
+    /// splitting; ours writes every line to stderr unbuffered).
+    #[arg(long)]
+    pub log_json_info_buffer_size: Option<String>,
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub log_json_split_stream: Option<bool>,
+    #[arg(long)]
+    pub log_text_info_buffer_size: Option<String>,
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub log_text_split_stream: Option<bool>,
+    /// Accepted for compatibility (upstream reads node identity files for
+    /// its Events; ours does not need them).
+    #[arg(long)]
+    pub boot_id_file: Option<String>,
+    #[arg(long)]
+    pub machine_id_file: Option<String>,
+    /// Deprecated upstream: 0 disables the health server; another port is
+    /// used only when --healthz-bind-address has none. Ignored with --config.
+    #[arg(long, hide = true)]
+    pub healthz_port: Option<i32>,
+    /// Deprecated upstream: 0 disables the metrics server; another port is
+    /// used only when --metrics-bind-address has none. Ignored with --config.
+    #[arg(long, hide = true)]
+    pub metrics_port: Option<i32>,
     /// Perform the host setup that needs full root privileges (conntrack
     /// sysctls, the mode's sysctls), then exit; a later start then needs only
     /// CAP_NET_ADMIN.

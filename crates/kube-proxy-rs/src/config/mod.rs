@@ -1,8 +1,9 @@
 //! Upstream kube-proxy's command-line flags and KubeProxyConfiguration file.
 //!
-//! [`load`] parses the flags, reads `--config` when given, lets flags that were
-//! given on the command line override the file (as upstream does), applies
-//! upstream's defaults and validates everything into one [`ProxyConfig`].
+//! [`load`] parses the flags, or reads `--config` when given (then, as
+//! upstream, only the logging flags and --hostname-override apply over the
+//! file; unknown fields are left out with a warning), applies upstream's
+//! defaults and validates everything into one [`ProxyConfig`].
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -28,7 +29,7 @@ use resolve::resolve;
 pub const LONG_VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
     "\nflags and config: upstream kube-proxy 1.3x, kubeproxy.config.k8s.io/v1alpha1",
-    "\nmodes: nftables (default), iptables (nft and legacy backends), ipvs, userspace"
+    "\nmodes: iptables (default; nft and legacy backends), nftables, ipvs, userspace"
 );
 
 pub const API_VERSION: &str = "kubeproxy.config.k8s.io/v1alpha1";
@@ -75,29 +76,76 @@ fn invalid(field: &str, message: impl Into<String>) -> ConfigError {
     }
 }
 
-/// Parses flags (`args[0]` is the program name), reads `--config`, lets flags
-/// given on the command line override it, applies upstream's defaults and
+/// "0.0.0.0" or "[::]" (a bind address that names no port).
+fn addr_without_port(addr: &str) -> bool {
+    let a = addr.trim();
+    !a.is_empty()
+        && a.trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok()
+}
+
+/// Parses flags (`args[0]` is the program name), reads `--config` (see the
+/// module doc for which flags still apply), applies upstream's defaults and
 /// validates. `--write-config-to` is left to the caller (see
 /// [`ProxyConfig::write_config`]) so that it can exit afterwards.
 pub fn load(cli_args: impl IntoIterator<Item = OsString>) -> Result<ProxyConfig, ConfigError> {
     let matches = Cli::command().try_get_matches_from(cli_args)?;
     let cli = Cli::from_arg_matches(&matches)?;
+    let mut load_warnings = Vec::new();
+    let mut config_file_digest = None;
     let mut raw = match &cli.config {
         Some(path) => {
             let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
                 path: path.clone(),
                 source,
             })?;
-            KubeProxyConfiguration::from_yaml(&text, path)?
+            config_file_digest = Some(crate::configwatch::digest(&text));
+            let (raw, unknown) = KubeProxyConfiguration::from_yaml_lenient(&text, path)?;
+            for field in unknown {
+                load_warnings.push(format!(
+                    "config file {}: ignoring unknown field {field} (read leniently, as upstream does)",
+                    path.display()
+                ));
+            }
+            raw
         }
         None => KubeProxyConfiguration::default(),
     };
-    overlay_flags(&mut raw, &cli, &matches)?;
-    let healthz_disabled =
-        given(&matches, "healthz_bind_address") && cli.healthz_bind_address.trim().is_empty();
-    let metrics_disabled =
-        given(&matches, "metrics_bind_address") && cli.metrics_bind_address.trim().is_empty();
+    let from_file = cli.config.is_some();
+    let ignored = overlay_flags(&mut raw, &cli, &matches, from_file)?;
+    if !ignored.is_empty() {
+        load_warnings.push(format!(
+            "--config is given, so these flags are ignored as upstream ignores them (the file \
+             decides; only the logging flags and --hostname-override apply over it): {}",
+            ignored.join(" ")
+        ));
+    }
+    // Upstream's deprecated --healthz-port/--metrics-port, without a file:
+    // 0 disables the server, another port completes an address without one.
+    let deprecated_port = |addr: &mut String, port: Option<i32>| -> bool {
+        match port {
+            Some(0) => true,
+            Some(p) if !from_file && addr_without_port(addr) => {
+                *addr = format!("{}:{p}", addr.trim());
+                false
+            }
+            _ => false,
+        }
+    };
+    let mut healthz_disabled = !from_file
+        && given(&matches, "healthz_bind_address")
+        && cli.healthz_bind_address.trim().is_empty();
+    let mut metrics_disabled = !from_file
+        && given(&matches, "metrics_bind_address")
+        && cli.metrics_bind_address.trim().is_empty();
+    if !from_file && cli.write_config_to.is_none() {
+        healthz_disabled |= deprecated_port(&mut raw.healthz_bind_address, cli.healthz_port);
+        metrics_disabled |= deprecated_port(&mut raw.metrics_bind_address, cli.metrics_port);
+    }
     let mut pc = resolve(raw)?;
+    pc.load_warnings = load_warnings;
     if healthz_disabled {
         pc.healthz_bind_address = None;
     }
@@ -130,6 +178,7 @@ pub fn load(cli_args: impl IntoIterator<Item = OsString>) -> Result<ProxyConfig,
         ));
     }
     pc.config_file = cli.config.clone();
+    pc.config_file_digest = config_file_digest;
     pc.write_config_to = cli.write_config_to.clone();
     Ok(pc)
 }

@@ -1,6 +1,7 @@
-//! Flags given on the command line override the config file, as upstream's
-//! do: each one is written into the file's schema before defaults apply, so
-//! `--write-config-to` and /configz show the effective values.
+//! Flags given on the command line are written into the file's schema before
+//! defaults apply, so `--write-config-to` and /configz show the effective
+//! values. With `--config`, upstream uses the file and ignores its flags but
+//! the logging ones and --hostname-override: so do we, and say which.
 
 use std::collections::BTreeMap;
 
@@ -200,23 +201,47 @@ pub(super) const OVERLAYS: &[(&str, Overlay)] = &[
     }),
 ];
 
+/// The flags upstream still honours when `--config` is given: its logging
+/// flags (copied over the file's `logging`) and --hostname-override.
+pub(super) const OVER_THE_FILE: &[&str] = &["verbosity", "log_format", "hostname_override"];
+
+/// Writes the flags given on the command line into `raw`. With a config file
+/// (`from_file`) only [`OVER_THE_FILE`] apply, as upstream replaces its
+/// flag-built configuration with the file's; the others given are returned
+/// as `--flag` names, for a warning.
 pub(super) fn overlay_flags(
     raw: &mut KubeProxyConfiguration,
     cli: &Cli,
     m: &ArgMatches,
-) -> Result<(), ConfigError> {
+    from_file: bool,
+) -> Result<Vec<String>, ConfigError> {
+    let mut ignored = Vec::new();
+    let flag = |id: &str| format!("--{}", id.replace('_', "-"));
     for (id, overlay) in OVERLAYS {
         if given(m, id) {
-            overlay(raw, cli);
+            if from_file && !OVER_THE_FILE.contains(id) {
+                ignored.push(flag(id));
+            } else {
+                overlay(raw, cli);
+            }
         }
     }
     // Merged into the file's gates, and may be refused.
     if given(m, "feature_gates") {
-        for (k, v) in parse_feature_gates(&cli.feature_gates)? {
-            raw.feature_gates.insert(k, v);
+        if from_file {
+            ignored.push(flag("feature_gates"));
+        } else {
+            for (k, v) in parse_feature_gates(&cli.feature_gates)? {
+                raw.feature_gates.insert(k, v);
+            }
         }
     }
-    Ok(())
+    for id in ["healthz_port", "metrics_port"] {
+        if from_file && given(m, id) {
+            ignored.push(flag(id));
+        }
+    }
+    Ok(ignored)
 }
 
 #[cfg(test)]
@@ -232,6 +257,9 @@ mod tests {
         let ids: Vec<&str> = cmd.get_arguments().map(|a| a.get_id().as_str()).collect();
         for (id, _) in OVERLAYS {
             assert!(ids.contains(id), "no flag with id {id}");
+        }
+        for id in OVER_THE_FILE {
+            assert!(OVERLAYS.iter().any(|(o, _)| o == id), "{id} has no overlay");
         }
         let mut seen = std::collections::BTreeSet::new();
         assert!(

@@ -138,6 +138,7 @@ pub(super) fn resolve(mut raw: KubeProxyConfiguration) -> Result<ProxyConfig, Co
         pod_interface_name_prefix: raw.detect_local.interface_name_prefix.clone(),
         nodeport_addresses,
         nodeport_primary,
+        node_primary_ips: Vec::new(),
         masquerade_all: sync.masquerade_all,
         masquerade_bit: sync.masquerade_bit,
         sync_period: sync.sync_period,
@@ -163,8 +164,10 @@ pub(super) fn resolve(mut raw: KubeProxyConfiguration) -> Result<ProxyConfig, Co
         oom_score_adj,
         feature_gates: raw.feature_gates.clone(),
         config_file: None,
+        config_file_digest: None,
         write_config_to: None,
         configuration: raw,
+        load_warnings: Vec::new(),
     })
 }
 
@@ -274,7 +277,11 @@ fn nodeport_addresses(
     let mut nodeport_addresses = Vec::new();
     let mut nodeport_primary = false;
     match &raw.node_port_addresses {
+        // Upstream tests the length: an empty list is unset too.
         None => nodeport_primary = mode == ProxyMode::Nftables,
+        Some(list) if list.iter().all(|s| s.trim().is_empty()) => {
+            nodeport_primary = mode == ProxyMode::Nftables
+        }
         Some(list) => {
             for (i, item) in list.iter().enumerate() {
                 let field = format!("nodePortAddresses[{i}]");

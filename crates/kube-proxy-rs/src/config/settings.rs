@@ -66,8 +66,13 @@ pub struct ProxyConfig {
     /// 127.0.0.0/8 and ::1/128). Empty with `nodeport_primary` false: every
     /// local address.
     pub nodeport_addresses: Vec<IpNet>,
-    /// The `primary` keyword: the Node's own IPs (the default in nftables mode).
+    /// The `primary` keyword: the Node's primary IPs (the default in
+    /// nftables mode), [`ProxyConfig::node_primary_ips`].
     pub nodeport_primary: bool,
+    /// The Node object's primary IPs (one per family, as upstream's
+    /// GetNodeHostIPs, `--bind-address` overriding its family's), known once
+    /// the Node was read at start; empty before that or when no Node said.
+    pub node_primary_ips: Vec<IpAddr>,
     pub masquerade_all: bool,
     pub masquerade_bit: u8,
     /// Full-resync interval of the chosen mode.
@@ -99,10 +104,16 @@ pub struct ProxyConfig {
     pub oom_score_adj: i32,
     pub feature_gates: BTreeMap<String, bool>,
     pub config_file: Option<PathBuf>,
+    /// A digest of the `--config` file's text as loaded: upstream exits when
+    /// the file changes ([`crate::configwatch`]).
+    pub config_file_digest: Option<u64>,
     pub write_config_to: Option<PathBuf>,
     /// The effective configuration in file form (defaults filled in), for
     /// --write-config-to and /configz.
     pub configuration: KubeProxyConfiguration,
+    /// What loading the configuration has to say once logging is up (flags
+    /// that `--config` overrides, unknown fields left out of the file).
+    pub load_warnings: Vec<String>,
 }
 
 impl ProxyConfig {
@@ -150,9 +161,10 @@ impl ProxyConfig {
     }
 
     /// NodePort CIDRs for `family`, as upstream's NodePortAddresses: `primary`
-    /// adds the node IPs of this family as host routes; no CIDR of this family,
-    /// or a /0, means every local address (returned as an empty list).
-    pub fn nodeport_addresses_for(&self, family: IpFamily, node_ips: &[IpAddr]) -> Vec<IpNet> {
+    /// is the Node's primary IP of this family as a host route (loopback
+    /// left out, as upstream); no CIDR of this family, or a /0, means every
+    /// local address (returned as an empty list).
+    pub fn nodeport_addresses_for(&self, family: IpFamily) -> Vec<IpNet> {
         let mut out: Vec<IpNet> = self
             .nodeport_addresses
             .iter()
@@ -161,9 +173,9 @@ impl ProxyConfig {
             .collect();
         if self.nodeport_primary {
             out.extend(
-                node_ips
+                self.node_primary_ips
                     .iter()
-                    .filter(|ip| family.matches(ip))
+                    .filter(|ip| family.matches(ip) && !ip.is_loopback())
                     .map(|ip| IpNet::from(*ip)),
             );
         }
@@ -186,7 +198,7 @@ impl ProxyConfig {
         pc.masquerade_all = self.masquerade_all;
         pc.masquerade_bit = self.masquerade_bit;
         pc.local_detector = self.local_detector_with_pod_cidrs(family, pod_cidrs);
-        pc.nodeport_addresses = self.nodeport_addresses_for(family, node_ips);
+        pc.nodeport_addresses = self.nodeport_addresses_for(family);
         // Upstream allows localhost NodePorts only in iptables mode, IPv4.
         pc.localhost_nodeports = self.localhost_nodeports
             && family == IpFamily::V4

@@ -291,15 +291,9 @@ impl Env {
         if self.mode == "ipvs" {
             a.push("--ipvs-strict-arp".into());
         }
-        if self.api.is_some() {
-            // Machine-wide conntrack settings stay as they are (both proxies
-            // would otherwise write nf_conntrack_max from a namespace).
-            a.extend([
-                "--conntrack-max-per-core=0".to_string(),
-                "--conntrack-tcp-timeout-established=0".into(),
-                "--conntrack-tcp-timeout-close-wait=0".into(),
-            ]);
-        }
+        // The conntrack table's size is machine-wide: left as it is (both
+        // proxies apply the per-namespace conntrack timeouts at start).
+        a.push("--conntrack-max-per-core=0".to_string());
         if let Some(lb) = &self.socket_lb {
             a.extend([
                 "--socket-lb".to_string(),
@@ -2094,4 +2088,89 @@ macro_rules! conformance_suite {
             conformance::udp_before_endpoints($mode);
         }
     };
+}
+
+/// kubeadm's ConfigMap leaves nodePortAddresses unset: iptables mode then
+/// answers NodePorts on every local address (a docker0-like bridge too), as
+/// upstream does, and nftables mode only on the Node's primary IP (its
+/// InternalIP), as upstream's `primary` default does.
+pub fn nodeport_default_addresses(mode: &str) {
+    let mut env = Env::new("npdefault", mode);
+    let a = env.pod(1, "a");
+    let svc = service(
+        "npd",
+        &["10.96.0.21"],
+        json!({"type": "NodePort", "ports": [
+            {"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080, "nodePort": 30090}]}),
+    );
+    env.put("svc", &svc);
+    env.put("eps", &slice("npd", "1", "IPv4", &ready(&[&a])));
+    if env.api.is_none() {
+        // The Nodes a real cluster has (the API flavours created them).
+        for i in 1..=env.cluster.nodes() {
+            env.put(&format!("node{i}"), &node_object(&env.cluster, i, &[]));
+        }
+    }
+    let n1 = env.cluster.node_ns(1).to_string();
+    for cmd in [
+        &["ip", "link", "add", "kpbr0", "type", "bridge"][..],
+        &["ip", "addr", "add", "172.17.0.1/16", "dev", "kpbr0"],
+        &["ip", "link", "set", "kpbr0", "up"],
+    ] {
+        env.cluster.exec_ok(&n1, cmd).unwrap();
+    }
+    env.cluster
+        .client_route_via("172.17.0.0/16".parse().unwrap(), 1)
+        .unwrap();
+    env.start_all();
+    let cl = env.cluster.client_ns().to_string();
+    assert_eq!(env.wait_tcp(&cl, sa("10.100.0.11", 30090)).server, "a");
+    let on_bridge = sa("172.17.0.1", 30090);
+    if proxy_mode(mode) == "nftables" {
+        // Give a wrong rule the time of a sync to show, then insist.
+        std::thread::sleep(Duration::from_secs(1));
+        let got = tcp_hello(&cl, on_bridge, T);
+        assert!(
+            got.is_err(),
+            "nftables mode answered a NodePort on a bridge address: {got:?}"
+        );
+    } else {
+        assert_eq!(env.wait_tcp(&cl, on_bridge).server, "a");
+    }
+}
+
+/// The conntrack settings are applied at every start, without --init-only
+/// (kubeadm's DaemonSet has no init container): the TCP timeouts, which
+/// are per network namespace, hold upstream's defaults in the node's
+/// namespace once the proxy runs.
+pub fn conntrack_timeouts_at_start(mode: &str) {
+    let mut env = Env::new("cttimeouts", mode);
+    let n1 = env.cluster.node_ns(1).to_string();
+    let read = |env: &Env, name: &str| -> String {
+        env.cluster
+            .exec_ok(&n1, &["cat", &format!("/proc/sys/net/netfilter/{name}")])
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    const EST: &str = "nf_conntrack_tcp_timeout_established";
+    const CLOSE_WAIT: &str = "nf_conntrack_tcp_timeout_close_wait";
+    // Values the proxy must change (the kernel's defaults are 432000 and 60).
+    env.cluster
+        .exec_ok(
+            &n1,
+            &[
+                "sh",
+                "-c",
+                &format!(
+                    "echo 1234 > /proc/sys/net/netfilter/{EST}; echo 61 > /proc/sys/net/netfilter/{CLOSE_WAIT}"
+                ),
+            ],
+        )
+        .unwrap();
+    assert_eq!(read(&env, EST), "1234");
+    env.start(1, &[]);
+    env.wait_synced(1);
+    assert_eq!(read(&env, EST), "86400", "24h, upstream's default");
+    assert_eq!(read(&env, CLOSE_WAIT), "3600", "1h, upstream's default");
 }
