@@ -109,7 +109,8 @@ class Options(unittest.TestCase):
     def test_bad_options_are_refused_before_anything_starts(self):
         for args, want in [(["--mode", "ipvs"], "--mode"), (["--proxy", "kube-router"], "--proxy"),
                            (["--bogus"], "unknown argument --bogus"), (["--nodes", "0"], "--nodes"),
-                           (["--procs", "x"], "--procs")]:
+                           (["--procs", "x"], "--procs"), (["--deploy", "helm"], "--deploy"),
+                           (["--mode", "socketlb", "--deploy", "kubeadm"], "--deploy kubeadm")]:
             r = self.e2e(*args)
             self.assertNotEqual(r.returncode, 0, args)
             self.assertIn(want, r.stderr, args)
