@@ -699,3 +699,70 @@ shift 4; exec "$@""#;
     let _ = stop_tx.send(());
     let _ = server_thread.join();
 }
+
+/// The swap operators make on kubeadm clusters: kubeadm's DaemonSet (the e2e
+/// lab's copy, e2e/upstream/kube-proxy.yaml) with only the image changed.
+/// Its command's program is a path the image has, and the binary started
+/// under that name with kubeadm's exact arguments and ConfigMap takes them
+/// as upstream does (`mode: ""` is iptables).
+#[test]
+fn kubeadms_daemonset_runs_our_image_unchanged() {
+    let text = read("e2e/upstream/kube-proxy.yaml")
+        .replace("@API@", "https://192.0.2.1:6443")
+        .replace("@MODE@", "\"\"")
+        .replace("@CLUSTER_CIDR@", "10.244.0.0/16")
+        .replace("@IMAGE@", "kube-proxy-rs:0.1.0");
+    let docs: Vec<Value> = text
+        .split("\n---")
+        .map(|d| serde_saphyr::from_str(d).unwrap())
+        .collect();
+    let ds = docs.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
+    let cm = docs.iter().find(|d| d["kind"] == "ConfigMap").unwrap();
+    let c = &ds["spec"]["template"]["spec"]["containers"][0];
+    let cmd: Vec<String> = c["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(cmd[0], "/usr/local/bin/kube-proxy");
+    let df = read("Dockerfile");
+    assert!(
+        df.lines()
+            .any(|l| l.trim() == "RUN ln -s kube-proxy-rs /usr/local/bin/kube-proxy"),
+        "the image has no {}",
+        cmd[0]
+    );
+    let dir = TempDir(std::env::temp_dir().join(format!("kpdeploy-kubeadm-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let conf = dir.0.join("config.conf");
+    std::fs::write(&conf, cm["data"]["config.conf"].as_str().unwrap()).unwrap();
+    let exe = dir.0.join("kube-proxy");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_kube-proxy-rs"), &exe).unwrap();
+    let written = dir.0.join("effective.yaml");
+    let args: Vec<String> = cmd[1..]
+        .iter()
+        .map(|a| {
+            a.replace("/var/lib/kube-proxy/config.conf", conf.to_str().unwrap())
+                .replace("$(NODE_NAME)", "node-1")
+        })
+        .collect();
+    let out = Command::new(&exe)
+        .args(&args)
+        .arg(format!("--write-config-to={}", written.display()))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let eff: Value = serde_saphyr::from_str(&std::fs::read_to_string(&written).unwrap()).unwrap();
+    assert_eq!(eff["mode"], "iptables");
+    assert_eq!(eff["hostnameOverride"], "node-1");
+    assert_eq!(eff["clusterCIDR"], "10.244.0.0/16");
+    assert_eq!(
+        eff["clientConnection"]["kubeconfig"],
+        "/var/lib/kube-proxy/kubeconfig.conf"
+    );
+}
