@@ -90,3 +90,33 @@ impl Collector for NfacctCollector {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::metrics::Metrics;
+    use kp_model::{IpFamily, SyncReport};
+
+    #[test]
+    fn rule_counts_are_exported_per_family_and_table() {
+        let m = Metrics::new();
+        let report = SyncReport {
+            iptables_rules: vec![("filter", 3, 3), ("nat", 19, 7)],
+            ..Default::default()
+        };
+        m.observe_sync_report(IpFamily::V4, &report, 0.01);
+        let text = m.encode();
+        for line in [
+            "kubeproxy_sync_proxy_rules_iptables_total{ip_family=\"IPv4\",table=\"filter\"} 3",
+            "kubeproxy_sync_proxy_rules_iptables_total{ip_family=\"IPv4\",table=\"nat\"} 19",
+            "kubeproxy_sync_proxy_rules_iptables_last{ip_family=\"IPv4\",table=\"nat\"} 7",
+            "# TYPE kubeproxy_sync_proxy_rules_iptables_total gauge",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
+        // No nfacct counters in a process whose proxier made none.
+        assert!(!text.contains("kubeproxy_iptables_"), "{text}");
+        // Another mode's report leaves the gauges as they were.
+        m.observe_sync_report(IpFamily::V4, &SyncReport::default(), 0.01);
+        assert!(m.encode().contains("table=\"nat\"} 19"));
+    }
+}
