@@ -402,9 +402,12 @@ fn a_restart_adopts_the_rules_a_previous_run_left() {
                 ns
             };
             let a = lab("ad");
+            // Probing its namespace as the binary's does: the INVALID drop
+            // and localhost NodePort rules with their nfacct matches too.
             let proxier = || {
                 IptablesProxier::new(config.clone(), Box::new(IptablesNetlink::new(family)))
                     .with_route_localnet(false)
+                    .probing_host()
             };
             // A new proxier's first sync of `st` in `a`: operations sent, and
             // what it found.
@@ -430,6 +433,10 @@ fn a_restart_adopts_the_rules_a_previous_run_left() {
             assert_eq!(found.chains_kept, 0, "{ctx}: a fresh namespace: {found:?}");
             assert!(found.chains_added > 10 && ops > 0, "{ctx}: {found:?}");
             let before = a.save(family);
+            assert!(
+                before.contains("-m nfacct --nfacct-name  ct_state_invalid_dropped_pkts"),
+                "{ctx}: {before}"
+            );
 
             // Restarted onto the same cluster: every chain kept, nothing sent.
             let (ops, found) = start(&st);
