@@ -185,6 +185,13 @@ fn iptables_legacy_invalid_drop_follows_be_liberal_and_counts() {
     invalid_drop_counters_and_rule_counts("iptables-legacy");
 }
 
+/// As deploy/daemonset.yaml runs it: CAP_NET_ADMIN only and a read-only
+/// /proc/sys are enough to read be_liberal and create the counters.
+#[test]
+fn least_privilege_iptables_invalid_drop_follows_be_liberal_and_counts() {
+    invalid_drop_counters_and_rule_counts("caps/iptables");
+}
+
 #[test]
 fn nftables_has_no_invalid_drop() {
     let mut env = Env::new("ctinvnft", "nftables");
