@@ -13,6 +13,7 @@
 
 mod backend;
 pub mod leftovers;
+pub mod nfacct;
 mod nft;
 mod proxier;
 mod render;
@@ -25,7 +26,8 @@ pub use kp_xtables::{
 pub use nft::IptablesNetlink;
 pub use proxier::{init_host, IptablesProxier};
 pub use render::{
-    comment, is_our_chain, jumps, packet_chains, probability, render_service, sep_chain, svc_chain,
-    ServiceRules, Skeleton, CANARY_CHAIN, EXTERNAL_CHAIN, FIREWALL_CHAIN, FORWARD_CHAIN,
-    MARK_MASQ_CHAIN, NODEPORTS_CHAIN, POSTROUTING_CHAIN, SERVICES_CHAIN,
+    comment, is_our_chain, jumps, packet_chains, probability, render_service, render_service_with,
+    sep_chain, svc_chain, HostRules, ServiceRules, Skeleton, CANARY_CHAIN, EXTERNAL_CHAIN,
+    FIREWALL_CHAIN, FORWARD_CHAIN, MARK_MASQ_CHAIN, NODEPORTS_CHAIN, POSTROUTING_CHAIN,
+    SERVICES_CHAIN,
 };

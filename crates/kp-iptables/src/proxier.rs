@@ -18,12 +18,34 @@ use kp_xtables::{with_jumps, Jump};
 use kp_xtables::{Adopted, IptablesBackend};
 
 use crate::render::{
-    is_our_chain, jumps, render_service, ServiceRules, Skeleton, CANARY_CHAIN, EXTERNAL_CHAIN,
-    FIREWALL_CHAIN, FORWARD_CHAIN, MANGLE_CHAINS, MARK_MASQ_CHAIN, NAT_CHAINS, NODEPORTS_CHAIN,
-    POSTROUTING_CHAIN, SERVICES_CHAIN,
+    is_our_chain, jumps, render_service_with, HostRules, ServiceRules, Skeleton, CANARY_CHAIN,
+    EXTERNAL_CHAIN, FIREWALL_CHAIN, FORWARD_CHAIN, MANGLE_CHAINS, MARK_MASQ_CHAIN, NAT_CHAINS,
+    NODEPORTS_CHAIN, POSTROUTING_CHAIN, SERVICES_CHAIN,
 };
 
 const ROUTE_LOCALNET: &str = "net/ipv4/conf/all/route_localnet";
+const TCP_BE_LIBERAL: &str = "net/netfilter/nf_conntrack_tcp_be_liberal";
+
+impl HostRules {
+    /// Reads the calling thread's network namespace as upstream does at
+    /// start: the INVALID drop unless nf_conntrack_tcp_be_liberal is set
+    /// (also when it cannot be read), and the nfacct counters, created here.
+    pub fn probe() -> HostRules {
+        let liberal = Sysctl::new()
+            .get(TCP_BE_LIBERAL)
+            .ok()
+            .is_some_and(|v| v != 0);
+        if liberal {
+            tracing::info!(
+                "nf_conntrack_tcp_be_liberal set, not installing DROP rules for INVALID packets"
+            );
+        }
+        HostRules {
+            invalid_drop: !liberal,
+            nfacct: crate::nfacct::ensure_all(),
+        }
+    }
+}
 
 /// The host settings iptables mode needs, what `--init-only` applies for it:
 /// route_localnet=1 when NodePorts answer on localhost (IPv4), so that the
@@ -46,9 +68,16 @@ pub fn init_host(cfg: &ProxierConfig, sysctl: &Sysctl) -> Result<bool, SysctlErr
 pub struct IptablesProxier {
     cfg: ProxierConfig,
     skeleton: Skeleton,
-    /// The skeleton's fixed rules of nat and filter KUBE-FORWARD, made once.
+    /// The skeleton's fixed rules of nat and filter KUBE-FORWARD, made once
+    /// (KUBE-FORWARD again when the host was probed).
     nat_static: Vec<String>,
     forward: Vec<String>,
+    /// What the node decides (be_liberal, nfacct); [`HostRules::probe`]d at
+    /// the first sync when `probe_host`.
+    host: HostRules,
+    probe_host: bool,
+    /// Rules of the top-level chains as last worked out: (filter, nat).
+    top_rules: (u64, u64),
     /// The top-level chains' hashes as last written; None until a sync
     /// succeeded, and after a failed one (then every chain is written).
     written: Option<TopLevel>,
@@ -82,6 +111,10 @@ enum Top<'a> {
 struct Restore {
     text: String,
     lines: usize,
+    /// Rules appended per table: (filter, nat).
+    rules: (u64, u64),
+    /// The top-level chains' rules per table, when worked out.
+    top_rules: (Option<u64>, Option<u64>),
 }
 
 impl Restore {
@@ -113,6 +146,9 @@ impl IptablesProxier {
             skeleton,
             nat_static,
             forward,
+            host: HostRules::default(),
+            probe_host: false,
+            top_rules: (0, 0),
             written: None,
             backend,
             programmed: None,
@@ -120,6 +156,28 @@ impl IptablesProxier {
             adopt: true,
             last_adoption: None,
         }
+    }
+
+    /// Rules for a node with `host`'s settings (no probing).
+    pub fn with_host_rules(mut self, host: HostRules) -> Self {
+        self.forward = self.skeleton.forward_rules_for(&host);
+        self.host = host;
+        self.probe_host = false;
+        self
+    }
+
+    /// Probe the node at the first sync, in the namespace the sync runs in
+    /// ([`HostRules::probe`]: nf_conntrack_tcp_be_liberal, nfacct counters
+    /// created), as upstream does at start. Off by default: a proxier in a
+    /// test may sync from outside the namespace its rules go to.
+    pub fn probing_host(mut self) -> Self {
+        self.probe_host = true;
+        self
+    }
+
+    /// The node settings the rules follow.
+    pub fn host_rules(&self) -> HostRules {
+        self.host
     }
 
     /// Whether full syncs adopt what a previous run left until one sync
@@ -186,11 +244,11 @@ impl IptablesProxier {
     /// halves on two threads (0.4-0.6 s on one at 10k Services, while the
     /// kernel waits for the batch).
     fn render_all(&self, state: &ProxyState) -> BTreeMap<ServicePortName, ServiceRules> {
-        let cfg = &self.cfg;
+        let (cfg, host) = (&self.cfg, &self.host);
         let render = |(name, sp): (&ServicePortName, &Arc<ServicePort>)| {
             (
                 name.clone(),
-                render_service(sp, state.endpoints_of(name), cfg, &state.node),
+                render_service_with(sp, state.endpoints_of(name), cfg, &state.node, host),
             )
         };
         let n = state.services.len();
@@ -294,6 +352,8 @@ impl IptablesProxier {
         let mut r = Restore {
             text: String::new(),
             lines: 0,
+            rules: (0, 0),
+            top_rules: (None, None),
         };
         let (last, mut hashes) = match top {
             Top::Compare(last) => (last, TopLevel::new()),
@@ -314,6 +374,15 @@ impl IptablesProxier {
                 Top::AsLast(_) => Vec::new(),
                 Top::Compare(_) => self.top_level(services, table),
             };
+            let nat = table == "nat";
+            if let Top::Compare(_) = top {
+                let n = chains.iter().map(|(_, l)| l.len() as u64).sum();
+                if nat {
+                    r.top_rules.1 = Some(n);
+                } else {
+                    r.top_rules.0 = Some(n);
+                }
+            }
             // A top-level chain whose rules did not change is left as it is
             // in the kernel: one endpoint change then rewrites only its
             // Service's chains, not KUBE-SERVICES with a line per Service.
@@ -324,8 +393,14 @@ impl IptablesProxier {
                 hashes.insert((table, c), h);
                 last.and_then(|l| l.get(&(table, c))) != Some(&h)
             });
-            let nat = table == "nat";
             let own: &[&(String, Vec<String>)] = if nat { own } else { &[] };
+            let written = chains.iter().map(|(_, l)| l.len() as u64).sum::<u64>()
+                + own.iter().map(|(_, l)| l.len() as u64).sum::<u64>();
+            if nat {
+                r.rules.1 = written;
+            } else {
+                r.rules.0 = written;
+            }
             if chains.is_empty() && own.is_empty() && (!nat || delete.is_empty()) {
                 continue;
             }
@@ -456,10 +531,15 @@ impl IptablesProxier {
         let mut delete: BTreeSet<String> = BTreeSet::new();
         let mut top_as_last = true;
         for name in changed {
-            let new = state
-                .services
-                .get(name)
-                .map(|sp| render_service(sp, state.endpoints_of(name), &self.cfg, &state.node));
+            let new = state.services.get(name).map(|sp| {
+                render_service_with(
+                    sp,
+                    state.endpoints_of(name),
+                    &self.cfg,
+                    &state.node,
+                    &self.host,
+                )
+            });
             let old = match &new {
                 Some(n) => services.insert(name.clone(), n.clone()),
                 None => services.remove(name),
@@ -507,6 +587,16 @@ impl Dataplane for IptablesProxier {
         full: bool,
     ) -> Result<SyncReport, DataplaneError> {
         let t0 = Instant::now();
+        if self.probe_host {
+            // Once, in the namespace the rules go to; the Services are then
+            // rendered for it.
+            let host = HostRules::probe();
+            self.forward = self.skeleton.forward_rules_for(&host);
+            self.host = host;
+            self.probe_host = false;
+            self.programmed = None;
+            self.written = None;
+        }
         let is_full = full || self.programmed.is_none();
         let prev = self.programmed.take();
         let written = self.written.take();
@@ -543,10 +633,26 @@ impl Dataplane for IptablesProxier {
             apply: t1.elapsed(),
             ..Default::default()
         };
+        let mut chain_rules = 0u64;
         for s in services.values() {
             report.no_local_endpoints.0 += s.no_local.0 as u64;
             report.no_local_endpoints.1 += s.no_local.1 as u64;
+            chain_rules += s
+                .nat_chains
+                .iter()
+                .map(|(_, r)| r.len() as u64)
+                .sum::<u64>();
         }
+        if let Some(n) = restore.top_rules.0 {
+            self.top_rules.0 = n;
+        }
+        if let Some(n) = restore.top_rules.1 {
+            self.top_rules.1 = n;
+        }
+        report.iptables_rules = vec![
+            ("filter", self.top_rules.0, restore.rules.0),
+            ("nat", self.top_rules.1 + chain_rules, restore.rules.1),
+        ];
         self.programmed = Some(services);
         self.written = Some(hashes);
         Ok(report)

@@ -223,12 +223,47 @@ pub fn probability(n: usize) -> String {
     format!("{:.10}", 1.0 / n as f64)
 }
 
-/// Renders one service port, as upstream's syncProxyRules loop body.
+/// What the node, not the configuration, decides about the rules; upstream
+/// reads both at start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostRules {
+    /// Drop `ctstate INVALID` in KUBE-FORWARD: only while
+    /// nf_conntrack_tcp_be_liberal is 0 (with it set conntrack stops
+    /// marking out-of-window packets INVALID, kubernetes#120412).
+    pub invalid_drop: bool,
+    /// The nfacct counters exist: the INVALID drop and localhost NodePort
+    /// rules count into them (`-m nfacct`).
+    pub nfacct: bool,
+}
+
+impl Default for HostRules {
+    /// be_liberal 0 and no nfacct: the drop without a counter.
+    fn default() -> Self {
+        HostRules {
+            invalid_drop: true,
+            nfacct: false,
+        }
+    }
+}
+
+/// Renders one service port, as upstream's syncProxyRules loop body, with
+/// [`HostRules::default`].
 pub fn render_service(
     sp: &ServicePort,
     endpoints: &[Endpoint],
     cfg: &ProxierConfig,
     node: &NodeInfo,
+) -> ServiceRules {
+    render_service_with(sp, endpoints, cfg, node, &HostRules::default())
+}
+
+/// [`render_service`] for a node with `host`'s settings.
+pub fn render_service_with(
+    sp: &ServicePort,
+    endpoints: &[Endpoint],
+    cfg: &ProxierConfig,
+    node: &NodeInfo,
+    node_rules: &HostRules,
 ) -> ServiceRules {
     let fam = cfg.family;
     let sel = EndpointSelection::new(sp, endpoints, node);
@@ -507,6 +542,16 @@ pub fn render_service(
     // NodePort.
     if sp.node_port != 0 {
         if uses_external_chain {
+            if node_rules.nfacct && cfg.localhost_nodeports && fam == IpFamily::V4 {
+                // The same jump, counting NodePort traffic to 127.0.0.0/8
+                // first (kubeproxy_iptables_localhost_nodeports_accepted_packets_total).
+                out.nat_nodeports.push(format!(
+                    "-A {NODEPORTS_CHAIN} {} {pmatch} -d 127.0.0.0/8 --dport {} -m nfacct --nfacct-name {} -j {ext}",
+                    comment(&name),
+                    sp.node_port,
+                    crate::nfacct::LOCALHOST_NODEPORTS_ACCEPTED
+                ));
+            }
             out.nat_nodeports.push(format!(
                 "-A {NODEPORTS_CHAIN} {} {pmatch} --dport {} -j {ext}",
                 comment(&name),
@@ -627,12 +672,30 @@ impl Skeleton {
         ]
     }
 
+    /// KUBE-FORWARD with [`HostRules::default`].
     pub fn forward_rules(&self) -> Vec<String> {
+        self.forward_rules_for(&HostRules::default())
+    }
+
+    pub fn forward_rules_for(&self, host: &HostRules) -> Vec<String> {
         let m = &self.mark;
-        vec![
-            // Out-of-window packets marked INVALID would be forwarded un-NATed
-            // and reset the connection.
-            format!("-A {FORWARD_CHAIN} -m conntrack --ctstate INVALID -j DROP"),
+        let mut v = Vec::with_capacity(3);
+        if host.invalid_drop {
+            // Out-of-window packets marked INVALID would be forwarded
+            // un-NATed and reset the connection (kubernetes#74839).
+            let count = if host.nfacct {
+                format!(
+                    " -m nfacct --nfacct-name {}",
+                    crate::nfacct::CT_STATE_INVALID_DROPPED
+                )
+            } else {
+                String::new()
+            };
+            v.push(format!(
+                "-A {FORWARD_CHAIN} -m conntrack --ctstate INVALID{count} -j DROP"
+            ));
+        }
+        v.extend([
             format!(
                 "-A {FORWARD_CHAIN} {} -m mark --mark {m}/{m} -j ACCEPT",
                 comment("kubernetes forwarding rules")
@@ -641,7 +704,8 @@ impl Skeleton {
                 "-A {FORWARD_CHAIN} {} -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
                 comment("kubernetes forwarding conntrack rule")
             ),
-        ]
+        ]);
+        v
     }
 }
 

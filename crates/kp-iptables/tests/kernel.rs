@@ -295,3 +295,53 @@ fn detection_follows_the_kubernetes_chains() {
         assert_eq!(v6, Variant::Nft);
     }
 }
+
+/// The nfacct counters: created in the namespace of the calling thread,
+/// counted into by `-m nfacct` rules of both backends, read back, and kept
+/// (not reset) when a restarted proxier ensures them again.
+#[test]
+fn nfacct_counters_count_and_survive_a_second_ensure() {
+    use kp_iptables::nfacct;
+    for variant in [Variant::Nft, Variant::Legacy] {
+        let ns = Netns::new("nfacct", variant);
+        let read = |name: &'static str| {
+            kp_netlab::in_netns(&ns.name, move || nfacct::packets(name))
+                .unwrap()
+                .unwrap()
+        };
+        assert!(kp_netlab::in_netns(&ns.name, nfacct::ensure_all).unwrap());
+        assert_eq!(read(nfacct::CT_STATE_INVALID_DROPPED), 0);
+        let (ok, out) = ns.run(&["ip", "link", "set", "lo", "up"]);
+        assert!(ok, "{out}");
+        let ipt = ns.prog("iptables");
+        let (ok, out) = ns.run(&[
+            &ipt,
+            "-A",
+            "OUTPUT",
+            "-o",
+            "lo",
+            "-p",
+            "tcp",
+            "-m",
+            "nfacct",
+            "--nfacct-name",
+            nfacct::LOCALHOST_NODEPORTS_ACCEPTED,
+        ]);
+        assert!(ok, "{ipt}: {out}");
+        // Three refused connections: each a SYN and a RST out through lo.
+        for _ in 0..3 {
+            ns.run(&["bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/9"]);
+        }
+        let counted = read(nfacct::LOCALHOST_NODEPORTS_ACCEPTED);
+        assert!(counted >= 3, "{variant:?}: {counted}");
+        assert_eq!(read(nfacct::CT_STATE_INVALID_DROPPED), 0);
+        // A restart ensures them again: the counts stay.
+        assert!(kp_netlab::in_netns(&ns.name, nfacct::ensure_all).unwrap());
+        assert_eq!(read(nfacct::LOCALHOST_NODEPORTS_ACCEPTED), counted);
+        // An unknown counter is an error naming it, not a zero.
+        let e = kp_netlab::in_netns(&ns.name, || nfacct::packets("kp_no_such_counter"))
+            .unwrap()
+            .unwrap_err();
+        assert!(e.to_string().contains("kp_no_such_counter"), "{e}");
+    }
+}

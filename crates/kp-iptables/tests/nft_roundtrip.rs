@@ -17,7 +17,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::process::Command;
 
-use kp_iptables::{chain_names, IptablesBackend, IptablesCli, IptablesNetlink, IptablesProxier};
+use kp_iptables::{
+    chain_names, HostRules, IptablesBackend, IptablesCli, IptablesNetlink, IptablesProxier,
+};
 use kp_model::{
     Dataplane, Endpoint, IpFamily, LocalDetector, ProxierConfig, ProxyState, ServicePortName,
 };
@@ -213,11 +215,33 @@ fn every_rendered_shape_is_installed_as_iptables_nft_restore_installs_it() {
                 ns.run(&[&ipt, "-t", "nat", "-N", "USER-CHAIN"]);
                 ns.run(&[&ipt, "-t", "nat", "-A", "PREROUTING", "-j", "USER-CHAIN"]);
             }
+            // The INVALID drop with its nfacct counter, and the localhost
+            // NodePort rules counting into theirs (configs with localhost
+            // NodePorts); without a counter; and no drop (be_liberal set).
+            let host = match name {
+                "cidr" | "nodeport-cidrs" => HostRules {
+                    invalid_drop: true,
+                    nfacct: true,
+                },
+                "bridge" => HostRules::default(),
+                _ => HostRules {
+                    invalid_drop: false,
+                    nfacct: false,
+                },
+            };
+            if host.nfacct {
+                // What a probing proxier creates in its own namespace.
+                for ns in [&a, &b] {
+                    assert!(in_netns(&ns.name, kp_iptables::nfacct::ensure_all).unwrap());
+                }
+            }
             let mut pa =
                 IptablesProxier::new(config.clone(), Box::new(IptablesNetlink::new(family)))
-                    .with_route_localnet(false);
+                    .with_route_localnet(false)
+                    .with_host_rules(host);
             let mut pb = IptablesProxier::new(config.clone(), Box::new(b.cli(family)))
-                .with_route_localnet(false);
+                .with_route_localnet(false)
+                .with_host_rules(host);
             let mut services = every_kind(family);
             let mut step = |what: &str,
                             st: &ProxyState,
@@ -231,6 +255,23 @@ fn every_rendered_shape_is_installed_as_iptables_nft_restore_installs_it() {
                     .unwrap_or_else(|e| panic!("{ctx}: netlink: {e}"));
                 let (sa, sb) = (a.save(family), b.save(family));
                 assert!(sa.contains("KUBE-SVC-"), "{ctx}: {sa}");
+                assert_eq!(
+                    sa.contains("--ctstate INVALID -m nfacct --nfacct-name  ct_state_invalid_dropped_pkts -j DROP"),
+                    host.invalid_drop && host.nfacct,
+                    "{ctx}: {sa}"
+                );
+                assert_eq!(
+                    sa.contains("--ctstate INVALID -j DROP"),
+                    host.invalid_drop && !host.nfacct,
+                    "{ctx}: {sa}"
+                );
+                assert_eq!(
+                    sa.contains(
+                        "-m nfacct --nfacct-name  localhost_nps_accepted_pkts -j KUBE-EXT-"
+                    ),
+                    host.nfacct && family == IpFamily::V4,
+                    "{ctx}: {sa}"
+                );
                 assert!(sa.contains("-A PREROUTING -j USER-CHAIN"), "{ctx}: {sa}");
                 assert!(!sa.contains("incompatible"), "{ctx}: {sa}");
                 assert!(
@@ -361,9 +402,12 @@ fn a_restart_adopts_the_rules_a_previous_run_left() {
                 ns
             };
             let a = lab("ad");
+            // Probing its namespace as the binary's does: the INVALID drop
+            // and localhost NodePort rules with their nfacct matches too.
             let proxier = || {
                 IptablesProxier::new(config.clone(), Box::new(IptablesNetlink::new(family)))
                     .with_route_localnet(false)
+                    .probing_host()
             };
             // A new proxier's first sync of `st` in `a`: operations sent, and
             // what it found.
@@ -389,6 +433,10 @@ fn a_restart_adopts_the_rules_a_previous_run_left() {
             assert_eq!(found.chains_kept, 0, "{ctx}: a fresh namespace: {found:?}");
             assert!(found.chains_added > 10 && ops > 0, "{ctx}: {found:?}");
             let before = a.save(family);
+            assert!(
+                before.contains("-m nfacct --nfacct-name  ct_state_invalid_dropped_pkts"),
+                "{ctx}: {before}"
+            );
 
             // Restarted onto the same cluster: every chain kept, nothing sent.
             let (ops, found) = start(&st);

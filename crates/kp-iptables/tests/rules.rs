@@ -818,3 +818,115 @@ fn many_services_render_whole_and_in_order() {
     assert_eq!(want_services.len(), 700);
     assert_eq!(got[..want_services.len()], want_services[..]);
 }
+
+#[test]
+fn host_rules_decide_the_invalid_drop_and_the_nfacct_matches() {
+    use kp_iptables::{render_service_with, HostRules, Skeleton};
+    let sk = Skeleton::new(&cfg());
+    let counted = HostRules {
+        invalid_drop: true,
+        nfacct: true,
+    };
+    // Upstream v1.36's text for each (pkg/proxy/iptables/proxier.go).
+    assert_eq!(
+        sk.forward_rules_for(&counted)[0],
+        "-A KUBE-FORWARD -m conntrack --ctstate INVALID -m nfacct --nfacct-name ct_state_invalid_dropped_pkts -j DROP"
+    );
+    assert_eq!(
+        sk.forward_rules_for(&HostRules::default())[0],
+        "-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP"
+    );
+    let liberal = HostRules {
+        invalid_drop: false,
+        nfacct: true,
+    };
+    let fwd = sk.forward_rules_for(&liberal);
+    assert_eq!(fwd.len(), 2);
+    assert!(fwd.iter().all(|l| !l.contains("INVALID")), "{fwd:?}");
+
+    // Localhost NodePorts: the counting jump first, IPv4 only.
+    let s = sp("web", "10.96.0.10").node_port(30080).build();
+    let eps = vec![ep("10.244.2.6", false)];
+    let ext = svc_chain(&s).replace("KUBE-SVC-", "KUBE-EXT-");
+    let mut c = cfg();
+    c.localhost_nodeports = true;
+    let r = render_service_with(&s, &eps, &c, &node(), &counted);
+    assert_eq!(
+        r.nat_nodeports,
+        vec![
+            format!("-A KUBE-NODEPORTS -m comment --comment \"{H}\" -m tcp -p tcp -d 127.0.0.0/8 --dport 30080 -m nfacct --nfacct-name localhost_nps_accepted_pkts -j {ext}"),
+            format!("-A KUBE-NODEPORTS -m comment --comment \"{H}\" -m tcp -p tcp --dport 30080 -j {ext}"),
+        ]
+    );
+    // Not without the counters, nor without localhost NodePorts.
+    let r = render_service_with(&s, &eps, &c, &node(), &HostRules::default());
+    assert_eq!(r.nat_nodeports.len(), 1);
+    let r = render_service_with(&s, &eps, &cfg(), &node(), &counted);
+    assert_eq!(r.nat_nodeports.len(), 1);
+}
+
+#[test]
+fn sync_reports_rules_owned_and_written_per_table() {
+    use kp_iptables::HostRules;
+    let rec = Recorder::default();
+    let mut p = IptablesProxier::new(cfg(), Box::new(rec.clone())).with_host_rules(HostRules {
+        invalid_drop: false,
+        nfacct: false,
+    });
+    let web = sp("web", "10.96.0.10").build();
+    let db = sp("db", "10.96.0.11").build();
+    let st = state(vec![
+        (
+            web.clone(),
+            vec![ep("10.244.1.5", true), ep("10.244.2.6", false)],
+        ),
+        (db.clone(), vec![ep("10.244.1.9", true)]),
+    ]);
+    // The `-A KUBE-` lines of `table` in a restore input.
+    let count = |text: &str, table: &str| -> u64 {
+        text.split(&format!("*{table}\n"))
+            .nth(1)
+            .map(|t| t.split("COMMIT").next().unwrap_or(""))
+            .unwrap_or("")
+            .lines()
+            .filter(|l| l.starts_with("-A KUBE-"))
+            .count() as u64
+    };
+    let r = p.sync(&st, &BTreeSet::new(), false).unwrap();
+    let full = rec.0.lock().unwrap().restores.last().unwrap().clone();
+    // KUBE-FORWARD without the INVALID drop: two rules in filter.
+    assert_eq!(count(&full, "filter"), 2, "{full}");
+    assert_eq!(
+        r.iptables_rules,
+        vec![
+            ("filter", 2, 2),
+            ("nat", count(&full, "nat"), count(&full, "nat"))
+        ]
+    );
+    let nat_total = count(&full, "nat");
+
+    // One endpoint more for db: its chains only are written; the total grows
+    // by the new endpoint's chain (2 rules) and its selection rule.
+    let st = state(vec![
+        (
+            web.clone(),
+            vec![ep("10.244.1.5", true), ep("10.244.2.6", false)],
+        ),
+        (
+            db.clone(),
+            vec![ep("10.244.1.9", true), ep("10.244.2.9", false)],
+        ),
+    ]);
+    let changed: BTreeSet<ServicePortName> = [db.name.clone()].into();
+    let r = p.sync(&st, &changed, false).unwrap();
+    assert!(!r.full);
+    let partial = rec.0.lock().unwrap().restores.last().unwrap().clone();
+    assert_eq!(
+        r.iptables_rules,
+        vec![
+            ("filter", 2, count(&partial, "filter")),
+            ("nat", nat_total + 3, count(&partial, "nat"))
+        ]
+    );
+    assert!(count(&partial, "nat") < nat_total + 3, "{partial}");
+}

@@ -96,6 +96,10 @@ pub struct SyncReport {
     /// Service ports that have no local endpoint although eTP/iTP=Local needs one
     /// (kubeproxy_sync_proxy_rules_no_local_endpoints_total), (internal, external).
     pub no_local_endpoints: (u64, u64),
+    /// iptables mode, per table ("filter", "nat"): (rules kube-proxy owns
+    /// there, rules this sync wrote there), builtin chains' jumps aside
+    /// (kubeproxy_sync_proxy_rules_iptables_total / _last).
+    pub iptables_rules: Vec<(&'static str, u64, u64)>,
 }
 
 #[derive(Debug, thiserror::Error)]

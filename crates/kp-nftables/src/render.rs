@@ -541,14 +541,10 @@ impl Skeleton {
             (
                 FILTER_FORWARD,
                 base(Hook::Forward, ChainType::Filter, -110),
+                // No `ct state invalid drop`: upstream's nftables mode has
+                // none (kubernetes#122663); it dropped traffic that
+                // multi-homed and asymmetric-routing nodes forward.
                 vec![
-                    // Out-of-window TCP packets marked INVALID would otherwise be
-                    // forwarded un-NATed and reset the connection (upstream's
-                    // conntrack e2e "invalid state" case).
-                    Rule::new(vec![
-                        Expr::Ct(CtState::Invalid),
-                        Expr::Verdict(Verdict::Drop),
-                    ]),
                     new_jump(SERVICE_ENDPOINTS_CHECK),
                     new_jump(CLUSTER_IPS_CHECK),
                 ],

@@ -281,9 +281,12 @@ fn each_kind_of_service_renders_its_layout() {
         text.contains("10.96.0.16 . 9000 . 1 : 10.244.2.9 . 9000"),
         "{text}"
     );
-    // Out-of-window packets marked INVALID are dropped before they can be
-    // forwarded un-NATed (upstream's conntrack "invalid state" reset bug).
-    assert!(text.contains("add rule ip kube-proxy-rs filter-forward ct state invalid drop"));
+    // No INVALID drop in the forward chain, as upstream's nftables mode
+    // (kubernetes#122663): multi-homed nodes forward such packets.
+    assert!(!text.contains("ct state invalid"), "{text}");
+    assert!(text.contains(
+        "add rule ip kube-proxy-rs filter-forward ct state new jump service-endpoints-check"
+    ));
     // Hairpin set holds local endpoints.
     assert!(text.contains("10.244.1.2 . 10.244.1.2"));
 }

@@ -16,6 +16,7 @@ pub mod duration;
 pub mod events;
 pub mod healthcheck;
 pub mod host;
+pub mod iptables_metrics;
 pub mod logging;
 pub mod metrics;
 pub mod modes;

@@ -73,6 +73,7 @@ struct Inner {
     endpoint_changes: Counter,
     endpoint_changes_pending: Gauge,
     no_local_endpoints: GaugeVec,
+    iptables_rules: crate::iptables_metrics::IptablesRules,
     iptables_restore_failures: CounterVec,
     iptables_partial_restore_failures: CounterVec,
     nftables_sync_failures: CounterVec,
@@ -177,6 +178,7 @@ impl Metrics {
             endpoint_changes_pending.clone(),
         );
         // A gauge whose upstream name ends in _total: registered as is.
+        let iptables_rules = crate::iptables_metrics::IptablesRules::register(&mut r);
         let no_local_endpoints = GaugeVec::default();
         r.register(
             "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
@@ -320,6 +322,7 @@ impl Metrics {
                 endpoint_changes,
                 endpoint_changes_pending,
                 no_local_endpoints,
+                iptables_rules,
                 iptables_restore_failures,
                 iptables_partial_restore_failures,
                 nftables_sync_failures,
@@ -366,6 +369,7 @@ impl Metrics {
             report.no_local_endpoints.0,
             report.no_local_endpoints.1,
         );
+        self.inner.iptables_rules.observe(family, report);
     }
 
     /// A failed sync: counts under the mode's upstream failure counter

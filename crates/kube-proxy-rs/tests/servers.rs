@@ -258,7 +258,8 @@ async fn metrics_use_upstream_names() {
         assert!(text.contains(e), "missing {e:?} in:\n{text}");
     }
     // Dropped: never fed (nftables deletes stale chains in the sync's own
-    // transaction; iptables rule counts are not reported by the dataplane).
+    // transaction); iptables rule counts come only with an iptables sync's
+    // report, none here.
     for gone in [
         "nftables_cleanup_failures",
         "sync_proxy_rules_iptables_total",

@@ -209,6 +209,18 @@ fn conntrack(negate: bool, states: u16) -> Vec<u8> {
     xt_align(v)
 }
 
+/// struct xt_nfacct_match_info_v1 (revision 1, what iptables 1.8 picks):
+/// name[NFACCT_NAME_MAX = 32], then the kernel's pointer to the object,
+/// left zero.
+fn nfacct(name: &str) -> Result<[u8; 40], String> {
+    if name.is_empty() || name.len() >= 32 {
+        return Err(format!("nfacct name {name:?} is not 1-31 bytes"));
+    }
+    let mut v = [0; 40];
+    v[..name.len()].copy_from_slice(name.as_bytes());
+    Ok(v)
+}
+
 /// struct nf_nat_range2 for DNAT (revision 2): flags, min and max address
 /// (16 bytes each), min and max port, base_proto, padded to 48.
 fn dnat(addr: IpAddr, port: Option<u16>, fam: Family) -> Result<[u8; 48], String> {
@@ -335,6 +347,9 @@ pub fn encode_into(out: &mut Attrs, r: &Rule, fam: Family) -> Result<(), String>
                 }
                 cmp_in(out, REG_1, *negate, &value.to_ne_bytes());
             }
+            Match::Nfacct(name) => {
+                xt_in(out, "match", "nfacct", 1, &nfacct(name)?);
+            }
         }
     }
     counter_in(out);
@@ -404,6 +419,8 @@ mod tests {
         assert_eq!(masquerade(true, Family::V4).len(), 24);
         assert_eq!(masquerade(true, Family::V6).len(), 40);
         assert_eq!(reject(Family::V4).len(), 8);
+        assert_eq!(nfacct("ct_state_invalid_dropped_pkts").unwrap().len(), 40);
+        assert!(nfacct(&"x".repeat(32)).is_err());
     }
 
     #[test]

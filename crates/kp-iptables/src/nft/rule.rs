@@ -83,6 +83,8 @@ pub enum Match {
         value: u32,
         mask: u32,
     },
+    /// `-m nfacct --nfacct-name NAME`: counts into that nfacct object.
+    Nfacct(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -388,6 +390,7 @@ pub fn parse_rule<S: AsRef<str>>(args: &[S]) -> Result<Rule, String> {
                         value: 0,
                         mask: u32::MAX,
                     },
+                    "nfacct" => Match::Nfacct(String::new()),
                     other => return Err(format!("unsupported match {other:?}")),
                 });
             }
@@ -477,6 +480,7 @@ fn match_option(
                 | (Match::AddrType { .. }, "--src-type" | "--dst-type")
                 | (Match::CtState { .. }, "--ctstate")
                 | (Match::Mark { .. }, "--mark")
+                | (Match::Nfacct(_), "--nfacct-name")
         )
     };
     let m = matches
@@ -491,6 +495,7 @@ fn match_option(
     }
     match m {
         Match::Comment(c) => *c = val()?.to_string(),
+        Match::Nfacct(n) => *n = val()?.to_string(),
         Match::Ports { dport, .. } => {
             *dport = Some(val()?.parse().map_err(|_| format!("bad port for {opt}"))?)
         }

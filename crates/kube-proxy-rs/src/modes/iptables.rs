@@ -14,10 +14,13 @@ use super::{Outcome, Scope, FAMILIES};
 use crate::config::{ProxyConfig, ProxyMode};
 
 pub fn dataplane(cfg: &ProxyConfig, family: IpFamily, pc: ProxierConfig) -> Box<dyn Dataplane> {
-    Box::new(kp_iptables::IptablesProxier::new(
-        pc,
-        kp_iptables::select(family, cfg.iptables_backend, cfg.iptables_nft_restore),
-    ))
+    Box::new(
+        kp_iptables::IptablesProxier::new(
+            pc,
+            kp_iptables::select(family, cfg.iptables_backend, cfg.iptables_nft_restore),
+        )
+        .probing_host(),
+    )
 }
 
 /// `--init-only`: route_localnet (for NodePorts on localhost).
