@@ -102,6 +102,10 @@ fn jitter() -> f64 {
 /// seconds notices it within a few.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long `Synced` waits for the first ServiceCIDR list once the other
+/// watches have listed.
+const CIDR_HOLD: Duration = Duration::from_secs(5);
+
 /// What to watch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiSourceOptions {
@@ -426,6 +430,12 @@ pub async fn run_api_source(
     // failures are logged, not reported as outages: the other watches do).
     let mut cidr_known = Known::default();
     let mut cidr_failing = false;
+    // `Synced` waits for the first ServiceCIDR list too (or its failure), so
+    // that the first sync, which a restart's adoption compares the table
+    // with, already drops the ranges: no moment of letting them through.
+    let mut cidr_settled = false;
+    let mut synced_held = false;
+    let mut held_since = tokio::time::Instant::now();
     let mut conn = Connection::new();
     let mut probe_task = Probe::default();
     let (probe_tx, mut probe_rx) = mpsc::channel::<()>(1);
@@ -434,6 +444,17 @@ pub async fn run_api_source(
     loop {
         let item = tokio::select! {
             _ = tx.closed() => return Ok(()),
+            // A ServiceCIDR list that neither ends nor fails holds the first
+            // sync no longer than this.
+            _ = tokio::time::sleep_until(held_since + CIDR_HOLD), if synced_held => {
+                synced_held = false;
+                cidr_settled = true;
+                warn!("no ServiceCIDR list within {CIDR_HOLD:?}; syncing without it");
+                if tx.send(SourceEvent::Synced).await.is_err() {
+                    return Ok(());
+                }
+                continue;
+            }
             Some(()) = probe_rx.recv() => {
                 probe_task.0 = None;
                 if conn.probe_answered() {
@@ -456,11 +477,12 @@ pub async fn run_api_source(
         };
         let (watch, outcome) = match item {
             Item::Cidr(r) => {
-                let events = match *r {
+                let mut events = match *r {
                     Ok(ev) => {
                         if std::mem::take(&mut cidr_failing) {
                             info!("ServiceCIDR watch delivering again");
                         }
+                        cidr_settled |= is_list_end(&ev);
                         translate(
                             ev,
                             &mut cidr_known,
@@ -471,10 +493,13 @@ pub async fn run_api_source(
                     Err(e) if is_missing_api(&e) => {
                         // The stream has ended; restarted watches leave it out.
                         cidr_api = false;
+                        cidr_settled = true;
                         warn!("the API server has no ServiceCIDR API (networking.k8s.io/v1); carrying on without it: traffic to unallocated Service addresses is not dropped");
                         Vec::new()
                     }
                     Err(e) => {
+                        // Not worth holding the first sync for.
+                        cidr_settled = true;
                         if !std::mem::replace(&mut cidr_failing, true) {
                             if is_forbidden(&e) {
                                 warn!("cannot watch ServiceCIDRs (give the proxy list and watch on servicecidrs.networking.k8s.io); retrying: {e}");
@@ -487,6 +512,9 @@ pub async fn run_api_source(
                         Vec::new()
                     }
                 };
+                if cidr_settled && std::mem::take(&mut synced_held) {
+                    events.push(SourceEvent::Synced);
+                }
                 for e in events {
                     if tx.send(e).await.is_err() {
                         return Ok(());
@@ -554,7 +582,10 @@ pub async fn run_api_source(
                 }
                 restart = step.restart_watches;
                 out.extend(events);
-                if step.synced {
+                if step.synced && !cidr_settled {
+                    synced_held = true;
+                    held_since = tokio::time::Instant::now();
+                } else if step.synced {
                     out.push(SourceEvent::Synced);
                 }
             }

@@ -572,3 +572,32 @@ async fn a_forbidden_service_cidr_watch_is_retried_until_allowed() {
         src.seen
     );
 }
+
+#[tokio::test]
+async fn synced_waits_for_the_service_cidrs_a_while() {
+    let server = ApiServer::start().await;
+    server.apply_service_cidr(&service_cidr("kubernetes", &["10.96.0.0/16"]));
+    server.apply_node(node(NODE, "zone-1"));
+    // A slow list: the first sync waits for it, so it already drops the
+    // ranges (a restart never lets them through meanwhile).
+    server.set_list_delay("servicecidrs", Duration::from_millis(1500));
+    let mut src = start(&server);
+    let got = src.until("synced").await;
+    assert!(
+        got.iter().any(|e| e == "cidr+ kubernetes=10.96.0.0/16"),
+        "{got:?}"
+    );
+
+    // One that does not answer holds it no longer than 5 s.
+    let server = ApiServer::start().await;
+    server.apply_node(node(NODE, "zone-1"));
+    server.set_list_delay("servicecidrs", Duration::from_secs(60));
+    let t0 = std::time::Instant::now();
+    let mut src = start(&server);
+    src.until("synced").await;
+    let waited = t0.elapsed();
+    assert!(
+        (Duration::from_secs(4)..Duration::from_secs(10)).contains(&waited),
+        "{waited:?}"
+    );
+}

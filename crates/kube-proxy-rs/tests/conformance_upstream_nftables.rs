@@ -24,3 +24,10 @@ fn c08b_clusterip_masquerade() {
         conformance::clusterip_masquerade("upstream/nftables");
     }
 }
+
+#[test]
+fn a07_service_cidrs() {
+    if conformance::binaries_for("upstream/nftables") {
+        conformance::api_service_cidrs("upstream/nftables");
+    }
+}
