@@ -7,6 +7,7 @@ use std::sync::Arc;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 
 use crate::names::{is_dns_label, is_dns_subdomain, is_port_name};
 use crate::types::*;
@@ -642,5 +643,24 @@ fn node_pod_cidrs(node: &Node) -> PodCidrs {
         }
     }
     out.raw = raw;
+    out
+}
+
+/// The ranges of a ServiceCIDR object (`spec.cidrs`, at most one per
+/// family), normalised to their network address. A string that is not a
+/// CIDR is skipped with a warning naming the object and the value: the API
+/// server validates them, but a manifest may hold anything.
+pub fn convert_service_cidr(obj: &ServiceCIDR, warnings: &mut Vec<String>) -> Vec<IpNet> {
+    let name = obj.metadata.name.as_deref().unwrap_or("");
+    let mut out = Vec::new();
+    let cidrs = obj.spec.as_ref().and_then(|s| s.cidrs.as_ref());
+    for (i, s) in cidrs.into_iter().flatten().enumerate() {
+        match s.trim().parse::<IpNet>() {
+            Ok(n) => out.push(n.trunc()),
+            Err(_) => warnings.push(format!(
+                "ServiceCIDR {name}: spec.cidrs[{i}]: {s:?} is not a CIDR; skipped"
+            )),
+        }
+    }
     out
 }

@@ -28,7 +28,8 @@ mod types;
 pub use claims::{AddressKey, RefusedClaim};
 pub use convert::{
     convert_endpoint_slice, convert_endpoint_slice_shared, convert_node, convert_service,
-    ConvertError, NodeDetails, PodCidrs, SliceEndpoints, TO_BE_DELETED_TAINT, ZONE_LABEL,
+    convert_service_cidr, ConvertError, NodeDetails, PodCidrs, SliceEndpoints, TO_BE_DELETED_TAINT,
+    ZONE_LABEL,
 };
 pub use dataplane::{
     serves_nodeports, Dataplane, DataplaneError, DataplaneKind, LocalDetector, ProxierConfig,

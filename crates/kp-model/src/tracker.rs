@@ -7,12 +7,14 @@ use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 
 use crate::claims::{
     claims_of, effective_port, AddressKey, ClaimIndex, Claimant, Created, RefusedClaim,
 };
 use crate::convert::{
-    convert_endpoint_slice_shared, convert_node, convert_service, ConvertError, SliceEndpoints,
+    convert_endpoint_slice_shared, convert_node, convert_service, convert_service_cidr,
+    ConvertError, SliceEndpoints,
 };
 use crate::topology::categorize_endpoints;
 use crate::types::*;
@@ -40,6 +42,10 @@ pub struct ProxyState {
     /// All endpoints from the slices, merged and de-duplicated; use
     /// [`categorize_endpoints`] to pick the ones traffic goes to.
     pub endpoints: HashMap<ServicePortName, Arc<Vec<Endpoint>>>,
+    /// This family's Service ranges, from the cluster's ServiceCIDR objects
+    /// (sorted, each once): traffic to an address there that no Service
+    /// holds is dropped by the nftables dataplane, as upstream's.
+    pub service_cidrs: Vec<ipnet::IpNet>,
 }
 
 impl ProxyState {
@@ -49,6 +55,7 @@ impl ProxyState {
             node,
             services: BTreeMap::new(),
             endpoints: HashMap::new(),
+            service_cidrs: Vec::new(),
         }
     }
     pub fn endpoints_of(&self, name: &ServicePortName) -> &[Endpoint] {
@@ -167,6 +174,9 @@ pub struct ChangeTracker {
     refused: BTreeMap<ServicePortName, BTreeSet<AddressKey>>,
     /// Endpoints' node, zone and hints, one copy for all slices.
     placements: Placements,
+    /// Each ServiceCIDR object's ranges of this family, by object name
+    /// (two objects may name the same range: it stays while either does).
+    service_cidrs: BTreeMap<String, Vec<ipnet::IpNet>>,
 }
 
 fn usable(e: &Endpoint) -> bool {
@@ -199,6 +209,7 @@ impl ChangeTracker {
             touched: HashSet::new(),
             refused: BTreeMap::new(),
             placements: Placements::default(),
+            service_cidrs: BTreeMap::new(),
         }
     }
 
@@ -366,6 +377,43 @@ impl ChangeTracker {
             let all: Vec<ServiceName> = self.services.keys().cloned().collect();
             self.dirty.extend(all);
         }
+    }
+
+    /// Adds or replaces a ServiceCIDR object. Returns whether this family's
+    /// Service ranges changed (the caller then syncs), and warnings about
+    /// ranges that were skipped.
+    pub fn update_service_cidr(&mut self, obj: &ServiceCIDR) -> (bool, Vec<String>) {
+        let mut warnings = Vec::new();
+        let name = obj.metadata.name.clone().unwrap_or_default();
+        let fam = self.cfg.family;
+        let mine: Vec<ipnet::IpNet> = convert_service_cidr(obj, &mut warnings)
+            .into_iter()
+            .filter(|n| fam.matches(&n.addr()))
+            .collect();
+        if mine.is_empty() {
+            self.service_cidrs.remove(&name);
+        } else {
+            self.service_cidrs.insert(name, mine);
+        }
+        (self.refresh_service_cidrs(), warnings)
+    }
+
+    /// Forgets the ServiceCIDR object `name`. Returns whether this family's
+    /// Service ranges changed.
+    pub fn delete_service_cidr(&mut self, name: &str) -> bool {
+        self.service_cidrs.remove(name);
+        self.refresh_service_cidrs()
+    }
+
+    /// Recomputes the state's ranges from the objects; true if they changed.
+    fn refresh_service_cidrs(&mut self) -> bool {
+        let all: BTreeSet<ipnet::IpNet> = self.service_cidrs.values().flatten().copied().collect();
+        let all: Vec<ipnet::IpNet> = all.into_iter().collect();
+        if all == self.state.service_cidrs {
+            return false;
+        }
+        self.state.service_cidrs = all;
+        true
     }
 
     /// Sets the node addresses and ports that host processes listen on:

@@ -808,3 +808,56 @@ fn endpoints_on_one_node_share_one_placement_across_slices_and_services() {
         (Some("node2"), Some("node3"))
     );
 }
+
+fn service_cidr(name: &str, cidrs: &[&str]) -> k8s_openapi::api::networking::v1::ServiceCIDR {
+    serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"cidrs": cidrs}})).unwrap()
+}
+
+#[test]
+fn service_cidrs_follow_the_objects_per_family() {
+    let net = |s: &str| s.parse::<ipnet::IpNet>().unwrap();
+    let mut v4 = tracker();
+    let mut v6 = ChangeTracker::new(TrackerConfig {
+        family: IpFamily::V6,
+        node_name: "node1".into(),
+        service_proxy_name: None,
+    });
+    let k = service_cidr("kubernetes", &["10.96.0.0/16", "fd00:96::/108"]);
+    assert_eq!(v4.update_service_cidr(&k), (true, vec![]));
+    assert_eq!(v6.update_service_cidr(&k), (true, vec![]));
+    assert_eq!(v4.state().service_cidrs, [net("10.96.0.0/16")]);
+    assert_eq!(v6.state().service_cidrs, [net("fd00:96::/108")]);
+    // The same object again changes nothing: no sync needed.
+    assert_eq!(v4.update_service_cidr(&k), (false, vec![]));
+    // A second object: added in order; one naming the same range as the
+    // first keeps it when the first goes.
+    let (changed, w) = v4.update_service_cidr(&service_cidr("more", &["10.1.0.0/24"]));
+    assert!(changed && w.is_empty());
+    assert_eq!(
+        v4.state().service_cidrs,
+        [net("10.1.0.0/24"), net("10.96.0.0/16")]
+    );
+    assert!(
+        !v4.update_service_cidr(&service_cidr("dup", &["10.96.0.0/16"]))
+            .0
+    );
+    assert!(!v4.delete_service_cidr("kubernetes"));
+    assert!(v4.delete_service_cidr("dup"));
+    assert_eq!(v4.state().service_cidrs, [net("10.1.0.0/24")]);
+    // An IPv6-only object is nothing to the IPv4 tracker.
+    assert!(
+        !v4.update_service_cidr(&service_cidr("six", &["fd00:97::/112"]))
+            .0
+    );
+    // Host bits are cleared; a string that is not a CIDR is skipped with a
+    // warning naming the object and the field.
+    let (changed, w) = v4.update_service_cidr(&service_cidr("more", &["10.1.0.9/24", "bogus"]));
+    assert!(!changed);
+    assert_eq!(w.len(), 1);
+    assert!(
+        w[0].contains("ServiceCIDR more") && w[0].contains("spec.cidrs[1]"),
+        "{w:?}"
+    );
+    assert!(v4.delete_service_cidr("more"));
+    assert!(v4.state().service_cidrs.is_empty());
+}

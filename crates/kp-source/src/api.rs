@@ -1,5 +1,8 @@
 //! The API source: kube-runtime watchers for Services, EndpointSlices and this
-//! node's Node, merged into one channel of [`SourceEvent`]s.
+//! node's Node, merged into one channel of [`SourceEvent`]s; and one for the
+//! cluster's ServiceCIDRs, which takes no part in the connection state (an
+//! older API server has no such API: logged once, and the proxy carries on
+//! without it).
 //!
 //! Relists never flush: the keys seen during a relist are compared with the
 //! keys known before, and only the missing ones are sent as deleted. A watcher
@@ -16,6 +19,7 @@ use futures::stream::{BoxStream, SelectAll};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube::api::{Api, ListParams};
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
@@ -98,6 +102,10 @@ fn jitter() -> f64 {
 /// seconds notices it within a few.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long `Synced` waits for the first ServiceCIDR list once the other
+/// watches have listed.
+const CIDR_HOLD: Duration = Duration::from_secs(5);
+
 /// What to watch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiSourceOptions {
@@ -113,6 +121,7 @@ enum Item {
     Service(Box<Result<Event<Service>, watcher::Error>>),
     Slice(Box<Result<Event<EndpointSlice>, watcher::Error>>),
     Node(Box<Result<Event<Node>, watcher::Error>>),
+    Cidr(Box<Result<Event<ServiceCIDR>, watcher::Error>>),
 }
 
 /// Per-resource bookkeeping of the keys the consumer knows about.
@@ -219,11 +228,48 @@ impl Drop for Probe {
     }
 }
 
-/// The three watchers, merged.
+/// The API server answered a list or watch with 404: it has no such
+/// resource (ServiceCIDR before Kubernetes 1.33 without the beta API on).
+fn is_missing_api(err: &watcher::Error) -> bool {
+    matches!(err,
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.code == 404)
+}
+
+/// The API server refused us the resource (403: RBAC without it).
+fn is_forbidden(err: &watcher::Error) -> bool {
+    matches!(err,
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) if s.code == 403)
+}
+
+/// The ServiceCIDR watcher (cluster-scoped, every object). It ends after
+/// a 404, which it yields: retrying an API the server does not have would
+/// only load it.
+fn service_cidr_stream(client: &Client) -> BoxStream<'static, Item> {
+    let w = relist_backoff(watcher::watcher(
+        Api::<ServiceCIDR>::all(client.clone()),
+        watcher::Config::default(),
+    ));
+    futures::stream::unfold(Some(w), |w| async move {
+        let mut w = w?;
+        let item = w.next().await?;
+        let next = match &item {
+            Err(e) if is_missing_api(e) => None,
+            _ => Some(w),
+        };
+        Some((Item::Cidr(Box::new(item)), next))
+    })
+    .boxed()
+}
+
+/// The three watchers, merged, and the ServiceCIDR one while `cidrs`.
 fn watch_streams(
     client: &Client,
     cfg: &watcher::Config,
     node_cfg: &watcher::Config,
+    cidrs: bool,
 ) -> SelectAll<BoxStream<'static, Item>> {
     // Read through ProxiedService (service.rs): one Service that
     // k8s-openapi's type cannot decode must not stop the Service watch.
@@ -245,7 +291,11 @@ fn watch_streams(
     ))
     .map(|r| Item::Node(Box::new(r)))
     .boxed();
-    futures::stream::select_all([services, slices, nodes])
+    let mut all = futures::stream::select_all([services, slices, nodes]);
+    if cidrs {
+        all.push(service_cidr_stream(client));
+    }
+    all
 }
 
 /// A watch event of the proxy's Service type as one of k8s-openapi's.
@@ -369,11 +419,23 @@ pub async fn run_api_source(
     }
     let node_cfg = watcher::Config::default().fields(&format!("metadata.name={}", opts.node_name));
 
-    let mut merged = watch_streams(&client, &cfg, &node_cfg);
+    // ServiceCIDRs: whether the server has the API (until it says 404).
+    let mut cidr_api = true;
+    let mut merged = watch_streams(&client, &cfg, &node_cfg, cidr_api);
 
     let mut svc_known = Known::default();
     let mut slice_known = Known::default();
     let mut node_known = Known::default();
+    // Whether the ServiceCIDR watch failed since it last delivered (its
+    // failures are logged, not reported as outages: the other watches do).
+    let mut cidr_known = Known::default();
+    let mut cidr_failing = false;
+    // `Synced` waits for the first ServiceCIDR list too (or its failure), so
+    // that the first sync, which a restart's adoption compares the table
+    // with, already drops the ranges: no moment of letting them through.
+    let mut cidr_settled = false;
+    let mut synced_held = false;
+    let mut held_since = tokio::time::Instant::now();
     let mut conn = Connection::new();
     let mut probe_task = Probe::default();
     let (probe_tx, mut probe_rx) = mpsc::channel::<()>(1);
@@ -382,6 +444,17 @@ pub async fn run_api_source(
     loop {
         let item = tokio::select! {
             _ = tx.closed() => return Ok(()),
+            // A ServiceCIDR list that neither ends nor fails holds the first
+            // sync no longer than this.
+            _ = tokio::time::sleep_until(held_since + CIDR_HOLD), if synced_held => {
+                synced_held = false;
+                cidr_settled = true;
+                warn!("no ServiceCIDR list within {CIDR_HOLD:?}; syncing without it");
+                if tx.send(SourceEvent::Synced).await.is_err() {
+                    return Ok(());
+                }
+                continue;
+            }
             Some(()) = probe_rx.recv() => {
                 probe_task.0 = None;
                 if conn.probe_answered() {
@@ -389,7 +462,7 @@ pub async fn run_api_source(
                     // although the server answers again: start fresh ones,
                     // which relist (without flushing, see Known) at once, so
                     // changes made during the outage arrive now.
-                    merged = watch_streams(&client, &cfg, &node_cfg);
+                    merged = watch_streams(&client, &cfg, &node_cfg, cidr_api);
                     info!("API server reachable again; watches restarted");
                     if tx.send(SourceEvent::Reconnected).await.is_err() {
                         return Ok(());
@@ -403,6 +476,52 @@ pub async fn run_api_source(
             },
         };
         let (watch, outcome) = match item {
+            Item::Cidr(r) => {
+                let mut events = match *r {
+                    Ok(ev) => {
+                        if std::mem::take(&mut cidr_failing) {
+                            info!("ServiceCIDR watch delivering again");
+                        }
+                        cidr_settled |= is_list_end(&ev);
+                        translate(
+                            ev,
+                            &mut cidr_known,
+                            |c| SourceEvent::ServiceCidrApplied(Box::new(c)),
+                            |_, name| Some(SourceEvent::ServiceCidrDeleted { name }),
+                        )
+                    }
+                    Err(e) if is_missing_api(&e) => {
+                        // The stream has ended; restarted watches leave it out.
+                        cidr_api = false;
+                        cidr_settled = true;
+                        warn!("the API server has no ServiceCIDR API (networking.k8s.io/v1); carrying on without it: traffic to unallocated Service addresses is not dropped");
+                        Vec::new()
+                    }
+                    Err(e) => {
+                        // Not worth holding the first sync for.
+                        cidr_settled = true;
+                        if !std::mem::replace(&mut cidr_failing, true) {
+                            if is_forbidden(&e) {
+                                warn!("cannot watch ServiceCIDRs (give the proxy list and watch on servicecidrs.networking.k8s.io); retrying: {e}");
+                            } else {
+                                warn!("ServiceCIDR watch failed; retrying: {e}");
+                            }
+                        } else {
+                            debug!("ServiceCIDR watch still failing: {e}");
+                        }
+                        Vec::new()
+                    }
+                };
+                if cidr_settled && std::mem::take(&mut synced_held) {
+                    events.push(SourceEvent::Synced);
+                }
+                for e in events {
+                    if tx.send(e).await.is_err() {
+                        return Ok(());
+                    }
+                }
+                continue;
+            }
             Item::Service(r) => (
                 Watch::Services,
                 (*r).map(|ev| {
@@ -463,7 +582,10 @@ pub async fn run_api_source(
                 }
                 restart = step.restart_watches;
                 out.extend(events);
-                if step.synced {
+                if step.synced && !cidr_settled {
+                    synced_held = true;
+                    held_since = tokio::time::Instant::now();
+                } else if step.synced {
                     out.push(SourceEvent::Synced);
                 }
             }
@@ -496,7 +618,7 @@ pub async fn run_api_source(
             }
         }
         if restart {
-            merged = watch_streams(&client, &cfg, &node_cfg);
+            merged = watch_streams(&client, &cfg, &node_cfg, cidr_api);
             info!("API server reachable again; watches restarted");
         }
     }

@@ -1,4 +1,5 @@
-//! Sources of Services, EndpointSlices and this node's Node object.
+//! Sources of Services, EndpointSlices, this node's Node object and the
+//! cluster's ServiceCIDRs.
 //!
 //! Every source sends [`SourceEvent`]s on a tokio mpsc channel; the sync loop
 //! feeds them to the model's change tracker. A source never flushes anything by
@@ -12,6 +13,7 @@ use std::path::PathBuf;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 
 pub mod api;
 pub mod connection;
@@ -70,6 +72,11 @@ pub enum SourceEvent {
         name: String,
     },
     NodeApplied(Box<Node>),
+    /// A ServiceCIDR (networking.k8s.io/v1): the cluster's Service ranges.
+    ServiceCidrApplied(Box<ServiceCIDR>),
+    ServiceCidrDeleted {
+        name: String,
+    },
     /// Services and EndpointSlices have both been listed once: the first sync may
     /// run (upstream waits for both informers to sync).
     Synced,

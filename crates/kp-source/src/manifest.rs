@@ -1,4 +1,4 @@
-//! The manifest source: Services, EndpointSlices and Nodes read from a
+//! The manifest source: Services, EndpointSlices, Nodes and ServiceCIDRs read from a
 //! directory of YAML and JSON files, re-read when the directory changes.
 //!
 //! Accepted layouts, mixed freely: multi-document YAML (`---`), `kind: List`
@@ -13,6 +13,7 @@ use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
@@ -35,6 +36,8 @@ pub struct Loaded {
     pub slices: BTreeMap<ObjectKey, EndpointSlice>,
     /// Nodes by name (every Node found; the consumer picks its own).
     pub nodes: BTreeMap<String, Node>,
+    /// ServiceCIDRs (networking.k8s.io/v1) by name: the Service ranges.
+    pub service_cidrs: BTreeMap<String, ServiceCIDR>,
     /// One message per skipped document or object, naming file, document and error.
     pub invalid: Vec<String>,
 }
@@ -201,7 +204,8 @@ fn load_value(mut v: Value, origin: &str, out: &mut Loaded) {
     }
     match (api_version.as_str(), kind) {
         ("v1", "List" | "ServiceList" | "NodeList")
-        | ("discovery.k8s.io/v1", "EndpointSliceList") => {
+        | ("discovery.k8s.io/v1", "EndpointSliceList")
+        | ("networking.k8s.io/v1", "ServiceCIDRList") => {
             match obj.remove("items") {
                 Some(Value::Array(items)) => {
                     for (i, item) in items.into_iter().enumerate() {
@@ -246,7 +250,21 @@ fn load_value(mut v: Value, origin: &str, out: &mut Loaded) {
                 }
             }
         }
-        ("", "Service" | "EndpointSlice" | "Node") => {
+        ("networking.k8s.io/v1", "ServiceCIDR") => {
+            if let Some(mut cidr) = decode::<ServiceCIDR>(v, origin, kind, out) {
+                // Cluster-scoped, as a Node.
+                cidr.metadata.namespace = None;
+                match cidr.metadata.name.clone().filter(|n| !n.is_empty()) {
+                    Some(name) => {
+                        out.service_cidrs.insert(name, cidr);
+                    }
+                    None => out
+                        .invalid
+                        .push(format!("{origin}: ServiceCIDR has no metadata.name")),
+                }
+            }
+        }
+        ("", "Service" | "EndpointSlice" | "Node" | "ServiceCIDR") => {
             out.invalid
                 .push(format!("{origin}: {kind} without apiVersion"));
         }
@@ -427,6 +445,7 @@ struct Seen {
     services: Known<ObjectKey>,
     slices: Known<ObjectKey>,
     nodes: Known<String>,
+    service_cidrs: Known<String>,
     /// The problems the last complete read reported.
     invalid: BTreeSet<String>,
 }
@@ -437,6 +456,7 @@ struct Reading {
     services: Found<ObjectKey>,
     slices: Found<ObjectKey>,
     nodes: Found<String>,
+    service_cidrs: Found<String>,
     invalid: BTreeSet<String>,
 }
 
@@ -463,6 +483,7 @@ impl Seen {
             services = r.services.keys.len(),
             endpoint_slices = r.slices.keys.len(),
             nodes = r.nodes.keys.len(),
+            service_cidrs = r.service_cidrs.keys.len(),
             invalid = r.invalid.len(),
             "manifests read"
         );
@@ -486,6 +507,12 @@ impl Seen {
             .file(svc, new.services, SourceEvent::ServiceApplied, &mut ev);
         self.slices
             .file(sl, new.slices, SourceEvent::SliceApplied, &mut ev);
+        self.service_cidrs.file(
+            &mut r.service_cidrs,
+            new.service_cidrs,
+            SourceEvent::ServiceCidrApplied,
+            &mut ev,
+        );
         ev
     }
 
@@ -496,6 +523,9 @@ impl Seen {
             // The sync loop has no use for a Node deletion: it keeps the last labels.
             debug!(node = %name, "Node removed from manifests");
             None
+        });
+        self.service_cidrs.finish(r.service_cidrs, &mut ev, |name| {
+            Some(SourceEvent::ServiceCidrDeleted { name: name.clone() })
         });
         let gone = |k: &ObjectKey| (k.namespace.clone(), k.name.clone());
         self.slices.finish(r.slices, &mut ev, |k| {

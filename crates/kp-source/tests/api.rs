@@ -95,6 +95,16 @@ fn describe(ev: &SourceEvent) -> String {
         SourceEvent::Disconnected(_) => "disconnected".into(),
         SourceEvent::Reconnected => "reconnected".into(),
         SourceEvent::Invalid(m) => format!("invalid {m}"),
+        SourceEvent::ServiceCidrApplied(c) => format!(
+            "cidr+ {}={}",
+            c.metadata.name.as_deref().unwrap_or(""),
+            c.spec
+                .as_ref()
+                .and_then(|s| s.cidrs.clone())
+                .unwrap_or_default()
+                .join(",")
+        ),
+        SourceEvent::ServiceCidrDeleted { name } => format!("cidr- {name}"),
     }
 }
 
@@ -488,5 +498,106 @@ async fn a_service_with_a_condition_without_time_does_not_stop_the_watch() {
     assert!(
         !got.iter().any(|e| e.starts_with("disconnected")),
         "{got:?}"
+    );
+}
+
+fn service_cidr(name: &str, cidrs: &[&str]) -> serde_json::Value {
+    json!({"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+        "metadata": {"name": name}, "spec": {"cidrs": cidrs}})
+}
+
+#[tokio::test]
+async fn service_cidrs_are_watched_without_holding_up_the_rest() {
+    let server = ApiServer::start().await;
+    server.apply_service_cidr(&service_cidr("kubernetes", &["10.96.0.0/16"]));
+    server.apply_node(node(NODE, "zone-1"));
+    let mut src = start(&server);
+    src.until_all(&["synced", "cidr+ kubernetes=10.96.0.0/16"])
+        .await;
+    // Added, changed and deleted later, without a restart.
+    server.apply_service_cidr(&service_cidr("second", &["10.97.0.0/24"]));
+    src.until("cidr+ second=10.97.0.0/24").await;
+    server.delete_service_cidr("second");
+    src.until("cidr- second").await;
+    // A relist finds a deletion it missed.
+    server.drop_watches();
+    server.compact();
+    server.delete_service_cidr("kubernetes");
+    src.until("cidr- kubernetes").await;
+    assert!(
+        !src.seen.iter().any(|e| e.starts_with("disconnected")),
+        "{:?}",
+        src.seen
+    );
+}
+
+#[tokio::test]
+async fn a_server_without_service_cidrs_is_asked_once() {
+    let server = ApiServer::start().await;
+    // An API server before ServiceCIDRs (or with the API off) answers 404.
+    server.set_list_error("servicecidrs", Some(404));
+    server.apply_service(service("default", "a", 80, json!({})));
+    server.apply_node(node(NODE, "zone-1"));
+    let mut src = start(&server);
+    src.until_all(&["synced", "svc+ default/a:80"]).await;
+    // The rest goes on; the missing API is not asked again (a watch
+    // retrying would list again within its 0.8 s first backoff).
+    server.apply_service(service("default", "b", 81, json!({})));
+    src.until("svc+ default/b:81").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(server.lists("servicecidrs").len(), 1);
+    assert!(
+        !src.seen.iter().any(|e| e.starts_with("disconnected")),
+        "{:?}",
+        src.seen
+    );
+}
+
+#[tokio::test]
+async fn a_forbidden_service_cidr_watch_is_retried_until_allowed() {
+    let server = ApiServer::start().await;
+    // RBAC without servicecidrs (an older ClusterRole): 403.
+    server.set_list_error("servicecidrs", Some(403));
+    server.apply_service_cidr(&service_cidr("kubernetes", &["10.96.0.0/16"]));
+    server.apply_node(node(NODE, "zone-1"));
+    let mut src = start(&server);
+    src.until("synced").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(server.lists("servicecidrs").len() >= 2);
+    server.set_list_error("servicecidrs", None);
+    src.until("cidr+ kubernetes=10.96.0.0/16").await;
+    assert!(
+        !src.seen.iter().any(|e| e.starts_with("disconnected")),
+        "{:?}",
+        src.seen
+    );
+}
+
+#[tokio::test]
+async fn synced_waits_for_the_service_cidrs_a_while() {
+    let server = ApiServer::start().await;
+    server.apply_service_cidr(&service_cidr("kubernetes", &["10.96.0.0/16"]));
+    server.apply_node(node(NODE, "zone-1"));
+    // A slow list: the first sync waits for it, so it already drops the
+    // ranges (a restart never lets them through meanwhile).
+    server.set_list_delay("servicecidrs", Duration::from_millis(1500));
+    let mut src = start(&server);
+    let got = src.until("synced").await;
+    assert!(
+        got.iter().any(|e| e == "cidr+ kubernetes=10.96.0.0/16"),
+        "{got:?}"
+    );
+
+    // One that does not answer holds it no longer than 5 s.
+    let server = ApiServer::start().await;
+    server.apply_node(node(NODE, "zone-1"));
+    server.set_list_delay("servicecidrs", Duration::from_secs(60));
+    let t0 = std::time::Instant::now();
+    let mut src = start(&server);
+    src.until("synced").await;
+    let waited = t0.elapsed();
+    assert!(
+        (Duration::from_secs(4)..Duration::from_secs(10)).contains(&waited),
+        "{waited:?}"
     );
 }

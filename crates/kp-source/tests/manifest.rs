@@ -347,6 +347,16 @@ fn describe(ev: &SourceEvent) -> String {
         SourceEvent::Disconnected(r) => format!("disconnected {r}"),
         SourceEvent::Reconnected => "reconnected".into(),
         SourceEvent::Invalid(m) => format!("invalid {m}"),
+        SourceEvent::ServiceCidrApplied(c) => format!(
+            "cidr+ {}={}",
+            c.metadata.name.as_deref().unwrap_or(""),
+            c.spec
+                .as_ref()
+                .and_then(|s| s.cidrs.clone())
+                .unwrap_or_default()
+                .join(",")
+        ),
+        SourceEvent::ServiceCidrDeleted { name } => format!("cidr- {name}"),
     }
 }
 
@@ -552,4 +562,63 @@ async fn a_duplicate_across_files_ends_as_the_later_one_without_flipping() {
     assert_eq!(port(&ev), Some(8080));
     assert_quiet(&mut rx).await;
     task.abort();
+}
+
+fn cidr_yaml(name: &str, cidrs: &str) -> String {
+    format!("apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata:\n  name: {name}\nspec:\n  cidrs: [{cidrs}]\n")
+}
+
+#[tokio::test]
+async fn service_cidrs_are_read_changed_and_deleted() {
+    let dir = TempDir::new("cidrs");
+    dir.write(
+        "cidrs.yaml",
+        &format!(
+            "{}---\n{}---\n{}",
+            cidr_yaml("kubernetes", "10.96.0.0/16, fd00:96::/108"),
+            // No name: reported, the rest still loads.
+            "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nspec:\n  cidrs: [10.1.0.0/16]\n",
+            // Another group's kind of the same name is not ours.
+            "apiVersion: example.com/v1\nkind: ServiceCIDR\nmetadata:\n  name: other\n",
+        ),
+    );
+    // A list, as `kubectl get servicecidrs -o yaml` writes it.
+    dir.write(
+        "list.yaml",
+        &format!(
+            "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDRList\nitems:\n- {}",
+            cidr_yaml("extra", "10.97.0.0/24").replace('\n', "\n  ")
+        ),
+    );
+    let (tx, mut rx) = mpsc::channel(64);
+    let task = tokio::spawn(run_manifest_source(
+        dir.path().to_owned(),
+        Duration::from_millis(100),
+        tx,
+    ));
+    let mut initial: Vec<String> = until_synced(&mut rx).await.iter().map(describe).collect();
+    assert_eq!(initial.pop().as_deref(), Some("synced"));
+    initial.sort();
+    assert_eq!(initial.len(), 3, "{initial:?}");
+    assert_eq!(initial[0], "cidr+ extra=10.97.0.0/24");
+    assert_eq!(initial[1], "cidr+ kubernetes=10.96.0.0/16,fd00:96::/108");
+    assert!(
+        initial[2].starts_with("invalid ")
+            && initial[2].contains("ServiceCIDR has no metadata.name"),
+        "{initial:?}"
+    );
+
+    // A second range added to the object: sent again; the list file's
+    // object is gone: deleted.
+    dir.write(
+        "cidrs.yaml",
+        &cidr_yaml("kubernetes", "10.96.0.0/16, 10.98.0.0/16"),
+    );
+    std::fs::remove_file(dir.path().join("list.yaml")).unwrap();
+    assert_eq!(
+        next_batch(&mut rx).await,
+        ["cidr+ kubernetes=10.96.0.0/16,10.98.0.0/16", "cidr- extra"]
+    );
+    drop(rx);
+    let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
 }

@@ -229,6 +229,30 @@ impl SyncLoop {
                 }
                 changed = true;
             }
+            SourceEvent::ServiceCidrApplied(obj) => {
+                // A change of a family's Service ranges needs a sync (the
+                // dataplane rewrites what it drops); the objects change rarely.
+                let mut warnings = Vec::new();
+                for f in &mut self.families {
+                    let (c, ws) = f.tracker.update_service_cidr(&obj);
+                    changed |= c;
+                    for w in ws {
+                        // Both families judge the same strings: once each.
+                        if !warnings.contains(&w) {
+                            warnings.push(w);
+                        }
+                    }
+                }
+                for w in warnings {
+                    tracing::warn!("{w}");
+                    self.metrics.invalid_field("ServiceCIDR");
+                }
+            }
+            SourceEvent::ServiceCidrDeleted { name } => {
+                for f in &mut self.families {
+                    changed |= f.tracker.delete_service_cidr(&name);
+                }
+            }
             SourceEvent::Invalid(msg) => {
                 tracing::warn!("skipping invalid object: {msg}");
                 self.metrics.invalid_object("Manifest");

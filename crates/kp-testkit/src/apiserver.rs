@@ -54,6 +54,7 @@ enum Kind {
     Node,
     CoreEvent,
     EventV1,
+    ServiceCidr,
 }
 
 impl Kind {
@@ -62,6 +63,7 @@ impl Kind {
             Kind::Service | Kind::Node | Kind::CoreEvent => "v1",
             Kind::EndpointSlice => "discovery.k8s.io/v1",
             Kind::EventV1 => "events.k8s.io/v1",
+            Kind::ServiceCidr => "networking.k8s.io/v1",
         }
     }
 
@@ -71,6 +73,7 @@ impl Kind {
             Kind::EndpointSlice => "EndpointSlice",
             Kind::Node => "Node",
             Kind::CoreEvent | Kind::EventV1 => "Event",
+            Kind::ServiceCidr => "ServiceCIDR",
         }
     }
 
@@ -80,11 +83,12 @@ impl Kind {
             Kind::EndpointSlice => "endpointslices",
             Kind::Node => "nodes",
             Kind::CoreEvent | Kind::EventV1 => "events",
+            Kind::ServiceCidr => "servicecidrs",
         }
     }
 
     fn namespaced(self) -> bool {
-        !matches!(self, Kind::Node)
+        !matches!(self, Kind::Node | Kind::ServiceCidr)
     }
 
     /// The resource behind `/api/v1/<plural>` or `/apis/<group>/v1/<plural>`.
@@ -95,6 +99,7 @@ impl Kind {
             ("", "events") => Some(Kind::CoreEvent),
             ("discovery.k8s.io", "endpointslices") => Some(Kind::EndpointSlice),
             ("events.k8s.io", "events") => Some(Kind::EventV1),
+            ("networking.k8s.io", "servicecidrs") => Some(Kind::ServiceCidr),
             _ => None,
         }
     }
@@ -647,6 +652,15 @@ impl ApiServer {
 
     pub fn delete_node(&self, name: &str) {
         self.state().delete(Kind::Node, "", name);
+    }
+
+    /// Creates or replaces a ServiceCIDR (networking.k8s.io/v1, cluster-scoped).
+    pub fn apply_service_cidr(&self, obj: &serde_json::Value) {
+        self.apply(Kind::ServiceCidr, obj);
+    }
+
+    pub fn delete_service_cidr(&self, name: &str) {
+        self.state().delete(Kind::ServiceCidr, "", name);
     }
 
     fn apply<T: serde::Serialize>(&self, kind: Kind, obj: &T) {
@@ -1264,7 +1278,7 @@ fn api_groups() -> Value {
     json!({
         "kind": "APIGroupList",
         "apiVersion": "v1",
-        "groups": [group("discovery.k8s.io"), group("events.k8s.io")],
+        "groups": [group("discovery.k8s.io"), group("events.k8s.io"), group("networking.k8s.io")],
     })
 }
 
@@ -1273,6 +1287,7 @@ fn resources_of(group: &str) -> Vec<Kind> {
         "" | "v1" => vec![Kind::Service, Kind::Node, Kind::CoreEvent],
         "discovery.k8s.io" | "discovery.k8s.io/v1" => vec![Kind::EndpointSlice],
         "events.k8s.io" | "events.k8s.io/v1" => vec![Kind::EventV1],
+        "networking.k8s.io" | "networking.k8s.io/v1" => vec![Kind::ServiceCidr],
         _ => Vec::new(),
     }
 }

@@ -1,4 +1,4 @@
-//! Random sequences of Service and EndpointSlice updates for the "partial
+//! Random sequences of Service, EndpointSlice and ServiceCIDR updates for the "partial
 //! syncs equal full syncs" property tests (the kernel's, in kube-proxy-rs,
 //! and the in-memory one over kp-nftables' `Fake`): added, changed, deleted;
 //! types, ports, externalIPs and LoadBalancer IPs changed; addresses that
@@ -9,6 +9,7 @@ use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kp_model::{ChangeTracker, IpFamily, TrackerConfig};
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -46,6 +47,8 @@ pub enum Step {
     Apply(Value),
     DeleteService(usize),
     DeleteSlice(usize, usize),
+    /// Deletes ServiceCIDR `cI`.
+    DeleteServiceCidr(usize),
 }
 
 fn pick<T: Clone + std::fmt::Debug + 'static>(pool: &'static [T]) -> impl Strategy<Value = T> {
@@ -192,7 +195,24 @@ pub fn step() -> impl Strategy<Value = Step> {
         5 => slice().prop_map(Step::Apply),
         1 => (0..SERVICES).prop_map(Step::DeleteService),
         1 => (0..SERVICES, 0..2usize).prop_map(|(i, j)| Step::DeleteSlice(i, j)),
+        1 => service_cidr().prop_map(Step::Apply),
+        1 => (0..2usize).prop_map(Step::DeleteServiceCidr),
     ]
+}
+
+/// A ServiceCIDR `c0` or `c1`: at most one range per family, as the API
+/// server allows; the two may name the same range.
+pub fn service_cidr() -> impl Strategy<Value = Value> {
+    (
+        0..2usize,
+        proptest::option::of(pick(&["10.96.0.0/16", "10.97.0.0/24"])),
+        proptest::option::of(pick(&["fd00:96::/108", "fd00:97::/112"])),
+    )
+        .prop_map(|(i, v4, v6)| {
+            let cidrs: Vec<&str> = v4.into_iter().chain(v6).collect();
+            json!({"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+                "metadata": {"name": format!("c{i}")}, "spec": {"cidrs": cidrs}})
+        })
 }
 
 /// A tracker of `family` on node1, the node the sequences' local
@@ -215,6 +235,10 @@ pub fn apply(t: &mut ChangeTracker, step: &Step) {
             let s: Service = serde_json::from_value(v.clone()).expect("generated Service");
             let _ = t.update_service(&s, now);
         }
+        Step::Apply(v) if v["kind"] == "ServiceCIDR" => {
+            let c: ServiceCIDR = serde_json::from_value(v.clone()).expect("generated ServiceCIDR");
+            let _ = t.update_service_cidr(&c);
+        }
         Step::Apply(v) => {
             let s: EndpointSlice =
                 serde_json::from_value(v.clone()).expect("generated EndpointSlice");
@@ -222,5 +246,8 @@ pub fn apply(t: &mut ChangeTracker, step: &Step) {
         }
         Step::DeleteService(i) => t.delete_service("default", &format!("s{i}"), now),
         Step::DeleteSlice(i, j) => t.delete_endpoint_slice("default", &format!("s{i}-{j}"), now),
+        Step::DeleteServiceCidr(i) => {
+            let _ = t.delete_service_cidr(&format!("c{i}"));
+        }
     }
 }

@@ -28,6 +28,14 @@ pub async fn dry_run(
                 }
             }),
             SourceEvent::NodeApplied(n) => trackers.iter_mut().for_each(|t| t.update_node(&n)),
+            SourceEvent::ServiceCidrApplied(c) => trackers.iter_mut().for_each(|t| {
+                for w in t.update_service_cidr(&c).1 {
+                    tracing::warn!("{w}");
+                }
+            }),
+            SourceEvent::ServiceCidrDeleted { name } => trackers.iter_mut().for_each(|t| {
+                t.delete_service_cidr(&name);
+            }),
             SourceEvent::Invalid(m) => tracing::warn!("skipping invalid object: {m}"),
             _ => {}
         }

@@ -8,3 +8,10 @@ mod conformance;
 
 conformance_suite!("api/nftables", || conformance::binaries_for("api/nftables"));
 api_cases!("api/nftables");
+
+#[test]
+fn a07_service_cidrs() {
+    if conformance::binaries_for("api/nftables") {
+        conformance::api_service_cidrs("api/nftables");
+    }
+}

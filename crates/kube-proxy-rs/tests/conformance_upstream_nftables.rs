@@ -38,3 +38,10 @@ fn c19_conntrack_timeouts_at_start() {
         conformance::conntrack_timeouts_at_start("upstream/nftables");
     }
 }
+
+#[test]
+fn a07_service_cidrs() {
+    if conformance::binaries_for("upstream/nftables") {
+        conformance::api_service_cidrs("upstream/nftables");
+    }
+}

@@ -667,8 +667,9 @@ shift 4; exec "$@""#;
     // events only when an Event repeats).
     let role: ClusterRole = typed("deploy/clusterrole.yaml");
     let rules = allowed(&role);
-    let expected_watches = 3;
-    wait("the three watches", &mut || {
+    // Services, EndpointSlices, the Node and ServiceCIDRs.
+    let expected_watches = 4;
+    wait("the four watches", &mut || {
         srv.api_calls().iter().filter(|c| c.verb == "watch").count() >= expected_watches
     });
     let made: BTreeSet<(String, String, String)> = srv

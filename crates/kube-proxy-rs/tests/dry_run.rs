@@ -158,3 +158,58 @@ fn dry_run_output_loads_with_nft() {
         "{listing}"
     );
 }
+
+/// The Service ranges of the cluster's ServiceCIDR objects (here from the
+/// manifests) are in the ruleset a dry run prints: traffic to their
+/// unallocated addresses is dropped, per family.
+#[test]
+fn dry_run_drops_the_service_cidrs() {
+    let dir = TempDir(std::env::temp_dir().join(format!("kpr-dryrun-cidr-{}", std::process::id())));
+    let dir = &dir.0;
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(
+        dir.join("objects.yaml"),
+        r#"
+apiVersion: networking.k8s.io/v1
+kind: ServiceCIDR
+metadata: {name: kubernetes}
+spec: {cidrs: [10.96.0.0/16, "fd00:96::/108"]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  clusterIP: 10.96.0.10
+  clusterIPs: [10.96.0.10]
+  ports: [{name: http, port: 80, protocol: TCP}]
+"#,
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_kube-proxy-rs"))
+        .arg(format!("--manifests={}", dir.display()))
+        .args([
+            "--proxy-mode=nftables",
+            "--hostname-override=node1",
+            "--cluster-cidr=10.244.0.0/16",
+            "--dry-run",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let script = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        script.contains("cluster-ips-check ip daddr 10.96.0.0/16 drop"),
+        "{script}"
+    );
+    let ns = Ns::create(&format!("kprdryc{}", std::process::id()));
+    let check = nft_in(&ns.0, &["-c", "-f", "-"], &script);
+    assert!(
+        check.status.success(),
+        "nft -c refused the --dry-run output: {}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+}

@@ -748,3 +748,86 @@ fn restart_replaces_a_table_of_another_layout_nftables() {
         assert!(text.contains("(layout "), "{text}");
     });
 }
+
+/// A restart keeps `cluster-ips-check` when the Service ranges (the
+/// cluster's ServiceCIDRs) are those the table drops, and rewrites it
+/// alone when they changed meanwhile.
+#[test]
+fn restart_adopts_or_rewrites_the_service_ranges_nftables() {
+    in_fresh_netns(|| {
+        let cidr = |cidrs: &[&str]| {
+            Step::Apply(json!({
+                "apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+                "metadata": {"name": "kubernetes"}, "spec": {"cidrs": cidrs},
+            }))
+        };
+        let mut t = tracker(IpFamily::V4);
+        apply(
+            &mut t,
+            &Step::Apply(json!({
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": {"namespace": "default", "name": "web"},
+                "spec": {"clusterIP": "10.96.7.1", "clusterIPs": ["10.96.7.1"],
+                         "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]},
+            })),
+        );
+        apply(&mut t, &cidr(&["10.96.0.0/16"]));
+        t.take_changes();
+        let start =
+            || NftablesProxier::new(proxier_config(IpFamily::V4), Box::new(NftNetlink::new()));
+        start()
+            .sync(t.state(), &BTreeSet::new(), true)
+            .expect("first sync");
+        let text = run(&[
+            "nft",
+            "list",
+            "chain",
+            "ip",
+            "kube-proxy-rs",
+            "cluster-ips-check",
+        ]);
+        assert!(text.contains("ip daddr 10.96.0.0/16 drop"), "{text}");
+
+        let mut same = start();
+        same.sync(t.state(), &BTreeSet::new(), true)
+            .expect("restart");
+        let a = same.adoption().expect("adopted");
+        assert_eq!(a.chains_rewritten, 0, "{a:?}");
+
+        apply(&mut t, &cidr(&["10.96.0.0/16", "fd00:96::/108"]));
+        apply(
+            &mut t,
+            &Step::Apply(json!({
+                "apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+                "metadata": {"name": "second"}, "spec": {"cidrs": ["10.98.0.0/24"]},
+            })),
+        );
+        t.take_changes();
+        let mut changed = start();
+        changed
+            .sync(t.state(), &BTreeSet::new(), true)
+            .expect("restart");
+        let a = changed.adoption().expect("adopted");
+        assert_eq!(a.chains_rewritten, 1, "{a:?}");
+        let after = listing(Mode::Nftables);
+        let full = fresh_full(Mode::Nftables, &[t.state()]).expect("fresh");
+        assert!(
+            after == full,
+            "adopted table differs:\n{}",
+            diff(&after, &full)
+        );
+        let text = run(&[
+            "nft",
+            "list",
+            "chain",
+            "ip",
+            "kube-proxy-rs",
+            "cluster-ips-check",
+        ]);
+        assert!(
+            text.contains("ip daddr 10.96.0.0/16 drop")
+                && text.contains("ip daddr 10.98.0.0/24 drop"),
+            "{text}"
+        );
+    });
+}

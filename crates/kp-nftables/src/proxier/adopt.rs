@@ -218,7 +218,11 @@ impl NftablesProxier {
         kt: &dyn TableView,
     ) -> (Tx, Programmed, Adoption) {
         let mut tx = Tx::default();
-        let mut prog = Programmed::default();
+        // sync() brought the skeleton to the state's Service ranges.
+        let mut prog = Programmed {
+            check_cidrs: self.check_cidrs.clone(),
+            ..Default::default()
+        };
         let (rules_read, elements_read) = kt.counts();
         let mut st = Adoption {
             rules_read,

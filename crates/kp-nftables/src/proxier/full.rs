@@ -11,7 +11,9 @@ use super::programmed::{all_elements, Programmed};
 use super::tx::{add_rule, element_ops, op, Tx};
 use super::NftablesProxier;
 use crate::names::SET_NODEPORT_IPS;
-use crate::render::{affinity_set, render_service, shard_set, ElemKey, MapName, ServiceObjects};
+use crate::render::{
+    affinity_set, render_service, shard_set, ElemKey, MapName, ServiceObjects, Skeleton,
+};
 use crate::types::{Chain, Object, Verb};
 
 /// Written when the table is made (an update keeps the first comment), and
@@ -21,7 +23,7 @@ use crate::types::{Chain, Object, Verb};
 pub(super) const TABLE_COMMENT: &str = "rules for kube-proxy-rs (layout 2)";
 
 impl NftablesProxier {
-    fn skeleton_ops(&self, tx: &mut Tx, fresh: bool) {
+    fn skeleton_ops(&self, tx: &mut Tx, fresh: bool, skeleton: &Skeleton) {
         let table = || Object::Table {
             comment: Some(TABLE_COMMENT.into()),
         };
@@ -38,14 +40,14 @@ impl NftablesProxier {
                 .push(op(Verb::Flush, Object::Table { comment: None }));
         }
         tx.ops += 2;
-        for set in &self.skeleton.sets {
+        for set in &skeleton.sets {
             tx.head.push(op(Verb::Add, Object::Set(set.clone())));
             if !fresh {
                 tx.head.push(op(Verb::Flush, Object::Set(set.clone())));
             }
             tx.ops += 1;
         }
-        for (name, base, rules) in &self.skeleton.chains {
+        for (name, base, rules) in &skeleton.chains {
             tx.head.push(op(
                 Verb::Add,
                 Object::Chain(Chain {
@@ -59,13 +61,12 @@ impl NftablesProxier {
                 tx.ops += 1;
             }
         }
-        if !self.skeleton.nodeport_ips.is_empty() {
+        if !skeleton.nodeport_ips.is_empty() {
             tx.add_elements.push(op(
                 Verb::Add,
                 Object::Elements {
                     set: MapName::Fixed(&SET_NODEPORT_IPS),
-                    elems: self
-                        .skeleton
+                    elems: skeleton
                         .nodeport_ips
                         .iter()
                         .map(|i| (ElemKey::Ip(*i), None))
@@ -78,8 +79,14 @@ impl NftablesProxier {
     /// The full transaction for `state`, and what it programs.
     pub(super) fn full_tx(&self, state: &ProxyState, fresh: bool) -> (Tx, Programmed) {
         let mut tx = Tx::default();
-        self.skeleton_ops(&mut tx, fresh);
-        let mut prog = Programmed::default();
+        // The skeleton follows the state's Service ranges at each sync; a
+        // dry run renders without syncing, so it may need its own.
+        let (own, check_cidrs) = self.skeleton_for(state);
+        self.skeleton_ops(&mut tx, fresh, own.as_ref().unwrap_or(&self.skeleton));
+        let mut prog = Programmed {
+            check_cidrs,
+            ..Default::default()
+        };
         // A full sync that keeps the table keeps the affinity records, so
         // each endpoint keeps its index.
         let before = if fresh {

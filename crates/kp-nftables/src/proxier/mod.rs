@@ -8,6 +8,7 @@
 
 mod adopt;
 mod affinity;
+mod cidrs;
 mod full;
 mod partial;
 mod programmed;
@@ -31,6 +32,9 @@ use tx::{element_ops, Tx};
 pub struct NftablesProxier {
     cfg: ProxierConfig,
     skeleton: Skeleton,
+    /// The Service ranges `skeleton`'s `cluster-ips-check` drops: the
+    /// configured ones and the cluster's ServiceCIDRs (`cidrs.rs`).
+    check_cidrs: Vec<ipnet::IpNet>,
     backend: Box<dyn NftBackend>,
     table: String,
     /// None until the first successful sync, and after a failed one: the next
@@ -45,9 +49,11 @@ pub struct NftablesProxier {
 impl NftablesProxier {
     pub fn new(cfg: ProxierConfig, backend: Box<dyn NftBackend>) -> Self {
         let skeleton = Skeleton::new(&cfg);
+        let check_cidrs = cidrs::effective(&cfg, &[]);
         NftablesProxier {
             cfg,
             skeleton,
+            check_cidrs,
             backend,
             table: TABLE_NAME.to_string(),
             programmed: None,
@@ -246,6 +252,7 @@ impl Dataplane for NftablesProxier {
         full: bool,
     ) -> Result<SyncReport, DataplaneError> {
         let t0 = Instant::now();
+        self.follow_service_cidrs(state);
         if std::mem::take(&mut self.adopt) && self.programmed.is_none() {
             if let Some(report) = self.adopt_table(state, t0) {
                 return Ok(report);

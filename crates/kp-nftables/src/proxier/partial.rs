@@ -22,6 +22,7 @@ impl NftablesProxier {
         prog: &mut Programmed,
     ) -> Tx {
         let mut tx = Tx::default();
+        self.rewrite_cluster_ips_check(&mut tx, prog);
         let mut del_elems: Vec<Element> = Vec::new();
         let mut add_elems: Vec<Element> = Vec::new();
         // Affinity sets whose last user went (deleted after the loop: another

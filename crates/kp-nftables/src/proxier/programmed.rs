@@ -87,6 +87,9 @@ pub(super) struct Programmed {
     /// Shared pick chains (protocol, endpoint count, shard) -> how many
     /// service ports go to them.
     pub(super) picks: BTreeMap<PickKey, usize>,
+    /// The Service ranges `cluster-ips-check` drops (see
+    /// `NftablesProxier::follow_service_cidrs`).
+    pub(super) check_cidrs: Vec<ipnet::IpNet>,
 }
 
 impl Programmed {

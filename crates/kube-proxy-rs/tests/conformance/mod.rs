@@ -1923,6 +1923,128 @@ pub fn api_allocated(mode: &str) {
     assert_eq!(env.wait_tcp(&cl, sa("10.100.0.11", node_port)).server, "a");
 }
 
+/// API case (nftables mode only, ours and upstream's): traffic to an
+/// address of a Service range (ServiceCIDR) that no Service holds is
+/// dropped, where it would otherwise follow the node's default route
+/// (upstream #122692). Here that route reaches a LAN host, "sink", which
+/// holds such addresses and answers on them, so "dropped" is told from
+/// "nobody there". The API server's --service-cluster-ip-range makes the
+/// default ServiceCIDR "kubernetes" (10.96.0.0/16, fd00:96::/108); a
+/// second one created later is dropped without a restart, and no longer
+/// once it is deleted. Upstream reads the ranges only when it rewrites its
+/// whole table (OnServiceCIDRsChanged stores them, its full sync writes
+/// them: at start, after a failure, hourly): its node1 is restarted after
+/// each change instead.
+pub fn api_service_cidrs(mode: &str) {
+    let mut env = Env::new("apicidr", mode);
+    let a = env.pod(2, "a");
+    let client = env.pod(1, "client");
+    let sink = env
+        .cluster
+        .add_host("sink", 7)
+        .expect("adding the sink host");
+    for argv in [
+        &["ip", "addr", "add", "10.96.0.200/32", "dev", "eth0"][..],
+        &["ip", "addr", "add", "10.98.0.200/32", "dev", "eth0"],
+        &["ip", "-6", "addr", "add", "fd00:96::200/128", "dev", "eth0"],
+        // Replies to node1's pods go back through node1.
+        &["ip", "route", "add", "10.244.1.0/24", "via", "10.100.0.11"],
+    ] {
+        env.cluster
+            .exec_ok(&sink.ns, argv)
+            .expect("setting up the sink");
+    }
+    let _sink = env
+        .cluster
+        .serve(&sink.ns, "sink", ServeSpec::tcp(&[80]))
+        .expect("the sink's server");
+    let node1 = env.cluster.node_ns(1).to_string();
+    let unallocated = sa("10.96.0.200", 80);
+    let unallocated6: SocketAddr = "[fd00:96::200]:80".parse().unwrap();
+    let later = sa("10.98.0.200", 80);
+    let reach = |ns: &str, to: SocketAddr| tcp_hello(ns, to, T).map(|r| r.server);
+    // Without a proxy the default route takes them to the sink.
+    for (ns, to) in [
+        (node1.as_str(), unallocated),
+        (client.ns(), unallocated),
+        (node1.as_str(), unallocated6),
+        (node1.as_str(), later),
+    ] {
+        assert_eq!(reach(ns, to).ok().as_deref(), Some("sink"), "{ns} -> {to}");
+    }
+
+    env.put("svc", &service("real", &["10.96.0.170"], json!({})));
+    env.put("eps", &slice("real", "1", "IPv4", &ready(&[&a])));
+    env.start_all();
+    assert_eq!(env.wait_tcp(client.ns(), sa("10.96.0.170", 80)).server, "a");
+    let dropped = |ns: &str, to: SocketAddr| matches!(reach(ns, to), Err(ConnError::Timeout));
+    // Dropped from the node itself (output) and from its pods (forward).
+    env.wait("unallocated ClusterIPs dropped", || {
+        dropped(&node1, unallocated) && dropped(client.ns(), unallocated)
+    });
+    env.wait("unallocated IPv6 ClusterIPs dropped", || {
+        dropped(&node1, unallocated6)
+    });
+    // Outside every Service range: the default route, as before.
+    assert_eq!(reach(&node1, later).ok().as_deref(), Some("sink"));
+
+    // A second range, created while the proxies run.
+    let second = json!({"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+        "metadata": {"name": "second"}, "spec": {"cidrs": ["10.98.0.0/24"]}});
+    env.put("cidr2", &second);
+    let upstream_full_sync = |env: &mut Env| {
+        if env.source == Source::Upstream {
+            // Its informer sees the change at once; give it a moment.
+            std::thread::sleep(Duration::from_secs(2));
+            env.kill(1);
+            env.start(1, &[]);
+            env.wait_synced(1);
+        }
+    };
+    upstream_full_sync(&mut env);
+    env.wait("the second range dropped", || {
+        dropped(&node1, later) && dropped(client.ns(), later)
+    });
+    assert_eq!(env.wait_tcp(client.ns(), sa("10.96.0.170", 80)).server, "a");
+
+    // Deleted. Should a finalizer hold it, lift it as the ServiceCIDR
+    // controller (kube-controller-manager, not run here) would for a range
+    // no Service uses.
+    env.remove("cidr2");
+    let cp = &env.api().cp;
+    let left = cp
+        .kubectl(&[
+            "get",
+            "servicecidr",
+            "second",
+            "--ignore-not-found",
+            "-o",
+            "name",
+        ])
+        .expect("looking the ServiceCIDR up");
+    if !left.trim().is_empty() {
+        cp.kubectl(&[
+            "patch",
+            "servicecidr",
+            "second",
+            "--type=merge",
+            "-p",
+            r#"{"metadata":{"finalizers":null}}"#,
+        ])
+        .expect("lifting the ServiceCIDR's finalizer");
+    }
+    upstream_full_sync(&mut env);
+    env.wait("the deleted range no longer dropped", || {
+        reach(&node1, later).ok().as_deref() == Some("sink")
+            && reach(client.ns(), later).ok().as_deref() == Some("sink")
+    });
+    assert!(
+        dropped(&node1, unallocated),
+        "the default range is still dropped"
+    );
+    assert_eq!(env.wait_tcp(client.ns(), sa("10.96.0.170", 80)).server, "a");
+}
+
 /// Declares the API-only cases for one "api/MODE" or "upstream/MODE".
 #[allow(unused_macros)]
 macro_rules! api_cases {
