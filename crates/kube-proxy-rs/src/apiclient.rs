@@ -57,7 +57,10 @@ pub fn client(config: kube::Config) -> Result<kube::Client> {
         .option_layer(config.auth_layer().context("API credentials")?)
         .layer(config.extra_headers_layer().context("API headers")?)
         .map_err(BoxError::from)
+        // Innermost, so each attempt of a retried request counts.
+        .layer(crate::client_metrics::MetricsLayer)
         .service(hyper);
+    crate::client_metrics::transport_created();
     Ok(kube::Client::new(service, config.default_namespace))
 }
 

@@ -91,6 +91,7 @@ struct Inner {
     userspace_errors: CounterVec,
     source_connected: Gauge,
     server_restarts: CounterVec,
+    feature_enabled: GaugeVec,
 }
 
 /// All metrics of one process. Cheap to clone (shared).
@@ -305,6 +306,9 @@ impl Metrics {
             build_info,
         );
         r.register_collector(Box::new(crate::process_metrics::ProcessCollector));
+        // component-base's kubernetes_* and client-go's rest_client_*.
+        let feature_enabled = crate::component_metrics::register(&mut r);
+        crate::client_metrics::register(&mut r);
 
         Metrics {
             inner: Arc::new(Inner {
@@ -338,6 +342,7 @@ impl Metrics {
                 userspace_errors,
                 source_connected,
                 server_restarts,
+                feature_enabled,
             }),
         }
     }
@@ -591,6 +596,11 @@ impl Metrics {
     /// The API source lost (false) or regained (true) the API server.
     pub fn set_source_connected(&self, connected: bool) {
         self.inner.source_connected.set(i64::from(connected));
+    }
+
+    /// kubernetes_feature_enabled from the effective `featureGates`.
+    pub fn set_feature_gates(&self, gates: &std::collections::BTreeMap<String, bool>) {
+        crate::component_metrics::set_feature_gates(&self.inner.feature_enabled, gates);
     }
 
     /// OpenMetrics text, `# EOF` included.
