@@ -227,9 +227,11 @@ pub enum Negotiated {
     Text,
     /// Structured, in config.k8s.io `version`.
     Json(&'static str),
-    /// Nothing we serve; the Status in YAML (true) or JSON.
+    /// Nothing we serve: the Status in YAML if asked for, else in JSON,
+    /// compact if JSON itself was asked for (as upstream's encoders do).
     NotAcceptable {
         yaml: bool,
+        json: bool,
     },
 }
 
@@ -287,30 +289,44 @@ pub fn negotiate(accept: Option<&str>, kind: &str) -> Negotiated {
         }
     }
     let yaml = ranges.iter().any(|(_, _, m, _)| m == "application/yaml");
-    Negotiated::NotAcceptable { yaml }
+    let json = ranges.iter().any(|(_, _, m, _)| m == "application/json");
+    Negotiated::NotAcceptable { yaml, json }
 }
 
-fn not_acceptable(yaml: bool) -> Response {
+/// Upstream pretty-prints for people: clients whose User-Agent is curl's,
+/// wget's or a browser's.
+fn pretty_client(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ua| {
+            ["curl", "Wget", "Mozilla/"]
+                .iter()
+                .any(|p| ua.starts_with(p))
+        })
+}
+
+fn not_acceptable(yaml: bool, compact: bool) -> Response {
+    // Written out as upstream's encoders print them: JSON in its field
+    // order (serde_json would sort it), YAML folded at 80 columns.
     let (ctype, body) = if yaml {
         (
             "application/yaml",
+            "apiVersion: v1\ncode: 406\nkind: Status\nmessage: 'only the following media types are accepted: application/json, application/yaml,\n  text/plain'\nmetadata: {}\nreason: NotAcceptable\nstatus: Failure\n".to_string(),
+        )
+    } else if compact {
+        (
+            "application/json",
             format!(
-                "apiVersion: v1\ncode: 406\nkind: Status\nmessage: '{UNACCEPTABLE}'\nmetadata: {{}}\nreason: NotAcceptable\nstatus: Failure\n"
+                "{{\"kind\":\"Status\",\"apiVersion\":\"v1\",\"metadata\":{{}},\"status\":\"Failure\",\"message\":\"{UNACCEPTABLE}\",\"reason\":\"NotAcceptable\",\"code\":406}}\n"
             ),
         )
     } else {
-        let status = serde_json::json!({
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": UNACCEPTABLE,
-            "reason": "NotAcceptable",
-            "code": 406,
-        });
         (
             "application/json",
-            serde_json::to_string_pretty(&status).unwrap_or_default(),
+            format!(
+                "{{\n  \"kind\": \"Status\",\n  \"apiVersion\": \"v1\",\n  \"metadata\": {{}},\n  \"status\": \"Failure\",\n  \"message\": \"{UNACCEPTABLE}\",\n  \"reason\": \"NotAcceptable\",\n  \"code\": 406\n}}"
+            ),
         )
     };
     (
@@ -361,7 +377,9 @@ async fn statusz(State(z): State<Arc<Zpages>>, headers: HeaderMap) -> Response {
     match negotiate(accept(&headers).as_deref(), "Statusz") {
         Negotiated::Text => text(z.statusz_text(now, DELIMITERS[random_index(DELIMITERS.len())])),
         Negotiated::Json(v) => structured("Statusz", v, &z.statusz_json(now, v)),
-        Negotiated::NotAcceptable { yaml } => not_acceptable(yaml),
+        Negotiated::NotAcceptable { yaml, json } => {
+            not_acceptable(yaml, json && !pretty_client(&headers))
+        }
     }
 }
 
@@ -369,7 +387,9 @@ async fn flagz(State(z): State<Arc<Zpages>>, headers: HeaderMap) -> Response {
     match negotiate(accept(&headers).as_deref(), "Flagz") {
         Negotiated::Text => text(z.flagz_text(z.flag_delimiter)),
         Negotiated::Json(v) => structured("Flagz", v, &z.flagz_json(v)),
-        Negotiated::NotAcceptable { yaml } => not_acceptable(yaml),
+        Negotiated::NotAcceptable { yaml, json } => {
+            not_acceptable(yaml, json && !pretty_client(&headers))
+        }
     }
 }
 
@@ -413,27 +433,45 @@ mod tests {
         );
         assert_eq!(
             negotiate(Some("application/json"), "Flagz"),
-            NotAcceptable { yaml: false }
+            NotAcceptable {
+                yaml: false,
+                json: true
+            }
         );
         assert_eq!(
             negotiate(Some("application/yaml"), "Flagz"),
-            NotAcceptable { yaml: true }
+            NotAcceptable {
+                yaml: true,
+                json: false
+            }
         );
         assert_eq!(
             negotiate(Some("text/html"), "Statusz"),
-            NotAcceptable { yaml: false }
+            NotAcceptable {
+                yaml: false,
+                json: false
+            }
         );
         let j = "application/json;as=Flagz;v=v1beta1;g=config.k8s.io";
         assert_eq!(negotiate(Some(j), "Flagz"), Json("v1beta1"));
         // The kind must be the page's.
-        assert_eq!(negotiate(Some(j), "Statusz"), NotAcceptable { yaml: false });
+        assert_eq!(
+            negotiate(Some(j), "Statusz"),
+            NotAcceptable {
+                yaml: false,
+                json: true
+            }
+        );
         assert_eq!(
             negotiate(Some(&format!("{j}, text/plain")), "Flagz"),
             Json("v1beta1")
         );
         assert_eq!(
             negotiate(Some("text/plain;q=0, application/json"), "Flagz"),
-            NotAcceptable { yaml: false }
+            NotAcceptable {
+                yaml: false,
+                json: true
+            }
         );
     }
 
