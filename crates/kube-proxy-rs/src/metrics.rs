@@ -610,6 +610,14 @@ impl Metrics {
             tracing::error!(error = %e, "encoding metrics failed");
         }
         out.push_str("# EOF\n");
+        // prometheus-client writes Rust's "inf"; both formats spell it +Inf
+        // (rest_client_exec_plugin_ttl_seconds is one). A label value
+        // cannot hold a raw newline, so only sample values match.
+        if out.contains("inf\n") {
+            out = out
+                .replace(" inf\n", " +Inf\n")
+                .replace(" -inf\n", " -Inf\n");
+        }
         out
     }
 
