@@ -404,6 +404,23 @@ pub fn set_feature_gates(family: &GaugeVec, overrides: &BTreeMap<String, bool>) 
     }
 }
 
+/// Whether `gate` is on, as [`set_feature_gates`] last set it (false for
+/// a gate kube-proxy does not know).
+pub fn is_enabled(family: &GaugeVec, gate: &str) -> bool {
+    FEATURE_GATES
+        .iter()
+        .find(|(name, _, _)| *name == gate)
+        .is_some_and(|(name, stage, _)| {
+            family
+                .get_or_create(&vec![
+                    ("name", name.to_string()),
+                    ("stage", stage.to_string()),
+                ])
+                .get()
+                == 1
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

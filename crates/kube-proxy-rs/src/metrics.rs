@@ -603,6 +603,11 @@ impl Metrics {
         crate::component_metrics::set_feature_gates(&self.inner.feature_enabled, gates);
     }
 
+    /// Whether feature gate `gate` is on (see [`Metrics::set_feature_gates`]).
+    pub fn feature_enabled(&self, gate: &str) -> bool {
+        crate::component_metrics::is_enabled(&self.inner.feature_enabled, gate)
+    }
+
     /// OpenMetrics text, `# EOF` included.
     pub fn encode_openmetrics(&self) -> String {
         let mut out = String::new();

@@ -488,9 +488,11 @@ pub async fn serve_metrics_on(
     if let Ok(a) = listener.local_addr() {
         tracing::info!(address = %a, "serving /metrics, /proxyMode, /configz, /statusz, /flagz, /debug");
     }
-    let mut router = metrics_router(metrics, mode, configz).merge(crate::zpages::router(
-        crate::zpages::for_process(debug.is_some()),
-    ));
+    let pages = crate::zpages::for_process(debug.is_some()).with_gates(
+        metrics.feature_enabled("ComponentStatusz"),
+        metrics.feature_enabled("ComponentFlagz"),
+    );
+    let mut router = metrics_router(metrics, mode, configz).merge(crate::zpages::router(pages));
     if let Some(d) = debug {
         router = router.merge(crate::debug::debug_router(d));
     }

@@ -48,6 +48,9 @@ pub struct Zpages {
     pub paths: Vec<&'static str>,
     /// flagz's delimiter, picked once.
     flag_delimiter: &'static str,
+    /// The ComponentStatusz and ComponentFlagz feature gates.
+    statusz_enabled: bool,
+    flagz_enabled: bool,
 }
 
 fn random_index(n: usize) -> usize {
@@ -117,7 +120,20 @@ impl Zpages {
             flags,
             paths,
             flag_delimiter: DELIMITERS[random_index(DELIMITERS.len())],
+            statusz_enabled: true,
+            flagz_enabled: true,
         }
+    }
+
+    /// Serves only the pages whose feature gate is on (upstream's
+    /// ComponentStatusz, ComponentFlagz); /statusz then lists no /flagz.
+    pub fn with_gates(mut self, statusz: bool, flagz: bool) -> Self {
+        self.statusz_enabled = statusz;
+        self.flagz_enabled = flagz;
+        if !flagz {
+            self.paths.retain(|p| *p != "/flagz");
+        }
+        self
     }
 
     /// /statusz's text with `delim`, at `now`.
@@ -152,7 +168,7 @@ impl Zpages {
         out
     }
 
-    fn statusz_json(&self, now: SystemTime, version: &str) -> serde_json::Value {
+    fn statusz_json(&self, now: SystemTime, version: &str) -> String {
         let start = UNIX_EPOCH
             + Duration::from_secs(
                 self.started
@@ -160,31 +176,63 @@ impl Zpages {
                     .unwrap_or_default()
                     .as_secs(),
             );
-        serde_json::json!({
-            "kind": "Statusz",
-            "apiVersion": format!("config.k8s.io/{version}"),
-            "metadata": {"name": COMPONENT},
-            "startTime": format_rfc3339(start),
-            "uptimeSeconds": now.duration_since(self.started).unwrap_or_default().as_secs(),
-            "binaryVersion": git_version().trim_start_matches('v'),
-            "emulationVersion": emulation_version(),
-            "paths": self.paths,
-        })
+        let body = StatuszObject {
+            kind: "Statusz",
+            api_version: format!("config.k8s.io/{version}"),
+            metadata: Metadata { name: COMPONENT },
+            start_time: format_rfc3339(start),
+            uptime_seconds: now
+                .duration_since(self.started)
+                .unwrap_or_default()
+                .as_secs(),
+            binary_version: git_version().trim_start_matches('v').to_string(),
+            emulation_version: emulation_version(),
+            paths: &self.paths,
+        };
+        serde_json::to_string_pretty(&body).unwrap_or_default()
     }
 
-    fn flagz_json(&self, version: &str) -> serde_json::Value {
-        let flags: serde_json::Map<String, serde_json::Value> = self
-            .flags
-            .iter()
-            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-            .collect();
-        serde_json::json!({
-            "kind": "Flagz",
-            "apiVersion": format!("config.k8s.io/{version}"),
-            "metadata": {"name": COMPONENT},
-            "flags": flags,
-        })
+    fn flagz_json(&self, version: &str) -> String {
+        let body = FlagzObject {
+            kind: "Flagz",
+            api_version: format!("config.k8s.io/{version}"),
+            metadata: Metadata { name: COMPONENT },
+            flags: self
+                .flags
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect(),
+        };
+        serde_json::to_string_pretty(&body).unwrap_or_default()
     }
+}
+
+// The structured pages as structs: their fields in upstream's order.
+#[derive(serde::Serialize)]
+struct Metadata {
+    name: &'static str,
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct StatuszObject<'a> {
+    kind: &'static str,
+    api_version: String,
+    metadata: Metadata,
+    start_time: String,
+    uptime_seconds: u64,
+    binary_version: String,
+    emulation_version: String,
+    paths: &'a [&'static str],
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct FlagzObject<'a> {
+    kind: &'static str,
+    api_version: String,
+    metadata: Metadata,
+    flags: std::collections::BTreeMap<&'a str, &'a str>,
 }
 
 /// "1.36": the release whose behaviour this one follows.
@@ -341,11 +389,9 @@ fn text(body: String) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response()
 }
 
-fn structured(kind: &str, version: &str, body: &serde_json::Value) -> Response {
+fn structured(kind: &str, version: &str, body: String) -> Response {
     let ctype = format!("application/json;g=config.k8s.io;v={version};as={kind}");
-    let mut resp = serde_json::to_string_pretty(body)
-        .unwrap_or_default()
-        .into_response();
+    let mut resp = body.into_response();
     let h = resp.headers_mut();
     if let Ok(v) = HeaderValue::from_str(&ctype) {
         h.insert(header::CONTENT_TYPE, v);
@@ -376,7 +422,7 @@ async fn statusz(State(z): State<Arc<Zpages>>, headers: HeaderMap) -> Response {
     let now = SystemTime::now();
     match negotiate(accept(&headers).as_deref(), "Statusz") {
         Negotiated::Text => text(z.statusz_text(now, DELIMITERS[random_index(DELIMITERS.len())])),
-        Negotiated::Json(v) => structured("Statusz", v, &z.statusz_json(now, v)),
+        Negotiated::Json(v) => structured("Statusz", v, z.statusz_json(now, v)),
         Negotiated::NotAcceptable { yaml, json } => {
             not_acceptable(yaml, json && !pretty_client(&headers))
         }
@@ -386,19 +432,23 @@ async fn statusz(State(z): State<Arc<Zpages>>, headers: HeaderMap) -> Response {
 async fn flagz(State(z): State<Arc<Zpages>>, headers: HeaderMap) -> Response {
     match negotiate(accept(&headers).as_deref(), "Flagz") {
         Negotiated::Text => text(z.flagz_text(z.flag_delimiter)),
-        Negotiated::Json(v) => structured("Flagz", v, &z.flagz_json(v)),
+        Negotiated::Json(v) => structured("Flagz", v, z.flagz_json(v)),
         Negotiated::NotAcceptable { yaml, json } => {
             not_acceptable(yaml, json && !pretty_client(&headers))
         }
     }
 }
 
-/// The /statusz and /flagz routes.
+/// The /statusz and /flagz routes, those whose gate is on.
 pub fn router(z: Zpages) -> Router {
-    Router::new()
-        .route("/statusz", get(statusz))
-        .route("/flagz", get(flagz))
-        .with_state(Arc::new(z))
+    let mut r = Router::new();
+    if z.statusz_enabled {
+        r = r.route("/statusz", get(statusz));
+    }
+    if z.flagz_enabled {
+        r = r.route("/flagz", get(flagz));
+    }
+    r.with_state(Arc::new(z))
 }
 
 /// The process's pages, built once.

@@ -94,6 +94,8 @@ struct Seen {
     series: BTreeMap<String, BTreeSet<String>>,
     /// (page, accept) -> answer.
     pages: Vec<((String, Option<String>), Answer)>,
+    /// The kubernetes_feature_enabled samples.
+    feature_lines: BTreeSet<String>,
 }
 
 fn series(text: &str) -> BTreeMap<String, BTreeSet<String>> {
@@ -163,6 +165,12 @@ fn run(mode: &str) -> Seen {
     Seen {
         series: series(&metrics.body),
         pages,
+        feature_lines: metrics
+            .body
+            .lines()
+            .filter(|l| l.starts_with("kubernetes_feature_enabled{"))
+            .map(str::to_string)
+            .collect(),
     }
 }
 
@@ -181,6 +189,13 @@ fn compare_series(mode: &str, up: &Seen, ours: &Seen) {
             Some(_) => {}
         }
     }
+    // No --feature-gates on either side: the same gates, stages and states.
+    let gates = |s: &Seen| s.feature_lines.clone();
+    assert_eq!(
+        gates(ours),
+        gates(up),
+        "{mode}: kubernetes_feature_enabled differs"
+    );
     let delivered: Vec<&&str> = PENDING
         .iter()
         .filter(|n| ours.series.contains_key(**n))
@@ -334,4 +349,38 @@ fn same_series_and_zpages_as_upstream_nftables() {
 #[test]
 fn same_series_and_zpages_as_upstream_iptables() {
     compare("iptables");
+}
+
+/// --feature-gates reaches kubernetes_feature_enabled, and ComponentFlagz
+/// off takes /flagz away (and out of /statusz's paths), as upstream.
+#[test]
+fn feature_gates_are_honoured() {
+    let mut env = Env::new("zgates", "nftables");
+    env.start(
+        1,
+        &["--feature-gates=ComponentFlagz=false,NativeHistograms=true"],
+    );
+    env.wait_synced(1);
+    let ns = env.cluster.node_ns(1).to_string();
+    let metrics = get(&ns, "/metrics", None).body;
+    for want in [
+        "kubernetes_feature_enabled{name=\"ComponentFlagz\",stage=\"BETA\"} 0\n",
+        "kubernetes_feature_enabled{name=\"ComponentStatusz\",stage=\"BETA\"} 1\n",
+        "kubernetes_feature_enabled{name=\"NativeHistograms\",stage=\"ALPHA\"} 1\n",
+        "kubernetes_feature_enabled{name=\"NFTablesProxyMode\",stage=\"\"} 1\n",
+    ] {
+        assert!(metrics.contains(want), "no `{want}` in /metrics");
+    }
+    assert_eq!(get(&ns, "/flagz", None).status, 404);
+    let statusz = get(&ns, "/statusz", None);
+    assert_eq!(statusz.status, 200);
+    let paths = statusz
+        .body
+        .lines()
+        .find(|l| l.starts_with("Paths"))
+        .unwrap();
+    assert!(
+        paths.contains("/metrics") && !paths.contains("/flagz"),
+        "{paths}"
+    );
 }
