@@ -77,16 +77,23 @@ pub fn flag_values(args: impl IntoIterator<Item = OsString>) -> Vec<(String, Str
         let Some(long) = arg.get_long() else {
             continue;
         };
-        let value = matches
-            .as_ref()
-            .ok()
-            .and_then(|m| m.try_get_raw(arg.get_id().as_str()).ok().flatten())
-            .map(|vals| {
-                vals.map(|v| v.to_string_lossy().into_owned())
-                    .collect::<Vec<_>>()
-                    .join(",")
-            })
-            .unwrap_or_default();
+        let id = arg.get_id().as_str();
+        let m = matches.as_ref().ok();
+        // Printed as upstream's pflag values print: durations as Go's
+        // Duration.String() ("15m0s", not "15m"), lists as "[a,b]".
+        let value = if let Some(d) = m.and_then(|m| m.try_get_one::<Duration>(id).ok().flatten()) {
+            crate::duration::format_go_duration(*d)
+        } else {
+            let raw: Vec<String> = m
+                .and_then(|m| m.try_get_raw(id).ok().flatten())
+                .map(|vals| vals.map(|v| v.to_string_lossy().into_owned()).collect())
+                .unwrap_or_default();
+            if arg.get_value_delimiter().is_some() {
+                format!("[{}]", raw.join(","))
+            } else {
+                raw.join(",")
+            }
+        };
         out.push((long.to_string(), value));
     }
     // clap's own flags; the process runs, so neither was asked for.
@@ -532,6 +539,8 @@ mod tests {
                 "kube-proxy",
                 "--proxy-mode=iptables",
                 "--hostname-override=n1",
+                "--conntrack-tcp-timeout-established=0",
+                "--nodeport-addresses=10.0.0.0/8,primary",
             ]
             .map(OsString::from),
         );
@@ -544,8 +553,12 @@ mod tests {
         };
         assert_eq!(get("proxy-mode"), "iptables");
         assert_eq!(get("hostname-override"), "n1");
+        assert_eq!(get("conntrack-tcp-timeout-established"), "0s");
+        assert_eq!(get("nodeport-addresses"), "[10.0.0.0/8,primary]");
         assert_eq!(get("healthz-bind-address"), "0.0.0.0:10256");
         assert_eq!(get("config"), "");
+        assert_eq!(get("config-sync-period"), "15m0s");
+        assert_eq!(get("ipvs-exclude-cidrs"), "[]");
         assert_eq!(get("help"), "false");
         let names: Vec<&String> = flags.iter().map(|(k, _)| k).collect();
         let mut sorted = names.clone();

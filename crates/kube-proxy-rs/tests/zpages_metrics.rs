@@ -324,6 +324,14 @@ fn compare_pages(mode: &str, up: &Seen, ours: &Seen) {
             if accept.is_none() {
                 let lacking: Vec<&String> = ue.keys().filter(|k| !oe.contains_key(*k)).collect();
                 eprintln!("{what}: upstream flags ours does not have: {lacking:?}");
+                let differ: Vec<String> = ue
+                    .iter()
+                    .filter_map(|(k, v)| {
+                        let o = oe.get(k)?;
+                        (o != v).then(|| format!("{k}: upstream {v:?}, ours {o:?}"))
+                    })
+                    .collect();
+                eprintln!("{what}: flag values that differ: {differ:#?}");
             }
         }
     }
