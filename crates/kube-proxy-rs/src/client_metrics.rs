@@ -96,42 +96,42 @@ pub fn register(r: &mut Registry) {
     let m = &*REST;
     r.register(
         "rest_client_requests",
-        "[ALPHA] Number of HTTP requests, partitioned by status code, method, and host",
+        "[ALPHA] Number of HTTP requests, partitioned by status code, method, and host.",
         m.requests.clone(),
     );
     r.register(
         "rest_client_request_duration_seconds",
-        "[ALPHA] Request latency in seconds. Broken down by verb, and host",
+        "[ALPHA] Request latency in seconds. Broken down by verb, and host.",
         m.duration.clone(),
     );
     r.register(
         "rest_client_rate_limiter_duration_seconds",
-        "[ALPHA] Client side rate limiter latency in seconds. Broken down by verb, and host",
+        "[ALPHA] Client side rate limiter latency in seconds. Broken down by verb, and host.",
         m.rate_limiter.clone(),
     );
     r.register(
         "rest_client_request_size_bytes",
-        "[ALPHA] Request size in bytes. Broken down by verb and host",
+        "[ALPHA] Request size in bytes. Broken down by verb and host.",
         m.request_size.clone(),
     );
     r.register(
         "rest_client_response_size_bytes",
-        "[ALPHA] Response size in bytes. Broken down by verb and host",
+        "[ALPHA] Response size in bytes. Broken down by verb and host.",
         m.response_size.clone(),
     );
     r.register(
         "rest_client_exec_plugin_certificate_rotation_age",
-        "[ALPHA] Histogram of the number of seconds the last auth exec plugin client certificate lived before being rotated. If auth exec plugin client certificates are unused, histogram will contain no data",
+        "[ALPHA] Histogram of the number of seconds the last auth exec plugin client certificate lived before being rotated. If auth exec plugin client certificates are unused, histogram will contain no data.",
         m.exec_rotation_age.clone(),
     );
     r.register(
         "rest_client_exec_plugin_ttl_seconds",
-        "[ALPHA] Gauge of the shortest TTL (time-to-live) of the client certificate(s) managed by the auth exec plugin. The value is in seconds until certificate expiry (negative if already expired). If auth exec plugins are unused or manage no TLS certificates, the value will be +INF",
+        "[ALPHA] Gauge of the shortest TTL (time-to-live) of the client certificate(s) managed by the auth exec plugin. The value is in seconds until certificate expiry (negative if already expired). If auth exec plugins are unused or manage no TLS certificates, the value will be +INF.",
         m.exec_ttl.clone(),
     );
     r.register(
         "rest_client_transport_cache_entries",
-        "[ALPHA] Number of transport entries in the internal cache",
+        "[ALPHA] Number of transport entries in the internal cache.",
         m.transport_cache_entries.clone(),
     );
     r.register(

@@ -372,14 +372,14 @@ pub fn register(r: &mut Registry) -> GaugeVec {
         .set(1);
     r.register(
         "kubernetes_build_info",
-        "[BETA] A metric with a constant '1' value labeled by major, minor, git version, git commit, git tree state, build date, Go version, and compiler from which Kubernetes was built, and platform on which it is running",
+        "[BETA] A metric with a constant '1' value labeled by major, minor, git version, git commit, git tree state, build date, Go version, and compiler from which Kubernetes was built, and platform on which it is running.",
         build_info,
     );
     let features = GaugeVec::default();
     set_feature_gates(&features, &BTreeMap::new());
     r.register(
         "kubernetes_feature_enabled",
-        "[BETA] This metric records the data about the stage and enablement of a k8s feature",
+        "[BETA] This metric records the data about the stage and enablement of a k8s feature.",
         features.clone(),
     );
     features

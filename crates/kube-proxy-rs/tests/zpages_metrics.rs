@@ -96,6 +96,8 @@ struct Seen {
     pages: Vec<((String, Option<String>), Answer)>,
     /// The kubernetes_feature_enabled samples.
     feature_lines: BTreeSet<String>,
+    /// HELP text by family, for rest_client_* and kubernetes_*.
+    help: BTreeMap<String, String>,
 }
 
 fn series(text: &str) -> BTreeMap<String, BTreeSet<String>> {
@@ -171,6 +173,14 @@ fn run(mode: &str) -> Seen {
             .filter(|l| l.starts_with("kubernetes_feature_enabled{"))
             .map(str::to_string)
             .collect(),
+        help: metrics
+            .body
+            .lines()
+            .filter_map(|l| l.strip_prefix("# HELP "))
+            .filter(|l| l.starts_with("rest_client_") || l.starts_with("kubernetes_"))
+            .filter_map(|l| l.split_once(' '))
+            .map(|(n, t)| (n.to_string(), t.to_string()))
+            .collect(),
     }
 }
 
@@ -196,6 +206,14 @@ fn compare_series(mode: &str, up: &Seen, ours: &Seen) {
         gates(up),
         "{mode}: kubernetes_feature_enabled differs"
     );
+    // client-go's and component-base's help texts, word for word.
+    for (family, text) in &up.help {
+        assert_eq!(
+            ours.help.get(family),
+            Some(text),
+            "{mode}: HELP of {family}"
+        );
+    }
     let delivered: Vec<&&str> = PENDING
         .iter()
         .filter(|n| ours.series.contains_key(**n))
