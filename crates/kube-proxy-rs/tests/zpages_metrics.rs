@@ -206,6 +206,40 @@ fn compare_series(mode: &str, up: &Seen, ours: &Seen) {
         gates(up),
         "{mode}: kubernetes_feature_enabled differs"
     );
+    // deploy/monitoring's dashboard reads these from a proxy with an API
+    // source (tests/monitoring.rs runs one on manifests, without them).
+    let dashboard = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/monitoring/dashboard.json"
+    ))
+    .unwrap();
+    fn exprs(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(m) => m.iter().for_each(|(k, v)| match v {
+                Value::String(e) if k == "expr" => out.push(e.clone()),
+                _ => exprs(v, out),
+            }),
+            Value::Array(a) => a.iter().for_each(|v| exprs(v, out)),
+            _ => {}
+        }
+    }
+    let mut all = Vec::new();
+    exprs(&serde_json::from_str(&dashboard).unwrap(), &mut all);
+    let used: BTreeSet<&str> = all
+        .iter()
+        .flat_map(|e| e.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')))
+        .filter(|t| t.starts_with("rest_client_"))
+        .collect();
+    assert!(
+        !used.is_empty(),
+        "the dashboard reads no rest_client_ series"
+    );
+    for name in used {
+        assert!(
+            ours.series.contains_key(name),
+            "{mode}: the dashboard reads {name}, which ours does not export"
+        );
+    }
     // client-go's and component-base's help texts, word for word.
     for (family, text) in &up.help {
         assert_eq!(
