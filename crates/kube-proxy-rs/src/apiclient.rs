@@ -57,7 +57,10 @@ pub fn client(config: kube::Config) -> Result<kube::Client> {
         .option_layer(config.auth_layer().context("API credentials")?)
         .layer(config.extra_headers_layer().context("API headers")?)
         .map_err(BoxError::from)
+        // Innermost, so each attempt of a retried request counts.
+        .layer(crate::client_metrics::MetricsLayer)
         .service(hyper);
+    crate::client_metrics::transport_created();
     Ok(kube::Client::new(service, config.default_namespace))
 }
 
@@ -112,5 +115,62 @@ mod tests {
             when <= KEEPALIVE_IDLE.as_secs() * 100,
             "keepalive due in {when} ticks"
         );
+    }
+}
+
+#[cfg(test)]
+mod metrics_tests {
+    use super::*;
+    use crate::metrics::Metrics;
+
+    /// A real request through the client shows in client-go's series with
+    /// client-go's labels: the answer's code, the server's host:port, the
+    /// method; latency and sizes for a request, not for a watch.
+    #[tokio::test]
+    async fn requests_are_counted_and_timed() {
+        let app = axum::Router::new().route(
+            "/api/v1/nodes/{name}",
+            axum::routing::get(|| async {
+                (
+                    [("content-type", "application/json")],
+                    r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"n1"}}"#,
+                )
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+        let config = kube::Config::new(format!("http://127.0.0.1:{port}").parse().unwrap());
+        let c = client(config).unwrap();
+        let nodes = kube::Api::<k8s_openapi::api::core::v1::Node>::all(c);
+        nodes.get("n1").await.unwrap();
+        // No route: the answer's code is the label.
+        assert!(nodes.get("a/b").await.is_err());
+        server.abort();
+        let text = Metrics::new().encode();
+        let host = format!("127.0.0.1:{port}");
+        for want in [
+            format!("rest_client_requests_total{{code=\"200\",host=\"{host}\",method=\"GET\"}} 1\n"),
+            format!("rest_client_requests_total{{code=\"404\",host=\"{host}\",method=\"GET\"}} 1\n"),
+            format!("rest_client_request_duration_seconds_count{{host=\"{host}\",verb=\"GET\"}} "),
+            format!("rest_client_response_size_bytes_count{{host=\"{host}\",verb=\"GET\"}} "),
+            format!("rest_client_request_size_bytes_bucket{{le=\"64.0\",host=\"{host}\",verb=\"GET\"}} "),
+            "rest_client_transport_create_calls_total{result=\"uncacheable\"} ".to_string(),
+            "rest_client_exec_plugin_ttl_seconds +Inf\n".to_string(),
+            "# TYPE rest_client_requests_total counter\n".to_string(),
+        ] {
+            assert!(text.contains(&want), "no `{want}` in:\n{text}");
+        }
+        // The response body the client read was counted.
+        let size_sum: f64 = text
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(&format!(
+                    "rest_client_response_size_bytes_sum{{host=\"{host}\",verb=\"GET\"}} "
+                ))
+            })
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        assert!(size_sum >= 50.0, "response bytes {size_sum}");
     }
 }

@@ -7,6 +7,8 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod apiclient;
+pub mod client_metrics;
+pub mod component_metrics;
 pub mod config;
 pub mod configwatch;
 pub mod debug;
@@ -27,3 +29,4 @@ pub mod rfc3339;
 pub mod server;
 pub mod source;
 pub mod subcommands;
+pub mod zpages;

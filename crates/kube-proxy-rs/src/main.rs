@@ -164,6 +164,7 @@ fn run(mut cfg: ProxyConfig) -> Result<()> {
     let node_ips = host::local_addresses();
     let metrics = Metrics::new();
     metrics.init_series(&FAMILIES);
+    metrics.set_feature_gates(&cfg.feature_gates);
     if cfg.socket_lb.socket_lb && !cfg.dry_run && !cfg.cleanup {
         // Once for both families, before their dataplanes open the maps.
         modes::socketlb::install(&cfg.socket_lb)?;

@@ -92,6 +92,7 @@ struct Inner {
     userspace_errors: CounterVec,
     source_connected: Gauge,
     server_restarts: CounterVec,
+    feature_enabled: GaugeVec,
 }
 
 /// All metrics of one process. Cheap to clone (shared).
@@ -307,6 +308,9 @@ impl Metrics {
             build_info,
         );
         r.register_collector(Box::new(crate::process_metrics::ProcessCollector));
+        // component-base's kubernetes_* and client-go's rest_client_*.
+        let feature_enabled = crate::component_metrics::register(&mut r);
+        crate::client_metrics::register(&mut r);
 
         Metrics {
             inner: Arc::new(Inner {
@@ -341,6 +345,7 @@ impl Metrics {
                 userspace_errors,
                 source_connected,
                 server_restarts,
+                feature_enabled,
             }),
         }
     }
@@ -597,6 +602,16 @@ impl Metrics {
         self.inner.source_connected.set(i64::from(connected));
     }
 
+    /// kubernetes_feature_enabled from the effective `featureGates`.
+    pub fn set_feature_gates(&self, gates: &std::collections::BTreeMap<String, bool>) {
+        crate::component_metrics::set_feature_gates(&self.inner.feature_enabled, gates);
+    }
+
+    /// Whether feature gate `gate` is on (see [`Metrics::set_feature_gates`]).
+    pub fn feature_enabled(&self, gate: &str) -> bool {
+        crate::component_metrics::is_enabled(&self.inner.feature_enabled, gate)
+    }
+
     /// OpenMetrics text, `# EOF` included.
     pub fn encode_openmetrics(&self) -> String {
         let mut out = String::new();
@@ -604,6 +619,14 @@ impl Metrics {
             tracing::error!(error = %e, "encoding metrics failed");
         }
         out.push_str("# EOF\n");
+        // prometheus-client writes Rust's "inf"; both formats spell it +Inf
+        // (rest_client_exec_plugin_ttl_seconds is one). A label value
+        // cannot hold a raw newline, so only sample values match.
+        if out.contains("inf\n") {
+            out = out
+                .replace(" inf\n", " +Inf\n")
+                .replace(" -inf\n", " -Inf\n");
+        }
         out
     }
 

@@ -1,6 +1,7 @@
 //! The proxy's own HTTP servers: /healthz and /livez (default :10256), and
-//! /metrics, /proxyMode, /configz, /healthz and /debug/{services,explain}
-//! (default 127.0.0.1:10249; the debug endpoints are `debug.rs`).
+//! /metrics, /proxyMode, /configz, /healthz, /statusz, /flagz and
+//! /debug/{services,explain} (default 127.0.0.1:10249; the debug endpoints
+//! are `debug.rs`, the z-pages `zpages.rs`).
 //!
 //! [`HealthState`] follows upstream's ProxyHealthServer: each IP family's
 //! proxier reports when an update was queued and when rules were last
@@ -463,7 +464,7 @@ pub async fn serve_health_on(
         })
 }
 
-/// Serves /metrics, /proxyMode, /configz and /healthz on `addr`, and with
+/// Serves /metrics, /proxyMode, /configz, /healthz, /statusz and /flagz on `addr`, and with
 /// `debug` /debug/services and /debug/explain.
 pub async fn serve_metrics(
     addr: SocketAddr,
@@ -485,9 +486,13 @@ pub async fn serve_metrics_on(
     debug: Option<crate::debug::DebugState>,
 ) -> Result<(), ServerError> {
     if let Ok(a) = listener.local_addr() {
-        tracing::info!(address = %a, "serving /metrics, /proxyMode, /configz, /debug");
+        tracing::info!(address = %a, "serving /metrics, /proxyMode, /configz, /statusz, /flagz, /debug");
     }
-    let mut router = metrics_router(metrics, mode, configz);
+    let pages = crate::zpages::for_process(debug.is_some()).with_gates(
+        metrics.feature_enabled("ComponentStatusz"),
+        metrics.feature_enabled("ComponentFlagz"),
+    );
+    let mut router = metrics_router(metrics, mode, configz).merge(crate::zpages::router(pages));
     if let Some(d) = debug {
         router = router.merge(crate::debug::debug_router(d));
     }
