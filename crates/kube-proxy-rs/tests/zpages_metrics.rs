@@ -14,16 +14,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use conformance::*;
 use serde_json::{json, Value};
 
-/// Names another branch of this work delivers (issue 51: the iptables-mode
-/// series): reported while missing, not failed on. Remove a name once it
-/// is delivered; the test prints which ones it now finds.
-const PENDING: &[&str] = &[
-    "kubeproxy_iptables_ct_state_invalid_dropped_packets_total",
-    "kubeproxy_iptables_localhost_nodeports_accepted_packets_total",
-    "kubeproxy_sync_proxy_rules_iptables_total",
-    "kubeproxy_sync_proxy_rules_iptables_last",
-];
-
 const PREFIXES: [&str; 3] = ["kubeproxy_", "rest_client_", "kubernetes_"];
 
 /// The Accept headers each z-page is asked with ("curl:" also sends curl's
@@ -187,11 +177,9 @@ fn run(mode: &str) -> Seen {
 /// Every series name (and its label names) upstream shows, ours shows.
 fn compare_series(mode: &str, up: &Seen, ours: &Seen) {
     let mut missing = Vec::new();
-    let mut pending_missing = Vec::new();
     let mut label_diffs = Vec::new();
     for (name, labels) in &up.series {
         match ours.series.get(name) {
-            None if PENDING.contains(&name.as_str()) => pending_missing.push(name.clone()),
             None => missing.push(name.clone()),
             Some(ours) if ours != labels => {
                 label_diffs.push(format!("{name}: upstream {labels:?}, ours {ours:?}"))
@@ -248,14 +236,7 @@ fn compare_series(mode: &str, up: &Seen, ours: &Seen) {
             "{mode}: HELP of {family}"
         );
     }
-    let delivered: Vec<&&str> = PENDING
-        .iter()
-        .filter(|n| ours.series.contains_key(**n))
-        .collect();
-    eprintln!(
-        "{mode}: {} upstream series compared; pending (other branches) still missing: {pending_missing:?}; pending now present (remove from PENDING): {delivered:?}",
-        up.series.len()
-    );
+    eprintln!("{mode}: {} upstream series compared", up.series.len());
     assert!(
         missing.is_empty() && label_diffs.is_empty(),
         "{mode}: series upstream has and ours lacks: {missing:#?}\nlabel names that differ: {label_diffs:#?}"

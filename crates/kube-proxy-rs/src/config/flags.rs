@@ -170,7 +170,7 @@ pub struct Cli {
     pub ipvs_scheduler: String,
     #[arg(long, default_value = "30s", value_parser = duration_arg)]
     pub ipvs_sync_period: Duration,
-    #[arg(long, default_value = "0s", value_parser = duration_arg)]
+    #[arg(long, default_value = "1s", value_parser = duration_arg)]
     pub ipvs_min_sync_period: Duration,
     /// CIDRs the ipvs proxier should not touch when cleaning up.
     #[arg(long, value_delimiter = ',')]
@@ -226,8 +226,8 @@ pub struct Cli {
     #[arg(long)]
     pub vmodule: Option<String>,
     /// Accepted for compatibility.
-    #[arg(long)]
-    pub log_flush_frequency: Option<String>,
+    #[arg(long, default_value = "5s")]
+    pub log_flush_frequency: String,
     /// Accepted for compatibility (upstream's klog buffering and stream
     /// splitting; ours writes every line to stderr unbuffered).
     #[arg(long)]
