@@ -68,33 +68,47 @@ impl Frontends {
     /// Whether `flow` goes to one of these frontends but not to one of its
     /// serving endpoints.
     pub fn is_stale(&self, flow: &Flow) -> bool {
+        self.verdict(flow) == Some(true)
+    }
+
+    /// None when `flow` goes to none of these frontends; else whether it
+    /// is stale.
+    fn verdict(&self, flow: &Flow) -> Option<bool> {
         if flow.proto != UDP {
-            return false;
+            return None;
         }
-        let goes_to = |serving: &Serving| match (flow.reply_src, flow.reply_sport) {
-            (Some(ip), Some(port)) => serving.contains(&(ip, port)),
+        let stale = |serving: &Serving| match (flow.reply_src, flow.reply_sport) {
+            (Some(ip), Some(port)) => !serving.contains(&(ip, port)),
             // No reply tuple: nothing says where it goes; leave it.
-            _ => true,
+            _ => false,
         };
         // A Service address decides alone: another Service's NodePort
         // equal to this port must not condemn its flows (upstream checks
         // both).
         if let Some(s) = self.by_addr.get(&(flow.orig_dst, flow.orig_dport)) {
-            return !goes_to(s);
+            return Some(stale(s));
         }
-        self.by_node_port
-            .get(&flow.orig_dport)
-            .is_some_and(|s| !goes_to(s))
+        self.by_node_port.get(&flow.orig_dport).map(stale)
     }
 }
 
 /// The flows to delete: stale for `state`, or selected by one of the
-/// tracker's `filters`.
+/// tracker's `filters`. A filter for every flow of an address (a port that
+/// just got endpoints) leaves the flows to a current frontend to the
+/// reconciler's finer verdict, so a restart does not end the flows that
+/// reach a serving endpoint; a filter naming an endpoint (one that stopped
+/// being usable) still applies.
 pub fn stale_flows(state: &ProxyState, filters: &[StaleConntrack], flows: Vec<Flow>) -> Vec<Flow> {
     let frontends = Frontends::of(state);
     flows
         .into_iter()
-        .filter(|fl| frontends.is_stale(fl) || filters.iter().any(|f| matches(f, fl)))
+        .filter(|fl| match frontends.verdict(fl) {
+            Some(true) => true,
+            Some(false) => filters
+                .iter()
+                .any(|f| f.reply_src.is_some() && matches(f, fl)),
+            None => filters.iter().any(|f| matches(f, fl)),
+        })
         .collect()
 }
 
@@ -240,5 +254,21 @@ mod tests {
         ];
         let out = stale_flows(&state(), &[filter], flows.clone());
         assert_eq!(out, flows[..2].to_vec());
+        // A flush of a current frontend leaves its good flows alone; a
+        // filter naming the endpoint does not.
+        let flush = StaleConntrack {
+            protocol: Protocol::Udp,
+            orig_dst: Some(ip("10.96.0.10")),
+            orig_dport: 53,
+            reply_src: None,
+        };
+        let out = stale_flows(&state(), &[flush.clone()], flows.clone());
+        assert_eq!(out, flows[1..2].to_vec());
+        let named = StaleConntrack {
+            reply_src: Some(ip("10.244.1.5")),
+            ..flush
+        };
+        let out = stale_flows(&state(), &[named], flows.clone());
+        assert_eq!(out, flows[1..].to_vec());
     }
 }
