@@ -262,7 +262,7 @@ mod tests {
             orig_dport: 53,
             reply_src: None,
         };
-        let out = stale_flows(&state(), &[flush.clone()], flows.clone());
+        let out = stale_flows(&state(), std::slice::from_ref(&flush), flows.clone());
         assert_eq!(out, flows[1..2].to_vec());
         let named = StaleConntrack {
             reply_src: Some(ip("10.244.1.5")),
