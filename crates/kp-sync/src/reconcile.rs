@@ -37,6 +37,9 @@ type Serving = Arc<HashSet<(IpAddr, u16)>>;
 pub struct Frontends {
     by_addr: HashMap<(IpAddr, u16), Serving>,
     by_node_port: HashMap<u16, Serving>,
+    /// The proxy answers on the frontends itself (userspace mode): a flow
+    /// that was not NATed is one of its own, not stale.
+    serves_locally: bool,
 }
 
 impl Frontends {
@@ -78,6 +81,11 @@ impl Frontends {
             return None;
         }
         let stale = |serving: &Serving| match (flow.reply_src, flow.reply_sport) {
+            (Some(ip), Some(port))
+                if self.serves_locally && ip == flow.orig_dst && port == flow.orig_dport =>
+            {
+                false
+            }
             (Some(ip), Some(port)) => !serving.contains(&(ip, port)),
             // No reply tuple: nothing says where it goes; leave it.
             _ => false,
@@ -97,9 +105,15 @@ impl Frontends {
 /// just got endpoints) leaves the flows to a current frontend to the
 /// reconciler's finer verdict, so a restart does not end the flows that
 /// reach a serving endpoint; a filter naming an endpoint (one that stopped
-/// being usable) still applies.
-pub fn stale_flows(state: &ProxyState, filters: &[StaleConntrack], flows: Vec<Flow>) -> Vec<Flow> {
-    let frontends = Frontends::of(state);
+/// being usable) still applies. `serves_locally`: see [`Frontends`].
+pub fn stale_flows(
+    state: &ProxyState,
+    filters: &[StaleConntrack],
+    flows: Vec<Flow>,
+    serves_locally: bool,
+) -> Vec<Flow> {
+    let mut frontends = Frontends::of(state);
+    frontends.serves_locally = serves_locally;
     flows
         .into_iter()
         .filter(|fl| match frontends.verdict(fl) {
@@ -230,6 +244,19 @@ mod tests {
     }
 
     #[test]
+    fn a_proxy_serving_locally_keeps_its_own_flows() {
+        let flows = vec![
+            flow("10.96.0.10", 53, "10.96.0.10", 53),
+            flow("10.96.0.10", 53, "10.244.1.7", 8053),
+        ];
+        assert_eq!(
+            stale_flows(&state(), &[], flows.clone(), true),
+            flows[1..].to_vec()
+        );
+        assert_eq!(stale_flows(&state(), &[], flows.clone(), false), flows);
+    }
+
+    #[test]
     fn a_port_without_serving_endpoints_keeps_no_flow() {
         let mut st = state();
         let n = name("dns", "dns", Protocol::Udp);
@@ -252,7 +279,7 @@ mod tests {
             flow("10.96.0.10", 53, "10.244.1.7", 8053),
             flow("10.96.0.10", 53, "10.244.1.5", 8053),
         ];
-        let out = stale_flows(&state(), &[filter], flows.clone());
+        let out = stale_flows(&state(), &[filter], flows.clone(), false);
         assert_eq!(out, flows[..2].to_vec());
         // A flush of a current frontend leaves its good flows alone; a
         // filter naming the endpoint does not.
@@ -262,13 +289,13 @@ mod tests {
             orig_dport: 53,
             reply_src: None,
         };
-        let out = stale_flows(&state(), std::slice::from_ref(&flush), flows.clone());
+        let out = stale_flows(&state(), std::slice::from_ref(&flush), flows.clone(), false);
         assert_eq!(out, flows[1..2].to_vec());
         let named = StaleConntrack {
             reply_src: Some(ip("10.244.1.5")),
             ..flush
         };
-        let out = stale_flows(&state(), &[named], flows.clone());
+        let out = stale_flows(&state(), &[named], flows.clone(), false);
         assert_eq!(out, flows[1..].to_vec());
     }
 }

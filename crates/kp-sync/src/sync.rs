@@ -335,19 +335,23 @@ impl SyncLoop {
                     let stale: Vec<StaleConntrack> =
                         std::mem::take(&mut f.stale).into_iter().collect();
                     let t = self.clock.now();
-                    let deleted = if f.dataplane.mode() == DataplaneKind::Userspace {
-                        // Userspace mode terminates flows to Service IPs in
-                        // its own sockets (nothing is DNATed), so only the
-                        // tracker's filters apply.
-                        (!stale.is_empty()).then(|| self.conntrack.delete(fam, &stale))
-                    } else if report.full || udp_changed || !stale.is_empty() || f.reconcile_retry {
-                        let (deleted, retry) =
-                            reconcile_conntrack(self.conntrack.as_mut(), fam, state, &stale);
-                        f.reconcile_retry = retry;
-                        Some(deleted)
-                    } else {
-                        None
-                    };
+                    let deleted =
+                        if report.full || udp_changed || !stale.is_empty() || f.reconcile_retry {
+                            // Userspace mode answers on Service IPs itself:
+                            // its own flows are not NATed.
+                            let serves_locally = f.dataplane.mode() == DataplaneKind::Userspace;
+                            let (deleted, retry) = reconcile_conntrack(
+                                self.conntrack.as_mut(),
+                                fam,
+                                state,
+                                &stale,
+                                serves_locally,
+                            );
+                            f.reconcile_retry = retry;
+                            Some(deleted)
+                        } else {
+                            None
+                        };
                     if let Some(deleted) = deleted {
                         self.metrics.conntrack_reconciled(
                             fam,
@@ -429,6 +433,7 @@ fn reconcile_conntrack(
     family: IpFamily,
     state: &kp_model::ProxyState,
     filters: &[StaleConntrack],
+    serves_locally: bool,
 ) -> (u64, bool) {
     let flows = match ct.list_udp(family) {
         Ok(f) => f,
@@ -438,7 +443,7 @@ fn reconcile_conntrack(
         }
     };
     let listed = flows.len();
-    let stale = crate::reconcile::stale_flows(state, filters, flows);
+    let stale = crate::reconcile::stale_flows(state, filters, flows, serves_locally);
     if stale.is_empty() {
         tracing::debug!(family = %family, listed, "conntrack reconciled: nothing stale");
         return (0, false);

@@ -1800,16 +1800,20 @@ pub fn conntrack_reconciler(mode: &str) {
             "upstream deleted an entry of a port without endpoints:\n{after}"
         );
     }
-    // Every entry that went is counted: the four above less what upstream
-    // keeps, plus the client's flows to a (the session's, and those of the
-    // probes before it).
+    // Every entry that went is counted: the three stale ones written above
+    // (less what upstream keeps), plus the client's flows DNATed to a (the
+    // session's, and those of the probes before it).
     let gone = orig_tuples(&before)
         .difference(&orig_tuples(&after))
         .count();
-    assert!(gone >= if upstream { 3 } else { 4 }, "{before}\n{after}");
+    assert!(gone >= if upstream { 2 } else { 3 }, "{before}\n{after}");
     let expected = gone as f64;
-    // The client's flow now reaches b.
-    assert_eq!(session.ask(T).unwrap().server, "b");
+    // The client's flow now reaches b. With socket load balancing the
+    // client's connected socket was translated at connect(), not by a
+    // conntrack entry: moving it is not the reconciler's business.
+    if env.socket_lb.is_none() {
+        assert_eq!(session.ask(T).unwrap().server, "b");
+    }
     let metrics = env.metrics(1);
     assert_eq!(
         metric_value(
