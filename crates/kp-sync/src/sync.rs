@@ -348,7 +348,12 @@ impl SyncLoop {
                                 serves_locally,
                             );
                             f.reconcile_retry = retry;
-                            Some(deleted)
+                            if retry {
+                                // The tracker's filters (ports that went
+                                // away) are tried again too.
+                                f.stale.extend(stale);
+                            }
+                            deleted
                         } else {
                             None
                         };
@@ -426,31 +431,32 @@ impl SyncLoop {
 
 /// Deletes the UDP flows of `family` that are stale for `state` or selected
 /// by `filters` (one dump, [`crate::reconcile`] decides). Returns how many
-/// went and whether the next sync must try again (the dump failed, or some
-/// delete did).
+/// went (None when the dump failed: nothing to report, as upstream) and
+/// whether the next sync must try again (the dump failed, or some delete
+/// did).
 fn reconcile_conntrack(
     ct: &mut dyn Conntrack,
     family: IpFamily,
     state: &kp_model::ProxyState,
     filters: &[StaleConntrack],
     serves_locally: bool,
-) -> (u64, bool) {
+) -> (Option<u64>, bool) {
     let flows = match ct.list_udp(family) {
         Ok(f) => f,
         Err(e) => {
             tracing::warn!(family = %family, error = %e, "listing conntrack entries failed; the next sync tries again");
-            return (0, true);
+            return (None, true);
         }
     };
     let listed = flows.len();
     let stale = crate::reconcile::stale_flows(state, filters, flows, serves_locally);
     if stale.is_empty() {
         tracing::debug!(family = %family, listed, "conntrack reconciled: nothing stale");
-        return (0, false);
+        return (Some(0), false);
     }
     let done = ct.delete_flows(family, &stale);
     tracing::info!(family = %family, listed, stale = stale.len(), deleted = done.deleted, failed = done.failed, "conntrack reconciled");
-    (done.deleted, done.failed > 0)
+    (Some(done.deleted), done.failed > 0)
 }
 
 /// Events applied in a row before the loop checks whether a sync is due.

@@ -51,11 +51,21 @@ struct Table {
     lists: Arc<Mutex<u32>>,
     /// Refuse this many of the next deletes.
     refuse: Arc<Mutex<u32>>,
+    /// Fail this many of the next dumps.
+    fail_lists: Arc<Mutex<u32>>,
 }
 
 impl Conntrack for Table {
     fn list_udp(&mut self, _: IpFamily) -> Result<Vec<Flow>, ConntrackError> {
         *self.lists.lock().unwrap() += 1;
+        let mut fail = self.fail_lists.lock().unwrap();
+        if *fail > 0 {
+            *fail -= 1;
+            return Err(ConntrackError::Refused {
+                what: "dumping".into(),
+                message: "injected".into(),
+            });
+        }
         Ok(self.flows.lock().unwrap().clone())
     }
     fn delete_flows(&mut self, _: IpFamily, flows: &[Flow]) -> Deleted {
@@ -212,4 +222,33 @@ fn first_sync_repairs_and_failed_deletes_are_retried() {
     // A forced full sync (a periodic rebuild) reconciles too.
     assert!(lp.sync_once(true));
     assert_eq!(*table.lists.lock().unwrap(), 4);
+}
+
+/// A dump that fails keeps everything for the next sync, the tracker's
+/// filters included: the flows of a Service deleted meanwhile (no longer a
+/// frontend, so only its filter selects them) go at the next sync, which
+/// has nothing else to do. A failed dump reports no reconcile.
+#[test]
+fn a_failed_dump_keeps_the_trackers_filters() {
+    let table = Table::default();
+    let metrics = Reconciled::default();
+    let mut lp = setup(&table, &metrics);
+    assert!(lp.sync_once(false));
+    assert_eq!(*metrics.0.lock().unwrap(), vec![0]);
+    let to_gone = udp_flow("10.96.0.10", 53, "10.244.1.5", 8053);
+    table.flows.lock().unwrap().push(to_gone);
+    *table.fail_lists.lock().unwrap() = 1;
+    lp.families[0]
+        .tracker
+        .delete_service("ns1", "dns", SystemTime::now());
+    assert!(lp.sync_once(false));
+    assert_eq!(
+        *metrics.0.lock().unwrap(),
+        vec![0],
+        "no report without a dump"
+    );
+    assert_eq!(table.flows.lock().unwrap().len(), 1);
+    assert!(lp.sync_once(false));
+    assert_eq!(*metrics.0.lock().unwrap(), vec![0, 1]);
+    assert!(table.flows.lock().unwrap().is_empty());
 }
