@@ -11,7 +11,9 @@
 //!   implements them (Prometheus, the health server).
 //! * [`ProgrammedState`]: what the last successful sync programmed, for
 //!   the binary's debug endpoints.
-//! * [`conntrack`]: deleting stale UDP flows (ctnetlink, or `conntrack`).
+//! * [`conntrack`]: listing and deleting UDP flows (ctnetlink, or `conntrack`);
+//!   [`reconcile`]: which of them are stale (pure), run after each sync that
+//!   touched a UDP Service, each full sync, and after a failed delete.
 //!
 //! No dataplane crate is a dependency: dataplanes come in as
 //! `Box<dyn kp_model::Dataplane>`.
@@ -24,12 +26,13 @@ pub mod clock;
 pub mod conntrack;
 pub mod hostports;
 pub mod programmed;
+pub mod reconcile;
 pub mod report;
 pub mod schedule;
 pub mod sync;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use conntrack::{Conntrack, ConntrackCli, ConntrackNetlink};
+pub use conntrack::{Conntrack, ConntrackCli, ConntrackError, ConntrackNetlink, Deleted, Flow};
 pub use programmed::{Programmed, ProgrammedFamily, ProgrammedState};
 pub use report::{ClaimEvents, NoReport, SyncHealth, SyncMetrics};
 pub use schedule::{Pacer, Planned, Schedule};

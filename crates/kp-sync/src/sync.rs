@@ -14,8 +14,8 @@ use std::time::{Duration, SystemTime};
 
 pub use kp_model::TO_BE_DELETED_TAINT;
 use kp_model::{
-    convert_node, ChangeTracker, Dataplane, EndpointSelection, IpFamily, ServiceName,
-    ServicePortName, StaleConntrack,
+    convert_node, ChangeTracker, Dataplane, DataplaneKind, EndpointSelection, IpFamily, Protocol,
+    ServiceName, ServicePortName, StaleConntrack,
 };
 use kp_source::SourceEvent;
 
@@ -42,6 +42,9 @@ pub struct FamilyProxier {
     stale: BTreeSet<StaleConntrack>,
     triggers: Vec<SystemTime>,
     needs_full: bool,
+    /// The last conntrack reconcile could not list or delete everything:
+    /// the next sync reconciles whatever it changed.
+    reconcile_retry: bool,
     /// Per Service port with a healthCheckNodePort: the port and its local
     /// ready endpoints, kept up to date from each sync's changes (a zone
     /// change marks every port changed), so a sync does not select the
@@ -58,6 +61,7 @@ impl FamilyProxier {
             stale: BTreeSet::new(),
             triggers: Vec::new(),
             needs_full: true,
+            reconcile_retry: false,
             health_checks: BTreeMap::new(),
         }
     }
@@ -348,14 +352,36 @@ impl SyncLoop {
                         }
                     }
                     self.programmed.record(state, &f.pending, report.full, now);
+                    let udp_changed = f.pending.iter().any(|n| n.protocol == Protocol::Udp);
                     f.pending.clear();
                     f.needs_full = false;
                     self.health.updated(fam);
-                    if !f.stale.is_empty() {
-                        let t = self.clock.now();
-                        let stale: Vec<StaleConntrack> =
-                            std::mem::take(&mut f.stale).into_iter().collect();
-                        let deleted = self.conntrack.delete(fam, &stale);
+                    let stale: Vec<StaleConntrack> =
+                        std::mem::take(&mut f.stale).into_iter().collect();
+                    let t = self.clock.now();
+                    let deleted =
+                        if report.full || udp_changed || !stale.is_empty() || f.reconcile_retry {
+                            // Userspace mode answers on Service IPs itself:
+                            // its own flows are not NATed.
+                            let serves_locally = f.dataplane.mode() == DataplaneKind::Userspace;
+                            let (deleted, retry) = reconcile_conntrack(
+                                self.conntrack.as_mut(),
+                                fam,
+                                state,
+                                &stale,
+                                serves_locally,
+                            );
+                            f.reconcile_retry = retry;
+                            if retry {
+                                // The tracker's filters (ports that went
+                                // away) are tried again too.
+                                f.stale.extend(stale);
+                            }
+                            deleted
+                        } else {
+                            None
+                        };
+                    if let Some(deleted) = deleted {
                         self.metrics.conntrack_reconciled(
                             fam,
                             self.clock.now().duration_since(t).as_secs_f64(),
@@ -425,6 +451,36 @@ impl SyncLoop {
             schedule.finished(planned, ok, self.clock.now(), self.full_rebuild_after());
         }
     }
+}
+
+/// Deletes the UDP flows of `family` that are stale for `state` or selected
+/// by `filters` (one dump, [`crate::reconcile`] decides). Returns how many
+/// went (None when the dump failed: nothing to report, as upstream) and
+/// whether the next sync must try again (the dump failed, or some delete
+/// did).
+fn reconcile_conntrack(
+    ct: &mut dyn Conntrack,
+    family: IpFamily,
+    state: &kp_model::ProxyState,
+    filters: &[StaleConntrack],
+    serves_locally: bool,
+) -> (Option<u64>, bool) {
+    let flows = match ct.list_udp(family) {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!(family = %family, error = %e, "listing conntrack entries failed; the next sync tries again");
+            return (None, true);
+        }
+    };
+    let listed = flows.len();
+    let stale = crate::reconcile::stale_flows(state, filters, flows, serves_locally);
+    if stale.is_empty() {
+        tracing::debug!(family = %family, listed, "conntrack reconciled: nothing stale");
+        return (Some(0), false);
+    }
+    let done = ct.delete_flows(family, &stale);
+    tracing::info!(family = %family, listed, stale = stale.len(), deleted = done.deleted, failed = done.failed, "conntrack reconciled");
+    (Some(done.deleted), done.failed > 0)
 }
 
 /// Events applied in a row before the loop checks whether a sync is due.

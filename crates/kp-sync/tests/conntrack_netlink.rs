@@ -154,3 +154,101 @@ fn netlink_cleaner_deletes_only_matching_entries() {
     assert_eq!(n, 1);
     assert!(!listed(&ns, "ipv6").contains("dport=53"));
 }
+
+/// The reconciler's I/O: the filtered dump lists the family's UDP entries
+/// only (a TCP one stays out), with the reply tuple's address and port, the
+/// `conntrack` program lists the same, and deleting flows by their original
+/// tuple removes exactly those (an already gone one counts as neither
+/// deleted nor failed).
+#[test]
+fn udp_listing_and_flow_deletes() {
+    use kp_sync::conntrack::ConntrackCli;
+    let ns = format!("kpctl{}", std::process::id());
+    assert!(Command::new("ip")
+        .args(["netns", "add", &ns])
+        .status()
+        .unwrap()
+        .success());
+    let _g = Ns(ns.clone());
+    in_ns(&ns, &["ip", "link", "set", "lo", "up"]);
+    in_ns(
+        &ns,
+        &[
+            "nft",
+            "add table inet track; add chain inet track out { type filter hook output priority 0; }; add rule inet track out ct state new counter",
+        ],
+    );
+    flow(
+        &ns,
+        "127.0.0.1:41001".parse().unwrap(),
+        "127.0.0.2:53".parse().unwrap(),
+    );
+    flow(
+        &ns,
+        "127.0.0.1:41002".parse().unwrap(),
+        "127.0.0.3:54".parse().unwrap(),
+    );
+    flow(
+        &ns,
+        "[::1]:41003".parse().unwrap(),
+        "[::1]:55".parse().unwrap(),
+    );
+    // An established TCP connection, held open until the end.
+    let _tcp = kp_netlab::in_netns(&ns, || {
+        let l = std::net::TcpListener::bind("127.0.0.4:80").unwrap();
+        let c = std::net::TcpStream::connect("127.0.0.4:80").unwrap();
+        let a = l.accept().unwrap();
+        (l, c, a)
+    })
+    .unwrap();
+    assert!(
+        listed(&ns, "ipv4").contains("tcp "),
+        "{}",
+        listed(&ns, "ipv4")
+    );
+
+    let mut v4 = kp_netlab::in_netns(&ns, || ConntrackNetlink.list_udp(IpFamily::V4))
+        .unwrap()
+        .unwrap();
+    v4.sort_by_key(|f| f.orig_sport);
+    assert_eq!(v4.len(), 2, "{v4:?}");
+    assert!(v4.iter().all(|f| f.proto == 17), "{v4:?}");
+    assert_eq!(v4[0].orig_dst.to_string(), "127.0.0.2");
+    assert_eq!(v4[0].orig_dport, 53);
+    assert_eq!(v4[0].reply_src.unwrap().to_string(), "127.0.0.2");
+    assert_eq!(v4[0].reply_sport, Some(53));
+    let mut cli = kp_netlab::in_netns(&ns, || ConntrackCli.list_udp(IpFamily::V4))
+        .unwrap()
+        .unwrap();
+    cli.sort_by_key(|f| f.orig_sport);
+    assert_eq!(cli, v4, "the conntrack program lists what netlink does");
+    let v6 = kp_netlab::in_netns(&ns, || ConntrackNetlink.list_udp(IpFamily::V6))
+        .unwrap()
+        .unwrap();
+    assert_eq!(v6.len(), 1, "{v6:?}");
+    assert_eq!(v6[0].orig_dport, 55);
+
+    let first = v4[0].clone();
+    let done = kp_netlab::in_netns(&ns, move || {
+        ConntrackNetlink.delete_flows(IpFamily::V4, &[first])
+    })
+    .unwrap();
+    assert_eq!((done.deleted, done.failed), (1, 0));
+    let again = v4[0].clone();
+    let done = kp_netlab::in_netns(&ns, move || {
+        ConntrackNetlink.delete_flows(IpFamily::V4, &[again])
+    })
+    .unwrap();
+    assert_eq!((done.deleted, done.failed), (0, 0), "already gone");
+    let after = listed(&ns, "ipv4");
+    assert!(!after.contains("dport=53 "), "{after}");
+    assert!(after.contains("dport=54 "), "{after}");
+    // The program's delete, the same way.
+    let second = v4[1].clone();
+    let done = kp_netlab::in_netns(&ns, move || {
+        ConntrackCli.delete_flows(IpFamily::V4, &[second])
+    })
+    .unwrap();
+    assert_eq!((done.deleted, done.failed), (1, 0));
+    assert!(!listed(&ns, "ipv4").contains("dport=54 "));
+}

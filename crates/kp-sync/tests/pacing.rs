@@ -91,6 +91,12 @@ impl Conntrack for NoConntrack {
     fn delete(&mut self, _: IpFamily, _: &[StaleConntrack]) -> u64 {
         0
     }
+    fn list_udp(&mut self, _: IpFamily) -> Result<Vec<kp_sync::Flow>, kp_sync::ConntrackError> {
+        Ok(Vec::new())
+    }
+    fn delete_flows(&mut self, _: IpFamily, _: &[kp_sync::Flow]) -> kp_sync::Deleted {
+        kp_sync::Deleted::default()
+    }
 }
 
 /// Records what the metrics side hears about failures and pending changes.

@@ -1684,6 +1684,168 @@ pub fn udp_before_endpoints(mode: &str) {
     answered_within_1s(&[&s1, &n1], "a");
 }
 
+/// Case 16: the conntrack reconciler (upstream #127318). UDP flows made or
+/// left stale while the proxy was down are repaired by its first sync: a
+/// client's flow DNATed to an endpoint that went meanwhile, and entries
+/// written behind its back (`conntrack -I`) pointing a ClusterIP and a
+/// NodePort at an address that is no endpoint. An entry that reaches the
+/// serving endpoint stays. Each deletion is counted in
+/// kubeproxy_conntrack_reconciler_deleted_entries_total.
+///
+/// A Service port without endpoints: ours deletes its entries too (a flow
+/// DNATed to a pod that is gone would otherwise stay blackholed instead of
+/// meeting the port's reject); upstream leaves them, which is checked too.
+pub fn conntrack_reconciler(mode: &str) {
+    let mut env = Env::new("ctrecon", mode);
+    let a = env.pod(2, "a");
+    let b = env.pod(2, "b");
+    let client = env.pod(1, "client");
+    let udp = |node_port: Option<u16>| {
+        let mut port = json!({"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 8080});
+        match node_port {
+            Some(np) => {
+                port["nodePort"] = json!(np);
+                json!({"type": "NodePort", "ports": [port]})
+            }
+            None => json!({"ports": [port]}),
+        }
+    };
+    env.put("svc", &service("ct", &["10.96.0.160"], udp(Some(30160))));
+    env.put("svc0", &service("ct0", &["10.96.0.161"], udp(None)));
+    env.put("eps", &slice("ct", "1", "IPv4", &ready(&[&a])));
+    env.start(1, &[]);
+    env.wait_synced(1);
+    let vip = sa("10.96.0.160", 53);
+    env.wait("UDP to a", || udp_ask(client.ns(), vip, T).is_ok());
+    let session = udp_session(client.ns(), vip).unwrap();
+    assert_eq!(session.ask(T).unwrap().server, "a");
+
+    // The proxy goes down; meanwhile a is replaced by b and entries appear.
+    env.kill(1);
+    env.put("eps", &slice("ct", "1", "IPv4", &ready(&[&b])));
+    let cip = client.ip().to_string();
+    let node_ip = env.cluster.node_ip(1).to_string();
+    let nowhere = "10.99.0.99";
+    let b_ip = b.ip().to_string();
+    // (destination, port, client port, reply source)
+    let entries = [
+        ("10.96.0.160", "53", "42001", nowhere),
+        ("10.96.0.160", "53", "42002", b_ip.as_str()),
+        (node_ip.as_str(), "30160", "42003", nowhere),
+        ("10.96.0.161", "53", "42004", nowhere),
+    ];
+    for (dst, dport, sport, reply) in entries {
+        let out = env
+            .cluster
+            .exec(
+                env.cluster.node_ns(1),
+                &[
+                    "conntrack",
+                    "-I",
+                    "-p",
+                    "udp",
+                    "-s",
+                    &cip,
+                    "-d",
+                    dst,
+                    "--sport",
+                    sport,
+                    "--dport",
+                    dport,
+                    "--reply-src",
+                    reply,
+                    "--reply-dst",
+                    &cip,
+                    "--reply-port-src",
+                    "8080",
+                    "--reply-port-dst",
+                    sport,
+                    "--timeout",
+                    "300",
+                ],
+            )
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "conntrack -I {dst}:{dport}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let listed = |env: &Env| env.on_node(1, &["conntrack", "-L", "-p", "udp"]);
+    let has = |table: &str, sport: &str| table.contains(&format!("sport={sport} "));
+    let before = listed(&env);
+    for (_, _, sport, _) in entries {
+        assert!(has(&before, sport), "entry {sport} missing:\n{before}");
+    }
+
+    env.start(1, &[]);
+    env.wait_synced(1);
+    let upstream = env.source == Source::Upstream;
+    // Within the first sync (the next periodic one is 10 s away).
+    env.wait_for("the stale entries to go", Duration::from_secs(3), || {
+        let t = listed(&env);
+        !has(&t, "42001") && !has(&t, "42003") && (upstream || !has(&t, "42004"))
+    });
+    let after = listed(&env);
+    assert!(has(&after, "42002"), "the entry to b went:\n{after}");
+    if upstream {
+        assert!(
+            has(&after, "42004"),
+            "upstream deleted an entry of a port without endpoints:\n{after}"
+        );
+    }
+    // Every entry that went is counted: the three stale ones written above
+    // (less what upstream keeps), plus the client's flows DNATed to a (the
+    // session's, and those of the probes before it).
+    let gone = orig_tuples(&before)
+        .difference(&orig_tuples(&after))
+        .count();
+    assert!(gone >= if upstream { 2 } else { 3 }, "{before}\n{after}");
+    let expected = gone as f64;
+    // The client's flow now reaches b. With socket load balancing the
+    // client's connected socket was translated at connect(), not by a
+    // conntrack entry: moving it is not the reconciler's business.
+    if env.socket_lb.is_none() {
+        assert_eq!(session.ask(T).unwrap().server, "b");
+    }
+    let metrics = env.metrics(1);
+    assert_eq!(
+        metric_value(
+            &metrics,
+            "kubeproxy_conntrack_reconciler_deleted_entries_total"
+        ),
+        Some(expected),
+        "{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("conntrack"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+/// The original tuples (src, dst, sport, dport) of `conntrack -L` lines.
+fn orig_tuples(table: &str) -> std::collections::BTreeSet<String> {
+    table
+        .lines()
+        .map(|l| {
+            let mut seen = Vec::new();
+            for w in l.split_whitespace() {
+                let key = w.split('=').next().unwrap_or("");
+                if ["src", "dst", "sport", "dport"].contains(&key)
+                    && !seen
+                        .iter()
+                        .any(|s: &&str| s.starts_with(&format!("{key}=")))
+                {
+                    seen.push(w);
+                }
+            }
+            seen.join(" ")
+        })
+        .filter(|t| !t.is_empty())
+        .collect()
+}
+
 // ---------------------------------------------------------------------------
 // Cases only the API path has (api/MODE and upstream/MODE)
 // ---------------------------------------------------------------------------
@@ -2208,6 +2370,13 @@ macro_rules! conformance_suite {
                 return;
             }
             conformance::udp_before_endpoints($mode);
+        }
+        #[test]
+        fn c16_conntrack_reconciler() {
+            if !$guard() {
+                return;
+            }
+            conformance::conntrack_reconciler($mode);
         }
     };
 }
