@@ -734,7 +734,8 @@ fn kubeadms_daemonset_runs_our_image_unchanged() {
         "the image has no {}",
         cmd[0]
     );
-    let dir = TempDir(std::env::temp_dir().join(format!("kpdeploy-kubeadm-{}", std::process::id())));
+    let dir =
+        TempDir(std::env::temp_dir().join(format!("kpdeploy-kubeadm-{}", std::process::id())));
     std::fs::create_dir_all(&dir.0).unwrap();
     let conf = dir.0.join("config.conf");
     std::fs::write(&conf, cm["data"]["config.conf"].as_str().unwrap()).unwrap();
