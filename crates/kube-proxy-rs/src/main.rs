@@ -136,7 +136,7 @@ fn run(mut cfg: ProxyConfig) -> Result<()> {
     };
     let host_ips_watch = if cfg.nodeport_primary && !cfg.cleanup {
         let ips = rt.block_on(primary_ips(&cfg))?;
-        cfg.node_primary_ips = with_bind_address(&ips, cfg.bind_address);
+        cfg.node_primary_ips = nodecidr::with_bind_address(&ips, cfg.bind_address);
         tracing::info!(node_ips = ?cfg.node_primary_ips, "NodePorts are accepted on this node's primary IPs (nodePortAddresses primary)");
         // Nothing to compare with when no Node said (manifests without one).
         (!ips.is_empty()).then(|| HostIpsWatch::new(&cfg.hostname, &ips))
@@ -152,8 +152,6 @@ fn run(mut cfg: ProxyConfig) -> Result<()> {
     }
     if !cfg.dry_run && !cfg.cleanup {
         host::conntrack_at_start(&cfg);
-    }
-    if !cfg.dry_run && !cfg.cleanup {
         // Like upstream on a mode switch: the other modes' rules (and
         // upstream kube-proxy's) would otherwise keep steering traffic.
         // Before the node's addresses are read: ipvs mode's kube-ipvs0
@@ -221,21 +219,6 @@ async fn primary_ips(cfg: &ProxyConfig) -> Result<Vec<IpAddr>> {
         return Ok(ips);
     }
     nodecidr::wait_for_node(cfg, &nodecidr::HOST_IPS).await
-}
-
-/// Upstream's detectNodeIPs: a --bind-address that is not 0.0.0.0 or ::
-/// replaces the Node's IP of its family.
-fn with_bind_address(ips: &[IpAddr], bind: IpAddr) -> Vec<IpAddr> {
-    if bind.is_unspecified() {
-        return ips.to_vec();
-    }
-    let mut out: Vec<IpAddr> = ips
-        .iter()
-        .filter(|ip| ip.is_ipv4() != bind.is_ipv4())
-        .copied()
-        .collect();
-    out.insert(0, bind);
-    out
 }
 
 /// What of this Node the rules were built with; a change exits, as upstream.

@@ -146,6 +146,21 @@ where
     wait_for(node, &POD_CIDRS, fetch, poll, timeout).await
 }
 
+/// Upstream's detectNodeIPs: a `--bind-address` that is not 0.0.0.0 or ::
+/// replaces the Node's IP of its family (and comes first).
+pub fn with_bind_address(ips: &[IpAddr], bind: IpAddr) -> Vec<IpAddr> {
+    if bind.is_unspecified() {
+        return ips.to_vec();
+    }
+    let mut out: Vec<IpAddr> = ips
+        .iter()
+        .filter(|ip| ip.is_ipv4() != bind.is_ipv4())
+        .copied()
+        .collect();
+    out.insert(0, bind);
+    out
+}
+
 /// The primary IPs the dataplanes were built with (`nodePortAddresses:
 /// primary`): like upstream's NodeManager, a change exits the proxy so that
 /// its restart uses the new ones.
@@ -325,6 +340,42 @@ mod tests {
         let msg = err.to_string();
         assert!(matches!(err, NodeCidrError::Timeout { .. }), "{msg}");
         assert!(msg.contains("Node n1 has no spec.podCIDRs"), "{msg}");
+    }
+
+    #[test]
+    fn bind_address_replaces_the_node_ip_of_its_family() {
+        let ips: Vec<IpAddr> = vec!["10.0.0.5".parse().unwrap(), "fd00::5".parse().unwrap()];
+        assert_eq!(with_bind_address(&ips, "0.0.0.0".parse().unwrap()), ips);
+        assert_eq!(with_bind_address(&ips, "::".parse().unwrap()), ips);
+        assert_eq!(
+            with_bind_address(&ips, "fd00::9".parse().unwrap()),
+            vec!["fd00::9".parse::<IpAddr>().unwrap(), ips[0]]
+        );
+        assert_eq!(
+            with_bind_address(&[], "10.0.0.9".parse().unwrap()),
+            vec!["10.0.0.9".parse::<IpAddr>().unwrap()]
+        );
+    }
+
+    #[test]
+    fn a_change_of_our_node_ips_is_an_error() {
+        let n = |name: &str, ips: &[&str]| -> Node {
+            let addrs: Vec<serde_json::Value> = ips
+                .iter()
+                .map(|a| json!({"type": "InternalIP", "address": a}))
+                .collect();
+            serde_json::from_value(
+                json!({"metadata": {"name": name}, "status": {"addresses": addrs}}),
+            )
+            .unwrap()
+        };
+        let w = HostIpsWatch::new("n1", &["10.0.0.5".parse().unwrap()]);
+        assert!(w.check(&n("n1", &["10.0.0.5"])).is_ok());
+        assert!(w.check(&n("other", &["10.0.0.6"])).is_ok());
+        // A Node that lists no address is not acted on.
+        assert!(w.check(&n("n1", &[])).is_ok());
+        let err = w.check(&n("n1", &["10.0.0.6"])).unwrap_err();
+        assert!(matches!(err, NodeCidrError::IpsChanged { .. }), "{err}");
     }
 
     #[test]
