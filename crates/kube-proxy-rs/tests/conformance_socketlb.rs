@@ -206,6 +206,7 @@ fn s03_dry_run_prints_the_maps_and_bad_setups_are_refused_with_the_reason() {
     let manifests = format!("--manifests={}", dir.display());
     let out = run_binary(&[
         &manifests,
+        "--proxy-mode=nftables",
         "--hostname-override=node1",
         "--dry-run",
         "--socket-lb",
@@ -235,7 +236,12 @@ fn s03_dry_run_prints_the_maps_and_bad_setups_are_refused_with_the_reason() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--socket-lb"));
 
     // Not a cgroup v2 directory: refused before anything is attached.
-    let out = run_binary(&[&manifests, "--socket-lb", "--cgroup-path=/tmp"]);
+    let out = run_binary(&[
+        &manifests,
+        "--proxy-mode=nftables",
+        "--socket-lb",
+        "--cgroup-path=/tmp",
+    ]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("not a cgroup v2 directory"), "{err}");
