@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 /// Set inside the VM: a missing IPVS is then a failure, not a skip.
 const REQUIRE_ENV: &str = "KP_IPVS_REQUIRE";
-/// Upper bound for the whole VM run (boot + 15 cases).
+/// Upper bound for the whole VM run (boot + 16 cases).
 const VM_TIMEOUT: Duration = Duration::from_secs(25 * 60);
 
 /// Whether this kernel has IPVS (loading ip_vs if it can).
@@ -234,7 +234,7 @@ fn vm_unavailable(why: &str) {
     );
     eprintln!(
         "\n==================== SKIPPED: IPVS conformance VM ====================\n\
-         {why}.\nThe 15 IPVS-mode cases did NOT run on this machine; they need a kernel \
+         {why}.\nThe 16 IPVS-mode cases did NOT run on this machine; they need a kernel \
          with ip_vs (docs/ipvs.md).\n=====================================================================\n"
     );
 }
@@ -378,7 +378,7 @@ fn vm_ipvs_conformance() {
     );
     // The cases really ran (not skipped) inside the VM.
     assert!(
-        filter.is_some() || console.contains("15 passed; 0 failed"),
-        "expected 15 IPVS cases to pass in the VM"
+        filter.is_some() || console.contains("16 passed; 0 failed"),
+        "expected 16 IPVS cases to pass in the VM"
     );
 }

@@ -334,6 +334,8 @@ impl Api {
 /// (`vip`, port 80) served by `pod`, and kube-proxy-rs on node1 reading it.
 fn proxy_on_test_api(env: &Env, vip: &str, pod: &kp_netlab::Pod) -> (Api, kp_netlab::ProcGuard) {
     let api = Api::start(env.cluster.node_ns(1));
+    // As kubelet registers it: nftables mode's NodePorts wait for its IP.
+    api.apply(&conformance::node_object(&env.cluster, 1, &[]));
     api.apply(&service("web", &[vip], json!({})));
     api.apply(&slice("web", "1", "IPv4", &ready(&[pod])));
     let kubeconfig = env.logs.join("kubeconfig");
