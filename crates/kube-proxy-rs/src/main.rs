@@ -151,7 +151,6 @@ fn run(mut cfg: ProxyConfig) -> Result<()> {
         m => tracing::info!("Using {m} Proxier"),
     }
     if !cfg.dry_run && !cfg.cleanup {
-        host::conntrack_at_start(&cfg);
         // Like upstream on a mode switch: the other modes' rules (and
         // upstream kube-proxy's) would otherwise keep steering traffic.
         // Before the node's addresses are read: ipvs mode's kube-ipvs0
@@ -171,6 +170,11 @@ fn run(mut cfg: ProxyConfig) -> Result<()> {
     let cidrs = pod_cidrs.as_ref().map_or(&[][..], |p| &p.cidrs[..]);
     for f in FAMILIES {
         dataplanes.push(modes::make_dataplane(&cfg, f, &node_ips, cidrs, &metrics)?);
+    }
+    if !cfg.dry_run && !cfg.cleanup {
+        // Once the mode's own checks passed (ipvs mode refuses a kernel
+        // without ip_vs): a start that is refused leaves the host as it was.
+        host::conntrack_at_start(&cfg);
     }
     if cfg.cleanup {
         // Every mode's objects, ours and upstream kube-proxy's (each mode's

@@ -61,9 +61,14 @@ fn refuses_to_start_without_ipvs() {
     }
     let dir = std::env::temp_dir().join(format!("kp-ipvs-refuse-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_kube-proxy-rs"))
+    // In a namespace of its own, with the machine-wide conntrack table left
+    // alone: a start must never reach the host's settings.
+    let out = Command::new("unshare")
+        .arg("-n")
+        .arg(env!("CARGO_BIN_EXE_kube-proxy-rs"))
         .args([
             "--proxy-mode=ipvs",
+            "--conntrack-max-per-core=0",
             &format!("--manifests={}", dir.display()),
             "--hostname-override=node1",
             "--healthz-bind-address=",
