@@ -4,7 +4,7 @@
 # own image. See docs/e2e.md.
 #
 #   sudo ./e2e.sh [--proxy ours|upstream] [--mode nftables|iptables|socketlb]
-#                 [--deploy deploy|kubeadm]
+#                 [--deploy deploy|kubeadm] [--ip-family ipv4|ipv6|dual]
 #                 [--focus REGEX] [--skip REGEX] [--nodes N] [--procs P]
 #                 [--report DIR] [--keep] [--docs] [--binary PATH]
 #   sudo ./e2e.sh --serial ...: the [Serial] and [Disruptive] specs of the focus, one at a time
@@ -12,6 +12,8 @@
 #   --deploy kubeadm: ours as the operator swaps it, kubeadm's DaemonSet and
 #   ConfigMap (e2e/upstream/kube-proxy.yaml) with only the image changed
 #   (default: deploy/, ours' least-privilege DaemonSet).
+#   --ip-family: the cluster's family (default ipv4); dual is IPv4-primary
+#   dual-stack and adds the [Feature:IPv6DualStack] specs.
 #
 # Last line printed: "N passed, M failed, K skipped". Exit status 0 when
 # nothing failed and the machine-wide settings are unchanged.
@@ -19,15 +21,16 @@ set -euo pipefail
 REPO=$(cd "$(dirname "$0")" && pwd)
 . "$REPO/e2e/lib.sh"
 
-PROXY=ours MODE=nftables NODES=3 PROCS=3 KEEP=0 REPORT="" DOCS=0 BINARY="" MIGRATE=0 SERIAL=0 DEPLOY=deploy
+IP_FAMILY=ipv4 PROXY=ours MODE=nftables NODES=3 PROCS=3 KEEP=0 REPORT="" DOCS=0 BINARY="" MIGRATE=0 SERIAL=0 DEPLOY=deploy
 FOCUS='\[sig-network\]'
-SKIP='\[Slow\]|\[Serial\]|\[Disruptive\]|\[Flaky\]|\[Feature:.+\]'
+SKIP='\[Serial\]|\[Disruptive\]|\[Flaky\]'
 EXTRA_SKIP=""
 while [ $# -gt 0 ]; do
   case $1 in
     --proxy) PROXY=$2; shift 2 ;;
     --mode) MODE=$2; shift 2 ;;
     --deploy) DEPLOY=$2; shift 2 ;;
+    --ip-family) IP_FAMILY=$2; shift 2 ;;
     --focus) FOCUS=$2; shift 2 ;;
     --skip) EXTRA_SKIP=$2; shift 2 ;;
     --nodes) NODES=$2; shift 2 ;;
@@ -38,11 +41,14 @@ while [ $# -gt 0 ]; do
     --report) REPORT=$2; shift 2 ;;
     --keep) KEEP=1; shift ;;
     --docs) DOCS=1; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
 case $PROXY in ours|upstream) ;; *) die "--proxy ours|upstream" ;; esac
+case $IP_FAMILY in ipv4|ipv6|dual) ;; *) die "--ip-family ipv4|ipv6|dual" ;; esac
+export IP_FAMILY
+. "$E2E/lib.sh"  # again: the addresses and ranges of the family
 case $DEPLOY in deploy) ;; kubeadm) [ $MODE = socketlb ] && die "--deploy kubeadm runs kubeadm's DaemonSet unchanged: no --socket-lb" ;;
   *) die "--deploy deploy|kubeadm" ;; esac
 export DEPLOY
@@ -68,10 +74,18 @@ fi
 if [ $SERIAL = 1 ]; then
   # only what the default run leaves out for being [Serial] or [Disruptive]
   FOCUS="(?:$FOCUS).*(?:\[Serial\]|\[Disruptive\])"
-  SKIP='\[Slow\]|\[Flaky\]|\[Feature:.+\]'
+  SKIP='\[Flaky\]'
 fi
-while IFS=$'\t' read -r re _; do
+# skips.txt: REGEX<TAB>reason[<TAB>WHEN], WHEN as family!=dual or mode=iptables,nftables
+while IFS=$'\t' read -r re _ when; do
   case $re in ''|'#'*) continue ;; esac
+  if [ -n "$when" ]; then
+    key=${when%%[=!]*}; vals=,${when#*=},; neg=0
+    case $when in *'!='*) neg=1 ;; esac
+    case $key in family) val=$IP_FAMILY ;; mode) val=$MODE ;; proxy) val=$PROXY ;; *) die "skips.txt: unknown condition $when" ;; esac
+    hit=0; case $vals in *,$val,*) hit=1 ;; esac
+    [ $hit != $neg ] || continue
+  fi
   SKIP="$SKIP|$re"
 done < "$E2E/skips.txt"
 [ -n "$EXTRA_SKIP" ] && SKIP="$SKIP|$EXTRA_SKIP"
@@ -80,7 +94,7 @@ export NODES
 RUN=$(mktemp -d /tmp/kpe2e.XXXXXX); chmod 755 "$RUN"; export RUN
 REPORT=${REPORT:-$RUN/report}; mkdir -p "$REPORT"; REPORT=$(cd "$REPORT" && pwd)
 machine_state > "$RUN/machine-before"
-log "run directory $RUN; proxy $PROXY ($MODE, $DEPLOY), $NODES nodes"
+log "run directory $RUN; proxy $PROXY ($MODE, $DEPLOY), $NODES nodes, $IP_FAMILY"
 
 teardown() {
   local rc=$?
@@ -133,6 +147,7 @@ for i in $(seq 1 $NODES); do
   kc wait --for=condition=Ready node/$(node_name $i) --timeout=120s >/dev/null || die "node $(node_name $i) not Ready (see $RUN/node$i)"
 done
 "$E2E/proxy.sh" "$RUN" $PROXY $MODE $DEPLOY
+"$E2E/loadbalancer.sh" "$RUN"
 T_UP=$((SECONDS - T0))
 log "cluster up in ${T_UP}s"
 echo "$T_UP" > "$RUN/cluster-up-seconds"
@@ -159,7 +174,7 @@ T_RUN=$((SECONDS - T1))
 log "suite finished in ${T_RUN}s (ginkgo exit $GINKGO_RC; log $REPORT/ginkgo.log)"
 kc -n kube-system logs -l k8s-app --all-containers --prefix --tail=-1 > "$REPORT/proxy.log" 2>&1 || true
 LABEL=$PROXY; [ $PROXY = ours ] && [ $DEPLOY = kubeadm ] && LABEL="ours (kubeadm DaemonSet)"
-[ $MIGRATE = 1 ] || SUMMARY=$(python3 "$E2E/report.py" summary "$REPORT/junit.xml" --focus "$FOCUS" --proxy "$LABEL" --mode "$MODE" \
+[ $MIGRATE = 1 ] || SUMMARY=$(python3 "$E2E/report.py" summary "$REPORT/junit.xml" --focus "$FOCUS" --proxy "$LABEL" --mode "$MODE" --family "$IP_FAMILY" \
   --up "$T_UP" --run "$T_RUN" --tree "$TREE" --out "$REPORT/result.json") || SUMMARY="0 passed, 0 failed, 0 skipped"
 
 if [ $DOCS = 1 ]; then

@@ -14,12 +14,18 @@ ip -n $LAB_NS link add br0 type bridge
 ip -n $LAB_NS addr add $LAB_IP/24 dev br0
 ip -n $LAB_NS link set br0 up
 inlab sysctl -qw net.ipv4.ip_forward=1
+# LoadBalancer traffic is spread over the nodes by flow (e2e/lb.py's multipath routes)
+inlab sysctl -qw net.ipv4.fib_multipath_hash_policy=1
+if has_v6; then
+  ip -n $LAB_NS addr add $LAB_IP6/64 dev br0 nodad
+  inlab sysctl -qw net.ipv6.conf.all.forwarding=1 net.ipv6.fib_multipath_hash_policy=1
+fi
 
 # --- PKI (lab-only, generated per run)
 cd "$P"
 openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 2 -subj /CN=kpe2e-ca 2>/dev/null
 cat > apiserver.ext <<EOT
-subjectAltName=IP:$LAB_IP,IP:127.0.0.1,IP:${SERVICE_CIDR%.0/*}.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local
+subjectAltName=IP:$LAB_IP,IP:$LAB_IP6,IP:127.0.0.1,IP:${SERVICE_CIDR%.0/*}.1,IP:${SERVICE_CIDR6%/*}1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local
 EOT
 openssl req -newkey rsa:2048 -nodes -keyout apiserver.key -out apiserver.csr -subj /CN=kube-apiserver 2>/dev/null
 openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out apiserver.crt -days 2 -extfile apiserver.ext 2>/dev/null
@@ -64,26 +70,30 @@ start etcd env ETCD_UNSUPPORTED_ARCH= etcd --name kpe2e --data-dir "$RUN/etcd" \
 wait_for 30 inlab curl -sf http://127.0.0.1:2379/health || die "etcd not healthy"
 
 start kube-apiserver "$BIN/kube-apiserver" \
-  --bind-address=$LAB_IP --advertise-address=$LAB_IP --secure-port=$API_PORT \
+  --bind-address=$API_HOST --advertise-address=$API_HOST --secure-port=$API_PORT \
   --etcd-servers=http://127.0.0.1:2379 \
   --tls-cert-file=$P/apiserver.crt --tls-private-key-file=$P/apiserver.key \
   --client-ca-file=$P/ca.crt --token-auth-file=$P/tokens.csv \
   --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
   --service-account-issuer=https://kubernetes.default.svc.cluster.local \
   --service-account-key-file=$P/sa.pub --service-account-signing-key-file=$P/sa.key \
-  --service-cluster-ip-range=$SERVICE_CIDR --service-node-port-range=30000-32767 \
+  --service-cluster-ip-range=$SERVICE_CIDRS --service-node-port-range=30000-32767 \
   --allow-privileged=true --kubelet-preferred-address-types=InternalIP,Hostname \
   --cert-dir=$RUN/apiserver-certs --v=1
-wait_for 90 inlab curl -sfk $API/readyz || die "kube-apiserver not ready (logs: $RUN/logs/kube-apiserver.log)"
+wait_for 90 inlab curl -gsfk $API/readyz || die "kube-apiserver not ready (logs: $RUN/logs/kube-apiserver.log)"
 
+case $IP_FAMILY in
+  ipv4) MASKS=--node-cidr-mask-size=24 ;; ipv6) MASKS=--node-cidr-mask-size=64 ;;
+  dual) MASKS="--node-cidr-mask-size-ipv4=24 --node-cidr-mask-size-ipv6=64" ;;
+esac
 start kube-controller-manager "$BIN/kube-controller-manager" \
   --kubeconfig=$RUN/kcm.kubeconfig --authentication-kubeconfig=$RUN/kcm.kubeconfig \
   --authorization-kubeconfig=$RUN/kcm.kubeconfig --leader-elect=false \
   --bind-address=127.0.0.1 --secure-port=10257 \
   --service-account-private-key-file=$P/sa.key --root-ca-file=$P/ca.crt \
   --use-service-account-credentials=true \
-  --allocate-node-cidrs=true --cluster-cidr=$CLUSTER_CIDR --node-cidr-mask-size=24 \
-  --service-cluster-ip-range=$SERVICE_CIDR \
+  --allocate-node-cidrs=true --cluster-cidr=$CLUSTER_CIDRS $MASKS \
+  --service-cluster-ip-range=$SERVICE_CIDRS \
   --cluster-signing-cert-file=$P/ca.crt --cluster-signing-key-file=$P/ca.key \
   --node-monitor-grace-period=40s --v=1
 start kube-scheduler "$BIN/kube-scheduler" \

@@ -2,17 +2,17 @@
 """The lab's cluster DNS (the lab has no CoreDNS): answers for cluster.local
 from the API server's Services and EndpointSlices, polled every second.
 
-  <svc>.<ns>.svc.cluster.local            A: ClusterIP, or the ready endpoints (headless)
+  <svc>.<ns>.svc.cluster.local            A/AAAA: ClusterIPs, or the ready endpoints (headless)
                                           CNAME: spec.externalName (ExternalName)
-  <hostname>.<svc>.<ns>.svc.cluster.local A: a headless endpoint with a hostname
+  <hostname>.<svc>.<ns>.svc.cluster.local A/AAAA: a headless endpoint with a hostname
   _<port>._<proto>.<svc>.<ns>.svc...      SRV: each named port
 Anything else: NXDOMAIN (there is nothing beyond the lab). UDP and TCP.
 
-usage: dns.py --listen IP [--port 53] --api URL --token-file F --ca F"""
+usage: dns.py --listen IP [--listen IP6] [--port 53] --api URL --token-file F --ca F"""
 import argparse, json, socket, socketserver, ssl, struct, threading, time, urllib.request
 
 p = argparse.ArgumentParser()
-p.add_argument("--listen", required=True)
+p.add_argument("--listen", required=True, action="append")
 p.add_argument("--port", type=int, default=53)
 p.add_argument("--api", required=True)
 p.add_argument("--token-file", required=True)
@@ -40,6 +40,13 @@ def qname(name):
     return out + b"\0"
 
 
+def addr(ip):
+    """(qtype, rdata) of an address record for ip."""
+    if ":" in ip:
+        return AAAA, socket.inet_pton(socket.AF_INET6, ip)
+    return A, socket.inet_aton(ip)
+
+
 def rebuild():
     recs, names = {}, set()
     def add(name, t, rd):
@@ -64,19 +71,17 @@ def rebuild():
             continue
         cip = spec.get("clusterIP")
         if cip and cip != "None":
-            if ":" not in cip:
-                add(fq, A, socket.inet_aton(cip))
+            for ip in spec.get("clusterIPs") or [cip]:
+                add(fq, *addr(ip))
         else:
             for sl in eps.get((ns, name), []):
                 for e in sl.get("endpoints") or []:
                     if (e.get("conditions") or {}).get("ready") is False and not spec.get("publishNotReadyAddresses"):
                         continue
                     for ip in e.get("addresses", []):
-                        if ":" in ip:
-                            continue
-                        add(fq, A, socket.inet_aton(ip))
+                        add(fq, *addr(ip))
                         if e.get("hostname"):
-                            add(f"{e['hostname']}.{fq}", A, socket.inet_aton(ip))
+                            add(f"{e['hostname']}.{fq}", *addr(ip))
         for port in spec.get("ports") or []:
             if port.get("name"):
                 srv = struct.pack("!HHH", 0, 100, port["port"]) + qname(fq)
@@ -140,11 +145,16 @@ def poll():
         time.sleep(1)
 
 
-socketserver.ThreadingUDPServer.allow_reuse_address = True
-socketserver.ThreadingTCPServer.allow_reuse_address = True
+def server(cls, handler, ip):
+    kind = type(cls.__name__, (cls,), {"allow_reuse_address": True,
+                                       "address_family": socket.AF_INET6 if ":" in ip else socket.AF_INET})
+    return kind((ip, a.port), handler)
+
+
 threading.Thread(target=poll, daemon=True).start()
-u = socketserver.ThreadingUDPServer((a.listen, a.port), UDP)
-t = socketserver.ThreadingTCPServer((a.listen, a.port), TCP)
-threading.Thread(target=t.serve_forever, daemon=True).start()
-print("serving DNS on", a.listen, flush=True)
-u.serve_forever()
+servers = [server(c, h, ip) for ip in a.listen for c, h in ((socketserver.ThreadingUDPServer, UDP),
+                                                           (socketserver.ThreadingTCPServer, TCP))]
+for s in servers[1:]:
+    threading.Thread(target=s.serve_forever, daemon=True).start()
+print("serving DNS on", ", ".join(a.listen), flush=True)
+servers[0].serve_forever()

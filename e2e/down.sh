@@ -12,7 +12,7 @@ for d in "$RUN"/node*/; do
 done
 wait
 pids=""
-for n in dns kube-scheduler kube-controller-manager kube-apiserver etcd; do
+for n in lb dns kube-scheduler kube-controller-manager kube-apiserver etcd; do
   p=$(cat "$RUN/pids/$n" 2>/dev/null) && kill "$p" 2>/dev/null && pids="$pids $p"
 done
 for _ in $(seq 40); do

@@ -17,8 +17,34 @@ NODE_IP_BASE=172.30.0.1            # node i: ${NODE_IP_BASE}$i  (172.30.0.11, .1
 CLUSTER_CIDR=10.244.0.0/16         # = deploy/configmap.yaml clusterCIDR
 SERVICE_CIDR=10.96.0.0/16
 KUBE_DNS_IP=10.96.0.10
+# IPv6 (--ip-family ipv6|dual): the same shape in ULA space, as kind's
+LAB_IP6=fd00:30::1
+NODE_IP6_BASE=fd00:30::1           # node i: ${NODE_IP6_BASE}$i  (fd00:30::11, ...)
+CLUSTER_CIDR6=fd00:10:244::/56     # a /64 per node
+SERVICE_CIDR6=fd00:10:96::/112
+KUBE_DNS_IP6=fd00:10:96::a
+# LoadBalancer addresses handed out by e2e/lb.py, routed by the lab to nodes
+LB_POOL4=172.30.1.0/24
+LB_POOL6=fd00:30:1::/112
+# the lab namespace's client address for LoadBalancer traffic: outside the
+# nodes' /16 and /64, as a client of a cloud LB is
+LB_CLIENT4=172.31.0.1
+LB_CLIENT6=fd00:31::1
 API_PORT=6443
-API=https://$LAB_IP:$API_PORT
+
+# --ip-family (e2e.sh exports IP_FAMILY): ipv4 (default), ipv6, or dual
+# (IPv4 primary, as kind's dual-stack clusters). The links carry both
+# families whenever IPv6 is in use; what the family decides is the cluster's
+# ranges, the nodes' InternalIPs and the API server's address.
+IP_FAMILY=${IP_FAMILY:-ipv4}
+case $IP_FAMILY in
+  ipv4) API_HOST=$LAB_IP; CLUSTER_CIDRS=$CLUSTER_CIDR; SERVICE_CIDRS=$SERVICE_CIDR; DNS_IP=$KUBE_DNS_IP; API=https://$LAB_IP:$API_PORT ;;
+  ipv6) API_HOST=$LAB_IP6; CLUSTER_CIDRS=$CLUSTER_CIDR6; SERVICE_CIDRS=$SERVICE_CIDR6; DNS_IP=$KUBE_DNS_IP6; API="https://[$LAB_IP6]:$API_PORT" ;;
+  dual) API_HOST=$LAB_IP; CLUSTER_CIDRS=$CLUSTER_CIDR,$CLUSTER_CIDR6; SERVICE_CIDRS=$SERVICE_CIDR,$SERVICE_CIDR6; DNS_IP=$KUBE_DNS_IP; API=https://$LAB_IP:$API_PORT ;;
+  *) echo "IP_FAMILY must be ipv4, ipv6 or dual (got $IP_FAMILY)" >&2; exit 1 ;;
+esac
+# the links have IPv6 addresses (and the namespaces forward it)
+has_v6() { [ "$IP_FAMILY" != ipv4 ]; }
 
 # The machine-wide settings kubelet (and a proxy) could write; recorded before
 # a run, checked after it.
@@ -31,6 +57,11 @@ die() { log "ERROR: $*"; exit 1; }
 
 node_name() { echo "$PREFIX-node$1"; }
 node_ip() { echo "${NODE_IP_BASE}$1"; }
+node_ip6() { echo "${NODE_IP6_BASE}$1"; }
+# kubelet --node-ip: the node's InternalIPs, primary family first
+node_ips() {
+  case $IP_FAMILY in ipv4) node_ip $1 ;; ipv6) node_ip6 $1 ;; dual) echo "$(node_ip $1),$(node_ip6 $1)" ;; esac
+}
 node_ns() { echo "$PREFIX-node$1"; }
 
 # Run a command in the lab network namespace (same mount namespace: plain nsenter).
@@ -42,6 +73,15 @@ machine_state() {
   local f
   for f in $MACHINE_SYSCTLS; do echo "$f=$(cat /proc/sys/$f 2>/dev/null)"; done
   echo "nf_conntrack.hashsize=$(cat /sys/module/nf_conntrack/parameters/hashsize 2>/dev/null)"
+  # the root network namespace's own settings, addresses and routes (the lab
+  # sets forwarding and multipath hashing in its namespaces only)
+  for f in net/ipv4/ip_forward net/ipv4/fib_multipath_hash_policy net/ipv6/fib_multipath_hash_policy \
+           net/ipv6/conf/all/forwarding net/ipv6/conf/all/disable_ipv6 net/ipv6/conf/default/disable_ipv6; do
+    echo "root netns $f=$(cat /proc/sys/$f 2>/dev/null)"
+  done
+  echo "root netns addresses: $(ip -o addr show 2>/dev/null | awk '{print $2, $4}' | sort | tr '\n' ' ')"
+  echo "root netns routes: $(ip route show table all 2>/dev/null | grep -v '^local\|^broadcast' | sort | tr '\n' ';')"
+  echo "root netns v6 routes: $(ip -6 route show 2>/dev/null | sort | tr '\n' ';')"
   # BPF programs on the machine's root cgroup (v2): --mode socketlb attaches
   # to each node's own cgroup, never there
   local root

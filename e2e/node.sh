@@ -20,6 +20,12 @@ up() {
   ip -n $NS addr add $IP/24 dev eth0
   ip -n $NS link set eth0 up
   ip -n $NS route add default via $LAB_IP
+  if has_v6; then
+    ip -n $NS addr add $(node_ip6 $I)/64 dev eth0 nodad
+    ip -n $NS -6 route add default via $LAB_IP6
+    # the CNI bridge forwards the pods' IPv6 too (a setting of this namespace)
+    ip netns exec $NS sysctl -qw net.ipv6.conf.all.forwarding=1
+  fi
   # kubelet's cgroupRoot must exist in every v1 hierarchy (cpuset: cpus/mems)
   local c
   for c in $CGROUPS; do mkdir -p /sys/fs/cgroup/$c/$N; done
@@ -57,6 +63,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     conf_dir = "$D/cni/net.d"
     max_conf_num = 1
 EOT
+  # kubelet's server on every address of the node once IPv6 is in use
+  local KUBELET_ADDRESS=$IP; has_v6 && KUBELET_ADDRESS="::"
   cat > $D/kubelet-config.yaml <<EOT
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -67,7 +75,7 @@ cgroupRoot: /$N
 containerRuntimeEndpoint: unix://$D/containerd/containerd.sock
 podLogsDir: $D/pod-logs
 volumePluginDir: $D/volume-plugins
-address: $IP
+address: "$KUBELET_ADDRESS"
 port: 10250
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
@@ -77,7 +85,7 @@ authentication:
   webhook: {enabled: false}
 authorization: {mode: AlwaysAllow}
 clusterDomain: cluster.local
-clusterDNS: [$KUBE_DNS_IP]
+clusterDNS: ["$DNS_IP"]
 resolvConf: $D/resolv.conf
 protectKernelDefaults: false
 makeIPTablesUtilChains: false
@@ -124,7 +132,7 @@ inner() {
   for img in $(cat $RUN/images.list); do ctr --address $sock -n k8s.io images import --no-unpack=false "${img#*=}" >/dev/null; done
   ctr --address $sock -n k8s.io images ls -q
   "$BIN/kubelet" --config $D/kubelet-config.yaml --kubeconfig $RUN/node$I.kubeconfig \
-    --root-dir $D/kubelet --hostname-override $N --node-ip $IP \
+    --root-dir $D/kubelet --hostname-override $N --node-ip $(node_ips $I) \
     --node-labels=topology.kubernetes.io/zone=zone-$I --v=2 > $D/kubelet.log 2>&1 < /dev/null &
   echo $! > $D/pids/kubelet
   echo "node $N started"
@@ -139,18 +147,23 @@ net() {
     wait_for 180 has_cidr $(node_name $j) || die "node $(node_name $j) got no podCIDR"
   done
   for j in $(seq 1 $n); do
-    cidr=$(kc get node $(node_name $j) -o jsonpath='{.spec.podCIDR}')
-    ip -n $LAB_NS route replace $cidr via $(node_ip $j)
-    local k
-    for k in $(seq 1 $n); do [ $k = $j ] || ip -n $(node_ns $k) route replace $cidr via $(node_ip $j); done
+    local cidrs ranges="" routes="" via k
+    cidrs=$(kc get node $(node_name $j) -o jsonpath='{.spec.podCIDRs[*]}')
+    for cidr in $cidrs; do
+      case $cidr in *:*) via=$(node_ip6 $j); routes="$routes, {\"dst\": \"::/0\"}" ;;
+                    *) via=$(node_ip $j); routes="$routes, {\"dst\": \"0.0.0.0/0\"}" ;; esac
+      ranges="$ranges, [{\"subnet\": \"$cidr\"}]"
+      ip -n $LAB_NS route replace $cidr via $via
+      for k in $(seq 1 $n); do [ $k = $j ] || ip -n $(node_ns $k) route replace $cidr via $via; done
+    done
     cat > $RUN/node$j/cni/net.d/10-kpe2e.conflist <<EOT
 {"cniVersion": "0.4.0", "name": "kpe2e-pods", "plugins": [
   {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
-   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$cidr"}]], "routes": [{"dst": "0.0.0.0/0"}],
+   "ipam": {"type": "host-local", "ranges": [${ranges#, }], "routes": [${routes#, }],
             "dataDir": "$RUN/node$j/cni/ipam"}},
   {"type": "portmap", "capabilities": {"portMappings": true}}]}
 EOT
-    log "$(node_name $j): $(node_ip $j), pods $cidr"
+    log "$(node_name $j): $(node_ips $j), pods ${cidrs// /,}"
   done
 }
 

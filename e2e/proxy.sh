@@ -5,7 +5,8 @@
 #  ours kubeadm: the same file, only the image ours (as an operator swaps it).
 #  ours:     `kubectl apply -k` of an overlay on deploy/ that does what
 #            docs/migrate-from-kube-proxy.md asks of a user: the API server
-#            address in kubeconfig.conf, the mode, and (the lab's one
+#            address in kubeconfig.conf, the mode, the cluster's pod CIDRs
+#            (both, comma-separated, in a dual-stack lab), and (the lab's one
 #            addition) conntrack maxPerCore/min 0: leave the machine-wide
 #            conntrack table size alone.
 #            MODE socketlb: nftables plus docs/ebpf.md's kustomize patch for
@@ -21,7 +22,9 @@ if [ $PROXY = ours ] && [ $DEPLOY = kubeadm ]; then
 fi
 case $PROXY in
 upstream)
-  sed -e "s#@API@#$API#" -e "s#@MODE@#$MODE#" -e "s#@CLUSTER_CIDR@#$CLUSTER_CIDR#" \
+  # kubeadm's bindAddress follows the API server's advertise address: "::" for IPv6
+  BIND=0.0.0.0; [ $IP_FAMILY = ipv6 ] && BIND="'::'"
+  sed -e "s#@API@#$API#" -e "s#@MODE@#$MODE#" -e "s#@CLUSTER_CIDR@#$CLUSTER_CIDRS#" -e "s#@BIND@#$BIND#" \
       -e "s#@IMAGE@#$IMAGE#" "$E2E/upstream/kube-proxy.yaml" > "$RUN/kube-proxy.yaml"
   kc apply -f "$RUN/kube-proxy.yaml" >/dev/null
   # ours carry k8s-app=kube-proxy too (deploy/daemonset.yaml)
@@ -32,7 +35,9 @@ ours)
   # config.conf and kubeconfig.conf from deploy/configmap.yaml, edited as the doc says
   kc create --dry-run=client -o json -f "$O/base/configmap.yaml" > "$O/cm.json"
   CONF_MODE=$MODE; [ $MODE = socketlb ] && CONF_MODE=nftables
-  jq -r '.data["config.conf"]' "$O/cm.json" | sed -e "s/^mode: .*/mode: $CONF_MODE/" > "$O/config.conf"
+  grep -q '^    clusterCIDR: ' "$O/base/configmap.yaml" || die "deploy/configmap.yaml has no clusterCIDR: adjust e2e/proxy.sh"
+  jq -r '.data["config.conf"]' "$O/cm.json" | sed -e "s/^mode: .*/mode: $CONF_MODE/" \
+    -e "s#^clusterCIDR: .*#clusterCIDR: $CLUSTER_CIDRS#" > "$O/config.conf"
   grep -q '^conntrack:' "$O/config.conf" && die "deploy/configmap.yaml sets conntrack: adjust e2e/proxy.sh"
   printf 'conntrack:\n  maxPerCore: 0\n  min: 0\n' >> "$O/config.conf"
   jq -r '.data["kubeconfig.conf"]' "$O/cm.json" | sed -e "s#https://CONTROL-PLANE-ENDPOINT:6443#$API#" > "$O/kubeconfig.conf"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Results of e2e.sh runs.
 
-  report.py summary JUNIT --focus RE --proxy P --mode M --up S --run S --out result.json
+  report.py summary JUNIT --focus RE --proxy P --mode M [--family F] --up S --run S --out result.json
       prints "N passed, M failed, K skipped" over the specs the focus selects
       (K: selected, then skipped by --skip or by the spec itself) and writes
       result.json (each spec: state, seconds, failure message).
@@ -41,7 +41,8 @@ def summary(args):
             msg = (f.get("message") or f.text or "").strip()
         specs.append({"name": name, "state": state, "seconds": round(float(tc.get("time") or 0), 1), "failure": msg[:2000]})
     n = {s: sum(1 for x in specs if x["state"] == s) for s in ("passed", "failed", "skipped")}
-    res = {"proxy": opt(args, "--proxy"), "mode": opt(args, "--mode"), "focus": focus.pattern,
+    res = {"proxy": opt(args, "--proxy"), "mode": opt(args, "--mode"), "family": opt(args, "--family", "ipv4"),
+           "focus": focus.pattern,
            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "cluster_up_seconds": int(opt(args, "--up", 0)), "run_seconds": int(opt(args, "--run", 0)),
            "tree": opt(args, "--tree", ""), "counts": n, "specs": specs}
@@ -62,11 +63,11 @@ def docs(args):
     # a column per run, named by its report directory (e.g. ours-nftables)
     cols = [os.path.basename(os.path.dirname(os.path.abspath(f))) or f"{r['proxy']} {r['mode']}" for f, r in zip(files, runs)]
     names = sorted({s["name"] for r in runs for s in r["specs"] if s["state"] != "skipped"})
-    lines = [BEGIN, "", "| run | date | build | focus | passed | failed | skipped | cluster up | suite |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [BEGIN, "", "| run | family | date | build | focus | passed | failed | skipped | cluster up | suite |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for c, r in zip(cols, runs):
         k = r["counts"]
-        lines.append(f"| {c} | {r['date']} | {r.get('tree', '')} | `{r['focus'].replace('|', '&#124;')}` | {k['passed']} | {k['failed']} | {k['skipped']} | "
+        lines.append(f"| {c} | {r.get('family', 'ipv4')} | {r['date']} | {r.get('tree', '')} | `{r['focus'].replace('|', '&#124;')}` | {k['passed']} | {k['failed']} | {k['skipped']} | "
                      f"{r['cluster_up_seconds']} s | {r['run_seconds']} s |")
     lines += ["", "| spec | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     for name in names:

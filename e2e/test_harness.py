@@ -94,6 +94,10 @@ class Skips(unittest.TestCase):
                 continue
             regex, sep, reason = line.partition("\t")
             self.assertEqual(sep, "\t", f"no TAB between regex and reason: {line!r}")
+            reason, _, when = reason.partition("\t")
+            if when:
+                self.assertRegex(when, r"^(family|mode|proxy)!?=[a-z0-9]+(,[a-z0-9]+)*$", f"{regex!r}: condition {when!r}")
+                self.assertIn(when, doc, f"{regex!r}: its condition is not in docs/e2e.md")
             self.assertGreater(len(reason.strip()), 20, f"no real reason for {regex!r}")
             re.compile(regex)
             self.assertNotIn("|", regex, f"{regex!r}: one spec pattern per line, so each has its reason")
@@ -110,7 +114,8 @@ class Options(unittest.TestCase):
         for args, want in [(["--mode", "ipvs"], "--mode"), (["--proxy", "kube-router"], "--proxy"),
                            (["--bogus"], "unknown argument --bogus"), (["--nodes", "0"], "--nodes"),
                            (["--procs", "x"], "--procs"), (["--deploy", "helm"], "--deploy"),
-                           (["--mode", "socketlb", "--deploy", "kubeadm"], "--deploy kubeadm")]:
+                           (["--mode", "socketlb", "--deploy", "kubeadm"], "--deploy kubeadm"),
+                           (["--ip-family", "ipv5"], "--ip-family")]:
             r = self.e2e(*args)
             self.assertNotEqual(r.returncode, 0, args)
             self.assertIn(want, r.stderr, args)
@@ -159,6 +164,9 @@ SERVICES = {"items": [
      "spec": {"type": "ClusterIP", "clusterIP": "10.96.0.20", "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}},
     {"metadata": {"namespace": "e2e", "name": "headless"},
      "spec": {"clusterIP": "None", "ports": [{"port": 8080}]}},
+    {"metadata": {"namespace": "e2e", "name": "dual"},
+     "spec": {"type": "ClusterIP", "clusterIP": "10.96.0.30", "clusterIPs": ["10.96.0.30", "fd00:10:96::30"],
+              "ports": [{"port": 80}]}},
     {"metadata": {"namespace": "e2e", "name": "ext"},
      "spec": {"type": "ExternalName", "externalName": "web.default.svc.cluster.local"}},
 ]}
@@ -166,6 +174,9 @@ SLICES = {"items": [
     {"metadata": {"namespace": "e2e", "name": "headless-x", "labels": {"kubernetes.io/service-name": "headless"}},
      "endpoints": [{"addresses": ["10.244.1.5"], "hostname": "pod-a", "conditions": {"ready": True}},
                    {"addresses": ["10.244.2.6"], "conditions": {"ready": False}}]},
+    {"metadata": {"namespace": "e2e", "name": "headless-y", "labels": {"kubernetes.io/service-name": "headless"}},
+     "addressType": "IPv6",
+     "endpoints": [{"addresses": ["fd00:10:244:1::5"], "hostname": "pod-a", "conditions": {"ready": True}}]},
 ]}
 
 
@@ -240,6 +251,15 @@ class LabDNS(unittest.TestCase):
         self.assertEqual(dns_query(self.port, "pod-a.headless.e2e.svc.cluster.local", 1),
                          (0, [(1, socket.inet_aton("10.244.1.5"))]))
 
+    def test_ipv6_addresses_are_aaaa_records(self):
+        v6 = socket.inet_pton(socket.AF_INET6, "fd00:10:96::30")
+        self.assertEqual(dns_query(self.port, "dual.e2e.svc.cluster.local", 28), (0, [(28, v6)]))
+        self.assertEqual(dns_query(self.port, "dual.e2e.svc.cluster.local", 1),
+                         (0, [(1, socket.inet_aton("10.96.0.30"))]))
+        pod = socket.inet_pton(socket.AF_INET6, "fd00:10:244:1::5")
+        self.assertEqual(dns_query(self.port, "headless.e2e.svc.cluster.local", 28), (0, [(28, pod)]))
+        self.assertEqual(dns_query(self.port, "pod-a.headless.e2e.svc.cluster.local", 28), (0, [(28, pod)]))
+
     def test_srv_for_named_ports(self):
         rcode, ans = dns_query(self.port, "_http._tcp.web.default.svc.cluster.local", 33)
         self.assertEqual(rcode, 0)
@@ -257,6 +277,139 @@ class LabDNS(unittest.TestCase):
         self.assertEqual(dns_query(self.port, "nope.default.svc.cluster.local", 1), (3, []))
         self.assertEqual(dns_query(self.port, "www.example.com", 1), (3, []))
         self.assertEqual(dns_query(self.port, "web.default.svc.cluster.local", 28), (0, []))
+
+
+class FakeLBAPI(BaseHTTPRequestHandler):
+    """Nodes and Services for e2e/lb.py; records what it PATCHes."""
+    def do_GET(self):
+        st = self.server.state
+        body = {"/api/v1/nodes": st["nodes"], "/api/v1/services": st["services"]}.get(self.path)
+        self.reply(body)
+
+    def do_PATCH(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.state["patches"].append((self.path, self.headers.get("Content-Type"), body))
+        self.reply({})
+
+    def reply(self, body):
+        if body is None:
+            self.send_response(404); self.end_headers(); return
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *a):
+        pass
+
+
+class Healthz(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/healthz" else 404)
+        self.end_headers()
+
+    def log_message(self, *a):
+        pass
+
+
+def node(name, ready=True, labels=None):
+    return {"metadata": {"name": name, "labels": labels or {}},
+            "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+class LabLoadBalancer(unittest.TestCase):
+    """e2e/lb.py, one pass against a fake API; its route commands recorded, never run."""
+
+    def setUp(self):
+        d = self.dir = tempfile.mkdtemp(prefix="kp-e2e-lb-")
+        self.addCleanup(shutil.rmtree, d, True)
+        run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+            "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", f"{d}/k.pem", "-out", f"{d}/c.pem", check=True)
+        with open(f"{d}/token", "w") as f:
+            f.write("t0ken\n")
+        with open(f"{d}/ip", "w") as f:
+            f.write(f"#!/bin/sh\necho \"$*\" >> {d}/routes\n")
+        os.chmod(f"{d}/ip", 0o755)
+        self.api = ThreadingHTTPServer(("127.0.0.1", 0), FakeLBAPI)
+        self.api.state = {"nodes": {"items": []}, "services": {"items": []}, "patches": []}
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(f"{d}/c.pem", f"{d}/k.pem")
+        self.api.socket = ctx.wrap_socket(self.api.socket, server_side=True)
+        threading.Thread(target=self.api.serve_forever, daemon=True).start()
+        self.addCleanup(self.api.server_close)
+        self.addCleanup(self.api.shutdown)
+        # node-a's kube-proxy answers the health check; nothing listens for node-b (127.0.0.2)
+        self.hc = ThreadingHTTPServer(("127.0.0.1", 0), Healthz)
+        threading.Thread(target=self.hc.serve_forever, daemon=True).start()
+        self.addCleanup(self.hc.server_close)
+        self.addCleanup(self.hc.shutdown)
+
+    def once(self):
+        d = self.dir
+        r = run(sys.executable, os.path.join(E2E, "lb.py"), "--once", "--ip-cmd", f"{d}/ip",
+                "--api", f"https://127.0.0.1:{self.api.server_address[1]}", "--token-file", f"{d}/token",
+                "--ca", f"{d}/c.pem", "--pool", "172.30.1.0/24", "--pool", "fd00:30:1::/112",
+                "--node", "node-a=127.0.0.1", "--node", "node-b=127.0.0.2", "--node", "node-c=127.0.0.3",
+                "--src", "172.31.0.1")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertNotIn("poll:", r.stdout)
+        routes = read(f"{d}/routes").splitlines() if os.path.exists(f"{d}/routes") else []
+        return routes, self.api.state["patches"]
+
+    def service(self, name, **spec):
+        return {"metadata": {"namespace": "e2e", "name": name, "uid": "uid-" + name, "resourceVersion": "7"},
+                "spec": dict({"type": "LoadBalancer", "ipFamilies": ["IPv4"]}, **spec), "status": {}}
+
+    def test_cluster_policy_gets_an_address_routed_to_every_ready_node(self):
+        self.api.state["nodes"]["items"] = [node("node-a"), node("node-b"), node("node-c", ready=False),
+                                            node("node-x")]  # node-x: not a lab node
+        self.api.state["services"]["items"] = [self.service("web"), self.service("classy", loadBalancerClass="x/y"),
+                                               self.service("plain", type="ClusterIP")]
+        routes, patches = self.once()
+        self.assertEqual(routes, ["route replace 172.30.1.1/32 src 172.31.0.1 nexthop via 127.0.0.1 nexthop via 127.0.0.2"])
+        self.assertIn(("/api/v1/namespaces/e2e/services/web/status", "application/merge-patch+json",
+                       {"status": {"loadBalancer": {"ingress": [{"ip": "172.30.1.1", "ipMode": "VIP"}]}}}), patches)
+        self.assertIn(("/api/v1/namespaces/e2e/services/web", "application/merge-patch+json",
+                       {"metadata": {"finalizers": ["service.kubernetes.io/load-balancer-cleanup"],
+                                     "resourceVersion": "7"}}), patches)
+        self.assertFalse([p for p in patches if "classy" in p[0] or "plain" in p[0]], patches)
+
+    def test_local_policy_routes_to_nodes_whose_health_check_passes(self):
+        port = self.hc.server_address[1]
+        self.api.state["nodes"]["items"] = [node("node-a"), node("node-b"), node("node-c")]
+        self.api.state["services"]["items"] = [
+            self.service("local", externalTrafficPolicy="Local", healthCheckNodePort=port),
+            self.service("pinned", sessionAffinity="ClientIP", loadBalancerIP="172.30.1.9")]
+        routes, _ = self.once()
+        self.assertIn("route replace 172.30.1.1/32 src 172.31.0.1 via 127.0.0.1", routes)
+        # ClientIP affinity: one node for the address; the requested address honoured
+        self.assertEqual(len([r for r in routes if r.startswith("route replace 172.30.1.9/32 src 172.31.0.1 via ")]), 1, routes)
+
+    def test_dual_stack_gets_one_address_per_family(self):
+        self.api.state["nodes"]["items"] = [node("node-a")]
+        self.api.state["services"]["items"] = [self.service("dual", ipFamilies=["IPv6", "IPv4"])]
+        _, patches = self.once()
+        status = [p[2] for p in patches if p[0].endswith("/status")]
+        self.assertEqual(status, [{"status": {"loadBalancer": {"ingress": [
+            {"ip": "fd00:30:1::1", "ipMode": "VIP"}, {"ip": "172.30.1.1", "ipMode": "VIP"}]}}}])
+
+    def test_deleted_or_changed_services_lose_the_finalizer(self):
+        gone = self.service("gone")
+        gone["metadata"].update(deletionTimestamp="2026-01-01T00:00:00Z",
+                                finalizers=["other", "service.kubernetes.io/load-balancer-cleanup"])
+        back = self.service("back", type="ClusterIP")
+        back["metadata"]["finalizers"] = ["service.kubernetes.io/load-balancer-cleanup"]
+        back["status"] = {"loadBalancer": {"ingress": [{"ip": "172.30.1.4"}]}}
+        self.api.state["services"]["items"] = [gone, back]
+        _, patches = self.once()
+        self.assertIn(("/api/v1/namespaces/e2e/services/gone", "application/merge-patch+json",
+                       {"metadata": {"finalizers": ["other"], "resourceVersion": "7"}}), patches)
+        self.assertIn(("/api/v1/namespaces/e2e/services/back/status", "application/merge-patch+json",
+                       {"status": {"loadBalancer": {}}}), patches)
+        self.assertIn(("/api/v1/namespaces/e2e/services/back", "application/merge-patch+json",
+                       {"metadata": {"finalizers": [], "resourceVersion": "7"}}), patches)
 
 
 if __name__ == "__main__":

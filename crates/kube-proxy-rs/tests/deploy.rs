@@ -712,6 +712,7 @@ fn kubeadms_daemonset_runs_our_image_unchanged() {
         .replace("@API@", "https://192.0.2.1:6443")
         .replace("@MODE@", "\"\"")
         .replace("@CLUSTER_CIDR@", "10.244.0.0/16")
+        .replace("@BIND@", "0.0.0.0")
         .replace("@IMAGE@", "kube-proxy-rs:0.1.0");
     let docs: Vec<Value> = text
         .split("\n---")
