@@ -9,7 +9,7 @@
 //! pending for longer than the health timeout (2 × syncPeriod upstream).
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -401,9 +401,33 @@ pub fn metrics_router(metrics: Metrics, mode: &'static str, configz: serde_json:
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
-    TcpListener::bind(addr)
+    TcpListener::bind(listen_addr(addr))
         .await
+        .or_else(|e| {
+            // no IPv6 on this host: 0.0.0.0 as written
+            if listen_addr(addr) != addr {
+                std::net::TcpListener::bind(addr)
+                    .and_then(|l| l.set_nonblocking(true).map(|()| l))
+                    .and_then(TcpListener::from_std)
+            } else {
+                Err(e)
+            }
+        })
         .map_err(|source| ServerError::Bind { addr, source })
+}
+
+/// Where a server given `addr` listens. `0.0.0.0` means every address of
+/// both families, as it does for upstream's Go servers (Go listens on a
+/// dual-stack socket for an unspecified IPv4 address): on an IPv6 or
+/// dual-stack node, `healthzBindAddress: 0.0.0.0:10256` answers on the
+/// node's IPv6 addresses too.
+pub fn listen_addr(addr: SocketAddr) -> SocketAddr {
+    match addr.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), addr.port())
+        }
+        _ => addr,
+    }
 }
 
 /// How long a stopped server waits before it is started again (upstream

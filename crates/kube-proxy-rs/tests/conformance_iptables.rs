@@ -21,3 +21,8 @@ fn c18_nodeport_default_addresses() {
 fn c19_conntrack_timeouts_at_start() {
     conformance::conntrack_timeouts_at_start("iptables");
 }
+
+#[test]
+fn c20_healthz_on_both_families() {
+    conformance::healthz_on_both_families("iptables");
+}

@@ -31,3 +31,10 @@ fn c19_conntrack_timeouts_at_start() {
         conformance::conntrack_timeouts_at_start("upstream/iptables");
     }
 }
+
+#[test]
+fn c20_healthz_on_both_families() {
+    if conformance::binaries_for("upstream/iptables") {
+        conformance::healthz_on_both_families("upstream/iptables");
+    }
+}

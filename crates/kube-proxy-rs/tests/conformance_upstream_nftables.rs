@@ -45,3 +45,10 @@ fn a07_service_cidrs() {
         conformance::api_service_cidrs("upstream/nftables");
     }
 }
+
+#[test]
+fn c20_healthz_on_both_families() {
+    if conformance::binaries_for("upstream/nftables") {
+        conformance::healthz_on_both_families("upstream/nftables");
+    }
+}

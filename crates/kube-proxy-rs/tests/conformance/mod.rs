@@ -2477,3 +2477,29 @@ pub fn conntrack_timeouts_at_start(mode: &str) {
     assert_eq!(read(&env, EST), "86400", "24h, upstream's default");
     assert_eq!(read(&env, CLOSE_WAIT), "3600", "1h, upstream's default");
 }
+
+/// `healthzBindAddress: 0.0.0.0:10256` (upstream's default, and the
+/// harness's flag) answers on the node's IPv6 address too, as upstream's Go
+/// server does (Go listens on a dual-stack socket for 0.0.0.0): an IPv6 or
+/// dual-stack cluster's health checks reach it.
+pub fn healthz_on_both_families(mode: &str) {
+    let mut env = Env::new("hzfamilies", mode);
+    env.start(1, &[]);
+    env.wait_synced(1);
+    let cl = env.cluster.client_ns().to_string();
+    for ip in [env.cluster.node_ip(1), env.cluster.node_ip6(1)] {
+        let addr = SocketAddr::new(ip, 10256);
+        let mut got = None;
+        for _ in 0..50 {
+            got = http_get(&cl, addr, "/healthz");
+            if matches!(got, Some((200, _))) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        assert!(
+            matches!(got, Some((200, _))),
+            "GET http://{addr}/healthz from the client: {got:?}"
+        );
+    }
+}
