@@ -5,9 +5,10 @@
       prints "N passed, M failed, K skipped" over the specs the focus selects
       (K: selected, then skipped by --skip or by the spec itself) and writes
       result.json (each spec: state, seconds, failure message).
-  report.py docs RESULT.json... --out docs/e2e.md
-      rewrites the results section of docs/e2e.md (between the markers) with a
-      table: each spec that ran, its result and time per proxy/mode."""
+  report.py docs RESULT.json... --out docs/e2e.md [--section NAME]
+      rewrites the results section of docs/e2e.md (between the markers; with
+      --section, the markers of that name) with a table: each spec that ran,
+      its result and time per proxy/mode/family."""
 import json, os, re, sys, xml.etree.ElementTree as ET
 from datetime import datetime, timezone
 
@@ -57,13 +58,16 @@ def summary(args):
 
 def docs(args):
     out = opt(args, "--out")
+    section = opt(args, "--section")
+    begin, end = (BEGIN, END) if not section else (BEGIN.replace("results:", f"results {section}:"),
+                                                   END.replace("results:", f"results {section}:"))
     files = [a for a in args if a.endswith(".json")]
     files.sort(key=lambda f: (os.path.basename(os.path.dirname(f)).endswith("-conformance"), f))
     runs = [json.load(open(f)) for f in files]
     # a column per run, named by its report directory (e.g. ours-nftables)
     cols = [os.path.basename(os.path.dirname(os.path.abspath(f))) or f"{r['proxy']} {r['mode']}" for f, r in zip(files, runs)]
     names = sorted({s["name"] for r in runs for s in r["specs"] if s["state"] != "skipped"})
-    lines = [BEGIN, "", "| run | family | date | build | focus | passed | failed | skipped | cluster up | suite |",
+    lines = [begin, "", "| run | family | date | build | focus | passed | failed | skipped | cluster up | suite |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for c, r in zip(cols, runs):
         k = r["counts"]
@@ -83,10 +87,10 @@ def docs(args):
         for c, s in fails:
             first = (s["failure"].splitlines() or [""])[0][:400].replace("|", "/")
             lines.append(f"* {c}: {s['name']}: `{first}`")
-    lines += ["", END]
+    lines += ["", end]
     text = open(out).read()
-    if BEGIN in text:
-        text = text[:text.index(BEGIN)] + "\n".join(lines) + text[text.index(END) + len(END):]
+    if begin in text:
+        text = text[:text.index(begin)] + "\n".join(lines) + text[text.index(end) + len(end):]
     else:
         text = text.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n"
     open(out, "w").write(text)

@@ -83,6 +83,19 @@ class Report(unittest.TestCase):
         self.assertNotIn("DNS should provide DNS for services |", text)
         self.assertIn("* ours-nftables: [sig-network] Services should be able to create a functioning NodePort service: `curl timed out`", text)
 
+    def test_docs_section_rewrites_its_own_markers_only(self):
+        _, out = self.summary()
+        doc = os.path.join(self.dir, "e2e.md")
+        with open(doc, "w") as f:
+            f.write("<!-- e2e.sh results: begin -->\nmain table\n<!-- e2e.sh results: end -->\n"
+                    "<!-- e2e.sh results families: begin -->\nold\n<!-- e2e.sh results families: end -->\n")
+        r = run(sys.executable, os.path.join(E2E, "report.py"), "docs", out, "--out", doc, "--section", "families")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        text = read(doc)
+        self.assertIn("main table", text)
+        self.assertNotIn("old", text)
+        self.assertIn("| ours-nftables | ipv4 |", text)
+
 
 class Skips(unittest.TestCase):
     def test_every_skip_has_a_reason_compiles_and_is_documented(self):
