@@ -193,11 +193,9 @@ SLICES = {"items": [
 ]}
 
 
-class FakeAPI(BaseHTTPRequestHandler):
-    def do_GET(self):
-        if self.headers.get("Authorization") != "Bearer t0ken":
-            self.send_response(401); self.end_headers(); return
-        body = {"/api/v1/services": SERVICES, "/apis/discovery.k8s.io/v1/endpointslices": SLICES}.get(self.path)
+class JSONHandler(BaseHTTPRequestHandler):
+    """A stand-in API server's replies: a JSON body, or 404 for None."""
+    def reply(self, body):
         if body is None:
             self.send_response(404); self.end_headers(); return
         data = json.dumps(body).encode()
@@ -209,6 +207,13 @@ class FakeAPI(BaseHTTPRequestHandler):
 
     def log_message(self, *a):
         pass
+
+
+class FakeAPI(JSONHandler):
+    def do_GET(self):
+        if self.headers.get("Authorization") != "Bearer t0ken":
+            self.send_response(401); self.end_headers(); return
+        self.reply({"/api/v1/services": SERVICES, "/apis/discovery.k8s.io/v1/endpointslices": SLICES}.get(self.path))
 
 
 class LabDNS(unittest.TestCase):
@@ -292,7 +297,7 @@ class LabDNS(unittest.TestCase):
         self.assertEqual(dns_query(self.port, "web.default.svc.cluster.local", 28), (0, []))
 
 
-class FakeLBAPI(BaseHTTPRequestHandler):
+class FakeLBAPI(JSONHandler):
     """Nodes and Services for e2e/lb.py; records what it PATCHes."""
     def do_GET(self):
         st = self.server.state
@@ -303,19 +308,6 @@ class FakeLBAPI(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.server.state["patches"].append((self.path, self.headers.get("Content-Type"), body))
         self.reply({})
-
-    def reply(self, body):
-        if body is None:
-            self.send_response(404); self.end_headers(); return
-        data = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *a):
-        pass
 
 
 class Healthz(BaseHTTPRequestHandler):
