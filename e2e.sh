@@ -47,6 +47,7 @@ while [ $# -gt 0 ]; do
 done
 case $PROXY in ours|upstream) ;; *) die "--proxy ours|upstream" ;; esac
 case $IP_FAMILY in ipv4|ipv6|dual) ;; *) die "--ip-family ipv4|ipv6|dual" ;; esac
+[ $MIGRATE = 1 ] && [ $IP_FAMILY != ipv4 ] && die "--migrate drives its traffic over the nodes' IPv4 addresses: --ip-family ipv4 only"
 export IP_FAMILY
 . "$E2E/lib.sh"  # again: the addresses and ranges of the family
 case $DEPLOY in deploy) ;; kubeadm) [ $MODE = socketlb ] && die "--deploy kubeadm runs kubeadm's DaemonSet unchanged: no --socket-lb" ;;

@@ -128,7 +128,8 @@ class Options(unittest.TestCase):
                            (["--bogus"], "unknown argument --bogus"), (["--nodes", "0"], "--nodes"),
                            (["--procs", "x"], "--procs"), (["--deploy", "helm"], "--deploy"),
                            (["--mode", "socketlb", "--deploy", "kubeadm"], "--deploy kubeadm"),
-                           (["--ip-family", "ipv5"], "--ip-family")]:
+                           (["--ip-family", "ipv5"], "--ip-family"),
+                           (["--migrate", "--ip-family", "ipv6"], "--ip-family ipv4 only")]:
             r = self.e2e(*args)
             self.assertNotEqual(r.returncode, 0, args)
             self.assertIn(want, r.stderr, args)
