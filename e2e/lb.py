@@ -41,12 +41,19 @@ TOKEN = open(a.token_file).read().strip()
 CTX = ssl.create_default_context(cafile=a.ca)
 FINALIZER = "service.kubernetes.io/load-balancer-cleanup"
 EXCLUDE = "node.kubernetes.io/exclude-from-external-load-balancers"
-POOLS = {("IPv6" if ":" in c else "IPv4"): ipaddress.ip_network(c) for c in a.pool}
-SRC = {("IPv6" if ":" in ip else "IPv4"): ip for ip in a.src}
+
+
+def family(addr):
+    """The Service ipFamilies name of an address or CIDR."""
+    return "IPv6" if ":" in addr else "IPv4"
+
+
+POOLS = {family(c): ipaddress.ip_network(c) for c in a.pool}
+SRC = {family(ip): ip for ip in a.src}
 NODE_IPS = {}  # node name -> {"IPv4": ip, "IPv6": ip}
 for n in a.node:
     name, ips = n.split("=", 1)
-    NODE_IPS[name] = {("IPv6" if ":" in ip else "IPv4"): ip for ip in ips.split(",")}
+    NODE_IPS[name] = {family(ip): ip for ip in ips.split(",")}
 
 allocated = {}  # (uid, family) -> ip
 routes = {}     # ip -> tuple of next hops (what the lab's table holds)
@@ -83,11 +90,11 @@ def healthy(ip, port):
         return False
 
 
-def allocate(svc, family):
-    key = (svc["metadata"]["uid"], family)
+def allocate(svc, fam):
+    key = (svc["metadata"]["uid"], fam)
     if key in allocated:
         return allocated[key]
-    pool, taken = POOLS.get(family), set(allocated.values())
+    pool, taken = POOLS.get(fam), set(allocated.values())
     if pool is None:
         return None
     want = svc["spec"].get("loadBalancerIP")
@@ -105,7 +112,7 @@ def set_route(ip, hops):
     if routes.get(ip) == hops:
         return
     plen = "/128" if ":" in ip else "/32"
-    src = SRC.get("IPv6" if ":" in ip else "IPv4")
+    src = SRC.get(family(ip))
     src = ["src", src] if src else []
     if not hops:
         subprocess.run([a.ip_cmd, "route", "del", ip + plen], capture_output=True)
@@ -161,15 +168,15 @@ def reconcile(svc, nodes, pool):
     if (svc.get("status", {}).get("loadBalancer") or {}).get("ingress") != ingress:
         api("PATCH", path(svc, "/status"), {"status": {"loadBalancer": {"ingress": ingress}}})
         log("ingress", m["namespace"] + "/" + m["name"], [ip for _, ip in ips])
-    for family, ip in ips:
-        cand = [n for n in nodes if family in NODE_IPS[n]]
+    for fam, ip in ips:
+        cand = [n for n in nodes if fam in NODE_IPS[n]]
         if spec.get("externalTrafficPolicy") == "Local" and spec.get("healthCheckNodePort"):
             port = spec["healthCheckNodePort"]
-            ok = list(pool.map(lambda n: healthy(NODE_IPS[n][family], port), cand))
+            ok = list(pool.map(lambda n: healthy(NODE_IPS[n][fam], port), cand))
             cand = [n for n, good in zip(cand, ok) if good] or cand
         if spec.get("sessionAffinity") == "ClientIP" and cand:
             cand = [cand[int(ipaddress.ip_address(ip)) % len(cand)]]
-        set_route(ip, tuple(NODE_IPS[n][family] for n in cand))
+        set_route(ip, tuple(NODE_IPS[n][fam] for n in cand))
     return {m["uid"]}
 
 

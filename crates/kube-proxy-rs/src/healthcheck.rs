@@ -6,7 +6,7 @@
 //! endpoint and a healthy proxy.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use axum::extract::State;
@@ -164,15 +164,11 @@ impl ServiceHealthServer {
     fn listen(&self, name: &ServiceName, port: u16) -> std::io::Result<Vec<JoinHandle<()>>> {
         let mut listeners = Vec::new();
         if self.bind_ips.is_empty() {
-            // [::] takes IPv4 too on Linux unless IPv6 is off; then 0.0.0.0.
-            let any6 = SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port);
-            match std::net::TcpListener::bind(any6) {
-                Ok(l) => listeners.push(l),
-                Err(_) => listeners.push(std::net::TcpListener::bind(SocketAddr::new(
-                    IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-                    port,
-                ))?),
-            }
+            // every address of both families
+            listeners.push(crate::server::bind_std(SocketAddr::new(
+                IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                port,
+            ))?);
         } else {
             // All or nothing: a half-open service would answer on some IPs only.
             for ip in &self.bind_ips {

@@ -401,33 +401,30 @@ pub fn metrics_router(metrics: Metrics, mode: &'static str, configz: serde_json:
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
-    TcpListener::bind(listen_addr(addr))
-        .await
-        .or_else(|e| {
-            // no IPv6 on this host: 0.0.0.0 as written
-            if listen_addr(addr) != addr {
-                std::net::TcpListener::bind(addr)
-                    .and_then(|l| l.set_nonblocking(true).map(|()| l))
-                    .and_then(TcpListener::from_std)
-            } else {
-                Err(e)
-            }
+    bind_std(addr)
+        .and_then(|l| {
+            l.set_nonblocking(true)?;
+            TcpListener::from_std(l)
         })
         .map_err(|source| ServerError::Bind { addr, source })
 }
 
-/// Where a server given `addr` listens. `0.0.0.0` means every address of
-/// both families, as it does for upstream's Go servers (Go listens on a
-/// dual-stack socket for an unspecified IPv4 address): on an IPv6 or
-/// dual-stack node, `healthzBindAddress: 0.0.0.0:10256` answers on the
+/// Binds `addr`. `0.0.0.0` means every address of both families, as it does
+/// for upstream's Go servers (Go listens on a dual-stack socket for an
+/// unspecified IPv4 address): `[::]`, which takes IPv4 too on Linux, and
+/// `0.0.0.0` as written where the host has no IPv6. So on an IPv6 or
+/// dual-stack node `healthzBindAddress: 0.0.0.0:10256` answers on the
 /// node's IPv6 addresses too.
-pub fn listen_addr(addr: SocketAddr) -> SocketAddr {
-    match addr.ip() {
-        IpAddr::V4(ip) if ip.is_unspecified() => {
-            SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), addr.port())
+pub fn bind_std(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    if let IpAddr::V4(ip) = addr.ip() {
+        if ip.is_unspecified() {
+            let any6 = SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), addr.port());
+            if let Ok(l) = std::net::TcpListener::bind(any6) {
+                return Ok(l);
+            }
         }
-        _ => addr,
     }
+    std::net::TcpListener::bind(addr)
 }
 
 /// How long a stopped server waits before it is started again (upstream
