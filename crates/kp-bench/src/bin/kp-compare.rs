@@ -3,7 +3,7 @@
 //!
 //! A ratio between two proxies only holds when both ran in the same run on
 //! the same machine: kp-bench drives the model directly and figures taken on
-//! another day differ by 4x (../shared/upstream-baseline.md). So this starts
+//! another day differ by 4x (docs/upstream-baseline.md). So this starts
 //! the control plane of the tests (kp-testkit: etcd + kube-apiserver v1.36 in
 //! a lab namespace), creates N Services x 10 endpoints through the API (the
 //! kp-bench mix: NodePorts, eTP=Local LoadBalancers, 5% session affinity,
