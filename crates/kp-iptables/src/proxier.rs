@@ -576,8 +576,8 @@ impl IptablesProxier {
 }
 
 impl Dataplane for IptablesProxier {
-    fn mode(&self) -> kp_model::DataplaneKind {
-        kp_model::DataplaneKind::Iptables
+    fn mode(&self) -> kp_model::ProxyMode {
+        kp_model::ProxyMode::Iptables
     }
 
     fn sync(

@@ -354,8 +354,8 @@ impl IpvsProxier {
 }
 
 impl Dataplane for IpvsProxier {
-    fn mode(&self) -> kp_model::DataplaneKind {
-        kp_model::DataplaneKind::Ipvs
+    fn mode(&self) -> kp_model::ProxyMode {
+        kp_model::ProxyMode::Ipvs
     }
 
     fn sync(

@@ -165,35 +165,48 @@ impl std::fmt::Display for RefusedList<'_> {
     }
 }
 
-/// Which dataplane a [`Dataplane`] is: its name in logs, and which of
-/// upstream's failure counters its failed syncs count in (the binary's
-/// metrics match on it, so a new kind must say).
+/// The proxy mode (`--proxy-mode`, `mode:`), and which mode a [`Dataplane`]
+/// serves: its name in logs, and which of upstream's failure counters its
+/// failed syncs count in. `--socket-lb` is nftables mode with an option, so
+/// its dataplanes say `Nftables`. `userspace` is accepted for compatibility
+/// with old configs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum DataplaneKind {
+pub enum ProxyMode {
     Nftables,
-    /// nftables with socket load balancing (`--socket-lb`).
-    NftablesSocketLb,
-    /// The socket load balancer alone (its maps; nftables wraps it).
-    SocketLb,
     Iptables,
     Ipvs,
     Userspace,
 }
 
-impl DataplaneKind {
+impl ProxyMode {
     pub fn as_str(self) -> &'static str {
         match self {
-            DataplaneKind::Nftables => "nftables",
-            DataplaneKind::NftablesSocketLb => "nftables+socket-lb",
-            DataplaneKind::SocketLb => "socket-lb",
-            DataplaneKind::Iptables => "iptables",
-            DataplaneKind::Ipvs => "ipvs",
-            DataplaneKind::Userspace => "userspace",
+            ProxyMode::Nftables => "nftables",
+            ProxyMode::Iptables => "iptables",
+            ProxyMode::Ipvs => "ipvs",
+            ProxyMode::Userspace => "userspace",
         }
     }
 }
 
-impl std::fmt::Display for DataplaneKind {
+impl std::str::FromStr for ProxyMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            // Empty is upstream's "the platform default": iptables on Linux
+            // (kubeadm's ConfigMap says `mode: ""`). nftables is asked for.
+            "nftables" => Ok(ProxyMode::Nftables),
+            "" | "iptables" => Ok(ProxyMode::Iptables),
+            "ipvs" => Ok(ProxyMode::Ipvs),
+            "userspace" => Ok(ProxyMode::Userspace),
+            other => Err(format!(
+                "unknown proxy mode {other:?} (expected nftables, iptables, ipvs or userspace)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for ProxyMode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
     }
@@ -204,7 +217,7 @@ impl std::fmt::Display for DataplaneKind {
 /// sync sends only the difference.
 pub trait Dataplane: Send {
     /// Which dataplane this is.
-    fn mode(&self) -> DataplaneKind;
+    fn mode(&self) -> ProxyMode;
 
     /// Programs `state`. `changed` lists the service ports whose service or
     /// endpoints changed since the previous call; with `full` (or when the previous

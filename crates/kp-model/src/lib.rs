@@ -32,7 +32,7 @@ pub use convert::{
     ZONE_LABEL,
 };
 pub use dataplane::{
-    serves_nodeports, Dataplane, DataplaneError, DataplaneKind, LocalDetector, ProxierConfig,
+    serves_nodeports, Dataplane, DataplaneError, LocalDetector, ProxierConfig, ProxyMode,
     RefusedOp, SyncReport,
 };
 pub use names::{chain_hash, is_dns_label, is_port_name};

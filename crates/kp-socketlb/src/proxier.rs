@@ -823,8 +823,8 @@ fn render_all<'a>(
 }
 
 impl Dataplane for SocketLbProxier {
-    fn mode(&self) -> kp_model::DataplaneKind {
-        kp_model::DataplaneKind::SocketLb
+    fn mode(&self) -> kp_model::ProxyMode {
+        kp_model::ProxyMode::Nftables
     }
 
     fn sync(

@@ -29,7 +29,7 @@ pub trait SyncMetrics: Send {
     /// `family`'s sync failed in `mode`; `full`
     /// says whether a full sync was asked for (a partial one failed if not).
     /// A retry follows.
-    fn sync_failed(&self, family: IpFamily, mode: kp_model::DataplaneKind, full: bool);
+    fn sync_failed(&self, family: IpFamily, mode: kp_model::ProxyMode, full: bool);
     /// One stale-conntrack cleanup pass: its duration and deleted entries.
     fn conntrack_reconciled(&self, family: IpFamily, secs: f64, deleted: u64);
     /// The source lost (false) or regained (true) its connection.
@@ -68,7 +68,7 @@ impl SyncMetrics for NoReport {
     fn rules_lost(&self, _: IpFamily) {}
     fn synced(&self, _: IpFamily, _: &SyncReport, _: f64) {}
     fn programming_latency(&self, _: IpFamily, _: f64) {}
-    fn sync_failed(&self, _: IpFamily, _: kp_model::DataplaneKind, _: bool) {}
+    fn sync_failed(&self, _: IpFamily, _: kp_model::ProxyMode, _: bool) {}
     fn conntrack_reconciled(&self, _: IpFamily, _: f64, _: u64) {}
     fn source_connected(&self, _: bool) {}
 }

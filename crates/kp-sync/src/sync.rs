@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime};
 
 pub use kp_model::TO_BE_DELETED_TAINT;
 use kp_model::{
-    convert_node, ChangeTracker, Dataplane, DataplaneKind, EndpointSelection, IpFamily, Protocol,
+    convert_node, ChangeTracker, Dataplane, EndpointSelection, IpFamily, Protocol, ProxyMode,
     ServiceName, ServicePortName, StaleConntrack,
 };
 use kp_source::SourceEvent;
@@ -363,7 +363,7 @@ impl SyncLoop {
                         if report.full || udp_changed || !stale.is_empty() || f.reconcile_retry {
                             // Userspace mode answers on Service IPs itself:
                             // its own flows are not NATed.
-                            let serves_locally = f.dataplane.mode() == DataplaneKind::Userspace;
+                            let serves_locally = f.dataplane.mode() == ProxyMode::Userspace;
                             let (deleted, retry) = reconcile_conntrack(
                                 self.conntrack.as_mut(),
                                 fam,

@@ -49,8 +49,8 @@ struct FakeDataplane {
 }
 
 impl Dataplane for FakeDataplane {
-    fn mode(&self) -> kp_model::DataplaneKind {
-        kp_model::DataplaneKind::Iptables
+    fn mode(&self) -> kp_model::ProxyMode {
+        kp_model::ProxyMode::Iptables
     }
     fn sync(
         &mut self,
@@ -121,7 +121,7 @@ impl SyncMetrics for Metrics {
     fn rules_lost(&self, _: IpFamily) {}
     fn synced(&self, _: IpFamily, _: &SyncReport, _: f64) {}
     fn programming_latency(&self, _: IpFamily, _: f64) {}
-    fn sync_failed(&self, _: IpFamily, mode: kp_model::DataplaneKind, full: bool) {
+    fn sync_failed(&self, _: IpFamily, mode: kp_model::ProxyMode, full: bool) {
         self.failed.lock().unwrap().push((mode.to_string(), full));
     }
     fn conntrack_reconciled(&self, _: IpFamily, _: f64, _: u64) {}
@@ -515,7 +515,7 @@ fn run_with_failure_after(
         ok_first: usize,
     }
     impl Dataplane for Arming {
-        fn mode(&self) -> kp_model::DataplaneKind {
+        fn mode(&self) -> kp_model::ProxyMode {
             self.inner.mode()
         }
         fn sync(

@@ -22,8 +22,8 @@ use serde_json::json;
 
 struct OkDataplane;
 impl Dataplane for OkDataplane {
-    fn mode(&self) -> kp_model::DataplaneKind {
-        kp_model::DataplaneKind::Nftables
+    fn mode(&self) -> kp_model::ProxyMode {
+        kp_model::ProxyMode::Nftables
     }
     fn sync(
         &mut self,
@@ -98,7 +98,7 @@ impl SyncMetrics for Reconciled {
     fn rules_lost(&self, _: IpFamily) {}
     fn synced(&self, _: IpFamily, _: &SyncReport, _: f64) {}
     fn programming_latency(&self, _: IpFamily, _: f64) {}
-    fn sync_failed(&self, _: IpFamily, _: kp_model::DataplaneKind, _: bool) {}
+    fn sync_failed(&self, _: IpFamily, _: kp_model::ProxyMode, _: bool) {}
     fn conntrack_reconciled(&self, _: IpFamily, _: f64, deleted: u64) {
         self.0.lock().unwrap().push(deleted);
     }

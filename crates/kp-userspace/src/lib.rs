@@ -735,8 +735,8 @@ impl UserspaceProxier {
 }
 
 impl Dataplane for UserspaceProxier {
-    fn mode(&self) -> kp_model::DataplaneKind {
-        kp_model::DataplaneKind::Userspace
+    fn mode(&self) -> kp_model::ProxyMode {
+        kp_model::ProxyMode::Userspace
     }
 
     fn sync(

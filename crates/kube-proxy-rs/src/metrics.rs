@@ -11,7 +11,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use kp_model::{DataplaneKind, IpFamily, SyncReport};
+use kp_model::{IpFamily, ProxyMode, SyncReport};
 use prometheus_client::encoding::text::encode_registry;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -379,23 +379,21 @@ impl Metrics {
 
     /// A failed sync: counts under the mode's upstream failure counter
     /// (iptables and ipvs: iptables_restore_failures; nftables:
-    /// nftables_sync_failures). Other modes have no upstream counter.
-    /// A combined mode ("nftables+socket-lb") counts under its rules mode's.
-    pub fn inc_sync_failure(&self, family: IpFamily, mode: DataplaneKind) {
+    /// nftables_sync_failures, `--socket-lb` too). Userspace mode has no
+    /// upstream counter.
+    pub fn inc_sync_failure(&self, family: IpFamily, mode: ProxyMode) {
         let l = fam(family);
         // Upstream's counters: iptables-restore's (iptables, and ipvs mode's
         // iptables rules) and nftables'. Userspace mode has none upstream
         // (kubeproxy_rs_sync_retries_total counts every mode).
         match mode {
-            DataplaneKind::Iptables | DataplaneKind::Ipvs => {
+            ProxyMode::Iptables | ProxyMode::Ipvs => {
                 self.inner.iptables_restore_failures.get_or_create(&l).inc();
             }
-            DataplaneKind::Nftables | DataplaneKind::NftablesSocketLb => {
+            ProxyMode::Nftables => {
                 self.inner.nftables_sync_failures.get_or_create(&l).inc();
             }
-            // The socket load balancer alone runs only inside
-            // NftablesSocketLb, which reports for both.
-            DataplaneKind::Userspace | DataplaneKind::SocketLb => {}
+            ProxyMode::Userspace => {}
         }
     }
 
@@ -673,11 +671,11 @@ impl kp_sync::SyncMetrics for Metrics {
     fn programming_latency(&self, family: IpFamily, secs: f64) {
         self.observe_programming_latency(family, secs);
     }
-    fn sync_failed(&self, family: IpFamily, mode: DataplaneKind, full: bool) {
+    fn sync_failed(&self, family: IpFamily, mode: ProxyMode, full: bool) {
         self.inc_sync_failure(family, mode);
         // Upstream's iptables proxier counts a failed partial sync (then
         // syncs in full); its IPVS proxier has no partial syncs.
-        if mode == DataplaneKind::Iptables && !full {
+        if mode == ProxyMode::Iptables && !full {
             self.inc_partial_restore_failure(family);
         }
         self.inc_sync_retry(family);
@@ -757,10 +755,10 @@ mod tests {
     fn sync_failures_count_in_every_rules_mode() {
         use kp_sync::SyncMetrics;
         let m = Metrics::new();
-        m.sync_failed(IpFamily::V4, DataplaneKind::NftablesSocketLb, true);
-        m.sync_failed(IpFamily::V4, DataplaneKind::Nftables, false);
-        m.sync_failed(IpFamily::V6, DataplaneKind::Ipvs, true);
-        m.sync_failed(IpFamily::V6, DataplaneKind::Iptables, false);
+        m.sync_failed(IpFamily::V4, ProxyMode::Nftables, true);
+        m.sync_failed(IpFamily::V4, ProxyMode::Nftables, false);
+        m.sync_failed(IpFamily::V6, ProxyMode::Ipvs, true);
+        m.sync_failed(IpFamily::V6, ProxyMode::Iptables, false);
         let text = m.encode();
         for want in [
             "kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family=\"IPv4\"} 2\n",

@@ -179,16 +179,21 @@ fn expand(path: &str) -> Vec<Vec<String>> {
     }
 }
 
+/// A file's code: without comment lines and its test module (from
+/// `#[cfg(test)]` on).
+fn code_of(text: &str) -> String {
+    text.lines()
+        .take_while(|l| l.trim() != "#[cfg(test)]")
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
 /// The paths a file names through `crate::`, `super::`, `self::` or a
 /// child module it declares, as absolute module paths. Comments and the
 /// file's test module (from `#[cfg(test)]` on) are not read.
 fn references(text: &str, module: &[String]) -> Vec<Vec<String>> {
-    let code: String = text
-        .lines()
-        .take_while(|l| l.trim() != "#[cfg(test)]")
-        .filter(|l| !l.trim_start().starts_with("//"))
-        .map(|l| format!("{l}\n"))
-        .collect();
+    let code = code_of(text);
     let children: BTreeSet<String> = code
         .lines()
         .filter_map(|l| {
@@ -329,20 +334,120 @@ fn circles(edges: &BTreeMap<PathBuf, BTreeSet<PathBuf>>) -> Vec<Vec<PathBuf>> {
     t.out
 }
 
-/// The import edges between a crate's library files: file -> the file of
-/// the longest module prefix each of its paths names (the crate root,
-/// which only declares and re-exports, is left out, and so are a mod.rs's
-/// uses of the files in its own folder).
+/// What a file re-exports: `pub use a::b::Thing;` maps `Thing` to the
+/// absolute path `a::b::Thing`, and `pub use a::b::*;` adds `a::b` to its
+/// globs. A path through a re-export names the file that defines the item,
+/// not the file that passes it on: a `mod.rs` (or the crate root) that only
+/// re-exports must not hide a circle.
+#[derive(Default)]
+struct Reexports {
+    items: BTreeMap<String, Vec<String>>,
+    globs: Vec<Vec<String>>,
+}
+
+fn reexports(text: &str, module: &[String]) -> Reexports {
+    let mut out = Reexports::default();
+    let code = code_of(text);
+    // The file's `mod` lines go with each statement: they say which first
+    // names are its own child modules.
+    let decls: String = code
+        .lines()
+        .filter(|l| l.trim_start().starts_with("mod ") || l.contains(" mod "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let mut rest = code.as_str();
+    while let Some((at, len)) = ["pub use ", "pub(crate) use "]
+        .iter()
+        .filter_map(|k| rest.find(k).map(|i| (i, k.len())))
+        .min()
+    {
+        let body = &rest[at + len..];
+        let Some(end) = body.find(';') else { break };
+        // `x::Y as Z` is read as `x::Y` (the alias is rare here, and a
+        // miss only keeps the edge at the re-exporting file).
+        let stmt = body[..end].replace('*', "_glob").replace(" as ", "@");
+        rest = &body[end..];
+        for p in references(&format!("{decls}{stmt}\n"), module) {
+            match p.split_last() {
+                Some((last, head)) if last == "_glob" => out.globs.push(head.to_vec()),
+                Some((last, _)) => {
+                    out.items.insert(last.clone(), p.clone());
+                }
+                None => {}
+            }
+        }
+    }
+    out
+}
+
+/// True when `text` defines an item called `name`.
+fn defines(text: &str, name: &str) -> bool {
+    [
+        "struct", "enum", "fn", "trait", "type", "const", "static", "mod", "union",
+    ]
+    .iter()
+    .any(|k| {
+        let key = format!("{k} {name}");
+        text.match_indices(&key).any(|(i, _)| {
+            let after = text[i + key.len()..].chars().next();
+            let before = text[..i].chars().last();
+            !after.is_some_and(|c| c.is_alphanumeric() || c == '_')
+                && !before.is_some_and(|c| c.is_alphanumeric() || c == '_')
+        })
+    })
+}
+
+/// The import edges between a crate's library files: file -> the file
+/// that defines what each of its paths names, following re-exports (the
+/// crate root, which only declares and re-exports, is left out, and so are
+/// a mod.rs's uses of the files in its own folder).
 fn file_edges(src: &Path) -> BTreeMap<PathBuf, BTreeSet<PathBuf>> {
     let mods = modules(src);
+    let texts: BTreeMap<&PathBuf, String> = mods
+        .values()
+        .map(|f| {
+            (
+                f,
+                std::fs::read_to_string(f).expect("reading a source file"),
+            )
+        })
+        .collect();
+    let re: BTreeMap<&PathBuf, Reexports> = mods
+        .iter()
+        .map(|(m, f)| (f, reexports(&texts[f], m)))
+        .collect();
+    // The file a path lands in, after at most a few re-export hops.
+    let land = |path: &[String]| -> Option<&PathBuf> {
+        let mut path = path.to_vec();
+        for _ in 0..8 {
+            let k = (1..=path.len())
+                .rev()
+                .find(|k| mods.contains_key(&path[..*k]))?;
+            let file = &mods[&path[..k]];
+            let Some(name) = path.get(k) else {
+                return Some(file);
+            };
+            let r = &re[file];
+            if let Some(to) = r.items.get(name) {
+                path = to.iter().chain(&path[k + 1..]).cloned().collect();
+                continue;
+            }
+            let glob = r.globs.iter().find(|g| {
+                mods.get(g.as_slice())
+                    .is_some_and(|f| defines(&texts[f], name) || re[f].items.contains_key(name))
+            });
+            match glob {
+                Some(g) => path = g.iter().chain(&path[k..]).cloned().collect(),
+                None => return Some(file),
+            }
+        }
+        None
+    };
     let mut edges: BTreeMap<PathBuf, BTreeSet<PathBuf>> = BTreeMap::new();
     for (module, file) in &mods {
-        let text = std::fs::read_to_string(file).expect("reading a source file");
         let e = edges.entry(file.clone()).or_default();
-        for path in references(&text, module) {
-            let target = (1..=path.len())
-                .rev()
-                .find_map(|k| mods.get(&path[..k]))
+        for path in references(&texts[file], module) {
+            let target = land(&path)
                 .filter(|t| *t != file && !t.ends_with("lib.rs"))
                 // A folder's mod.rs using its own files is the folder's
                 // face, not a tie between rooms (farm-studio draws it so).
@@ -390,31 +495,75 @@ fn no_import_circle_between_product_files() {
     assert!(found.is_empty(), "import circles:\n{}", found.join("\n"));
 }
 
+/// The circles of a made-up crate whose `src/` holds `files` (path, text).
+fn circles_of(name: &str, files: &[(&str, &str)]) -> Vec<Vec<PathBuf>> {
+    let dir = std::env::temp_dir().join(format!("kp-house-{name}-{}", std::process::id()));
+    let src = dir.join("src");
+    for (path, text) in files {
+        let p = src.join(path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+    let edges = file_edges(&src);
+    let _ = std::fs::remove_dir_all(&dir);
+    let found = circles(&edges);
+    assert_eq!(found.len(), 1, "{name}: {edges:?}");
+    found
+}
+
 /// The reader itself: it sees a circle where there is one.
 #[test]
 fn the_circle_finder_sees_a_circle() {
-    let dir = std::env::temp_dir().join(format!("kp-house-{}", std::process::id()));
-    let src = dir.join("src");
-    std::fs::create_dir_all(src.join("a")).unwrap();
-    std::fs::write(src.join("lib.rs"), "pub mod a;\npub mod c;\n").unwrap();
-    std::fs::write(src.join("a/mod.rs"), "pub mod b;\nuse b::Thing;\n").unwrap();
-    std::fs::write(
-        src.join("a/b.rs"),
-        "use crate::{c::{Other, More}, x};\npub struct Thing;\n",
-    )
-    .unwrap();
-    std::fs::write(
-        src.join("c.rs"),
-        "// crate::a::Nothing in a comment\npub fn f() { super::a::b::Thing; }\n",
-    )
-    .unwrap();
-    let edges = file_edges(&src);
-    let found = circles(&edges);
-    let _ = std::fs::remove_dir_all(&dir);
-    assert_eq!(found.len(), 1, "{edges:?}");
+    let found = circles_of(
+        "plain",
+        &[
+            ("lib.rs", "pub mod a;\npub mod c;\n"),
+            ("a/mod.rs", "pub mod b;\nuse b::Thing;\n"),
+            (
+                "a/b.rs",
+                "use crate::{c::{Other, More}, x};\npub struct Thing;\n",
+            ),
+            (
+                "c.rs",
+                "// crate::a::Nothing in a comment\npub fn f() { super::a::b::Thing; }\n",
+            ),
+        ],
+    );
     assert_eq!(found[0].len(), 2, "{found:?}");
     assert!(found[0].iter().any(|p| p.ends_with("a/b.rs")), "{found:?}");
     assert!(found[0].iter().any(|p| p.ends_with("c.rs")), "{found:?}");
+}
+
+/// A circle through a re-export: settings.rs uses modes/u.rs, which takes
+/// `Config` from `crate::cfg`, whose mod.rs only passes settings.rs's
+/// `Config` on (by name, or by a glob). Without following the re-export the
+/// edge ends at cfg/mod.rs and the circle is invisible.
+#[test]
+fn the_circle_finder_follows_reexports() {
+    for (n, reexport) in ["pub use settings::Config;", "pub use settings::*;"]
+        .iter()
+        .enumerate()
+    {
+        let cfg = format!("mod settings;\n{reexport}\n");
+        let found = circles_of(
+            &format!("reexport{n}"),
+            &[
+                ("lib.rs", "pub mod cfg;\npub mod modes;\n"),
+                ("cfg/mod.rs", &cfg),
+                (
+                    "cfg/settings.rs",
+                    "pub struct Config;\npub fn flags() -> crate::modes::u::Flags {\n    crate::modes::u::Flags\n}\n",
+                ),
+                ("modes/mod.rs", "pub mod u;\n"),
+                ("modes/u.rs", "use crate::cfg::Config;\npub struct Flags;\npub fn f(_: &Config) {}\n"),
+            ],
+        );
+        let ends = |s: &str| found[0].iter().any(|p| p.ends_with(s));
+        assert!(
+            ends("cfg/settings.rs") && ends("modes/u.rs"),
+            "{reexport}: {found:?}"
+        );
+    }
 }
 
 /// The no-unwrap policy lives once, in the workspace's `[workspace.lints]`:

@@ -202,8 +202,8 @@ async fn metrics_use_upstream_names() {
     m.add_changes(3, 7);
     m.set_pending(1, 2);
     m.set_no_local_endpoints(IpFamily::V4, 4, 5);
-    m.inc_sync_failure(IpFamily::V4, kp_model::DataplaneKind::Nftables);
-    m.inc_sync_failure(IpFamily::V6, kp_model::DataplaneKind::Iptables);
+    m.inc_sync_failure(IpFamily::V4, kp_model::ProxyMode::Nftables);
+    m.inc_sync_failure(IpFamily::V6, kp_model::ProxyMode::Iptables);
     m.inc_partial_restore_failure(IpFamily::V4);
     m.observe_conntrack_reconcile(IpFamily::V4, 0.01, 6);
     m.inc_invalid("Service");

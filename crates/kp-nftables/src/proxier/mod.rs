@@ -241,8 +241,8 @@ impl NftablesProxier {
 }
 
 impl Dataplane for NftablesProxier {
-    fn mode(&self) -> kp_model::DataplaneKind {
-        kp_model::DataplaneKind::Nftables
+    fn mode(&self) -> kp_model::ProxyMode {
+        kp_model::ProxyMode::Nftables
     }
 
     fn sync(

@@ -1,7 +1,6 @@
 //! Upstream kube-proxy's command-line flags (clap), and the proxy and
 //! local-detection modes they name.
 
-use std::fmt;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -11,49 +10,7 @@ use clap::Parser;
 
 use super::LONG_VERSION;
 use crate::duration::duration_arg;
-
-/// Proxy mode. `userspace` is accepted for compatibility with old configs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ProxyMode {
-    Nftables,
-    Iptables,
-    Ipvs,
-    Userspace,
-}
-
-impl ProxyMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ProxyMode::Nftables => "nftables",
-            ProxyMode::Iptables => "iptables",
-            ProxyMode::Ipvs => "ipvs",
-            ProxyMode::Userspace => "userspace",
-        }
-    }
-}
-
-impl FromStr for ProxyMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            // Empty is upstream's "the platform default": iptables on Linux
-            // (kubeadm's ConfigMap says `mode: ""`). nftables is asked for.
-            "nftables" => Ok(ProxyMode::Nftables),
-            "" | "iptables" => Ok(ProxyMode::Iptables),
-            "ipvs" => Ok(ProxyMode::Ipvs),
-            "userspace" => Ok(ProxyMode::Userspace),
-            other => Err(format!(
-                "unknown proxy mode {other:?} (expected nftables, iptables, ipvs or userspace)"
-            )),
-        }
-    }
-}
-
-impl fmt::Display for ProxyMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+use kp_model::ProxyMode;
 
 /// --detect-local-mode / detectLocalMode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -284,7 +241,81 @@ pub struct Cli {
     #[arg(long, env = "KUBE_PROXY_RS_IPTABLES_NFT_RESTORE")]
     pub iptables_nft_restore: bool,
     #[command(flatten)]
-    pub userspace: crate::modes::userspace::UserspaceFlags,
+    pub userspace: UserspaceFlags,
     #[command(flatten)]
-    pub socket_lb: crate::modes::socketlb::SocketLbFlags,
+    pub socket_lb: SocketLbFlags,
+}
+
+/// Flags of `--proxy-mode=userspace` (ours; upstream removed the mode in 1.26).
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+pub struct UserspaceFlags {
+    /// Userspace mode: how a new connection picks an endpoint:
+    /// round-robin or least-connections.
+    #[arg(long, default_value = "round-robin", value_parser = ["round-robin", "least-connections"])]
+    pub userspace_balancer: String,
+    /// Userspace mode: how Service IPs are taken over: loopback (add them to
+    /// lo, needs CAP_NET_ADMIN), none (NodePorts and already-local IPs only),
+    /// auto (loopback when permitted).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "loopback", "none"])]
+    pub userspace_vip_mode: String,
+    /// Userspace mode: TCP connect timeout per endpoint before the next is tried.
+    #[arg(long, default_value = "1s", value_parser = duration_arg)]
+    pub userspace_connect_timeout: Duration,
+    /// Userspace mode: close TCP connections idle this long (0: never).
+    #[arg(long, default_value = "1h", value_parser = duration_arg)]
+    pub userspace_tcp_idle_timeout: Duration,
+    /// Userspace mode: forget UDP flows idle this long (upstream's --udp-timeout).
+    #[arg(long, alias = "udp-timeout", default_value = "30s", value_parser = duration_arg)]
+    pub userspace_udp_idle_timeout: Duration,
+    /// Userspace mode: connections to a removed endpoint are closed this long after.
+    #[arg(long, default_value = "30s", value_parser = duration_arg)]
+    pub userspace_grace_period: Duration,
+    /// Userspace mode: copy TCP with splice(2) (zero copy) instead of a buffer.
+    #[arg(long, num_args = 0..=1, default_value = "true", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub userspace_splice: bool,
+}
+
+impl Default for UserspaceFlags {
+    fn default() -> Self {
+        UserspaceFlags {
+            userspace_balancer: "round-robin".into(),
+            userspace_vip_mode: "auto".into(),
+            userspace_connect_timeout: Duration::from_secs(1),
+            userspace_tcp_idle_timeout: Duration::from_secs(3600),
+            userspace_udp_idle_timeout: Duration::from_secs(30),
+            userspace_grace_period: Duration::from_secs(30),
+            userspace_splice: true,
+        }
+    }
+}
+
+/// Where the maps and links are pinned on a node by default.
+pub const DEFAULT_PIN_PATH: &str = "/sys/fs/bpf/kube-proxy-rs";
+
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+pub struct SocketLbFlags {
+    /// nftables mode: also balance ClusterIP connections of this node's
+    /// processes at the socket (cgroup BPF connect/sendmsg hooks), with no
+    /// per-packet NAT (docs/ebpf.md).
+    #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub socket_lb: bool,
+    /// --socket-lb: the cgroup v2 directory the programs attach to; every
+    /// process in it and below is balanced. Empty: the root of the cgroup v2
+    /// hierarchy (every process on the node).
+    #[arg(long, default_value = "")]
+    pub cgroup_path: String,
+    /// --socket-lb: the bpffs directory for the programs' links and maps
+    /// (kept across restarts, removed by --cleanup).
+    #[arg(long, default_value = DEFAULT_PIN_PATH)]
+    pub bpf_pin_path: PathBuf,
+}
+
+impl Default for SocketLbFlags {
+    fn default() -> Self {
+        SocketLbFlags {
+            socket_lb: false,
+            cgroup_path: String::new(),
+            bpf_pin_path: PathBuf::from(DEFAULT_PIN_PATH),
+        }
+    }
 }

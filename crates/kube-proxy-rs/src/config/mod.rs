@@ -18,7 +18,8 @@ mod settings;
 
 pub use crate::duration::{format_go_duration, parse_go_duration, DurationError, GoDuration};
 pub use file::*;
-pub use flags::{Cli, DetectLocalMode, ProxyMode};
+pub use flags::{Cli, DetectLocalMode, SocketLbFlags, UserspaceFlags};
+pub use kp_model::ProxyMode;
 pub use settings::{ClientSettings, ConntrackSettings, IpvsSettings, ProxyConfig};
 
 use overlay::{given, overlay_flags};

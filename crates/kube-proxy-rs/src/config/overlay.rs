@@ -9,9 +9,10 @@ use clap::parser::ValueSource;
 use clap::ArgMatches;
 
 use super::file::KubeProxyConfiguration;
-use super::flags::{Cli, ProxyMode};
+use super::flags::Cli;
 use super::{invalid, ConfigError};
 use crate::duration::GoDuration;
+use kp_model::ProxyMode;
 
 /// True when the flag was set by the user (not clap's default).
 pub(super) fn given(m: &ArgMatches, id: &str) -> bool {

@@ -10,10 +10,11 @@ use std::time::Duration;
 use ipnet::IpNet;
 
 use super::file::KubeProxyConfiguration;
-use super::flags::{DetectLocalMode, ProxyMode};
+use super::flags::DetectLocalMode;
 use super::settings::{ClientSettings, ConntrackSettings, IpvsSettings, ProxyConfig};
 use super::{invalid, ConfigError, API_VERSION, DEFAULT_HEALTHZ_PORT, DEFAULT_METRICS_PORT, KIND};
 use crate::duration::GoDuration;
+use kp_model::ProxyMode;
 
 /// A duration field: unset or zero takes `default` (upstream's defaulting).
 fn duration_field(value: Option<GoDuration>, default: Duration) -> Duration {

@@ -10,8 +10,9 @@ use ipnet::IpNet;
 use kp_model::{IpFamily, LocalDetector, ProxierConfig};
 
 use super::file::KubeProxyConfiguration;
-use super::flags::{DetectLocalMode, ProxyMode};
+use super::flags::DetectLocalMode;
 use super::ConfigError;
+use kp_model::ProxyMode;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct IpvsSettings {
@@ -96,9 +97,9 @@ pub struct ProxyConfig {
     /// --iptables-nft-restore: iptables-nft through its program, not netlink.
     pub iptables_nft_restore: bool,
     /// --userspace-* flags (userspace mode).
-    pub userspace: crate::modes::userspace::UserspaceFlags,
+    pub userspace: super::UserspaceFlags,
     /// --socket-lb and its flags (nftables mode).
-    pub socket_lb: crate::modes::socketlb::SocketLbFlags,
+    pub socket_lb: super::SocketLbFlags,
     pub ipvs: IpvsSettings,
     pub conntrack: ConntrackSettings,
     pub oom_score_adj: i32,

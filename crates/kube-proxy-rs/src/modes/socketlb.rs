@@ -13,38 +13,7 @@ use kp_model::{Dataplane, DataplaneError, ProxyState, ServicePortName, SyncRepor
 use kp_socketlb::{Capacity, Installed, KernelMaps, MemMaps, Placement, SocketLbProxier};
 
 use super::{Outcome, Scope};
-use crate::config::{ProxyConfig, ProxyMode};
-
-/// Where the maps and links are pinned on a node by default.
-pub const DEFAULT_PIN_PATH: &str = "/sys/fs/bpf/kube-proxy-rs";
-
-#[derive(clap::Args, Debug, Clone, PartialEq)]
-pub struct SocketLbFlags {
-    /// nftables mode: also balance ClusterIP connections of this node's
-    /// processes at the socket (cgroup BPF connect/sendmsg hooks), with no
-    /// per-packet NAT (docs/ebpf.md).
-    #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-    pub socket_lb: bool,
-    /// --socket-lb: the cgroup v2 directory the programs attach to; every
-    /// process in it and below is balanced. Empty: the root of the cgroup v2
-    /// hierarchy (every process on the node).
-    #[arg(long, default_value = "")]
-    pub cgroup_path: String,
-    /// --socket-lb: the bpffs directory for the programs' links and maps
-    /// (kept across restarts, removed by --cleanup).
-    #[arg(long, default_value = DEFAULT_PIN_PATH)]
-    pub bpf_pin_path: PathBuf,
-}
-
-impl Default for SocketLbFlags {
-    fn default() -> Self {
-        SocketLbFlags {
-            socket_lb: false,
-            cgroup_path: String::new(),
-            bpf_pin_path: PathBuf::from(DEFAULT_PIN_PATH),
-        }
-    }
-}
+use crate::config::{ProxyConfig, ProxyMode, SocketLbFlags};
 
 /// Where cgroup v2 is mounted (/sys/fs/cgroup, or .../unified on hybrid hosts).
 fn cgroup2_root() -> Result<PathBuf> {
@@ -58,24 +27,23 @@ fn cgroup2_root() -> Result<PathBuf> {
         .context("--socket-lb: no cgroup v2 hierarchy is mounted (the programs need one)")
 }
 
-impl SocketLbFlags {
-    pub fn placement(&self) -> Result<Placement> {
-        let cgroup = if self.cgroup_path.is_empty() {
-            cgroup2_root()?
-        } else {
-            PathBuf::from(&self.cgroup_path)
-        };
-        Ok(Placement {
-            cgroup,
-            pin_dir: self.bpf_pin_path.clone(),
-        })
-    }
+/// Where the programs attach and pin, from the flags.
+pub fn placement(flags: &SocketLbFlags) -> Result<Placement> {
+    let cgroup = if flags.cgroup_path.is_empty() {
+        cgroup2_root()?
+    } else {
+        PathBuf::from(&flags.cgroup_path)
+    };
+    Ok(Placement {
+        cgroup,
+        pin_dir: flags.bpf_pin_path.clone(),
+    })
 }
 
 /// Attaches (or adopts) the programs once; each family's dataplane then
 /// opens the pinned maps. Not for --dry-run, which touches no kernel.
 pub fn install(flags: &SocketLbFlags) -> Result<()> {
-    let p = flags.placement()?;
+    let p = placement(flags)?;
     let how = kp_socketlb::install(&p, Capacity::default()).context("--socket-lb")?;
     let (adopted, upgraded) = match how {
         Installed::Fresh => (false, 0),
@@ -126,8 +94,8 @@ pub fn wrap(
 }
 
 impl Dataplane for WithSocketLb {
-    fn mode(&self) -> kp_model::DataplaneKind {
-        kp_model::DataplaneKind::NftablesSocketLb
+    fn mode(&self) -> kp_model::ProxyMode {
+        kp_model::ProxyMode::Nftables
     }
 
     fn sync(

@@ -3,63 +3,14 @@
 //! The proxy itself is kp-userspace.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{Context, Result};
 use kp_model::{Dataplane, ProxierConfig};
 use kp_userspace::{Algorithm, Direction, UserspaceConfig, UserspaceProxier, VipMode};
 
 use super::{Outcome, Scope};
-use crate::config::{ProxyConfig, ProxyMode};
-use crate::duration::parse_go_duration;
+use crate::config::{ProxyConfig, ProxyMode, UserspaceFlags};
 use crate::metrics::Metrics;
-
-fn duration(s: &str) -> Result<Duration, String> {
-    parse_go_duration(s).map_err(|e| e.to_string())
-}
-
-/// Flags of `--proxy-mode=userspace` (ours; upstream removed the mode in 1.26).
-#[derive(clap::Args, Debug, Clone, PartialEq)]
-pub struct UserspaceFlags {
-    /// Userspace mode: how a new connection picks an endpoint:
-    /// round-robin or least-connections.
-    #[arg(long, default_value = "round-robin", value_parser = ["round-robin", "least-connections"])]
-    pub userspace_balancer: String,
-    /// Userspace mode: how Service IPs are taken over: loopback (add them to
-    /// lo, needs CAP_NET_ADMIN), none (NodePorts and already-local IPs only),
-    /// auto (loopback when permitted).
-    #[arg(long, default_value = "auto", value_parser = ["auto", "loopback", "none"])]
-    pub userspace_vip_mode: String,
-    /// Userspace mode: TCP connect timeout per endpoint before the next is tried.
-    #[arg(long, default_value = "1s", value_parser = duration)]
-    pub userspace_connect_timeout: Duration,
-    /// Userspace mode: close TCP connections idle this long (0: never).
-    #[arg(long, default_value = "1h", value_parser = duration)]
-    pub userspace_tcp_idle_timeout: Duration,
-    /// Userspace mode: forget UDP flows idle this long (upstream's --udp-timeout).
-    #[arg(long, alias = "udp-timeout", default_value = "30s", value_parser = duration)]
-    pub userspace_udp_idle_timeout: Duration,
-    /// Userspace mode: connections to a removed endpoint are closed this long after.
-    #[arg(long, default_value = "30s", value_parser = duration)]
-    pub userspace_grace_period: Duration,
-    /// Userspace mode: copy TCP with splice(2) (zero copy) instead of a buffer.
-    #[arg(long, num_args = 0..=1, default_value = "true", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-    pub userspace_splice: bool,
-}
-
-impl Default for UserspaceFlags {
-    fn default() -> Self {
-        UserspaceFlags {
-            userspace_balancer: "round-robin".into(),
-            userspace_vip_mode: "auto".into(),
-            userspace_connect_timeout: Duration::from_secs(1),
-            userspace_tcp_idle_timeout: Duration::from_secs(3600),
-            userspace_udp_idle_timeout: Duration::from_secs(30),
-            userspace_grace_period: Duration::from_secs(30),
-            userspace_splice: true,
-        }
-    }
-}
 
 impl kp_userspace::MetricsSink for Metrics {
     fn connection_opened(&self, service: &str) {
