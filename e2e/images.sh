@@ -9,10 +9,11 @@ PROXY=${1:-ours}
 mkdir -p "$IMAGES"
 
 # One Debian rootfs serves agnhost (what the specs exec: curl, wget, nc, ip,
-# ping, ps, dig, bash, conntrack; the real agnhost is Alpine, whose busybox
-# gives wget, ping and ps) and both proxies (the Dockerfile's runtime packages).
+# ping, ps, dig, bash, conntrack, and iperf 2 as the real image has it; the
+# real agnhost is Alpine, whose busybox gives wget, ping and ps) and both
+# proxies (the Dockerfile's runtime packages).
 SUITE=bookworm
-PKGS=bash,curl,wget,netcat-openbsd,iproute2,iputils-ping,procps,dnsutils,conntrack,iptables,nftables,ipset,ipvsadm,ca-certificates
+PKGS=bash,curl,wget,netcat-openbsd,iproute2,iputils-ping,procps,dnsutils,conntrack,iptables,nftables,ipset,ipvsadm,ca-certificates,iperf
 base_rootfs() {
   local key out
   key=$(echo "mmdebstrap minbase $SUITE $PKGS" | sha256sum | cut -c1-16)
