@@ -7,11 +7,13 @@
 //! paused clock).
 
 use std::collections::BTreeMap;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 use kp_source::SourceEvent;
+
+use crate::queue::{EventSender, Events, EVENT_QUEUE};
 
 /// The sync loop's view of time.
 pub trait Clock: Send {
@@ -23,7 +25,7 @@ pub trait Clock: Send {
     /// one is queued or the deadline has passed).
     fn recv_until(
         &self,
-        rx: &Receiver<SourceEvent>,
+        rx: &mut Events,
         deadline: Instant,
     ) -> Result<SourceEvent, RecvTimeoutError>;
 }
@@ -41,7 +43,7 @@ impl Clock for SystemClock {
     }
     fn recv_until(
         &self,
-        rx: &Receiver<SourceEvent>,
+        rx: &mut Events,
         deadline: Instant,
     ) -> Result<SourceEvent, RecvTimeoutError> {
         rx.recv_timeout(deadline.saturating_duration_since(Instant::now()))
@@ -55,7 +57,7 @@ struct Manual {
     /// Events to deliver, by (time, order of scheduling).
     schedule: BTreeMap<(Instant, u64), SourceEvent>,
     seq: u64,
-    tx: Option<Sender<SourceEvent>>,
+    tx: Option<EventSender>,
     /// Once nothing is scheduled, a wait whose deadline reaches this closes
     /// the channel (the loop then returns).
     end: Option<Instant>,
@@ -86,8 +88,8 @@ impl std::fmt::Debug for ManualClock {
 impl ManualClock {
     /// A clock at its start, and the receiver the loop reads (the clock
     /// holds the sender).
-    pub fn new() -> (Self, Receiver<SourceEvent>) {
-        let (tx, rx) = std::sync::mpsc::channel();
+    pub fn new() -> (Self, Events) {
+        let (tx, rx) = tokio::sync::mpsc::channel(EVENT_QUEUE);
         let start = Instant::now();
         let clock = ManualClock {
             inner: Arc::new(Mutex::new(Manual {
@@ -101,7 +103,7 @@ impl ManualClock {
                 end: Some(start + Duration::from_secs(30 * 86_400)),
             })),
         };
-        (clock, rx)
+        (clock, Events::untimed(rx))
     }
 
     fn lock(&self) -> MutexGuard<'_, Manual> {
@@ -133,9 +135,10 @@ impl ManualClock {
         g.schedule.insert((t, seq), ev);
     }
 
-    /// A sender on the loop's channel, for a test's own producer thread (a
-    /// flood); the channel stays open until it is dropped too.
-    pub fn sender(&self) -> Option<Sender<SourceEvent>> {
+    /// A sender on the loop's queue, for a test's own producer thread (a
+    /// flood, with `blocking_send`); the queue stays open until it is
+    /// dropped too.
+    pub fn sender(&self) -> Option<EventSender> {
         self.lock().tx.clone()
     }
 
@@ -159,7 +162,7 @@ impl Clock for ManualClock {
 
     fn recv_until(
         &self,
-        rx: &Receiver<SourceEvent>,
+        rx: &mut Events,
         deadline: Instant,
     ) -> Result<SourceEvent, RecvTimeoutError> {
         if let Ok(ev) = rx.try_recv() {
@@ -175,9 +178,13 @@ impl Clock for ManualClock {
                     if entry.key().0 > now {
                         break;
                     }
-                    let ev = entry.remove();
-                    if let Some(tx) = &g.tx {
-                        let _ = tx.send(ev);
+                    let (key, ev) = entry.remove_entry();
+                    let Some(tx) = &g.tx else { break };
+                    // A full queue keeps the rest scheduled: they go once
+                    // the loop has read some.
+                    if let Err(tokio::sync::mpsc::error::TrySendError::Full(ev)) = tx.try_send(ev) {
+                        g.schedule.insert(key, ev);
+                        break;
                     }
                 }
                 drop(g);

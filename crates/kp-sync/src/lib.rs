@@ -5,6 +5,7 @@
 //! * [`SyncLoop`] / [`FamilyProxier`]: `sync.rs`, the loop itself.
 //! * [`Schedule`] / [`Pacer`]: `schedule.rs`, every pacing decision (when
 //!   the next sync runs, whether it is full), a pure state machine.
+//! * [`event_queue`]: the one bounded queue from the sources to the loop.
 //! * [`Clock`]: where time comes from; [`ManualClock`] makes the pacing
 //!   testable without sleeping.
 //! * [`SyncMetrics`] / [`SyncHealth`]: what the loop reports; the binary
@@ -26,6 +27,7 @@ pub mod clock;
 pub mod conntrack;
 pub mod hostports;
 pub mod programmed;
+pub mod queue;
 pub mod reconcile;
 pub mod report;
 pub mod schedule;
@@ -34,9 +36,10 @@ pub mod sync;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use conntrack::{Conntrack, ConntrackCli, ConntrackError, ConntrackNetlink, Deleted, Flow};
 pub use programmed::{Programmed, ProgrammedFamily, ProgrammedState};
+pub use queue::{event_queue, EventSender, Events, EVENT_QUEUE};
 pub use report::{ClaimEvents, NoReport, SyncHealth, SyncMetrics};
 pub use schedule::{Pacer, Planned, Schedule};
 pub use sync::{
-    FamilyProxier, HealthCheckData, SyncLoop, DRAIN_AT_MOST, FULL_SYNC_PERIOD,
+    FamilyProxier, HealthCheckData, NodeCheck, Stop, SyncLoop, DRAIN_AT_MOST, FULL_SYNC_PERIOD,
     LARGE_CLUSTER_ENDPOINTS, TO_BE_DELETED_TAINT,
 };

@@ -8,7 +8,7 @@
 //! whole loop with a [`crate::ManualClock`].
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::RecvTimeoutError;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -22,6 +22,7 @@ use kp_source::SourceEvent;
 use crate::clock::Clock;
 use crate::conntrack::Conntrack;
 use crate::programmed::ProgrammedState;
+use crate::queue::Events;
 use crate::report::{ClaimEvents, SyncHealth, SyncMetrics};
 use crate::schedule::Schedule;
 
@@ -144,6 +145,23 @@ pub struct SyncLoop {
     /// Updated after each successful sync of a family with the ports it
     /// programmed (`/debug/services`, `/debug/explain`).
     pub programmed: ProgrammedState,
+    /// Checks each version of this node's Node against what the rules were
+    /// built from at start (its PodCIDRs, its addresses). A failed check
+    /// stops the loop before the object is applied: the process exits, its
+    /// rules stay, and the restart builds from the new values, as upstream.
+    pub node_check: Option<NodeCheck>,
+}
+
+/// See [`SyncLoop::node_check`]: the error says what changed.
+pub type NodeCheck = Box<dyn Fn(&k8s_openapi::api::core::v1::Node) -> Result<(), String> + Send>;
+
+/// Why [`SyncLoop::run`] returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stop {
+    /// Every source is gone (the queue closed).
+    SourceClosed,
+    /// [`SyncLoop::node_check`] refused this node's new Node.
+    NodeChanged(String),
 }
 
 /// Above this many endpoints (all families), periodic resyncs stop rebuilding
@@ -181,7 +199,9 @@ impl SyncLoop {
         }
     }
 
-    fn apply_event(&mut self, ev: SourceEvent) -> bool {
+    /// Applies one event; true when it changed what the trackers hold. An
+    /// error is a reason to stop (see [`SyncLoop::node_check`]).
+    fn apply_event(&mut self, ev: SourceEvent) -> Result<bool, String> {
         let now = self.clock.system_now();
         let mut changed = false;
         match ev {
@@ -223,6 +243,9 @@ impl SyncLoop {
             }
             SourceEvent::NodeApplied(node) => {
                 if node.metadata.name.as_deref() == Some(self.node_name.as_str()) {
+                    if let Some(check) = &self.node_check {
+                        check(&node)?;
+                    }
                     // A node being deleted or drained by the autoscaler tells load
                     // balancers to go elsewhere via /healthz, as upstream.
                     self.health
@@ -280,7 +303,7 @@ impl SyncLoop {
             }
         }
         self.report_pending();
-        changed
+        Ok(changed)
     }
 
     /// Changes not yet taken (kubeproxy_sync_proxy_rules_*_changes_pending).
@@ -406,32 +429,41 @@ impl SyncLoop {
         ok
     }
 
-    /// Runs until the event channel closes. The first sync waits for `Synced`.
-    /// Syncs are paced by the min sync period and never starved: however
-    /// fast events arrive, a due sync runs after at most [`DRAIN_AT_MOST`]
-    /// of them.
-    pub fn run(mut self, rx: Receiver<SourceEvent>) {
+    /// Runs until the event queue closes, or until [`SyncLoop::node_check`]
+    /// refuses this node's Node. The first sync waits for `Synced`. Syncs
+    /// are paced by the min sync period and never starved: however fast
+    /// events arrive, a due sync runs after at most [`DRAIN_AT_MOST`] of
+    /// them.
+    pub fn run(mut self, mut rx: Events) -> Stop {
         let mut schedule = Schedule::new(self.min_sync_period, self.sync_period, self.clock.now());
         loop {
             let deadline = schedule.deadline(self.clock.now());
-            match self.clock.recv_until(&rx, deadline) {
+            match self.clock.recv_until(&mut rx, deadline) {
                 Ok(ev) => {
-                    let mut apply = |ev: SourceEvent| {
+                    let mut apply = |ev: SourceEvent| -> Result<(), String> {
                         let is_synced = matches!(ev, SourceEvent::Synced);
-                        let changed = self.apply_event(ev);
+                        let changed = self.apply_event(ev)?;
                         if schedule.events(changed, is_synced) {
                             tracing::info!("sources synced; running the first sync");
                         }
+                        Ok(())
                     };
-                    apply(ev);
+                    let mut applied = apply(ev);
                     // Drain what is already queued before syncing, but not
                     // forever: a flood that never empties the queue must not
                     // hold syncs off (the tracker coalesces what waits).
                     for _ in 0..DRAIN_AT_MOST {
+                        if applied.is_err() {
+                            break;
+                        }
                         match rx.try_recv() {
-                            Ok(ev) => apply(ev),
+                            Ok(ev) => applied = apply(ev),
                             Err(_) => break,
                         }
+                    }
+                    if let Err(why) = applied {
+                        tracing::warn!("{why}: stopping; the programmed rules stay");
+                        return Stop::NodeChanged(why);
                     }
                     // A sync that is due runs now, events queued or not.
                     if !schedule.due(self.clock.now()) {
@@ -440,7 +472,7 @@ impl SyncLoop {
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     tracing::info!("source closed; sync loop stops");
-                    return;
+                    return Stop::SourceClosed;
                 }
                 Err(RecvTimeoutError::Timeout) => {}
             }

@@ -135,13 +135,7 @@ impl SyncMetrics for Metrics {
 fn start(
     min_sync: Duration,
     sync: Duration,
-) -> (
-    SyncLoop,
-    ManualClock,
-    std::sync::mpsc::Receiver<SourceEvent>,
-    Record,
-    Metrics,
-) {
+) -> (SyncLoop, ManualClock, kp_sync::Events, Record, Metrics) {
     let (clock, rx) = ManualClock::new();
     let rec = Record::default();
     let metrics = Metrics::default();
@@ -166,19 +160,15 @@ fn start(
         clock: Box::new(clock.clone()),
         on_synced: Box::new(|_| {}),
         programmed: ProgrammedState::new(),
+        node_check: None,
     };
     (lp, clock, rx, rec, metrics)
 }
 
 /// Runs the loop on `clock`'s schedule until the channel closes at `end`.
-fn run(
-    lp: SyncLoop,
-    clock: &ManualClock,
-    rx: std::sync::mpsc::Receiver<SourceEvent>,
-    end: Duration,
-) {
+fn run(lp: SyncLoop, clock: &ManualClock, rx: kp_sync::Events, end: Duration) {
     clock.end_at(end);
-    lp.run(rx);
+    assert_eq!(lp.run(rx), kp_sync::Stop::SourceClosed);
 }
 
 fn ms(n: u64) -> Duration {
@@ -279,31 +269,83 @@ fn events_queued_together_make_one_sync() {
 
 #[test]
 fn a_flood_of_events_never_starves_syncs() {
-    // The loop is far behind a flood: Synced and then 20,000 changes are
-    // queued before it reads any (20 s of virtual time, 1 ms apart). It must
-    // not wait for the queue to empty before syncing.
+    // The loop is far behind a flood: the queue is full (Synced and then
+    // changes 1 ms apart) before it reads any, and a trickle follows. It
+    // must not wait for the queue to empty before syncing.
     let (lp, clock, rx, rec, _) = start(secs(1), secs(3600));
     let tx = clock.sender().unwrap();
-    tx.send(SourceEvent::Synced).unwrap();
-    for i in 0..20_000u32 {
+    let flood = kp_sync::EVENT_QUEUE - 1;
+    tx.try_send(SourceEvent::Synced).unwrap();
+    for i in 0..flood as u32 {
         clock.advance(ms(1));
-        tx.send(service(&format!("s{i}"), i)).unwrap();
+        tx.try_send(service(&format!("s{i}"), i)).unwrap();
     }
+    // Bounded: one more waits for the loop.
+    assert!(tx.try_send(SourceEvent::Synced).is_err());
     drop(tx);
+    let after = clock.elapsed();
+    for j in 0..100u32 {
+        let i = flood as u32 + j;
+        clock.at(
+            after + ms(10 * (j as u64 + 1)),
+            service(&format!("s{i}"), i),
+        );
+    }
     run(lp, &clock, rx, secs(30));
     let calls = rec.calls();
     assert!(calls.len() >= 2, "{calls:?}");
-    // The first sync ran after at most DRAIN_AT_MOST more events (before the
-    // bound: one sync, after all 20,000).
+    // The first sync ran after at most DRAIN_AT_MOST more events (without
+    // the bound: one sync, after the whole queue).
     assert!(
         calls[0].changed <= kp_sync::DRAIN_AT_MOST + 1,
         "the first sync waited for the flood: {calls:?}"
     );
-    assert_eq!(calls.iter().map(|c| c.changed).sum::<usize>(), 20_000);
+    assert_eq!(calls.iter().map(|c| c.changed).sum::<usize>(), flood + 100);
     // Paced all the same: a burst of two, then one per min sync period.
     assert!(
         calls.len() >= 3 && calls[2].at >= calls[1].at + secs(1),
         "{calls:?}"
+    );
+}
+
+/// A change of this node's Node that the rules cannot follow (its
+/// PodCIDRs, say) stops the loop before the object is applied: the process
+/// exits and restarts with the new values, as upstream's does.
+#[test]
+fn a_refused_node_stops_the_loop_before_it_is_applied() {
+    let (mut lp, clock, rx, rec, _) = start(secs(1), secs(3600));
+    lp.node_check = Some(Box::new(|n: &k8s_openapi::api::core::v1::Node| {
+        match n.spec.as_ref().and_then(|s| s.pod_cidr.as_deref()) {
+            Some("10.244.9.0/24") => Err("node node1: podCIDR changed".to_string()),
+            _ => Ok(()),
+        }
+    }));
+    let node = |cidr: &str| {
+        SourceEvent::NodeApplied(Box::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "node1"},
+                "spec": {"podCIDR": cidr},
+            }))
+            .unwrap(),
+        ))
+    };
+    clock.at(ms(0), SourceEvent::Synced);
+    clock.at(ms(10), node("10.244.1.0/24"));
+    clock.at(ms(5000), node("10.244.9.0/24"));
+    clock.at(ms(5000), service("after", 1));
+    clock.end_at(secs(60));
+    let stop = lp.run(rx);
+    assert_eq!(
+        stop,
+        kp_sync::Stop::NodeChanged("node node1: podCIDR changed".into())
+    );
+    // Stopped at the refused Node: nothing after it was synced, and the
+    // clock did not run on to the end.
+    assert!(clock.elapsed() < secs(6), "{:?}", clock.elapsed());
+    assert!(
+        rec.calls().iter().all(|c| c.at < ms(5000)),
+        "{:?}",
+        rec.calls()
     );
 }
 
@@ -499,7 +541,7 @@ fn a_failed_partial_sync_is_reported_and_retried_in_full() {
 fn run_with_failure_after(
     lp: SyncLoop,
     clock: &ManualClock,
-    rx: std::sync::mpsc::Receiver<SourceEvent>,
+    rx: kp_sync::Events,
     rec: &Record,
     ok_first: usize,
 ) {

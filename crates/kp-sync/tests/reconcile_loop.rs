@@ -163,6 +163,7 @@ fn setup(table: &Table, metrics: &Reconciled) -> SyncLoop {
         clock: Box::new(clock),
         on_synced: Box::new(|_| {}),
         programmed: ProgrammedState::new(),
+        node_check: None,
     }
 }
 

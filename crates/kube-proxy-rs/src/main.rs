@@ -13,9 +13,8 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use kp_model::{Dataplane, ProxierConfig};
-use kp_source::SourceEvent;
 use kp_sync::{
-    Conntrack, ConntrackCli, ConntrackNetlink, FamilyProxier, ProgrammedState, SyncLoop,
+    Conntrack, ConntrackCli, ConntrackNetlink, FamilyProxier, ProgrammedState, Stop, SyncLoop,
     SystemClock,
 };
 use kube_proxy_rs::config::{self, ConfigError, DetectLocalMode, ProxyConfig, ProxyMode};
@@ -253,10 +252,13 @@ async fn serve(
     // Refused address claims: counted by the sync loop, posted as Events on
     // their Services by the API source side (events.rs).
     let (claim_tx, claim_rx) = tokio::sync::mpsc::unbounded_channel();
-    let mut rx = source::start_source(&cfg, claim_rx).await?;
+    // One bounded queue from the source to the sync loop (kp_sync::queue).
+    let (tx, events) =
+        kp_sync::event_queue(kp_sync::EVENT_QUEUE).context("the sync loop's event queue")?;
+    source::start_source(&cfg, claim_rx, tx).await?;
 
     if cfg.dry_run {
-        dryrun::dry_run(&cfg, rx, &dataplanes).await;
+        dryrun::dry_run(&cfg, events.into_receiver(), &dataplanes).await;
         return Ok(());
     }
 
@@ -329,14 +331,19 @@ async fn serve(
             superseded.check();
         }),
         programmed,
+        // The local-traffic rules hold the podCIDRs (and addresses) we
+        // started with: like upstream, exit when they change (the rules
+        // stay) and let the restart use the new ones.
+        node_check: Some(Box::new(move |n| {
+            node_watch.check(n).map_err(|e| format!("{e:#}"))
+        })),
     };
-    // Bounded: while a long sync runs the watch streams wait here (and the
-    // API server's watch buffers them) instead of queueing objects without
-    // limit; the tracker coalesces whatever the loop then reads.
-    let (std_tx, std_rx) = std::sync::mpsc::sync_channel(EVENT_QUEUE);
-    let sync_thread = std::thread::Builder::new()
+    let (stopped_tx, stopped) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
         .name("sync".into())
-        .spawn(move || sync.run(std_rx))
+        .spawn(move || {
+            let _ = stopped_tx.send(sync.run(events));
+        })
         .context("starting the sync thread")?;
     tracing::info!(mode = cfg.mode.as_str(), node = %cfg.hostname, "kube-proxy-rs started");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -347,30 +354,16 @@ async fn serve(
             _ => std::future::pending().await,
         }
     };
-    tokio::pin!(config_changed);
-    loop {
-        tokio::select! {
-            // The rules stay, as on any exit: the restart takes them over.
-            changed = &mut config_changed => return Err(changed.into()),
-            ev = rx.recv() => match ev {
-                Some(ev) => {
-                    // The local-traffic rules hold the podCIDRs we started
-                    // with: like upstream, exit (the rules stay) and let the
-                    // restart use the new ones.
-                    if let SourceEvent::NodeApplied(n) = &ev {
-                        node_watch.check(n)?;
-                    }
-                    forward(&std_tx, ev).await?;
-                }
-                None => {
-                    drop(std_tx);
-                    let _ = sync_thread.join();
-                    bail!("the source stopped");
-                }
-            },
-            _ = tokio::signal::ctrl_c() => break,
-            _ = term.recv() => break,
-        }
+    tokio::select! {
+        // The rules stay, as on any exit: the restart takes them over.
+        changed = config_changed => return Err(changed.into()),
+        stop = stopped => match stop {
+            Ok(Stop::NodeChanged(why)) => bail!("{why}"),
+            Ok(Stop::SourceClosed) => bail!("the source stopped"),
+            Err(_) => bail!("the sync loop stopped"),
+        },
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
     }
     // Rules stay in place on exit, as upstream: traffic keeps flowing while we
     // restart.
@@ -399,26 +392,6 @@ impl Superseded {
             if synced {
                 self.mode = None;
                 modes::remove_superseded(mode).log("our rules are in place; removing upstream's");
-            }
-        }
-    }
-}
-
-/// Source events waiting for the sync loop, at most.
-const EVENT_QUEUE: usize = 8192;
-
-/// Hands `ev` to the sync thread, waiting (without blocking the runtime)
-/// while its queue is full.
-async fn forward(tx: &std::sync::mpsc::SyncSender<SourceEvent>, mut ev: SourceEvent) -> Result<()> {
-    loop {
-        match tx.try_send(ev) {
-            Ok(()) => return Ok(()),
-            Err(std::sync::mpsc::TrySendError::Full(back)) => {
-                ev = back;
-                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
-            }
-            Err(std::sync::mpsc::TrySendError::Disconnected(_)) => {
-                bail!("the sync loop stopped")
             }
         }
     }

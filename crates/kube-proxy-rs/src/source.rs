@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use kp_source::SourceEvent;
 
 use crate::config::ProxyConfig;
 
@@ -30,14 +29,14 @@ pub async fn kube_client(cfg: &ProxyConfig) -> Result<kube::Client> {
     crate::apiclient::client(kc)
 }
 
-/// Starts the configured source; events arrive on the returned channel.
-/// With the API server, refused address claims arriving on `claim_events`
-/// are posted as Events on their Services.
+/// Starts the configured source, sending its events on `tx` (the sync
+/// loop's queue). With the API server, refused address claims arriving on
+/// `claim_events` are posted as Events on their Services.
 pub async fn start_source(
     cfg: &ProxyConfig,
     claim_events: tokio::sync::mpsc::UnboundedReceiver<kp_model::RefusedClaim>,
-) -> Result<tokio::sync::mpsc::Receiver<SourceEvent>> {
-    let (tx, rx) = tokio::sync::mpsc::channel(4096);
+    tx: kp_sync::EventSender,
+) -> Result<()> {
     if let Some(dir) = cfg.manifests.clone() {
         if !dir.is_dir() {
             bail!("--manifests {}: not a directory", dir.display());
@@ -86,5 +85,5 @@ pub async fn start_source(
             }
         });
     }
-    Ok(rx)
+    Ok(())
 }
