@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kp_model::{
-    Dataplane, DataplaneError, IpFamily, ProxierConfig, ProxyState, ServicePort, ServicePortName,
-    SyncReport,
+    Dataplane, DataplaneError, IpFamily, Known, ProxierConfig, ProxyState, ServicePort,
+    ServicePortName, Start, SyncReport,
 };
 
 use kp_netlink::{Sysctl, SysctlError};
@@ -65,6 +65,13 @@ pub fn init_host(cfg: &ProxierConfig, sysctl: &Sysctl) -> Result<bool, SysctlErr
     sysctl.ensure(ROUTE_LOCALNET, 1)
 }
 
+/// What a successful sync programmed: each Service's rules, and the
+/// top-level chains' hashes as written.
+struct Programmed {
+    services: BTreeMap<ServicePortName, ServiceRules>,
+    top: TopLevel,
+}
+
 pub struct IptablesProxier {
     cfg: ProxierConfig,
     skeleton: Skeleton,
@@ -78,13 +85,10 @@ pub struct IptablesProxier {
     probe_host: bool,
     /// Rules of the top-level chains as last worked out: (filter, nat).
     top_rules: (u64, u64),
-    /// The top-level chains' hashes as last written; None until a sync
-    /// succeeded, and after a failed one (then every chain is written).
-    written: Option<TopLevel>,
     backend: Box<dyn IptablesBackend>,
-    /// None until the first successful sync, and after a failed one: the next
-    /// sync is then a full one.
-    programmed: Option<BTreeMap<ServicePortName, ServiceRules>>,
+    /// What the last successful sync programmed (nothing before the first,
+    /// and after a failed one: the next sync is then a full one).
+    known: Known<Programmed>,
     /// Set route_localnet when localhost NodePorts are on (upstream does it at
     /// start; off for proxiers in tests that must not touch sysctls).
     manage_route_localnet: bool,
@@ -149,9 +153,8 @@ impl IptablesProxier {
             host: HostRules::default(),
             probe_host: false,
             top_rules: (0, 0),
-            written: None,
             backend,
-            programmed: None,
+            known: Known::default(),
             manage_route_localnet,
             adopt: true,
             last_adoption: None,
@@ -526,6 +529,7 @@ impl IptablesProxier {
         state: &ProxyState,
         changed: &BTreeSet<ServicePortName>,
         mut services: BTreeMap<ServicePortName, ServiceRules>,
+        written: &TopLevel,
     ) -> (BTreeMap<ServicePortName, ServiceRules>, Restore, TopLevel) {
         let mut write_owned: BTreeSet<String> = BTreeSet::new();
         let mut delete: BTreeSet<String> = BTreeSet::new();
@@ -566,9 +570,10 @@ impl IptablesProxier {
             .flat_map(|s| &s.nat_chains)
             .filter(|(c, _)| write_owned.contains(c))
             .collect();
-        let top = match self.written.as_ref() {
-            Some(last) if top_as_last => Top::AsLast(last),
-            last => Top::Compare(last),
+        let top = if top_as_last {
+            Top::AsLast(written)
+        } else {
+            Top::Compare(Some(written))
         };
         let (r, hashes) = self.script(&services, &own, &delete, false, top);
         (services, r, hashes)
@@ -594,23 +599,14 @@ impl Dataplane for IptablesProxier {
             self.forward = self.skeleton.forward_rules_for(&host);
             self.host = host;
             self.probe_host = false;
-            self.programmed = None;
-            self.written = None;
+            self.known.forget();
         }
-        let is_full = full || self.programmed.is_none();
-        let prev = self.programmed.take();
-        let written = self.written.take();
-        let built = match prev {
-            Some(prev) if !is_full && written.is_some() => {
-                self.written = written;
-                let r = self.partial_sync(state, changed, prev);
-                self.written = None;
-                Ok(r)
-            }
-            last => self.full_sync(state, last.as_ref()),
+        let start = self.known.begin(full);
+        let is_full = start.is_full();
+        let (services, restore, hashes) = match start {
+            Start::Partial { prev } => self.partial_sync(state, changed, prev.services, &prev.top),
+            Start::Full { last } => self.full_sync(state, last.as_ref().map(|l| &l.services))?,
         };
-        // On any error `programmed` stays None: the retry is a full sync.
-        let (services, restore, hashes) = built?;
         let render = t0.elapsed();
         let t1 = Instant::now();
         if is_full {
@@ -653,8 +649,10 @@ impl Dataplane for IptablesProxier {
             ("filter", self.top_rules.0, restore.rules.0),
             ("nat", self.top_rules.1 + chain_rules, restore.rules.1),
         ];
-        self.programmed = Some(services);
-        self.written = Some(hashes);
+        self.known.done(Programmed {
+            services,
+            top: hashes,
+        });
         Ok(report)
     }
 
@@ -675,37 +673,25 @@ impl Dataplane for IptablesProxier {
     }
 
     fn rules_lost(&mut self) -> bool {
-        if self.programmed.is_none() {
-            return false;
-        }
         // The mangle canary catches a whole-ruleset flush (upstream's check);
         // `iptables -t nat -F` keeps every chain but empties them, so also
         // check that nat PREROUTING still jumps to KUBE-SERVICES.
         let services_jump = jumps()
             .into_iter()
             .find(|j| j.table == "nat" && j.from == "PREROUTING");
-        let present = self
-            .backend
-            .chain_exists("mangle", CANARY_CHAIN)
-            .and_then(|canary| match (canary, &services_jump) {
-                (true, Some(j)) => self.backend.rule_exists(j.table, j.from, &j.args),
-                (c, _) => Ok(c),
-            });
-        match present {
-            Ok(true) => false,
-            Ok(false) => {
-                self.programmed = None;
-                true
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "iptables canary check failed");
-                false
-            }
-        }
+        let backend = &mut self.backend;
+        self.known.check_lost("iptables", || {
+            backend
+                .chain_exists("mangle", CANARY_CHAIN)
+                .and_then(|canary| match (canary, &services_jump) {
+                    (true, Some(j)) => backend.rule_exists(j.table, j.from, &j.args),
+                    (c, _) => Ok(c),
+                })
+        })
     }
 
     fn cleanup(&mut self) -> Result<(), DataplaneError> {
-        self.programmed = None;
+        self.known.forget();
         // Jumps first: a referenced chain cannot be deleted. A rule may have
         // been added more than once (by hand, or a crashed older version).
         for j in jumps() {

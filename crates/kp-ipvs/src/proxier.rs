@@ -7,7 +7,9 @@ use std::fmt::Write;
 use std::net::IpAddr;
 use std::time::Instant;
 
-use kp_model::{Dataplane, DataplaneError, IpFamily, ProxyState, ServicePortName, SyncReport};
+use kp_model::{
+    Dataplane, DataplaneError, IpFamily, Known, ProxyState, ServicePortName, Start, SyncReport,
+};
 use kp_netlink::Sysctl;
 use kp_xtables::{IptablesBackend, IptablesCli};
 
@@ -90,9 +92,9 @@ pub struct IpvsProxier {
     ipset: Box<dyn IpsetBackend>,
     iptables: Box<dyn IptablesBackend>,
     ipvs: Option<IpvsClient>,
-    /// What the kernel holds after the last successful sync; None forces a
-    /// full sync that reads the kernel back.
-    programmed: Option<Layout>,
+    /// What the kernel holds after the last successful sync; nothing known
+    /// forces a full sync that reads the kernel back.
+    known: Known<Layout>,
     /// This node's addresses (not kube-ipvs0's), refreshed on full syncs.
     local_ips: Vec<IpAddr>,
 }
@@ -122,7 +124,7 @@ impl IpvsProxier {
             ipset: Box::new(IpsetCli),
             iptables: Box::new(IptablesCli::auto(family)),
             ipvs: None,
-            programmed: None,
+            known: Known::default(),
             local_ips,
         }
     }
@@ -365,8 +367,8 @@ impl Dataplane for IpvsProxier {
         full: bool,
     ) -> Result<SyncReport, DataplaneError> {
         let t0 = Instant::now();
-        let is_full = full || self.programmed.is_none();
-        let prev = self.programmed.take();
+        let start = self.known.begin(full);
+        let is_full = start.is_full();
         // Partial syncs diff against what we programmed: only the changed
         // virtual and real servers are touched. Full syncs read the kernel
         // back, which also repairs anything changed behind our back.
@@ -382,7 +384,11 @@ impl Dataplane for IpvsProxier {
                     tool: "rtnetlink".into(),
                     message: format!("{DUMMY_DEV} disappeared"),
                 })?;
-            (prev.unwrap_or_default(), index)
+            let prev = match start {
+                Start::Partial { prev } => prev,
+                Start::Full { .. } => Layout::default(),
+            };
+            (prev, index)
         };
         let want = self.layout(state);
         let ops = {
@@ -410,7 +416,7 @@ impl Dataplane for IpvsProxier {
             report.no_local_endpoints.1 += u64::from(external);
         }
         tracing::debug!(ops = ops.len(), full = is_full, "ipvs sync applied");
-        self.programmed = Some(layout);
+        self.known.done(layout);
         Ok(report)
     }
 
@@ -465,22 +471,21 @@ impl Dataplane for IpvsProxier {
     }
 
     fn rules_lost(&mut self) -> bool {
-        if self.programmed.is_none() {
-            return false;
-        }
         // kube-ipvs0 gone (or our filter chain flushed away) means someone
-        // removed our state: the next sync must be a full one.
-        let dev = Rtnl::open().and_then(|mut r| r.link_index(DUMMY_DEV));
-        let chain = self.iptables.chain_exists("filter", "KUBE-IPVS-FILTER");
-        if matches!(dev, Ok(None)) || matches!(chain, Ok(false)) {
-            self.programmed = None;
-            return true;
-        }
-        false
+        // removed our state: the next sync must be a full one. What cannot
+        // be read counts as there.
+        let iptables = &mut self.iptables;
+        self.known.check_lost("ipvs", || {
+            let dev = Rtnl::open().and_then(|mut r| r.link_index(DUMMY_DEV));
+            let chain = iptables.chain_exists("filter", "KUBE-IPVS-FILTER");
+            Ok::<_, std::convert::Infallible>(
+                !(matches!(dev, Ok(None)) || matches!(chain, Ok(false))),
+            )
+        })
     }
 
     fn cleanup(&mut self) -> Result<(), DataplaneError> {
-        self.programmed = None;
+        self.known.forget();
         let fam = self.family();
         for j in rules::jumps() {
             for _ in 0..16 {

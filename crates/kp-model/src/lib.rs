@@ -16,6 +16,7 @@ pub mod claims;
 mod convert;
 mod dataplane;
 pub mod explain;
+mod known;
 mod names;
 mod selection;
 pub mod status;
@@ -35,6 +36,7 @@ pub use dataplane::{
     serves_nodeports, Dataplane, DataplaneError, LocalDetector, ProxierConfig, ProxyMode,
     RefusedOp, SyncReport,
 };
+pub use known::{Known, Start};
 pub use names::{chain_hash, is_dns_label, is_port_name};
 pub use selection::{EndpointSelection, EndpointSet, NoEndpoints};
 pub use topology::{categorize_endpoints, Categorized};

@@ -16,7 +16,7 @@ use std::net::IpAddr;
 use std::time::Instant;
 
 use kp_model::{
-    categorize_endpoints, Dataplane, DataplaneError, IpFamily, ProxyState, ServicePort,
+    categorize_endpoints, Dataplane, DataplaneError, IpFamily, Known, ProxyState, ServicePort,
     ServicePortName, SyncReport,
 };
 
@@ -321,7 +321,10 @@ pub struct SocketLbProxier {
     /// an old one's addresses still reach).
     freed_now: Vec<u32>,
     next_id: u32,
-    synced_once: bool,
+    /// Whether `written` is known to be what the maps hold: nothing known
+    /// before the first sync and after a failed one (the next is full,
+    /// and reads the maps back).
+    known: Known<()>,
 }
 
 fn err(what: String) -> impl FnOnce(String) -> DataplaneError {
@@ -366,7 +369,7 @@ impl SocketLbProxier {
             free_ids: Vec::new(),
             freed_now: Vec::new(),
             next_id: Self::first_id(family),
-            synced_once: false,
+            known: Known::default(),
         }
     }
 
@@ -670,7 +673,6 @@ impl SocketLbProxier {
             }
             Err(e) => {
                 self.freed_now.clear();
-                self.synced_once = false;
                 Err(e)
             }
         }
@@ -834,7 +836,7 @@ impl Dataplane for SocketLbProxier {
         full: bool,
     ) -> Result<SyncReport, DataplaneError> {
         let start = Instant::now();
-        let full = full || !self.synced_once;
+        let full = self.known.begin(full).is_full();
         let names: Vec<&ServicePortName> = if full {
             state.services.keys().collect()
         } else {
@@ -845,10 +847,7 @@ impl Dataplane for SocketLbProxier {
         let wants = render_all(&names, state, &self.nodeport_ips);
         let render = start.elapsed();
         if full {
-            if let Err(e) = self.adopt() {
-                self.synced_once = false;
-                return Err(e);
-            }
+            self.adopt()?;
         }
         let mut plan = Plan::default();
         if full {
@@ -889,7 +888,7 @@ impl Dataplane for SocketLbProxier {
             self.orphan_keys.clear();
         }
         let ops = self.flush(plan)?;
-        self.synced_once = true;
+        self.known.done(());
         Ok(SyncReport {
             full,
             ops,

@@ -32,8 +32,8 @@ use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 use kp_model::{
-    Dataplane, DataplaneError, IpFamily, LocalDetector, Protocol, ProxierConfig, ProxyState,
-    ServicePortName, SyncReport,
+    Dataplane, DataplaneError, IpFamily, Known, LocalDetector, Protocol, ProxierConfig, ProxyState,
+    ServicePortName, Start, SyncReport,
 };
 
 pub use balancer::Algorithm;
@@ -207,9 +207,9 @@ pub struct UserspaceProxier {
     /// Service IPs of this family we hold on lo.
     vips: BTreeSet<IpAddr>,
     rtnl: Option<netlink::Rtnl>,
-    /// What listeners and Service IPs `services` ask for; None until a full
-    /// sync built it (and after cleanup).
-    index: Option<PlanIndex>,
+    /// What listeners and Service IPs `services` ask for; nothing known
+    /// until a full sync built it (and after cleanup or a failed sync).
+    index: Known<PlanIndex>,
     inside: Arc<Inside>,
     /// Listeners that failed to open and Service IPs that could not be added
     /// or removed: looked at again on every sync, whatever changed.
@@ -279,7 +279,7 @@ impl UserspaceProxier {
             listeners: HashMap::new(),
             vips: BTreeSet::new(),
             rtnl,
-            index: None,
+            index: Known::default(),
             inside,
             retry_keys: BTreeSet::new(),
             retry_vips: BTreeSet::new(),
@@ -315,7 +315,7 @@ impl UserspaceProxier {
     fn poll_addrs(&mut self) {
         // What the last full sync planned with (None: the next sync is a
         // full one anyway).
-        let Some(index) = self.index.as_ref() else {
+        let Some(index) = self.index.get() else {
             return;
         };
         let Some(w) = self.watch.as_mut() else {
@@ -536,7 +536,7 @@ impl UserspaceProxier {
             .chain(self.retry_vips.iter())
             .copied()
             .collect();
-        self.index = Some(index);
+        self.index.done(index);
         Ok((keys, vips))
     }
 
@@ -546,13 +546,11 @@ impl UserspaceProxier {
         &mut self,
         state: &ProxyState,
         changed: &BTreeSet<ServicePortName>,
+        mut index: PlanIndex,
         report: &mut SyncReport,
     ) -> (BTreeSet<ListenKey>, BTreeSet<IpAddr>) {
         let mut keys = self.retry_keys.clone();
         let mut vips = self.retry_vips.clone();
-        let Some(mut index) = self.index.take() else {
-            return (keys, vips);
-        };
         // Service ports whose skip messages may have changed.
         let mut warn: BTreeSet<ServicePortName> = BTreeSet::new();
         for name in changed {
@@ -588,14 +586,14 @@ impl UserspaceProxier {
                 tracing::warn!("userspace: {s}");
             }
         }
-        self.index = Some(index);
+        self.index.done(index);
         (keys, vips)
     }
 
     /// Service IPs on lo: each of `check` added or removed as the index
     /// wants.
     fn apply_vips(&mut self, check: BTreeSet<IpAddr>, report: &mut SyncReport) {
-        let (Some(rtnl), Some(index)) = (self.rtnl.as_mut(), self.index.as_ref()) else {
+        let (Some(rtnl), Some(index)) = (self.rtnl.as_mut(), self.index.get()) else {
             return;
         };
         let (mut add, mut del) = (Vec::new(), Vec::new());
@@ -658,7 +656,7 @@ impl UserspaceProxier {
     /// otherwise (so clients are refused at once, as the kernel modes do).
     /// Each of `check` is made to match the index.
     fn apply_listeners(&mut self, check: BTreeSet<ListenKey>, report: &mut SyncReport) {
-        let Some(index) = self.index.as_ref() else {
+        let Some(index) = self.index.get() else {
             return;
         };
         let mut open: Vec<(ListenKey, ListenSpec, Arc<ServiceRt>)> = Vec::new();
@@ -747,16 +745,16 @@ impl Dataplane for UserspaceProxier {
     ) -> Result<SyncReport, DataplaneError> {
         let t0 = Instant::now();
         self.poll_addrs();
-        let full =
-            full || self.addrs_changed || self.index.is_none() || !self.covers(state, changed);
+        let start = self
+            .index
+            .begin(full || self.addrs_changed || !self.covers(state, changed));
         let mut report = SyncReport {
-            full,
+            full: start.is_full(),
             ..Default::default()
         };
-        let (keys, vips) = if full {
-            self.prepare_full(state, &mut report)?
-        } else {
-            self.prepare_partial(state, changed, &mut report)
+        let (keys, vips) = match start {
+            Start::Full { .. } => self.prepare_full(state, &mut report)?,
+            Start::Partial { prev } => self.prepare_partial(state, changed, prev, &mut report),
         };
         report.no_local_endpoints = self.missing;
         report.render = t0.elapsed();
@@ -849,7 +847,7 @@ impl Dataplane for UserspaceProxier {
     fn cleanup(&mut self) -> Result<(), DataplaneError> {
         self.listeners.clear();
         // Whatever comes next starts from a full sync.
-        self.index = None;
+        self.index.forget();
         self.retry_keys.clear();
         self.retry_vips.clear();
         let mut rtnl = match self.rtnl.take() {

@@ -77,7 +77,14 @@ impl NftablesProxier {
     }
 
     /// The full transaction for `state`, and what it programs.
-    pub(super) fn full_tx(&self, state: &ProxyState, fresh: bool) -> (Tx, Programmed) {
+    /// `last`: what the previous successful sync programmed (None: a
+    /// fresh table, everything declared from nothing).
+    pub(super) fn full_tx(
+        &self,
+        state: &ProxyState,
+        last: Option<&Programmed>,
+    ) -> (Tx, Programmed) {
+        let fresh = last.is_none();
         let mut tx = Tx::default();
         // The skeleton follows the state's Service ranges at each sync; a
         // dry run renders without syncing, so it may need its own.
@@ -89,11 +96,7 @@ impl NftablesProxier {
         };
         // A full sync that keeps the table keeps the affinity records, so
         // each endpoint keeps its index.
-        let before = if fresh {
-            None
-        } else {
-            self.programmed.as_ref()
-        };
+        let before = last;
         for (name, sp) in &state.services {
             let mut objs = render_service(sp, state.endpoints_of(name), &self.cfg, &state.node);
             let old = before.and_then(|p| p.services.get(name)).map(|k| &k.objs);
@@ -139,10 +142,8 @@ impl NftablesProxier {
         // Endpoint-map shards: those in the kernel are kept and emptied (the
         // elements above refill them), new ones declared.
         let mut declared = BTreeSet::new();
-        if !fresh {
-            if let Some(old) = &self.programmed {
-                declared.clone_from(&old.slots.declared);
-            }
+        if let Some(old) = last {
+            declared.clone_from(&old.slots.declared);
         }
         for m in &declared {
             tx.head.push(op(Verb::Add, Object::Set(shard_set(*m))));
@@ -160,26 +161,24 @@ impl NftablesProxier {
         prog.slots.declared = declared;
         // Shared pick chains and their select maps: those of a table in
         // place that stay are refilled (the flush above emptied them).
-        let picks_before = match (&self.programmed, fresh) {
-            (Some(old), false) => old.pick_keys(),
-            _ => Default::default(),
+        let picks_before = match last {
+            Some(old) => old.pick_keys(),
+            None => Default::default(),
         };
         tx.move_picks(&picks_before, &prog.pick_keys(), true);
-        if !fresh {
-            // Chains and affinity sets we had but no longer want.
-            if let Some(old) = &self.programmed {
-                for (name, kept) in &old.services {
-                    let new = prog.services.get(name).map(|k| &k.objs);
-                    tx.delete_stale(&kept.objs, new);
-                    if new.is_none() {
-                        let mut none = ServiceObjects::default();
-                        keep_affinity_places(&mut none, Some(&kept.objs), &mut tx.rekey);
-                    }
+        // Chains and affinity sets we had but no longer want.
+        if let Some(old) = last {
+            for (name, kept) in &old.services {
+                let new = prog.services.get(name).map(|k| &k.objs);
+                tx.delete_stale(&kept.objs, new);
+                if new.is_none() {
+                    let mut none = ServiceObjects::default();
+                    keep_affinity_places(&mut none, Some(&kept.objs), &mut tx.rekey);
                 }
-                for timeout in old.affinity.keys() {
-                    if !prog.affinity.contains_key(timeout) {
-                        tx.delete_affinity_set(*timeout);
-                    }
+            }
+            for timeout in old.affinity.keys() {
+                if !prog.affinity.contains_key(timeout) {
+                    tx.delete_affinity_set(*timeout);
                 }
             }
         }

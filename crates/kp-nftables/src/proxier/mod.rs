@@ -18,7 +18,9 @@ mod tx;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Instant;
 
-use kp_model::{Dataplane, DataplaneError, ProxierConfig, ProxyState, ServicePortName, SyncReport};
+use kp_model::{
+    Dataplane, DataplaneError, Known, ProxierConfig, ProxyState, ServicePortName, Start, SyncReport,
+};
 
 use crate::backend::NftBackend;
 use crate::names::{NAT_PREROUTING, TABLE_NAME};
@@ -37,9 +39,9 @@ pub struct NftablesProxier {
     check_cidrs: Vec<ipnet::IpNet>,
     backend: Box<dyn NftBackend>,
     table: String,
-    /// None until the first successful sync, and after a failed one: the next
-    /// sync is then a full one.
-    programmed: Option<Programmed>,
+    /// What the last successful sync programmed (nothing before the first,
+    /// and after a failed one: the next sync is then a full one).
+    known: Known<Programmed>,
     /// Until the first sync: whether it reads back a table a previous run
     /// left and sends only the difference (else it replaces the table).
     adopt: bool,
@@ -56,7 +58,7 @@ impl NftablesProxier {
             check_cidrs,
             backend,
             table: TABLE_NAME.to_string(),
-            programmed: None,
+            known: Known::default(),
             adopt: true,
             last_adoption: None,
         }
@@ -145,7 +147,7 @@ impl NftablesProxier {
             "adopted the table a previous run left"
         );
         self.last_adoption = Some(st);
-        self.programmed = Some(prog);
+        self.known.done(prog);
         Some(report)
     }
 
@@ -153,7 +155,7 @@ impl NftablesProxier {
     /// our table: what --dry-run prints (as nft text), and what the tests
     /// hand to the encoders.
     pub fn full_transaction(&self, state: &ProxyState) -> Transaction {
-        let (tx, _) = self.full_tx(state, true);
+        let (tx, _) = self.full_tx(state, None);
         tx.finish(self.cfg.family, &self.table).0
     }
 
@@ -253,20 +255,21 @@ impl Dataplane for NftablesProxier {
     ) -> Result<SyncReport, DataplaneError> {
         let t0 = Instant::now();
         self.follow_service_cidrs(state);
-        if std::mem::take(&mut self.adopt) && self.programmed.is_none() {
+        if std::mem::take(&mut self.adopt) && !self.known.is_known() {
             if let Some(report) = self.adopt_table(state, t0) {
                 return Ok(report);
             }
         }
-        let is_full = full || self.programmed.is_none();
-        let fresh = self.programmed.is_none();
-        let (mut tx, new_prog) = if is_full {
-            let (tx, prog) = self.full_tx(state, fresh);
-            (tx, prog)
-        } else {
-            let mut prog = self.programmed.take().unwrap_or_default();
-            let tx = self.partial_tx(state, changed, &mut prog);
-            (tx, prog)
+        // A failed sync returns early with nothing known: the retry is full.
+        let (is_full, last, (mut tx, new_prog)) = match self.known.begin(full) {
+            Start::Full { last } => {
+                let built = self.full_tx(state, last.as_ref());
+                (true, last, built)
+            }
+            Start::Partial { mut prev } => {
+                let tx = self.partial_tx(state, changed, &mut prev);
+                (false, None, (tx, prev))
+            }
         };
         let rekey = std::mem::take(&mut tx.rekey);
         let (txn, ops) = tx.finish(self.cfg.family, &self.table);
@@ -296,19 +299,15 @@ impl Dataplane for NftablesProxier {
                     // was freed as it was encoded, so render it again (the
                     // transaction is deterministic).
                     let tx = kept_tx.unwrap_or_else(|| {
-                        let (tx, _) = self.full_tx(state, fresh);
+                        let (tx, _) = self.full_tx(state, last.as_ref());
                         tx.finish(self.cfg.family, &self.table).0
                     });
                     name_owners(&mut refused, &tx, &new_prog);
-                    // Nothing was applied (one transaction); forget what we
-                    // think is there so the retry is a full sync.
-                    self.programmed = None;
+                    // Nothing was applied (one transaction), and nothing is
+                    // known any more: the retry is a full sync.
                     return Err(DataplaneError::Refused { tool, refused });
                 }
-                Err(e) => {
-                    self.programmed = None;
-                    return Err(e);
-                }
+                Err(e) => return Err(e),
             }
         }
         if !rekey.is_empty() {
@@ -316,7 +315,7 @@ impl Dataplane for NftablesProxier {
         }
         report.apply = t1.elapsed();
         report.no_local_endpoints = new_prog.no_local_endpoints();
-        self.programmed = Some(new_prog);
+        self.known.done(new_prog);
         Ok(report)
     }
 
@@ -325,25 +324,12 @@ impl Dataplane for NftablesProxier {
     }
 
     fn rules_lost(&mut self) -> bool {
-        if self.programmed.is_none() {
-            return false;
-        }
         // nat-prerouting always holds `jump services`: an empty or missing
         // chain means someone flushed or deleted our rules.
-        match self
-            .backend
-            .chain_has_rules(self.cfg.family, &self.table, NAT_PREROUTING)
-        {
-            Ok(true) => false,
-            Ok(false) => {
-                self.programmed = None;
-                true
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "nftables canary check failed");
-                false
-            }
-        }
+        let (backend, family, table) = (&mut self.backend, self.cfg.family, &self.table);
+        self.known.check_lost("nftables", || {
+            backend.chain_has_rules(family, table, NAT_PREROUTING)
+        })
     }
 
     fn cleanup(&mut self) -> Result<(), DataplaneError> {
@@ -351,7 +337,7 @@ impl Dataplane for NftablesProxier {
         let mut tx = Transaction::new(self.cfg.family, &self.table);
         tx.add(Object::Table { comment: None })
             .delete(Object::Table { comment: None });
-        self.programmed = None;
+        self.known.forget();
         self.backend.apply(&tx).map(|_| ())
     }
 }
