@@ -372,23 +372,22 @@ impl Dataplane for IpvsProxier {
         // Partial syncs diff against what we programmed: only the changed
         // virtual and real servers are touched. Full syncs read the kernel
         // back, which also repairs anything changed behind our back.
-        let (cur, index) = if is_full {
-            self.ensure_base()?;
-            self.read_kernel()?
-        } else {
-            let mut rtnl = Rtnl::open().map_err(|e| io("opening rtnetlink", e))?;
-            let index = rtnl
-                .link_index(DUMMY_DEV)
-                .map_err(|e| io("finding kube-ipvs0", e))?
-                .ok_or_else(|| DataplaneError::Apply {
-                    tool: "rtnetlink".into(),
-                    message: format!("{DUMMY_DEV} disappeared"),
-                })?;
-            let prev = match start {
-                Start::Partial { prev } => prev,
-                Start::Full { .. } => Layout::default(),
-            };
-            (prev, index)
+        let (cur, index) = match start {
+            Start::Full { .. } => {
+                self.ensure_base()?;
+                self.read_kernel()?
+            }
+            Start::Partial { prev } => {
+                let mut rtnl = Rtnl::open().map_err(|e| io("opening rtnetlink", e))?;
+                let index = rtnl
+                    .link_index(DUMMY_DEV)
+                    .map_err(|e| io("finding kube-ipvs0", e))?
+                    .ok_or_else(|| DataplaneError::Apply {
+                        tool: "rtnetlink".into(),
+                        message: format!("{DUMMY_DEV} disappeared"),
+                    })?;
+                (prev, index)
+            }
         };
         let want = self.layout(state);
         let ops = {

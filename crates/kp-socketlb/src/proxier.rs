@@ -673,6 +673,9 @@ impl SocketLbProxier {
             }
             Err(e) => {
                 self.freed_now.clear();
+                // Also after a failed cleanup: what `written` says is no
+                // longer sure.
+                self.known.forget();
                 Err(e)
             }
         }

@@ -96,10 +96,9 @@ impl NftablesProxier {
         };
         // A full sync that keeps the table keeps the affinity records, so
         // each endpoint keeps its index.
-        let before = last;
         for (name, sp) in &state.services {
             let mut objs = render_service(sp, state.endpoints_of(name), &self.cfg, &state.node);
-            let old = before.and_then(|p| p.services.get(name)).map(|k| &k.objs);
+            let old = last.and_then(|p| p.services.get(name)).map(|k| &k.objs);
             keep_affinity_places(&mut objs, old, &mut tx.rekey);
             prog.slots.assign(&mut objs, None);
             prog.use_affinity(&objs, 1);
