@@ -6,6 +6,11 @@
 // cgroup/recvmsg{4,6} and cgroup/getpeername{4,6} put the Service address
 // back where the application can see it (UDP reply sources, getpeername).
 //
+// Services with ClientIP session affinity are not in these maps: their
+// clients go on to nftables, which keeps the only record of who went where
+// (a connect() made before the Service's first sync has its SYN retransmit
+// DNATed by nftables; a second store here would send the next one elsewhere).
+//
 // Only the UAPI context (struct bpf_sock_addr) is read, which the verifier
 // rewrites for the running kernel: no kernel structure, so no CO-RE needed.
 // Helpers are declared here by number to need nothing but linux/bpf.h.
@@ -24,10 +29,8 @@
 static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)1;
 static long (*bpf_map_update_elem)(void *map, const void *key, const void *value,
                                    __u64 flags) = (void *)2;
-static __u64 (*bpf_ktime_get_ns)(void) = (void *)5;
 static __u32 (*bpf_get_prandom_u32)(void) = (void *)7;
 static __u64 (*bpf_get_socket_cookie)(void *ctx) = (void *)46;
-static __u64 (*bpf_get_netns_cookie)(void *ctx) = (void *)122;
 
 // A Service address: IPv4 in addr[0] with family 4, IPv6 in all four.
 // port in network byte order.
@@ -43,7 +46,7 @@ struct svc_key {
 struct svc_val {
 	__u32 id;
 	__u32 count;
-	__u32 affinity_timeout_s; // 0: no session affinity
+	__u32 reserved; // 0 (was session affinity: pinned maps keep their layout)
 	__u32 flags;
 };
 
@@ -58,23 +61,9 @@ struct backend_val {
 	__u16 pad;
 };
 
-// Session affinity: one entry per client network namespace and Service port
-// (pods have one address each, so the namespace stands for the client IP).
-struct affinity_key {
-	__u64 netns_cookie;
-	__u32 svc_id;
-	__u32 pad;
-};
-
-struct affinity_val {
-	__u64 last_ns;
-	struct backend_val backend;
-	__u32 pad;
-};
-
-// Which endpoints a Service port has now, whatever their slots: an affinity
-// entry is honoured only while its endpoint is still a member, so removing
-// an endpoint forgets only its own clients (upstream's semantics).
+// Which endpoints a Service port has now, whatever their slots: an
+// unconnected UDP socket's flow is honoured only while its endpoint is still
+// a member, so removing an endpoint moves only its own flows.
 struct member_key {
 	__u32 svc_id;
 	struct backend_val backend;
@@ -126,14 +115,6 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);
-	__type(key, struct affinity_key);
-	__type(value, struct affinity_val);
-	__uint(pinning, PIN_BY_NAME);
-} kp_affinity SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 65536);
 	__type(key, struct flow_key);
 	__type(value, struct backend_val);
 	__uint(pinning, PIN_BY_NAME);
@@ -177,33 +158,11 @@ static __always_inline int pick(void *ctx, const struct svc_key *key, struct bac
 			}
 		}
 	}
-	struct affinity_key ak = {};
-	__u64 now = 0;
-	if (svc->affinity_timeout_s) {
-		ak.netns_cookie = bpf_get_netns_cookie(ctx);
-		ak.svc_id = svc->id;
-		now = bpf_ktime_get_ns();
-		struct affinity_val *av = bpf_map_lookup_elem(&kp_affinity, &ak);
-		if (av && now - av->last_ns < (__u64)svc->affinity_timeout_s * 1000000000ULL) {
-			struct member_key mk = { .svc_id = svc->id, .backend = av->backend };
-			if (bpf_map_lookup_elem(&kp_members, &mk)) {
-				// Each new connection refreshes the timeout, as upstream's
-				// "recent" match does.
-				av->last_ns = now;
-				*out = av->backend;
-				return 1;
-			}
-		}
-	}
 	struct backend_key bk = { .svc_id = svc->id, .slot = bpf_get_prandom_u32() % svc->count };
 	struct backend_val *b = bpf_map_lookup_elem(&kp_backends, &bk);
 	if (!b)
 		return 0;
 	*out = *b;
-	if (svc->affinity_timeout_s) {
-		struct affinity_val nv = { .last_ns = now, .backend = *b };
-		bpf_map_update_elem(&kp_affinity, &ak, &nv, BPF_ANY);
-	}
 	if (udp_flow)
 		bpf_map_update_elem(&kp_udp_flows, &fk, out, BPF_ANY);
 	return 1;

@@ -19,7 +19,8 @@ use aya::EbpfLoader;
 
 use crate::batch::{self, BatchError, Commands};
 use crate::maps::{
-    BackendKey, BackendVal, MemberKey, SvcKey, SvcVal, ALL_MAPS, BACKENDS, MEMBERS, SERVICES,
+    BackendKey, BackendVal, MemberKey, SvcKey, SvcVal, ALL_MAPS, BACKENDS, MEMBERS, RETIRED_MAPS,
+    SERVICES,
 };
 use crate::proxier::{value, Refused};
 use crate::SocketLbError;
@@ -54,8 +55,8 @@ pub struct Placement {
 }
 
 /// Map capacities. Hash maps are created without preallocation, so an
-/// unused capacity costs no kernel memory; the LRU maps (affinity, reply
-/// translation) are preallocated by the kernel and sized smaller.
+/// unused capacity costs no kernel memory; the LRU maps (reply translation,
+/// UDP flows) are preallocated by the kernel and sized smaller.
 #[derive(Clone, Copy, Debug)]
 pub struct Capacity {
     pub services: u32,
@@ -129,6 +130,9 @@ pub fn install_object(
         .map_max_entries(MEMBERS, cap.backends)
         .load(object)
         .map_err(|e| bpf("loading the BPF object")(boxed(e)))?;
+    for m in RETIRED_MAPS {
+        remove_file(&p.pin_dir.join(m))?;
+    }
     let cgroup = File::open(&p.cgroup).map_err(io(format!("opening {}", p.cgroup.display())))?;
     let mut upgraded = 0;
     for name in PROGRAMS {
@@ -336,7 +340,7 @@ pub fn remove(pin_dir: &Path) -> Result<bool, SocketLbError> {
     for n in PROGRAMS {
         removed |= remove_file(&links.join(n))?;
     }
-    for m in ALL_MAPS {
+    for m in ALL_MAPS.iter().chain(&RETIRED_MAPS) {
         removed |= remove_file(&pin_dir.join(m))?;
     }
     for d in [links.as_path(), pin_dir] {

@@ -12,10 +12,12 @@ use kp_model::Protocol;
 pub const SERVICES: &str = "kp_services";
 pub const BACKENDS: &str = "kp_backends";
 pub const MEMBERS: &str = "kp_members";
-pub const AFFINITY: &str = "kp_affinity";
 pub const REVNAT: &str = "kp_revnat";
 pub const UDP_FLOWS: &str = "kp_udp_flows";
-pub const ALL_MAPS: [&str; 6] = [SERVICES, BACKENDS, MEMBERS, AFFINITY, REVNAT, UDP_FLOWS];
+pub const ALL_MAPS: [&str; 5] = [SERVICES, BACKENDS, MEMBERS, REVNAT, UDP_FLOWS];
+/// Pins earlier versions made and this one no longer uses (session affinity
+/// records, now nftables' alone): removed at install and cleanup.
+pub const RETIRED_MAPS: [&str; 1] = ["kp_affinity"];
 
 /// An address as the program sees it: four 32-bit words in network order.
 pub fn addr_words(ip: IpAddr) -> [u32; 4] {
@@ -91,8 +93,9 @@ pub struct SvcVal {
     pub id: u32,
     /// Endpoint slots 0..count; never 0 in the map.
     pub count: u32,
-    /// 0: no session affinity.
-    pub affinity_timeout_s: u32,
+    /// Always 0 (earlier versions' session affinity timeout: pinned maps
+    /// keep their layout across an upgrade).
+    pub reserved: u32,
     pub flags: u32,
 }
 
@@ -137,22 +140,6 @@ pub struct MemberKey {
     pub backend: BackendVal,
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct AffinityKey {
-    pub netns_cookie: u64,
-    pub svc_id: u32,
-    pub pad: u32,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct AffinityVal {
-    pub last_ns: u64,
-    pub backend: BackendVal,
-    pub pad: u32,
-}
-
 // SAFETY: plain #[repr(C)] structs of integers whose padding is explicit
 // fields (checked against the C sizes by the layout test), so every byte
 // pattern is a valid value and none is uninitialised.
@@ -161,8 +148,6 @@ unsafe impl aya::Pod for SvcVal {}
 unsafe impl aya::Pod for BackendKey {}
 unsafe impl aya::Pod for BackendVal {}
 unsafe impl aya::Pod for MemberKey {}
-unsafe impl aya::Pod for AffinityKey {}
-unsafe impl aya::Pod for AffinityVal {}
 
 #[cfg(test)]
 mod tests {
@@ -171,15 +156,13 @@ mod tests {
     #[test]
     fn sizes_match_the_c_structs() {
         // The C compiler's sizes (clang -target bpf): svc_key 20, svc_val 16,
-        // backend_key 8, backend_val 20, member_key 24, affinity_key 16,
-        // affinity_val 32. A mismatch would make every lookup miss.
+        // backend_key 8, backend_val 20, member_key 24. A mismatch would make
+        // every lookup miss.
         assert_eq!(std::mem::size_of::<SvcKey>(), 20);
         assert_eq!(std::mem::size_of::<SvcVal>(), 16);
         assert_eq!(std::mem::size_of::<BackendKey>(), 8);
         assert_eq!(std::mem::size_of::<BackendVal>(), 20);
         assert_eq!(std::mem::size_of::<MemberKey>(), 24);
-        assert_eq!(std::mem::size_of::<AffinityKey>(), 16);
-        assert_eq!(std::mem::size_of::<AffinityVal>(), 32);
     }
 
     #[test]

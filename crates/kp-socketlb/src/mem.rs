@@ -21,14 +21,13 @@ pub struct MemContent {
 
 impl MemContent {
     /// Every address reachable now resolves to a complete slot list whose
-    /// endpoints are members where the programs look (UDP, session
-    /// affinity): what a client could meet between two writes.
+    /// endpoints are members where the programs look (UDP): what a client could meet between two writes.
     pub fn consistent(&self) -> Result<(), String> {
         for (k, v) in &self.services {
             if v.count == 0 {
                 return Err(format!("{k:?} has no endpoints"));
             }
-            let read = v.affinity_timeout_s > 0 || i32::from(k.proto) == libc::IPPROTO_UDP;
+            let read = i32::from(k.proto) == libc::IPPROTO_UDP;
             for slot in 0..v.count {
                 let Some(b) = self.backends.get(&BackendKey { svc_id: v.id, slot }) else {
                     return Err(format!("{k:?}: slot {slot} of {} is empty", v.count));

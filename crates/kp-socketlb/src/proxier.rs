@@ -119,21 +119,19 @@ enum Members {
 }
 
 /// Whether the programs look this Service port's endpoints up in
-/// `kp_members`: for session affinity (an affinity entry is honoured while
-/// its endpoint is a member) and for UDP (an unconnected socket keeps its
-/// endpoint while it is a member). TCP and SCTP without affinity never look,
+/// `kp_members`: for UDP (an unconnected socket keeps its endpoint while it
+/// is a member). TCP and SCTP never look,
 /// so their members are not written: half the entries of a full sync. (If
 /// bpf/socketlb.c ever reads kp_members elsewhere, this must follow.)
-fn reads_members(keys: &BTreeSet<SvcKey>, affinity_timeout_s: u32) -> bool {
-    affinity_timeout_s > 0 || keys.iter().any(|k| i32::from(k.proto) == libc::IPPROTO_UDP)
+fn reads_members(keys: &BTreeSet<SvcKey>) -> bool {
+    keys.iter().any(|k| i32::from(k.proto) == libc::IPPROTO_UDP)
 }
 
-/// What a Service port should look like: its addresses, endpoints, affinity.
+/// What a Service port should look like: its addresses and endpoints.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Wanted {
     pub keys: BTreeSet<SvcKey>,
     pub backends: BTreeSet<BackendVal>,
-    pub affinity_timeout_s: u32,
 }
 
 /// Which of a Service port's addresses an entry holds: they may need
@@ -161,9 +159,15 @@ pub fn wanted(
     state: &ProxyState,
     nodeport_ips: &[IpAddr],
 ) -> Vec<(Scope, Wanted)> {
+    // ClientIP affinity stays with nftables, which keeps one record per
+    // client: a connect() made before the Service's first sync gets its SYN
+    // retransmit DNATed there, and records of our own would send that
+    // client's next connection elsewhere (e2e's Granular Checks).
+    if sp.session_affinity_timeout.is_some() {
+        return Vec::new();
+    }
     let eps = state.endpoints_of(&sp.name);
     let cat = categorize_endpoints(eps, sp, &state.node);
-    let affinity_timeout_s = sp.session_affinity_timeout.unwrap_or(0);
     let set = |v: &[&kp_model::Endpoint]| -> BTreeSet<BackendVal> {
         v.iter().map(|e| BackendVal::new(e.ip, e.port)).collect()
     };
@@ -214,7 +218,6 @@ pub fn wanted(
             Wanted {
                 keys: internal,
                 backends: ib,
-                affinity_timeout_s,
             },
         ));
     }
@@ -224,7 +227,6 @@ pub fn wanted(
             Wanted {
                 keys: external,
                 backends: eb,
-                affinity_timeout_s,
             },
         ));
     }
@@ -452,7 +454,7 @@ impl SocketLbProxier {
             }
         }
         // A member without a slot (a sync interrupted between the two
-        // writes) would keep affinity entries to it alive: gone now. The
+        // writes) would keep UDP flows to it alive: gone now. The
         // others tell whether every slot's endpoint is a member.
         members.retain(|m| self.ours(m.svc_id));
         members.sort_unstable_by_key(|m| m.svc_id);
@@ -574,9 +576,9 @@ impl SocketLbProxier {
             ..Written::default()
         });
         let slots = slots::assign(&old.slots, &want.backends);
-        let reads = reads_members(&want.keys, want.affinity_timeout_s);
+        let reads = reads_members(&want.keys);
         // What the addresses in the maps read until phase 3 rewrites them.
-        let read_before = reads_members(&old.keys, old.val.affinity_timeout_s);
+        let read_before = reads_members(&old.keys);
         // Members written only for that time (the new value reads none).
         let mut interim = BTreeSet::new();
         // 1. and 2. Endpoints in their slots, members for the new ones
@@ -598,7 +600,7 @@ impl SocketLbProxier {
         let val = SvcVal {
             id,
             count: slots.len() as u32,
-            affinity_timeout_s: want.affinity_timeout_s,
+            reserved: 0,
             flags: 0,
         };
         for k in &want.keys {
@@ -931,9 +933,6 @@ impl Dataplane for SocketLbProxier {
                         sp.protocol,
                         eps.join(" ")
                     );
-                    if w.affinity_timeout_s > 0 {
-                        let _ = write!(out, " affinity {}s", w.affinity_timeout_s);
-                    }
                     out.push('\n');
                 }
             }

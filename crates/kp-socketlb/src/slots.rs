@@ -74,7 +74,7 @@ mod tests {
     fn every_wanted_endpoint_appears_once_and_kept_ones_below_the_end_stay() {
         // Exhaustive over small cases: the result is a permutation of
         // `wanted`, and an endpoint kept at a slot below the new length does
-        // not move (its affinity and slot writes are untouched).
+        // not move (its UDP flows and slot writes are untouched).
         let universe = [1u32, 2, 3, 4, 5];
         for old_mask in 0u32..32 {
             let old: Vec<u32> = universe

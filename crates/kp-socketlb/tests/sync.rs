@@ -28,6 +28,22 @@ fn state(family: IpFamily, services: &[(&str, &str, &[&str], Option<u32>)]) -> P
     st
 }
 
+/// One UDP Service port `name` (the programs read its members).
+fn udp_state(name: &str, vip: &str, eps: &[&str]) -> ProxyState {
+    let mut st = ProxyState::new(IpFamily::V4, NodeInfo::named("node1"));
+    let sp = ServicePort::builder("ns", name)
+        .protocol(kp_model::Protocol::Udp)
+        .cluster_ip(vip)
+        .build();
+    let list: Vec<Endpoint> = eps
+        .iter()
+        .map(|e| Endpoint::ready(e.parse::<IpAddr>().unwrap(), 8080, false))
+        .collect();
+    st.endpoints.insert(sp.name.clone(), Arc::new(list));
+    st.services.insert(sp.name.clone(), Arc::new(sp));
+    st
+}
+
 fn all(st: &ProxyState, other: &ProxyState) -> BTreeSet<kp_model::ServicePortName> {
     st.services
         .keys()
@@ -48,7 +64,8 @@ fn every_step_of_a_change_leaves_each_address_usable_and_partial_equals_full() {
                 None,
             )],
         ),
-        // One endpoint replaced, one Service added with affinity.
+        // One endpoint replaced, one Service added with affinity (left to
+        // nftables: no entry).
         state(
             IpFamily::V4,
             &[
@@ -120,7 +137,7 @@ fn a_full_sync_takes_over_what_a_previous_run_left_and_removes_the_rest() {
     let report = px.sync(&after, &BTreeSet::new(), true).unwrap();
     let c = maps.content();
     // a kept its id and slots (nothing written for it); gone removed
-    // (1 address + 1 slot; TCP without affinity has no members); the IPv6
+    // (1 address + 1 slot; TCP has no members); the IPv6
     // entries untouched.
     assert_eq!(report.ops, 2);
     assert_eq!(c.services.len(), 2);
@@ -182,15 +199,11 @@ fn external_addresses_get_the_cluster_endpoints_and_source_ranges_stay_with_nfta
 fn a_full_sync_repairs_what_an_interrupted_one_left() {
     use kp_socketlb::maps::{BackendKey, BackendVal, MemberKey};
     use kp_socketlb::Maps;
-    // With affinity: its members matter.
-    let st = state(
-        IpFamily::V4,
-        &[(
-            "a",
-            "10.96.0.1",
-            &["10.244.1.1", "10.244.1.2", "10.244.1.3"],
-            Some(30),
-        )],
+    // UDP: its members matter.
+    let st = udp_state(
+        "a",
+        "10.96.0.1",
+        &["10.244.1.1", "10.244.1.2", "10.244.1.3"],
     );
     let mut maps = MemMaps::new(false);
     SocketLbProxier::new(IpFamily::V4, Box::new(maps.clone()))
@@ -237,7 +250,7 @@ fn a_full_sync_repairs_what_an_interrupted_one_left() {
 }
 
 /// `n` Services `svc-i` with `m` endpoints each (generation `g` changes every
-/// endpoint's last octet), every 7th with affinity, every 5th UDP.
+/// endpoint's last octet), every 5th UDP.
 fn many(n: u32, m: u32, g: u32) -> ProxyState {
     use kp_model::Protocol;
     let mut st = ProxyState::new(IpFamily::V4, NodeInfo::named("node1"));
@@ -247,12 +260,9 @@ fn many(n: u32, m: u32, g: u32) -> ProxyState {
         } else {
             Protocol::Tcp
         };
-        let mut b = ServicePort::builder("ns", &format!("svc-{i}"))
+        let b = ServicePort::builder("ns", &format!("svc-{i}"))
             .protocol(proto)
             .cluster_ip(&format!("10.96.{}.{}", i / 250, i % 250 + 1));
-        if i % 7 == 0 {
-            b = b.affinity(60);
-        }
         let sp = b.build();
         let list: Vec<Endpoint> = (0..m)
             .map(|j| {
@@ -279,7 +289,6 @@ fn reach(
 ) -> Vec<(
     kp_socketlb::maps::SvcKey,
     BTreeSet<kp_socketlb::maps::BackendVal>,
-    u32,
 )> {
     c.services
         .iter()
@@ -292,7 +301,7 @@ fn reach(
                     }]
                 })
                 .collect();
-            (*k, eps, v.affinity_timeout_s)
+            (*k, eps)
         })
         .collect()
 }
@@ -335,8 +344,8 @@ fn a_sync_writes_each_phase_as_one_batch_in_order() {
     px.sync(&st, &BTreeSet::new(), true).unwrap();
     let calls = maps.calls();
     assert_phased(&calls);
-    // 300 addresses, 1200 slots, members for the UDP and affinity ones.
-    let readers = (0..300).filter(|i| i % 5 == 0 || i % 7 == 0).count();
+    // 300 addresses, 1200 slots, members for the UDP ones.
+    let readers = (0..300).filter(|i| i % 5 == 0).count();
     assert_eq!(
         calls,
         vec![
@@ -383,7 +392,7 @@ fn a_sync_writes_each_phase_as_one_batch_in_order() {
     assert_phased(&calls);
     assert_eq!(calls.len(), 6, "{calls:?}");
     assert_eq!(reach(&maps.content()), reach(&fresh(&next)));
-    // One endpoint replaced in a TCP Service without affinity: one slot.
+    // One endpoint replaced in a TCP Service: one slot.
     let mut one = next.clone();
     let name = one.services.keys().nth(1).cloned().unwrap();
     let mut eps = (*one.endpoints[&name]).clone();
@@ -402,18 +411,21 @@ fn members_are_written_where_the_programs_read_them_and_before_they_do() {
     let eps = ["10.244.1.1", "10.244.1.2"];
     let plain = state(IpFamily::V4, &[("a", "10.96.0.1", &eps, None)]);
     px.sync(&plain, &BTreeSet::new(), true).unwrap();
-    assert!(maps.content().members.is_empty(), "TCP without affinity");
-    // Affinity on: every endpoint becomes a member before the address
-    // carries the timeout (MemMaps checks after each write).
-    let sticky = state(IpFamily::V4, &[("a", "10.96.0.1", &eps, Some(30))]);
-    let names: BTreeSet<_> = sticky.services.keys().cloned().collect();
-    px.sync(&sticky, &names, false).unwrap();
+    assert!(maps.content().members.is_empty(), "TCP");
+    // A UDP port: every endpoint becomes a member before its address is
+    // written (MemMaps checks after each write).
+    let udp = udp_state("u", "10.96.0.2", &eps);
+    let mut both = plain.clone();
+    both.services.extend(udp.services.clone());
+    both.endpoints.extend(udp.endpoints.clone());
+    let names: BTreeSet<_> = both.services.keys().cloned().collect();
+    px.sync(&both, &names, false).unwrap();
     assert_eq!(maps.content().members.len(), 2);
     // One replaced: the newcomer is a member, the one that left is not.
-    let moved = state(
-        IpFamily::V4,
-        &[("a", "10.96.0.1", &["10.244.1.1", "10.244.1.9"], Some(30))],
-    );
+    let mut moved = plain.clone();
+    let udp2 = udp_state("u", "10.96.0.2", &["10.244.1.1", "10.244.1.9"]);
+    moved.services.extend(udp2.services.clone());
+    moved.endpoints.extend(udp2.endpoints.clone());
     px.sync(&moved, &names, false).unwrap();
     let c = maps.content();
     let members: BTreeSet<String> = c
@@ -425,30 +437,37 @@ fn members_are_written_where_the_programs_read_them_and_before_they_do() {
         members,
         ["10.244.1.1", "10.244.1.9"].map(String::from).into()
     );
-    // Affinity off: the members go, after the address dropped the timeout.
+    // The UDP port goes: its members go, after its address.
     px.sync(&plain, &names, false).unwrap();
     let c = maps.content();
     assert!(c.members.is_empty(), "{:?}", c.members);
     assert_eq!(c.missing_deletes, 0);
     assert_eq!(reach(&c), reach(&fresh(&plain)));
+    // Session affinity: the port leaves the maps (nftables keeps the
+    // records), and comes back without it.
+    let sticky = state(IpFamily::V4, &[("a", "10.96.0.1", &eps, Some(30))]);
+    px.sync(&sticky, &names, false).unwrap();
+    let c = maps.content();
+    assert!(c.services.is_empty() && c.backends.is_empty(), "{c:?}");
+    px.sync(&plain, &names, false).unwrap();
+    assert_eq!(reach(&maps.content()), reach(&fresh(&plain)));
     // A full sync of a new process over maps with members everywhere (an
     // older version wrote them for every Service port) removes the unread
     // ones and keeps the rest.
+    use kp_socketlb::maps::{BackendVal, MemberKey};
+    use kp_socketlb::Maps;
     let mut old = MemMaps::new(true);
     SocketLbProxier::new(IpFamily::V4, Box::new(old.clone()))
-        .sync(&sticky, &BTreeSet::new(), true)
+        .sync(&plain, &BTreeSet::new(), true)
         .unwrap();
-    let c = old.content();
-    let (k, v) = c.services.iter().next().map(|(k, v)| (*k, *v)).unwrap();
-    use kp_socketlb::Maps;
-    old.set_service(
-        &k,
-        &kp_socketlb::maps::SvcVal {
-            affinity_timeout_s: 0,
-            ..v
-        },
-    )
-    .unwrap();
+    let id = old.content().services.values().next().unwrap().id;
+    for (slot, e) in eps.iter().enumerate() {
+        let key = MemberKey {
+            svc_id: id,
+            backend: BackendVal::new(e.parse().unwrap(), 8080),
+        };
+        old.set_member(&key, slot as u32).unwrap();
+    }
     let r = SocketLbProxier::new(IpFamily::V4, Box::new(old.clone()))
         .sync(&plain, &BTreeSet::new(), true)
         .unwrap();

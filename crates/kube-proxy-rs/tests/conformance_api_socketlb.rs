@@ -9,3 +9,10 @@ conformance_suite!("api/nftables-socketlb", || conformance::binaries_for(
     "api/nftables-socketlb"
 ));
 api_cases!("api/nftables-socketlb");
+
+#[test]
+fn a08_affinity_from_a_connect_before_the_service() {
+    if conformance::binaries_for("api/nftables-socketlb") {
+        conformance::affinity_from_a_connect_before_the_service("api/nftables-socketlb");
+    }
+}

@@ -188,11 +188,18 @@ fn run_binary(args: &[&str]) -> std::process::Output {
 fn s03_dry_run_prints_the_maps_and_bad_setups_are_refused_with_the_reason() {
     let dir = std::env::temp_dir().join(format!("kp-socklb-dry-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let svc = service(
-        "web",
-        &["10.96.0.30"],
+    let svc = service("web", &["10.96.0.30"], serde_json::json!({}));
+    // ClientIP affinity is left to nftables: no entry in the maps.
+    let sticky = service(
+        "sticky",
+        &["10.96.0.31"],
         serde_json::json!({"sessionAffinity": "ClientIP"}),
     );
+    std::fs::write(
+        dir.join("sticky.json"),
+        serde_json::to_vec(&sticky).unwrap(),
+    )
+    .unwrap();
     std::fs::write(dir.join("svc.json"), serde_json::to_vec(&svc).unwrap()).unwrap();
     let eps = serde_json::json!({
         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
@@ -203,6 +210,14 @@ fn s03_dry_run_prints_the_maps_and_bad_setups_are_refused_with_the_reason() {
         "endpoints": [{"addresses": ["10.244.1.2"], "conditions": {"ready": true}}]
     });
     std::fs::write(dir.join("eps.json"), serde_json::to_vec(&eps).unwrap()).unwrap();
+    let mut sticky_eps = eps.clone();
+    sticky_eps["metadata"]["name"] = "sticky-1".into();
+    sticky_eps["metadata"]["labels"]["kubernetes.io/service-name"] = "sticky".into();
+    std::fs::write(
+        dir.join("sticky-eps.json"),
+        serde_json::to_vec(&sticky_eps).unwrap(),
+    )
+    .unwrap();
     let manifests = format!("--manifests={}", dir.display());
     let out = run_binary(&[
         &manifests,
@@ -226,9 +241,14 @@ fn s03_dry_run_prints_the_maps_and_bad_setups_are_refused_with_the_reason() {
         .lines()
         .find(|l| l.starts_with("10.96.0.30:80/TCP"))
         .unwrap_or_else(|| panic!("no socket balancing entry:\n{text}"));
+    assert!(line.contains("-> 10.244.1.2:8080"), "{line}");
     assert!(
-        line.contains("-> 10.244.1.2:8080") && line.contains("affinity 10800s"),
-        "{line}"
+        !text.lines().any(|l| l.starts_with("10.96.0.31:")),
+        "a Service with session affinity in the maps:\n{text}"
+    );
+    assert!(
+        text.contains("10.96.0.31"),
+        "the Service with session affinity is not in the nftables rules:\n{text}"
     );
 
     let out = run_binary(&["--proxy-mode=iptables", "--socket-lb", &manifests]);

@@ -12,6 +12,13 @@ conformance_suite!("upstream/nftables", || conformance::binaries_for(
 api_cases!("upstream/nftables");
 
 #[test]
+fn a08_affinity_from_a_connect_before_the_service() {
+    if conformance::binaries_for("upstream/nftables") {
+        conformance::affinity_from_a_connect_before_the_service("upstream/nftables");
+    }
+}
+
+#[test]
 fn c04b_session_affinity_lifecycle() {
     if conformance::binaries_for("upstream/nftables") {
         conformance::session_affinity_lifecycle("upstream/nftables");
