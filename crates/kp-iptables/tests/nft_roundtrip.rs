@@ -17,16 +17,12 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::process::Command;
 
-use kp_iptables::{
-    chain_names, HostRules, IptablesBackend, IptablesCli, IptablesNetlink, IptablesProxier,
-};
-use kp_model::{
-    Dataplane, Endpoint, IpFamily, LocalDetector, ProxierConfig, ProxyState, ServicePortName,
-};
+use kp_iptables::{chain_names, IptablesBackend, IptablesCli, IptablesNetlink, IptablesProxier};
+use kp_model::{Dataplane, Endpoint, IpFamily, ProxyState, ServicePortName};
 use kp_netlab::in_netns;
 
 mod common;
-use common::{every_kind, state};
+use common::{configs, every_kind, host_rules, state};
 
 /// (table, chain, each rule's expressions).
 type ChainRules = (String, String, Vec<Vec<Vec<u8>>>);
@@ -139,51 +135,6 @@ fn base(family: IpFamily) -> &'static str {
     }
 }
 
-/// Every local-traffic detector and NodePort address setting.
-fn configs(family: IpFamily) -> Vec<(&'static str, ProxierConfig)> {
-    let v6 = family == IpFamily::V6;
-    let mut out = Vec::new();
-    let mut c = ProxierConfig::new(family);
-    c.local_detector = LocalDetector::Cidrs(vec![
-        "10.244.0.0/16".parse().unwrap(),
-        "fd00:244::/48".parse().unwrap(),
-    ]);
-    c.localhost_nodeports = !v6;
-    c.node_ips = vec![if v6 { "fd00:10::1" } else { "192.168.10.1" }
-        .parse()
-        .unwrap()];
-    out.push(("cidr", c));
-    let mut c = ProxierConfig::new(family);
-    // A prefix that is not whole bytes: masked, not shortened.
-    c.local_detector = LocalDetector::Cidrs(vec![
-        "10.240.0.0/12".parse().unwrap(),
-        "fd00:240::/29".parse().unwrap(),
-    ]);
-    c.nodeport_addresses = vec![
-        if v6 {
-            "fd00:10::/64"
-        } else {
-            "192.168.10.0/24"
-        }
-        .parse()
-        .unwrap(),
-        if v6 { "::1/128" } else { "127.0.0.0/8" }.parse().unwrap(),
-    ];
-    c.localhost_nodeports = !v6;
-    out.push(("nodeport-cidrs", c));
-    let mut c = ProxierConfig::new(family);
-    c.local_detector = LocalDetector::BridgeInterface("cbr0".into());
-    out.push(("bridge", c));
-    let mut c = ProxierConfig::new(family);
-    c.local_detector = LocalDetector::InterfaceNamePrefix("veth".into());
-    out.push(("prefix", c));
-    let mut c = ProxierConfig::new(family);
-    c.masquerade_all = true;
-    c.masquerade_bit = 9;
-    out.push(("masq-all", c));
-    out
-}
-
 /// The lines of `a` (netlink) and `b` (iptables-nft-restore) that differ,
 /// in place.
 fn diff(a: &str, b: &str) -> String {
@@ -218,17 +169,7 @@ fn every_rendered_shape_is_installed_as_iptables_nft_restore_installs_it() {
             // The INVALID drop with its nfacct counter, and the localhost
             // NodePort rules counting into theirs (configs with localhost
             // NodePorts); without a counter; and no drop (be_liberal set).
-            let host = match name {
-                "cidr" | "nodeport-cidrs" => HostRules {
-                    invalid_drop: true,
-                    nfacct: true,
-                },
-                "bridge" => HostRules::default(),
-                _ => HostRules {
-                    invalid_drop: false,
-                    nfacct: false,
-                },
-            };
+            let host = host_rules(name);
             if host.nfacct {
                 // What a probing proxier creates in its own namespace.
                 for ns in [&a, &b] {
