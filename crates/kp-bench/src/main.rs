@@ -17,6 +17,8 @@
 //! endpoint change against the floor probe right after it, and a full sync
 //! over the table against the kernel alone sending the same rules encoded
 //! beforehand, with what ours does before its batch leaves.
+//! `--mode iptables --encode` times render and encoding alone, no kernel
+//! in the figures: a full sync and one endpoint replaced (encode.rs).
 //! `--restart` times a restart's first sync over the table (nftables) or
 //! chains (`--mode iptables`, iptables-nft) left behind, adopted and
 //! replaced (restart.rs).
@@ -42,6 +44,7 @@ use kp_nftables::{NftBackend, NftCli, NftNetlink, NftablesProxier};
 use kp_userspace::{UserspaceConfig, UserspaceProxier, VipMode};
 use std::sync::Arc;
 
+mod encode;
 mod floor;
 mod restart;
 
@@ -893,6 +896,12 @@ fn main() -> Result<()> {
             bail!("--restart measures nftables, or iptables-nft, over netlink");
         }
         return restart::tables(o.mode == "iptables", &sizes, m, affinity, &home);
+    }
+    if has("--encode") {
+        if o.mode != "iptables" {
+            bail!("--encode measures iptables mode (iptables-nft over netlink)");
+        }
+        return encode::tables(&o, &sizes, m, affinity, &home);
     }
     if has("--floor") {
         if o.mode != "nftables" || !o.netlink {
