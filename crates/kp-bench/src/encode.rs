@@ -16,7 +16,7 @@ use kp_iptables::{IptablesBackend, IptablesNetlink, IptablesProxier, Jump};
 use kp_model::{Dataplane, DataplaneError, IpFamily};
 
 use super::floor::cluster;
-use super::{in_namespace, ms, pct, proxier_config, replacement};
+use super::{in_namespace, ms, pct, proxier_config, replacement, rss_mib};
 
 /// Full syncs timed per size.
 const FULL_RUNS: usize = 5;
@@ -109,7 +109,7 @@ fn row(o: &super::Opts, n: u32, m: u32, affinity: bool) -> Result<String> {
     }
     let p50 = |v: &mut Vec<Duration>| ms(pct(v, 0.5));
     Ok(format!(
-        "| {n} | {} ms ({} + {}) | {}-{} ms | {:.1} MiB | {} / {} ms ({} + {}) |",
+        "| {n} | {} ms ({} + {}) | {}-{} ms | {:.1} MiB | {} / {} ms ({} + {}) | {:.0} / {:.0} MiB |",
         p50(&mut total),
         p50(&mut render),
         p50(&mut encode),
@@ -120,6 +120,8 @@ fn row(o: &super::Opts, n: u32, m: u32, affinity: bool) -> Result<String> {
         ms(pct(&mut ch, 0.99)),
         p50(&mut ch_render),
         p50(&mut ch_encode),
+        rss_mib("VmRSS:"),
+        rss_mib("VmHWM:"),
     ))
 }
 
@@ -131,8 +133,8 @@ pub fn tables(
     affinity: bool,
     home: &std::fs::File,
 ) -> Result<()> {
-    println!("| Services | full sync: render + encode p50 (render + encode) | min-max of {FULL_RUNS} | batch | 1 endpoint replaced: render + encode p50 / p99 (render + encode p50) |");
-    println!("|---|---|---|---|---|");
+    println!("| Services | full sync: render + encode p50 (render + encode) | min-max of {FULL_RUNS} | batch | 1 endpoint replaced: render + encode p50 / p99 (render + encode p50) | bench RSS at the end / peak |");
+    println!("|---|---|---|---|---|---|");
     for &n in sizes {
         let ns = format!("kpencode{}x{n}", std::process::id());
         println!("{}", in_namespace(&ns, home, |_| row(o, n, m, affinity))?);
