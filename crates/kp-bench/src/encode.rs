@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Result;
-use kp_iptables::{IptablesBackend, IptablesNetlink, IptablesProxier, Jump};
+use kp_iptables::{Adopted, IptablesNetlink, IptablesProxier, Jump, Restore, Writer};
 use kp_model::{Dataplane, DataplaneError, IpFamily};
 
 use super::floor::cluster;
@@ -31,15 +31,21 @@ struct EncodeOnly {
     last: Encoded,
 }
 
-impl IptablesBackend for EncodeOnly {
-    fn restore(&mut self, input: &str) -> Result<(), DataplaneError> {
+impl Writer for EncodeOnly {
+    fn restore(&mut self, input: &Restore<'_>) -> Result<usize, DataplaneError> {
         let t = Instant::now();
         let batch = self.nl.encode_input(input)?;
         let took = t.elapsed();
         if let Ok(mut l) = self.last.lock() {
             *l = Some((took, batch.bytes()));
         }
-        Ok(())
+        Ok(batch.bytes())
+    }
+    fn restore_adopting(
+        &mut self,
+        input: &Restore<'_>,
+    ) -> Result<(usize, Option<Adopted>), DataplaneError> {
+        self.restore(input).map(|bytes| (bytes, None))
     }
     fn chains(&mut self, _: &str) -> Result<Vec<String>, DataplaneError> {
         Ok(Vec::new())
@@ -53,10 +59,10 @@ impl IptablesBackend for EncodeOnly {
     fn chain_exists(&mut self, _: &str, _: &str) -> Result<bool, DataplaneError> {
         Ok(true)
     }
-    fn rule_exists(&mut self, _: &str, _: &str, _: &[String]) -> Result<bool, DataplaneError> {
+    fn jump_exists(&mut self, _: &Jump) -> Result<bool, DataplaneError> {
         Ok(true)
     }
-    fn delete_rule(&mut self, _: &str, _: &str, _: &[String]) -> Result<(), DataplaneError> {
+    fn delete_jump(&mut self, _: &Jump) -> Result<(), DataplaneError> {
         Ok(())
     }
 }

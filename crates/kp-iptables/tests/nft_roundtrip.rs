@@ -17,7 +17,10 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::process::Command;
 
-use kp_iptables::{chain_names, IptablesBackend, IptablesCli, IptablesNetlink, IptablesProxier};
+use kp_iptables::{
+    chain_names, IptablesCli, IptablesNetlink, IptablesProxier, Line, Match, Restore, Rule, Target,
+    Writer,
+};
 use kp_model::{Dataplane, Endpoint, IpFamily, ProxyState, ServicePortName};
 use kp_netlab::in_netns;
 
@@ -280,37 +283,61 @@ fn every_rendered_shape_is_installed_as_iptables_nft_restore_installs_it() {
     }
 }
 
+/// A restore input of `rules` appended to their chains in nat, each chain
+/// in `declared` declared first.
+fn nat<'a>(declared: &[&'a str], rules: &[(&'a str, &'a Rule)]) -> Restore<'a> {
+    let mut input = Restore::default();
+    input.push(Line::Table("nat"));
+    for c in declared {
+        input.push(Line::Chain(c));
+    }
+    for (c, r) in rules {
+        input.push(Line::Append(c, r));
+    }
+    input.push(Line::Commit);
+    input
+}
+
 #[test]
 fn a_refused_batch_names_the_line_and_changes_nothing() {
     let ns = Netns::new("refused");
-    let input = "*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -m comment --comment \"ok\" -j RETURN\nCOMMIT\n";
+    let ok = Rule::new(vec![Match::comment("ok")], Target::Return);
+    let input = nat(&["KUBE-SERVICES"], &[("KUBE-SERVICES", &ok)]);
     in_netns(&ns.name, || {
-        IptablesNetlink::new(IpFamily::V4).restore(input)
+        IptablesNetlink::new(IpFamily::V4).restore(&input)
     })
     .unwrap()
     .unwrap();
     let before = ns.save(IpFamily::V4);
     // A jump to a chain that does not exist: the kernel refuses that message,
     // and the flush before it must not happen either.
-    let bad = "*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -j KUBE-SVC-MISSING\nCOMMIT\n";
-    let e = in_netns(&ns.name, || IptablesNetlink::new(IpFamily::V4).restore(bad))
-        .unwrap()
-        .unwrap_err()
-        .to_string();
+    let missing = Rule::new(Vec::new(), Target::Jump("KUBE-SVC-MISSING".into()));
+    let bad = nat(&["KUBE-SERVICES"], &[("KUBE-SERVICES", &missing)]);
+    let e = in_netns(&ns.name, || {
+        IptablesNetlink::new(IpFamily::V4).restore(&bad)
+    })
+    .unwrap()
+    .unwrap_err()
+    .to_string();
     assert!(
         e.contains("line 3") && e.contains("KUBE-SVC-MISSING"),
         "{e}"
     );
     assert_eq!(ns.save(IpFamily::V4), before);
-    // Options render.rs never emits are refused before anything is sent.
+    // What iptables-nft cannot hold (an IPv6 source in an IPv4 table) is
+    // refused before anything is sent.
+    let v6 = Rule::new(
+        vec![Match::src_host("fd00::1".parse().unwrap())],
+        Target::Return,
+    );
     let e = in_netns(&ns.name, || {
-        IptablesNetlink::new(IpFamily::V4)
-            .restore("*nat\n-A KUBE-SERVICES -m limit --limit 1/s -j RETURN\nCOMMIT\n")
+        IptablesNetlink::new(IpFamily::V4).restore(&nat(&[], &[("KUBE-SERVICES", &v6)]))
     })
     .unwrap()
     .unwrap_err()
     .to_string();
-    assert!(e.contains("line 2") && e.contains("limit"), "{e}");
+    assert!(e.contains("line 2") && e.contains("fd00::1"), "{e}");
+    assert_eq!(ns.save(IpFamily::V4), before);
 }
 
 /// The first chain of `saved` named `prefix…` that has rules.
@@ -437,12 +464,18 @@ fn a_restart_adopts_the_rules_a_previous_run_left() {
 #[test]
 fn adoption_keeps_a_chain_appended_before_its_declaration() {
     let ns = Netns::new("adorder");
-    let first = "*nat\n:KUBE-X - [0:0]\n-A KUBE-X -j RETURN\nCOMMIT\n";
-    let again = "*nat\n-A KUBE-X -j RETURN\n:KUBE-X - [0:0]\n-A KUBE-X -j RETURN\nCOMMIT\n";
+    let ret = Rule::new(Vec::new(), Target::Return);
+    let first = nat(&["KUBE-X"], &[("KUBE-X", &ret)]);
+    let mut again = nat(&["KUBE-X"], &[("KUBE-X", &ret)]);
+    again.lines.insert(1, Line::Append("KUBE-X", &ret));
+    assert_eq!(
+        again.to_string(),
+        "*nat\n-A KUBE-X -j RETURN\n:KUBE-X - [0:0]\n-A KUBE-X -j RETURN\nCOMMIT\n"
+    );
     let found = in_netns(&ns.name, || {
         let mut nl = IptablesNetlink::new(IpFamily::V4);
-        nl.restore(first).unwrap();
-        nl.restore_adopting(again).unwrap().unwrap()
+        nl.restore(&first).unwrap();
+        nl.restore_adopting(&again).unwrap().1.unwrap()
     })
     .unwrap();
     assert_eq!(found.chains_kept, 0, "{found:?}");

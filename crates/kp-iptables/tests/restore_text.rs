@@ -116,25 +116,13 @@ fn script(family: IpFamily, name: &str, config: kp_model::ProxierConfig) -> Stri
         "10.244.1.9:8080"
     });
     services[7].1.clear();
-    let st = state(family, &services);
-    step(
-        &mut p,
-        "endpoint changes",
-        &st,
-        &changed(&[&web, &aff]),
-        false,
-    );
+    let (st, ch) = (state(family, &services), changed(&[&web, &aff]));
+    step(&mut p, "endpoint changes", &st, &ch, false);
     let np = services[1].0.name.clone();
     let lb = services[2].0.name.clone();
     services.retain(|(s, _)| s.name != np && s.name != lb);
-    let st = state(family, &services);
-    step(
-        &mut p,
-        "service deletions",
-        &st,
-        &changed(&[&np, &lb]),
-        false,
-    );
+    let (st, ch) = (state(family, &services), changed(&[&np, &lb]));
+    step(&mut p, "service deletions", &st, &ch, false);
     step(&mut p, "forced full sync", &st, &BTreeSet::new(), true);
     let _ = writeln!(out, "### {family:?} {name}: dry run");
     out.push_str(&p.render(&st));

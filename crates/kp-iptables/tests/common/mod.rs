@@ -174,3 +174,8 @@ pub fn host_rules(config: &str) -> kp_iptables::HostRules {
         },
     }
 }
+
+/// `rules` as the restore input's lines appending them to `chain`.
+pub fn text(chain: &str, rules: &[kp_iptables::Rule]) -> Vec<String> {
+    rules.iter().map(|r| format!("-A {chain} {r}")).collect()
+}
