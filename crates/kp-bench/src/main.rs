@@ -17,6 +17,8 @@
 //! endpoint change against the floor probe right after it, and a full sync
 //! over the table against the kernel alone sending the same rules encoded
 //! beforehand, with what ours does before its batch leaves.
+//! `--mode iptables --encode` times render and encoding alone, no kernel
+//! in the figures: a full sync and one endpoint replaced (encode.rs).
 //! `--restart` times a restart's first sync over the table (nftables) or
 //! chains (`--mode iptables`, iptables-nft) left behind, adopted and
 //! replaced (restart.rs).
@@ -36,12 +38,15 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{bail, Context, Result};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kp_iptables::{IptablesProxier, Variant};
+use kp_iptables::{
+    IptablesNetlink, IptablesProxier, Line, Match, Restore, Rule, Target, Variant, Writer,
+};
 use kp_model::{ChangeTracker, Dataplane, IpFamily, LocalDetector, ProxierConfig, TrackerConfig};
 use kp_nftables::{NftBackend, NftCli, NftNetlink, NftablesProxier};
 use kp_userspace::{UserspaceConfig, UserspaceProxier, VipMode};
 use std::sync::Arc;
 
+mod encode;
 mod floor;
 mod restart;
 
@@ -461,8 +466,9 @@ fn measure(
     // by pair rather than across minutes in which the kernel's time drifts.
     let mut floor = o
         .iptables_nft_netlink()
-        .then(|| kp_iptables::IptablesNetlink::new(IpFamily::V4));
+        .then(|| IptablesNetlink::new(IpFamily::V4));
     let mut floor_lat = Vec::new();
+    let floor_probe = [Rule::new(Vec::new(), Target::Return)];
     for g in 1..=o.changes as u32 {
         let (i, s) = replacement(n, m, g)?;
         std::thread::sleep(o.pause);
@@ -484,16 +490,14 @@ fn measure(
             taken - updated,
         ));
         if let Some(nl) = floor.as_mut() {
-            use kp_iptables::IptablesBackend;
             std::thread::sleep(o.pause);
             let t = Instant::now();
-            nl.restore(FLOOR_PROBE)?;
+            nl.restore(&floor_input(&floor_probe))?;
             floor_lat.push(t.elapsed());
         }
     }
     if let Some(nl) = floor.as_mut() {
-        use kp_iptables::IptablesBackend;
-        nl.restore(FLOOR_CLEANUP)?;
+        nl.restore(&floor_cleanup())?;
         let mut diff: Vec<f64> = lat
             .iter()
             .zip(&floor_lat)
@@ -642,12 +646,31 @@ fn measure(
     ))
 }
 
-/// The kernel's floor for upstream's layout: one rule with a verdict into
-/// a chain of nat, which has nf_tables validate the whole table at commit.
-const FLOOR_PROBE: &str = "*nat\n:KUBE-FLOOR - [0:0]\n-A KUBE-FLOOR -j RETURN\nCOMMIT\n";
+/// The chain of the kernel's floor probes in nat with `rules` (declaring
+/// it flushes it first). One rule with a verdict is the floor for
+/// upstream's layout: it has nf_tables validate the whole table at commit.
+fn floor_input(rules: &[Rule]) -> Restore<'_> {
+    let mut input = Restore::default();
+    input.push(Line::Table("nat"));
+    input.push(Line::Chain("KUBE-FLOOR"));
+    for r in rules {
+        input.push(Line::Append("KUBE-FLOOR", r));
+    }
+    input.push(Line::Commit);
+    input
+}
 
 /// The probes' chain flushed and deleted: how each set of probes ends.
-const FLOOR_CLEANUP: &str = "*nat\n:KUBE-FLOOR - [0:0]\n-X KUBE-FLOOR\nCOMMIT\n";
+fn floor_cleanup() -> Restore<'static> {
+    Restore {
+        lines: vec![
+            Line::Table("nat"),
+            Line::Chain("KUBE-FLOOR"),
+            Line::DeleteChain("KUBE-FLOOR"),
+            Line::Commit,
+        ],
+    }
+}
 
 /// What the kernel alone costs iptables-nft at this size, whatever writes
 /// the rules: one batch adding one rule with a verdict (`-j RETURN`) to an
@@ -658,60 +681,53 @@ const FLOOR_CLEANUP: &str = "*nat\n:KUBE-FLOOR - [0:0]\n-X KUBE-FLOOR\nCOMMIT\n"
 /// empty chain, the same chain flushed and written again, and a chain
 /// flushed and deleted. Printed beside the table (stderr).
 fn iptables_floor(n: u32, times: usize, pause: Duration) -> Result<()> {
-    use kp_iptables::{IptablesBackend, IptablesNetlink};
     let mut nl = IptablesNetlink::new(IpFamily::V4);
-    let rules = |k: usize, chain: &str| -> String {
+    // A Service's selection rules: a comment, a probability, a verdict.
+    let rules = |k: u32| -> Vec<Rule> {
         (0..k)
             .map(|i| {
-                format!(
-                    "-A {chain} -m comment --comment \"ns/svc:p -> 10.128.0.{i}:80\" -m statistic --mode random --probability 0.{:04} -j RETURN\n",
-                    1000 + i
-                )
+                let c = Match::comment(format!("ns/svc:p -> 10.128.0.{i}:80"));
+                Rule::new(vec![c, Match::Random { one_in: 10 + i }], Target::Return)
             })
             .collect()
     };
-    let eleven = rules(11, "KUBE-FLOOR");
+    let verdict = [Rule::new(Vec::new(), Target::Return)];
+    let without = [Rule::new(
+        vec![Match::src_host([192, 0, 2, 1].into())],
+        Target::None,
+    )];
+    let (one, two, eleven) = (rules(1), rules(2), rules(11));
     // (what, set up before each, timed)
-    let probes: Vec<(&str, String, String)> = vec![
-        ("one rule with a verdict", String::new(), FLOOR_PROBE.into()),
-        (
-            "one rule without",
-            String::new(),
-            "*nat\n:KUBE-FLOOR - [0:0]\n-A KUBE-FLOOR -s 192.0.2.1/32\nCOMMIT\n".into(),
-        ),
+    let probes: Vec<(&str, Option<Restore>, Restore)> = vec![
+        ("one rule with a verdict", None, floor_input(&verdict)),
+        ("one rule without", None, floor_input(&without)),
         (
             "one rule with matches and a verdict",
-            String::new(),
-            format!(
-                "*nat\n:KUBE-FLOOR - [0:0]\n{}COMMIT\n",
-                rules(1, "KUBE-FLOOR")
-            ),
+            None,
+            floor_input(&one),
         ),
         (
             "11 such rules into an empty chain",
-            "*nat\n:KUBE-FLOOR - [0:0]\nCOMMIT\n".into(),
-            format!("*nat\n:KUBE-FLOOR - [0:0]\n{eleven}COMMIT\n"),
+            Some(floor_input(&[])),
+            floor_input(&eleven),
         ),
         (
             "11 such rules flushed and written again",
-            format!("*nat\n:KUBE-FLOOR - [0:0]\n{eleven}COMMIT\n"),
-            format!("*nat\n:KUBE-FLOOR - [0:0]\n{eleven}COMMIT\n"),
+            Some(floor_input(&eleven)),
+            floor_input(&eleven),
         ),
         (
             "a chain of 2 such rules flushed and deleted",
-            format!(
-                "*nat\n:KUBE-FLOOR - [0:0]\n{}COMMIT\n",
-                rules(2, "KUBE-FLOOR")
-            ),
-            FLOOR_CLEANUP.into(),
+            Some(floor_input(&two)),
+            floor_cleanup(),
         ),
     ];
     let mut row = Vec::new();
     for (what, setup, timed) in probes {
         let mut lat = Vec::new();
         for _ in 0..times.clamp(3, 20) {
-            if !setup.is_empty() {
-                nl.restore(&setup)?;
+            if let Some(setup) = &setup {
+                nl.restore(setup)?;
             }
             std::thread::sleep(pause);
             let t = Instant::now();
@@ -720,7 +736,7 @@ fn iptables_floor(n: u32, times: usize, pause: Duration) -> Result<()> {
         }
         row.push(format!("{what} {} ms", p50_p99(&mut lat)));
     }
-    nl.restore(FLOOR_CLEANUP)?;
+    nl.restore(&floor_cleanup())?;
     eprintln!(
         "  {n} Services: kernel floor and probes, each one batch into nat (p50 / p99): {}",
         row.join("; ")
@@ -743,8 +759,11 @@ const FULL_FLOOR_RUNS: usize = 7;
 /// (0.2-5 s): the kernel frees the rules a commit replaced afterwards, on
 /// a worker, and without the pause that work ran into the next step.
 fn iptables_full_floor(n: u32, dp: &mut dyn Dataplane, tr: &ChangeTracker) -> Result<()> {
-    use kp_iptables::IptablesNetlink;
-    let input = dp.render(tr.state());
+    // The full sync's restore input, as `dp` (no host probed) writes it.
+    let writes = IptablesProxier::new(
+        proxier_config(),
+        kp_iptables::select(IpFamily::V4, Some(Variant::Nft), false),
+    );
     let mut nl = IptablesNetlink::new(IpFamily::V4);
     let (mut ours, mut kernel, mut encoding) = (Vec::new(), Vec::new(), Vec::new());
     // What ours does before its batch leaves: its render (the jumps checked
@@ -753,23 +772,26 @@ fn iptables_full_floor(n: u32, dp: &mut dyn Dataplane, tr: &ChangeTracker) -> Re
     let settle = |after: Duration| {
         std::thread::sleep(after.clamp(Duration::from_millis(200), Duration::from_secs(5)))
     };
-    let mut last = Duration::ZERO;
-    for _ in 0..FULL_FLOOR_RUNS {
-        settle(last);
-        let t = Instant::now();
-        let r = dp.sync(tr.state(), &BTreeSet::new(), true)?;
-        ours.push(t.elapsed());
-        settle(ours[ours.len() - 1]);
-        let t = Instant::now();
-        let batch = nl.encode_input(&input)?;
-        encoding.push(t.elapsed());
-        beside.push(r.render + t.elapsed());
-        settle(Duration::ZERO);
-        let t = Instant::now();
-        nl.send_encoded(&batch, &input)?;
-        last = t.elapsed();
-        kernel.push(last);
-    }
+    writes.with_full_input(tr.state(), |input| -> Result<()> {
+        let mut last = Duration::ZERO;
+        for _ in 0..FULL_FLOOR_RUNS {
+            settle(last);
+            let t = Instant::now();
+            let r = dp.sync(tr.state(), &BTreeSet::new(), true)?;
+            ours.push(t.elapsed());
+            settle(ours[ours.len() - 1]);
+            let t = Instant::now();
+            let batch = nl.encode_input(input)?;
+            encoding.push(t.elapsed());
+            beside.push(r.render + t.elapsed());
+            settle(Duration::ZERO);
+            let t = Instant::now();
+            nl.send_encoded(&batch, input)?;
+            last = t.elapsed();
+            kernel.push(last);
+        }
+        Ok(())
+    })?;
     // Each of ours against the kernel alone right after it: the kernel's
     // time drifts over a run, and a pair shares the drift.
     let mut pairs: Vec<f64> = ours
@@ -893,6 +915,12 @@ fn main() -> Result<()> {
             bail!("--restart measures nftables, or iptables-nft, over netlink");
         }
         return restart::tables(o.mode == "iptables", &sizes, m, affinity, &home);
+    }
+    if has("--encode") {
+        if o.mode != "iptables" {
+            bail!("--encode measures iptables mode (iptables-nft over netlink)");
+        }
+        return encode::tables(&o, &sizes, m, affinity, &home);
     }
     if has("--floor") {
         if o.mode != "nftables" || !o.netlink {

@@ -1,18 +1,17 @@
-//! Which iptables writer a family gets: iptables-nft over netlink or the
-//! iptables programs (kp-xtables).
+//! Which [`Writer`] a family gets: iptables-nft over netlink, or the
+//! iptables programs (kp-xtables) given the rules' text.
 
 use kp_model::{DataplaneError, IpFamily};
-use kp_xtables::{detect_variant, Adopted, IptablesBackend, IptablesCli, Jump, Variant};
+use kp_xtables::{detect_variant, Adopted, IptablesCli, Jump, Variant};
 
-/// The backend for `--iptables-backend` (`None`: detect, on first use so
+use crate::types::Restore;
+use crate::writer::Writer;
+
+/// The writer for `--iptables-backend` (`None`: detect, on first use so
 /// that --dry-run runs nothing): iptables-nft is written over netlink
 /// ([`crate::IptablesNetlink`]) unless `nft_restore` asks for
 /// `iptables-nft-restore`; iptables-legacy always goes through its programs.
-pub fn select(
-    family: IpFamily,
-    choice: Option<Variant>,
-    nft_restore: bool,
-) -> Box<dyn IptablesBackend> {
+pub fn select(family: IpFamily, choice: Option<Variant>, nft_restore: bool) -> Box<dyn Writer> {
     Box::new(Selected {
         family,
         choice,
@@ -25,11 +24,11 @@ struct Selected {
     family: IpFamily,
     choice: Option<Variant>,
     nft_restore: bool,
-    inner: Option<Box<dyn IptablesBackend>>,
+    inner: Option<Box<dyn Writer>>,
 }
 
 impl Selected {
-    fn inner(&mut self) -> &mut dyn IptablesBackend {
+    fn inner(&mut self) -> &mut dyn Writer {
         let (family, choice, nft_restore) = (self.family, self.choice, self.nft_restore);
         self.inner
             .get_or_insert_with(|| {
@@ -56,18 +55,18 @@ impl Selected {
     }
 }
 
-impl IptablesBackend for Selected {
-    fn restore(&mut self, input: &str) -> Result<(), DataplaneError> {
+impl Writer for Selected {
+    fn restore(&mut self, input: &Restore<'_>) -> Result<usize, DataplaneError> {
         self.inner().restore(input)
     }
-    fn restore_adopting(&mut self, input: &str) -> Result<Option<Adopted>, DataplaneError> {
+    fn restore_adopting(
+        &mut self,
+        input: &Restore<'_>,
+    ) -> Result<(usize, Option<Adopted>), DataplaneError> {
         self.inner().restore_adopting(input)
     }
     fn chains(&mut self, table: &str) -> Result<Vec<String>, DataplaneError> {
         self.inner().chains(table)
-    }
-    fn save_table(&mut self, table: &str) -> Result<String, DataplaneError> {
-        self.inner().save_table(table)
     }
     fn survey(
         &mut self,
@@ -82,20 +81,10 @@ impl IptablesBackend for Selected {
     fn chain_exists(&mut self, table: &str, chain: &str) -> Result<bool, DataplaneError> {
         self.inner().chain_exists(table, chain)
     }
-    fn rule_exists(
-        &mut self,
-        table: &str,
-        chain: &str,
-        args: &[String],
-    ) -> Result<bool, DataplaneError> {
-        self.inner().rule_exists(table, chain, args)
+    fn jump_exists(&mut self, j: &Jump) -> Result<bool, DataplaneError> {
+        self.inner().jump_exists(j)
     }
-    fn delete_rule(
-        &mut self,
-        table: &str,
-        chain: &str,
-        args: &[String],
-    ) -> Result<(), DataplaneError> {
-        self.inner().delete_rule(table, chain, args)
+    fn delete_jump(&mut self, j: &Jump) -> Result<(), DataplaneError> {
+        self.inner().delete_jump(j)
     }
 }

@@ -1,10 +1,13 @@
 //! The iptables dataplane.
 //!
 //! [`render_service`] turns one service port into upstream kube-proxy's chains
-//! and rules (KUBE-SVC-*, KUBE-SEP-*, ... plus its lines in the shared
-//! KUBE-SERVICES / KUBE-NODEPORTS / filter chains); [`IptablesProxier`]
-//! remembers what it programmed and, after a first full sync, rewrites only
-//! the chains of changed services (upstream's MinimizeIPTablesRestore), through
+//! and rules (KUBE-SVC-*, KUBE-SEP-*, ... plus its rules in the shared
+//! KUBE-SERVICES / KUBE-NODEPORTS / filter chains), typed ([`Rule`]: the
+//! iptables-restore text is its `Display`); [`IptablesProxier`] remembers
+//! what it programmed and, after a first full sync, rewrites only the chains
+//! of changed services (upstream's MinimizeIPTablesRestore), as one restore
+//! input ([`Restore`]) given to a [`Writer`]: nf_tables netlink for
+//! iptables-nft ([`IptablesNetlink`], which encodes the typed rules), or
 //! `iptables-restore --noflush`. The layout is described in docs/iptables.md.
 
 // Data from outside (API objects, files, the kernel) must never panic the
@@ -17,17 +20,22 @@ pub mod nfacct;
 mod nft;
 mod proxier;
 mod render;
+mod types;
+mod writer;
 
 pub use backend::select;
 pub use kp_xtables::{
-    chain_names, detect_variant, missing_jumps, with_jumps, IptablesBackend, IptablesCli, Jump,
-    Variant,
+    chain_names, detect_variant, Adopted, IptablesBackend, IptablesCli, Jump, Variant,
 };
-pub use nft::IptablesNetlink;
+pub use nft::{EncodeError, IptablesNetlink};
 pub use proxier::{init_host, IptablesProxier};
 pub use render::{
-    comment, is_our_chain, jumps, packet_chains, probability, render_service, render_service_with,
-    sep_chain, svc_chain, HostRules, ServiceRules, Skeleton, CANARY_CHAIN, EXTERNAL_CHAIN,
-    FIREWALL_CHAIN, FORWARD_CHAIN, MARK_MASQ_CHAIN, NODEPORTS_CHAIN, POSTROUTING_CHAIN,
-    SERVICES_CHAIN,
+    is_our_chain, jumps, packet_chains, render_service, render_service_with, sep_chain, svc_chain,
+    HostRules, ServiceRules, Skeleton, CANARY_CHAIN, EXTERNAL_CHAIN, FIREWALL_CHAIN, FORWARD_CHAIN,
+    MARK_MASQ_CHAIN, NODEPORTS_CHAIN, POSTROUTING_CHAIN, SERVICES_CHAIN,
 };
+pub use types::{
+    probability, Addr, Iface, Line, Match, Recent, Restore, Rule, Target, CT_DNAT, CT_ESTABLISHED,
+    CT_INVALID, CT_NEW, CT_RELATED,
+};
+pub use writer::Writer;

@@ -14,14 +14,15 @@ use kp_model::{
 
 use kp_netlink::{Sysctl, SysctlError};
 
-use kp_xtables::{with_jumps, Jump};
-use kp_xtables::{Adopted, IptablesBackend};
+use kp_xtables::{Adopted, Jump};
 
 use crate::render::{
     is_our_chain, jumps, render_service_with, HostRules, ServiceRules, Skeleton, CANARY_CHAIN,
-    EXTERNAL_CHAIN, FIREWALL_CHAIN, FORWARD_CHAIN, MANGLE_CHAINS, MARK_MASQ_CHAIN, NAT_CHAINS,
-    NODEPORTS_CHAIN, POSTROUTING_CHAIN, SERVICES_CHAIN,
+    EXTERNAL_CHAIN, FIREWALL_CHAIN, FORWARD_CHAIN, MANGLE_CHAINS, NAT_CHAINS, NODEPORTS_CHAIN,
+    SERVICES_CHAIN,
 };
+use crate::types::{Line, Restore, Rule};
+use crate::writer::Writer;
 
 const ROUTE_LOCALNET: &str = "net/ipv4/conf/all/route_localnet";
 const TCP_BE_LIBERAL: &str = "net/netfilter/nf_conntrack_tcp_be_liberal";
@@ -72,20 +73,30 @@ struct Programmed {
     top: TopLevel,
 }
 
-pub struct IptablesProxier {
-    cfg: ProxierConfig,
+/// The rules a sync writes besides the Services': the top-level chains'
+/// own, and the jumps from builtin chains. Apart from the proxier's other
+/// fields: a restore input borrows them while the writer is in use.
+struct Fixed {
     skeleton: Skeleton,
     /// The skeleton's fixed rules of nat and filter KUBE-FORWARD, made once
     /// (KUBE-FORWARD again when the host was probed).
-    nat_static: Vec<String>,
-    forward: Vec<String>,
+    nat_static: Vec<(&'static str, Vec<Rule>)>,
+    forward: Vec<Rule>,
+    /// Every jump from a builtin chain into ours, with its rule: a full
+    /// sync inserts the missing ones.
+    jumps: Vec<(Jump, Rule)>,
+}
+
+pub struct IptablesProxier {
+    cfg: ProxierConfig,
+    fixed: Fixed,
     /// What the node decides (be_liberal, nfacct); [`HostRules::probe`]d at
     /// the first sync when `probe_host`.
     host: HostRules,
     probe_host: bool,
     /// Rules of the top-level chains as last worked out: (filter, nat).
     top_rules: (u64, u64),
-    backend: Box<dyn IptablesBackend>,
+    backend: Box<dyn Writer>,
     /// What the last successful sync programmed (nothing before the first,
     /// and after a failed one: the next sync is then a full one).
     known: Known<Programmed>,
@@ -101,55 +112,62 @@ pub struct IptablesProxier {
 /// Hashes of the top-level chains' rules, by (table, chain).
 type TopLevel = BTreeMap<(&'static str, &'static str), u64>;
 
+/// A per-service chain and its rules.
+type OwnChain = (String, Vec<Rule>);
+
 /// What a restore input does with the top-level chains.
-#[derive(Clone, Copy)]
-enum Top<'a> {
+enum Top {
     /// Work them out from every Service; write those whose hash differs
     /// from this (all without one).
-    Compare(Option<&'a TopLevel>),
+    Compare(Option<TopLevel>),
     /// They are as last written, with these hashes: nothing to write.
-    AsLast(&'a TopLevel),
+    AsLast(TopLevel),
 }
 
-/// One iptables-restore input being built.
-struct Restore {
-    text: String,
-    lines: usize,
+/// What a sync writes, worked out before its restore input is built (the
+/// input borrows the rules).
+struct Plan {
+    services: BTreeMap<ServicePortName, ServiceRules>,
+    /// The per-service chains to write: every one, or those of the changed
+    /// Services named here.
+    write: Option<BTreeSet<String>>,
+    delete: BTreeSet<String>,
+    missing: Vec<Jump>,
+    top: Top,
+}
+
+/// One restore input, and what it writes.
+struct Script<'a> {
+    input: Restore<'a>,
     /// Rules appended per table: (filter, nat).
     rules: (u64, u64),
     /// The top-level chains' rules per table, when worked out.
     top_rules: (Option<u64>, Option<u64>),
 }
 
-impl Restore {
-    fn line(&mut self, l: &str) {
-        self.text.push_str(l);
-        self.text.push('\n');
-        self.lines += 1;
-    }
-
-    /// `:CHAIN - [0:0]`: the chain created, or flushed when it exists.
-    fn declare(&mut self, chain: &str) {
-        self.text.push(':');
-        self.text.push_str(chain);
-        self.text.push_str(" - [0:0]\n");
-        self.lines += 1;
-    }
-}
-
 /// Services from which a full sync renders them on two threads.
 const RENDER_SPLIT_AT: usize = 500;
 
 impl IptablesProxier {
-    pub fn new(cfg: ProxierConfig, backend: Box<dyn IptablesBackend>) -> Self {
+    pub fn new(cfg: ProxierConfig, backend: Box<dyn Writer>) -> Self {
         let skeleton = Skeleton::new(&cfg);
         let (nat_static, forward) = (skeleton.nat_static(), skeleton.forward_rules());
         let manage_route_localnet = cfg.localhost_nodeports && cfg.family == IpFamily::V4;
+        let jumps = jumps()
+            .into_iter()
+            .map(|j| {
+                let r = Rule::jump(&j);
+                (j, r)
+            })
+            .collect();
         IptablesProxier {
             cfg,
-            skeleton,
-            nat_static,
-            forward,
+            fixed: Fixed {
+                skeleton,
+                nat_static,
+                forward,
+                jumps,
+            },
             host: HostRules::default(),
             probe_host: false,
             top_rules: (0, 0),
@@ -163,7 +181,7 @@ impl IptablesProxier {
 
     /// Rules for a node with `host`'s settings (no probing).
     pub fn with_host_rules(mut self, host: HostRules) -> Self {
-        self.forward = self.skeleton.forward_rules_for(&host);
+        self.fixed.forward = self.fixed.skeleton.forward_rules_for(&host);
         self.host = host;
         self.probe_host = false;
         self
@@ -196,22 +214,27 @@ impl IptablesProxier {
         self.last_adoption.as_ref()
     }
 
-    /// Restores `text` keeping the chains a previous run left that are
-    /// already right; (lines, bytes) sent. If the kernel refuses the
-    /// difference, the whole input is restored in the same call.
-    fn restore_adopting(&mut self, text: &str) -> Result<(usize, usize), DataplaneError> {
+    /// Restores `input` keeping the chains a previous run left that are
+    /// already right: (operations, bytes) sent, and what was found when the
+    /// writer reads rules back. If the kernel refuses the difference, the whole
+    /// input is restored in the same call.
+    fn restore_adopting(
+        backend: &mut dyn Writer,
+        family: IpFamily,
+        input: &Restore<'_>,
+    ) -> Result<((usize, usize), Option<Adopted>), DataplaneError> {
         let t0 = Instant::now();
-        match self.backend.restore_adopting(text) {
-            Ok(Some(a)) => {
+        match backend.restore_adopting(input) {
+            Ok((bytes, Some(a))) => {
                 if !a.found_previous() {
                     tracing::debug!(
-                        family = ?self.cfg.family,
+                        family = ?family,
                         read_ms = a.read.as_millis() as u64,
                         "no chains of a previous run to adopt"
                     );
                 } else {
                     tracing::info!(
-                        family = ?self.cfg.family,
+                        family = ?family,
                         read_ms = a.read.as_millis() as u64,
                         rules_read = a.rules_read,
                         chains_kept = a.chains_kept,
@@ -222,15 +245,13 @@ impl IptablesProxier {
                         "adopted the rules a previous run left"
                     );
                 }
-                let sent = (a.lines_sent, a.bytes_sent);
-                self.last_adoption = Some(a);
-                Ok(sent)
+                Ok(((a.lines_sent, bytes), Some(a)))
             }
-            Ok(None) => Ok((text.lines().count(), text.len())),
+            Ok((bytes, None)) => Ok(((input.lines.len(), bytes), None)),
             Err(e) => {
                 tracing::warn!(error = %e, "could not adopt the rules a previous run left; rewriting every chain");
-                self.backend.restore(text)?;
-                Ok((text.lines().count(), text.len()))
+                let bytes = backend.restore(input)?;
+                Ok(((input.lines.len(), bytes), None))
             }
         }
     }
@@ -279,124 +300,113 @@ impl IptablesProxier {
         // Collecting sorts by key; the halves come in key order already.
         first.into_iter().chain(second).collect()
     }
+}
 
-    /// The lines of `all` that append to `chain`.
-    fn chain_lines<'a>(&self, all: &'a [String], chain: &str) -> Vec<&'a str> {
-        all.iter()
-            .map(String::as_str)
-            .filter(|l| l.strip_prefix("-A ").and_then(|r| r.split(' ').next()) == Some(chain))
-            .collect()
-    }
-
-    /// The top-level chains of `table` with their lines, in the order
+impl Fixed {
+    /// The top-level chains of `table` with their rules, in the order
     /// they are written.
     fn top_level<'a>(
         &'a self,
         services: &'a BTreeMap<ServicePortName, ServiceRules>,
         table: &str,
-    ) -> Vec<(&'static str, Vec<&'a str>)> {
+    ) -> Vec<(&'static str, Vec<&'a Rule>)> {
         let all = || services.values();
-        let lines = |f: fn(&ServiceRules) -> &Vec<String>| -> Vec<&'a str> {
-            all().flat_map(f).map(String::as_str).collect()
-        };
+        let rules =
+            |f: fn(&ServiceRules) -> &Vec<Rule>| -> Vec<&'a Rule> { all().flat_map(f).collect() };
         let sk = &self.skeleton;
         match table {
             "filter" => vec![
-                (SERVICES_CHAIN, lines(|s| &s.filter_services)),
-                (EXTERNAL_CHAIN, lines(|s| &s.filter_external)),
-                (
-                    FORWARD_CHAIN,
-                    self.forward.iter().map(String::as_str).collect(),
-                ),
-                (NODEPORTS_CHAIN, lines(|s| &s.filter_nodeports)),
+                (SERVICES_CHAIN, rules(|s| &s.filter_services)),
+                (EXTERNAL_CHAIN, rules(|s| &s.filter_external)),
+                (FORWARD_CHAIN, self.forward.iter().collect()),
+                (NODEPORTS_CHAIN, rules(|s| &s.filter_nodeports)),
                 (
                     FIREWALL_CHAIN,
                     sk.firewall_head
                         .iter()
-                        .map(String::as_str)
-                        .chain(all().flat_map(|s| &s.filter_firewall).map(String::as_str))
+                        .chain(all().flat_map(|s| &s.filter_firewall))
                         .collect(),
                 ),
             ],
-            _ => vec![
-                (
-                    POSTROUTING_CHAIN,
-                    self.chain_lines(&self.nat_static, POSTROUTING_CHAIN),
-                ),
-                (
-                    MARK_MASQ_CHAIN,
-                    self.chain_lines(&self.nat_static, MARK_MASQ_CHAIN),
-                ),
-                (
+            _ => {
+                let mut v: Vec<(&'static str, Vec<&'a Rule>)> = self
+                    .nat_static
+                    .iter()
+                    .map(|(c, rules)| (*c, rules.iter().collect()))
+                    .collect();
+                v.push((
                     SERVICES_CHAIN,
-                    lines(|s| &s.nat_services)
-                        .into_iter()
-                        .chain(sk.nodeport_jumps.iter().map(String::as_str))
+                    all()
+                        .flat_map(|s| &s.nat_services)
+                        .chain(&sk.nodeport_jumps)
                         .collect(),
-                ),
-                (NODEPORTS_CHAIN, lines(|s| &s.nat_nodeports)),
-            ],
+                ));
+                v.push((NODEPORTS_CHAIN, rules(|s| &s.nat_nodeports)));
+                v
+            }
         }
     }
 
     /// The restore input. Of the top-level chains those whose rules differ
-    /// from `last` (all when `last` is None) are rewritten, none when
-    /// `Top::AsLast` says they are as last written; of the per-service
-    /// chains those in `own`; `delete` are removed. Also returns the
-    /// top-level chains' hashes as written.
-    fn script(
-        &self,
-        services: &BTreeMap<ServicePortName, ServiceRules>,
-        own: &[&(String, Vec<String>)],
-        delete: &BTreeSet<String>,
-        with_canary: bool,
-        top: Top<'_>,
-    ) -> (Restore, TopLevel) {
-        let mut r = Restore {
-            text: String::new(),
-            lines: 0,
+    /// from the last (all without a last) are rewritten, none when `top`
+    /// says they are as last written; of the per-service chains those in
+    /// `own`; `delete` are removed; the `missing` jumps inserted. Also
+    /// returns the top-level chains' hashes as written.
+    fn script<'a>(
+        &'a self,
+        services: &'a BTreeMap<ServicePortName, ServiceRules>,
+        own: &[&'a OwnChain],
+        delete: &'a BTreeSet<String>,
+        missing: &[Jump],
+        top: Top,
+    ) -> (Script<'a>, TopLevel) {
+        let mut r = Script {
+            input: Restore::default(),
             rules: (0, 0),
             top_rules: (None, None),
         };
-        let (last, mut hashes) = match top {
-            Top::Compare(last) => (last, TopLevel::new()),
-            Top::AsLast(last) => (None, last.clone()),
+        let (last, mut hashes, compare) = match top {
+            Top::Compare(last) => (last, TopLevel::new(), true),
+            Top::AsLast(last) => (None, last, false),
         };
-        if with_canary {
-            r.line("*mangle");
+        let input = &mut r.input;
+        // Everything written (a full sync, a dry run): with the canary.
+        if compare && last.is_none() {
+            input.push(Line::Table("mangle"));
             for c in MANGLE_CHAINS {
-                r.line(&format!(":{c} - [0:0]"));
+                input.push(Line::Chain(c));
             }
-            r.line("COMMIT");
+            input.push(Line::Commit);
         }
         for table in ["filter", "nat"] {
-            // Listing and hashing every Service's top-level lines is most of
+            // Listing and hashing every Service's top-level rules is most of
             // a one-endpoint change's render at 10k Services (~10 ms): skipped
-            // when the changed Services' lines are the ones last written.
-            let mut chains = match top {
-                Top::AsLast(_) => Vec::new(),
-                Top::Compare(_) => self.top_level(services, table),
+            // when the changed Services' rules are the ones last written.
+            let mut chains = if compare {
+                self.top_level(services, table)
+            } else {
+                Vec::new()
             };
             let nat = table == "nat";
-            if let Top::Compare(_) = top {
-                let n = chains.iter().map(|(_, l)| l.len() as u64).sum();
+            if compare {
+                let n = Some(chains.iter().map(|(_, l)| l.len() as u64).sum());
                 if nat {
-                    r.top_rules.1 = Some(n);
+                    r.top_rules.1 = n;
                 } else {
-                    r.top_rules.0 = Some(n);
+                    r.top_rules.0 = n;
                 }
             }
             // A top-level chain whose rules did not change is left as it is
             // in the kernel: one endpoint change then rewrites only its
-            // Service's chains, not KUBE-SERVICES with a line per Service.
-            chains.retain(|(c, lines)| {
+            // Service's chains, not KUBE-SERVICES with a rule per Service.
+            chains.retain(|(c, rules)| {
                 let mut h = std::collections::hash_map::DefaultHasher::new();
-                lines.hash(&mut h);
+                rules.hash(&mut h);
                 let h = h.finish();
                 hashes.insert((table, c), h);
-                last.and_then(|l| l.get(&(table, c))) != Some(&h)
+                last.as_ref().and_then(|l| l.get(&(table, c))) != Some(&h)
             });
-            let own: &[&(String, Vec<String>)] = if nat { own } else { &[] };
+            let own: &[&OwnChain] = if nat { own } else { &[] };
             let written = chains.iter().map(|(_, l)| l.len() as u64).sum::<u64>()
                 + own.iter().map(|(_, l)| l.len() as u64).sum::<u64>();
             if nat {
@@ -407,57 +417,59 @@ impl IptablesProxier {
             if chains.is_empty() && own.is_empty() && (!nat || delete.is_empty()) {
                 continue;
             }
-            // The table's part in one allocation: at 10k Services 50 MB
-            // grown by doubling took 0.2-0.4 s, most of it the kernel
-            // zeroing fresh pages for each larger copy.
-            fn lines<S: AsRef<str>>(v: &[S]) -> usize {
-                v.iter().map(|l| l.as_ref().len() + 1).sum()
-            }
-            let bytes = chains
-                .iter()
-                .map(|(c, l)| c.len() + 10 + lines(l))
-                .sum::<usize>()
-                + own
-                    .iter()
-                    .map(|(c, rules)| c.len() + 10 + lines(rules))
-                    .sum::<usize>()
-                + if nat {
-                    delete.iter().map(|c| 2 * c.len() + 14).sum::<usize>()
-                } else {
-                    0
-                };
-            r.text.reserve(bytes + 16);
-            r.line(&format!("*{table}"));
+            input.push(Line::Table(table));
             for (c, _) in &chains {
-                r.declare(c);
+                input.push(Line::Chain(c));
             }
             for (c, _) in own {
-                r.declare(c);
+                input.push(Line::Chain(c));
             }
             if nat {
                 // Declaring a chain flushes it; a stale chain must be empty to go.
                 for c in delete {
-                    r.declare(c);
+                    input.push(Line::Chain(c));
                 }
             }
-            for (_, lines) in &chains {
-                for l in lines {
-                    r.line(l);
-                }
+            for (c, rules) in &chains {
+                input
+                    .lines
+                    .extend(rules.iter().map(|rule| Line::Append(c, rule)));
             }
-            for (_, rules) in own {
-                for l in rules {
-                    r.line(l);
-                }
+            for (c, rules) in own {
+                input
+                    .lines
+                    .extend(rules.iter().map(|rule| Line::Append(c, rule)));
             }
             if nat {
-                for c in delete {
-                    r.line(&format!("-X {c}"));
+                input
+                    .lines
+                    .extend(delete.iter().map(|c| Line::DeleteChain(c)));
+            }
+            // The jumps in the same restore as the chains they lead to: a
+            // separate `iptables -C`/`-I` against a large table costs as much
+            // as the restore itself.
+            for (j, rule) in self.jumps.iter().filter(|(j, _)| j.table == table) {
+                if missing.contains(j) {
+                    input.push(Line::Insert(j.from, rule));
                 }
             }
-            r.line("COMMIT");
+            input.push(Line::Commit);
         }
         (r, hashes)
+    }
+}
+
+impl IptablesProxier {
+    /// The restore input of a full sync of `state` (dry runs print it;
+    /// benchmarks encode it), given to `f`.
+    pub fn with_full_input<R>(&self, state: &ProxyState, f: impl FnOnce(&Restore<'_>) -> R) -> R {
+        let services = self.render_all(state);
+        let own: Vec<&OwnChain> = services.values().flat_map(|s| &s.nat_chains).collect();
+        let none = BTreeSet::new();
+        let (script, _) = self
+            .fixed
+            .script(&services, &own, &none, &[], Top::Compare(None));
+        f(&script.input)
     }
 
     fn ensure_route_localnet(&self) {
@@ -477,7 +489,7 @@ impl IptablesProxier {
         &mut self,
         state: &ProxyState,
         last: Option<&BTreeMap<ServicePortName, ServiceRules>>,
-    ) -> Result<(BTreeMap<ServicePortName, ServiceRules>, Restore, TopLevel), DataplaneError> {
+    ) -> Result<Plan, DataplaneError> {
         let services = self.render_all(state);
         let write: BTreeSet<&str> = services.values().flat_map(|s| s.chain_names()).collect();
         let jumps = jumps();
@@ -510,18 +522,13 @@ impl IptablesProxier {
         };
         // Of filter (no per-service chains) only the jumps are checked.
         missing.extend(self.backend.missing_jumps("filter", &jumps)?);
-        let own: Vec<&(String, Vec<String>)> =
-            services.values().flat_map(|s| &s.nat_chains).collect();
-        let (mut r, hashes) = self.script(&services, &own, &delete, true, Top::Compare(None));
-        if !missing.is_empty() {
-            // In the same restore as the chains they lead to: a separate
-            // `iptables -C`/`-I` against a large table costs as much as the
-            // restore itself.
-            r.lines += missing.len();
-            let missing: Vec<&Jump> = missing.iter().collect();
-            r.text = with_jumps(&r.text, &missing);
-        }
-        Ok((services, r, hashes))
+        Ok(Plan {
+            services,
+            write: None,
+            delete,
+            missing,
+            top: Top::Compare(None),
+        })
     }
 
     fn partial_sync(
@@ -529,8 +536,8 @@ impl IptablesProxier {
         state: &ProxyState,
         changed: &BTreeSet<ServicePortName>,
         mut services: BTreeMap<ServicePortName, ServiceRules>,
-        written: &TopLevel,
-    ) -> (BTreeMap<ServicePortName, ServiceRules>, Restore, TopLevel) {
+        written: TopLevel,
+    ) -> Plan {
         let mut write_owned: BTreeSet<String> = BTreeSet::new();
         let mut delete: BTreeSet<String> = BTreeSet::new();
         let mut top_as_last = true;
@@ -563,20 +570,34 @@ impl IptablesProxier {
                 }
             }
         }
-        // Each chain to write, in the order of the Services and of their chains.
-        let own: Vec<&(String, Vec<String>)> = changed
-            .iter()
-            .filter_map(|name| services.get(name))
-            .flat_map(|s| &s.nat_chains)
-            .filter(|(c, _)| write_owned.contains(c))
-            .collect();
-        let top = if top_as_last {
-            Top::AsLast(written)
-        } else {
-            Top::Compare(Some(written))
-        };
-        let (r, hashes) = self.script(&services, &own, &delete, false, top);
-        (services, r, hashes)
+        Plan {
+            services,
+            write: Some(write_owned),
+            delete,
+            missing: Vec::new(),
+            top: if top_as_last {
+                Top::AsLast(written)
+            } else {
+                Top::Compare(Some(written))
+            },
+        }
+    }
+}
+
+impl Plan {
+    /// The per-service chains to write: every Service's (`write` None), or
+    /// the changed Services' named in `write`, in the order of the Services
+    /// and of their chains.
+    fn own<'a>(&'a self, changed: &BTreeSet<ServicePortName>) -> Vec<&'a OwnChain> {
+        match &self.write {
+            None => self.services.values().flat_map(|s| &s.nat_chains).collect(),
+            Some(write) => changed
+                .iter()
+                .filter_map(|name| self.services.get(name))
+                .flat_map(|s| &s.nat_chains)
+                .filter(|(c, _)| write.contains(c))
+                .collect(),
+        }
     }
 }
 
@@ -596,28 +617,40 @@ impl Dataplane for IptablesProxier {
             // Once, in the namespace the rules go to; the Services are then
             // rendered for it.
             let host = HostRules::probe();
-            self.forward = self.skeleton.forward_rules_for(&host);
+            self.fixed.forward = self.fixed.skeleton.forward_rules_for(&host);
             self.host = host;
             self.probe_host = false;
             self.known.forget();
         }
         let start = self.known.begin(full);
         let is_full = start.is_full();
-        let (services, restore, hashes) = match start {
-            Start::Partial { prev } => self.partial_sync(state, changed, prev.services, &prev.top),
+        let mut plan = match start {
+            Start::Partial { prev } => self.partial_sync(state, changed, prev.services, prev.top),
             Start::Full { last } => self.full_sync(state, last.as_ref().map(|l| &l.services))?,
         };
+        let top = std::mem::replace(&mut plan.top, Top::Compare(None));
+        let own = plan.own(changed);
+        let (script, hashes) =
+            self.fixed
+                .script(&plan.services, &own, &plan.delete, &plan.missing, top);
         let render = t0.elapsed();
         let t1 = Instant::now();
         if is_full {
             self.ensure_route_localnet();
         }
-        let (mut ops, mut bytes) = (restore.lines, restore.text.len());
-        if !restore.text.is_empty() {
+        let input = &script.input;
+        let (mut ops, mut bytes) = (0, 0);
+        if !input.is_empty() {
             if is_full && self.adopt {
-                (ops, bytes) = self.restore_adopting(&restore.text)?;
+                let found;
+                ((ops, bytes), found) =
+                    Self::restore_adopting(self.backend.as_mut(), self.cfg.family, input)?;
+                if found.is_some() {
+                    self.last_adoption = found;
+                }
             } else {
-                self.backend.restore(&restore.text)?;
+                bytes = self.backend.restore(input)?;
+                ops = input.lines.len();
             }
         }
         self.adopt = false;
@@ -629,8 +662,11 @@ impl Dataplane for IptablesProxier {
             apply: t1.elapsed(),
             ..Default::default()
         };
+        let (rules, top_rules) = (script.rules, script.top_rules);
+        drop(own);
+        drop(script);
         let mut chain_rules = 0u64;
-        for s in services.values() {
+        for s in plan.services.values() {
             report.no_local_endpoints.0 += s.no_local.0 as u64;
             report.no_local_endpoints.1 += s.no_local.1 as u64;
             chain_rules += s
@@ -639,34 +675,28 @@ impl Dataplane for IptablesProxier {
                 .map(|(_, r)| r.len() as u64)
                 .sum::<u64>();
         }
-        if let Some(n) = restore.top_rules.0 {
+        if let Some(n) = top_rules.0 {
             self.top_rules.0 = n;
         }
-        if let Some(n) = restore.top_rules.1 {
+        if let Some(n) = top_rules.1 {
             self.top_rules.1 = n;
         }
         report.iptables_rules = vec![
-            ("filter", self.top_rules.0, restore.rules.0),
-            ("nat", self.top_rules.1 + chain_rules, restore.rules.1),
+            ("filter", self.top_rules.0, rules.0),
+            ("nat", self.top_rules.1 + chain_rules, rules.1),
         ];
         self.known.done(Programmed {
-            services,
+            services: plan.services,
             top: hashes,
         });
         Ok(report)
     }
 
     fn render(&self, state: &ProxyState) -> String {
-        let services = self.render_all(state);
-        let own: Vec<&(String, Vec<String>)> =
-            services.values().flat_map(|s| &s.nat_chains).collect();
-        let mut out = self
-            .script(&services, &own, &BTreeSet::new(), true, Top::Compare(None))
-            .0
-            .text;
+        let mut out = self.with_full_input(state, |input| input.text());
         // Not part of the restore input: what a full sync also ensures.
         out.push_str("# jumps ensured in builtin chains:\n");
-        for j in jumps() {
+        for (j, _) in &self.fixed.jumps {
             let _ = writeln!(out, "# -t {} {}", j.table, j.save_line());
         }
         out
@@ -676,15 +706,18 @@ impl Dataplane for IptablesProxier {
         // The mangle canary catches a whole-ruleset flush (upstream's check);
         // `iptables -t nat -F` keeps every chain but empties them, so also
         // check that nat PREROUTING still jumps to KUBE-SERVICES.
-        let services_jump = jumps()
-            .into_iter()
+        let services_jump = self
+            .fixed
+            .jumps
+            .iter()
+            .map(|(j, _)| j)
             .find(|j| j.table == "nat" && j.from == "PREROUTING");
         let backend = &mut self.backend;
         self.known.check_lost("iptables", || {
             backend
                 .chain_exists("mangle", CANARY_CHAIN)
-                .and_then(|canary| match (canary, &services_jump) {
-                    (true, Some(j)) => backend.rule_exists(j.table, j.from, &j.args),
+                .and_then(|canary| match (canary, services_jump) {
+                    (true, Some(j)) => backend.jump_exists(j),
                     (c, _) => Ok(c),
                 })
         })
@@ -694,37 +727,38 @@ impl Dataplane for IptablesProxier {
         self.known.forget();
         // Jumps first: a referenced chain cannot be deleted. A rule may have
         // been added more than once (by hand, or a crashed older version).
-        for j in jumps() {
+        for (j, _) in &self.fixed.jumps {
             for _ in 0..16 {
-                match self.backend.rule_exists(j.table, j.from, &j.args) {
-                    Ok(true) => self.backend.delete_rule(j.table, j.from, &j.args)?,
+                match self.backend.jump_exists(j) {
+                    Ok(true) => self.backend.delete_jump(j)?,
                     _ => break,
                 }
             }
         }
-        let mut input = String::new();
+        let mut ours: Vec<(&'static str, Vec<String>)> = Vec::new();
         for table in ["mangle", "filter", "nat"] {
-            let ours: Vec<String> = self
+            let chains: Vec<String> = self
                 .backend
                 .chains(table)?
                 .into_iter()
                 .filter(|c| is_our_chain(table, c))
                 .collect();
-            if ours.is_empty() {
-                continue;
+            if !chains.is_empty() {
+                ours.push((table, chains));
             }
-            let _ = writeln!(input, "*{table}");
-            for c in &ours {
-                let _ = writeln!(input, ":{c} - [0:0]");
-            }
-            for c in &ours {
-                let _ = writeln!(input, "-X {c}");
-            }
-            let _ = writeln!(input, "COMMIT");
+        }
+        let mut input = Restore::default();
+        for (table, chains) in &ours {
+            input.push(Line::Table(table));
+            input.lines.extend(chains.iter().map(|c| Line::Chain(c)));
+            input
+                .lines
+                .extend(chains.iter().map(|c| Line::DeleteChain(c)));
+            input.push(Line::Commit);
         }
         if input.is_empty() {
             return Ok(());
         }
-        self.backend.restore(&input)
+        self.backend.restore(&input).map(|_| ())
     }
 }

@@ -1,13 +1,13 @@
-//! Model -> iptables-restore lines, per service port. Pure: no I/O.
+//! Model -> typed iptables rules, per service port. Pure: no I/O.
 //!
 //! Follows upstream's pkg/proxy/iptables/proxier.go syncProxyRules: the same
 //! chain names (so tools and people that know kube-proxy find their way), the
-//! same rule order and comments.
+//! same rule order and comments; each rule's text ([`Rule`]'s `Display`) is
+//! upstream's, option for option.
 
 use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
-use std::fmt::Write;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use ipnet::IpNet;
 use kp_model::{
@@ -15,6 +15,10 @@ use kp_model::{
     NodeInfo, ProxierConfig, ServicePort,
 };
 use kp_xtables::Jump;
+
+use crate::types::{
+    Addr, Iface, Match, Recent, Rule, Target, CT_DNAT, CT_ESTABLISHED, CT_INVALID, CT_RELATED,
+};
 
 pub const SERVICES_CHAIN: &str = "KUBE-SERVICES";
 pub const EXTERNAL_CHAIN: &str = "KUBE-EXTERNAL-SERVICES";
@@ -63,13 +67,20 @@ pub fn is_our_chain(table: &str, chain: &str) -> bool {
     }
 }
 
-fn jump(table: &'static str, from: &'static str, to: &str, comment: &str, new_only: bool) -> Jump {
-    let mut args = Vec::new();
-    if new_only {
-        args.extend(["-m", "conntrack", "--ctstate", "NEW"].map(String::from));
+fn jump(
+    table: &'static str,
+    from: &'static str,
+    to: &'static str,
+    comment: &'static str,
+    new_only: bool,
+) -> Jump {
+    Jump {
+        table,
+        from,
+        to,
+        comment,
+        new_only,
     }
-    args.extend(["-m", "comment", "--comment", comment, "-j", to].map(String::from));
-    Jump { table, from, args }
 }
 
 /// Every jump we install, in upstream's order.
@@ -111,24 +122,23 @@ pub fn jumps() -> Vec<Jump> {
     ]
 }
 
-/// Everything one service port contributes to the ruleset. Lines are complete
-/// iptables-restore rule lines (`-A CHAIN ...`).
+/// Everything one service port contributes to the ruleset.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServiceRules {
     /// nat chains this service port owns (KUBE-SVC/SVL/EXT/FW/SEP), with rules.
-    pub nat_chains: Vec<(String, Vec<String>)>,
-    /// Its lines in nat KUBE-SERVICES.
-    pub nat_services: Vec<String>,
-    /// Its lines in nat KUBE-NODEPORTS.
-    pub nat_nodeports: Vec<String>,
+    pub nat_chains: Vec<(String, Vec<Rule>)>,
+    /// Its rules in nat KUBE-SERVICES.
+    pub nat_services: Vec<Rule>,
+    /// Its rules in nat KUBE-NODEPORTS.
+    pub nat_nodeports: Vec<Rule>,
     /// filter KUBE-SERVICES (no endpoints for the cluster IP).
-    pub filter_services: Vec<String>,
+    pub filter_services: Vec<Rule>,
     /// filter KUBE-EXTERNAL-SERVICES (no endpoints for external traffic).
-    pub filter_external: Vec<String>,
+    pub filter_external: Vec<Rule>,
     /// filter KUBE-PROXY-FIREWALL (loadBalancerSourceRanges).
-    pub filter_firewall: Vec<String>,
+    pub filter_firewall: Vec<Rule>,
     /// filter KUBE-NODEPORTS (health check node port accepted).
-    pub filter_nodeports: Vec<String>,
+    pub filter_nodeports: Vec<Rule>,
     /// eTP/iTP Local with no local endpoint (internal, external).
     pub no_local: (bool, bool),
 }
@@ -138,7 +148,7 @@ impl ServiceRules {
         self.nat_chains.iter().map(|(c, _)| c.as_str())
     }
 
-    /// Whether both put the same lines into the top-level chains (those
+    /// Whether both put the same rules into the top-level chains (those
     /// every Service shares: KUBE-SERVICES, KUBE-NODEPORTS, ...).
     pub fn same_top_level(&self, other: &ServiceRules) -> bool {
         self.nat_services == other.nat_services
@@ -177,24 +187,6 @@ fn sep_chain_of(prefix: &str, addr: &str) -> String {
     format!("KUBE-SEP-{}", chain_hash(&input))
 }
 
-/// `-m comment --comment "..."`. Names reaching here are validated DNS labels;
-/// anything that could end the quoted string or the line is dropped anyway.
-pub fn comment(text: &str) -> String {
-    let clean: String = text
-        .chars()
-        .filter(|c| (c.is_ascii_graphic() || *c == ' ') && !matches!(c, '"' | '\\'))
-        .take(240)
-        .collect();
-    format!("-m comment --comment \"{clean}\"")
-}
-
-fn host(ip: &IpAddr) -> String {
-    match ip {
-        IpAddr::V4(_) => format!("{ip}/32"),
-        IpAddr::V6(_) => format!("{ip}/128"),
-    }
-}
-
 fn same_family(fam: IpFamily, n: &IpNet) -> bool {
     matches!(
         (fam, n),
@@ -205,22 +197,23 @@ fn same_family(fam: IpFamily, n: &IpNet) -> bool {
 /// The match for "from inside the cluster" (`negate`: from outside); None when
 /// the detector knows nothing. iptables cannot OR CIDRs in one `-s`, so like
 /// upstream only the first CIDR of the family counts.
-pub fn local_match(fam: IpFamily, d: &LocalDetector, negate: bool) -> Option<String> {
-    let not = if negate { "! " } else { "" };
+pub fn local_match(fam: IpFamily, d: &LocalDetector, negate: bool) -> Option<Match> {
+    let iface = |name: &str, prefix| {
+        Match::In(Iface {
+            negate,
+            name: name.to_string(),
+            prefix,
+        })
+    };
     match d {
         LocalDetector::None => None,
         LocalDetector::Cidrs(c) => c
             .iter()
             .find(|n| same_family(fam, n))
-            .map(|n| format!("{not}-s {n}")),
-        LocalDetector::BridgeInterface(i) => Some(format!("{not}-i {i}")),
-        LocalDetector::InterfaceNamePrefix(p) => Some(format!("{not}-i {p}+")),
+            .map(|n| Match::Src(Addr::new(negate, *n))),
+        LocalDetector::BridgeInterface(i) => Some(iface(i, false)),
+        LocalDetector::InterfaceNamePrefix(p) => Some(iface(p, true)),
     }
-}
-
-/// Upstream's probability formatting (`%0.10f` of 1/n).
-pub fn probability(n: usize) -> String {
-    format!("{:.10}", 1.0 / n as f64)
 }
 
 /// What the node, not the configuration, decides about the rules; upstream
@@ -257,6 +250,17 @@ pub fn render_service(
     render_service_with(sp, endpoints, cfg, node, &HostRules::default())
 }
 
+/// A rule whose first match is the comment `text`, then `rest`.
+fn commented(
+    text: impl Into<String>,
+    rest: impl IntoIterator<Item = Match>,
+    target: Target,
+) -> Rule {
+    let mut matches = vec![Match::comment(text)];
+    matches.extend(rest);
+    Rule::new(matches, target)
+}
+
 /// [`render_service`] for a node with `host`'s settings.
 pub fn render_service_with(
     sp: &ServicePort,
@@ -274,8 +278,13 @@ pub fn render_service_with(
     let ext = format!("KUBE-EXT-{hash}");
     let fw = format!("KUBE-FW-{hash}");
     let name = sp.name.to_string();
-    let proto = sp.protocol.as_lower();
-    let pmatch = format!("-m {proto} -p {proto}");
+    // `-m P -p P [-d DST] [--dport N]`
+    let ports = |dst: Option<IpNet>, dport: Option<u16>| Match::Ports {
+        proto: sp.protocol,
+        dst: dst.map(|n| Addr::new(false, n)),
+        dport,
+    };
+    let to = |chain: &str| Target::Jump(chain.to_string());
     let mut out = ServiceRules::default();
 
     let set_chain = |set: EndpointSet| match set {
@@ -294,7 +303,7 @@ pub fn render_service_with(
     // Per-endpoint chains, for every endpoint either policy may pick. Each
     // endpoint's address text and chain name (a sha256) are worked out once
     // here, by address: the selection rules below look them up.
-    let mut seps: Vec<(String, Vec<String>)> = Vec::new();
+    let mut seps: Vec<(String, Vec<Rule>)> = Vec::new();
     let mut names: HashMap<SocketAddr, (String, usize)> = HashMap::new();
     for ep in &sel.all_reachable {
         if names.contains_key(&ep.socket_addr()) {
@@ -302,19 +311,19 @@ pub fn render_service_with(
         }
         let addr = ep.addr_string();
         let chain = sep_chain_of(&key, &addr);
-        let c = comment(&name);
-        let mut rules = vec![format!(
-            "-A {chain} {c} -s {} -j {MARK_MASQ_CHAIN}",
-            host(&ep.ip)
-        )];
-        let affinity = if sp.session_affinity_timeout.is_some() {
-            format!(" -m recent --name {chain} --set")
-        } else {
-            String::new()
-        };
-        rules.push(format!(
-            "-A {chain} {c}{affinity} {pmatch} -j DNAT --to-destination {addr}"
-        ));
+        let set = sp.session_affinity_timeout.map(|_| {
+            Match::Recent(Recent::Set {
+                name: chain.clone(),
+            })
+        });
+        let rules = vec![
+            commented(&name, [Match::src_host(ep.ip)], to(MARK_MASQ_CHAIN)),
+            commented(
+                &name,
+                set.into_iter().chain([ports(None, None)]),
+                Target::Dnat(ep.socket_addr()),
+            ),
+        ];
         names.insert(ep.socket_addr(), (addr, seps.len()));
         seps.push((chain, rules));
     }
@@ -335,45 +344,41 @@ pub fn render_service_with(
     };
 
     // The endpoint-selection rules of a SVC or SVL chain.
-    let selection = |chain: &str, eps: &[&Endpoint], rules: &mut Vec<String>| {
-        if let Some(timeout) = sp.session_affinity_timeout {
+    let selection = |eps: &[&Endpoint], rules: &mut Vec<Rule>| {
+        if let Some(seconds) = sp.session_affinity_timeout {
             for ep in eps {
                 let (addr, sep) = named(ep);
-                rules.push(format!(
-                    "-A {chain} {} -m recent --name {sep} --rcheck --seconds {timeout} --reap -j {sep}",
-                    comment(&format!("{name} -> {addr}"))
-                ));
+                let check = Recent::Check {
+                    name: sep.to_string(),
+                    seconds,
+                };
+                let c = format!("{name} -> {addr}");
+                rules.push(commented(c, [Match::Recent(check)], to(&sep)));
             }
         }
         let n = eps.len();
         for (i, ep) in eps.iter().enumerate() {
             let (addr, sep) = named(ep);
-            let mut r = format!("-A {chain} {}", comment(&format!("{name} -> {addr}")));
-            if i + 1 < n {
-                let _ = write!(
-                    r,
-                    " -m statistic --mode random --probability {}",
-                    probability(n - i)
-                );
-            }
-            let _ = write!(r, " -j {sep}");
-            rules.push(r);
+            let one_in = (n - i) as u32;
+            let random = (i + 1 < n).then_some(Match::Random { one_in });
+            rules.push(commented(format!("{name} -> {addr}"), random, to(&sep)));
         }
     };
 
-    let cluster_args = format!(
-        "{} {pmatch} -d {} --dport {}",
-        comment(&format!("{name} cluster IP")),
-        host(&sp.cluster_ip),
-        sp.port
-    );
+    // `comment`, then the Service's port on `ip`, then `rest`, then `target`.
+    let port_on = |comment: String, ip: &IpAddr, rest: Option<Match>, target| {
+        let port = ports(Some(IpNet::from(*ip)), Some(sp.port));
+        commented(comment, [port].into_iter().chain(rest), target)
+    };
+    let cluster_ip =
+        |rest, target| port_on(format!("{name} cluster IP"), &sp.cluster_ip, rest, target);
     // Masquerade off-cluster traffic to the cluster IP: it may have been routed
     // here from outside and leave for another node.
     let masq = if cfg.masquerade_all {
-        Some(format!("{cluster_args} -j {MARK_MASQ_CHAIN}"))
+        Some(cluster_ip(None, to(MARK_MASQ_CHAIN)))
     } else {
         local_match(fam, &cfg.local_detector, true)
-            .map(|m| format!("{cluster_args} {m} -j {MARK_MASQ_CHAIN}"))
+            .map(|m| cluster_ip(Some(m), to(MARK_MASQ_CHAIN)))
     };
 
     // The chain of the set serving internal traffic masquerades off-cluster
@@ -385,48 +390,44 @@ pub fn render_service_with(
         }
         let mut rules = Vec::new();
         if sel.internal == set {
-            if let Some(m) = &masq {
-                rules.push(format!("-A {chain} {m}"));
-            }
+            rules.extend(masq.clone());
         }
-        selection(chain, eps, &mut rules);
+        selection(eps, &mut rules);
         out.nat_chains.push((chain.clone(), rules));
     }
 
     if uses_external_chain {
         let mut rules = Vec::new();
         if !sel.external.is_local() {
-            rules.push(format!(
-                "-A {ext} {} -j {MARK_MASQ_CHAIN}",
-                comment(&format!(
-                    "masquerade traffic for {name} external destinations"
-                ))
+            rules.push(commented(
+                format!("masquerade traffic for {name} external destinations"),
+                None,
+                to(MARK_MASQ_CHAIN),
             ));
         } else if sel.has_cluster() {
             // Pods reaching an external address of the Service behave as if
             // they went out to the load balancer and back: Cluster policy.
             if let Some(m) = local_match(fam, &cfg.local_detector, false) {
-                rules.push(format!(
-                    "-A {ext} {} {m} -j {svc}",
-                    comment(&format!("pod traffic for {name} external destinations"))
+                rules.push(commented(
+                    format!("pod traffic for {name} external destinations"),
+                    Some(m),
+                    to(&svc),
                 ));
             }
             // The node itself picks the external address as source: masquerade.
-            rules.push(format!(
-                "-A {ext} {} -m addrtype --src-type LOCAL -j {MARK_MASQ_CHAIN}",
-                comment(&format!(
-                    "masquerade LOCAL traffic for {name} external destinations"
-                ))
+            rules.push(commented(
+                format!("masquerade LOCAL traffic for {name} external destinations"),
+                Some(Match::Local { src: true }),
+                to(MARK_MASQ_CHAIN),
             ));
-            rules.push(format!(
-                "-A {ext} {} -m addrtype --src-type LOCAL -j {svc}",
-                comment(&format!(
-                    "route LOCAL traffic for {name} external destinations"
-                ))
+            rules.push(commented(
+                format!("route LOCAL traffic for {name} external destinations"),
+                Some(Match::Local { src: true }),
+                to(&svc),
             ));
         }
         if has_external {
-            rules.push(format!("-A {ext} -j {external_policy_chain}"));
+            rules.push(Rule::new(Vec::new(), to(external_policy_chain)));
         }
         out.nat_chains.push((ext.clone(), rules));
     }
@@ -434,22 +435,23 @@ pub fn render_service_with(
     // Where traffic with no usable endpoint goes: REJECT when the service has
     // none anywhere, DROP when it has some but not for this traffic's policy.
     let (no_ep_target, no_ep_text) = match sel.no_endpoints() {
-        NoEndpoints::Drop => ("DROP", "has no local endpoints"),
-        NoEndpoints::Reject => ("REJECT", "has no endpoints"),
+        NoEndpoints::Drop => (Target::Drop, "has no local endpoints"),
+        NoEndpoints::Reject => (Target::Reject, "has no endpoints"),
+    };
+    let no_endpoints = |ip: &IpAddr| {
+        port_on(
+            format!("{name} {no_ep_text}"),
+            ip,
+            None,
+            no_ep_target.clone(),
+        )
     };
 
     // Cluster IP.
     if has_internal {
-        out.nat_services.push(format!(
-            "-A {SERVICES_CHAIN} {cluster_args} -j {internal_chain}"
-        ));
+        out.nat_services.push(cluster_ip(None, to(internal_chain)));
     } else {
-        out.filter_services.push(format!(
-            "-A {SERVICES_CHAIN} {} {pmatch} -d {} --dport {} -j {no_ep_target}",
-            comment(&format!("{name} {no_ep_text}")),
-            host(&sp.cluster_ip),
-            sp.port
-        ));
+        out.filter_services.push(no_endpoints(&sp.cluster_ip));
     }
 
     // External IPs.
@@ -462,20 +464,11 @@ pub fn render_service_with(
         .collect();
     for ip in &ext_ips {
         if uses_external_chain {
-            out.nat_services.push(format!(
-                "-A {SERVICES_CHAIN} {} {pmatch} -d {} --dport {} -j {ext}",
-                comment(&format!("{name} external IP")),
-                host(ip),
-                sp.port
-            ));
+            out.nat_services
+                .push(port_on(format!("{name} external IP"), ip, None, to(&ext)));
         }
         if !has_external {
-            out.filter_external.push(format!(
-                "-A {EXTERNAL_CHAIN} {} {pmatch} -d {} --dport {} -j {no_ep_target}",
-                comment(&format!("{name} {no_ep_text}")),
-                host(ip),
-                sp.port
-            ));
+            out.filter_external.push(no_endpoints(ip));
         }
     }
 
@@ -487,55 +480,37 @@ pub fn render_service_with(
         .collect();
     let uses_fw = uses_external_chain && !sp.load_balancer_source_ranges.is_empty();
     if uses_fw && !lb_ips.is_empty() {
-        let c = comment(&format!("{name} loadbalancer IP"));
-        let mut rules: Vec<String> = ranges
-            .iter()
-            .map(|n| format!("-A {fw} {c} -s {n} -j {ext}"))
-            .collect();
+        let c = format!("{name} loadbalancer IP");
+        let from = |n| commented(c.as_str(), [Match::Src(Addr::new(false, n))], to(&ext));
+        let mut rules: Vec<Rule> = ranges.iter().map(|n| from(**n)).collect();
         // A node reaching its own LB IP may show up with that IP as source.
         if ranges
             .iter()
             .any(|n| cfg.node_ips.iter().any(|ip| n.contains(ip)))
         {
-            for ip in &lb_ips {
-                rules.push(format!("-A {fw} {c} -s {} -j {ext}", host(ip)));
-            }
+            rules.extend(lb_ips.iter().map(|ip| from(IpNet::from(*ip))));
         }
-        rules.push(format!(
-            "-A {fw} {}",
-            comment(&format!(
-                "other traffic to {name} will be dropped by KUBE-PROXY-FIREWALL"
-            ))
+        rules.push(commented(
+            format!("other traffic to {name} will be dropped by KUBE-PROXY-FIREWALL"),
+            None,
+            Target::None,
         ));
         out.nat_chains.push((fw.clone(), rules));
     }
     for ip in &lb_ips {
         if uses_external_chain {
             let target = if uses_fw { &fw } else { &ext };
-            out.nat_services.push(format!(
-                "-A {SERVICES_CHAIN} {} {pmatch} -d {} --dport {} -j {target}",
-                comment(&format!("{name} loadbalancer IP")),
-                host(ip),
-                sp.port
-            ));
+            let c = format!("{name} loadbalancer IP");
+            out.nat_services.push(port_on(c, ip, None, to(target)));
             if uses_fw {
                 // Anything the FW chain did not DNAT still has the LB IP as
                 // destination when it reaches filter: drop it there.
-                out.filter_firewall.push(format!(
-                    "-A {FIREWALL_CHAIN} {} {pmatch} -d {} --dport {} -j DROP",
-                    comment(&format!("{name} traffic not accepted by {fw}")),
-                    host(ip),
-                    sp.port
-                ));
+                let c = format!("{name} traffic not accepted by {fw}");
+                out.filter_firewall.push(port_on(c, ip, None, Target::Drop));
             }
         }
         if !has_external {
-            out.filter_external.push(format!(
-                "-A {EXTERNAL_CHAIN} {} {pmatch} -d {} --dport {} -j {no_ep_target}",
-                comment(&format!("{name} {no_ep_text}")),
-                host(ip),
-                sp.port
-            ));
+            out.filter_external.push(no_endpoints(ip));
         }
     }
 
@@ -545,34 +520,29 @@ pub fn render_service_with(
             if node_rules.nfacct && cfg.localhost_nodeports && fam == IpFamily::V4 {
                 // The same jump, counting NodePort traffic to 127.0.0.0/8
                 // first (kubeproxy_iptables_localhost_nodeports_accepted_packets_total).
-                out.nat_nodeports.push(format!(
-                    "-A {NODEPORTS_CHAIN} {} {pmatch} -d 127.0.0.0/8 --dport {} -m nfacct --nfacct-name {} -j {ext}",
-                    comment(&name),
-                    sp.node_port,
-                    crate::nfacct::LOCALHOST_NODEPORTS_ACCEPTED
-                ));
+                let counted = [
+                    ports(Some(LOOPBACK_V4), Some(sp.node_port)),
+                    Match::Nfacct(crate::nfacct::LOCALHOST_NODEPORTS_ACCEPTED),
+                ];
+                out.nat_nodeports.push(commented(&name, counted, to(&ext)));
             }
-            out.nat_nodeports.push(format!(
-                "-A {NODEPORTS_CHAIN} {} {pmatch} --dport {} -j {ext}",
-                comment(&name),
-                sp.node_port
-            ));
+            let port = ports(None, Some(sp.node_port));
+            out.nat_nodeports.push(commented(&name, [port], to(&ext)));
         }
         if !has_external {
             for dst in nodeport_destinations(cfg) {
-                out.filter_external.push(format!(
-                    "-A {EXTERNAL_CHAIN} {} {dst} {pmatch} --dport {} -j {no_ep_target}",
-                    comment(&format!("{name} {no_ep_text}")),
-                    sp.node_port
-                ));
+                let rest = dst.into_iter().chain([ports(None, Some(sp.node_port))]);
+                let c = format!("{name} {no_ep_text}");
+                out.filter_external
+                    .push(commented(c, rest, no_ep_target.clone()));
             }
         }
     }
     if sp.health_check_node_port != 0 {
-        out.filter_nodeports.push(format!(
-            "-A {NODEPORTS_CHAIN} {} {pmatch} --dport {} -j ACCEPT",
-            comment(&format!("{name} health check node port")),
-            sp.health_check_node_port
+        out.filter_nodeports.push(commented(
+            format!("{name} health check node port"),
+            [ports(None, Some(sp.health_check_node_port))],
+            Target::Accept,
         ));
     }
 
@@ -580,8 +550,17 @@ pub fn render_service_with(
     out
 }
 
+const LOOPBACK_V4: IpNet = IpNet::new_assert(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 0)), 8);
+
+fn loopback(fam: IpFamily) -> IpNet {
+    match fam {
+        IpFamily::V4 => LOOPBACK_V4,
+        IpFamily::V6 => IpNet::new_assert(IpAddr::V6(Ipv6Addr::LOCALHOST), 128),
+    }
+}
+
 /// The destination matches of "a NodePort address of this node".
-fn nodeport_destinations(cfg: &ProxierConfig) -> Vec<String> {
+fn nodeport_destinations(cfg: &ProxierConfig) -> Vec<[Match; 2]> {
     let lo = loopback(cfg.family);
     let localhost = cfg.localhost_nodeports && cfg.family == IpFamily::V4;
     let cidrs: Vec<&IpNet> = cfg
@@ -589,13 +568,16 @@ fn nodeport_destinations(cfg: &ProxierConfig) -> Vec<String> {
         .iter()
         .filter(|n| same_family(cfg.family, n))
         .collect();
+    let src = |negate, n| Match::Src(Addr::new(negate, n));
+    let dst = |negate, n| Match::Dst(Addr::new(negate, n));
+    let local = Match::Local { src: false };
     // 0.0.0.0/0 or ::/0 means every local address, as an empty list does.
     if cidrs.is_empty() || cidrs.iter().any(|n| n.prefix_len() == 0) {
-        let mut v = vec![format!("-m addrtype --dst-type LOCAL ! -d {lo}")];
+        let mut v = vec![[local, dst(true, lo)]];
         if localhost {
             // Only the node itself may use 127.0.0.1 (remote packets to it are
             // also dropped in KUBE-PROXY-FIREWALL, CVE-2020-8558).
-            v.push(format!("-s {lo} -d {lo}"));
+            v.push([src(false, lo), dst(false, lo)]);
         }
         v
     } else {
@@ -603,28 +585,23 @@ fn nodeport_destinations(cfg: &ProxierConfig) -> Vec<String> {
             .into_iter()
             .filter_map(|n| {
                 if n.network().is_loopback() {
-                    localhost.then(|| format!("-s {lo} -d {n}"))
+                    localhost.then(|| [src(false, lo), dst(false, *n)])
                 } else {
-                    Some(format!("-d {n} -m addrtype --dst-type LOCAL"))
+                    Some([dst(false, *n), local.clone()])
                 }
             })
             .collect()
     }
 }
 
-fn loopback(fam: IpFamily) -> &'static str {
-    match fam {
-        IpFamily::V4 => "127.0.0.0/8",
-        IpFamily::V6 => "::1/128",
-    }
-}
-
-/// The fixed rules of the top-level chains, around the services' lines.
+/// The fixed rules of the top-level chains, around the services' rules.
 #[derive(Clone, Debug)]
 pub struct Skeleton {
-    pub mark: String,
-    pub nodeport_jumps: Vec<String>,
-    pub firewall_head: Vec<String>,
+    pub mark: u32,
+    /// The last rules of nat KUBE-SERVICES.
+    pub nodeport_jumps: Vec<Rule>,
+    /// The first rules of filter KUBE-PROXY-FIREWALL.
+    pub firewall_head: Vec<Rule>,
 }
 
 impl Skeleton {
@@ -632,11 +609,10 @@ impl Skeleton {
         let nodeport_jumps = nodeport_destinations(cfg)
             .into_iter()
             .map(|d| {
-                format!(
-                    "-A {SERVICES_CHAIN} {} {d} -j {NODEPORTS_CHAIN}",
-                    comment(
-                        "kubernetes service nodeports; NOTE: this must be the last rule in this chain"
-                    )
+                commented(
+                    "kubernetes service nodeports; NOTE: this must be the last rule in this chain",
+                    d,
+                    Target::Jump(NODEPORTS_CHAIN.into()),
                 )
             })
             .collect();
@@ -644,65 +620,93 @@ impl Skeleton {
         if cfg.localhost_nodeports && cfg.family == IpFamily::V4 {
             // route_localnet lets remote hosts reach 127.0.0.1 services; block
             // that, as kubelet's KUBE-FIREWALL does (CVE-2020-8558).
-            firewall_head.push(format!(
-                "-A {FIREWALL_CHAIN} {} -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP",
-                comment("block incoming localnet connections")
+            firewall_head.push(commented(
+                "block incoming localnet connections",
+                [
+                    Match::Dst(Addr::new(false, LOOPBACK_V4)),
+                    Match::Src(Addr::new(true, LOOPBACK_V4)),
+                    Match::CtState {
+                        negate: true,
+                        states: CT_RELATED | CT_ESTABLISHED | CT_DNAT,
+                    },
+                ],
+                Target::Drop,
             ));
         }
         Skeleton {
-            mark: format!("0x{:x}", cfg.masquerade_mark()),
+            mark: cfg.masquerade_mark(),
             nodeport_jumps,
             firewall_head,
         }
     }
 
     /// The static rules of our nat chains (not KUBE-SERVICES / KUBE-NODEPORTS).
-    pub fn nat_static(&self) -> Vec<String> {
-        let m = &self.mark;
+    pub fn nat_static(&self) -> Vec<(&'static str, Vec<Rule>)> {
+        let m = self.mark;
         vec![
-            format!("-A {POSTROUTING_CHAIN} -m mark ! --mark {m}/{m} -j RETURN"),
-            // Clear the mark so that a packet re-traversing the stack (e.g. via
-            // an IPsec tunnel) is not masqueraded twice.
-            format!("-A {POSTROUTING_CHAIN} -j MARK --xor-mark {m}"),
-            format!(
-                "-A {POSTROUTING_CHAIN} {} -j MASQUERADE --random-fully",
-                comment("kubernetes service traffic requiring SNAT")
+            (
+                POSTROUTING_CHAIN,
+                vec![
+                    Rule::new(
+                        vec![Match::Mark {
+                            negate: true,
+                            value: m,
+                            mask: m,
+                        }],
+                        Target::Return,
+                    ),
+                    // Clear the mark so that a packet re-traversing the stack
+                    // (e.g. via an IPsec tunnel) is not masqueraded twice.
+                    Rule::new(Vec::new(), Target::MarkXor(m)),
+                    commented(
+                        "kubernetes service traffic requiring SNAT",
+                        None,
+                        Target::MasqueradeRandomFully,
+                    ),
+                ],
             ),
-            format!("-A {MARK_MASQ_CHAIN} -j MARK --or-mark {m}"),
+            (
+                MARK_MASQ_CHAIN,
+                vec![Rule::new(Vec::new(), Target::MarkOr(m))],
+            ),
         ]
     }
 
     /// KUBE-FORWARD with [`HostRules::default`].
-    pub fn forward_rules(&self) -> Vec<String> {
+    pub fn forward_rules(&self) -> Vec<Rule> {
         self.forward_rules_for(&HostRules::default())
     }
 
-    pub fn forward_rules_for(&self, host: &HostRules) -> Vec<String> {
-        let m = &self.mark;
+    pub fn forward_rules_for(&self, host: &HostRules) -> Vec<Rule> {
+        let m = self.mark;
         let mut v = Vec::with_capacity(3);
         if host.invalid_drop {
             // Out-of-window packets marked INVALID would be forwarded
             // un-NATed and reset the connection (kubernetes#74839).
-            let count = if host.nfacct {
-                format!(
-                    " -m nfacct --nfacct-name {}",
-                    crate::nfacct::CT_STATE_INVALID_DROPPED
-                )
-            } else {
-                String::new()
-            };
-            v.push(format!(
-                "-A {FORWARD_CHAIN} -m conntrack --ctstate INVALID{count} -j DROP"
-            ));
+            let mut invalid = vec![Match::CtState {
+                negate: false,
+                states: CT_INVALID,
+            }];
+            if host.nfacct {
+                invalid.push(Match::Nfacct(crate::nfacct::CT_STATE_INVALID_DROPPED));
+            }
+            v.push(Rule::new(invalid, Target::Drop));
         }
+        let mark = Match::Mark {
+            negate: false,
+            value: m,
+            mask: m,
+        };
+        let established = Match::CtState {
+            negate: false,
+            states: CT_RELATED | CT_ESTABLISHED,
+        };
         v.extend([
-            format!(
-                "-A {FORWARD_CHAIN} {} -m mark --mark {m}/{m} -j ACCEPT",
-                comment("kubernetes forwarding rules")
-            ),
-            format!(
-                "-A {FORWARD_CHAIN} {} -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
-                comment("kubernetes forwarding conntrack rule")
+            commented("kubernetes forwarding rules", [mark], Target::Accept),
+            commented(
+                "kubernetes forwarding conntrack rule",
+                [established],
+                Target::Accept,
             ),
         ]);
         v

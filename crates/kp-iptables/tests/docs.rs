@@ -5,9 +5,14 @@
 
 use std::net::IpAddr;
 
-use kp_iptables::{render_service, ServiceRules};
+use kp_iptables::{
+    render_service, ServiceRules, EXTERNAL_CHAIN, FIREWALL_CHAIN, NODEPORTS_CHAIN, SERVICES_CHAIN,
+};
 use kp_model::testing::ServicePortBuilder;
 use kp_model::{Endpoint, IpFamily, LocalDetector, NodeInfo, Protocol, ProxierConfig, ServicePort};
+
+mod common;
+use common::text;
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
@@ -97,26 +102,30 @@ fn cfg(family: IpFamily) -> ProxierConfig {
 /// the order of the restore input.
 fn shown(r: &ServiceRules) -> Vec<String> {
     let mut out = Vec::new();
-    let filter: Vec<&String> = r
-        .filter_services
-        .iter()
-        .chain(&r.filter_external)
-        .chain(&r.filter_nodeports)
-        .chain(&r.filter_firewall)
-        .collect();
+    let filter: Vec<String> = [
+        (SERVICES_CHAIN, &r.filter_services),
+        (EXTERNAL_CHAIN, &r.filter_external),
+        (NODEPORTS_CHAIN, &r.filter_nodeports),
+        (FIREWALL_CHAIN, &r.filter_firewall),
+    ]
+    .into_iter()
+    .flat_map(|(c, rules)| text(c, rules))
+    .collect();
     if !filter.is_empty() {
         out.push("# table filter".to_string());
-        out.extend(filter.into_iter().cloned());
+        out.extend(filter);
     }
-    let nat: Vec<&String> = r
-        .nat_services
-        .iter()
-        .chain(&r.nat_nodeports)
-        .chain(r.nat_chains.iter().flat_map(|(_, rules)| rules))
-        .collect();
+    let nat: Vec<String> = [
+        (SERVICES_CHAIN, &r.nat_services),
+        (NODEPORTS_CHAIN, &r.nat_nodeports),
+    ]
+    .into_iter()
+    .chain(r.nat_chains.iter().map(|(c, rules)| (c.as_str(), rules)))
+    .flat_map(|(c, rules)| text(c, rules))
+    .collect();
     if !nat.is_empty() {
         out.push("# table nat".to_string());
-        out.extend(nat.into_iter().cloned());
+        out.extend(nat);
     }
     out
 }

@@ -18,15 +18,14 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use kp_iptables::{
-    chain_names, HostRules, IptablesBackend, IptablesCli, IptablesNetlink, IptablesProxier,
+    chain_names, IptablesCli, IptablesNetlink, IptablesProxier, Line, Match, Restore, Rule, Target,
+    Writer,
 };
-use kp_model::{
-    Dataplane, Endpoint, IpFamily, LocalDetector, ProxierConfig, ProxyState, ServicePortName,
-};
+use kp_model::{Dataplane, Endpoint, IpFamily, ProxyState, ServicePortName};
 use kp_netlab::in_netns;
 
 mod common;
-use common::{every_kind, state};
+use common::{configs, every_kind, host_rules, state};
 
 /// (table, chain, each rule's expressions).
 type ChainRules = (String, String, Vec<Vec<Vec<u8>>>);
@@ -139,51 +138,6 @@ fn base(family: IpFamily) -> &'static str {
     }
 }
 
-/// Every local-traffic detector and NodePort address setting.
-fn configs(family: IpFamily) -> Vec<(&'static str, ProxierConfig)> {
-    let v6 = family == IpFamily::V6;
-    let mut out = Vec::new();
-    let mut c = ProxierConfig::new(family);
-    c.local_detector = LocalDetector::Cidrs(vec![
-        "10.244.0.0/16".parse().unwrap(),
-        "fd00:244::/48".parse().unwrap(),
-    ]);
-    c.localhost_nodeports = !v6;
-    c.node_ips = vec![if v6 { "fd00:10::1" } else { "192.168.10.1" }
-        .parse()
-        .unwrap()];
-    out.push(("cidr", c));
-    let mut c = ProxierConfig::new(family);
-    // A prefix that is not whole bytes: masked, not shortened.
-    c.local_detector = LocalDetector::Cidrs(vec![
-        "10.240.0.0/12".parse().unwrap(),
-        "fd00:240::/29".parse().unwrap(),
-    ]);
-    c.nodeport_addresses = vec![
-        if v6 {
-            "fd00:10::/64"
-        } else {
-            "192.168.10.0/24"
-        }
-        .parse()
-        .unwrap(),
-        if v6 { "::1/128" } else { "127.0.0.0/8" }.parse().unwrap(),
-    ];
-    c.localhost_nodeports = !v6;
-    out.push(("nodeport-cidrs", c));
-    let mut c = ProxierConfig::new(family);
-    c.local_detector = LocalDetector::BridgeInterface("cbr0".into());
-    out.push(("bridge", c));
-    let mut c = ProxierConfig::new(family);
-    c.local_detector = LocalDetector::InterfaceNamePrefix("veth".into());
-    out.push(("prefix", c));
-    let mut c = ProxierConfig::new(family);
-    c.masquerade_all = true;
-    c.masquerade_bit = 9;
-    out.push(("masq-all", c));
-    out
-}
-
 /// The lines of `a` (netlink) and `b` (iptables-nft-restore) that differ,
 /// in place.
 fn diff(a: &str, b: &str) -> String {
@@ -218,17 +172,7 @@ fn every_rendered_shape_is_installed_as_iptables_nft_restore_installs_it() {
             // The INVALID drop with its nfacct counter, and the localhost
             // NodePort rules counting into theirs (configs with localhost
             // NodePorts); without a counter; and no drop (be_liberal set).
-            let host = match name {
-                "cidr" | "nodeport-cidrs" => HostRules {
-                    invalid_drop: true,
-                    nfacct: true,
-                },
-                "bridge" => HostRules::default(),
-                _ => HostRules {
-                    invalid_drop: false,
-                    nfacct: false,
-                },
-            };
+            let host = host_rules(name);
             if host.nfacct {
                 // What a probing proxier creates in its own namespace.
                 for ns in [&a, &b] {
@@ -339,37 +283,61 @@ fn every_rendered_shape_is_installed_as_iptables_nft_restore_installs_it() {
     }
 }
 
+/// A restore input of `rules` appended to their chains in nat, each chain
+/// in `declared` declared first.
+fn nat<'a>(declared: &[&'a str], rules: &[(&'a str, &'a Rule)]) -> Restore<'a> {
+    let mut input = Restore::default();
+    input.push(Line::Table("nat"));
+    for c in declared {
+        input.push(Line::Chain(c));
+    }
+    for (c, r) in rules {
+        input.push(Line::Append(c, r));
+    }
+    input.push(Line::Commit);
+    input
+}
+
 #[test]
 fn a_refused_batch_names_the_line_and_changes_nothing() {
     let ns = Netns::new("refused");
-    let input = "*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -m comment --comment \"ok\" -j RETURN\nCOMMIT\n";
+    let ok = Rule::new(vec![Match::comment("ok")], Target::Return);
+    let input = nat(&["KUBE-SERVICES"], &[("KUBE-SERVICES", &ok)]);
     in_netns(&ns.name, || {
-        IptablesNetlink::new(IpFamily::V4).restore(input)
+        IptablesNetlink::new(IpFamily::V4).restore(&input)
     })
     .unwrap()
     .unwrap();
     let before = ns.save(IpFamily::V4);
     // A jump to a chain that does not exist: the kernel refuses that message,
     // and the flush before it must not happen either.
-    let bad = "*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -j KUBE-SVC-MISSING\nCOMMIT\n";
-    let e = in_netns(&ns.name, || IptablesNetlink::new(IpFamily::V4).restore(bad))
-        .unwrap()
-        .unwrap_err()
-        .to_string();
+    let missing = Rule::new(Vec::new(), Target::Jump("KUBE-SVC-MISSING".into()));
+    let bad = nat(&["KUBE-SERVICES"], &[("KUBE-SERVICES", &missing)]);
+    let e = in_netns(&ns.name, || {
+        IptablesNetlink::new(IpFamily::V4).restore(&bad)
+    })
+    .unwrap()
+    .unwrap_err()
+    .to_string();
     assert!(
         e.contains("line 3") && e.contains("KUBE-SVC-MISSING"),
         "{e}"
     );
     assert_eq!(ns.save(IpFamily::V4), before);
-    // Options render.rs never emits are refused before anything is sent.
+    // What iptables-nft cannot hold (an IPv6 source in an IPv4 table) is
+    // refused before anything is sent.
+    let v6 = Rule::new(
+        vec![Match::src_host("fd00::1".parse().unwrap())],
+        Target::Return,
+    );
     let e = in_netns(&ns.name, || {
-        IptablesNetlink::new(IpFamily::V4)
-            .restore("*nat\n-A KUBE-SERVICES -m limit --limit 1/s -j RETURN\nCOMMIT\n")
+        IptablesNetlink::new(IpFamily::V4).restore(&nat(&[], &[("KUBE-SERVICES", &v6)]))
     })
     .unwrap()
     .unwrap_err()
     .to_string();
-    assert!(e.contains("line 2") && e.contains("limit"), "{e}");
+    assert!(e.contains("line 2") && e.contains("fd00::1"), "{e}");
+    assert_eq!(ns.save(IpFamily::V4), before);
 }
 
 /// The first chain of `saved` named `prefix…` that has rules.
@@ -496,12 +464,18 @@ fn a_restart_adopts_the_rules_a_previous_run_left() {
 #[test]
 fn adoption_keeps_a_chain_appended_before_its_declaration() {
     let ns = Netns::new("adorder");
-    let first = "*nat\n:KUBE-X - [0:0]\n-A KUBE-X -j RETURN\nCOMMIT\n";
-    let again = "*nat\n-A KUBE-X -j RETURN\n:KUBE-X - [0:0]\n-A KUBE-X -j RETURN\nCOMMIT\n";
+    let ret = Rule::new(Vec::new(), Target::Return);
+    let first = nat(&["KUBE-X"], &[("KUBE-X", &ret)]);
+    let mut again = nat(&["KUBE-X"], &[("KUBE-X", &ret)]);
+    again.lines.insert(1, Line::Append("KUBE-X", &ret));
+    assert_eq!(
+        again.to_string(),
+        "*nat\n-A KUBE-X -j RETURN\n:KUBE-X - [0:0]\n-A KUBE-X -j RETURN\nCOMMIT\n"
+    );
     let found = in_netns(&ns.name, || {
         let mut nl = IptablesNetlink::new(IpFamily::V4);
-        nl.restore(first).unwrap();
-        nl.restore_adopting(again).unwrap().unwrap()
+        nl.restore(&first).unwrap();
+        nl.restore_adopting(&again).unwrap().1.unwrap()
     })
     .unwrap();
     assert_eq!(found.chains_kept, 0, "{found:?}");

@@ -6,7 +6,10 @@ use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
-use kp_iptables::{render_service, sep_chain, svc_chain, IptablesBackend, IptablesProxier};
+use kp_iptables::{
+    sep_chain, svc_chain, IptablesBackend, IptablesProxier, ServiceRules, EXTERNAL_CHAIN,
+    FIREWALL_CHAIN, NODEPORTS_CHAIN, SERVICES_CHAIN,
+};
 use kp_model::{
     chain_hash, Dataplane, DataplaneError, Endpoint, IpFamily, LocalDetector, NodeInfo,
     ProxierConfig, ProxyState, ServicePort, ServicePortName,
@@ -40,7 +43,44 @@ fn node() -> NodeInfo {
     NodeInfo::named("node1")
 }
 
-fn chain<'a>(r: &'a kp_iptables::ServiceRules, name: &str) -> &'a [String] {
+/// A rendered Service's rules as the restore input's lines (`-A CHAIN ...`).
+struct Lines {
+    nat_chains: Vec<(String, Vec<String>)>,
+    nat_services: Vec<String>,
+    nat_nodeports: Vec<String>,
+    filter_services: Vec<String>,
+    filter_external: Vec<String>,
+    filter_firewall: Vec<String>,
+    filter_nodeports: Vec<String>,
+    no_local: (bool, bool),
+}
+
+fn lines(r: ServiceRules) -> Lines {
+    let text = |chain: &str, rules: &[kp_iptables::Rule]| -> Vec<String> {
+        rules.iter().map(|r| format!("-A {chain} {r}")).collect()
+    };
+    Lines {
+        nat_chains: r
+            .nat_chains
+            .iter()
+            .map(|(c, rules)| (c.clone(), text(c, rules)))
+            .collect(),
+        nat_services: text(SERVICES_CHAIN, &r.nat_services),
+        nat_nodeports: text(NODEPORTS_CHAIN, &r.nat_nodeports),
+        filter_services: text(SERVICES_CHAIN, &r.filter_services),
+        filter_external: text(EXTERNAL_CHAIN, &r.filter_external),
+        filter_firewall: text(FIREWALL_CHAIN, &r.filter_firewall),
+        filter_nodeports: text(NODEPORTS_CHAIN, &r.filter_nodeports),
+        no_local: r.no_local,
+    }
+}
+
+/// [`kp_iptables::render_service`], as lines.
+fn render_service(s: &ServicePort, eps: &[Endpoint], c: &ProxierConfig, n: &NodeInfo) -> Lines {
+    lines(kp_iptables::render_service(s, eps, c, n))
+}
+
+fn chain<'a>(r: &'a Lines, name: &str) -> &'a [String] {
     &r.nat_chains
         .iter()
         .find(|(c, _)| c == name)
@@ -178,24 +218,30 @@ fn nodeport_addresses_and_localhost() {
     let sk = Skeleton::new(&c);
     assert_eq!(sk.nodeport_jumps.len(), 1);
     assert!(sk.nodeport_jumps[0]
+        .to_string()
         .contains("-d 10.100.0.11/32 -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS"));
     let sk = Skeleton::new(&cfg());
     assert_eq!(sk.nodeport_jumps.len(), 1);
     assert!(sk.nodeport_jumps[0]
+        .to_string()
         .contains("-m addrtype --dst-type LOCAL ! -d 127.0.0.0/8 -j KUBE-NODEPORTS"));
     assert!(sk.firewall_head.is_empty());
     let mut c = cfg();
     c.localhost_nodeports = true;
     let sk = Skeleton::new(&c);
     // Localhost only from the node itself, and remote 127/8 traffic blocked.
-    assert!(sk.nodeport_jumps[1].contains("-s 127.0.0.0/8 -d 127.0.0.0/8 -j KUBE-NODEPORTS"));
-    assert!(sk.firewall_head[0].contains("-d 127.0.0.0/8 ! -s 127.0.0.0/8"));
+    assert!(sk.nodeport_jumps[1]
+        .to_string()
+        .contains("-s 127.0.0.0/8 -d 127.0.0.0/8 -j KUBE-NODEPORTS"));
+    assert!(sk.firewall_head[0]
+        .to_string()
+        .contains("-d 127.0.0.0/8 ! -s 127.0.0.0/8"));
     // Never for IPv6.
     let mut c = ProxierConfig::new(IpFamily::V6);
     c.localhost_nodeports = true;
     let sk = Skeleton::new(&c);
     assert_eq!(sk.nodeport_jumps.len(), 1);
-    assert!(sk.nodeport_jumps[0].contains("! -d ::1/128"));
+    assert!(sk.nodeport_jumps[0].to_string().contains("! -d ::1/128"));
 }
 
 #[test]
@@ -388,7 +434,7 @@ fn ipv6_and_comment_escaping() {
     assert!(svc[0].contains("! -s fd00:244::/64 -j KUBE-MARK-MASQ"));
     assert!(chain(&r, &sep_chain(&s, &e))[1].ends_with("--to-destination [fd00:244::5]:8080"));
     assert_eq!(
-        kp_iptables::comment("a\"b\\c\nd"),
+        kp_iptables::Match::comment("a\"b\\c\nd").to_string(),
         "-m comment --comment \"abcd\""
     );
 }
@@ -439,13 +485,12 @@ impl IptablesBackend for Recorder {
             out.push_str(&format!(":{c} - [0:0]\n"));
         }
         for (t, c, args) in &r.inserted {
-            if t == table {
-                let j = kp_iptables::Jump {
-                    table: "",
-                    from: "",
-                    args: args.clone(),
-                };
-                out.push_str(&format!("-A {c} {}\n", j.args_text()));
+            // Only our jumps are inserted: listed as iptables-save lists them.
+            let listed = kp_iptables::jumps()
+                .into_iter()
+                .find(|j| j.table == t && j.table == table && j.from == c && j.args() == *args);
+            if let Some(j) = listed {
+                out.push_str(&format!("{}\n", j.save_line()));
             }
         }
         Ok(out)
@@ -821,7 +866,11 @@ fn many_services_render_whole_and_in_order() {
 
 #[test]
 fn host_rules_decide_the_invalid_drop_and_the_nfacct_matches() {
-    use kp_iptables::{render_service_with, HostRules, Skeleton};
+    use kp_iptables::{HostRules, Skeleton};
+    let render_service_with =
+        |s: &ServicePort, eps: &[Endpoint], c: &ProxierConfig, n: &NodeInfo, h: &HostRules| {
+            lines(kp_iptables::render_service_with(s, eps, c, n, h))
+        };
     let sk = Skeleton::new(&cfg());
     let counted = HostRules {
         invalid_drop: true,
@@ -829,11 +878,14 @@ fn host_rules_decide_the_invalid_drop_and_the_nfacct_matches() {
     };
     // Upstream v1.36's text for each (pkg/proxy/iptables/proxier.go).
     assert_eq!(
-        sk.forward_rules_for(&counted)[0],
+        format!("-A KUBE-FORWARD {}", sk.forward_rules_for(&counted)[0]),
         "-A KUBE-FORWARD -m conntrack --ctstate INVALID -m nfacct --nfacct-name ct_state_invalid_dropped_pkts -j DROP"
     );
     assert_eq!(
-        sk.forward_rules_for(&HostRules::default())[0],
+        format!(
+            "-A KUBE-FORWARD {}",
+            sk.forward_rules_for(&HostRules::default())[0]
+        ),
         "-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP"
     );
     let liberal = HostRules {
@@ -842,7 +894,10 @@ fn host_rules_decide_the_invalid_drop_and_the_nfacct_matches() {
     };
     let fwd = sk.forward_rules_for(&liberal);
     assert_eq!(fwd.len(), 2);
-    assert!(fwd.iter().all(|l| !l.contains("INVALID")), "{fwd:?}");
+    assert!(
+        fwd.iter().all(|l| !l.to_string().contains("INVALID")),
+        "{fwd:?}"
+    );
 
     // Localhost NodePorts: the counting jump first, IPv4 only.
     let s = sp("web", "10.96.0.10").node_port(30080).build();

@@ -488,8 +488,8 @@ impl Dataplane for IpvsProxier {
         let fam = self.family();
         for j in rules::jumps() {
             for _ in 0..16 {
-                match self.iptables.rule_exists(j.table, j.from, &j.args) {
-                    Ok(true) => self.iptables.delete_rule(j.table, j.from, &j.args)?,
+                match self.iptables.rule_exists(j.table, j.from, &j.args()) {
+                    Ok(true) => self.iptables.delete_rule(j.table, j.from, &j.args())?,
                     _ => break,
                 }
             }

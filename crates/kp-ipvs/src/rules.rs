@@ -139,18 +139,13 @@ pub fn restore_input(cfg: &ProxierConfig) -> String {
     o
 }
 
-fn jump(table: &'static str, from: &'static str, to: &str, comment: &str) -> Jump {
+fn jump(table: &'static str, from: &'static str, to: &'static str, comment: &'static str) -> Jump {
     Jump {
         table,
         from,
-        args: vec![
-            "-m".into(),
-            "comment".into(),
-            "--comment".into(),
-            comment.into(),
-            "-j".into(),
-            to.into(),
-        ],
+        to,
+        comment,
+        new_only: false,
     }
 }
 

@@ -383,20 +383,34 @@ impl IptablesBackend for IptablesCli {
     }
 }
 
-/// A jump from a builtin chain into one of ours (upstream's iptablesJumpChains).
+/// A jump from a builtin chain into one of ours (upstream's iptablesJumpChains):
+/// `[-m conntrack --ctstate NEW] -m comment --comment COMMENT -j TO`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Jump {
     pub table: &'static str,
     pub from: &'static str,
-    /// Rule arguments after the chain name, as passed to `iptables -C/-I/-D`.
-    pub args: Vec<String>,
+    pub to: &'static str,
+    pub comment: &'static str,
+    /// Only packets of new connections (`-m conntrack --ctstate NEW`).
+    pub new_only: bool,
 }
 
 impl Jump {
+    /// The rule's arguments after the chain name, as `iptables -C/-I/-D`
+    /// takes them.
+    pub fn args(&self) -> Vec<String> {
+        let mut args = Vec::with_capacity(10);
+        if self.new_only {
+            args.extend(["-m", "conntrack", "--ctstate", "NEW"].map(String::from));
+        }
+        args.extend(["-m", "comment", "--comment", self.comment, "-j", self.to].map(String::from));
+        args
+    }
+
     /// The arguments as one line of iptables-restore/-save syntax (comments
     /// with spaces quoted).
     pub fn args_text(&self) -> String {
-        self.args
+        self.args()
             .iter()
             .map(|a| {
                 if a.contains(' ') {

@@ -26,8 +26,8 @@ use kp_netlink::nftables::{nft_attrs, NftSocket};
 use kp_netlink::ParsedAttrs;
 use kp_xtables::Adopted;
 
-use super::rule::{restore_lines, Line};
 use super::{apply_err, dump_chain, encode, nfproto, IptablesNetlink};
+use crate::types::{Line, Restore};
 
 /// A chain of the input: (table, chain).
 type ChainKey = (String, String);
@@ -133,7 +133,10 @@ impl IptablesNetlink {
     /// `input` without the chains the kernel already holds exactly as
     /// `input` declares them (and without tables left with nothing to
     /// do), and what was found.
-    pub(super) fn adopt(&mut self, input: &str) -> Result<(String, Adopted), DataplaneError> {
+    pub(super) fn adopt<'a>(
+        &mut self,
+        input: &Restore<'a>,
+    ) -> Result<(Restore<'a>, Adopted), DataplaneError> {
         let t0 = Instant::now();
         let fam = self.fam();
         // Which chains exist: the listing of the full sync that made the
@@ -145,25 +148,23 @@ impl IptablesNetlink {
             None => self.all_chains()?,
         };
         let mut declared: HashMap<ChainKey, Declared> = HashMap::new();
-        let mut table = String::new();
-        for line in restore_lines(input) {
-            let (n, line) = line.map_err(apply_err)?;
-            match line {
+        let mut table = "";
+        for (i, line) in input.lines.iter().enumerate() {
+            let n = i + 1;
+            let key = |c: &str| (table.to_string(), c.to_string());
+            match *line {
                 Line::Table(t) => table = t,
-                Line::Commit => table.clear(),
+                Line::Commit => table = "",
                 Line::Chain(c) => {
-                    let d = declared.entry((table.clone(), c)).or_default();
+                    let d = declared.entry(key(c)).or_default();
                     d.not_adoptable |= !d.lines.is_empty();
                     d.lines.push(n);
                 }
                 Line::DeleteChain(c) => {
-                    declared
-                        .entry((table.clone(), c))
-                        .or_default()
-                        .not_adoptable = true;
+                    declared.entry(key(c)).or_default().not_adoptable = true;
                 }
                 Line::Append(c, r) => {
-                    let key = (table.clone(), c);
+                    let key = key(c);
                     let exists = existing.contains(&key);
                     let d = declared.entry(key).or_default();
                     if d.lines.is_empty() {
@@ -173,8 +174,8 @@ impl IptablesNetlink {
                         d.not_adoptable = true;
                     } else {
                         if exists {
-                            let enc = encode::encode(&r, fam)
-                                .map_err(|e| apply_err(format!("line {n}: {e}")))?;
+                            let enc = encode::encode(r, fam)
+                                .map_err(|e| apply_err(format!("line {n}: {e}: `{line}`")))?;
                             d.fps.push(rule_fp(enc.as_bytes(), None));
                         }
                         d.lines.push(n);
@@ -211,50 +212,34 @@ impl IptablesNetlink {
         }
         st.read = t0.elapsed();
         let out = without_lines(input, &skip);
-        st.lines_sent = out.lines().count();
-        st.bytes_sent = out.len();
+        st.lines_sent = out.lines.len();
         Ok((out, st))
     }
 }
 
 /// `input` without the lines numbered in `skip` (1-based) and without the
 /// table sections that are then only `*table` and `COMMIT`.
-fn without_lines(input: &str, skip: &HashSet<usize>) -> String {
-    let mut out = String::with_capacity(input.len().min(1 << 20));
-    let mut section: Vec<&str> = Vec::new();
-    for (i, l) in input.lines().enumerate() {
+fn without_lines<'a>(input: &Restore<'a>, skip: &HashSet<usize>) -> Restore<'a> {
+    let mut out = Restore::default();
+    let mut section: Vec<Line<'a>> = Vec::new();
+    for (i, l) in input.lines.iter().enumerate() {
         if skip.contains(&(i + 1)) {
             continue;
         }
-        let t = l.trim();
-        if t.starts_with('*') {
-            section.clear();
-            section.push(l);
-        } else if !section.is_empty() {
-            if t == "COMMIT" {
-                // The table's line and COMMIT alone: nothing to send.
-                if section.len() > 1 {
-                    for s in section.drain(..) {
-                        out.push_str(s);
-                        out.push('\n');
-                    }
-                    out.push_str(l);
-                    out.push('\n');
-                }
-                section.clear();
-            } else if !t.is_empty() && !t.starts_with('#') {
-                section.push(l);
+        match l {
+            Line::Table(_) => section = vec![*l],
+            // The table's line and COMMIT alone: nothing to send.
+            Line::Commit if section.len() == 1 => section.clear(),
+            Line::Commit if !section.is_empty() => {
+                out.lines.append(&mut section);
+                out.push(*l);
             }
-        } else {
-            out.push_str(l);
-            out.push('\n');
+            _ if !section.is_empty() => section.push(*l),
+            _ => out.push(*l),
         }
     }
     // A section without COMMIT: as it was (restore reports it).
-    for s in section {
-        out.push_str(s);
-        out.push('\n');
-    }
+    out.lines.append(&mut section);
     out
 }
 
@@ -320,13 +305,31 @@ mod tests {
 
     #[test]
     fn kept_chains_and_empty_tables_leave_the_input() {
-        let input = "*mangle\n:KUBE-PROXY-CANARY - [0:0]\nCOMMIT\n*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-A - [0:0]\n-A KUBE-SERVICES -j KUBE-SVC-A\n-A KUBE-SVC-A -j KUBE-SEP-B\n-X KUBE-SEP-OLD\nCOMMIT\n";
+        use crate::types::{Rule, Target};
+        let (a, b) = (
+            Rule::new(Vec::new(), Target::Jump("KUBE-SVC-A".into())),
+            Rule::new(Vec::new(), Target::Jump("KUBE-SEP-B".into())),
+        );
+        let input = Restore {
+            lines: vec![
+                Line::Table("mangle"),
+                Line::Chain("KUBE-PROXY-CANARY"),
+                Line::Commit,
+                Line::Table("nat"),
+                Line::Chain("KUBE-SERVICES"),
+                Line::Chain("KUBE-SVC-A"),
+                Line::Append("KUBE-SERVICES", &a),
+                Line::Append("KUBE-SVC-A", &b),
+                Line::DeleteChain("KUBE-SEP-OLD"),
+                Line::Commit,
+            ],
+        };
         let skip: HashSet<usize> = [2, 5, 7].into_iter().collect();
         assert_eq!(
-            without_lines(input, &skip),
+            without_lines(&input, &skip).to_string(),
             "*nat\n:KUBE-SVC-A - [0:0]\n-A KUBE-SVC-A -j KUBE-SEP-B\n-X KUBE-SEP-OLD\nCOMMIT\n"
         );
         let all: HashSet<usize> = (1..=10).filter(|n| ![1, 3, 4, 10].contains(n)).collect();
-        assert_eq!(without_lines(input, &all), "");
+        assert_eq!(without_lines(&input, &all), Restore::default());
     }
 }

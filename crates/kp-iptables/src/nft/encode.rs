@@ -1,28 +1,55 @@
-//! A parsed rule as the nf_tables expressions iptables-nft 1.8 writes for it,
+//! A typed rule as the nf_tables expressions iptables-nft 1.8 writes for it,
 //! so that `iptables-save` (nft) reads our rules back as its own and prints
 //! upstream's text. Learnt from iptables' nft-ipv4.c, nft-ipv6.c,
 //! nft-shared.c and nft.c, and pinned by tests/nft_roundtrip.rs, which
 //! compares what this writes with what `iptables-nft-restore` installs.
 //!
-//! - The fixed fields become native expressions, in iptables' order: input
-//!   and output interface, protocol, source, destination.
+//! - The fixed fields (`-i`, `-p`, `-s`, `-d`, wherever the rule's text puts
+//!   them) become native expressions first, in iptables' order: input
+//!   interface, protocol, source, destination.
 //! - Matches follow in their order. `tcp`/`udp` with a port and `mark` are
 //!   native (payload or meta, bitwise, cmp); the others are x_tables matches
 //!   run by nft_compat (`match` with the extension's own structure).
 //! - A counter, then the verdict: native for ACCEPT/DROP/RETURN and chains,
 //!   an x_tables target (`target`) for DNAT, MASQUERADE, MARK and REJECT.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::OnceLock;
 
 use ipnet::IpNet;
+use kp_model::Protocol;
 use kp_netlink::nftables::expr::{
     bitwise_in, cmp_in, counter_in, immediate_verdict_in, meta_load_in, payload_in, xt_in,
-    META_IIFNAME, META_L4PROTO, META_MARK, META_OIFNAME, PAYLOAD_NETWORK, PAYLOAD_TRANSPORT, REG_1,
+    META_IIFNAME, META_L4PROTO, META_MARK, PAYLOAD_NETWORK, PAYLOAD_TRANSPORT, REG_1,
     VERDICT_ACCEPT, VERDICT_DROP, VERDICT_JUMP, VERDICT_RETURN,
 };
 use kp_netlink::Attrs;
 
-use super::rule::{Addr, Iface, Match, Recent, Rule, Target, IPPROTO_SCTP};
+use crate::types::{probability, Addr, Iface, Match, Recent, Rule, Target};
+
+/// A rule iptables-nft could not hold as it is.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EncodeError {
+    #[error("address {0} is not of the table's family")]
+    Family(IpAddr),
+    #[error("`! -s/-d` of a /0 matches nothing")]
+    NegatedAny,
+    #[error("{0} given twice in one rule")]
+    Twice(&'static str),
+    #[error("comment longer than 255 bytes")]
+    Comment,
+    #[error("recent list name {0:?} longer than 199 bytes")]
+    RecentName(String),
+    #[error("nfacct name {0:?} is not 1-31 bytes")]
+    NfacctName(String),
+}
+
+/// xt_recent's check_set bits.
+const RECENT_CHECK: u8 = 1;
+const RECENT_SET: u8 = 2;
+const RECENT_REAP: u8 = 32;
+/// `RTN_LOCAL` as an xt_addrtype bit.
+const ADDRTYPE_LOCAL: u16 = 1 << 2;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
@@ -65,35 +92,37 @@ fn iface(out: &mut Attrs, key: u32, i: &Iface) {
 }
 
 /// The address's bytes: the first 4 (IPv4) or all 16 of the result.
-fn addr_bytes(ip: IpAddr, fam: Family) -> Result<([u8; 16], usize), String> {
+fn addr_bytes(ip: IpAddr, fam: Family) -> Result<([u8; 16], usize), EncodeError> {
     let mut v = [0; 16];
     match (ip, fam) {
         (IpAddr::V4(a), Family::V4) => v[..4].copy_from_slice(&a.octets()),
         (IpAddr::V6(a), Family::V6) => v = a.octets(),
-        _ => return Err(format!("address {ip} is not of the table's family")),
+        _ => return Err(EncodeError::Family(ip)),
     }
     Ok((v, fam.addr_len()))
 }
 
 /// iptables' add_addr: a whole-byte prefix loads just its bytes; any other
-/// mask loads the address and masks it.
-fn address(out: &mut Attrs, fam: Family, offset: u32, a: &Addr) -> Result<(), String> {
-    let plen = a.net.prefix_len() as usize;
+/// mask loads the address and masks it. Host bits are cleared, as iptables
+/// stores the address.
+fn address(out: &mut Attrs, fam: Family, offset: u32, a: &Addr) -> Result<(), EncodeError> {
+    let net = a.net.trunc();
+    let plen = net.prefix_len() as usize;
     if plen == 0 {
         if a.negate {
-            return Err("`! -s/-d` of a /0 matches nothing".into());
+            return Err(EncodeError::NegatedAny);
         }
         // iptables leaves 0.0.0.0/0 out altogether.
         return Ok(());
     }
-    let (buf, len) = addr_bytes(a.net.addr(), fam)?;
+    let (buf, len) = addr_bytes(net.addr(), fam)?;
     let bytes = &buf[..len];
     if plen.is_multiple_of(8) {
         let n = plen / 8;
         payload_in(out, PAYLOAD_NETWORK, offset, n as u32, REG_1);
         cmp_in(out, REG_1, a.negate, &bytes[..n]);
     } else {
-        let mask = match a.net {
+        let mask = match net {
             IpNet::V4(n) => n.netmask().octets().to_vec(),
             IpNet::V6(n) => n.netmask().octets().to_vec(),
         };
@@ -104,10 +133,10 @@ fn address(out: &mut Attrs, fam: Family, offset: u32, a: &Addr) -> Result<(), St
     Ok(())
 }
 
-fn comment(text: &str) -> Result<[u8; 256], String> {
+fn comment(text: &str) -> Result<[u8; 256], EncodeError> {
     // struct xt_comment_info { char comment[256]; }
     if text.len() > 255 {
-        return Err("comment longer than 255 bytes".into());
+        return Err(EncodeError::Comment);
     }
     let mut v = [0; 256];
     v[..text.len()].copy_from_slice(text.as_bytes());
@@ -160,18 +189,42 @@ fn statistic(probability: u32) -> [u8; 24] {
     v
 }
 
+/// The statistic match's probability for upstream's text of 1/`one_in`
+/// (`%0.10f`), as libxt_statistic makes it of that text: lround(2^31 * p).
+/// Worked out once for the endpoint counts Services have (a format and a
+/// parse each), so that the kernel holds what iptables-restore would.
+fn random_bits(one_in: u32) -> u32 {
+    const CACHED: u32 = 1024;
+    static SMALL: OnceLock<Vec<u32>> = OnceLock::new();
+    let of = |n: u32| {
+        let p: f64 = probability(n as usize).parse().unwrap_or(0.0);
+        (p * 2_147_483_648.0).round() as u32
+    };
+    match SMALL
+        .get_or_init(|| (0..CACHED).map(of).collect())
+        .get(one_in as usize)
+    {
+        Some(bits) => *bits,
+        None => of(one_in),
+    }
+}
+
 /// struct xt_recent_mtinfo_v1: seconds, hit_count, check_set, invert,
 /// name[200], side, then the address mask (all ones: whole addresses).
-fn recent(r: &Recent) -> Result<Vec<u8>, String> {
-    if r.name.len() >= 200 {
-        return Err("recent list name longer than 199 bytes".into());
+fn recent(r: &Recent) -> Result<Vec<u8>, EncodeError> {
+    let (name, seconds, flags) = match r {
+        Recent::Set { name } => (name, 0, RECENT_SET),
+        Recent::Check { name, seconds } => (name, *seconds, RECENT_CHECK | RECENT_REAP),
+    };
+    if name.len() >= 200 {
+        return Err(EncodeError::RecentName(name.clone()));
     }
     let mut v = Vec::with_capacity(232);
-    v.extend_from_slice(&r.seconds.to_ne_bytes());
+    v.extend_from_slice(&seconds.to_ne_bytes());
     v.extend_from_slice(&0u32.to_ne_bytes());
-    v.push(r.flags);
+    v.push(flags);
     v.push(0);
-    let mut name = r.name.as_bytes().to_vec();
+    let mut name = name.as_bytes().to_vec();
     name.resize(200, 0);
     v.extend_from_slice(&name);
     v.push(0); // XT_RECENT_SOURCE
@@ -181,19 +234,18 @@ fn recent(r: &Recent) -> Result<Vec<u8>, String> {
     Ok(xt_align(v))
 }
 
-/// struct xt_addrtype_info_v1.
-fn addrtype(src: Option<(bool, u16)>, dst: Option<(bool, u16)>) -> Vec<u8> {
-    let mut flags = 0u32;
-    if src.is_some_and(|(n, _)| n) {
-        flags |= 0x1;
-    }
-    if dst.is_some_and(|(n, _)| n) {
-        flags |= 0x2;
-    }
-    let mut v = Vec::with_capacity(8);
-    v.extend_from_slice(&src.map_or(0, |(_, t)| t).to_ne_bytes());
-    v.extend_from_slice(&dst.map_or(0, |(_, t)| t).to_ne_bytes());
-    v.extend_from_slice(&flags.to_ne_bytes());
+/// struct xt_addrtype_info_v1 with LOCAL as the source's (`src`) or the
+/// destination's type: source and destination type masks, then flags
+/// (no inversion).
+fn addrtype_local(src: bool) -> [u8; 8] {
+    let (s, d) = if src {
+        (ADDRTYPE_LOCAL, 0)
+    } else {
+        (0, ADDRTYPE_LOCAL)
+    };
+    let mut v = [0; 8];
+    v[0..2].copy_from_slice(&s.to_ne_bytes());
+    v[2..4].copy_from_slice(&d.to_ne_bytes());
     v
 }
 
@@ -212,9 +264,9 @@ fn conntrack(negate: bool, states: u16) -> Vec<u8> {
 /// struct xt_nfacct_match_info_v1 (revision 1, what iptables 1.8 picks):
 /// name[NFACCT_NAME_MAX = 32], then the kernel's pointer to the object,
 /// left zero.
-fn nfacct(name: &str) -> Result<[u8; 40], String> {
+fn nfacct(name: &str) -> Result<[u8; 40], EncodeError> {
     if name.is_empty() || name.len() >= 32 {
-        return Err(format!("nfacct name {name:?} is not 1-31 bytes"));
+        return Err(EncodeError::NfacctName(name.to_string()));
     }
     let mut v = [0; 40];
     v[..name.len()].copy_from_slice(name.as_bytes());
@@ -223,12 +275,12 @@ fn nfacct(name: &str) -> Result<[u8; 40], String> {
 
 /// struct nf_nat_range2 for DNAT (revision 2): flags, min and max address
 /// (16 bytes each), min and max port, base_proto, padded to 48.
-fn dnat(addr: IpAddr, port: Option<u16>, fam: Family) -> Result<[u8; 48], String> {
-    // NF_NAT_RANGE_MAP_IPS, NF_NAT_RANGE_PROTO_SPECIFIED.
-    let flags: u32 = if port.is_some() { 1 | 2 } else { 1 };
+fn dnat(to: SocketAddr, fam: Family) -> Result<[u8; 48], EncodeError> {
+    // NF_NAT_RANGE_MAP_IPS | NF_NAT_RANGE_PROTO_SPECIFIED.
+    let flags: u32 = 1 | 2;
     // Unused bytes of an IPv4 address stay zero, as in the union.
-    let (a, _) = addr_bytes(addr, fam)?;
-    let p = port.unwrap_or(0).to_be_bytes();
+    let (a, _) = addr_bytes(to.ip(), fam)?;
+    let p = to.port().to_be_bytes();
     let mut v = [0; 48];
     v[0..4].copy_from_slice(&flags.to_ne_bytes());
     v[4..20].copy_from_slice(&a);
@@ -238,10 +290,11 @@ fn dnat(addr: IpAddr, port: Option<u16>, fam: Family) -> Result<[u8; 48], String
     Ok(v)
 }
 
-/// MASQUERADE, revision 0: IPv4's nf_nat_ipv4_multi_range_compat (one
-/// range), IPv6's nf_nat_range.
-fn masquerade(random_fully: bool, fam: Family) -> Vec<u8> {
-    let flags: u32 = if random_fully { 1 << 4 } else { 0 };
+/// MASQUERADE --random-fully, revision 0: IPv4's
+/// nf_nat_ipv4_multi_range_compat (one range), IPv6's nf_nat_range.
+fn masquerade(fam: Family) -> Vec<u8> {
+    // NF_NAT_RANGE_PROTO_RANDOM_FULLY
+    let flags: u32 = 1 << 4;
     let mut v = Vec::new();
     match fam {
         Family::V4 => {
@@ -268,7 +321,7 @@ fn reject(fam: Family) -> Vec<u8> {
 }
 
 /// The expression list of `r` for a table of family `fam`.
-pub fn encode(r: &Rule, fam: Family) -> Result<Attrs, String> {
+pub fn encode(r: &Rule, fam: Family) -> Result<Attrs, EncodeError> {
     // Room for the rules render.rs writes (a comment's structure alone is
     // 256 bytes): one allocation for most.
     let mut exprs = Attrs::with_capacity(768);
@@ -276,62 +329,84 @@ pub fn encode(r: &Rule, fam: Family) -> Result<Attrs, String> {
     Ok(exprs)
 }
 
+/// Puts `v` in `slot`, which must be empty (iptables takes `-s` etc. once).
+fn once<'a, T>(slot: &mut Option<&'a T>, v: &'a T, what: &'static str) -> Result<(), EncodeError> {
+    match slot.replace(v) {
+        Some(_) => Err(EncodeError::Twice(what)),
+        None => Ok(()),
+    }
+}
+
 /// [`encode`]'s expressions written at the end of `out` (the expression
 /// list of a rule message being built).
-pub fn encode_into(out: &mut Attrs, r: &Rule, fam: Family) -> Result<(), String> {
-    if let Some(i) = &r.in_iface {
+pub fn encode_into(out: &mut Attrs, r: &Rule, fam: Family) -> Result<(), EncodeError> {
+    let (mut in_iface, mut proto, mut src, mut dst) = (None, None, None, None);
+    for m in &r.matches {
+        match m {
+            Match::In(i) => once(&mut in_iface, i, "-i")?,
+            Match::Src(a) => once(&mut src, a, "-s")?,
+            Match::Dst(a) => once(&mut dst, a, "-d")?,
+            Match::Ports {
+                proto: p, dst: d, ..
+            } => {
+                once(&mut proto, p, "-p")?;
+                if let Some(a) = d {
+                    once(&mut dst, a, "-d")?;
+                }
+            }
+            _ => {}
+        }
+    }
+    if let Some(i) = in_iface {
         iface(out, META_IIFNAME, i);
     }
-    if let Some(i) = &r.out_iface {
-        iface(out, META_OIFNAME, i);
-    }
-    if let Some(p) = r.proto {
+    if let Some(p) = proto {
         meta_load_in(out, META_L4PROTO, REG_1);
-        cmp_in(out, REG_1, false, &[p]);
+        cmp_in(out, REG_1, false, &[p.number()]);
     }
     let (src_off, dst_off) = fam.addr_offsets();
-    if let Some(a) = &r.src {
+    if let Some(a) = src {
         address(out, fam, src_off, a)?;
     }
-    if let Some(a) = &r.dst {
+    if let Some(a) = dst {
         address(out, fam, dst_off, a)?;
     }
     for m in &r.matches {
         match m {
+            Match::Src(_) | Match::Dst(_) | Match::In(_) => {}
             Match::Comment(c) => {
                 xt_in(out, "match", "comment", 0, &comment(c)?);
             }
-            Match::Ports { proto, dport } => {
-                if *proto == IPPROTO_SCTP {
-                    xt_in(out, "match", "sctp", 0, &sctp(*dport));
-                } else {
-                    if r.proto != Some(*proto) {
-                        return Err("a port match needs its `-p`".into());
-                    }
-                    match dport {
-                        Some(p) => {
-                            payload_in(out, PAYLOAD_TRANSPORT, 2, 2, REG_1);
-                            cmp_in(out, REG_1, false, &p.to_be_bytes());
-                        }
-                        None => {
-                            let name = if *proto == super::rule::IPPROTO_TCP {
-                                "tcp"
-                            } else {
-                                "udp"
-                            };
-                            xt_in(out, "match", name, 0, &any_ports());
-                        }
-                    }
-                }
+            Match::Ports {
+                proto: Protocol::Sctp,
+                dport,
+                ..
+            } => {
+                xt_in(out, "match", "sctp", 0, &sctp(*dport));
             }
-            Match::Random { probability } => {
-                xt_in(out, "match", "statistic", 0, &statistic(*probability));
+            Match::Ports { dport: Some(p), .. } => {
+                payload_in(out, PAYLOAD_TRANSPORT, 2, 2, REG_1);
+                cmp_in(out, REG_1, false, &p.to_be_bytes());
+            }
+            Match::Ports {
+                proto, dport: None, ..
+            } => {
+                xt_in(out, "match", proto.as_lower(), 0, &any_ports());
+            }
+            Match::Random { one_in } => {
+                xt_in(
+                    out,
+                    "match",
+                    "statistic",
+                    0,
+                    &statistic(random_bits(*one_in)),
+                );
             }
             Match::Recent(rc) => {
                 xt_in(out, "match", "recent", 1, &recent(rc)?);
             }
-            Match::AddrType { src, dst } => {
-                xt_in(out, "match", "addrtype", 1, &addrtype(*src, *dst));
+            Match::Local { src } => {
+                xt_in(out, "match", "addrtype", 1, &addrtype_local(*src));
             }
             Match::CtState { negate, states } => {
                 xt_in(out, "match", "conntrack", 3, &conntrack(*negate, *states));
@@ -353,6 +428,12 @@ pub fn encode_into(out: &mut Attrs, r: &Rule, fam: Family) -> Result<(), String>
         }
     }
     counter_in(out);
+    // xt_MARK's (mark, mask): the new mark is (old & !mask) ^ mark.
+    let mark = |out: &mut Attrs, mark: u32, mask: u32| {
+        let mut v = mark.to_ne_bytes().to_vec();
+        v.extend_from_slice(&mask.to_ne_bytes());
+        xt_in(out, "target", "MARK", 2, &v);
+    };
     match &r.target {
         Target::None => {}
         Target::Accept => {
@@ -370,23 +451,14 @@ pub fn encode_into(out: &mut Attrs, r: &Rule, fam: Family) -> Result<(), String>
         Target::Reject => {
             xt_in(out, "target", "REJECT", 0, &reject(fam));
         }
-        Target::Dnat { addr, port } => {
-            xt_in(out, "target", "DNAT", 2, &dnat(*addr, *port, fam)?);
+        Target::Dnat(to) => {
+            xt_in(out, "target", "DNAT", 2, &dnat(*to, fam)?);
         }
-        Target::Masquerade { random_fully } => {
-            xt_in(
-                out,
-                "target",
-                "MASQUERADE",
-                0,
-                &masquerade(*random_fully, fam),
-            );
+        Target::MasqueradeRandomFully => {
+            xt_in(out, "target", "MASQUERADE", 0, &masquerade(fam));
         }
-        Target::Mark { mark, mask } => {
-            let mut v = mark.to_ne_bytes().to_vec();
-            v.extend_from_slice(&mask.to_ne_bytes());
-            xt_in(out, "target", "MARK", 2, &v);
-        }
+        Target::MarkOr(m) => mark(out, *m, *m),
+        Target::MarkXor(m) => mark(out, *m, 0),
     }
     Ok(())
 }
@@ -402,25 +474,68 @@ mod tests {
         assert_eq!(any_ports().len(), 16);
         assert_eq!(sctp(Some(80)).len(), 296);
         assert_eq!(statistic(1).len(), 24);
-        let r = Recent {
+        let r = Recent::Check {
             name: "KUBE-SEP-X".into(),
-            flags: 1,
             seconds: 10800,
         };
         assert_eq!(recent(&r).unwrap().len(), 232);
-        assert_eq!(addrtype(None, Some((false, 4))).len(), 8);
         assert_eq!(conntrack(false, 8).len(), 168);
         assert_eq!(
-            dnat("10.0.0.1".parse().unwrap(), Some(80), Family::V4)
+            dnat("10.0.0.1:80".parse().unwrap(), Family::V4)
                 .unwrap()
                 .len(),
             48
         );
-        assert_eq!(masquerade(true, Family::V4).len(), 24);
-        assert_eq!(masquerade(true, Family::V6).len(), 40);
+        assert_eq!(masquerade(Family::V4).len(), 24);
+        assert_eq!(masquerade(Family::V6).len(), 40);
         assert_eq!(reject(Family::V4).len(), 8);
         assert_eq!(nfacct("ct_state_invalid_dropped_pkts").unwrap().len(), 40);
         assert!(nfacct(&"x".repeat(32)).is_err());
+    }
+
+    #[test]
+    fn probabilities_are_what_libxt_statistic_makes_of_the_text() {
+        // The text's value, parsed and scaled as libxt_statistic does
+        // (lround(0x80000000 * p)), for every count the cache holds and
+        // past it.
+        for n in (2..5000).chain([65_535, 1 << 20]) {
+            let p: f64 = probability(n as usize).parse().unwrap();
+            assert_eq!(
+                random_bits(n),
+                (p * 2_147_483_648.0).round() as u32,
+                "1/{n}"
+            );
+        }
+        assert_eq!(random_bits(3), 715_827_883);
+        assert_eq!(random_bits(2), 1 << 30);
+    }
+
+    #[test]
+    fn a_rule_holds_each_fixed_field_once() {
+        let a = Addr::new(false, "10.0.0.1/32".parse().unwrap());
+        let r = Rule::new(
+            vec![
+                Match::Dst(a),
+                Match::Ports {
+                    proto: Protocol::Tcp,
+                    dst: Some(a),
+                    dport: Some(80),
+                },
+            ],
+            Target::Accept,
+        );
+        assert_eq!(
+            encode(&r, Family::V4).unwrap_err(),
+            EncodeError::Twice("-d")
+        );
+        let v6 = Rule::new(
+            vec![Match::src_host("fd00::1".parse().unwrap())],
+            Target::Drop,
+        );
+        assert!(matches!(
+            encode(&v6, Family::V4),
+            Err(EncodeError::Family(_))
+        ));
     }
 
     #[test]

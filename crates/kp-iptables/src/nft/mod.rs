@@ -1,6 +1,7 @@
 //! iptables-nft without `iptables-restore`: the proxier's restore input
-//! written as one nf_tables netlink batch, the rules encoded as iptables-nft
-//! encodes them (encode.rs), so `iptables-save` lists them as its own.
+//! (typed: [`Restore`]) written as one nf_tables netlink batch, the rules
+//! encoded as iptables-nft encodes them (encode.rs), so `iptables-save`
+//! lists them as its own.
 //!
 //! Why: `iptables-nft-restore` reads the whole table from the kernel, and
 //! rebuilds its cache of it, before every change, however small: at 1,000
@@ -18,7 +19,6 @@
 
 mod adopt;
 mod encode;
-mod rule;
 
 use std::collections::{BTreeSet, HashSet};
 
@@ -31,10 +31,11 @@ use kp_netlink::{
     Attrs, ParsedAttrs, Until, NLA_F_NESTED, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_DUMP,
 };
 
-pub use encode::Family;
-use kp_xtables::Jump;
-use kp_xtables::{Adopted, IptablesBackend, IptablesCli, Variant};
-use rule::{parse_rule, restore_line, Line};
+pub use encode::{EncodeError, Family};
+use kp_xtables::{Adopted, Jump};
+
+use crate::types::{Line, Restore, Rule};
+use crate::writer::Writer;
 
 const TOOL: &str = "iptables-nft over netlink";
 
@@ -51,82 +52,77 @@ fn encode_lines(
     b: &mut Batch,
     proto: u8,
     fam: Family,
-    lines: &[&str],
+    lines: &[Line<'_>],
     offset: usize,
     table: &str,
 ) -> Result<(), DataplaneError> {
-    let mut table = table.to_string();
+    let mut table = table;
     // Each rule's message is built here, in one buffer for them all.
     let mut msg_buf = Attrs::with_capacity(1024);
-    for (i, raw) in lines.iter().enumerate() {
-        let Some(line) = restore_line(offset + i + 1, raw) else {
-            continue;
-        };
-        let (n, line) = line.map_err(apply_err)?;
-        let need_table = |table: &str| {
+    for (i, line) in lines.iter().enumerate() {
+        let n = offset + i + 1;
+        let need_table = || {
             if table.is_empty() {
                 Err(apply_err(format!("line {n}: outside a table (`*table`)")))
             } else {
                 Ok(())
             }
         };
-        match line {
+        match *line {
             Line::Table(t) => table = t,
-            Line::Commit => table.clear(),
+            Line::Commit => table = "",
             Line::Chain(c) => {
-                need_table(&table)?;
-                if builtin(&table, &c).is_some() {
+                need_table()?;
+                if builtin(table, c).is_some() {
                     return Err(apply_err(format!(
                         "line {n}: builtin chain {c} cannot be declared (it would be flushed)"
                     )));
                 }
                 let mut a = Attrs::new();
-                a.str(1, &table).str(3, &c);
+                a.str(1, table).str(3, c);
                 b.push(n, proto, msg::NEWCHAIN, NLM_F_CREATE, &a);
                 let mut a = Attrs::new();
-                a.str(1, &table).str(2, &c);
+                a.str(1, table).str(2, c);
                 b.push(n, proto, msg::DELRULE, 0, &a);
             }
             Line::DeleteChain(c) => {
-                need_table(&table)?;
+                need_table()?;
                 let mut a = Attrs::new();
-                a.str(1, &table).str(3, &c);
+                a.str(1, table).str(3, c);
                 b.push(n, proto, msg::DELCHAIN, 0, &a);
             }
-            Line::Append(c, r) => {
-                need_table(&table)?;
-                push_rule(b, &mut msg_buf, (proto, fam), n, (&table, &c), &r, true)?;
-            }
-            Line::Insert(c, r) => {
-                need_table(&table)?;
-                push_rule(b, &mut msg_buf, (proto, fam), n, (&table, &c), &r, false)?;
+            Line::Append(c, r) | Line::Insert(c, r) => {
+                need_table()?;
+                let append = matches!(line, Line::Append(..));
+                push_rule(b, &mut msg_buf, (proto, fam), n, (table, c), r, append)
+                    .map_err(|e| apply_err(format!("line {n}: {e}: `{line}`")))?;
             }
         }
     }
     Ok(())
 }
 
-/// Adds rule `r` to (table, chain): appended, or first in the chain (`-I
-/// 1`). Its message is built in `a`, whatever `a` held.
+/// Adds rule `r` to (table, chain) as operation `n`: appended, or first in
+/// the chain (`-I 1`). Its message is built in `a`, whatever `a` held.
 fn push_rule(
     b: &mut Batch,
     a: &mut Attrs,
     (proto, fam): (u8, Family),
     n: usize,
     (table, chain): (&str, &str),
-    r: &rule::Rule,
+    r: &Rule,
     append: bool,
-) -> Result<(), DataplaneError> {
+) -> Result<(), EncodeError> {
     a.clear();
     a.str(1, table).str(2, chain);
     let exprs = a.begin_nest(4);
-    encode::encode_into(a, r, fam).map_err(|e| apply_err(format!("line {n}: {e}")))?;
+    encode::encode_into(a, r, fam)?;
     a.end_nest(exprs);
-    if let Some(p) = r.proto {
+    if let Some(p) = r.proto() {
         // NFTA_RULE_COMPAT: what nft_compat checks x_tables matches against
         // (`-m tcp` is only valid with `-p tcp`), as iptables-nft sends it.
         let c = a.begin_nest(5);
-        a.u32be(1, p as u32).u32be(2, 0);
+        a.u32be(1, p.number() as u32).u32be(2, 0);
         a.end_nest(c);
     }
     let flags = if append {
@@ -159,7 +155,7 @@ fn builtin(table: &str, chain: &str) -> Option<(&'static str, u32, i32)> {
     })
 }
 
-/// Writes iptables rules over nf_tables netlink (the `IptablesBackend` of
+/// Writes iptables rules over nf_tables netlink (the [`Writer`] of
 /// iptables-nft, unless `--iptables-nft-restore` asks for the programs).
 pub struct IptablesNetlink {
     family: IpFamily,
@@ -172,8 +168,6 @@ pub struct IptablesNetlink {
     /// restores, and adopting needs to know which chains exist (reading
     /// the rules of one that does not costs as much as of one that does).
     listing: Option<HashSet<(String, String)>>,
-    /// `iptables-nft-save`, for listings off the sync path (explain, debug).
-    cli: IptablesCli,
 }
 
 fn nfproto(f: IpFamily) -> u8 {
@@ -246,7 +240,6 @@ impl IptablesNetlink {
             sock: NftSocket::new(),
             known: BTreeSet::new(),
             listing: None,
-            cli: IptablesCli::variant(family, Variant::Nft),
         }
     }
 
@@ -321,52 +314,53 @@ impl IptablesNetlink {
 
     /// The input as one batch: first the tables and builtin chains it
     /// needs and the kernel lacks, then its lines in order, a large input
-    /// in two halves on two threads (parsing and encoding 480k lines took
-    /// 0.8-1.2 s at 10k Services, 0.5-0.8 s in halves, while the kernel
-    /// waits for the batch).
-    fn encode(&mut self, input: &str) -> Result<Batch, DataplaneError> {
+    /// in two halves on two threads (the kernel waits for the batch).
+    fn encode(&mut self, input: &Restore<'_>) -> Result<Batch, DataplaneError> {
         self.encode_split(input, SPLIT_AT_LINES)
     }
 
     /// [`Self::encode`], in halves from `split_at` lines.
-    fn encode_split(&mut self, input: &str, split_at: usize) -> Result<Batch, DataplaneError> {
-        let lines: Vec<&str> = input.lines().collect();
-        // Which tables and builtin chains the input uses, without parsing
-        // its rules (a rule line's chain is its second word); and where a
-        // second half would start, by bytes rather than lines (the chain
+    fn encode_split(
+        &mut self,
+        input: &Restore<'_>,
+        split_at: usize,
+    ) -> Result<Batch, DataplaneError> {
+        let lines = &input.lines;
+        let is_rule = |l: &Line<'_>| matches!(l, Line::Append(..) | Line::Insert(..));
+        // Which tables and builtin chains the input uses; and where a second
+        // half would start, by rules rather than lines (the chain
         // declarations come first and cost a fraction of a rule each), with
         // the table in force there.
         let mut needed: Vec<(usize, &str, &str)> = Vec::new();
         let mut seen: HashSet<(&str, &str)> = HashSet::new();
         let mut table = "";
-        let (mut left, mut mid) = (input.len() / 2, None);
-        for (i, raw) in lines.iter().enumerate() {
-            let l = raw.trim();
-            let want = if let Some(t) = l.strip_prefix('*') {
-                table = t;
-                Some((t, ""))
-            } else if l == "COMMIT" {
-                table = "";
-                None
-            } else if !table.is_empty() && (l.starts_with("-A") || l.starts_with("-I")) {
-                l.split_whitespace()
-                    .nth(1)
-                    .filter(|c| builtin(table, c).is_some())
-                    .map(|c| (table, c))
-            } else {
-                None
+        let (mut left, mut mid) = (lines.iter().filter(|l| is_rule(l)).count() / 2, None);
+        for (i, line) in lines.iter().enumerate() {
+            let want = match *line {
+                Line::Table(t) => {
+                    table = t;
+                    Some((t, ""))
+                }
+                Line::Commit => {
+                    table = "";
+                    None
+                }
+                Line::Append(c, _) | Line::Insert(c, _) => {
+                    left = left.saturating_sub(1);
+                    (!table.is_empty() && builtin(table, c).is_some()).then_some((table, c))
+                }
+                Line::Chain(_) | Line::DeleteChain(_) => None,
             };
             if let Some(w) = want.filter(|w| seen.insert(*w)) {
                 needed.push((i + 1, w.0, w.1));
             }
-            left = left.saturating_sub(raw.len() + 1);
             if left == 0 && mid.is_none() {
                 mid = Some((i + 1, table));
             }
         }
         // Every line is at most two messages.
         let seq0 = next_seq(lines.len() * 2 + needed.len() + 32);
-        let mut head = Batch::new(seq0, input.len() * 2 + 64);
+        let mut head = Batch::new(seq0, lines.len() * 512 + 64);
         for (n, t, c) in needed {
             self.ensure(&mut head, n, t, c)?;
         }
@@ -374,7 +368,7 @@ impl IptablesNetlink {
         let two = lines.len() >= split_at
             && std::thread::available_parallelism().is_ok_and(|c| c.get() > 1);
         let Some((mid, table_at_mid)) = mid.filter(|_| two) else {
-            encode_lines(&mut head, proto, fam, &lines, 0, "")?;
+            encode_lines(&mut head, proto, fam, lines, 0, "")?;
             return Ok(head.finish());
         };
         // The second half's messages are numbered after every number the
@@ -384,7 +378,7 @@ impl IptablesNetlink {
         let ((), second) = kp_netlink::side_by_side(
             || encode_lines(&mut head, proto, fam, &lines[..mid], 0, ""),
             move || {
-                let mut b = Batch::continuation(seq1, rest.len() * 128);
+                let mut b = Batch::continuation(seq1, rest.len() * 512);
                 encode_lines(&mut b, proto, fam, rest, mid, table_at_mid).map(|_| b)
             },
             // Encoding returns an error for bad input and does not panic;
@@ -402,14 +396,18 @@ impl IptablesNetlink {
 
     /// `input` encoded as one batch, for [`Self::send_encoded`] (the
     /// restore in two steps: benchmarks time the kernel's part alone).
-    pub fn encode_input(&mut self, input: &str) -> Result<Batch, DataplaneError> {
+    pub fn encode_input(&mut self, input: &Restore<'_>) -> Result<Batch, DataplaneError> {
         self.listing = None;
         self.encode(input).inspect_err(|_| self.known.clear())
     }
 
     /// Sends a batch [`Self::encode_input`] made of `input` (named in the
     /// errors): committed whole, or nothing is.
-    pub fn send_encoded(&mut self, batch: &Batch, input: &str) -> Result<(), DataplaneError> {
+    pub fn send_encoded(
+        &mut self,
+        batch: &Batch,
+        input: &Restore<'_>,
+    ) -> Result<(), DataplaneError> {
         self.listing = None;
         if batch.is_empty() {
             return Ok(());
@@ -418,16 +416,19 @@ impl IptablesNetlink {
             self.known.clear();
             io_err(e, TOOL)
         })?;
-        let lines: Vec<&str> = input.lines().collect();
+        let line = |n: usize| {
+            n.checked_sub(1)
+                .and_then(|i| input.lines.get(i))
+                .map(Line::to_string)
+                .unwrap_or_default()
+        };
         let mut errors: Vec<String> = refusals(batch, &answers)
             .into_iter()
             .map(|r| match r {
                 Refusal::Commit(errno) => format!("commit failed: {}", errno_text(errno)),
-                Refusal::Op(n, errno) => format!(
-                    "line {n}: {}: `{}`",
-                    errno_text(errno),
-                    lines.get(n - 1).copied().unwrap_or_default()
-                ),
+                Refusal::Op(n, errno) => {
+                    format!("line {n}: {}: `{}`", errno_text(errno), line(n))
+                }
                 Refusal::Foreign(seq, errno) => {
                     format!("message {seq} (not ours): {}", errno_text(errno))
                 }
@@ -501,21 +502,16 @@ impl IptablesNetlink {
             .collect())
     }
 
-    /// Handles of the rules of `chain` that are `args`.
-    fn find_rule(
-        &mut self,
-        table: &str,
-        chain: &str,
-        args: &[String],
-    ) -> Result<Vec<u64>, DataplaneError> {
-        let rules = self.chain_rules(table, chain)?;
-        self.matching(&rules, args)
+    /// Handles of the rules of its chain that are `jump`.
+    fn find_jump(&mut self, jump: &Jump) -> Result<Vec<u64>, DataplaneError> {
+        let rules = self.chain_rules(jump.table, jump.from)?;
+        self.matching(&rules, jump)
     }
 
-    /// Handles of the rules among `rules` (a chain's, as read) that are `args`.
-    fn matching(&self, rules: &[ChainRule], args: &[String]) -> Result<Vec<u64>, DataplaneError> {
-        let r = parse_rule(args).map_err(|e| apply_err(format!("rule {args:?}: {e}")))?;
-        let enc = encode::encode(&r, self.fam()).map_err(apply_err)?;
+    /// Handles of the rules among `rules` (a chain's, as read) that are `jump`.
+    fn matching(&self, rules: &[ChainRule], jump: &Jump) -> Result<Vec<u64>, DataplaneError> {
+        let enc = encode::encode(&Rule::jump(jump), self.fam())
+            .map_err(|e| apply_err(format!("the jump to {}: {e}", jump.to)))?;
         let want = rule_identity(enc.as_bytes());
         Ok(rules
             .iter()
@@ -550,16 +546,21 @@ fn dump_chain(
     Ok(replies.into_iter().filter(|r| r.ty == newrule).collect())
 }
 
-impl IptablesBackend for IptablesNetlink {
-    fn restore(&mut self, input: &str) -> Result<(), DataplaneError> {
+impl Writer for IptablesNetlink {
+    fn restore(&mut self, input: &Restore<'_>) -> Result<usize, DataplaneError> {
         let batch = self.encode_input(input)?;
-        self.send_encoded(&batch, input)
+        self.send_encoded(&batch, input)?;
+        // Nothing is sent for an input without operations.
+        Ok(if batch.is_empty() { 0 } else { batch.bytes() })
     }
 
-    fn restore_adopting(&mut self, input: &str) -> Result<Option<Adopted>, DataplaneError> {
-        let (rest, adopted) = self.adopt(input)?;
-        self.restore(&rest)?;
-        Ok(Some(adopted))
+    fn restore_adopting(
+        &mut self,
+        input: &Restore<'_>,
+    ) -> Result<(usize, Option<Adopted>), DataplaneError> {
+        let (rest, mut adopted) = self.adopt(input)?;
+        adopted.bytes_sent = self.restore(&rest)?;
+        Ok((adopted.bytes_sent, Some(adopted)))
     }
 
     fn chains(&mut self, table: &str) -> Result<Vec<String>, DataplaneError> {
@@ -571,12 +572,6 @@ impl IptablesBackend for IptablesNetlink {
             .collect();
         self.listing = Some(all);
         Ok(names)
-    }
-
-    fn save_table(&mut self, table: &str) -> Result<String, DataplaneError> {
-        // Off the sync path (explain, debug): the program prints what
-        // operators know.
-        self.cli.save_table(table)
     }
 
     fn survey(
@@ -603,7 +598,7 @@ impl IptablesBackend for IptablesNetlink {
                     read.len() - 1
                 }
             };
-            if self.matching(&read[at].1, &j.args)?.is_empty() {
+            if self.matching(&read[at].1, j)?.is_empty() {
                 missing.push(j.clone());
             }
         }
@@ -614,26 +609,18 @@ impl IptablesBackend for IptablesNetlink {
         self.exists(table, chain)
     }
 
-    fn rule_exists(
-        &mut self,
-        table: &str,
-        chain: &str,
-        args: &[String],
-    ) -> Result<bool, DataplaneError> {
-        Ok(!self.find_rule(table, chain, args)?.is_empty())
+    fn jump_exists(&mut self, jump: &Jump) -> Result<bool, DataplaneError> {
+        Ok(!self.find_jump(jump)?.is_empty())
     }
 
-    fn delete_rule(
-        &mut self,
-        table: &str,
-        chain: &str,
-        args: &[String],
-    ) -> Result<(), DataplaneError> {
+    fn delete_jump(&mut self, jump: &Jump) -> Result<(), DataplaneError> {
         self.listing = None;
-        // `iptables -D` deletes the first rule that is `args`.
-        let Some(handle) = self.find_rule(table, chain, args)?.first().copied() else {
+        let (table, chain) = (jump.table, jump.from);
+        // `iptables -D` deletes the first rule that is the jump.
+        let Some(handle) = self.find_jump(jump)?.first().copied() else {
             return Err(apply_err(format!(
-                "no rule {args:?} in chain {chain} of table {table}"
+                "no jump to {} in chain {chain} of table {table}",
+                jump.to
             )));
         };
         let mut b = Batch::new(next_seq(1), 256);
@@ -672,26 +659,66 @@ mod tests {
         nl
     }
 
-    /// Two tables; the nat one's Service chains take most lines, so the
-    /// halves meet inside it.
-    fn input(services: usize) -> String {
-        let mut s = String::from(
-            "*filter\n:KUBE-FIREWALL -\n-A KUBE-FIREWALL -m conntrack --ctstate INVALID -j DROP\n\
-             -I INPUT 1 -j KUBE-FIREWALL\nCOMMIT\n*nat\n:KUBE-SERVICES -\n",
-        );
-        for i in 0..services {
-            s.push_str(&format!(":KUBE-SVC-{i:06} -\n"));
-        }
-        s.push_str("-I PREROUTING 1 -j KUBE-SERVICES\n-I OUTPUT 1 -j KUBE-SERVICES\n");
-        for i in 0..services {
+    /// The chains and rules of [`input`]: `services` Service chains, each
+    /// with a rule in KUBE-SERVICES and one of its own.
+    fn rules(services: usize) -> (Vec<String>, Vec<Rule>) {
+        use crate::types::{Addr, Match, Target, CT_INVALID};
+        let names: Vec<String> = (0..services).map(|i| format!("KUBE-SVC-{i:06}")).collect();
+        let to = |c: &str| Target::Jump(c.to_string());
+        let mut rules = vec![
+            Rule::new(
+                vec![Match::CtState {
+                    negate: false,
+                    states: CT_INVALID,
+                }],
+                Target::Drop,
+            ),
+            Rule::new(Vec::new(), to("KUBE-FIREWALL")),
+            Rule::new(Vec::new(), to("KUBE-SERVICES")),
+        ];
+        for (i, name) in names.iter().enumerate() {
             let ip = std::net::Ipv4Addr::from(0x0a60_0000u32 + i as u32);
-            s.push_str(&format!(
-                "-A KUBE-SERVICES -d {ip}/32 -p tcp -m tcp --dport 80 -j KUBE-SVC-{i:06}\n\
-                 -A KUBE-SVC-{i:06} -p tcp -m tcp -j DNAT --to-destination 10.1.0.1:8080\n"
+            let port = |dst: Option<Addr>, dport| Match::Ports {
+                proto: kp_model::Protocol::Tcp,
+                dst,
+                dport,
+            };
+            let dst = Addr::new(false, std::net::IpAddr::V4(ip).into());
+            rules.push(Rule::new(vec![port(Some(dst), Some(80))], to(name)));
+            rules.push(Rule::new(
+                vec![port(None, None)],
+                Target::Dnat("10.1.0.1:8080".parse().unwrap()),
             ));
         }
-        s.push_str("COMMIT\n");
-        s
+        (names, rules)
+    }
+
+    /// Two tables; the nat one's Service chains take most lines, so the
+    /// halves meet inside it.
+    fn input<'a>(names: &'a [String], rules: &'a [Rule]) -> Restore<'a> {
+        let mut r = Restore::default();
+        for l in [
+            Line::Table("filter"),
+            Line::Chain("KUBE-FIREWALL"),
+            Line::Append("KUBE-FIREWALL", &rules[0]),
+            Line::Insert("INPUT", &rules[1]),
+            Line::Commit,
+            Line::Table("nat"),
+            Line::Chain("KUBE-SERVICES"),
+        ] {
+            r.push(l);
+        }
+        for n in names {
+            r.push(Line::Chain(n));
+        }
+        r.push(Line::Insert("PREROUTING", &rules[2]));
+        r.push(Line::Insert("OUTPUT", &rules[2]));
+        for (n, pair) in names.iter().zip(rules[3..].chunks(2)) {
+            r.push(Line::Append("KUBE-SERVICES", &pair[0]));
+            r.push(Line::Append(n, &pair[1]));
+        }
+        r.push(Line::Commit);
+        r
     }
 
     /// Every message with its sequence number zeroed, and the line of each.
@@ -712,9 +739,10 @@ mod tests {
 
     #[test]
     fn halves_encode_what_one_pass_does() {
-        let text = input(300);
-        let one = offline().encode_split(&text, usize::MAX).unwrap();
-        let two = offline().encode_split(&text, 0).unwrap();
+        let (names, rules) = rules(300);
+        let input = input(&names, &rules);
+        let one = offline().encode_split(&input, usize::MAX).unwrap();
+        let two = offline().encode_split(&input, 0).unwrap();
         assert!(one.len() > 900);
         assert_eq!(messages(&one), messages(&two));
         // Numbers rise through the batch: the kernel's answers are told
@@ -726,16 +754,23 @@ mod tests {
 
     #[test]
     fn an_error_in_either_half_names_its_line() {
-        let text = input(300);
-        let lines: Vec<&str> = text.lines().collect();
-        for bad in [5, lines.len() / 2 + 1, lines.len() - 3] {
-            let mut broken = lines.clone();
-            broken[bad - 1] = "-A KUBE-SERVICES --no-such-option";
-            let e = match offline().encode_split(&broken.join("\n"), 0) {
+        let (names, rules) = rules(300);
+        let input = input(&names, &rules);
+        // An IPv6 source in an IPv4 table: refused by the encoder.
+        let v6 = Rule::new(
+            vec![crate::types::Match::src_host("fd00::1".parse().unwrap())],
+            crate::types::Target::Drop,
+        );
+        let n = input.lines.len();
+        for bad in [5, n / 2 + 1, n - 3] {
+            let mut broken = input.clone();
+            broken.lines[bad - 1] = Line::Append("KUBE-SERVICES", &v6);
+            let e = match offline().encode_split(&broken, 0) {
                 Ok(_) => panic!("line {bad} was accepted"),
                 Err(e) => e.to_string(),
             };
             assert!(e.contains(&format!("line {bad}:")), "{e}");
+            assert!(e.contains("fd00::1/128"), "{e}");
         }
     }
 }

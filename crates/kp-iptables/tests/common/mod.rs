@@ -5,7 +5,9 @@
 use std::sync::Arc;
 
 use kp_model::testing::ServicePortBuilder;
-use kp_model::{Endpoint, IpFamily, NodeInfo, Protocol, ProxyState, ServicePort};
+use kp_model::{
+    Endpoint, IpFamily, LocalDetector, NodeInfo, Protocol, ProxierConfig, ProxyState, ServicePort,
+};
 
 pub fn service(name: &str, cip: &str) -> ServicePortBuilder {
     ServicePort::builder("default", name)
@@ -108,4 +110,72 @@ pub fn every_kind(family: IpFamily) -> Vec<(ServicePort, Vec<Endpoint>)> {
     .into_iter()
     .map(|(s, eps)| (s.build(), eps))
     .collect()
+}
+
+/// Every local-traffic detector and NodePort address setting.
+pub fn configs(family: IpFamily) -> Vec<(&'static str, ProxierConfig)> {
+    let v6 = family == IpFamily::V6;
+    let mut out = Vec::new();
+    let mut c = ProxierConfig::new(family);
+    c.local_detector = LocalDetector::Cidrs(vec![
+        "10.244.0.0/16".parse().unwrap(),
+        "fd00:244::/48".parse().unwrap(),
+    ]);
+    c.localhost_nodeports = !v6;
+    c.node_ips = vec![if v6 { "fd00:10::1" } else { "192.168.10.1" }
+        .parse()
+        .unwrap()];
+    out.push(("cidr", c));
+    let mut c = ProxierConfig::new(family);
+    // A prefix that is not whole bytes: masked, not shortened.
+    c.local_detector = LocalDetector::Cidrs(vec![
+        "10.240.0.0/12".parse().unwrap(),
+        "fd00:240::/29".parse().unwrap(),
+    ]);
+    c.nodeport_addresses = vec![
+        if v6 {
+            "fd00:10::/64"
+        } else {
+            "192.168.10.0/24"
+        }
+        .parse()
+        .unwrap(),
+        if v6 { "::1/128" } else { "127.0.0.0/8" }.parse().unwrap(),
+    ];
+    c.localhost_nodeports = !v6;
+    out.push(("nodeport-cidrs", c));
+    let mut c = ProxierConfig::new(family);
+    c.local_detector = LocalDetector::BridgeInterface("cbr0".into());
+    out.push(("bridge", c));
+    let mut c = ProxierConfig::new(family);
+    c.local_detector = LocalDetector::InterfaceNamePrefix("veth".into());
+    out.push(("prefix", c));
+    let mut c = ProxierConfig::new(family);
+    c.masquerade_all = true;
+    c.masquerade_bit = 9;
+    out.push(("masq-all", c));
+    out
+}
+
+/// What the node decides for each of [`configs`]: the INVALID drop with
+/// its nfacct counter, and the localhost NodePort rules counting into
+/// theirs (configs with localhost NodePorts); without a counter; and no
+/// drop (be_liberal set).
+pub fn host_rules(config: &str) -> kp_iptables::HostRules {
+    match config {
+        "cidr" | "nodeport-cidrs" => kp_iptables::HostRules {
+            invalid_drop: true,
+            nfacct: true,
+        },
+        "bridge" => kp_iptables::HostRules::default(),
+        _ => kp_iptables::HostRules {
+            invalid_drop: false,
+            nfacct: false,
+        },
+    }
+}
+
+/// `rules` as the restore input's lines appending them to `chain`.
+pub fn text(chain: &str, rules: &[kp_iptables::Rule]) -> Vec<String> {
+    rules.iter().map(|r| format!("-A {chain} {r}")).collect()
 }
