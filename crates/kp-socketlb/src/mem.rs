@@ -21,7 +21,8 @@ pub struct MemContent {
 
 impl MemContent {
     /// Every address reachable now resolves to a complete slot list whose
-    /// endpoints are members where the programs look (UDP): what a client could meet between two writes.
+    /// endpoints are members where the programs look (UDP): what a client
+    /// could meet between two writes.
     pub fn consistent(&self) -> Result<(), String> {
         for (k, v) in &self.services {
             if v.count == 0 {

@@ -120,9 +120,9 @@ enum Members {
 
 /// Whether the programs look this Service port's endpoints up in
 /// `kp_members`: for UDP (an unconnected socket keeps its endpoint while it
-/// is a member). TCP and SCTP never look,
-/// so their members are not written: half the entries of a full sync. (If
-/// bpf/socketlb.c ever reads kp_members elsewhere, this must follow.)
+/// is a member). TCP and SCTP never look, so their members are not written:
+/// half the entries of a full sync. (If bpf/socketlb.c ever reads
+/// kp_members elsewhere, this must follow.)
 fn reads_members(keys: &BTreeSet<SvcKey>) -> bool {
     keys.iter().any(|k| i32::from(k.proto) == libc::IPPROTO_UDP)
 }

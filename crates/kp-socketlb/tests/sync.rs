@@ -17,31 +17,27 @@ fn state(family: IpFamily, services: &[(&str, &str, &[&str], Option<u32>)]) -> P
         if let Some(t) = aff {
             b = b.affinity(*t);
         }
-        let sp = b.build();
-        let list: Vec<Endpoint> = eps
-            .iter()
-            .map(|e| Endpoint::ready(e.parse::<IpAddr>().unwrap(), 8080, false))
-            .collect();
-        st.endpoints.insert(sp.name.clone(), Arc::new(list));
-        st.services.insert(sp.name.clone(), Arc::new(sp));
+        add(&mut st, b.build(), eps);
     }
     st
 }
 
-/// One UDP Service port `name` (the programs read its members).
-fn udp_state(name: &str, vip: &str, eps: &[&str]) -> ProxyState {
-    let mut st = ProxyState::new(IpFamily::V4, NodeInfo::named("node1"));
-    let sp = ServicePort::builder("ns", name)
-        .protocol(kp_model::Protocol::Udp)
-        .cluster_ip(vip)
-        .build();
+/// `sp` with `eps` (ready, port 8080) into `st`.
+fn add(st: &mut ProxyState, sp: ServicePort, eps: &[&str]) {
     let list: Vec<Endpoint> = eps
         .iter()
         .map(|e| Endpoint::ready(e.parse::<IpAddr>().unwrap(), 8080, false))
         .collect();
     st.endpoints.insert(sp.name.clone(), Arc::new(list));
     st.services.insert(sp.name.clone(), Arc::new(sp));
-    st
+}
+
+/// UDP Service port `name` (the programs read its members).
+fn udp_port(name: &str, vip: &str) -> ServicePort {
+    ServicePort::builder("ns", name)
+        .protocol(kp_model::Protocol::Udp)
+        .cluster_ip(vip)
+        .build()
 }
 
 fn all(st: &ProxyState, other: &ProxyState) -> BTreeSet<kp_model::ServicePortName> {
@@ -200,9 +196,10 @@ fn a_full_sync_repairs_what_an_interrupted_one_left() {
     use kp_socketlb::maps::{BackendKey, BackendVal, MemberKey};
     use kp_socketlb::Maps;
     // UDP: its members matter.
-    let st = udp_state(
-        "a",
-        "10.96.0.1",
+    let mut st = ProxyState::new(IpFamily::V4, NodeInfo::named("node1"));
+    add(
+        &mut st,
+        udp_port("a", "10.96.0.1"),
         &["10.244.1.1", "10.244.1.2", "10.244.1.3"],
     );
     let mut maps = MemMaps::new(false);
@@ -414,18 +411,18 @@ fn members_are_written_where_the_programs_read_them_and_before_they_do() {
     assert!(maps.content().members.is_empty(), "TCP");
     // A UDP port: every endpoint becomes a member before its address is
     // written (MemMaps checks after each write).
-    let udp = udp_state("u", "10.96.0.2", &eps);
     let mut both = plain.clone();
-    both.services.extend(udp.services.clone());
-    both.endpoints.extend(udp.endpoints.clone());
+    add(&mut both, udp_port("u", "10.96.0.2"), &eps);
     let names: BTreeSet<_> = both.services.keys().cloned().collect();
     px.sync(&both, &names, false).unwrap();
     assert_eq!(maps.content().members.len(), 2);
     // One replaced: the newcomer is a member, the one that left is not.
     let mut moved = plain.clone();
-    let udp2 = udp_state("u", "10.96.0.2", &["10.244.1.1", "10.244.1.9"]);
-    moved.services.extend(udp2.services.clone());
-    moved.endpoints.extend(udp2.endpoints.clone());
+    add(
+        &mut moved,
+        udp_port("u", "10.96.0.2"),
+        &["10.244.1.1", "10.244.1.9"],
+    );
     px.sync(&moved, &names, false).unwrap();
     let c = maps.content();
     let members: BTreeSet<String> = c
