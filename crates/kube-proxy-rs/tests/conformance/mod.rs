@@ -497,6 +497,31 @@ impl Env {
         }
     }
 
+    /// [`Env::wait`] for something node `node`'s proxy does: on a timeout
+    /// the message shows that node's lines matching `grep` (the tail alone
+    /// may hold only the other family's sync), its ruleset, and `last()`
+    /// (what the condition saw last).
+    pub fn wait_on(
+        &self,
+        node: usize,
+        what: &str,
+        grep: &str,
+        mut f: impl FnMut() -> bool,
+        last: impl Fn() -> String,
+    ) {
+        if !wait_until(sync_wait(), POLL, &mut f) {
+            let log = self.log(node);
+            let lines: Vec<&str> = log.lines().filter(|l| l.contains(grep)).collect();
+            panic!(
+                "timed out waiting for {what}; last seen: {}\n--- node{node} log lines with {grep:?} ---\n{}\n--- node{node} log (tail) ---\n{}\n--- node{node} ruleset ---\n{}",
+                last(),
+                lines.join("\n"),
+                tail(&log),
+                self.ruleset(node)
+            );
+        }
+    }
+
     /// Waits until a TCP connection from `ns` to `addr` is answered.
     pub fn wait_tcp(&self, ns: &str, addr: SocketAddr) -> Reply {
         let mut last = None;
@@ -2112,11 +2137,24 @@ pub fn api_topology_hints(mode: &str) {
     // A proxy may program the Service before it has read its Node's zone
     // (seen with upstream's under load in CI: both endpoints at first): wait
     // until each node has taken the hints into account, then count.
-    for (client, want) in [(&client1, "a"), (&client2, "c")] {
-        env.wait(&format!("{} reaching only {want}", client.ns()), || {
-            let c = count_by_server(&tcp_hello_many(client.ns(), vip, 10, T));
-            c.keys().collect::<Vec<_>>() == vec![want]
-        });
+    for (node, client, want) in [(1, &client1, "a"), (2, &client2, "c")] {
+        let seen = std::cell::RefCell::new(String::new());
+        env.wait_on(
+            node,
+            &format!("{} reaching only {want}", client.ns()),
+            "opolog",
+            || {
+                let r = tcp_hello_many(client.ns(), vip, 10, T);
+                let c = count_by_server(&r);
+                let errors: Vec<String> = r
+                    .iter()
+                    .filter_map(|r| r.as_ref().err().map(|e| format!("{e:?}")))
+                    .collect();
+                *seen.borrow_mut() = format!("{c:?}, errors {errors:?}");
+                c.keys().collect::<Vec<_>>() == vec![want]
+            },
+            || seen.borrow().clone(),
+        );
     }
     let c1 = count_by_server(&tcp_hello_many(client1.ns(), vip, 30, T));
     let c2 = count_by_server(&tcp_hello_many(client2.ns(), vip, 30, T));
