@@ -21,6 +21,8 @@ command -v ipvsadm >/dev/null 2>&1 || missing+=(ipvsadm)
 # --socket-lb's BPF programs are compiled by clang when the workspace builds
 # (crates/kp-socketlb/build.rs); its tests load them into the kernel.
 command -v clang >/dev/null 2>&1 || missing+=(clang)
+# ... and the tc programs' tests list them where they are attached.
+command -v bpftool >/dev/null 2>&1 || missing+=(bpftool)
 # The real control plane (kp-testkit's control_plane): etcd, openssl for the
 # test certificates, xz to unpack ../shared/k8s.
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)

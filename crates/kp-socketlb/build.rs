@@ -1,4 +1,4 @@
-//! Compiles bpf/socketlb.c to a BPF object with clang (Debian's `clang`,
+//! Compiles bpf/socketlb.c and bpf/nodeport.c to BPF objects with clang (Debian's `clang`,
 //! which test.sh and demo.sh install). Without clang the crate still builds,
 //! with an empty object: the mode then refuses to start and says why, and
 //! every other mode is unaffected.
@@ -11,8 +11,9 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn main() {
-    let src = "bpf/socketlb.c";
-    println!("cargo:rerun-if-changed={src}");
+    for f in ["bpf/socketlb.c", "bpf/nodeport.c", "bpf/common.h"] {
+        println!("cargo:rerun-if-changed={f}");
+    }
     println!("cargo:rerun-if-env-changed=KP_CLANG");
     let out =
         PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("socketlb.o");
@@ -22,9 +23,14 @@ fn main() {
         Ok("aarch64") => "aarch64-linux-gnu",
         _ => "",
     };
-    for (file, defines) in [
-        ("socketlb.o", &[][..]),
-        ("socketlb-variant.o", &["-DKP_TEST_VARIANT"][..]),
+    for (src, file, defines) in [
+        ("bpf/socketlb.c", "socketlb.o", &[][..]),
+        (
+            "bpf/socketlb.c",
+            "socketlb-variant.o",
+            &["-DKP_TEST_VARIANT"][..],
+        ),
+        ("bpf/nodeport.c", "nodeport.o", &[][..]),
     ] {
         let out = out.with_file_name(file);
         let mut cmd = Command::new(&clang);

@@ -41,7 +41,7 @@ pub const PROGRAMS: [&str; 8] = [
     "kp_getpeername6",
 ];
 
-const BPF_FS_MAGIC: i64 = 0xcafe4a11;
+pub(crate) const BPF_FS_MAGIC: i64 = 0xcafe4a11;
 const CGROUP2_SUPER_MAGIC: i64 = 0x63677270;
 
 /// Where the programs attach and where their pins live.
@@ -175,9 +175,9 @@ pub fn install_object(
     })
 }
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-fn statfs_magic(path: &Path) -> Result<i64, std::io::Error> {
+pub(crate) fn statfs_magic(path: &Path) -> Result<i64, std::io::Error> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
@@ -222,15 +222,15 @@ fn check_host(p: &Placement) -> Result<(), SocketLbError> {
     Ok(())
 }
 
-fn links_dir(pin_dir: &Path) -> PathBuf {
+pub(crate) fn links_dir(pin_dir: &Path) -> PathBuf {
     pin_dir.join("links")
 }
 
-fn io(what: String) -> impl FnOnce(std::io::Error) -> SocketLbError {
+pub(crate) fn io(what: String) -> impl FnOnce(std::io::Error) -> SocketLbError {
     move |source| SocketLbError::Io { what, source }
 }
 
-fn bpf(
+pub(crate) fn bpf(
     what: impl Into<String>,
 ) -> impl FnOnce(Box<dyn std::error::Error + Send + Sync>) -> SocketLbError {
     let what = what.into();
@@ -247,7 +247,7 @@ fn bpf(
     }
 }
 
-fn boxed<E: std::error::Error + Send + Sync + 'static>(e: E) -> BoxError {
+pub(crate) fn boxed<E: std::error::Error + Send + Sync + 'static>(e: E) -> BoxError {
     Box::new(e)
 }
 
@@ -291,7 +291,7 @@ fn bpf_call<T>(cmd: libc::c_long, attr: &T) -> Result<libc::c_long, BoxError> {
 }
 
 /// BPF_OBJ_GET: a file descriptor for a pinned object.
-fn obj_get(path: &Path) -> Result<std::os::fd::OwnedFd, BoxError> {
+pub(crate) fn obj_get(path: &Path) -> Result<std::os::fd::OwnedFd, BoxError> {
     use std::os::fd::FromRawFd;
     use std::os::unix::ffi::OsStrExt;
     #[repr(C)]
@@ -313,7 +313,10 @@ fn obj_get(path: &Path) -> Result<std::os::fd::OwnedFd, BoxError> {
 }
 
 /// BPF_LINK_UPDATE: the link runs `prog` from now on, atomically.
-fn link_update(link: &std::os::fd::OwnedFd, prog: &impl std::os::fd::AsFd) -> Result<(), BoxError> {
+pub(crate) fn link_update(
+    link: &std::os::fd::OwnedFd,
+    prog: &impl std::os::fd::AsFd,
+) -> Result<(), BoxError> {
     use std::os::fd::AsRawFd;
     #[repr(C)]
     struct LinkUpdateAttr {
@@ -332,9 +335,9 @@ fn link_update(link: &std::os::fd::OwnedFd, prog: &impl std::os::fd::AsFd) -> Re
     Ok(())
 }
 
-/// Removes every pin under `pin_dir` this mode made: unpinning a link
-/// detaches its program, unpinning a map frees it. Missing pins are fine.
-pub fn remove(pin_dir: &Path) -> Result<bool, SocketLbError> {
+/// Removes the socket programs' pins under `pin_dir` (the tc programs' go
+/// first: [`crate::remove`]). Missing pins are fine.
+pub(crate) fn remove_socket(pin_dir: &Path) -> Result<bool, SocketLbError> {
     let mut removed = false;
     let links = links_dir(pin_dir);
     for n in PROGRAMS {
@@ -361,11 +364,11 @@ pub fn remove(pin_dir: &Path) -> Result<bool, SocketLbError> {
 /// Nothing at `p`. Asked before unlinking: on a read-only filesystem (a
 /// container's /sys without a bpffs) unlink and rmdir answer EROFS even for
 /// a name that is not there, and "nothing to remove" must not be an error.
-fn is_missing(p: &Path) -> bool {
+pub(crate) fn is_missing(p: &Path) -> bool {
     matches!(std::fs::symlink_metadata(p), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
 }
 
-fn remove_file(p: &Path) -> Result<bool, SocketLbError> {
+pub(crate) fn remove_file(p: &Path) -> Result<bool, SocketLbError> {
     if is_missing(p) {
         return Ok(false);
     }

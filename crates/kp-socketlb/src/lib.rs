@@ -12,14 +12,19 @@ mod batch;
 mod kernel;
 pub mod maps;
 mod mem;
+mod nodeport;
 mod proxier;
 mod slots;
 
-pub use kernel::{install, remove, Capacity, Installed, KernelMaps, Placement, PROGRAMS};
+pub use kernel::{install, Capacity, Installed, KernelMaps, Placement, PROGRAMS};
 #[doc(hidden)]
 pub use kernel::{install_object, TEST_VARIANT_OBJECT};
 pub use mem::{MemContent, MemMaps};
-pub use proxier::{wanted, Dump, Maps, Refused, Scope, SocketLbProxier, Wanted};
+pub use nodeport::{
+    default_route_devices, interfaces, remove_nodeport, Attached, Interface, NodePort, Role,
+    NODEPORT_PROGRAMS,
+};
+pub use proxier::{wanted, wanted_outside, Dump, Maps, Refused, Scope, SocketLbProxier, Wanted};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SocketLbError {
@@ -33,4 +38,12 @@ pub enum SocketLbError {
     },
     #[error("{what}: {message}")]
     Bpf { what: String, message: String },
+}
+
+/// Removes every pin under `pin_dir` this mode made, the tc programs' links
+/// and maps first: unpinning a link detaches its program, unpinning a map
+/// frees it. Missing pins are fine; true when something was there.
+pub fn remove(pin_dir: &std::path::Path) -> Result<bool, SocketLbError> {
+    let tc = nodeport::remove_nodeport(pin_dir)?;
+    Ok(kernel::remove_socket(pin_dir)? | tc)
 }

@@ -15,6 +15,20 @@ pub const MEMBERS: &str = "kp_members";
 pub const REVNAT: &str = "kp_revnat";
 pub const UDP_FLOWS: &str = "kp_udp_flows";
 pub const ALL_MAPS: [&str; 5] = [SERVICES, BACKENDS, MEMBERS, REVNAT, UDP_FLOWS];
+/// The tc programs' own maps (bpf/nodeport.c, `--bpf-nodeport`): their
+/// flows, the replies' translation back, the node's addresses.
+pub const NP_FLOWS: &str = "kp_np_flows";
+pub const NP_REPLIES: &str = "kp_np_replies";
+pub const NP_NODE: &str = "kp_np_node";
+pub const NODEPORT_MAPS: [&str; 3] = [NP_FLOWS, NP_REPLIES, NP_NODE];
+
+/// `SvcKey::family` bit of the entries for traffic from outside the node,
+/// which only the tc programs look up (bpf/common.h).
+pub const OUTSIDE: u8 = 0x80;
+/// `SvcVal::flags`: externalTrafficPolicy Local, the client's address is
+/// kept (bpf/nodeport.c).
+pub const FLAG_LOCAL: u32 = 1;
+
 /// Pins earlier versions made and this one no longer uses (session affinity
 /// records, now nftables' alone): removed at install and cleanup.
 pub const RETIRED_MAPS: [&str; 1] = ["kp_affinity"];
@@ -79,8 +93,18 @@ impl SvcKey {
             family: if ip.is_ipv4() { 4 } else { 6 },
         }
     }
+    /// The same address as the tc programs look it up for traffic from
+    /// outside the node.
+    pub fn outside(mut self) -> Self {
+        self.family |= OUTSIDE;
+        self
+    }
+    /// Whether only the tc programs look this key up.
+    pub fn is_outside(&self) -> bool {
+        self.family & OUTSIDE != 0
+    }
     pub fn ip(&self) -> IpAddr {
-        words_addr(self.addr, self.family == 4)
+        words_addr(self.addr, self.family & !OUTSIDE == 4)
     }
     pub fn port(&self) -> u16 {
         net_port(self.port)

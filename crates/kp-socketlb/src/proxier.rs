@@ -20,7 +20,7 @@ use kp_model::{
     ServicePortName, SyncReport,
 };
 
-use crate::maps::{BackendKey, BackendVal, MemberKey, SvcKey, SvcVal};
+use crate::maps::{BackendKey, BackendVal, MemberKey, SvcKey, SvcVal, FLAG_LOCAL};
 use crate::slots;
 
 /// The map operations a sync needs (the kernel's, or memory's in tests).
@@ -132,6 +132,9 @@ fn reads_members(keys: &BTreeSet<SvcKey>) -> bool {
 pub struct Wanted {
     pub keys: BTreeSet<SvcKey>,
     pub backends: BTreeSet<BackendVal>,
+    /// `SvcVal::flags` (FLAG_LOCAL for [`Scope::Outside`] entries of an
+    /// externalTrafficPolicy Local Service).
+    pub flags: u32,
 }
 
 /// Which of a Service port's addresses an entry holds: they may need
@@ -145,6 +148,10 @@ pub enum Scope {
     /// externalTrafficPolicy, as upstream short-circuits traffic from
     /// local pods and from the node itself to them.
     External,
+    /// The same external addresses reached from outside the node, for the
+    /// tc programs (`--bpf-nodeport`): externalTrafficPolicy decides, as
+    /// it does for nftables' external traffic.
+    Outside,
 }
 
 /// What the clients on this node of `sp` should be sent to, per [`Scope`]:
@@ -218,6 +225,7 @@ pub fn wanted(
             Wanted {
                 keys: internal,
                 backends: ib,
+                flags: 0,
             },
         ));
     }
@@ -227,10 +235,68 @@ pub fn wanted(
             Wanted {
                 keys: external,
                 backends: eb,
+                flags: 0,
             },
         ));
     }
     out
+}
+
+/// What traffic from outside the node to `sp`'s external addresses should
+/// be sent to by the tc programs: the cluster endpoints (the programs
+/// SNAT), or for externalTrafficPolicy Local this node's (the client's
+/// address kept). None where nftables keeps it: no such endpoint (its
+/// reject, or eTP=Local's drop), session affinity (nftables' records), a
+/// LoadBalancer IP with source ranges (nftables checks them).
+pub fn wanted_outside(
+    sp: &ServicePort,
+    state: &ProxyState,
+    nodeport_ips: &[IpAddr],
+) -> Option<Wanted> {
+    if sp.session_affinity_timeout.is_some() {
+        return None;
+    }
+    let cat = categorize_endpoints(state.endpoints_of(&sp.name), sp, &state.node);
+    let eps = if sp.external_policy_local {
+        &cat.local
+    } else {
+        &cat.cluster
+    };
+    let backends: BTreeSet<BackendVal> =
+        eps.iter().map(|e| BackendVal::new(e.ip, e.port)).collect();
+    if backends.is_empty() {
+        return None;
+    }
+    let lb_ips: &[IpAddr] = if sp.load_balancer_source_ranges.is_empty() {
+        &sp.load_balancer_ips
+    } else {
+        &[]
+    };
+    let mut keys: BTreeSet<SvcKey> = sp
+        .external_ips
+        .iter()
+        .chain(lb_ips)
+        .map(|ip| SvcKey::new(*ip, sp.port, sp.protocol).outside())
+        .collect();
+    if sp.node_port != 0 {
+        keys.extend(
+            nodeport_ips
+                .iter()
+                .map(|ip| SvcKey::new(*ip, sp.node_port, sp.protocol).outside()),
+        );
+    }
+    if keys.is_empty() {
+        return None;
+    }
+    Some(Wanted {
+        keys,
+        backends,
+        flags: if sp.external_policy_local {
+            FLAG_LOCAL
+        } else {
+            0
+        },
+    })
 }
 
 /// The writes of one sync, by phase. Each phase needs only the phases
@@ -309,8 +375,12 @@ const MAX_SLOT: u32 = 1 << 20;
 pub struct SocketLbProxier {
     family: IpFamily,
     maps: Box<dyn Maps>,
-    /// What we wrote, per Service port and [`Scope`] (`[Internal, External]`).
-    written: HashMap<ServicePortName, [Option<Written>; 2]>,
+    /// What we wrote, per Service port and [`Scope`] (`[Internal, External,
+    /// Outside]`).
+    written: HashMap<ServicePortName, [Option<Written>; 3]>,
+    /// Whether the tc programs run (`--bpf-nodeport`): [`Scope::Outside`]
+    /// entries are written.
+    outside: bool,
     /// This node's addresses that answer NodePorts (this family's).
     nodeport_ips: Vec<IpAddr>,
     /// Found in the maps by a full sync and not yet matched to a Service
@@ -366,6 +436,7 @@ impl SocketLbProxier {
             maps,
             written: HashMap::new(),
             nodeport_ips: Vec::new(),
+            outside: false,
             orphans: BTreeMap::new(),
             orphan_keys: HashMap::new(),
             free_ids: Vec::new(),
@@ -373,6 +444,13 @@ impl SocketLbProxier {
             next_id: Self::first_id(family),
             known: Known::default(),
         }
+    }
+
+    /// Writes the entries the tc programs read for traffic from outside
+    /// the node ([`Scope::Outside`]).
+    pub fn with_outside(mut self, on: bool) -> Self {
+        self.outside = on;
+        self
     }
 
     /// Local connections to these addresses' NodePorts are balanced too.
@@ -418,7 +496,7 @@ impl SocketLbProxier {
         let fam = self.family_byte();
         let mut found: BTreeMap<u32, Written> = BTreeMap::new();
         for (k, v) in services {
-            if k.family != fam || !self.ours(v.id) {
+            if k.family & !crate::maps::OUTSIDE != fam || !self.ours(v.id) {
                 continue;
             }
             let w = found.entry(v.id).or_default();
@@ -601,7 +679,7 @@ impl SocketLbProxier {
             id,
             count: slots.len() as u32,
             reserved: 0,
-            flags: 0,
+            flags: want.flags,
         };
         for k in &want.keys {
             if old.val != val || !old.keys.contains(k) {
@@ -777,10 +855,10 @@ impl SocketLbProxier {
 }
 
 /// Per Service port, what each [`Scope`] should look like (`[Internal,
-/// External]`; None: nothing).
-type Wants<'a> = Vec<(&'a ServicePortName, [Option<Wanted>; 2])>;
+/// External, Outside]`; None: nothing).
+type Wants<'a> = Vec<(&'a ServicePortName, [Option<Wanted>; 3])>;
 
-const SCOPES: [Scope; 2] = [Scope::Internal, Scope::External];
+const SCOPES: [Scope; 3] = [Scope::Internal, Scope::External, Scope::Outside];
 
 /// What each of `names` should look like. Many names are split over a few
 /// threads (the order stays that of `names`).
@@ -788,15 +866,19 @@ fn render_all<'a>(
     names: &[&'a ServicePortName],
     state: &ProxyState,
     nodeport_ips: &[IpAddr],
+    outside: bool,
 ) -> Wants<'a> {
     let one = |out: &mut Wants<'a>, n: &'a ServicePortName| {
-        let mut both = [None, None];
+        let mut all = [None, None, None];
         if let Some(sp) = state.services.get(n) {
             for (scope, w) in wanted(sp, state, nodeport_ips) {
-                both[scope as usize] = Some(w);
+                all[scope as usize] = Some(w);
+            }
+            if outside {
+                all[Scope::Outside as usize] = wanted_outside(sp, state, nodeport_ips);
             }
         }
-        out.push((n, both));
+        out.push((n, all));
     };
     let threads = crate::batch::threads(names.len() / 4096);
     let part = |names: &[&'a ServicePortName]| {
@@ -849,7 +931,7 @@ impl Dataplane for SocketLbProxier {
         };
         // "render": what each Service port should look like; "apply": the
         // map reads (full sync), planning and writes.
-        let wants = render_all(&names, state, &self.nodeport_ips);
+        let wants = render_all(&names, state, &self.nodeport_ips, self.outside);
         let render = start.elapsed();
         if full {
             self.adopt()?;
@@ -869,11 +951,12 @@ impl Dataplane for SocketLbProxier {
             plan.service_vals.reserve(keys);
             self.written.reserve(wants.len());
         }
-        for (name, [internal, external]) in wants {
-            let [a, b] = self.written.remove(name).unwrap_or_default();
+        for (name, [internal, external, outside]) in wants {
+            let [a, b, c] = self.written.remove(name).unwrap_or_default();
             let now = [
                 self.sync_one(&mut plan, name, Scope::Internal, a, internal),
                 self.sync_one(&mut plan, name, Scope::External, b, external),
+                self.sync_one(&mut plan, name, Scope::Outside, c, outside),
             ];
             if now.iter().any(Option::is_some) {
                 self.written.insert(name.clone(), now);
@@ -912,7 +995,24 @@ impl Dataplane for SocketLbProxier {
         );
         let v4 = self.family == IpFamily::V4;
         for (name, sp) in &state.services {
-            for (_, w) in wanted(sp, state, &self.nodeport_ips) {
+            let outside = self
+                .outside
+                .then(|| wanted_outside(sp, state, &self.nodeport_ips))
+                .flatten();
+            for w in wanted(sp, state, &self.nodeport_ips)
+                .into_iter()
+                .map(|(_, w)| w)
+                .chain(outside)
+            {
+                let from = if w.keys.iter().any(SvcKey::is_outside) {
+                    if w.flags & FLAG_LOCAL != 0 {
+                        " from outside, client kept"
+                    } else {
+                        " from outside, SNAT"
+                    }
+                } else {
+                    ""
+                };
                 for k in &w.keys {
                     let eps: Vec<String> = w
                         .backends
@@ -928,7 +1028,7 @@ impl Dataplane for SocketLbProxier {
                     };
                     let _ = write!(
                         out,
-                        "{ip}:{}/{} ({name}) -> {}",
+                        "{ip}:{}/{} ({name}{from}) -> {}",
                         k.port(),
                         sp.protocol,
                         eps.join(" ")

@@ -308,6 +308,16 @@ pub struct SocketLbFlags {
     /// (kept across restarts, removed by --cleanup).
     #[arg(long, default_value = DEFAULT_PIN_PATH)]
     pub bpf_pin_path: PathBuf,
+    /// --socket-lb: also serve NodePorts, LoadBalancer IPs and external IPs
+    /// for traffic from outside the node with tc programs on the node's
+    /// interfaces, before netfilter and conntrack (docs/ebpf.md); nftables
+    /// keeps what they do not take.
+    #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub bpf_nodeport: bool,
+    /// --bpf-nodeport: the node's external interfaces, comma-separated
+    /// (Cilium's --devices). Empty: those a default route leaves by.
+    #[arg(long, value_delimiter = ',', default_value = "")]
+    pub bpf_nodeport_devices: Vec<String>,
 }
 
 impl Default for SocketLbFlags {
@@ -316,6 +326,8 @@ impl Default for SocketLbFlags {
             socket_lb: false,
             cgroup_path: String::new(),
             bpf_pin_path: PathBuf::from(DEFAULT_PIN_PATH),
+            bpf_nodeport: false,
+            bpf_nodeport_devices: Vec::new(),
         }
     }
 }

@@ -178,6 +178,13 @@ pub fn load(cli_args: impl IntoIterator<Item = OsString>) -> Result<ProxyConfig,
             format!("works with --proxy-mode nftables, not {}", pc.mode.as_str()),
         ));
     }
+    pc.socket_lb.bpf_nodeport_devices.retain(|d| !d.is_empty());
+    if pc.socket_lb.bpf_nodeport && !pc.socket_lb.socket_lb {
+        return Err(invalid(
+            "--bpf-nodeport",
+            "needs --socket-lb (the tc programs read its maps)".to_string(),
+        ));
+    }
     pc.config_file = cli.config.clone();
     pc.config_file_digest = config_file_digest;
     pc.write_config_to = cli.write_config_to.clone();

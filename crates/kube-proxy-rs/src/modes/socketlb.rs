@@ -4,13 +4,17 @@
 //! connect()/sendmsg(); nftables stays in charge of everything else
 //! (traffic from outside, NodePorts, masquerading, rejects, and sockets the
 //! programs did not translate). One dataplane per family runs both.
+//! `--bpf-nodeport` adds tc programs for traffic from outside the node
+//! (NodePorts, LoadBalancer IPs, external IPs; IPv4 for now): the IPv4
+//! dataplane loads them, keeps them attached to the node's interfaces and
+//! writes their entries into the same maps.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use kp_model::{Dataplane, DataplaneError, ProxyState, ServicePortName, SyncReport};
-use kp_socketlb::{Capacity, Installed, KernelMaps, MemMaps, Placement, SocketLbProxier};
+use kp_socketlb::{Capacity, Installed, KernelMaps, MemMaps, NodePort, Placement, SocketLbProxier};
 
 use super::{Outcome, Scope};
 use crate::config::{ProxyConfig, ProxyMode, SocketLbFlags};
@@ -70,6 +74,9 @@ pub struct WithSocketLb {
     nft: Box<dyn Dataplane>,
     lb: SocketLbProxier,
     pin_dir: PathBuf,
+    /// --bpf-nodeport (the IPv4 dataplane's): the tc programs, and the
+    /// external interfaces (empty: those of the default routes).
+    nodeport: Option<(NodePort, Vec<String>)>,
 }
 
 /// `nft` plus the socket load balancer; with `kernel` false (--dry-run,
@@ -86,10 +93,27 @@ pub fn wrap(
     } else {
         Box::new(MemMaps::new(false))
     };
+    // The tc programs translate IPv4 only: IPv6 stays with nftables.
+    let outside = flags.bpf_nodeport && family == kp_model::IpFamily::V4;
+    let nodeport = if outside && kernel {
+        let node_v4 = nodeport_ips.iter().find_map(|ip| match ip {
+            std::net::IpAddr::V4(v4) => Some(*v4),
+            std::net::IpAddr::V6(_) => None,
+        });
+        let np = NodePort::install(&flags.bpf_pin_path, Capacity::default(), node_v4, None)
+            .context("--bpf-nodeport")?;
+        tracing::info!("tc programs for traffic from outside the node loaded");
+        Some((np, flags.bpf_nodeport_devices.clone()))
+    } else {
+        None
+    };
     Ok(Box::new(WithSocketLb {
         nft,
-        lb: SocketLbProxier::new(family, maps).with_nodeport_ips(nodeport_ips),
+        lb: SocketLbProxier::new(family, maps)
+            .with_nodeport_ips(nodeport_ips)
+            .with_outside(outside),
         pin_dir: flags.bpf_pin_path.clone(),
+        nodeport,
     }))
 }
 
@@ -107,6 +131,11 @@ impl Dataplane for WithSocketLb {
         // nftables first: a Service's rules are in place before its sockets
         // are balanced, and still there (for other cgroups) when they stop.
         let mut report = self.nft.sync(state, changed, full)?;
+        if let Some((np, devices)) = &mut self.nodeport {
+            // Before the map writes: an interface that came up since (a new
+            // pod's) has its program before any Service sends to it.
+            attach_tc(np, devices)?;
+        }
         let lb = self.lb.sync(state, changed, full)?;
         report.ops += lb.ops;
         report.apply += lb.apply;
@@ -133,6 +162,26 @@ impl Dataplane for WithSocketLb {
                 message: e.to_string(),
             })
     }
+}
+
+/// Puts the tc programs on the node's interfaces as they are now.
+fn attach_tc(np: &mut NodePort, devices: &[String]) -> Result<(), DataplaneError> {
+    let fail = |e: kp_socketlb::SocketLbError| DataplaneError::Apply {
+        tool: "tc programs".into(),
+        message: e.to_string(),
+    };
+    let external = if devices.is_empty() {
+        kp_socketlb::default_route_devices()
+    } else {
+        devices.to_vec()
+    };
+    let ifaces = kp_socketlb::interfaces(&external).map_err(fail)?;
+    let done = np.attach(&ifaces).map_err(fail)?;
+    if done != kp_socketlb::Attached::default() {
+        tracing::info!(added = ?done.added, removed = ?done.removed, upgraded = ?done.upgraded,
+            "tc programs attached");
+    }
+    Ok(())
 }
 
 /// Socket load balancing's pins under --bpf-pin-path (unpinning detaches

@@ -131,6 +131,12 @@ pub fn is_socket_lb(mode: &str) -> bool {
     split_mode(mode).1.ends_with("-socketlb")
 }
 
+/// True for "nftables-tc-socketlb": socket load balancing plus the tc
+/// programs for traffic from outside the node (`--bpf-nodeport`).
+pub fn is_bpf_nodeport(mode: &str) -> bool {
+    split_mode(mode).1.contains("-tc-")
+}
+
 /// Runs the rest of its arguments as deploy/daemonset.yaml's main container
 /// runs kube-proxy-rs: /proc/sys read-only (in a mount namespace of its
 /// own), no capability but NET_ADMIN, no new privileges. Every step execs,
@@ -305,6 +311,9 @@ impl Env {
                     lb.fs.path().join(format!("node{node}")).display()
                 ),
             ]);
+            if is_bpf_nodeport(&self.mode) {
+                a.push("--bpf-nodeport".to_string());
+            }
         }
         a.extend(extra.iter().map(|s| s.to_string()));
         a

@@ -1,0 +1,366 @@
+// NodePorts, LoadBalancer IPs and external IPs for traffic from outside the
+// node, at tc (kube-proxy-rs --bpf-nodeport, docs/ebpf.md).
+//
+// kp_np_external runs at tc ingress of the node's external interfaces (those
+// holding its addresses): a packet to a Service address with an entry of
+// family KP_OUTSIDE|4 in kp_services gets an endpoint and is translated
+// (the client's source kept for externalTrafficPolicy Local, the node's
+// address and a port of its own for Cluster, as upstream masquerades), then
+// sent straight to the interface the route to the endpoint names: neither
+// netfilter nor conntrack sees it. Its replies come back translated from the
+// program's own flow tables: kp_np_external takes those of endpoints on
+// other nodes, kp_np_from_pod (tc ingress of every other interface: the
+// pods' veths, a CNI bridge) those of endpoints on this node.
+//
+// Whatever has no entry goes on to the stack unchanged, where nftables
+// handles it as before: Services without endpoints (reject), session
+// affinity, loadBalancerSourceRanges, eTP=Local without a local endpoint
+// (drop), IPv6, IP options and fragments, ICMP, SCTP.
+
+#include "common.h"
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/pkt_cls.h>
+
+static long (*bpf_skb_store_bytes)(struct __sk_buff *skb, __u32 offset, const void *from,
+				   __u32 len, __u64 flags) = (void *)9;
+static long (*bpf_l3_csum_replace)(struct __sk_buff *skb, __u32 offset, __u64 from, __u64 to,
+				   __u64 size) = (void *)10;
+static long (*bpf_l4_csum_replace)(struct __sk_buff *skb, __u32 offset, __u64 from, __u64 to,
+				   __u64 flags) = (void *)11;
+static long (*bpf_redirect)(__u32 ifindex, __u64 flags) = (void *)23;
+static long (*bpf_fib_lookup)(void *ctx, struct bpf_fib_lookup *params, int plen,
+			      __u32 flags) = (void *)69;
+static long (*bpf_redirect_neigh)(__u32 ifindex, void *params, int plen,
+				  __u64 flags) = (void *)152;
+
+#define KP_F_LOCAL 1 // svc_val.flags: externalTrafficPolicy Local (no SNAT)
+
+#define ETH_HLEN_ 14
+#define IP_OFF ETH_HLEN_
+#define IP_CSUM_OFF (IP_OFF + 10)
+#define IP_SRC_OFF (IP_OFF + 12)
+#define IP_DST_OFF (IP_OFF + 16)
+#define L4_OFF (IP_OFF + 20) // no IP options: those go to the stack
+#define TCP_CSUM_OFF (L4_OFF + 16)
+#define UDP_CSUM_OFF (L4_OFF + 6)
+
+// Source ports the node's SNAT takes when the client's own is taken.
+#define SNAT_PORT_MIN 32768
+#define SNAT_PORT_SPAN 28232 // up to 60999, the kernel's default range
+#define SNAT_TRIES 8
+
+// A packet's addresses and ports as it arrives (network order). Laid out
+// without implicit padding: the hash covers every byte.
+struct flow {
+	__u32 saddr[4];
+	__u32 daddr[4];
+	__u16 sport;
+	__u16 dport;
+	__u8 proto;
+	__u8 family;
+	__u16 pad;
+};
+
+// What to rewrite a packet of a flow to. `svc_id` and `backend` name the
+// Service port and endpoint a request flow went to (0 in reply entries).
+struct nat {
+	__u32 saddr[4];
+	__u32 daddr[4];
+	__u16 sport;
+	__u16 dport;
+	__u32 svc_id;
+	struct backend_val backend;
+};
+
+// The node's own addresses, for SNAT: [0] IPv4, [1] IPv6 (written by the
+// proxy at start).
+struct node_addr {
+	__u32 addr[4];
+};
+
+// Client -> Service flows and their translation.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 131072);
+	__type(key, struct flow);
+	__type(value, struct nat);
+	__uint(pinning, PIN_BY_NAME);
+} kp_np_flows SEC(".maps");
+
+// Endpoint -> node (or client) flows, the replies, and their translation
+// back to Service -> client.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 131072);
+	__type(key, struct flow);
+	__type(value, struct nat);
+	__uint(pinning, PIN_BY_NAME);
+} kp_np_replies SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, struct node_addr);
+	__uint(pinning, PIN_BY_NAME);
+} kp_np_node SEC(".maps");
+
+struct ports {
+	__u16 source;
+	__u16 dest;
+};
+
+// Reads the packet's flow; 0 when the programs leave it to the stack.
+static __always_inline int parse4(struct __sk_buff *skb, struct flow *f, __u8 *ttl, __u8 *syn)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > end || eth->h_proto != __builtin_bswap16(ETH_P_IP))
+		return 0;
+	struct iphdr *ip = (void *)(eth + 1);
+	if ((void *)(ip + 1) > end || ip->ihl != 5)
+		return 0;
+	// Fragments: only the first has the ports; the stack reassembles.
+	if (ip->frag_off & __builtin_bswap16(0x3fff))
+		return 0;
+	if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
+		return 0;
+	struct ports *p = (void *)(ip + 1);
+	if ((void *)(p + 1) > end)
+		return 0;
+	*syn = 0;
+	if (ip->protocol == IPPROTO_TCP) {
+		__u8 *flags = (__u8 *)p + 13;
+		if ((void *)(flags + 1) > end)
+			return 0;
+		// SYN without ACK: a new connection, even on a tuple seen before.
+		*syn = (*flags & 0x12) == 0x02;
+	}
+	f->saddr[0] = ip->saddr;
+	f->daddr[0] = ip->daddr;
+	f->sport = p->source;
+	f->dport = p->dest;
+	f->proto = ip->protocol;
+	f->family = 4;
+	*ttl = ip->ttl;
+	return 1;
+}
+
+// Rewrites an IPv4 packet's addresses and ports from `f` to `n`, with both
+// checksums, and takes one from its TTL (it is forwarded).
+static __always_inline int rewrite4(struct __sk_buff *skb, const struct flow *f,
+				    const struct nat *n)
+{
+	__u32 csum = f->proto == IPPROTO_TCP ? TCP_CSUM_OFF : UDP_CSUM_OFF;
+	// A UDP checksum of 0 means none: it stays 0 (BPF_F_MARK_MANGLED_0).
+	__u64 l4 = f->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+	if (n->saddr[0] != f->saddr[0]) {
+		bpf_l4_csum_replace(skb, csum, f->saddr[0], n->saddr[0], l4 | BPF_F_PSEUDO_HDR | 4);
+		bpf_l3_csum_replace(skb, IP_CSUM_OFF, f->saddr[0], n->saddr[0], 4);
+		if (bpf_skb_store_bytes(skb, IP_SRC_OFF, &n->saddr[0], 4, 0))
+			return 0;
+	}
+	if (n->daddr[0] != f->daddr[0]) {
+		bpf_l4_csum_replace(skb, csum, f->daddr[0], n->daddr[0], l4 | BPF_F_PSEUDO_HDR | 4);
+		bpf_l3_csum_replace(skb, IP_CSUM_OFF, f->daddr[0], n->daddr[0], 4);
+		if (bpf_skb_store_bytes(skb, IP_DST_OFF, &n->daddr[0], 4, 0))
+			return 0;
+	}
+	if (n->sport != f->sport) {
+		bpf_l4_csum_replace(skb, csum, f->sport, n->sport, l4 | 2);
+		if (bpf_skb_store_bytes(skb, L4_OFF, &n->sport, 2, 0))
+			return 0;
+	}
+	if (n->dport != f->dport) {
+		bpf_l4_csum_replace(skb, csum, f->dport, n->dport, l4 | 2);
+		if (bpf_skb_store_bytes(skb, L4_OFF + 2, &n->dport, 2, 0))
+			return 0;
+	}
+	// TTL and protocol share a 16-bit word of the header checksum.
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct iphdr *ip = data + IP_OFF;
+	if ((void *)(ip + 1) > end)
+		return 0;
+	__u16 *word = (__u16 *)&ip->ttl;
+	__u16 old = *word;
+	__u8 ttl = ip->ttl - 1;
+	__u16 new = old;
+	*(__u8 *)&new = ttl;
+	bpf_l3_csum_replace(skb, IP_CSUM_OFF, old, new, 2);
+	if (bpf_skb_store_bytes(skb, IP_OFF + 8, &ttl, 1, 0))
+		return 0;
+	return 1;
+}
+
+// The route from `src` to `dst` for this packet (its length for the MTU
+// check). With BPF_FIB_LOOKUP_SRC (Linux 6.7) the kernel also names the
+// source address the route prefers, which is what masquerade would take.
+static __always_inline long route4(struct __sk_buff *skb, struct bpf_fib_lookup *fib, __u32 src,
+				   __u32 dst, __u8 proto, __u16 sport, __u16 dport, __u32 flags)
+{
+	fib->family = 2; // AF_INET
+	fib->l4_protocol = proto;
+	fib->sport = sport;
+	fib->dport = dport;
+	fib->ipv4_src = src;
+	fib->ipv4_dst = dst;
+	fib->ifindex = skb->ingress_ifindex;
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct iphdr *ip = data + IP_OFF;
+	if ((void *)(ip + 1) > end)
+		return -1;
+	fib->tot_len = __builtin_bswap16(ip->tot_len);
+	return bpf_fib_lookup(skb, fib, sizeof(*fib), flags);
+}
+
+// Sends a translated packet where its route (`rc`, `fib`) says, past the
+// stack; where the route needs what only the stack does (no forwarding on
+// this interface, an unreachable destination, fragmentation), the stack
+// takes the translated packet.
+static __always_inline int send(struct __sk_buff *skb, long rc, struct bpf_fib_lookup *fib)
+{
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		void *data = (void *)(long)skb->data;
+		void *end = (void *)(long)skb->data_end;
+		struct ethhdr *eth = data;
+		if ((void *)(eth + 1) > end)
+			return TC_ACT_OK;
+		__builtin_memcpy(eth->h_dest, fib->dmac, ETH_ALEN);
+		__builtin_memcpy(eth->h_source, fib->smac, ETH_ALEN);
+		return bpf_redirect(fib->ifindex, 0);
+	}
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH)
+		return bpf_redirect_neigh(fib->ifindex, 0, 0, 0);
+	return TC_ACT_OK;
+}
+
+// A packet of a known flow: translated as its entry says, then sent.
+static __always_inline int forward4(struct __sk_buff *skb, const struct flow *f, const struct nat *n)
+{
+	if (!rewrite4(skb, f, n))
+		return TC_ACT_SHOT;
+	struct bpf_fib_lookup fib = {};
+	long rc = route4(skb, &fib, n->saddr[0], n->daddr[0], f->proto, n->sport, n->dport, 0);
+	return send(skb, rc, &fib);
+}
+
+// A new flow's translation and the entry its replies will find; 0 when no
+// source port of the node is free for it (the stack takes it then).
+// `snat`: the node's address towards the endpoint (0: none known).
+static __always_inline int translate(const struct flow *f, const struct svc_val *svc,
+				     const struct backend_val *b, __u32 snat, struct nat *n)
+{
+	n->daddr[0] = b->addr[0];
+	n->dport = b->port;
+	n->svc_id = svc->id;
+	n->backend = *b;
+	n->saddr[0] = f->saddr[0];
+	n->sport = f->sport;
+	if (!(svc->flags & KP_F_LOCAL)) {
+		if (!snat) {
+			__u32 zero = 0;
+			struct node_addr *na = bpf_map_lookup_elem(&kp_np_node, &zero);
+			if (!na || !na->addr[0])
+				return 0;
+			snat = na->addr[0];
+		}
+		n->saddr[0] = snat;
+	}
+	struct flow r = { .family = 4, .proto = f->proto };
+	r.saddr[0] = n->daddr[0];
+	r.sport = n->dport;
+	r.daddr[0] = n->saddr[0];
+	struct nat back = { .sport = f->dport, .dport = f->sport };
+	back.saddr[0] = f->daddr[0];
+	back.daddr[0] = f->saddr[0];
+	// The client's own port first (as masquerade does), another when an
+	// other client's flow to the same endpoint holds it.
+	for (int i = 0; i < SNAT_TRIES; i++) {
+		r.dport = n->sport;
+		struct nat *held = bpf_map_lookup_elem(&kp_np_replies, &r);
+		if (!held || (held->daddr[0] == f->saddr[0] && held->dport == f->sport)) {
+			bpf_map_update_elem(&kp_np_replies, &r, &back, BPF_ANY);
+			return 1;
+		}
+		if (svc->flags & KP_F_LOCAL)
+			return 0; // the client's own tuple: cannot be held by another
+		__u16 port = SNAT_PORT_MIN + bpf_get_prandom_u32() % SNAT_PORT_SPAN;
+		n->sport = __builtin_bswap16(port);
+	}
+	return 0;
+}
+
+static __always_inline int from_outside4(struct __sk_buff *skb)
+{
+	struct flow f = {};
+	__u8 ttl, syn;
+	if (!parse4(skb, &f, &ttl, &syn) || ttl <= 1)
+		return TC_ACT_OK;
+	struct nat *r = bpf_map_lookup_elem(&kp_np_replies, &f);
+	if (r) {
+		struct nat n = *r;
+		return forward4(skb, &f, &n);
+	}
+	struct nat *known = bpf_map_lookup_elem(&kp_np_flows, &f);
+	if (known && !syn) {
+		struct nat n = *known;
+		// A UDP flow stays with its endpoint while it is one (as
+		// upstream's conntrack flush moves it when it goes); TCP stays
+		// with it whatever happens, as conntrack keeps it.
+		int keep = 1;
+		if (f.proto == IPPROTO_UDP) {
+			struct member_key mk = { .svc_id = n.svc_id, .backend = n.backend };
+			keep = bpf_map_lookup_elem(&kp_members, &mk) != 0;
+		}
+		if (keep)
+			return forward4(skb, &f, &n);
+	}
+	struct svc_key k = { .port = f.dport, .proto = f.proto, .family = KP_OUTSIDE | 4 };
+	k.addr[0] = f.daddr[0];
+	struct svc_val *svc = bpf_map_lookup_elem(&kp_services, &k);
+	if (!svc || svc->count == 0)
+		return TC_ACT_OK;
+	struct svc_val sv = *svc;
+	struct backend_key bk = { .svc_id = sv.id, .slot = bpf_get_prandom_u32() % sv.count };
+	struct backend_val *b = bpf_map_lookup_elem(&kp_backends, &bk);
+	if (!b)
+		return TC_ACT_OK;
+	struct backend_val be = *b;
+	// The route to the endpoint first: it names the interface, and the
+	// address masquerade would take on it.
+	struct bpf_fib_lookup fib = {};
+	long rc = route4(skb, &fib, f.saddr[0], be.addr[0], f.proto, f.sport, be.port,
+			 BPF_FIB_LOOKUP_SRC);
+	__u32 snat = rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH ?
+			     fib.ipv4_src :
+			     0;
+	struct nat n = {};
+	if (!translate(&f, &sv, &be, snat, &n))
+		return TC_ACT_OK;
+	bpf_map_update_elem(&kp_np_flows, &f, &n, BPF_ANY);
+	if (!rewrite4(skb, &f, &n))
+		return TC_ACT_SHOT;
+	return send(skb, rc, &fib);
+}
+
+static __always_inline int from_pod4(struct __sk_buff *skb)
+{
+	struct flow f = {};
+	__u8 ttl, syn;
+	if (!parse4(skb, &f, &ttl, &syn) || ttl <= 1)
+		return TC_ACT_OK;
+	struct nat *r = bpf_map_lookup_elem(&kp_np_replies, &f);
+	if (!r)
+		return TC_ACT_OK;
+	struct nat n = *r;
+	return forward4(skb, &f, &n);
+}
+
+SEC("classifier") int kp_np_external(struct __sk_buff *skb) { return from_outside4(skb); }
+SEC("classifier") int kp_np_from_pod(struct __sk_buff *skb) { return from_pod4(skb); }
+
+char _license[] SEC("license") = "Dual MIT/GPL";

@@ -1,0 +1,343 @@
+//! The tc programs for traffic from outside the node (`--bpf-nodeport`,
+//! bpf/nodeport.c): loading them beside the socket programs' maps, and
+//! keeping them attached to the node's interfaces.
+//!
+//! `kp_np_external` goes on the node's external interfaces (named by
+//! `--bpf-nodeport-devices`, else those a default route leaves by, as
+//! Cilium picks its devices), `kp_np_from_pod` on every other one but
+//! loopback (pods' veths, a CNI
+//! bridge), where the replies of this node's endpoints arrive. Pods come and
+//! go, so [`NodePort::attach`] runs before every sync's map writes: a pod's
+//! interface exists before the pod is ready, so it has its program before
+//! any Service can send to it. Each attachment is a TCX link (Linux 6.6)
+//! pinned under `links/tc/`, so the programs stay through a restart and a
+//! starting proxy adopts them; a link whose interface is gone is unpinned.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::{Path, PathBuf};
+
+use aya::maps::{Array, MapData};
+use aya::programs::links::{FdLink, PinnedLink};
+use aya::programs::tc::TcAttachType;
+use aya::programs::SchedClassifier;
+use aya::{Ebpf, EbpfLoader};
+
+use crate::kernel::{
+    boxed, bpf, io, is_missing, link_update, links_dir, obj_get, remove_file, BoxError, Capacity,
+};
+use crate::maps::{addr_words, BACKENDS, MEMBERS, NODEPORT_MAPS, NP_NODE, SERVICES};
+use crate::SocketLbError;
+
+/// bpf/nodeport.c compiled by build.rs (empty without clang).
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/nodeport.o"));
+
+/// What a program does on an interface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Role {
+    /// Holds a node address: requests from outside, and the replies of
+    /// endpoints on other nodes.
+    External,
+    /// Anything else: the replies of this node's endpoints.
+    FromPod,
+}
+
+impl Role {
+    fn program(self) -> &'static str {
+        match self {
+            Role::External => "kp_np_external",
+            Role::FromPod => "kp_np_from_pod",
+        }
+    }
+    fn tag(self) -> &'static str {
+        match self {
+            Role::External => "ext",
+            Role::FromPod => "pod",
+        }
+    }
+}
+
+/// The programs, by the names they have in the object.
+pub const NODEPORT_PROGRAMS: [&str; 2] = ["kp_np_external", "kp_np_from_pod"];
+
+/// An interface of the node and its role.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Interface {
+    pub name: String,
+    pub index: u32,
+    pub role: Role,
+}
+
+impl Interface {
+    /// Its link's pin name: the index too, since a pod's interface name
+    /// comes back with the next pod.
+    fn pin_name(&self) -> String {
+        format!("{}-{}@{}", self.role.tag(), self.name, self.index)
+    }
+}
+
+/// The interfaces a default route leaves by (IPv4 or IPv6), in this
+/// network namespace.
+pub fn default_route_devices() -> Vec<String> {
+    let mut out = BTreeSet::new();
+    // Iface Destination Gateway Flags RefCnt Use Metric Mask ...
+    if let Ok(t) = std::fs::read_to_string("/proc/net/route") {
+        for l in t.lines().skip(1) {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.len() > 7 && f[1] == "00000000" && f[7] == "00000000" {
+                out.insert(f[0].to_string());
+            }
+        }
+    }
+    // dest prefixlen src srcprefixlen nexthop metric refcnt use flags iface
+    if let Ok(t) = std::fs::read_to_string("/proc/net/ipv6_route") {
+        for l in t.lines() {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.len() == 10 && f[0].bytes().all(|b| b == b'0') && f[1] == "00" && f[9] != "lo" {
+                out.insert(f[9].to_string());
+            }
+        }
+    }
+    out.into_iter().collect()
+}
+
+/// This network namespace's interfaces but loopback, with their roles:
+/// external when named in `external`.
+pub fn interfaces(external: &[String]) -> Result<Vec<Interface>, SocketLbError> {
+    let mut names: BTreeSet<String> = BTreeSet::new();
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `head` with a list we free below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Err(io("listing the node's interfaces".into())(
+            std::io::Error::last_os_error(),
+        ));
+    }
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, alive
+        // until freeifaddrs.
+        let ifa = unsafe { &*cur };
+        cur = ifa.ifa_next;
+        if ifa.ifa_name.is_null() {
+            continue;
+        }
+        // SAFETY: ifa_name is a NUL-terminated string of the list.
+        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }
+            .to_string_lossy()
+            .into_owned();
+        names.insert(name);
+    }
+    // SAFETY: `head` came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(head) };
+    let mut out = Vec::new();
+    for name in names {
+        let is_external = external.contains(&name);
+        if name == "lo" {
+            continue;
+        }
+        let Ok(c) = std::ffi::CString::new(name.clone()) else {
+            continue;
+        };
+        // SAFETY: a valid C string.
+        let index = unsafe { libc::if_nametoindex(c.as_ptr()) };
+        if index == 0 {
+            continue; // gone meanwhile
+        }
+        out.push(Interface {
+            name,
+            index,
+            role: if is_external {
+                Role::External
+            } else {
+                Role::FromPod
+            },
+        });
+    }
+    Ok(out)
+}
+
+/// The loaded programs, ready to be attached to new interfaces.
+pub struct NodePort {
+    obj: Ebpf,
+    pin_dir: PathBuf,
+}
+
+/// What [`NodePort::attach`] changed.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Attached {
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+    /// Adopted links that ran another version of the program, now ours.
+    pub upgraded: Vec<String>,
+}
+
+fn tc_dir(pin_dir: &Path) -> PathBuf {
+    links_dir(pin_dir).join("tc")
+}
+
+impl NodePort {
+    /// Loads the programs over the maps pinned in `pin_dir` (the socket
+    /// programs' install made them: call this after it) and records the
+    /// node's addresses, the source of translated requests.
+    pub fn install(
+        pin_dir: &Path,
+        cap: Capacity,
+        node_v4: Option<Ipv4Addr>,
+        node_v6: Option<Ipv6Addr>,
+    ) -> Result<NodePort, SocketLbError> {
+        if OBJECT.is_empty() {
+            return Err(SocketLbError::Unsupported(
+                "this binary was built without clang, so it has no BPF programs (apt-get install clang, then rebuild)".into(),
+            ));
+        }
+        let dir = tc_dir(pin_dir);
+        std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
+        let mut obj = EbpfLoader::new()
+            .default_map_pin_directory(pin_dir)
+            .map_max_entries(SERVICES, cap.services)
+            .map_max_entries(BACKENDS, cap.backends)
+            .map_max_entries(MEMBERS, cap.backends)
+            .load(OBJECT)
+            .map_err(|e| bpf("loading the tc BPF object")(boxed(e)))?;
+        for name in NODEPORT_PROGRAMS {
+            program(&mut obj, name)?
+                .load()
+                .map_err(|e| bpf(format!("verifying program {name}"))(boxed(e)))?;
+        }
+        let node = obj.map_mut(NP_NODE).ok_or_else(|| SocketLbError::Bpf {
+            what: format!("map {NP_NODE}"),
+            message: "missing from the BPF object".into(),
+        })?;
+        let mut node: Array<&mut MapData, [u32; 4]> =
+            Array::try_from(node).map_err(|e| bpf(format!("map {NP_NODE}"))(boxed(e)))?;
+        let v4 = node_v4.map_or([0; 4], |ip| addr_words(IpAddr::V4(ip)));
+        let v6 = node_v6.map_or([0; 4], |ip| addr_words(IpAddr::V6(ip)));
+        for (i, a) in [(0u32, v4), (1, v6)] {
+            node.set(i, a, 0)
+                .map_err(|e| bpf(format!("writing the node's address into {NP_NODE}"))(boxed(e)))?;
+        }
+        Ok(NodePort {
+            obj,
+            pin_dir: pin_dir.to_path_buf(),
+        })
+    }
+
+    /// Puts the right program on every interface of `ifaces` (adopting
+    /// links already pinned for it) and unpins the links of interfaces no
+    /// longer there or whose role changed.
+    pub fn attach(&mut self, ifaces: &[Interface]) -> Result<Attached, SocketLbError> {
+        let dir = tc_dir(&self.pin_dir);
+        let wanted: BTreeSet<String> = ifaces.iter().map(Interface::pin_name).collect();
+        let mut out = Attached::default();
+        for name in pinned(&dir)? {
+            if !wanted.contains(&name) {
+                remove_file(&dir.join(&name))?;
+                out.removed.push(name);
+            }
+        }
+        for iface in ifaces {
+            let pin = dir.join(iface.pin_name());
+            let name = iface.role.program();
+            let prog = program(&mut self.obj, name)?;
+            if PinnedLink::from_pin(&pin).is_ok() {
+                if replace_if_different(prog, &pin)
+                    .map_err(|e| bpf(format!("updating {name}'s link on {}", iface.name))(e))?
+                {
+                    out.upgraded.push(iface.pin_name());
+                }
+                continue;
+            }
+            // A pin that is no link (a half-written one) goes first.
+            remove_file(&pin)?;
+            let id = match prog.attach(&iface.name, TcAttachType::Ingress) {
+                Ok(id) => id,
+                // The interface went away meanwhile (a pod deleted): the
+                // next sync's list no longer has it.
+                Err(e) if gone(&iface.name) => {
+                    tracing::debug!(interface = %iface.name, error = %e, "interface gone before its program was attached");
+                    continue;
+                }
+                Err(e) => return Err(bpf(format!("attaching {name} to {}", iface.name))(boxed(e))),
+            };
+            let link: FdLink = prog
+                .take_link(id)
+                .map_err(|e| bpf(format!("link of {name} on {}", iface.name))(boxed(e)))?
+                .try_into()
+                .map_err(|e| bpf(format!("link of {name} on {}", iface.name))(boxed(e)))?;
+            link.pin(&pin)
+                .map_err(|e| bpf(format!("pinning {name}'s link on {}", iface.name))(boxed(e)))?;
+            out.added.push(iface.pin_name());
+        }
+        Ok(out)
+    }
+}
+
+fn gone(ifname: &str) -> bool {
+    let Ok(c) = std::ffi::CString::new(ifname) else {
+        return true;
+    };
+    // SAFETY: a valid C string.
+    unsafe { libc::if_nametoindex(c.as_ptr()) == 0 }
+}
+
+fn program<'a>(obj: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassifier, SocketLbError> {
+    obj.program_mut(name)
+        .ok_or_else(|| SocketLbError::Bpf {
+            what: format!("program {name}"),
+            message: "missing from the BPF object".into(),
+        })?
+        .try_into()
+        .map_err(|e| bpf(format!("program {name}"))(boxed(e)))
+}
+
+/// The link pins under `dir`.
+fn pinned(dir: &Path) -> Result<Vec<String>, SocketLbError> {
+    if is_missing(dir) {
+        return Ok(Vec::new());
+    }
+    let rd = std::fs::read_dir(dir).map_err(io(format!("reading {}", dir.display())))?;
+    Ok(rd
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect())
+}
+
+/// As kernel.rs does for the socket programs: the pinned link runs `prog`
+/// from now on when it runs another program (an older version's).
+fn replace_if_different(prog: &SchedClassifier, pin: &Path) -> Result<bool, BoxError> {
+    let ours = prog.info().map_err(boxed)?.tag();
+    let link: FdLink = PinnedLink::from_pin(pin).map_err(boxed)?.into();
+    let current_id = link.info().map_err(boxed)?.program_id();
+    let current = aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .find(|info| info.id() == current_id)
+        .map(|info| info.tag());
+    if current == Some(ours) {
+        return Ok(false);
+    }
+    let link_fd = obj_get(pin)?;
+    link_update(&link_fd, prog.fd().map_err(boxed)?)?;
+    Ok(true)
+}
+
+/// Unpins every tc link (detaching the programs) and the tc programs' own
+/// maps. True when something was there.
+pub fn remove_nodeport(pin_dir: &Path) -> Result<bool, SocketLbError> {
+    let dir = tc_dir(pin_dir);
+    let mut removed = false;
+    for name in pinned(&dir)? {
+        removed |= remove_file(&dir.join(name))?;
+    }
+    if !is_missing(&dir) {
+        match std::fs::remove_dir(&dir) {
+            Ok(()) => removed = true,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) => {}
+            Err(e) => return Err(io(format!("removing {}", dir.display()))(e)),
+        }
+    }
+    for m in NODEPORT_MAPS {
+        removed |= remove_file(&pin_dir.join(m))?;
+    }
+    Ok(removed)
+}

@@ -1,0 +1,178 @@
+//! The conformance suite with the tc programs for traffic from outside the
+//! node (`--socket-lb --bpf-nodeport`): the external client's NodePort,
+//! LoadBalancer and external IP traffic is translated at tc on each node's
+//! eth0 (and its replies on the pods' veths); nftables keeps the rest.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
+
+#[macro_use]
+mod conformance;
+
+conformance_suite!("nftables-tc-socketlb");
+
+use conformance::{ready, service, slice, Env, T};
+use serde_json::json;
+
+const MODE: &str = "nftables-tc-socketlb";
+
+/// conntrack entries in node `node`'s namespace whose original destination
+/// is `ip`.
+fn conntrack_to(env: &Env, node: usize, ip: &str) -> Vec<String> {
+    env.on_node(node, &["conntrack", "-L", "-d", ip])
+        .lines()
+        .map(String::from)
+        .collect()
+}
+
+/// The external client's NodePort traffic is answered by endpoints on both
+/// nodes, with no conntrack entry on the node it entered (the programs
+/// translated it before netfilter), its source masqueraded for
+/// externalTrafficPolicy Cluster; the programs sit on eth0 and on the pods'
+/// veths, as the links pinned for them say.
+#[test]
+fn t01_nodeport_from_outside_bypasses_conntrack() {
+    let mut env = Env::new("tcnp", MODE);
+    let a = env.pod(1, "a");
+    let c = env.pod(2, "c");
+    let mut svc = service("np", &["10.96.0.40"], json!({"type": "NodePort"}));
+    svc["spec"]["ports"][0]["nodePort"] = json!(30400);
+    env.put("svc", &svc);
+    env.put("eps", &slice("np", "1", "IPv4", &ready(&[&a, &c])));
+    env.start_all();
+    let node1 = env.cluster.node_ip(1);
+    let client = env.cluster.client_ns().to_string();
+    let vip = std::net::SocketAddr::new(node1, 30400);
+    env.wait_tcp(&client, vip);
+    let replies = kp_netlab::tcp_hello_many(&client, vip, 40, T);
+    let mut servers = std::collections::BTreeMap::<String, usize>::new();
+    for r in replies.iter() {
+        let r = r
+            .as_ref()
+            .expect("a NodePort connection from outside failed");
+        // eTP=Cluster: the endpoint sees the node's address, never the client's.
+        assert_ne!(
+            r.peer.ip(),
+            env.cluster.client_ip(),
+            "not masqueraded: {r:?}"
+        );
+        *servers.entry(r.server.clone()).or_default() += 1;
+    }
+    assert_eq!(
+        servers.keys().collect::<Vec<_>>(),
+        vec!["a", "c"],
+        "both endpoints, on both nodes: {servers:?}"
+    );
+    let ct = conntrack_to(&env, 1, &node1.to_string());
+    assert!(
+        ct.iter().all(|l| !l.contains("dport=30400")),
+        "NodePort traffic went through conntrack on node1:\n{}",
+        ct.join("\n")
+    );
+    // One pinned TCX link per interface: eth0's runs the external program,
+    // each pod veth's the replies' one.
+    let lb = env.socket_lb.as_ref().unwrap();
+    let dir = lb.fs.path().join("node1/links/tc");
+    let mut pins: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    pins.sort();
+    assert!(pins.iter().any(|p| p.starts_with("ext-eth0@")), "{pins:?}");
+    assert!(pins.iter().any(|p| p.starts_with("pod-kpv")), "{pins:?}");
+    for p in &pins {
+        let path = dir.join(p);
+        let out = std::process::Command::new("bpftool")
+            .args(["link", "show", "pinned"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        // "N: type 11  prog ID" (11: BPF_LINK_TYPE_TCX; this bpftool
+        // predates its name).
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let id = text
+            .split_whitespace()
+            .skip_while(|w| *w != "prog")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{p}: no program in {text:?}"))
+            .to_string();
+        let prog = std::process::Command::new("bpftool")
+            .args(["prog", "show", "id", &id])
+            .output()
+            .unwrap();
+        let prog = String::from_utf8_lossy(&prog.stdout);
+        let want = if p.starts_with("ext-") {
+            "kp_np_external"
+        } else {
+            "kp_np_from_pod"
+        };
+        assert!(
+            (text.contains("tcx") || text.contains("type 11")) && prog.contains(want),
+            "{p}: {text} / {prog}"
+        );
+    }
+}
+
+/// externalTrafficPolicy Local through the programs: TCP and UDP to a
+/// LoadBalancer IP and to the NodePort of node1 reach node1's endpoint with
+/// the client's own address, with no conntrack entry on node1 for either;
+/// node2, without a local endpoint, has no entry for it, so nftables drops
+/// there as upstream does.
+#[test]
+fn t02_local_policy_keeps_the_client_address_tcp_and_udp() {
+    let mut env = Env::new("tclocal", MODE);
+    let a = env.pod(1, "a");
+    let mut svc = service(
+        "loc",
+        &["10.96.0.41"],
+        json!({"type": "LoadBalancer", "externalTrafficPolicy": "Local"}),
+    );
+    svc["spec"]["ports"][0]["nodePort"] = json!(30410);
+    svc["spec"]["ports"][1]["nodePort"] = json!(30411);
+    svc["spec"]["healthCheckNodePort"] = json!(30412);
+    env.put("svc", &conformance::with_status(svc, &["192.168.77.41"]));
+    env.put("eps", &slice("loc", "1", "IPv4", &ready(&[&a])));
+    env.start_all();
+    let client = env.cluster.client_ns().to_string();
+    env.cluster
+        .client_route_via("192.168.77.41/32".parse().unwrap(), 1)
+        .unwrap();
+    let node1 = env.cluster.node_ip(1);
+    for tcp in [
+        std::net::SocketAddr::new(node1, 30410),
+        "192.168.77.41:80".parse().unwrap(),
+    ] {
+        let r = env.wait_tcp(&client, tcp);
+        assert_eq!(r.server, "a");
+        assert_eq!(
+            r.peer.ip(),
+            env.cluster.client_ip(),
+            "{tcp}: source not kept"
+        );
+    }
+    for udp in [
+        std::net::SocketAddr::new(node1, 30411),
+        "192.168.77.41:53".parse().unwrap(),
+    ] {
+        let r = kp_netlab::udp_ask(&client, udp, T).unwrap_or_else(|e| panic!("{udp}: {e:?}"));
+        assert_eq!(r.server, "a");
+        assert_eq!(
+            r.peer.ip(),
+            env.cluster.client_ip(),
+            "{udp}: source not kept"
+        );
+    }
+    for ip in [node1.to_string(), "192.168.77.41".to_string()] {
+        let ct = conntrack_to(&env, 1, &ip);
+        assert!(
+            ct.iter()
+                .all(|l| !l.starts_with("tcp") && !l.starts_with("udp")),
+            "traffic to {ip} went through conntrack on node1:\n{}",
+            ct.join("\n")
+        );
+    }
+    let node2 = std::net::SocketAddr::new(env.cluster.node_ip(2), 30410);
+    let r = kp_netlab::tcp_hello(&client, node2, T);
+    assert!(
+        r.is_err(),
+        "node2 has no local endpoint, yet answered: {r:?}"
+    );
+}
