@@ -3,7 +3,7 @@
 # namespaces on this machine, with the proxy deployed as a DaemonSet from its
 # own image. See docs/e2e.md.
 #
-#   sudo ./e2e.sh [--proxy ours|upstream] [--mode nftables|iptables|socketlb]
+#   sudo ./e2e.sh [--proxy ours|upstream] [--mode nftables|iptables|socketlb|bpf]
 #                 [--deploy deploy|kubeadm] [--ip-family ipv4|ipv6|dual]
 #                 [--focus REGEX] [--skip REGEX] [--nodes N] [--procs P]
 #                 [--report DIR] [--keep] [--docs] [--binary PATH]
@@ -50,11 +50,12 @@ case $IP_FAMILY in ipv4|ipv6|dual) ;; *) die "--ip-family ipv4|ipv6|dual" ;; esa
 [ $MIGRATE = 1 ] && [ $IP_FAMILY != ipv4 ] && die "--migrate drives its traffic over the nodes' IPv4 addresses: --ip-family ipv4 only"
 export IP_FAMILY
 . "$E2E/lib.sh"  # again: the addresses and ranges of the family
-case $DEPLOY in deploy) ;; kubeadm) [ $MODE = socketlb ] && die "--deploy kubeadm runs kubeadm's DaemonSet unchanged: no --socket-lb" ;;
+case $DEPLOY in deploy) ;; kubeadm) case $MODE in socketlb|bpf) die "--deploy kubeadm runs kubeadm's DaemonSet unchanged: no --socket-lb" ;; esac ;;
   *) die "--deploy deploy|kubeadm" ;; esac
 export DEPLOY
 case $MODE in nftables|iptables) ;; socketlb) [ $PROXY = ours ] || die "--mode socketlb is kube-proxy-rs's (nftables with --socket-lb)" ;;
-  *) die "--mode nftables|iptables|socketlb" ;; esac
+  bpf) [ $PROXY = ours ] || die "--mode bpf is kube-proxy-rs's (nftables with --socket-lb --bpf-nodeport)" ;;
+  *) die "--mode nftables|iptables|socketlb|bpf" ;; esac
 case $NODES in [1-9]|[1-9][0-9]) ;; *) die "--nodes takes a number of nodes, 1 to 99 (got $NODES)" ;; esac
 case $PROCS in [1-9]|[1-9][0-9]) ;; *) die "--procs takes a number of ginkgo processes, 1 to 99 (got $PROCS)" ;; esac
 [ "$(id -u)" = 0 ] || die "run as root (sudo ./e2e.sh)"

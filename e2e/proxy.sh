@@ -13,6 +13,7 @@
 #            --socket-lb, taken from the doc as written; the lab changes one
 #            thing, the host-cgroup hostPath: the node's own cgroup v2
 #            directory (e2e/node.sh), as the nodes share one machine.
+#            MODE bpf: the same, plus docs/ebpf.md's patch for --bpf-nodeport.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 RUN=$1 PROXY=$2 MODE=$3 DEPLOY=${4:-deploy}
@@ -34,7 +35,7 @@ ours)
   cp -r "$REPO/deploy" "$O/base"
   # config.conf and kubeconfig.conf from deploy/configmap.yaml, edited as the doc says
   kc create --dry-run=client -o json -f "$O/base/configmap.yaml" > "$O/cm.json"
-  CONF_MODE=$MODE; [ $MODE = socketlb ] && CONF_MODE=nftables
+  CONF_MODE=$MODE; case $MODE in socketlb|bpf) CONF_MODE=nftables ;; esac
   grep -q '^    clusterCIDR: ' "$O/base/configmap.yaml" || die "deploy/configmap.yaml has no clusterCIDR: adjust e2e/proxy.sh"
   jq -r '.data["config.conf"]' "$O/cm.json" | sed -e "s/^mode: .*/mode: $CONF_MODE/" \
     -e "s#^clusterCIDR: .*#clusterCIDR: $CLUSTER_CIDRS#" > "$O/config.conf"
@@ -56,7 +57,7 @@ configMapGenerator:
 generatorOptions:
   disableNameSuffixHash: true
 EOT
-  if [ $MODE = socketlb ]; then
+  if [ $MODE = socketlb ] || [ $MODE = bpf ]; then
     # the YAML block after "# kustomize patch for deploy/" in docs/ebpf.md
     awk '/^# kustomize patch for deploy\//{on=1; next} on && /^```/{exit} on' "$REPO/docs/ebpf.md" > "$O/socketlb-doc.yaml"
     grep -q -- '--socket-lb' "$O/socketlb-doc.yaml" || die "no --socket-lb patch found in docs/ebpf.md"
@@ -64,6 +65,12 @@ EOT
       || die "docs/ebpf.md's patch changed its host-cgroup volume: adjust e2e/proxy.sh"
     sed -e 's#hostPath: {path: /sys/fs/cgroup, type: Directory}#hostPath: {path: /run/kpe2e-cgroup2, type: Directory}#' \
       "$O/socketlb-doc.yaml" > "$O/socketlb.yaml"
+    if [ $MODE = bpf ]; then
+      # ... and the block after "# kustomize patch for deploy/, --bpf-nodeport"
+      awk '/^# kustomize patch for deploy\/, --bpf-nodeport/{on=1; next} on && /^```/{exit} on' "$REPO/docs/ebpf.md" > "$O/bpf-doc.yaml"
+      grep -q -- '--bpf-nodeport' "$O/bpf-doc.yaml" || die "no --bpf-nodeport patch found in docs/ebpf.md"
+      cat "$O/bpf-doc.yaml" >> "$O/socketlb.yaml"
+    fi
     cat >> "$O/kustomization.yaml" <<EOT
 patches:
   - path: socketlb.yaml

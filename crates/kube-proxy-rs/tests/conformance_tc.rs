@@ -176,3 +176,36 @@ fn t02_local_policy_keeps_the_client_address_tcp_and_udp() {
         "node2 has no local endpoint, yet answered: {r:?}"
     );
 }
+
+/// A proxy restarted with --socket-lb but without --bpf-nodeport detaches
+/// the previous run's tc programs (their pins go) and nftables serves the
+/// NodePort again, through conntrack.
+#[test]
+fn t03_starting_without_the_flag_detaches_the_programs() {
+    let mut env = Env::new("tcoff", MODE);
+    let a = env.pod(1, "a");
+    let mut svc = service("off", &["10.96.0.42"], json!({"type": "NodePort"}));
+    svc["spec"]["ports"][0]["nodePort"] = json!(30420);
+    env.put("svc", &svc);
+    env.put("eps", &slice("off", "1", "IPv4", &ready(&[&a])));
+    env.start_all();
+    let node1 = env.cluster.node_ip(1);
+    let client = env.cluster.client_ns().to_string();
+    let np = std::net::SocketAddr::new(node1, 30420);
+    env.wait_tcp(&client, np);
+    let dir = env.socket_lb.as_ref().unwrap().fs.path().join("node1");
+    assert!(dir.join("links/tc").exists());
+    env.kill(1);
+    env.mode = "nftables-socketlb".into();
+    env.start(1, &[]);
+    env.wait_synced(1);
+    assert!(!dir.join("links/tc").exists(), "tc links still pinned");
+    assert!(!dir.join("kp_np_flows").exists(), "tc maps still pinned");
+    let r = env.wait_tcp(&client, np);
+    assert_eq!(r.server, "a");
+    let ct = conntrack_to(&env, 1, &node1.to_string());
+    assert!(
+        ct.iter().any(|l| l.contains("dport=30420")),
+        "nftables did not take the NodePort back: {ct:?}"
+    );
+}

@@ -55,6 +55,12 @@ pub fn install(flags: &SocketLbFlags) -> Result<()> {
     };
     tracing::info!(cgroup = %p.cgroup.display(), pins = %p.pin_dir.display(),
         adopted, upgraded, "socket load balancing attached");
+    if !flags.bpf_nodeport
+        && kp_socketlb::remove_nodeport(&p.pin_dir).context("removing the tc programs' pins")?
+    {
+        // A previous run's --bpf-nodeport: its links would go on running.
+        tracing::info!("tc programs of a previous --bpf-nodeport run detached");
+    }
     Ok(())
 }
 
