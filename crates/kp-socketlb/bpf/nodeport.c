@@ -3,7 +3,7 @@
 //
 // kp_np_external runs at tc ingress of the node's external interfaces (those
 // holding its addresses): a packet to a Service address with an entry of
-// family KP_OUTSIDE|4 in kp_services gets an endpoint and is translated
+// family KP_OUTSIDE|4 or KP_OUTSIDE|6 in kp_services gets an endpoint and is translated
 // (the client's source kept for externalTrafficPolicy Local, the node's
 // address and a port of its own for Cluster, as upstream masquerades), then
 // sent straight to the interface the route to the endpoint names: neither
@@ -15,12 +15,19 @@
 // Whatever has no entry goes on to the stack unchanged, where nftables
 // handles it as before: Services without endpoints (reject), session
 // affinity, loadBalancerSourceRanges, eTP=Local without a local endpoint
-// (drop), IPv6, IP options and fragments, ICMP, SCTP.
+// (drop), IPv4 options, IPv6 extension headers, fragments, ICMP, SCTP.
 
 #include "common.h"
 #include <linux/if_ether.h>
 #include <linux/ip.h>
+#include <linux/ipv6.h>
 #include <linux/pkt_cls.h>
+
+// The UAPI headers make this a mere hint; inlined for real, the whole
+// program is one frame whose stack the compiler can share between paths
+// (the verifier's limit, 512 bytes, counts every frame of a call chain).
+#undef __always_inline
+#define __always_inline inline __attribute__((always_inline))
 
 static long (*bpf_skb_store_bytes)(struct __sk_buff *skb, __u32 offset, const void *from,
 				   __u32 len, __u64 flags) = (void *)9;
@@ -36,14 +43,15 @@ static long (*bpf_redirect_neigh)(__u32 ifindex, void *params, int plen,
 
 #define KP_F_LOCAL 1 // svc_val.flags: externalTrafficPolicy Local (no SNAT)
 
-#define ETH_HLEN_ 14
-#define IP_OFF ETH_HLEN_
+#define IP_OFF 14 // after the Ethernet header
 #define IP_CSUM_OFF (IP_OFF + 10)
 #define IP_SRC_OFF (IP_OFF + 12)
 #define IP_DST_OFF (IP_OFF + 16)
-#define L4_OFF (IP_OFF + 20) // no IP options: those go to the stack
-#define TCP_CSUM_OFF (L4_OFF + 16)
-#define UDP_CSUM_OFF (L4_OFF + 6)
+#define L4_OFF4 (IP_OFF + 20) // no IP options: those go to the stack
+#define IP6_HOP_OFF (IP_OFF + 7)
+#define IP6_SRC_OFF (IP_OFF + 8)
+#define IP6_DST_OFF (IP_OFF + 24)
+#define L4_OFF6 (IP_OFF + 40) // no extension headers: those go to the stack
 
 // Source ports the node's SNAT takes when the client's own is taken.
 #define SNAT_PORT_MIN 32768
@@ -73,8 +81,8 @@ struct nat {
 	struct backend_val backend;
 };
 
-// The node's own addresses, for SNAT: [0] IPv4, [1] IPv6 (written by the
-// proxy at start).
+// The node's own addresses, for SNAT where the kernel names none: [0]
+// IPv4, [1] IPv6 (written by the proxy at start).
 struct node_addr {
 	__u32 addr[4];
 };
@@ -111,76 +119,124 @@ struct ports {
 	__u16 dest;
 };
 
-// Reads the packet's flow; 0 when the programs leave it to the stack.
-static __always_inline int parse4(struct __sk_buff *skb, struct flow *f, __u8 *ttl, __u8 *syn)
+static __always_inline int same(const __u32 *a, const __u32 *b)
+{
+	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
+}
+
+static __always_inline void copy(__u32 *to, const __u32 *from)
+{
+	to[0] = from[0];
+	to[1] = from[1];
+	to[2] = from[2];
+	to[3] = from[3];
+}
+
+// Reads the packet's flow (and where its ports are); 0 when the programs
+// leave it to the stack.
+static __always_inline int parse(struct __sk_buff *skb, struct flow *f, __u8 *ttl, __u8 *syn)
 {
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
 	struct ethhdr *eth = data;
-	if ((void *)(eth + 1) > end || eth->h_proto != __builtin_bswap16(ETH_P_IP))
+	if ((void *)(eth + 1) > end)
 		return 0;
-	struct iphdr *ip = (void *)(eth + 1);
-	if ((void *)(ip + 1) > end || ip->ihl != 5)
+	struct ports *p;
+	if (eth->h_proto == __builtin_bswap16(ETH_P_IP)) {
+		struct iphdr *ip = (void *)(eth + 1);
+		if ((void *)(ip + 1) > end || ip->ihl != 5)
+			return 0;
+		// Fragments: only the first has the ports; the stack reassembles.
+		if (ip->frag_off & __builtin_bswap16(0x3fff))
+			return 0;
+		f->proto = ip->protocol;
+		f->family = 4;
+		f->saddr[0] = ip->saddr;
+		f->daddr[0] = ip->daddr;
+		*ttl = ip->ttl;
+		p = (void *)(ip + 1);
+	} else if (eth->h_proto == __builtin_bswap16(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = (void *)(eth + 1);
+		if ((void *)(ip6 + 1) > end)
+			return 0;
+		f->proto = ip6->nexthdr;
+		f->family = 6;
+		__builtin_memcpy(f->saddr, &ip6->saddr, 16);
+		__builtin_memcpy(f->daddr, &ip6->daddr, 16);
+		*ttl = ip6->hop_limit;
+		p = (void *)(ip6 + 1);
+	} else {
 		return 0;
-	// Fragments: only the first has the ports; the stack reassembles.
-	if (ip->frag_off & __builtin_bswap16(0x3fff))
+	}
+	if (f->proto != IPPROTO_TCP && f->proto != IPPROTO_UDP)
 		return 0;
-	if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
-		return 0;
-	struct ports *p = (void *)(ip + 1);
 	if ((void *)(p + 1) > end)
 		return 0;
 	*syn = 0;
-	if (ip->protocol == IPPROTO_TCP) {
+	if (f->proto == IPPROTO_TCP) {
 		__u8 *flags = (__u8 *)p + 13;
 		if ((void *)(flags + 1) > end)
 			return 0;
 		// SYN without ACK: a new connection, even on a tuple seen before.
 		*syn = (*flags & 0x12) == 0x02;
 	}
-	f->saddr[0] = ip->saddr;
-	f->daddr[0] = ip->daddr;
 	f->sport = p->source;
 	f->dport = p->dest;
-	f->proto = ip->protocol;
-	f->family = 4;
-	*ttl = ip->ttl;
 	return 1;
 }
 
-// Rewrites an IPv4 packet's addresses and ports from `f` to `n`, with both
-// checksums, and takes one from its TTL (it is forwarded).
-static __always_inline int rewrite4(struct __sk_buff *skb, const struct flow *f,
-				    const struct nat *n)
+// One address of the packet from `from` to `to` (at `off`), with the L4
+// checksum's pseudo-header (and IPv4's header checksum).
+static __always_inline int readdress(struct __sk_buff *skb, int v4, __u32 off, __u32 csum,
+				     __u64 l4, const __u32 *from, const __u32 *to)
 {
-	__u32 csum = f->proto == IPPROTO_TCP ? TCP_CSUM_OFF : UDP_CSUM_OFF;
+	if (v4) {
+		bpf_l4_csum_replace(skb, csum, from[0], to[0], l4 | BPF_F_PSEUDO_HDR | 4);
+		bpf_l3_csum_replace(skb, IP_CSUM_OFF, from[0], to[0], 4);
+		return bpf_skb_store_bytes(skb, off, to, 4, 0) == 0;
+	}
+	for (int i = 0; i < 4; i++)
+		if (from[i] != to[i])
+			bpf_l4_csum_replace(skb, csum, from[i], to[i], l4 | BPF_F_PSEUDO_HDR | 4);
+	return bpf_skb_store_bytes(skb, off, to, 16, 0) == 0;
+}
+
+// Rewrites a packet's addresses and ports from `f` to `n`, with the
+// checksums, and takes one from its TTL or hop limit (it is forwarded).
+static __always_inline int rewrite(struct __sk_buff *skb, const struct flow *f,
+				   const struct nat *n)
+{
+	int v4 = f->family == 4;
+	__u32 l4off = v4 ? L4_OFF4 : L4_OFF6;
+	__u32 csum = l4off + (f->proto == IPPROTO_TCP ? 16 : 6);
 	// A UDP checksum of 0 means none: it stays 0 (BPF_F_MARK_MANGLED_0).
 	__u64 l4 = f->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
-	if (n->saddr[0] != f->saddr[0]) {
-		bpf_l4_csum_replace(skb, csum, f->saddr[0], n->saddr[0], l4 | BPF_F_PSEUDO_HDR | 4);
-		bpf_l3_csum_replace(skb, IP_CSUM_OFF, f->saddr[0], n->saddr[0], 4);
-		if (bpf_skb_store_bytes(skb, IP_SRC_OFF, &n->saddr[0], 4, 0))
-			return 0;
-	}
-	if (n->daddr[0] != f->daddr[0]) {
-		bpf_l4_csum_replace(skb, csum, f->daddr[0], n->daddr[0], l4 | BPF_F_PSEUDO_HDR | 4);
-		bpf_l3_csum_replace(skb, IP_CSUM_OFF, f->daddr[0], n->daddr[0], 4);
-		if (bpf_skb_store_bytes(skb, IP_DST_OFF, &n->daddr[0], 4, 0))
-			return 0;
-	}
+	if (!same(n->saddr, f->saddr) &&
+	    !readdress(skb, v4, v4 ? IP_SRC_OFF : IP6_SRC_OFF, csum, l4, f->saddr, n->saddr))
+		return 0;
+	if (!same(n->daddr, f->daddr) &&
+	    !readdress(skb, v4, v4 ? IP_DST_OFF : IP6_DST_OFF, csum, l4, f->daddr, n->daddr))
+		return 0;
 	if (n->sport != f->sport) {
 		bpf_l4_csum_replace(skb, csum, f->sport, n->sport, l4 | 2);
-		if (bpf_skb_store_bytes(skb, L4_OFF, &n->sport, 2, 0))
+		if (bpf_skb_store_bytes(skb, l4off, &n->sport, 2, 0))
 			return 0;
 	}
 	if (n->dport != f->dport) {
 		bpf_l4_csum_replace(skb, csum, f->dport, n->dport, l4 | 2);
-		if (bpf_skb_store_bytes(skb, L4_OFF + 2, &n->dport, 2, 0))
+		if (bpf_skb_store_bytes(skb, l4off + 2, &n->dport, 2, 0))
 			return 0;
 	}
-	// TTL and protocol share a 16-bit word of the header checksum.
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
+	if (!v4) {
+		struct ipv6hdr *ip6 = data + IP_OFF;
+		if ((void *)(ip6 + 1) > end)
+			return 0;
+		__u8 hop = ip6->hop_limit - 1;
+		return bpf_skb_store_bytes(skb, IP6_HOP_OFF, &hop, 1, 0) == 0;
+	}
+	// TTL and protocol share a 16-bit word of the header checksum.
 	struct iphdr *ip = data + IP_OFF;
 	if ((void *)(ip + 1) > end)
 		return 0;
@@ -190,30 +246,39 @@ static __always_inline int rewrite4(struct __sk_buff *skb, const struct flow *f,
 	__u16 new = old;
 	*(__u8 *)&new = ttl;
 	bpf_l3_csum_replace(skb, IP_CSUM_OFF, old, new, 2);
-	if (bpf_skb_store_bytes(skb, IP_OFF + 8, &ttl, 1, 0))
-		return 0;
-	return 1;
+	return bpf_skb_store_bytes(skb, IP_OFF + 8, &ttl, 1, 0) == 0;
 }
 
 // The route from `src` to `dst` for this packet (its length for the MTU
 // check). With BPF_FIB_LOOKUP_SRC (Linux 6.7) the kernel also names the
 // source address the route prefers, which is what masquerade would take.
-static __always_inline long route4(struct __sk_buff *skb, struct bpf_fib_lookup *fib, __u32 src,
-				   __u32 dst, __u8 proto, __u16 sport, __u16 dport, __u32 flags)
+static __always_inline long route(struct __sk_buff *skb, struct bpf_fib_lookup *fib, __u8 family,
+				  const __u32 *src, const __u32 *dst, __u8 proto, __u16 sport,
+				  __u16 dport, __u32 flags)
 {
-	fib->family = 2; // AF_INET
 	fib->l4_protocol = proto;
 	fib->sport = sport;
 	fib->dport = dport;
-	fib->ipv4_src = src;
-	fib->ipv4_dst = dst;
 	fib->ifindex = skb->ingress_ifindex;
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
-	struct iphdr *ip = data + IP_OFF;
-	if ((void *)(ip + 1) > end)
-		return -1;
-	fib->tot_len = __builtin_bswap16(ip->tot_len);
+	if (family == 4) {
+		struct iphdr *ip = data + IP_OFF;
+		if ((void *)(ip + 1) > end)
+			return -1;
+		fib->family = 2; // AF_INET
+		fib->tot_len = __builtin_bswap16(ip->tot_len);
+		fib->ipv4_src = src[0];
+		fib->ipv4_dst = dst[0];
+	} else {
+		struct ipv6hdr *ip6 = data + IP_OFF;
+		if ((void *)(ip6 + 1) > end)
+			return -1;
+		fib->family = 10; // AF_INET6
+		fib->tot_len = __builtin_bswap16(ip6->payload_len) + 40;
+		copy(fib->ipv6_src, src);
+		copy(fib->ipv6_dst, dst);
+	}
 	return bpf_fib_lookup(skb, fib, sizeof(*fib), flags);
 }
 
@@ -239,50 +304,51 @@ static __always_inline int send(struct __sk_buff *skb, long rc, struct bpf_fib_l
 }
 
 // A packet of a known flow: translated as its entry says, then sent.
-static __always_inline int forward4(struct __sk_buff *skb, const struct flow *f, const struct nat *n)
+static __always_inline int forward(struct __sk_buff *skb, const struct flow *f, const struct nat *n)
 {
-	if (!rewrite4(skb, f, n))
+	if (!rewrite(skb, f, n))
 		return TC_ACT_SHOT;
 	struct bpf_fib_lookup fib = {};
-	long rc = route4(skb, &fib, n->saddr[0], n->daddr[0], f->proto, n->sport, n->dport, 0);
+	long rc = route(skb, &fib, f->family, n->saddr, n->daddr, f->proto, n->sport, n->dport, 0);
 	return send(skb, rc, &fib);
 }
 
 // A new flow's translation and the entry its replies will find; 0 when no
 // source port of the node is free for it (the stack takes it then).
-// `snat`: the node's address towards the endpoint (0: none known).
+// `snat`: the node's address towards the endpoint (all 0: none known).
 static __always_inline int translate(const struct flow *f, const struct svc_val *svc,
-				     const struct backend_val *b, __u32 snat, struct nat *n)
+				     const struct backend_val *b, const __u32 *snat, struct nat *n)
 {
-	n->daddr[0] = b->addr[0];
+	copy(n->daddr, b->addr);
 	n->dport = b->port;
 	n->svc_id = svc->id;
 	n->backend = *b;
-	n->saddr[0] = f->saddr[0];
+	copy(n->saddr, f->saddr);
 	n->sport = f->sport;
 	if (!(svc->flags & KP_F_LOCAL)) {
-		if (!snat) {
-			__u32 zero = 0;
-			struct node_addr *na = bpf_map_lookup_elem(&kp_np_node, &zero);
-			if (!na || !na->addr[0])
+		if (snat[0] | snat[1] | snat[2] | snat[3]) {
+			copy(n->saddr, snat);
+		} else {
+			__u32 idx = f->family == 4 ? 0 : 1;
+			struct node_addr *na = bpf_map_lookup_elem(&kp_np_node, &idx);
+			if (!na || !(na->addr[0] | na->addr[1] | na->addr[2] | na->addr[3]))
 				return 0;
-			snat = na->addr[0];
+			copy(n->saddr, na->addr);
 		}
-		n->saddr[0] = snat;
 	}
-	struct flow r = { .family = 4, .proto = f->proto };
-	r.saddr[0] = n->daddr[0];
+	struct flow r = { .family = f->family, .proto = f->proto };
+	copy(r.saddr, n->daddr);
 	r.sport = n->dport;
-	r.daddr[0] = n->saddr[0];
+	copy(r.daddr, n->saddr);
 	struct nat back = { .sport = f->dport, .dport = f->sport };
-	back.saddr[0] = f->daddr[0];
-	back.daddr[0] = f->saddr[0];
+	copy(back.saddr, f->daddr);
+	copy(back.daddr, f->saddr);
 	// The client's own port first (as masquerade does), another when an
 	// other client's flow to the same endpoint holds it.
 	for (int i = 0; i < SNAT_TRIES; i++) {
 		r.dport = n->sport;
 		struct nat *held = bpf_map_lookup_elem(&kp_np_replies, &r);
-		if (!held || (held->daddr[0] == f->saddr[0] && held->dport == f->sport)) {
+		if (!held || (same(held->daddr, f->saddr) && held->dport == f->sport)) {
 			bpf_map_update_elem(&kp_np_replies, &r, &back, BPF_ANY);
 			return 1;
 		}
@@ -294,33 +360,31 @@ static __always_inline int translate(const struct flow *f, const struct svc_val 
 	return 0;
 }
 
-static __always_inline int from_outside4(struct __sk_buff *skb)
+static __always_inline int from_outside(struct __sk_buff *skb)
 {
 	struct flow f = {};
 	__u8 ttl, syn;
-	if (!parse4(skb, &f, &ttl, &syn) || ttl <= 1)
+	if (!parse(skb, &f, &ttl, &syn) || ttl <= 1)
 		return TC_ACT_OK;
+	// Map values are read in place: a copy would cost stack.
 	struct nat *r = bpf_map_lookup_elem(&kp_np_replies, &f);
-	if (r) {
-		struct nat n = *r;
-		return forward4(skb, &f, &n);
-	}
+	if (r)
+		return forward(skb, &f, r);
 	struct nat *known = bpf_map_lookup_elem(&kp_np_flows, &f);
 	if (known && !syn) {
-		struct nat n = *known;
 		// A UDP flow stays with its endpoint while it is one (as
 		// upstream's conntrack flush moves it when it goes); TCP stays
 		// with it whatever happens, as conntrack keeps it.
 		int keep = 1;
 		if (f.proto == IPPROTO_UDP) {
-			struct member_key mk = { .svc_id = n.svc_id, .backend = n.backend };
+			struct member_key mk = { .svc_id = known->svc_id, .backend = known->backend };
 			keep = bpf_map_lookup_elem(&kp_members, &mk) != 0;
 		}
 		if (keep)
-			return forward4(skb, &f, &n);
+			return forward(skb, &f, known);
 	}
-	struct svc_key k = { .port = f.dport, .proto = f.proto, .family = KP_OUTSIDE | 4 };
-	k.addr[0] = f.daddr[0];
+	struct svc_key k = { .port = f.dport, .proto = f.proto, .family = KP_OUTSIDE | f.family };
+	copy(k.addr, f.daddr);
 	struct svc_val *svc = bpf_map_lookup_elem(&kp_services, &k);
 	if (!svc || svc->count == 0)
 		return TC_ACT_OK;
@@ -333,34 +397,37 @@ static __always_inline int from_outside4(struct __sk_buff *skb)
 	// The route to the endpoint first: it names the interface, and the
 	// address masquerade would take on it.
 	struct bpf_fib_lookup fib = {};
-	long rc = route4(skb, &fib, f.saddr[0], be.addr[0], f.proto, f.sport, be.port,
-			 BPF_FIB_LOOKUP_SRC);
-	__u32 snat = rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH ?
-			     fib.ipv4_src :
-			     0;
+	long rc = route(skb, &fib, f.family, f.saddr, be.addr, f.proto, f.sport, be.port,
+			BPF_FIB_LOOKUP_SRC);
+	__u32 snat[4] = {};
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
+		if (f.family == 4)
+			snat[0] = fib.ipv4_src;
+		else
+			copy(snat, fib.ipv6_src);
+	}
 	struct nat n = {};
 	if (!translate(&f, &sv, &be, snat, &n))
 		return TC_ACT_OK;
 	bpf_map_update_elem(&kp_np_flows, &f, &n, BPF_ANY);
-	if (!rewrite4(skb, &f, &n))
+	if (!rewrite(skb, &f, &n))
 		return TC_ACT_SHOT;
 	return send(skb, rc, &fib);
 }
 
-static __always_inline int from_pod4(struct __sk_buff *skb)
+static __always_inline int from_pod(struct __sk_buff *skb)
 {
 	struct flow f = {};
 	__u8 ttl, syn;
-	if (!parse4(skb, &f, &ttl, &syn) || ttl <= 1)
+	if (!parse(skb, &f, &ttl, &syn) || ttl <= 1)
 		return TC_ACT_OK;
 	struct nat *r = bpf_map_lookup_elem(&kp_np_replies, &f);
 	if (!r)
 		return TC_ACT_OK;
-	struct nat n = *r;
-	return forward4(skb, &f, &n);
+	return forward(skb, &f, r);
 }
 
-SEC("classifier") int kp_np_external(struct __sk_buff *skb) { return from_outside4(skb); }
-SEC("classifier") int kp_np_from_pod(struct __sk_buff *skb) { return from_pod4(skb); }
+SEC("classifier") int kp_np_external(struct __sk_buff *skb) { return from_outside(skb); }
+SEC("classifier") int kp_np_from_pod(struct __sk_buff *skb) { return from_pod(skb); }
 
 char _license[] SEC("license") = "Dual MIT/GPL";

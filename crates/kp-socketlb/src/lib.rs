@@ -21,8 +21,8 @@ pub use kernel::{install, Capacity, Installed, KernelMaps, Placement, PROGRAMS};
 pub use kernel::{install_object, TEST_VARIANT_OBJECT};
 pub use mem::{MemContent, MemMaps};
 pub use nodeport::{
-    default_route_devices, interfaces, remove_nodeport, Attached, Interface, NodePort, Role,
-    NODEPORT_PROGRAMS,
+    default_route_devices, interfaces, remove_nodeport, set_node_v6, Attached, Interface, NodePort,
+    Role, NODEPORT_PROGRAMS,
 };
 pub use proxier::{wanted, wanted_outside, Dump, Maps, Refused, Scope, SocketLbProxier, Wanted};
 

@@ -221,7 +221,22 @@ impl NodePort {
             pin_dir: pin_dir.to_path_buf(),
         })
     }
+}
 
+/// Records the node's IPv6 address in the pinned `kp_np_node` (the IPv4
+/// dataplane's [`NodePort::install`] made it): the source of translated
+/// IPv6 requests where the kernel names none.
+pub fn set_node_v6(pin_dir: &Path, ip: Ipv6Addr) -> Result<(), SocketLbError> {
+    let path = pin_dir.join(NP_NODE);
+    let data = MapData::from_pin(&path)
+        .map_err(|e| bpf(format!("opening map {}", path.display()))(boxed(e)))?;
+    let mut node: Array<MapData, [u32; 4]> = Array::try_from(aya::maps::Map::Array(data))
+        .map_err(|e| bpf(format!("map {}", path.display()))(boxed(e)))?;
+    node.set(1, addr_words(IpAddr::V6(ip)), 0)
+        .map_err(|e| bpf(format!("writing the node's IPv6 address into {NP_NODE}"))(boxed(e)))
+}
+
+impl NodePort {
     /// Puts the right program on every interface of `ifaces` (adopting
     /// links already pinned for it) and unpins the links of interfaces no
     /// longer there or whose role changed.

@@ -17,7 +17,9 @@ const MODE: &str = "nftables-tc-socketlb";
 /// conntrack entries in node `node`'s namespace whose original destination
 /// is `ip`.
 fn conntrack_to(env: &Env, node: usize, ip: &str) -> Vec<String> {
-    env.on_node(node, &["conntrack", "-L", "-d", ip])
+    // conntrack lists IPv4 alone unless told the family.
+    let family = if ip.contains(':') { "ipv6" } else { "ipv4" };
+    env.on_node(node, &["conntrack", "-L", "-f", family, "-d", ip])
         .lines()
         .map(String::from)
         .collect()
@@ -207,5 +209,55 @@ fn t03_starting_without_the_flag_detaches_the_programs() {
     assert!(
         ct.iter().any(|l| l.contains("dport=30420")),
         "nftables did not take the NodePort back: {ct:?}"
+    );
+}
+
+/// IPv6 through the programs: the external client's TCP and UDP to node1's
+/// IPv6 NodePort reach endpoints on both nodes, masqueraded (eTP=Cluster),
+/// with no conntrack entry on node1.
+#[test]
+fn t04_ipv6_nodeport_from_outside() {
+    let mut env = Env::new("tcv6", MODE);
+    let a = env.pod(1, "a");
+    let c = env.pod(2, "c");
+    let mut svc = service(
+        "six",
+        &["10.96.0.43", "fd00:96::43"],
+        json!({"type": "NodePort", "ipFamilyPolicy": "PreferDualStack"}),
+    );
+    svc["spec"]["ports"][0]["nodePort"] = json!(30430);
+    svc["spec"]["ports"][1]["nodePort"] = json!(30431);
+    env.put("svc", &svc);
+    env.put("eps4", &slice("six", "v4", "IPv4", &ready(&[&a, &c])));
+    env.put("eps6", &slice("six", "v6", "IPv6", &ready(&[&a, &c])));
+    env.start_all();
+    let node1 = env.cluster.node_ip6(1);
+    let client = env.cluster.client_ns().to_string();
+    let tcp = std::net::SocketAddr::new(node1, 30430);
+    env.wait_tcp(&client, tcp);
+    let mut servers = std::collections::BTreeSet::new();
+    for r in kp_netlab::tcp_hello_many(&client, tcp, 30, T) {
+        let r = r.expect("an IPv6 NodePort connection from outside failed");
+        assert_ne!(
+            r.peer.ip(),
+            env.cluster.client_ip6(),
+            "not masqueraded: {r:?}"
+        );
+        servers.insert(r.server);
+    }
+    assert_eq!(servers.len(), 2, "both endpoints: {servers:?}");
+    let udp = std::net::SocketAddr::new(node1, 30431);
+    let r = kp_netlab::udp_ask(&client, udp, T).expect("UDP over the IPv6 NodePort");
+    assert_ne!(
+        r.peer.ip(),
+        env.cluster.client_ip6(),
+        "not masqueraded: {r:?}"
+    );
+    let ct = conntrack_to(&env, 1, &node1.to_string());
+    assert!(
+        ct.iter()
+            .all(|l| !l.starts_with("tcp") && !l.starts_with("udp")),
+        "IPv6 NodePort traffic went through conntrack on node1:\n{}",
+        ct.join("\n")
     );
 }

@@ -5,8 +5,8 @@
 //! (traffic from outside, NodePorts, masquerading, rejects, and sockets the
 //! programs did not translate). One dataplane per family runs both.
 //! `--bpf-nodeport` adds tc programs for traffic from outside the node
-//! (NodePorts, LoadBalancer IPs, external IPs; IPv4 for now): the IPv4
-//! dataplane loads them, keeps them attached to the node's interfaces and
+//! (NodePorts, LoadBalancer IPs, external IPs): the IPv4 dataplane loads
+//! them and keeps them attached to the node's interfaces; each family's
 //! writes their entries into the same maps.
 
 use std::collections::BTreeSet;
@@ -99,19 +99,31 @@ pub fn wrap(
     } else {
         Box::new(MemMaps::new(false))
     };
-    // The tc programs translate IPv4 only: IPv6 stays with nftables.
-    let outside = flags.bpf_nodeport && family == kp_model::IpFamily::V4;
-    let nodeport = if outside && kernel {
-        let node_v4 = nodeport_ips.iter().find_map(|ip| match ip {
-            std::net::IpAddr::V4(v4) => Some(*v4),
-            std::net::IpAddr::V6(_) => None,
-        });
-        let np = NodePort::install(&flags.bpf_pin_path, Capacity::default(), node_v4, None)
-            .context("--bpf-nodeport")?;
-        tracing::info!("tc programs for traffic from outside the node loaded");
-        Some((np, flags.bpf_nodeport_devices.clone()))
-    } else {
-        None
+    // The IPv4 dataplane (made first) loads the tc programs, which serve
+    // both families; the IPv6 one records its address for them.
+    let outside = flags.bpf_nodeport;
+    let nodeport = match family {
+        _ if !outside || !kernel => None,
+        kp_model::IpFamily::V4 => {
+            let node_v4 = nodeport_ips.iter().find_map(|ip| match ip {
+                std::net::IpAddr::V4(v4) => Some(*v4),
+                std::net::IpAddr::V6(_) => None,
+            });
+            let np = NodePort::install(&flags.bpf_pin_path, Capacity::default(), node_v4, None)
+                .context("--bpf-nodeport")?;
+            tracing::info!("tc programs for traffic from outside the node loaded");
+            Some((np, flags.bpf_nodeport_devices.clone()))
+        }
+        kp_model::IpFamily::V6 => {
+            let node_v6 = nodeport_ips.iter().find_map(|ip| match ip {
+                std::net::IpAddr::V6(v6) => Some(*v6),
+                std::net::IpAddr::V4(_) => None,
+            });
+            if let Some(ip) = node_v6 {
+                kp_socketlb::set_node_v6(&flags.bpf_pin_path, ip).context("--bpf-nodeport")?;
+            }
+            None
+        }
     };
     Ok(Box::new(WithSocketLb {
         nft,
