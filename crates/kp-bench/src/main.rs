@@ -1,7 +1,7 @@
 //! kp-bench: control-plane timings of the nftables and iptables dataplanes at
 //! scale, applied to the real kernel inside throwaway network namespaces.
 //!
-//! `cargo run --release -p kp-bench -- [--mode nftables|iptables|userspace|socketlb]
+//! `cargo run --release -p kp-bench -- [--mode nftables|iptables|userspace|socketlb|maglev]
 //! [--sizes 1000,10000,50000] [--endpoints 10] [--changes 100] [--burst 1000]
 //! [--big 5000] [--backend netlink|nft|restore] [--iptables-backend auto|nft|legacy]
 //! [--no-affinity] [--no-apply] [--ports 5000] [--pause 0]`.
@@ -28,6 +28,9 @@
 //! Its full sync column adds the full sync of a restarted proxy over the
 //! filled maps; `--one-entry-per-call` writes without the kernel's batch
 //! commands (what the fallback does on kernels before 5.6).
+//! `--mode maglev` measures the Maglev tables of `--bpf-lb-algorithm
+//! maglev` alone, without the kernel or root (maglev.rs): build time, flows
+//! moved when an endpoint leaves, agreement between nodes, map memory.
 //! Needs root for the apply columns: each size is programmed into a fresh
 //! network namespace (never the host's ruleset).
 
@@ -48,6 +51,7 @@ use std::sync::Arc;
 
 mod encode;
 mod floor;
+mod maglev;
 mod restart;
 
 // The allocator kube-proxy-rs itself uses (see its main.rs), so the figures
@@ -836,6 +840,9 @@ fn main() -> Result<()> {
             .cloned()
     };
     let has = |flag: &str| args.iter().any(|a| a == flag);
+    if get("--mode").as_deref() == Some("maglev") {
+        return maglev::run();
+    }
     let sizes: Vec<u32> = get("--sizes")
         .unwrap_or_else(|| "1000,10000".into())
         .split(',')
@@ -875,7 +882,7 @@ fn main() -> Result<()> {
         o.mode.as_str(),
         "nftables" | "iptables" | "userspace" | "socketlb"
     ) {
-        bail!("--mode must be nftables, iptables, userspace or socketlb");
+        bail!("--mode must be nftables, iptables, userspace, socketlb or maglev");
     }
     let affinity = !has("--no-affinity");
     if affinity && o.mode == "nftables" && !o.netlink {

@@ -10,6 +10,7 @@
 
 mod batch;
 mod kernel;
+pub mod maglev;
 pub mod maps;
 mod mem;
 mod nodeport;

@@ -29,6 +29,9 @@ pub const OUTSIDE: u8 = 0x80;
 /// kept (bpf/nodeport.c).
 pub const FLAG_LOCAL: u32 = 1;
 
+/// The Maglev lookup tables (`--bpf-lb-algorithm maglev`, maglev.rs): not
+/// in [`ALL_MAPS`] until a program of the object declares it.
+pub const MAGLEV: &str = "kp_maglev";
 /// Pins earlier versions made and this one no longer uses (session affinity
 /// records, now nftables' alone): removed at install and cleanup.
 pub const RETIRED_MAPS: [&str; 1] = ["kp_affinity"];
@@ -164,6 +167,35 @@ pub struct MemberKey {
     pub backend: BackendVal,
 }
 
+/// Maglev slots per map entry (`MAGLEV_CHUNK` in bpf/maglev.h).
+pub const MAGLEV_CHUNK: usize = 64;
+
+/// One chunk of a Service's Maglev table: slots `chunk * MAGLEV_CHUNK ..`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MaglevKey {
+    pub svc_id: u32,
+    pub chunk: u32,
+}
+
+/// Each Maglev slot's endpoint, as its slot in `kp_backends` (key
+/// `{svc_id, slot}`). Slots past the table's size (the last chunk's tail)
+/// are 0 and never read.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MaglevVal {
+    pub slot: [u32; MAGLEV_CHUNK],
+}
+
+// Arrays longer than 32 have no Default of their own.
+impl Default for MaglevVal {
+    fn default() -> Self {
+        MaglevVal {
+            slot: [0; MAGLEV_CHUNK],
+        }
+    }
+}
+
 // SAFETY: plain #[repr(C)] structs of integers whose padding is explicit
 // fields (checked against the C sizes by the layout test), so every byte
 // pattern is a valid value and none is uninitialised.
@@ -172,6 +204,8 @@ unsafe impl aya::Pod for SvcVal {}
 unsafe impl aya::Pod for BackendKey {}
 unsafe impl aya::Pod for BackendVal {}
 unsafe impl aya::Pod for MemberKey {}
+unsafe impl aya::Pod for MaglevKey {}
+unsafe impl aya::Pod for MaglevVal {}
 
 #[cfg(test)]
 mod tests {
@@ -180,13 +214,17 @@ mod tests {
     #[test]
     fn sizes_match_the_c_structs() {
         // The C compiler's sizes (clang -target bpf): svc_key 20, svc_val 16,
-        // backend_key 8, backend_val 20, member_key 24. A mismatch would make
-        // every lookup miss.
+        // backend_key 8, backend_val 20, member_key 24, maglev_key 8,
+        // maglev_val 256 (maglev.rs checks the last two against bpf/maglev.h
+        // compiled). A mismatch would make every lookup miss.
         assert_eq!(std::mem::size_of::<SvcKey>(), 20);
         assert_eq!(std::mem::size_of::<SvcVal>(), 16);
         assert_eq!(std::mem::size_of::<BackendKey>(), 8);
         assert_eq!(std::mem::size_of::<BackendVal>(), 20);
         assert_eq!(std::mem::size_of::<MemberKey>(), 24);
+        assert_eq!(std::mem::size_of::<MaglevKey>(), 8);
+        assert_eq!(std::mem::size_of::<MaglevVal>(), 4 * MAGLEV_CHUNK);
+        assert_eq!(std::mem::size_of::<MaglevVal>(), 256);
     }
 
     #[test]
