@@ -11,7 +11,12 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn main() {
-    for f in ["bpf/socketlb.c", "bpf/nodeport.c", "bpf/common.h"] {
+    for f in [
+        "bpf/socketlb.c",
+        "bpf/nodeport.c",
+        "bpf/common.h",
+        "bpf/maglev.h",
+    ] {
         println!("cargo:rerun-if-changed={f}");
     }
     println!("cargo:rerun-if-env-changed=KP_CLANG");

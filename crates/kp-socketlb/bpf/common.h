@@ -40,7 +40,8 @@ struct svc_key {
 struct svc_val {
 	__u32 id;
 	__u32 count;
-	__u32 reserved; // 0 (was session affinity: pinned maps keep their layout)
+	__u32 maglev_size; // the Maglev table's size (KP_F_MAGLEV), else 0
+	// (was session affinity: pinned maps keep their layout)
 	__u32 flags;
 };
 

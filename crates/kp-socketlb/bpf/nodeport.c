@@ -18,16 +18,19 @@
 // (drop), IPv4 options, IPv6 extension headers, fragments, ICMP, SCTP.
 
 #include "common.h"
-#include <linux/if_ether.h>
-#include <linux/ip.h>
-#include <linux/ipv6.h>
-#include <linux/pkt_cls.h>
 
 // The UAPI headers make this a mere hint; inlined for real, the whole
 // program is one frame whose stack the compiler can share between paths
 // (the verifier's limit, 512 bytes, counts every frame of a call chain).
 #undef __always_inline
 #define __always_inline inline __attribute__((always_inline))
+
+#include "maglev.h"
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <linux/pkt_cls.h>
+
 
 static long (*bpf_skb_store_bytes)(struct __sk_buff *skb, __u32 offset, const void *from,
 				   __u32 len, __u64 flags) = (void *)9;
@@ -42,6 +45,7 @@ static long (*bpf_redirect_neigh)(__u32 ifindex, void *params, int plen,
 				  __u64 flags) = (void *)152;
 
 #define KP_F_LOCAL 1 // svc_val.flags: externalTrafficPolicy Local (no SNAT)
+#define KP_F_MAGLEV 2 // svc_val.flags: the endpoint from the Maglev table
 
 #define IP_OFF 14 // after the Ethernet header
 #define IP_CSUM_OFF (IP_OFF + 10)
@@ -105,6 +109,18 @@ struct {
 	__type(value, struct nat);
 	__uint(pinning, PIN_BY_NAME);
 } kp_np_replies SEC(".maps");
+
+// Each Service port's Maglev table (--bpf-lb-algorithm maglev), in chunks
+// of MAGLEV_CHUNK slots (maglev.h): 100k Services of 10 endpoints are 1.6M
+// chunks.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4194304);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct maglev_key);
+	__type(value, struct maglev_val);
+	__uint(pinning, PIN_BY_NAME);
+} kp_maglev SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -383,6 +399,11 @@ static __always_inline int from_outside(struct __sk_buff *skb)
 		if (keep)
 			return forward(skb, &f, known);
 	}
+	// A TCP packet of a connection the programs did not start (one that
+	// began before they were attached, when nftables and conntrack took
+	// it) stays theirs: only a SYN starts a translation here.
+	if (f.proto == IPPROTO_TCP && !syn)
+		return TC_ACT_OK;
 	struct svc_key k = { .port = f.dport, .proto = f.proto, .family = KP_OUTSIDE | f.family };
 	copy(k.addr, f.daddr);
 	struct svc_val *svc = bpf_map_lookup_elem(&kp_services, &k);
@@ -390,6 +411,17 @@ static __always_inline int from_outside(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	struct svc_val sv = *svc;
 	struct backend_key bk = { .svc_id = sv.id, .slot = bpf_get_prandom_u32() % sv.count };
+	if ((sv.flags & KP_F_MAGLEV) && sv.maglev_size) {
+		// Every node builds the same table, so a flow (to a LoadBalancer
+		// IP, say) gets the same endpoint whichever node it enters.
+		__u32 h = maglev_flow_hash(f.saddr, f.daddr, f.sport, f.dport, f.proto);
+		__u32 idx = h % sv.maglev_size;
+		struct maglev_key mk = { .svc_id = sv.id, .chunk = idx / MAGLEV_CHUNK };
+		struct maglev_val *mv = bpf_map_lookup_elem(&kp_maglev, &mk);
+		// Without its chunk (a sync writing it now) the random slot stays.
+		if (mv)
+			bk.slot = mv->slot[idx % MAGLEV_CHUNK];
+	}
 	struct backend_val *b = bpf_map_lookup_elem(&kp_backends, &bk);
 	if (!b)
 		return TC_ACT_OK;

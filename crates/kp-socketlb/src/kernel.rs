@@ -19,8 +19,8 @@ use aya::EbpfLoader;
 
 use crate::batch::{self, BatchError, Commands};
 use crate::maps::{
-    BackendKey, BackendVal, MemberKey, SvcKey, SvcVal, ALL_MAPS, BACKENDS, MEMBERS, RETIRED_MAPS,
-    SERVICES,
+    BackendKey, BackendVal, MaglevKey, MaglevVal, MemberKey, SvcKey, SvcVal, ALL_MAPS, BACKENDS,
+    MAGLEV, MEMBERS, RETIRED_MAPS, SERVICES,
 };
 use crate::proxier::{value, Refused};
 use crate::SocketLbError;
@@ -390,6 +390,8 @@ pub struct KernelMaps {
     pub services: HashMap<MapData, SvcKey, SvcVal>,
     pub backends: HashMap<MapData, BackendKey, BackendVal>,
     pub members: HashMap<MapData, MemberKey, u32>,
+    /// The tc programs' Maglev tables (pinned only when they are loaded).
+    pub maglev: Option<HashMap<MapData, MaglevKey, MaglevVal>>,
     cmds: Commands,
     /// Whether the kernel takes the batch commands: unknown until the first
     /// batch.
@@ -413,6 +415,11 @@ impl KernelMaps {
             services: open_map(pin_dir, SERVICES)?,
             backends: open_map(pin_dir, BACKENDS)?,
             members: open_map(pin_dir, MEMBERS)?,
+            maglev: if pin_dir.join(MAGLEV).exists() {
+                Some(open_map(pin_dir, MAGLEV)?)
+            } else {
+                None
+            },
             cmds: Commands::KERNEL,
             batch: Cell::new(None),
         })
@@ -606,10 +613,22 @@ impl crate::proxier::Maps for KernelMaps {
             .into_iter()
             .map(|(k, _)| k)
             .collect();
+        let maglev = match &self.maglev {
+            Some(m) => {
+                let r = (self.batch.get() != Some(false))
+                    .then(|| batch::lookup_all::<MaglevKey, MaglevVal>(c, fd(m)));
+                read_all(&self.batch, r, MAGLEV, m)?
+                    .into_iter()
+                    .map(|(k, _)| k)
+                    .collect()
+            }
+            None => Vec::new(),
+        };
         Ok(crate::proxier::Dump {
             services,
             backends,
             members,
+            maglev,
         })
     }
 
@@ -674,6 +693,38 @@ impl crate::proxier::Maps for KernelMaps {
             &self.batch,
             MEMBERS,
             &mut self.members,
+            keys,
+            |map, keys| delete(cmd, fd(map), keys),
+            |map, _, k| gone_ok(map.remove(k)),
+        )
+    }
+    fn set_maglev(&mut self, keys: &[MaglevKey], vals: &[MaglevVal]) -> Result<(), Refused> {
+        let cmd = self.cmds.update;
+        let Some(map) = &mut self.maglev else {
+            return Err(Refused {
+                index: 0,
+                message: format!("{MAGLEV} is not pinned (the tc programs are not loaded)"),
+            });
+        };
+        batched(
+            &self.batch,
+            MAGLEV,
+            map,
+            keys,
+            |map, keys| update(cmd, fd(map), keys, vals),
+            |map, i, k| map.insert(k, value(vals, i)?, 0).map_err(map_err),
+        )
+    }
+    fn del_maglev(&mut self, keys: &[MaglevKey]) -> Result<(), Refused> {
+        let cmd = self.cmds.delete;
+        let Some(map) = &mut self.maglev else {
+            // Nothing can be there.
+            return Ok(());
+        };
+        batched(
+            &self.batch,
+            MAGLEV,
+            map,
             keys,
             |map, keys| delete(cmd, fd(map), keys),
             |map, _, k| gone_ok(map.remove(k)),

@@ -20,7 +20,7 @@ pub const ALL_MAPS: [&str; 5] = [SERVICES, BACKENDS, MEMBERS, REVNAT, UDP_FLOWS]
 pub const NP_FLOWS: &str = "kp_np_flows";
 pub const NP_REPLIES: &str = "kp_np_replies";
 pub const NP_NODE: &str = "kp_np_node";
-pub const NODEPORT_MAPS: [&str; 3] = [NP_FLOWS, NP_REPLIES, NP_NODE];
+pub const NODEPORT_MAPS: [&str; 4] = [NP_FLOWS, NP_REPLIES, NP_NODE, MAGLEV];
 
 /// `SvcKey::family` bit of the entries for traffic from outside the node,
 /// which only the tc programs look up (bpf/common.h).
@@ -28,9 +28,12 @@ pub const OUTSIDE: u8 = 0x80;
 /// `SvcVal::flags`: externalTrafficPolicy Local, the client's address is
 /// kept (bpf/nodeport.c).
 pub const FLAG_LOCAL: u32 = 1;
+/// `SvcVal::flags`: the endpoint comes from the Service port's Maglev table
+/// in `kp_maglev` (`--bpf-lb-algorithm maglev`), not at random.
+pub const FLAG_MAGLEV: u32 = 2;
 
-/// The Maglev lookup tables (`--bpf-lb-algorithm maglev`, maglev.rs): not
-/// in [`ALL_MAPS`] until a program of the object declares it.
+/// The Maglev lookup tables (`--bpf-lb-algorithm maglev`, maglev.rs),
+/// declared by the tc programs' object (so one of [`NODEPORT_MAPS`]).
 pub const MAGLEV: &str = "kp_maglev";
 /// Pins earlier versions made and this one no longer uses (session affinity
 /// records, now nftables' alone): removed at install and cleanup.
@@ -120,9 +123,10 @@ pub struct SvcVal {
     pub id: u32,
     /// Endpoint slots 0..count; never 0 in the map.
     pub count: u32,
-    /// Always 0 (earlier versions' session affinity timeout: pinned maps
-    /// keep their layout across an upgrade).
-    pub reserved: u32,
+    /// The Maglev table's size for [`FLAG_MAGLEV`] entries, else 0 (the
+    /// field held a session affinity timeout in earlier versions, 0 since:
+    /// pinned maps keep their layout across an upgrade).
+    pub maglev_size: u32,
     pub flags: u32,
 }
 

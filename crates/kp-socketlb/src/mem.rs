@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::maps::{BackendKey, BackendVal, MemberKey, SvcKey, SvcVal};
+use crate::maps::{BackendKey, BackendVal, MaglevKey, MaglevVal, MemberKey, SvcKey, SvcVal};
 use crate::proxier::{each, value, Maps, Refused};
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -14,6 +14,7 @@ pub struct MemContent {
     pub services: BTreeMap<SvcKey, SvcVal>,
     pub backends: BTreeMap<BackendKey, BackendVal>,
     pub members: BTreeMap<MemberKey, u32>,
+    pub maglev: BTreeMap<MaglevKey, MaglevVal>,
     /// Deletes of keys that were not there (fine for the kernel; a normal
     /// sync makes none, a repair does).
     pub missing_deletes: usize,
@@ -161,6 +162,20 @@ impl MemMaps {
         drop(c);
         self.after()
     }
+    fn put_maglev(&self, k: &MaglevKey, v: &MaglevVal) -> Result<(), String> {
+        self.admit()?;
+        self.lock().maglev.insert(*k, *v);
+        self.after()
+    }
+    fn drop_maglev(&self, k: &MaglevKey) -> Result<(), String> {
+        self.admit()?;
+        let mut c = self.lock();
+        if c.maglev.remove(k).is_none() {
+            c.missing_deletes += 1;
+        }
+        drop(c);
+        self.after()
+    }
 }
 
 /// The plural forms write entry by entry, checking after each one (a
@@ -196,6 +211,7 @@ impl Maps for MemMaps {
             services: c.services.iter().map(|(k, v)| (*k, *v)).collect(),
             backends: c.backends.iter().map(|(k, v)| (*k, *v)).collect(),
             members: c.members.keys().copied().collect(),
+            maglev: c.maglev.keys().copied().collect(),
         })
     }
     fn set_services(&mut self, keys: &[SvcKey], vals: &[SvcVal]) -> Result<(), Refused> {
@@ -221,5 +237,13 @@ impl Maps for MemMaps {
     fn del_members(&mut self, keys: &[MemberKey]) -> Result<(), Refused> {
         self.call("del_members", keys.len());
         each(keys, |_, k| self.drop_member(k))
+    }
+    fn set_maglev(&mut self, keys: &[MaglevKey], vals: &[MaglevVal]) -> Result<(), Refused> {
+        self.call("set_maglev", keys.len());
+        each(keys, |i, k| self.put_maglev(k, value(vals, i)?))
+    }
+    fn del_maglev(&mut self, keys: &[MaglevKey]) -> Result<(), Refused> {
+        self.call("del_maglev", keys.len());
+        each(keys, |_, k| self.drop_maglev(k))
     }
 }

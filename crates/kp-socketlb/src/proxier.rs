@@ -20,7 +20,11 @@ use kp_model::{
     ServicePortName, SyncReport,
 };
 
-use crate::maps::{BackendKey, BackendVal, MemberKey, SvcKey, SvcVal, FLAG_LOCAL};
+use crate::maglev;
+use crate::maps::{
+    BackendKey, BackendVal, MaglevKey, MaglevVal, MemberKey, SvcKey, SvcVal, FLAG_LOCAL,
+    FLAG_MAGLEV,
+};
 use crate::slots;
 
 /// The map operations a sync needs (the kernel's, or memory's in tests).
@@ -60,6 +64,9 @@ pub trait Maps: Send {
     fn del_members(&mut self, keys: &[MemberKey]) -> Result<(), Refused> {
         each(keys, |_, k| self.del_member(k))
     }
+    /// Maglev table chunks (`kp_maglev`, only where the tc programs run).
+    fn set_maglev(&mut self, keys: &[MaglevKey], vals: &[MaglevVal]) -> Result<(), Refused>;
+    fn del_maglev(&mut self, keys: &[MaglevKey]) -> Result<(), Refused>;
 }
 
 /// A write of many entries stopped: those before `index` are done, the one
@@ -94,6 +101,8 @@ pub struct Dump {
     pub services: Vec<(SvcKey, SvcVal)>,
     pub backends: Vec<(BackendKey, BackendVal)>,
     pub members: Vec<MemberKey>,
+    /// The Maglev chunks there are (their content is rewritten anyway).
+    pub maglev: Vec<MaglevKey>,
 }
 
 /// What one Service port looks like in the maps.
@@ -104,6 +113,9 @@ struct Written {
     val: SvcVal,
     slots: Vec<BackendVal>,
     members: Members,
+    /// Its Maglev table's chunks as written (None: found by a full sync,
+    /// content unknown).
+    maglev: Vec<Option<MaglevVal>>,
 }
 
 /// Which of a Service port's slot endpoints are in `kp_members`.
@@ -252,6 +264,7 @@ pub fn wanted_outside(
     sp: &ServicePort,
     state: &ProxyState,
     nodeport_ips: &[IpAddr],
+    maglev: bool,
 ) -> Option<Wanted> {
     if sp.session_affinity_timeout.is_some() {
         return None;
@@ -295,8 +308,19 @@ pub fn wanted_outside(
             FLAG_LOCAL
         } else {
             0
-        },
+        } | if maglev { FLAG_MAGLEV } else { 0 },
     })
+}
+
+/// An endpoint's identity for its Maglev table: its address and port as
+/// the maps hold them, the same bytes on every node.
+fn identity(b: &BackendVal) -> [u8; 20] {
+    let mut out = [0u8; 20];
+    for (i, w) in b.addr.iter().enumerate() {
+        out[i * 4..i * 4 + 4].copy_from_slice(&w.to_ne_bytes());
+    }
+    out[16..18].copy_from_slice(&b.port.to_ne_bytes());
+    out
 }
 
 /// The writes of one sync, by phase. Each phase needs only the phases
@@ -326,6 +350,11 @@ struct Plan {
     gone_services: Vec<SvcKey>,
     gone_backends: Vec<BackendKey>,
     gone_members: Vec<MemberKey>,
+    /// Maglev chunks: written after the slots they name (2b), removed
+    /// after the addresses stopped reading them (4b).
+    maglev_keys: Vec<MaglevKey>,
+    maglev_vals: Vec<MaglevVal>,
+    gone_maglev: Vec<MaglevKey>,
     /// The Service ports removed, by id (for naming them in errors).
     removed: Vec<(u32, String)>,
 }
@@ -338,6 +367,8 @@ impl Plan {
             + self.gone_services.len()
             + self.gone_backends.len()
             + self.gone_members.len()
+            + self.maglev_keys.len()
+            + self.gone_maglev.len()
     }
 
     fn member(&mut self, svc_id: u32, backend: BackendVal, slot: u32) {
@@ -381,6 +412,9 @@ pub struct SocketLbProxier {
     /// Whether the tc programs run (`--bpf-nodeport`): [`Scope::Outside`]
     /// entries are written.
     outside: bool,
+    /// `--bpf-lb-algorithm maglev`: [`Scope::Outside`] entries get Maglev
+    /// tables.
+    maglev: bool,
     /// This node's addresses that answer NodePorts (this family's).
     nodeport_ips: Vec<IpAddr>,
     /// Found in the maps by a full sync and not yet matched to a Service
@@ -437,6 +471,7 @@ impl SocketLbProxier {
             written: HashMap::new(),
             nodeport_ips: Vec::new(),
             outside: false,
+            maglev: false,
             orphans: BTreeMap::new(),
             orphan_keys: HashMap::new(),
             free_ids: Vec::new(),
@@ -450,6 +485,12 @@ impl SocketLbProxier {
     /// the node ([`Scope::Outside`]).
     pub fn with_outside(mut self, on: bool) -> Self {
         self.outside = on;
+        self
+    }
+
+    /// Gives the [`Scope::Outside`] entries Maglev tables.
+    pub fn with_maglev(mut self, on: bool) -> Self {
+        self.maglev = on;
         self
     }
 
@@ -492,6 +533,7 @@ impl SocketLbProxier {
             services,
             backends,
             mut members,
+            maglev: chunks,
         } = self.maps.dump().map_err(err("reading the maps".into()))?;
         let fam = self.family_byte();
         let mut found: BTreeMap<u32, Written> = BTreeMap::new();
@@ -530,6 +572,29 @@ impl SocketLbProxier {
             for (_, slot, b) in group {
                 w.slots[*slot as usize] = *b;
             }
+        }
+        // Maglev chunks: known to be there, not what they say.
+        let mut stray_chunks = Vec::new();
+        for k in chunks {
+            if !self.ours(k.svc_id) {
+                continue;
+            }
+            match found.get_mut(&k.svc_id) {
+                Some(w) if k.chunk < maglev::chunk_count(maglev::MAX_SIZE) => {
+                    let n = (k.chunk as usize + 1).max(w.maglev.len());
+                    w.maglev.resize(n, None);
+                }
+                _ => stray_chunks.push(k),
+            }
+        }
+        if !stray_chunks.is_empty() {
+            self.maps.del_maglev(&stray_chunks).map_err(|r| {
+                self.refused("removing stray Maglev chunks", r, &[], &|i| {
+                    stray_chunks
+                        .get(i)
+                        .map(|k| (k.svc_id, format!("chunk {}", k.chunk)))
+                })
+            })?;
         }
         // A member without a slot (a sync interrupted between the two
         // writes) would keep UDP flows to it alive: gone now. The
@@ -674,11 +739,36 @@ impl SocketLbProxier {
                 plan.backend(id, slot, *b);
             }
         }
+        // 2b. The Maglev table, naming slots that are filled now.
+        let mut maglev_now = Vec::new();
+        let mut maglev_size = 0;
+        if want.flags & FLAG_MAGLEV != 0 {
+            let eps: Vec<[u8; 20]> = want.backends.iter().map(identity).collect();
+            maglev_size = maglev::table_size(eps.len());
+            let table = maglev::table(&eps, maglev_size);
+            let order: Vec<&BackendVal> = want.backends.iter().collect();
+            let slot_of = |e: u32| {
+                let b = order.get(e as usize).copied();
+                slots.iter().position(|s| Some(s) == b).unwrap_or(0) as u32
+            };
+            for (k, v) in maglev::chunks(id, &table, slot_of) {
+                if old.maglev.get(k.chunk as usize) != Some(&Some(v)) {
+                    plan.maglev_keys.push(k);
+                    plan.maglev_vals.push(v);
+                }
+                maglev_now.push(Some(v));
+            }
+        }
+        plan.gone_maglev
+            .extend((maglev_now.len()..old.maglev.len()).map(|c| MaglevKey {
+                svc_id: id,
+                chunk: c as u32,
+            }));
         // 3. The addresses, once every slot below the count is filled.
         let val = SvcVal {
             id,
             count: slots.len() as u32,
-            reserved: 0,
+            maglev_size,
             flags: want.flags,
         };
         for k in &want.keys {
@@ -717,6 +807,7 @@ impl SocketLbProxier {
             val,
             slots,
             members: if reads { Members::All } else { Members::None },
+            maglev: maglev_now,
         })
     }
 
@@ -724,6 +815,11 @@ impl SocketLbProxier {
     /// then go on to nftables), its endpoints after.
     fn remove(&mut self, plan: &mut Plan, o: &Written) {
         plan.gone_services.extend(o.keys.iter().copied());
+        plan.gone_maglev
+            .extend((0..o.maglev.len()).map(|c| MaglevKey {
+                svc_id: o.id,
+                chunk: c as u32,
+            }));
         for (slot, b) in o.slots.iter().enumerate() {
             plan.gone_backends.push(BackendKey {
                 svc_id: o.id,
@@ -781,6 +877,15 @@ impl SocketLbProxier {
                 })
             })?;
         }
+        if !p.maglev_keys.is_empty() {
+            let r = self.maps.set_maglev(&p.maglev_keys, &p.maglev_vals);
+            r.map_err(|r| {
+                self.refused("writing Maglev tables", r, &p.removed, &|i| {
+                    let k = p.maglev_keys.get(i)?;
+                    Some((k.svc_id, format!("chunk {}", k.chunk)))
+                })
+            })?;
+        }
         if !p.service_keys.is_empty() {
             let r = self.maps.set_services(&p.service_keys, &p.service_vals);
             r.map_err(|r| {
@@ -805,6 +910,15 @@ impl SocketLbProxier {
                     p.gone_backends
                         .get(i)
                         .map(|k| (k.svc_id, format!("slot {}", k.slot)))
+                })
+            })?;
+        }
+        if !p.gone_maglev.is_empty() {
+            let r = self.maps.del_maglev(&p.gone_maglev);
+            r.map_err(|r| {
+                self.refused("removing Maglev chunks", r, &p.removed, &|i| {
+                    let k = p.gone_maglev.get(i)?;
+                    Some((k.svc_id, format!("chunk {}", k.chunk)))
                 })
             })?;
         }
@@ -867,6 +981,7 @@ fn render_all<'a>(
     state: &ProxyState,
     nodeport_ips: &[IpAddr],
     outside: bool,
+    maglev: bool,
 ) -> Wants<'a> {
     let one = |out: &mut Wants<'a>, n: &'a ServicePortName| {
         let mut all = [None, None, None];
@@ -875,7 +990,7 @@ fn render_all<'a>(
                 all[scope as usize] = Some(w);
             }
             if outside {
-                all[Scope::Outside as usize] = wanted_outside(sp, state, nodeport_ips);
+                all[Scope::Outside as usize] = wanted_outside(sp, state, nodeport_ips, maglev);
             }
         }
         out.push((n, all));
@@ -931,7 +1046,7 @@ impl Dataplane for SocketLbProxier {
         };
         // "render": what each Service port should look like; "apply": the
         // map reads (full sync), planning and writes.
-        let wants = render_all(&names, state, &self.nodeport_ips, self.outside);
+        let wants = render_all(&names, state, &self.nodeport_ips, self.outside, self.maglev);
         let render = start.elapsed();
         if full {
             self.adopt()?;
@@ -997,7 +1112,7 @@ impl Dataplane for SocketLbProxier {
         for (name, sp) in &state.services {
             let outside = self
                 .outside
-                .then(|| wanted_outside(sp, state, &self.nodeport_ips))
+                .then(|| wanted_outside(sp, state, &self.nodeport_ips, self.maglev))
                 .flatten();
             for w in wanted(sp, state, &self.nodeport_ips)
                 .into_iter()

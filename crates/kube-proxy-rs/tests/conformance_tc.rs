@@ -25,6 +25,61 @@ fn conntrack_to(env: &Env, node: usize, ip: &str) -> Vec<String> {
         .collect()
 }
 
+/// Waits until a new connection from `client` to `addr` (entering node
+/// `node`) leaves no conntrack entry there: the programs have the entry
+/// (the dataplanes of the two families sync one after the other, and a
+/// connection before then went through nftables). Entries of those earlier
+/// connections are deleted, the held one's of t06 excepted (`keep`: a
+/// client port).
+fn wait_served_by_programs(
+    env: &Env,
+    node: usize,
+    client: &str,
+    addr: std::net::SocketAddr,
+    keep: Option<u16>,
+) {
+    let ip = addr.ip().to_string();
+    env.wait(&format!("the programs serving {addr}"), || {
+        let Ok(r) = kp_netlab::tcp_hello(client, addr, T) else {
+            return false;
+        };
+        let mine = format!("sport={} ", r.local.port());
+        conntrack_to(env, node, &ip)
+            .iter()
+            .all(|l| !l.contains(&mine))
+    });
+    let family = if addr.is_ipv6() { "ipv6" } else { "ipv4" };
+    let kept = keep.map(|p| format!("sport={p} "));
+    for l in conntrack_to(env, node, &ip) {
+        if kept.as_ref().is_some_and(|k| l.contains(k.as_str())) {
+            continue;
+        }
+        // "... src=C dst=N sport=S dport=D ...": delete that one flow.
+        let field = |name: &str| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix(name))
+                .map(String::from)
+        };
+        if let (Some(sport), Some(proto)) = (field("sport="), l.split_whitespace().next()) {
+            env.on_node(
+                node,
+                &[
+                    "conntrack",
+                    "-D",
+                    "-f",
+                    family,
+                    "-p",
+                    proto,
+                    "-d",
+                    &ip,
+                    "--sport",
+                    &sport,
+                ],
+            );
+        }
+    }
+}
+
 /// The external client's NodePort traffic is answered by endpoints on both
 /// nodes, with no conntrack entry on the node it entered (the programs
 /// translated it before netfilter), its source masqueraded for
@@ -44,6 +99,7 @@ fn t01_nodeport_from_outside_bypasses_conntrack() {
     let client = env.cluster.client_ns().to_string();
     let vip = std::net::SocketAddr::new(node1, 30400);
     env.wait_tcp(&client, vip);
+    wait_served_by_programs(&env, 1, &client, vip, None);
     let replies = kp_netlab::tcp_hello_many(&client, vip, 40, T);
     let mut servers = std::collections::BTreeMap::<String, usize>::new();
     for r in replies.iter() {
@@ -142,7 +198,9 @@ fn t02_local_policy_keeps_the_client_address_tcp_and_udp() {
         std::net::SocketAddr::new(node1, 30410),
         "192.168.77.41:80".parse().unwrap(),
     ] {
-        let r = env.wait_tcp(&client, tcp);
+        env.wait_tcp(&client, tcp);
+        wait_served_by_programs(&env, 1, &client, tcp, None);
+        let r = kp_netlab::tcp_hello(&client, tcp, T).unwrap();
         assert_eq!(r.server, "a");
         assert_eq!(
             r.peer.ip(),
@@ -235,6 +293,7 @@ fn t04_ipv6_nodeport_from_outside() {
     let client = env.cluster.client_ns().to_string();
     let tcp = std::net::SocketAddr::new(node1, 30430);
     env.wait_tcp(&client, tcp);
+    wait_served_by_programs(&env, 1, &client, tcp, None);
     let mut servers = std::collections::BTreeSet::new();
     for r in kp_netlab::tcp_hello_many(&client, tcp, 30, T) {
         let r = r.expect("an IPv6 NodePort connection from outside failed");
@@ -260,4 +319,83 @@ fn t04_ipv6_nodeport_from_outside() {
         "IPv6 NodePort traffic went through conntrack on node1:\n{}",
         ct.join("\n")
     );
+}
+
+/// `--bpf-lb-algorithm maglev`: a flow to a LoadBalancer IP gets the same
+/// endpoint whichever node it enters (the client's route moved from node1
+/// to node2 mid-flow, eight flows over four endpoints: at random, all eight
+/// would agree once in 65,536 runs).
+#[test]
+fn t05_maglev_sends_a_flow_to_the_same_endpoint_from_every_node() {
+    let mut env = Env::new("tcmaglev", MODE);
+    let pods = [
+        env.pod(1, "a"),
+        env.pod(1, "b"),
+        env.pod(2, "c"),
+        env.pod(2, "d"),
+    ];
+    let svc = service("mg", &["10.96.0.44"], json!({"type": "LoadBalancer"}));
+    env.put("svc", &conformance::with_status(svc, &["192.168.77.44"]));
+    let refs: Vec<&kp_netlab::Pod> = pods.iter().collect();
+    env.put("eps", &slice("mg", "1", "IPv4", &ready(&refs)));
+    for n in [1, 2] {
+        env.start(n, &["--bpf-lb-algorithm=maglev"]);
+    }
+    env.wait_synced(1);
+    env.wait_synced(2);
+    let client = env.cluster.client_ns().to_string();
+    let lb: std::net::SocketAddr = "192.168.77.44:53".parse().unwrap();
+    let via = |node: usize| {
+        env.cluster
+            .client_route_via("192.168.77.44/32".parse().unwrap(), node)
+            .unwrap()
+    };
+    via(1);
+    env.wait("UDP to the LoadBalancer IP via node1", || {
+        kp_netlab::udp_ask(&client, lb, T).is_ok()
+    });
+    let sessions: Vec<_> = (0..8)
+        .map(|_| kp_netlab::udp_session(&client, lb).unwrap())
+        .collect();
+    let first: Vec<String> = sessions.iter().map(|s| s.ask(T).unwrap().server).collect();
+    via(2);
+    let second: Vec<String> = sessions
+        .iter()
+        .map(|s| s.ask(T).expect("the same flow via node2").server)
+        .collect();
+    assert_eq!(first, second, "node1 and node2 picked different endpoints");
+    let distinct: std::collections::BTreeSet<_> = first.iter().collect();
+    assert!(distinct.len() > 1, "eight flows all went to {distinct:?}");
+}
+
+/// Turning the programs on under a running connection: a NodePort
+/// connection nftables translated before `--bpf-nodeport` was on goes on
+/// working after the restart that turns it on (its packets are no SYN, so
+/// the programs leave them to conntrack), while new ones are the programs'.
+#[test]
+fn t06_a_connection_from_before_the_programs_survives_them() {
+    let mut env = Env::new("tcmigr", MODE);
+    let a = env.pod(1, "a");
+    let c = env.pod(2, "c");
+    let mut svc = service("mig", &["10.96.0.45"], json!({"type": "NodePort"}));
+    svc["spec"]["ports"][0]["nodePort"] = json!(30450);
+    env.put("svc", &svc);
+    env.put("eps", &slice("mig", "1", "IPv4", &ready(&[&a, &c])));
+    env.mode = "nftables-socketlb".into();
+    env.start_all();
+    let client = env.cluster.client_ns().to_string();
+    let np = std::net::SocketAddr::new(env.cluster.node_ip(1), 30450);
+    env.wait_tcp(&client, np);
+    let mut held = kp_netlab::tcp_hold(&client, np, T).expect("a connection through nftables");
+    env.kill(1);
+    env.mode = MODE.into();
+    env.start(1, &[]);
+    env.wait_synced(1);
+    let mine = held.greeting().local.port();
+    wait_served_by_programs(&env, 1, &client, np, Some(mine));
+    let server = held.greeting().server.clone();
+    let answer = held
+        .exchange("still there", T)
+        .expect("the connection from before the programs broke");
+    assert_eq!(answer, format!("{server} still there"));
 }

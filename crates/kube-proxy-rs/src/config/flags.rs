@@ -318,6 +318,12 @@ pub struct SocketLbFlags {
     /// (Cilium's --devices). Empty: those a default route leaves by.
     #[arg(long, value_delimiter = ',', default_value = "")]
     pub bpf_nodeport_devices: Vec<String>,
+    /// --bpf-nodeport: how a new connection from outside gets its endpoint:
+    /// `random`, or `maglev` (consistent hashing: every node picks the
+    /// same endpoint for the same flow, and one endpoint leaving moves few
+    /// others' flows).
+    #[arg(long, default_value = "random", value_parser = ["random", "maglev"])]
+    pub bpf_lb_algorithm: String,
 }
 
 impl Default for SocketLbFlags {
@@ -328,6 +334,7 @@ impl Default for SocketLbFlags {
             bpf_pin_path: PathBuf::from(DEFAULT_PIN_PATH),
             bpf_nodeport: false,
             bpf_nodeport_devices: Vec::new(),
+            bpf_lb_algorithm: "random".into(),
         }
     }
 }

@@ -94,11 +94,6 @@ pub fn wrap(
     kernel: bool,
     nodeport_ips: Vec<std::net::IpAddr>,
 ) -> Result<Box<dyn Dataplane>> {
-    let maps: Box<dyn kp_socketlb::Maps> = if kernel {
-        Box::new(KernelMaps::open(&flags.bpf_pin_path).context("--socket-lb")?)
-    } else {
-        Box::new(MemMaps::new(false))
-    };
     // The IPv4 dataplane (made first) loads the tc programs, which serve
     // both families; the IPv6 one records its address for them.
     let outside = flags.bpf_nodeport;
@@ -125,11 +120,18 @@ pub fn wrap(
             None
         }
     };
+    // After the tc programs' object: it pins kp_maglev, which the maps open.
+    let maps: Box<dyn kp_socketlb::Maps> = if kernel {
+        Box::new(KernelMaps::open(&flags.bpf_pin_path).context("--socket-lb")?)
+    } else {
+        Box::new(MemMaps::new(false))
+    };
     Ok(Box::new(WithSocketLb {
         nft,
         lb: SocketLbProxier::new(family, maps)
             .with_nodeport_ips(nodeport_ips)
-            .with_outside(outside),
+            .with_outside(outside)
+            .with_maglev(outside && flags.bpf_lb_algorithm == "maglev"),
         pin_dir: flags.bpf_pin_path.clone(),
         nodeport,
     }))
