@@ -15,7 +15,8 @@
 // Whatever has no entry goes on to the stack unchanged, where nftables
 // handles it as before: Services without endpoints (reject), session
 // affinity, loadBalancerSourceRanges, eTP=Local without a local endpoint
-// (drop), IPv4 options, IPv6 extension headers, fragments, ICMP, SCTP.
+// (drop), IPv4 options, IPv6 extension headers, fragments, SCTP, ICMP but
+// the errors about translated flows (icmp_error).
 
 #include "common.h"
 
@@ -376,7 +377,173 @@ static __always_inline int translate(const struct flow *f, const struct svc_val 
 	return 0;
 }
 
-static __always_inline int from_outside(struct __sk_buff *skb)
+// ICMP errors about a request the programs translated (an endpoint's
+// "port unreachable", a router's "fragmentation needed" on the way to it)
+// travel to the request's translated source. They go back to the client as
+// conntrack would send them: the quoted packet as the client sent it
+// (client -> Service), the outer destination the client, and the outer
+// source the Service address where the endpoint itself wrote the error.
+// Returns -1 for a packet that is no such error.
+#define ICMP4_OFF L4_OFF4
+#define IN4_OFF (ICMP4_OFF + 8)
+#define IN4_L4_OFF (IN4_OFF + 20)
+#define ICMP6_OFF L4_OFF6
+#define IN6_OFF (ICMP6_OFF + 8)
+#define IN6_L4_OFF (IN6_OFF + 40)
+
+// A port of the quoted packet, with the ICMP checksum (the quote is part of
+// the message it covers).
+static __always_inline int requote_port(struct __sk_buff *skb, __u32 csum, __u32 off, __u16 from,
+					__u16 to)
+{
+	if (from == to)
+		return 1;
+	bpf_l4_csum_replace(skb, csum, from, to, 2);
+	return bpf_skb_store_bytes(skb, off, &to, 2, 0) == 0;
+}
+
+// An IPv6 address of the message at `off`: the ICMPv6 checksum covers the
+// outer ones through its pseudo-header, the quoted ones as data.
+static __always_inline int readdress6(struct __sk_buff *skb, __u32 csum, __u32 off, __u64 pseudo,
+				      const __u32 *from, const __u32 *to)
+{
+	for (int i = 0; i < 4; i++)
+		if (from[i] != to[i])
+			bpf_l4_csum_replace(skb, csum, from[i], to[i], pseudo | 4);
+	return bpf_skb_store_bytes(skb, off, to, 16, 0) == 0;
+}
+
+// A frame of its own (as the translation's path below): inlined into one,
+// the two would pass the verifier's 512 bytes of stack together.
+static __attribute__((noinline)) int icmp_error(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > end)
+		return -1;
+	struct flow q = {}; // the quoted packet: as translated, towards the endpoint
+	__u32 outer_src[4] = {}, outer_dst[4] = {};
+	__u8 ttl;
+	struct ports *p;
+	if (eth->h_proto == __builtin_bswap16(ETH_P_IP)) {
+		struct iphdr *ip = (void *)(eth + 1);
+		if ((void *)(ip + 1) > end || ip->ihl != 5 || ip->protocol != IPPROTO_ICMP ||
+		    (ip->frag_off & __builtin_bswap16(0x3fff)))
+			return -1;
+		__u8 *type = (void *)(ip + 1);
+		struct iphdr *in = (void *)(type + 8);
+		if ((void *)(in + 1) > end || in->ihl != 5)
+			return -1;
+		if (*type != 3 && *type != 11 && *type != 12) // unreachable, time, parameter
+			return -1;
+		q.family = 4;
+		q.proto = in->protocol;
+		q.saddr[0] = in->saddr;
+		q.daddr[0] = in->daddr;
+		outer_src[0] = ip->saddr;
+		outer_dst[0] = ip->daddr;
+		ttl = ip->ttl;
+		p = (void *)(in + 1);
+	} else if (eth->h_proto == __builtin_bswap16(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = (void *)(eth + 1);
+		if ((void *)(ip6 + 1) > end || ip6->nexthdr != 58) // IPPROTO_ICMPV6
+			return -1;
+		__u8 *type = (void *)(ip6 + 1);
+		struct ipv6hdr *in = (void *)(type + 8);
+		if ((void *)(in + 1) > end)
+			return -1;
+		if (*type < 1 || *type > 4) // unreachable, too big, time, parameter
+			return -1;
+		q.family = 6;
+		q.proto = in->nexthdr;
+		__builtin_memcpy(q.saddr, &in->saddr, 16);
+		__builtin_memcpy(q.daddr, &in->daddr, 16);
+		__builtin_memcpy(outer_src, &ip6->saddr, 16);
+		__builtin_memcpy(outer_dst, &ip6->daddr, 16);
+		ttl = ip6->hop_limit;
+		p = (void *)(in + 1);
+	} else {
+		return -1;
+	}
+	if ((q.proto != IPPROTO_TCP && q.proto != IPPROTO_UDP) || (void *)(p + 1) > end)
+		return -1;
+	q.sport = p->source;
+	q.dport = p->dest;
+	// The reply of the quoted flow names the client and the Service.
+	struct flow r = { .family = q.family, .proto = q.proto, .sport = q.dport, .dport = q.sport };
+	copy(r.saddr, q.daddr);
+	copy(r.daddr, q.saddr);
+	struct nat *back = bpf_map_lookup_elem(&kp_np_replies, &r);
+	if (!back)
+		return -1;
+	if (ttl <= 1)
+		return TC_ACT_OK;
+	// back: Service -> client. The quote becomes client -> Service.
+	struct nat n = {};
+	copy(n.daddr, back->daddr);
+	copy(n.saddr, same(outer_src, q.daddr) ? back->saddr : outer_src);
+	int v4 = q.family == 4;
+	if (v4) {
+		__u32 csum = ICMP4_OFF + 2;
+		// Quoted addresses with the quoted header's checksum: the quote
+		// then sums as before, so the ICMP checksum stays.
+		bpf_l3_csum_replace(skb, IN4_OFF + 10, q.saddr[0], back->daddr[0], 4);
+		bpf_l3_csum_replace(skb, IN4_OFF + 10, q.daddr[0], back->saddr[0], 4);
+		if (bpf_skb_store_bytes(skb, IN4_OFF + 12, &back->daddr[0], 4, 0) ||
+		    bpf_skb_store_bytes(skb, IN4_OFF + 16, &back->saddr[0], 4, 0))
+			return TC_ACT_SHOT;
+		if (!requote_port(skb, csum, IN4_L4_OFF, q.sport, back->dport) ||
+		    !requote_port(skb, csum, IN4_L4_OFF + 2, q.dport, back->sport))
+			return TC_ACT_SHOT;
+		// The outer header: no pseudo-header in ICMPv4's checksum.
+		if (n.saddr[0] != outer_src[0]) {
+			bpf_l3_csum_replace(skb, IP_CSUM_OFF, outer_src[0], n.saddr[0], 4);
+			if (bpf_skb_store_bytes(skb, IP_SRC_OFF, &n.saddr[0], 4, 0))
+				return TC_ACT_SHOT;
+		}
+		bpf_l3_csum_replace(skb, IP_CSUM_OFF, outer_dst[0], n.daddr[0], 4);
+		if (bpf_skb_store_bytes(skb, IP_DST_OFF, &n.daddr[0], 4, 0))
+			return TC_ACT_SHOT;
+	} else {
+		__u32 csum = ICMP6_OFF + 2;
+		struct nat b = *back;
+		if (!readdress6(skb, csum, IN6_OFF + 8, 0, q.saddr, b.daddr) ||
+		    !readdress6(skb, csum, IN6_OFF + 24, 0, q.daddr, b.saddr) ||
+		    !requote_port(skb, csum, IN6_L4_OFF, q.sport, b.dport) ||
+		    !requote_port(skb, csum, IN6_L4_OFF + 2, q.dport, b.sport))
+			return TC_ACT_SHOT;
+		if (!same(n.saddr, outer_src) &&
+		    !readdress6(skb, csum, IP6_SRC_OFF, BPF_F_PSEUDO_HDR, outer_src, n.saddr))
+			return TC_ACT_SHOT;
+		if (!readdress6(skb, csum, IP6_DST_OFF, BPF_F_PSEUDO_HDR, outer_dst, n.daddr))
+			return TC_ACT_SHOT;
+	}
+	// One off the TTL or hop limit, as forwarding does.
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	if (v4) {
+		struct iphdr *ip = data + IP_OFF;
+		if ((void *)(ip + 1) > end)
+			return TC_ACT_SHOT;
+		__u16 old = *(__u16 *)&ip->ttl;
+		__u8 t = ip->ttl - 1;
+		__u16 new = old;
+		*(__u8 *)&new = t;
+		bpf_l3_csum_replace(skb, IP_CSUM_OFF, old, new, 2);
+		if (bpf_skb_store_bytes(skb, IP_OFF + 8, &t, 1, 0))
+			return TC_ACT_SHOT;
+	} else {
+		__u8 t = ttl - 1;
+		if (bpf_skb_store_bytes(skb, IP6_HOP_OFF, &t, 1, 0))
+			return TC_ACT_SHOT;
+	}
+	struct bpf_fib_lookup fib = {};
+	long rc = route(skb, &fib, q.family, n.saddr, n.daddr, v4 ? IPPROTO_ICMP : 58, 0, 0, 0);
+	return send(skb, rc, &fib);
+}
+
+static __attribute__((noinline)) int outside(struct __sk_buff *skb)
 {
 	struct flow f = {};
 	__u8 ttl, syn;
@@ -447,7 +614,7 @@ static __always_inline int from_outside(struct __sk_buff *skb)
 	return send(skb, rc, &fib);
 }
 
-static __always_inline int from_pod(struct __sk_buff *skb)
+static __attribute__((noinline)) int pod(struct __sk_buff *skb)
 {
 	struct flow f = {};
 	__u8 ttl, syn;
@@ -459,7 +626,16 @@ static __always_inline int from_pod(struct __sk_buff *skb)
 	return forward(skb, &f, r);
 }
 
-SEC("classifier") int kp_np_external(struct __sk_buff *skb) { return from_outside(skb); }
-SEC("classifier") int kp_np_from_pod(struct __sk_buff *skb) { return from_pod(skb); }
+SEC("classifier") int kp_np_external(struct __sk_buff *skb)
+{
+	int e = icmp_error(skb);
+	return e >= 0 ? e : outside(skb);
+}
+
+SEC("classifier") int kp_np_from_pod(struct __sk_buff *skb)
+{
+	int e = icmp_error(skb);
+	return e >= 0 ? e : pod(skb);
+}
 
 char _license[] SEC("license") = "Dual MIT/GPL";

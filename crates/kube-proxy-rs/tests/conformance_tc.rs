@@ -399,3 +399,65 @@ fn t06_a_connection_from_before_the_programs_survives_them() {
         .expect("the connection from before the programs broke");
     assert_eq!(answer, format!("{server} still there"));
 }
+
+/// ICMP errors about translated flows go back to the client as conntrack
+/// sends them: UDP from outside to a NodePort whose endpoint has nothing
+/// listening on its port is refused (the endpoint's "port unreachable",
+/// translated back), for an endpoint on the node the client entered (the
+/// error comes from its veth) and on the other node (from eth0), in both
+/// families.
+#[test]
+fn t07_port_unreachable_from_an_endpoint_reaches_the_client() {
+    let mut env = Env::new("tcicmp", MODE);
+    let a = env.pod(1, "a");
+    let c = env.pod(2, "c");
+    for (name, pod, np) in [("here", &a, 30460), ("there", &c, 30461)] {
+        let mut svc = service(
+            name,
+            &[if np == 30460 {
+                "10.96.0.46"
+            } else {
+                "10.96.0.47"
+            }],
+            json!({"type": "NodePort", "ipFamilyPolicy": "PreferDualStack"}),
+        );
+        svc["spec"]["clusterIPs"] = json!([
+            svc["spec"]["clusterIP"].clone(),
+            if np == 30460 {
+                "fd00:96::46"
+            } else {
+                "fd00:96::47"
+            }
+        ]);
+        svc["spec"]["ports"][0]["nodePort"] = json!(np + 100);
+        svc["spec"]["ports"][1]["nodePort"] = json!(np);
+        env.put(&format!("svc-{name}"), &svc);
+        for (fam, sfx) in [("IPv4", "v4"), ("IPv6", "v6")] {
+            let mut s = slice(name, sfx, fam, &ready(&[pod]));
+            // Nothing listens on UDP 9999 in the pods.
+            s["ports"][1]["port"] = json!(9999);
+            env.put(&format!("eps-{name}-{sfx}"), &s);
+        }
+    }
+    env.start_all();
+    let client = env.cluster.client_ns().to_string();
+    for node_ip in [env.cluster.node_ip(1), env.cluster.node_ip6(1)] {
+        let tcp = std::net::SocketAddr::new(node_ip, 30560);
+        env.wait_tcp(&client, tcp);
+        wait_served_by_programs(&env, 1, &client, tcp, None);
+        for np in [30460, 30461] {
+            let udp = std::net::SocketAddr::new(node_ip, np);
+            let r = kp_netlab::udp_ask(&client, udp, T);
+            assert!(
+                matches!(r, Err(kp_netlab::ConnError::Refused)),
+                "{udp}: {r:?} (the endpoint's port unreachable did not come back)"
+            );
+        }
+        let ct = conntrack_to(&env, 1, &node_ip.to_string());
+        assert!(
+            ct.iter().all(|l| !l.starts_with("udp")),
+            "UDP to {node_ip} went through conntrack on node1:\n{}",
+            ct.join("\n")
+        );
+    }
+}
