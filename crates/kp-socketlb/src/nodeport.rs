@@ -320,9 +320,17 @@ fn pinned(dir: &Path) -> Result<Vec<String>, SocketLbError> {
 /// As kernel.rs does for the socket programs: the pinned link runs `prog`
 /// from now on when it runs another program (an older version's).
 fn replace_if_different(prog: &SchedClassifier, pin: &Path) -> Result<bool, BoxError> {
-    let ours = prog.info().map_err(boxed)?.tag();
+    let info = prog.info().map_err(boxed)?;
+    let ours = info.tag();
     let link: FdLink = PinnedLink::from_pin(pin).map_err(boxed)?.into();
     let current_id = link.info().map_err(boxed)?.program_id();
+    // Ours already (every sync after the first asks): no need to read the
+    // kernel's list of programs, which takes CAP_SYS_ADMIN the DaemonSet
+    // has not (without it every link looked different, and was updated at
+    // every sync).
+    if current_id == info.id() {
+        return Ok(false);
+    }
     let current = aya::programs::loaded_programs()
         .filter_map(Result::ok)
         .find(|info| info.id() == current_id)

@@ -634,3 +634,61 @@ fn a_write_the_kernel_refuses_fails_cleanly_and_a_full_sync_repairs_it() {
         assert_eq!(content(&p.pin_dir, true), before, "{w}: repaired");
     }
 }
+
+/// The tc programs on a node's interfaces: attached once (a link pinned per
+/// interface, each running its role's program), left alone by the next
+/// pass (nothing re-attached or "upgraded"), a link whose interface is gone
+/// unpinned, and everything gone with `remove`.
+#[test]
+fn tc_links_are_attached_once_and_follow_the_interfaces() {
+    let lab = lab("kp-tclinks");
+    let pin_dir = lab.fs.path().join("kube-proxy-rs");
+    let node = lab.cluster.node_ns(1).to_string();
+    let pod_veth = lab.pods[0].host_veth().to_string();
+    let out = in_netns(&node, || {
+        let mut np =
+            kp_socketlb::NodePort::install(&pin_dir, Capacity::default(), None, None).unwrap();
+        let ifaces = kp_socketlb::interfaces(&["eth0".to_string()]).unwrap();
+        let first = np.attach(&ifaces).unwrap();
+        let second = np.attach(&ifaces).unwrap();
+        (ifaces, first, second)
+    })
+    .unwrap();
+    let (ifaces, first, second) = out;
+    let roles: BTreeMap<String, kp_socketlb::Role> =
+        ifaces.iter().map(|i| (i.name.clone(), i.role)).collect();
+    assert_eq!(roles.get("eth0"), Some(&kp_socketlb::Role::External));
+    assert_eq!(roles.get(&pod_veth), Some(&kp_socketlb::Role::FromPod));
+    assert!(!roles.contains_key("lo"));
+    assert_eq!(first.added.len(), ifaces.len(), "{first:?}");
+    assert_eq!(
+        second,
+        kp_socketlb::Attached::default(),
+        "a second pass changed links"
+    );
+    let links = pin_dir.join("links/tc");
+    let pins: BTreeSet<String> = std::fs::read_dir(&links)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(pins.len(), ifaces.len(), "{pins:?}");
+    // The pod's interface goes: its link is unpinned by the next pass.
+    lab.cluster
+        .exec_ok(&node, &["ip", "link", "del", &pod_veth])
+        .unwrap();
+    let third = in_netns(&node, || {
+        let mut np =
+            kp_socketlb::NodePort::install(&pin_dir, Capacity::default(), None, None).unwrap();
+        let ifaces = kp_socketlb::interfaces(&["eth0".to_string()]).unwrap();
+        np.attach(&ifaces).unwrap()
+    })
+    .unwrap();
+    assert_eq!(third.removed.len(), 1, "{third:?}");
+    assert!(third.removed[0].starts_with(&format!("pod-{pod_veth}@")));
+    assert!(
+        third.added.is_empty() && third.upgraded.is_empty(),
+        "{third:?}"
+    );
+    assert!(remove(&pin_dir).unwrap());
+    assert!(!links.exists());
+}

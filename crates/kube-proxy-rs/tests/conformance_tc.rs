@@ -461,3 +461,45 @@ fn t07_port_unreachable_from_an_endpoint_reaches_the_client() {
         );
     }
 }
+
+/// With deploy/'s privileges (CAP_NET_ADMIN and CAP_BPF, no
+/// CAP_SYS_ADMIN, which listing the kernel's programs takes), the links
+/// put on at the first sync are left alone by the next ones: no sync
+/// "upgrades" a link that runs our program already (seen in the e2e lab:
+/// every sync updated every link).
+#[test]
+fn t08_least_privilege_syncs_leave_the_links_alone() {
+    let mut env = Env::new("tccaps", &format!("caps/{MODE}"));
+    let a = env.pod(1, "a");
+    let mut svc = service("cap", &["10.96.0.48"], json!({"type": "NodePort"}));
+    svc["spec"]["ports"][0]["nodePort"] = json!(30480);
+    env.put("svc", &svc);
+    env.put("eps", &slice("cap", "1", "IPv4", &ready(&[&a])));
+    env.start(1, &[]);
+    env.wait_synced(1);
+    let client = env.cluster.client_ns().to_string();
+    let np = std::net::SocketAddr::new(env.cluster.node_ip(1), 30480);
+    env.wait_tcp(&client, np);
+    // More syncs: a new pod (a new interface) and its endpoint.
+    let b = env.pod(1, "b");
+    env.put("eps", &slice("cap", "1", "IPv4", &ready(&[&a, &b])));
+    env.wait("both endpoints", || {
+        let c: std::collections::BTreeSet<String> = kp_netlab::tcp_hello_many(&client, np, 20, T)
+            .into_iter()
+            .flatten()
+            .map(|r| r.server)
+            .collect();
+        c.len() == 2
+    });
+    let log = env.log(1);
+    let attached: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("tc programs attached"))
+        .collect();
+    assert!(!attached.is_empty(), "no attachment logged:\n{log}");
+    assert!(
+        attached.iter().all(|l| l.contains("upgraded=[]")),
+        "links updated that ran our program already:\n{}",
+        attached.join("\n")
+    );
+}
