@@ -12,21 +12,33 @@ use kp_socketlb::maps::{FLAG_DSR, FLAG_LOCAL};
 use kp_socketlb::{wanted_outside, LbMode};
 
 fn port(proto: Protocol, local: bool) -> ServicePort {
+    port_at("10.96.0.9", proto, local)
+}
+
+fn port_at(cluster_ip: &str, proto: Protocol, local: bool) -> ServicePort {
     let b = ServicePort::builder("ns", "np")
         .protocol(proto)
-        .cluster_ip("10.96.0.9")
+        .cluster_ip(cluster_ip)
         .node_port(30009);
     if local { b.local_external() } else { b }.build()
 }
 
 fn flags(sp: ServicePort, mode: LbMode) -> u32 {
-    let mut st = ProxyState::new(IpFamily::V4, NodeInfo::named("node1"));
-    let ep = Endpoint::ready("10.244.1.2".parse().unwrap(), 8080, true);
+    flags_in(IpFamily::V4, sp, mode)
+}
+
+fn flags_in(family: IpFamily, sp: ServicePort, mode: LbMode) -> u32 {
+    let mut st = ProxyState::new(family, NodeInfo::named("node1"));
+    let (ep, node) = match family {
+        IpFamily::V4 => ("10.244.1.2", "10.100.0.11"),
+        IpFamily::V6 => ("fd00:244:1::2", "fd00:100::11"),
+    };
+    let ep = Endpoint::ready(ep.parse().unwrap(), 8080, true);
     st.endpoints.insert(sp.name.clone(), Arc::new(vec![ep]));
     let name = sp.name.clone();
     st.services.insert(name.clone(), Arc::new(sp));
     let sp = st.services.get(&name).unwrap().clone();
-    let ips: Vec<IpAddr> = vec!["10.100.0.11".parse().unwrap()];
+    let ips: Vec<IpAddr> = vec![node.parse().unwrap()];
     wanted_outside(&sp, &st, &ips, false, mode)
         .expect("an entry")
         .flags
@@ -53,6 +65,16 @@ fn dsr_flag_follows_the_mode_the_protocol_and_the_policy() {
             "{mode:?} {proto:?} local={local}"
         );
     }
+    // IPv6 stays SNAT: the programs carry the Service address in an IPv4
+    // option.
+    assert_eq!(
+        flags_in(
+            IpFamily::V6,
+            port_at("fd00:96::9", Protocol::Tcp, false),
+            Dsr
+        ) & FLAG_DSR,
+        0
+    );
     assert_eq!(LbMode::parse("hybrid"), Some(Hybrid));
     assert_eq!(LbMode::parse("dsr"), Some(Dsr));
     assert_eq!(LbMode::parse("snat"), Some(Snat));

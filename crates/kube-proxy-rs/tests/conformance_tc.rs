@@ -521,7 +521,8 @@ impl<'a> LanCounters<'a> {
         for p in ["tcp", "udp"] {
             script += &format!("  counter via_node1_{p} {{}}\n  counter direct_{p} {{}}\n");
         }
-        script += "  chain count_replies {\n    type filter hook forward priority 0; policy accept;\n";
+        script +=
+            "  chain count_replies {\n    type filter hook forward priority 0; policy accept;\n";
         for p in ["tcp", "udp"] {
             script += &format!(
                 "    iifname \"n2\" oifname \"n1\" ip saddr {pod_ip} meta l4proto {p} counter name via_node1_{p}\n    iifname \"n2\" oifname \"c0\" ip saddr {node1} meta l4proto {p} counter name direct_{p}\n"
