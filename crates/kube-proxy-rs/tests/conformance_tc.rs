@@ -575,6 +575,14 @@ fn dsr_env(
     svc["spec"]["ports"][1]["nodePort"] = json!(30491);
     env.put("svc", &svc);
     env.put("eps", &slice("dsr", "1", "IPv4", &ready(&[&c])));
+    // Nothing listens on UDP 9999 in the pod: UDP 30492 is refused.
+    let mut closed = service("dsrx", &["10.96.0.50"], json!({"type": "NodePort"}));
+    closed["spec"]["ports"][0]["nodePort"] = json!(30493);
+    closed["spec"]["ports"][1]["nodePort"] = json!(30492);
+    env.put("svc-closed", &closed);
+    let mut s = slice("dsrx", "1", "IPv4", &ready(&[&c]));
+    s["ports"][1]["port"] = json!(9999);
+    env.put("eps-closed", &s);
     let flag = format!("--bpf-lb-mode={mode}");
     for n in [1, 2] {
         env.start(n, &[&flag]);
@@ -595,7 +603,8 @@ fn dsr_env(
 /// other node: TCP and UDP from the external client reach it with the
 /// client's own address, and the replies go from node2 straight to the
 /// client with node1's address as source: none crosses node1 (counted on
-/// the LAN bridge; in SNAT mode every reply does, t10's UDP).
+/// the LAN bridge; in SNAT mode every reply does, t10's UDP); UDP to a
+/// closed port is refused (the ICMP error translated on node2).
 #[test]
 fn t09_dsr_endpoint_on_another_node_sees_the_client_and_replies_directly() {
     let (env, client, tcp, udp, pod) = dsr_env("tcdsr", "dsr");
@@ -630,6 +639,14 @@ fn t09_dsr_endpoint_on_another_node_sees_the_client_and_replies_directly() {
         let r = s.ask(T).expect("a UDP flow's later datagrams");
         assert_eq!(r.peer.ip(), env.cluster.client_ip());
     }
+    // The endpoint's port unreachable goes from node2 to the client as
+    // the Service's (kp_np_replies made from the option).
+    let refused = std::net::SocketAddr::new(tcp.ip(), 30492);
+    let r = kp_netlab::udp_ask(&client, refused, T);
+    assert!(
+        matches!(r, Err(kp_netlab::ConnError::Refused)),
+        "{refused}: {r:?} (the endpoint's port unreachable did not come back)"
+    );
     for p in ["tcp", "udp"] {
         assert_eq!(
             lan.packets(&format!("via_node1_{p}")),
