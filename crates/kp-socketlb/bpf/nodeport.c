@@ -12,6 +12,12 @@
 // other nodes, kp_np_from_pod (tc ingress of every other interface: the
 // pods' veths, a CNI bridge) those of endpoints on this node.
 //
+// With --bpf-lb-mode dsr (or hybrid, for TCP) an eTP=Cluster IPv4 flow to
+// an endpoint on another node keeps the client's source and carries the
+// Service address to that node in an IPv4 option; that node's
+// kp_np_external (dsr_in) strips it and remembers it, so its
+// kp_np_from_pod sends the reply to the client directly.
+//
 // Whatever has no entry goes on to the stack unchanged, where nftables
 // handles it as before: Services without endpoints (reject), session
 // affinity, loadBalancerSourceRanges, eTP=Local without a local endpoint
@@ -44,9 +50,22 @@ static long (*bpf_fib_lookup)(void *ctx, struct bpf_fib_lookup *params, int plen
 			      __u32 flags) = (void *)69;
 static long (*bpf_redirect_neigh)(__u32 ifindex, void *params, int plen,
 				  __u64 flags) = (void *)152;
+static long (*bpf_skb_adjust_room)(struct __sk_buff *skb, __s32 len_diff, __u32 mode,
+				   __u64 flags) = (void *)50;
 
 #define KP_F_LOCAL 1 // svc_val.flags: externalTrafficPolicy Local (no SNAT)
 #define KP_F_MAGLEV 2 // svc_val.flags: the endpoint from the Maglev table
+#define KP_F_DSR 4 // svc_val.flags: direct server return (--bpf-lb-mode dsr, hybrid)
+
+// nat.backend.pad of a flow entry: the flow is DSR (its UDP packets carry
+// the option). The member check clears it.
+#define KP_NAT_DSR 1
+
+// The IPv4 option a DSR request carries to the endpoint's node: the
+// Service address and port its reply must come from. Type 0x9e: copied,
+// number 30 (RFC 4727's experimental option), length 8.
+#define KP_DSR_OPT_TYPE 0x9e
+#define KP_DSR_OPT_LEN 8
 
 #define IP_OFF 14 // after the Ethernet header
 #define IP_CSUM_OFF (IP_OFF + 10)
@@ -377,6 +396,123 @@ static __always_inline int translate(const struct flow *f, const struct svc_val 
 	return 0;
 }
 
+// The IPv4 header's checksum over `words` 16-bit words (with its checksum
+// field 0).
+static __always_inline __u16 ip_csum(const __u16 *h, int words)
+{
+	__u32 sum = 0;
+	for (int i = 0; i < words; i++)
+		sum += h[i];
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return ~sum;
+}
+
+// Inserts the DSR option after the (option-less) IPv4 header: the room
+// goes in after the header's first 20 bytes (BPF_ADJ_ROOM_NET), then the
+// header is written anew (ihl 7, tot_len + 8, its checksum).
+static __always_inline int add_dsr_opt(struct __sk_buff *skb, __u32 svc_addr, __u16 svc_port)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct iphdr *ip = data + IP_OFF;
+	if ((void *)(ip + 1) > end)
+		return 0;
+	__u16 h[14];
+	__builtin_memcpy(h, ip, 20);
+	struct iphdr *nh = (void *)h;
+	nh->ihl = 7;
+	nh->tot_len = __builtin_bswap16(__builtin_bswap16(ip->tot_len) + KP_DSR_OPT_LEN);
+	nh->check = 0;
+	__u8 *opt = (__u8 *)&h[10];
+	opt[0] = KP_DSR_OPT_TYPE;
+	opt[1] = KP_DSR_OPT_LEN;
+	__builtin_memcpy(&h[11], &svc_port, 2);
+	__builtin_memcpy(&h[12], &svc_addr, 4);
+	nh->check = ip_csum(h, 14);
+	if (bpf_skb_adjust_room(skb, KP_DSR_OPT_LEN, BPF_ADJ_ROOM_NET, 0))
+		return 0;
+	return bpf_skb_store_bytes(skb, IP_OFF, h, 28, 0) == 0;
+}
+
+// A request of a DSR flow, translated (`f` as it came, `n` what it
+// becomes): with the option when it needs one (a TCP SYN, every UDP
+// packet: the endpoint's node may have lost the flow), then routed anew
+// for the longer packet.
+static __always_inline int dsr_send(struct __sk_buff *skb, const struct flow *f,
+				    const struct nat *n, int syn)
+{
+	if (!rewrite(skb, f, n))
+		return TC_ACT_SHOT;
+	if ((syn || f->proto == IPPROTO_UDP) && !add_dsr_opt(skb, f->daddr[0], f->dport))
+		return TC_ACT_SHOT;
+	struct bpf_fib_lookup fib = {};
+	long rc = route(skb, &fib, 4, n->saddr, n->daddr, f->proto, n->sport, n->dport, 0);
+	return send(skb, rc, &fib);
+}
+
+// A DSR request that another node sent here, with the option (ihl 7, the
+// option first): the option goes, its Service address becomes the reply's
+// source (kp_np_replies, which kp_np_from_pod reads on the endpoint's
+// veth, so the reply leaves this node for the client directly), and the
+// packet goes to the endpoint. Later packets of a TCP flow, without the
+// option, follow the kp_np_flows entry made here. Returns -1 for a packet
+// without the option.
+static __attribute__((noinline)) int dsr_in(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > end || eth->h_proto != __builtin_bswap16(ETH_P_IP))
+		return -1;
+	struct iphdr *ip = (void *)(eth + 1);
+	if ((void *)(ip + 1) > end || ip->ihl != 7 ||
+	    (ip->frag_off & __builtin_bswap16(0x3fff)))
+		return -1;
+	__u8 *opt = (void *)(ip + 1);
+	struct ports *p = (void *)(opt + KP_DSR_OPT_LEN);
+	if ((void *)(p + 1) > end || opt[0] != KP_DSR_OPT_TYPE || opt[1] != KP_DSR_OPT_LEN)
+		return -1;
+	if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
+		return -1;
+	if (ip->ttl <= 1)
+		return TC_ACT_OK;
+	struct flow f = { .family = 4, .proto = ip->protocol, .sport = p->source, .dport = p->dest };
+	f.saddr[0] = ip->saddr;
+	f.daddr[0] = ip->daddr;
+	__u16 svc_port;
+	__u32 svc_addr;
+	__builtin_memcpy(&svc_port, opt + 2, 2);
+	__builtin_memcpy(&svc_addr, opt + 4, 4);
+	__u16 h[10];
+	__builtin_memcpy(h, ip, 20);
+	struct iphdr *nh = (void *)h;
+	nh->ihl = 5;
+	nh->tot_len = __builtin_bswap16(__builtin_bswap16(ip->tot_len) - KP_DSR_OPT_LEN);
+	nh->check = 0;
+	nh->check = ip_csum(h, 10);
+	if (bpf_skb_adjust_room(skb, -KP_DSR_OPT_LEN, BPF_ADJ_ROOM_NET, 0) ||
+	    bpf_skb_store_bytes(skb, IP_OFF, h, 20, 0))
+		return TC_ACT_SHOT;
+	// The reply: endpoint -> client becomes Service -> client.
+	struct flow r = { .family = 4, .proto = f.proto, .sport = f.dport, .dport = f.sport };
+	r.saddr[0] = f.daddr[0];
+	r.daddr[0] = f.saddr[0];
+	struct nat back = { .sport = svc_port, .dport = f.sport };
+	back.saddr[0] = svc_addr;
+	back.daddr[0] = f.saddr[0];
+	struct nat *had = bpf_map_lookup_elem(&kp_np_replies, &r);
+	if (!had || had->saddr[0] != svc_addr || had->sport != svc_port)
+		bpf_map_update_elem(&kp_np_replies, &r, &back, BPF_ANY);
+	// The request goes on as it is (already translated by the first node).
+	struct nat n = { .sport = f.sport, .dport = f.dport };
+	n.saddr[0] = f.saddr[0];
+	n.daddr[0] = f.daddr[0];
+	if (f.proto == IPPROTO_TCP)
+		bpf_map_update_elem(&kp_np_flows, &f, &n, BPF_ANY);
+	return forward(skb, &f, &n);
+}
+
 // ICMP errors about a request the programs translated (an endpoint's
 // "port unreachable", a router's "fragmentation needed" on the way to it)
 // travel to the request's translated source. They go back to the client as
@@ -559,12 +695,14 @@ static __attribute__((noinline)) int outside(struct __sk_buff *skb)
 		// upstream's conntrack flush moves it when it goes); TCP stays
 		// with it whatever happens, as conntrack keeps it.
 		int keep = 1;
+		int dsr = known->backend.pad & KP_NAT_DSR;
 		if (f.proto == IPPROTO_UDP) {
 			struct member_key mk = { .svc_id = known->svc_id, .backend = known->backend };
+			mk.backend.pad = 0;
 			keep = bpf_map_lookup_elem(&kp_members, &mk) != 0;
 		}
 		if (keep)
-			return forward(skb, &f, known);
+			return dsr ? dsr_send(skb, &f, known, 0) : forward(skb, &f, known);
 	}
 	// A TCP packet of a connection the programs did not start (one that
 	// began before they were attached, when nftables and conntrack took
@@ -606,6 +744,22 @@ static __attribute__((noinline)) int outside(struct __sk_buff *skb)
 			copy(snat, fib.ipv6_src);
 	}
 	struct nat n = {};
+	// DSR: an endpoint the route sends back out of the interface the
+	// request came in by is on another node; it gets the client's own
+	// address and the option, and its node sends the reply.
+	if ((sv.flags & KP_F_DSR) && !(sv.flags & KP_F_LOCAL) && f.family == 4 &&
+	    (rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH) &&
+	    fib.ifindex == skb->ingress_ifindex) {
+		copy(n.saddr, f.saddr);
+		copy(n.daddr, be.addr);
+		n.sport = f.sport;
+		n.dport = be.port;
+		n.svc_id = sv.id;
+		n.backend = be;
+		n.backend.pad = KP_NAT_DSR;
+		bpf_map_update_elem(&kp_np_flows, &f, &n, BPF_ANY);
+		return dsr_send(skb, &f, &n, 1);
+	}
 	if (!translate(&f, &sv, &be, snat, &n))
 		return TC_ACT_OK;
 	bpf_map_update_elem(&kp_np_flows, &f, &n, BPF_ANY);
@@ -628,7 +782,10 @@ static __attribute__((noinline)) int pod(struct __sk_buff *skb)
 
 SEC("classifier") int kp_np_external(struct __sk_buff *skb)
 {
-	int e = icmp_error(skb);
+	int e = dsr_in(skb);
+	if (e >= 0)
+		return e;
+	e = icmp_error(skb);
 	return e >= 0 ? e : outside(skb);
 }
 

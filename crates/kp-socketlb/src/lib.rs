@@ -25,7 +25,9 @@ pub use nodeport::{
     default_route_devices, interfaces, remove_nodeport, set_node_v6, Attached, Interface, NodePort,
     Role, NODEPORT_PROGRAMS,
 };
-pub use proxier::{wanted, wanted_outside, Dump, Maps, Refused, Scope, SocketLbProxier, Wanted};
+pub use proxier::{
+    wanted, wanted_outside, Dump, LbMode, Maps, Refused, Scope, SocketLbProxier, Wanted,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SocketLbError {

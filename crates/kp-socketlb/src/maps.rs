@@ -31,6 +31,11 @@ pub const FLAG_LOCAL: u32 = 1;
 /// `SvcVal::flags`: the endpoint comes from the Service port's Maglev table
 /// in `kp_maglev` (`--bpf-lb-algorithm maglev`), not at random.
 pub const FLAG_MAGLEV: u32 = 2;
+/// `SvcVal::flags`: direct server return (`--bpf-lb-mode dsr`, or `hybrid`
+/// for a TCP port): a request for an endpoint on another node keeps the
+/// client's address and carries the Service address to that node, which
+/// sends the reply itself (IPv4; bpf/nodeport.c).
+pub const FLAG_DSR: u32 = 4;
 
 /// The Maglev lookup tables (`--bpf-lb-algorithm maglev`, maglev.rs),
 /// declared by the tc programs' object (so one of [`NODEPORT_MAPS`]).

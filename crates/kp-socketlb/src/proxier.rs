@@ -16,13 +16,13 @@ use std::net::IpAddr;
 use std::time::Instant;
 
 use kp_model::{
-    categorize_endpoints, Dataplane, DataplaneError, IpFamily, Known, ProxyState, ServicePort,
-    ServicePortName, SyncReport,
+    categorize_endpoints, Dataplane, DataplaneError, IpFamily, Known, Protocol, ProxyState,
+    ServicePort, ServicePortName, SyncReport,
 };
 
 use crate::maglev;
 use crate::maps::{
-    BackendKey, BackendVal, MaglevKey, MaglevVal, MemberKey, SvcKey, SvcVal, FLAG_LOCAL,
+    BackendKey, BackendVal, MaglevKey, MaglevVal, MemberKey, SvcKey, SvcVal, FLAG_DSR, FLAG_LOCAL,
     FLAG_MAGLEV,
 };
 use crate::slots;
@@ -254,6 +254,42 @@ pub fn wanted(
     out
 }
 
+/// `--bpf-lb-mode` (Cilium's): how the tc programs send externalTraffic-
+/// Policy Cluster traffic to an endpoint on another node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LbMode {
+    /// The request's source becomes the node's address; the reply comes
+    /// back through this node.
+    #[default]
+    Snat,
+    /// Direct server return: the client's address is kept, the endpoint's
+    /// node replies to the client itself (IPv4; IPv6 stays SNAT).
+    Dsr,
+    /// DSR for TCP, SNAT for UDP.
+    Hybrid,
+}
+
+impl LbMode {
+    /// The flag name's value (`snat`, `dsr`, `hybrid`).
+    pub fn parse(s: &str) -> Option<LbMode> {
+        match s {
+            "snat" => Some(LbMode::Snat),
+            "dsr" => Some(LbMode::Dsr),
+            "hybrid" => Some(LbMode::Hybrid),
+            _ => None,
+        }
+    }
+
+    /// Whether a Service port of `proto` gets [`FLAG_DSR`].
+    fn dsr_for(self, proto: Protocol) -> bool {
+        match self {
+            LbMode::Snat => false,
+            LbMode::Dsr => true,
+            LbMode::Hybrid => proto == Protocol::Tcp,
+        }
+    }
+}
+
 /// What traffic from outside the node to `sp`'s external addresses should
 /// be sent to by the tc programs: the cluster endpoints (the programs
 /// SNAT), or for externalTrafficPolicy Local this node's (the client's
@@ -265,6 +301,7 @@ pub fn wanted_outside(
     state: &ProxyState,
     nodeport_ips: &[IpAddr],
     maglev: bool,
+    mode: LbMode,
 ) -> Option<Wanted> {
     if sp.session_affinity_timeout.is_some() {
         return None;
@@ -308,7 +345,17 @@ pub fn wanted_outside(
             FLAG_LOCAL
         } else {
             0
-        } | if maglev { FLAG_MAGLEV } else { 0 },
+        } | if maglev { FLAG_MAGLEV } else { 0 }
+            // IPv4 only: the programs carry the Service address in an
+            // IPv4 option (IPv6 stays SNAT).
+            | if !sp.external_policy_local
+                && state.family == IpFamily::V4
+                && mode.dsr_for(sp.protocol)
+            {
+                FLAG_DSR
+            } else {
+                0
+            },
     })
 }
 
@@ -415,6 +462,8 @@ pub struct SocketLbProxier {
     /// `--bpf-lb-algorithm maglev`: [`Scope::Outside`] entries get Maglev
     /// tables.
     maglev: bool,
+    /// `--bpf-lb-mode`: which [`Scope::Outside`] entries get [`FLAG_DSR`].
+    lb_mode: LbMode,
     /// This node's addresses that answer NodePorts (this family's).
     nodeport_ips: Vec<IpAddr>,
     /// Found in the maps by a full sync and not yet matched to a Service
@@ -472,6 +521,7 @@ impl SocketLbProxier {
             nodeport_ips: Vec::new(),
             outside: false,
             maglev: false,
+            lb_mode: LbMode::Snat,
             orphans: BTreeMap::new(),
             orphan_keys: HashMap::new(),
             free_ids: Vec::new(),
@@ -491,6 +541,13 @@ impl SocketLbProxier {
     /// Gives the [`Scope::Outside`] entries Maglev tables.
     pub fn with_maglev(mut self, on: bool) -> Self {
         self.maglev = on;
+        self
+    }
+
+    /// Direct server return for the [`Scope::Outside`] entries
+    /// (`--bpf-lb-mode`).
+    pub fn with_lb_mode(mut self, mode: LbMode) -> Self {
+        self.lb_mode = mode;
         self
     }
 
@@ -982,6 +1039,7 @@ fn render_all<'a>(
     nodeport_ips: &[IpAddr],
     outside: bool,
     maglev: bool,
+    mode: LbMode,
 ) -> Wants<'a> {
     let one = |out: &mut Wants<'a>, n: &'a ServicePortName| {
         let mut all = [None, None, None];
@@ -990,7 +1048,8 @@ fn render_all<'a>(
                 all[scope as usize] = Some(w);
             }
             if outside {
-                all[Scope::Outside as usize] = wanted_outside(sp, state, nodeport_ips, maglev);
+                all[Scope::Outside as usize] =
+                    wanted_outside(sp, state, nodeport_ips, maglev, mode);
             }
         }
         out.push((n, all));
@@ -1046,7 +1105,14 @@ impl Dataplane for SocketLbProxier {
         };
         // "render": what each Service port should look like; "apply": the
         // map reads (full sync), planning and writes.
-        let wants = render_all(&names, state, &self.nodeport_ips, self.outside, self.maglev);
+        let wants = render_all(
+            &names,
+            state,
+            &self.nodeport_ips,
+            self.outside,
+            self.maglev,
+            self.lb_mode,
+        );
         let render = start.elapsed();
         if full {
             self.adopt()?;
@@ -1112,7 +1178,7 @@ impl Dataplane for SocketLbProxier {
         for (name, sp) in &state.services {
             let outside = self
                 .outside
-                .then(|| wanted_outside(sp, state, &self.nodeport_ips, self.maglev))
+                .then(|| wanted_outside(sp, state, &self.nodeport_ips, self.maglev, self.lb_mode))
                 .flatten();
             for w in wanted(sp, state, &self.nodeport_ips)
                 .into_iter()
@@ -1122,6 +1188,8 @@ impl Dataplane for SocketLbProxier {
                 let from = if w.keys.iter().any(SvcKey::is_outside) {
                     if w.flags & FLAG_LOCAL != 0 {
                         " from outside, client kept"
+                    } else if w.flags & FLAG_DSR != 0 {
+                        " from outside, DSR to other nodes, else SNAT"
                     } else {
                         " from outside, SNAT"
                     }

@@ -947,3 +947,31 @@ fn zero_conntrack_tcp_timeouts_are_kept() {
         Duration::from_secs(3600)
     );
 }
+
+/// `--bpf-lb-mode` (DSR): snat by default, one of snat/dsr/hybrid, and only
+/// with --bpf-nodeport, whose programs it changes.
+#[test]
+fn bpf_lb_mode_needs_the_tc_programs() {
+    let base = [
+        "--proxy-mode",
+        "nftables",
+        "--socket-lb",
+        "--hostname-override",
+        "n",
+    ];
+    let with = |extra: &[&str]| {
+        let mut a: Vec<&str> = base.to_vec();
+        a.extend_from_slice(extra);
+        load(args(&a))
+    };
+    assert_eq!(with(&[]).unwrap().socket_lb.bpf_lb_mode, "snat");
+    for mode in ["dsr", "hybrid"] {
+        let flag = format!("--bpf-lb-mode={mode}");
+        let c = with(&["--bpf-nodeport", &flag]).unwrap();
+        assert_eq!(c.socket_lb.bpf_lb_mode, mode);
+        let err = with(&[&flag]).unwrap_err();
+        assert!(err.to_string().contains("--bpf-lb-mode"), "{err}");
+    }
+    let err = with(&["--bpf-nodeport", "--bpf-lb-mode=tunnel"]).unwrap_err();
+    assert!(matches!(err, ConfigError::Cli(_)), "{err}");
+}

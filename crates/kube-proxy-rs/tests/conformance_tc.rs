@@ -503,3 +503,206 @@ fn t08_least_privilege_syncs_leave_the_links_alone() {
         attached.join("\n")
     );
 }
+
+/// Counters on the lab's LAN bridge (its own namespace) for the replies of
+/// endpoint `pod_ip` (on node2) to node1's NodePort traffic: `via_node1`
+/// counts the endpoint's packets bridged from node2 to node1 (SNAT: the
+/// reply goes back through the node the request entered), `direct` node2's
+/// packets to the client with node1's address as source (DSR: the reply
+/// leaves node2 for the client as the Service). Per protocol.
+struct LanCounters<'a> {
+    env: &'a Env,
+}
+
+impl<'a> LanCounters<'a> {
+    fn new(env: &'a Env, pod_ip: &str) -> Self {
+        let node1 = env.cluster.node_ip(1).to_string();
+        let mut script = String::from("table bridge kpdsr {\n");
+        for p in ["tcp", "udp"] {
+            script += &format!("  counter via_node1_{p} {{}}\n  counter direct_{p} {{}}\n");
+        }
+        script +=
+            "  chain count_replies {\n    type filter hook forward priority 0; policy accept;\n";
+        for p in ["tcp", "udp"] {
+            script += &format!(
+                "    iifname \"n2\" oifname \"n1\" ip saddr {pod_ip} meta l4proto {p} counter name via_node1_{p}\n    iifname \"n2\" oifname \"c0\" ip saddr {node1} meta l4proto {p} counter name direct_{p}\n"
+            );
+        }
+        script += "  }\n}\n";
+        let path = env.logs.join("lan-counters.nft");
+        std::fs::write(&path, script).unwrap();
+        env.cluster
+            .exec_ok(env.cluster.lan_ns(), &["nft", "-f", path.to_str().unwrap()])
+            .unwrap();
+        LanCounters { env }
+    }
+
+    fn packets(&self, name: &str) -> u64 {
+        let out = self
+            .env
+            .cluster
+            .exec_ok(
+                self.env.cluster.lan_ns(),
+                &["nft", "list", "counter", "bridge", "kpdsr", name],
+            )
+            .unwrap();
+        out.split_whitespace()
+            .skip_while(|w| *w != "packets")
+            .nth(1)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no packet count in {out:?}"))
+    }
+}
+
+/// Starts both nodes with `mode`, a NodePort Service (TCP 30490, UDP
+/// 30491, eTP=Cluster) whose only endpoint is on node2, and waits until
+/// node1's programs serve it. The client's namespace, node1's TCP and UDP
+/// NodePort addresses, the endpoint's address.
+fn dsr_env(
+    name: &str,
+    mode: &str,
+) -> (
+    Env,
+    String,
+    std::net::SocketAddr,
+    std::net::SocketAddr,
+    String,
+) {
+    let mut env = Env::new(name, MODE);
+    let c = env.pod(2, "c");
+    let mut svc = service("dsr", &["10.96.0.49"], json!({"type": "NodePort"}));
+    svc["spec"]["ports"][0]["nodePort"] = json!(30490);
+    svc["spec"]["ports"][1]["nodePort"] = json!(30491);
+    env.put("svc", &svc);
+    env.put("eps", &slice("dsr", "1", "IPv4", &ready(&[&c])));
+    // Nothing listens on UDP 9999 in the pod: UDP 30492 is refused.
+    let mut closed = service("dsrx", &["10.96.0.50"], json!({"type": "NodePort"}));
+    closed["spec"]["ports"][0]["nodePort"] = json!(30493);
+    closed["spec"]["ports"][1]["nodePort"] = json!(30492);
+    env.put("svc-closed", &closed);
+    let mut s = slice("dsrx", "1", "IPv4", &ready(&[&c]));
+    s["ports"][1]["port"] = json!(9999);
+    env.put("eps-closed", &s);
+    let flag = format!("--bpf-lb-mode={mode}");
+    for n in [1, 2] {
+        env.start(n, &[&flag]);
+    }
+    env.wait_synced(1);
+    env.wait_synced(2);
+    let client = env.cluster.client_ns().to_string();
+    let node1 = env.cluster.node_ip(1);
+    let tcp = std::net::SocketAddr::new(node1, 30490);
+    let udp = std::net::SocketAddr::new(node1, 30491);
+    env.wait_tcp(&client, tcp);
+    wait_served_by_programs(&env, 1, &client, tcp, None);
+    let pod = c.ip().to_string();
+    (env, client, tcp, udp, pod)
+}
+
+/// `--bpf-lb-mode dsr`, externalTrafficPolicy Cluster, the endpoint on the
+/// other node: TCP and UDP from the external client reach it with the
+/// client's own address, and the replies go from node2 straight to the
+/// client with node1's address as source: none crosses node1 (counted on
+/// the LAN bridge; in SNAT mode every reply does, t10's UDP); UDP to a
+/// closed port is refused (the ICMP error translated on node2).
+#[test]
+fn t09_dsr_endpoint_on_another_node_sees_the_client_and_replies_directly() {
+    let (env, client, tcp, udp, pod) = dsr_env("tcdsr", "dsr");
+    let lan = LanCounters::new(&env, &pod);
+    for r in kp_netlab::tcp_hello_many(&client, tcp, 10, T) {
+        let r = r.expect("a DSR TCP connection failed");
+        assert_eq!(r.server, "c");
+        assert_eq!(
+            r.peer.ip(),
+            env.cluster.client_ip(),
+            "TCP: source not kept: {r:?}"
+        );
+    }
+    // A longer conversation: packets after the SYN (without the option)
+    // follow the flow on both nodes.
+    let mut held = kp_netlab::tcp_hold(&client, tcp, T).expect("a held DSR connection");
+    for i in 0..5 {
+        let answer = held.exchange(&format!("line {i}"), T).expect("an exchange");
+        assert_eq!(answer, format!("c line {i}"));
+    }
+    for _ in 0..5 {
+        let r = kp_netlab::udp_ask(&client, udp, T).expect("UDP over DSR");
+        assert_eq!(r.server, "c");
+        assert_eq!(
+            r.peer.ip(),
+            env.cluster.client_ip(),
+            "UDP: source not kept: {r:?}"
+        );
+    }
+    let s = kp_netlab::udp_session(&client, udp).unwrap();
+    for _ in 0..3 {
+        let r = s.ask(T).expect("a UDP flow's later datagrams");
+        assert_eq!(r.peer.ip(), env.cluster.client_ip());
+    }
+    // The endpoint's port unreachable goes from node2 to the client as
+    // the Service's (kp_np_replies made from the option).
+    let refused = std::net::SocketAddr::new(tcp.ip(), 30492);
+    let r = kp_netlab::udp_ask(&client, refused, T);
+    assert!(
+        matches!(r, Err(kp_netlab::ConnError::Refused)),
+        "{refused}: {r:?} (the endpoint's port unreachable did not come back)"
+    );
+    for p in ["tcp", "udp"] {
+        assert_eq!(
+            lan.packets(&format!("via_node1_{p}")),
+            0,
+            "{p} replies went back through node1"
+        );
+        assert!(
+            lan.packets(&format!("direct_{p}")) > 0,
+            "no {p} reply left node2 for the client as node1's address"
+        );
+    }
+    let ct = conntrack_to(&env, 1, &tcp.ip().to_string());
+    assert!(
+        ct.iter()
+            .all(|l| !l.starts_with("tcp") && !l.starts_with("udp")),
+        "DSR traffic went through conntrack on node1:\n{}",
+        ct.join("\n")
+    );
+}
+
+/// `--bpf-lb-mode hybrid`: TCP is DSR (the client's address, the replies
+/// straight from node2), UDP is SNAT (node1's address, the replies back
+/// through node1).
+#[test]
+fn t10_hybrid_is_dsr_for_tcp_and_snat_for_udp() {
+    let (env, client, tcp, udp, pod) = dsr_env("tchybrid", "hybrid");
+    let lan = LanCounters::new(&env, &pod);
+    for r in kp_netlab::tcp_hello_many(&client, tcp, 5, T) {
+        let r = r.expect("a DSR TCP connection failed");
+        assert_eq!(
+            r.peer.ip(),
+            env.cluster.client_ip(),
+            "TCP: source not kept: {r:?}"
+        );
+    }
+    for _ in 0..5 {
+        let r = kp_netlab::udp_ask(&client, udp, T).expect("UDP over SNAT");
+        assert_eq!(r.server, "c");
+        assert_eq!(r.peer.ip(), tcp.ip(), "UDP: not SNATed to node1: {r:?}");
+    }
+    assert_eq!(
+        lan.packets("via_node1_tcp"),
+        0,
+        "TCP replies went through node1"
+    );
+    assert!(
+        lan.packets("direct_tcp") > 0,
+        "no TCP reply straight from node2"
+    );
+    assert!(
+        lan.packets("via_node1_udp") > 0,
+        "UDP replies did not go through node1"
+    );
+    assert_eq!(
+        lan.packets("direct_udp"),
+        0,
+        "UDP replies straight from node2"
+    );
+}

@@ -324,6 +324,15 @@ pub struct SocketLbFlags {
     /// others' flows).
     #[arg(long, default_value = "random", value_parser = ["random", "maglev"])]
     pub bpf_lb_algorithm: String,
+    /// --bpf-nodeport: how externalTrafficPolicy Cluster traffic reaches an
+    /// endpoint on another node (Cilium's flag): `snat` (the node's address
+    /// as source, the reply back through this node), `dsr` (direct server
+    /// return: the client's address kept, the Service address carried to
+    /// the endpoint's node in an IPv4 option, the reply sent from there;
+    /// IPv4 only, IPv6 stays SNAT; every node must run the programs), or
+    /// `hybrid` (DSR for TCP, SNAT for UDP).
+    #[arg(long, default_value = "snat", value_parser = ["snat", "dsr", "hybrid"])]
+    pub bpf_lb_mode: String,
 }
 
 impl Default for SocketLbFlags {
@@ -335,6 +344,7 @@ impl Default for SocketLbFlags {
             bpf_nodeport: false,
             bpf_nodeport_devices: Vec::new(),
             bpf_lb_algorithm: "random".into(),
+            bpf_lb_mode: "snat".into(),
         }
     }
 }

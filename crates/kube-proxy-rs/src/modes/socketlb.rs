@@ -131,7 +131,12 @@ pub fn wrap(
         lb: SocketLbProxier::new(family, maps)
             .with_nodeport_ips(nodeport_ips)
             .with_outside(outside)
-            .with_maglev(outside && flags.bpf_lb_algorithm == "maglev"),
+            .with_maglev(outside && flags.bpf_lb_algorithm == "maglev")
+            .with_lb_mode(if outside {
+                kp_socketlb::LbMode::parse(&flags.bpf_lb_mode).unwrap_or_default()
+            } else {
+                kp_socketlb::LbMode::Snat
+            }),
         pin_dir: flags.bpf_pin_path.clone(),
         nodeport,
     }))
