@@ -60,6 +60,11 @@ static long (*bpf_skb_adjust_room)(struct __sk_buff *skb, __s32 len_diff, __u32 
 // nat.backend.pad of a flow entry: the flow is DSR (its UDP packets carry
 // the option). The member check clears it.
 #define KP_NAT_DSR 1
+// nat.backend.pad: a flow whose endpoint is this node itself (a hostNetwork
+// endpoint): left to the stack, where nftables DNATs it and conntrack
+// translates the replies of the local process (which leave by no pod
+// interface, so kp_np_from_pod would never see them).
+#define KP_NAT_PASS 2
 
 // The IPv4 option a DSR request carries to the endpoint's node: the
 // Service address and port its reply must come from. Type 0x9e: copied,
@@ -690,6 +695,8 @@ static __attribute__((noinline)) int outside(struct __sk_buff *skb)
 	if (r)
 		return forward(skb, &f, r);
 	struct nat *known = bpf_map_lookup_elem(&kp_np_flows, &f);
+	if (known && (known->backend.pad & KP_NAT_PASS))
+		return TC_ACT_OK;
 	if (known && !syn) {
 		// A UDP flow stays with its endpoint while it is one (as
 		// upstream's conntrack flush moves it when it goes); TCP stays
@@ -736,6 +743,12 @@ static __attribute__((noinline)) int outside(struct __sk_buff *skb)
 	struct bpf_fib_lookup fib = {};
 	long rc = route(skb, &fib, f.family, f.saddr, be.addr, f.proto, f.sport, be.port,
 			BPF_FIB_LOOKUP_SRC);
+	if (rc == BPF_FIB_LKUP_RET_NOT_FWDED) {
+		struct nat pass = { .svc_id = sv.id, .backend = be };
+		pass.backend.pad = KP_NAT_PASS;
+		bpf_map_update_elem(&kp_np_flows, &f, &pass, BPF_ANY);
+		return TC_ACT_OK;
+	}
 	__u32 snat[4] = {};
 	if (rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
 		if (f.family == 4)

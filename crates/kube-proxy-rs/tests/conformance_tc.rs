@@ -706,3 +706,93 @@ fn t10_hybrid_is_dsr_for_tcp_and_snat_for_udp() {
         "UDP replies straight from node2"
     );
 }
+
+/// A hostNetwork endpoint of the node the request enters (its address is
+/// the node's own): the programs leave that flow to nftables (DNAT to a
+/// local process, whose replies conntrack translates), in both families;
+/// the other node's hostNetwork endpoint is translated as usual. Seen in
+/// the dual-stack e2e lab ("should function for service endpoints using
+/// hostNetwork", Secondary IP Family): node1's own endpoint never answered.
+#[test]
+fn t11_a_host_network_endpoint_of_the_node_itself() {
+    let mut env = Env::new("tchost", MODE);
+    let mut servers = Vec::new();
+    for n in [1, 2] {
+        let ns = env.cluster.node_ns(n).to_string();
+        servers.push(
+            env.cluster
+                .serve(
+                    &ns,
+                    &format!("host{n}"),
+                    kp_netlab::ServeSpec::both(&[8089]),
+                )
+                .unwrap(),
+        );
+    }
+    let mut svc = service(
+        "hostnet",
+        &["10.96.0.49", "fd00:96::49"],
+        json!({"type": "NodePort", "ipFamilyPolicy": "PreferDualStack"}),
+    );
+    svc["spec"]["ports"][0]["nodePort"] = json!(30490);
+    svc["spec"]["ports"][1]["nodePort"] = json!(30491);
+    env.put("svc", &svc);
+    for (fam, sfx) in [("IPv4", "v4"), ("IPv6", "v6")] {
+        let ip = |n: usize| {
+            if fam == "IPv4" {
+                env.cluster.node_ip(n)
+            } else {
+                env.cluster.node_ip6(n)
+            }
+        };
+        let endpoints: Vec<serde_json::Value> = [1, 2]
+            .iter()
+            .map(|n| {
+                json!({
+                    "addresses": [ip(*n).to_string()], "nodeName": format!("node{n}"),
+                    "conditions": {"ready": true, "serving": true, "terminating": false}
+                })
+            })
+            .collect();
+        env.put(
+            &format!("eps-{sfx}"),
+            &json!({
+                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"namespace": "default", "name": format!("hostnet-{sfx}"),
+                             "labels": {"kubernetes.io/service-name": "hostnet"}},
+                "addressType": fam,
+                "ports": [{"name": "http", "port": 8089, "protocol": "TCP"},
+                          {"name": "dns", "port": 8089, "protocol": "UDP"}],
+                "endpoints": endpoints
+            }),
+        );
+    }
+    env.start_all();
+    let client = env.cluster.client_ns().to_string();
+    for node_ip in [env.cluster.node_ip(1), env.cluster.node_ip6(1)] {
+        let np = std::net::SocketAddr::new(node_ip, 30490);
+        env.wait_tcp(&client, np);
+        wait_served_by_programs(&env, 1, &client, np, None);
+        env.wait(&format!("both hostNetwork endpoints through {np}"), || {
+            let seen: std::collections::BTreeSet<String> =
+                kp_netlab::tcp_hello_many(&client, np, 20, T)
+                    .into_iter()
+                    .flatten()
+                    .map(|r| r.server)
+                    .collect();
+            seen.len() == 2
+        });
+        let udp = std::net::SocketAddr::new(node_ip, 30491);
+        env.wait(
+            &format!("both hostNetwork endpoints through UDP {udp}"),
+            || {
+                let seen: std::collections::BTreeSet<String> = (0..20)
+                    .filter_map(|_| kp_netlab::udp_ask(&client, udp, T).ok())
+                    .map(|r| r.server)
+                    .collect();
+                seen.len() == 2
+            },
+        );
+    }
+    drop(servers);
+}
