@@ -518,7 +518,20 @@ impl Env {
         mut f: impl FnMut() -> bool,
         last: impl Fn() -> String,
     ) {
-        if !wait_until(sync_wait(), POLL, &mut f) {
+        self.wait_on_for(node, what, grep, sync_wait(), &mut f, last)
+    }
+
+    /// [`Env::wait_on`] with its own time limit.
+    pub fn wait_on_for(
+        &self,
+        node: usize,
+        what: &str,
+        grep: &str,
+        limit: Duration,
+        mut f: impl FnMut() -> bool,
+        last: impl Fn() -> String,
+    ) {
+        if !wait_until(limit, POLL, &mut f) {
             let log = self.log(node);
             let lines: Vec<&str> = log.lines().filter(|l| l.contains(grep)).collect();
             panic!(
@@ -2144,14 +2157,16 @@ pub fn api_topology_hints(mode: &str) {
     env.wait_tcp(client1.ns(), vip);
     env.wait_tcp(client2.ns(), vip);
     // A proxy may program the Service before it has read its Node's zone
-    // (seen with upstream's under load in CI: both endpoints at first): wait
-    // until each node has taken the hints into account, then count.
+    // (seen with upstream's under load in CI: both endpoints at first, and
+    // once still after 20 s): wait until each node has taken the hints into
+    // account, then count. The final counts below are what is asserted.
     for (node, client, want) in [(1, &client1, "a"), (2, &client2, "c")] {
         let seen = std::cell::RefCell::new(String::new());
-        env.wait_on(
+        env.wait_on_for(
             node,
             &format!("{} reaching only {want}", client.ns()),
             "opolog",
+            sync_wait() * 3,
             || {
                 let r = tcp_hello_many(client.ns(), vip, 10, T);
                 let c = count_by_server(&r);
