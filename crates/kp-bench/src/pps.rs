@@ -282,14 +282,15 @@ impl CpuTimes {
         self.delta(later, cpu, 6) as f64 * TICK_NS
     }
 
-    /// The share of `cpu`'s time that was not idle (nor iowait).
+    /// The share of `cpu`'s time spent running something (user, system,
+    /// interrupts): neither idle nor iowait, nor stolen by the hypervisor.
     pub fn busy(&self, later: &CpuTimes, cpu: usize) -> f64 {
         let all: u64 = (0..8).map(|c| self.delta(later, cpu, c)).sum();
-        let idle = self.delta(later, cpu, 3) + self.delta(later, cpu, 4);
+        let not = self.delta(later, cpu, 3) + self.delta(later, cpu, 4) + self.delta(later, cpu, 7);
         if all == 0 {
             0.0
         } else {
-            1.0 - idle as f64 / all as f64
+            1.0 - not as f64 / all as f64
         }
     }
 }
@@ -601,6 +602,12 @@ fn sink_loop(socks: &[UdpSocket], counts: &[AtomicU64], stop: &AtomicBool) {
         if got == 0 {
             // SAFETY: poll over descriptors we own.
             unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, 20) };
+        } else {
+            // Traffic is flowing: let a millisecond of it queue up (the
+            // buffers hold far more) and take it in full batches, instead
+            // of a wakeup and a syscall for every few datagrams on the CPU
+            // the sender needs.
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 }
@@ -969,7 +976,7 @@ pub fn thousands(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
