@@ -421,6 +421,7 @@ fn measure_config(
     let udp_target = SocketAddr::new(node_ip, UDP_NODE_PORT);
     let tcp_target = SocketAddr::new(node_ip, TCP_NODE_PORT);
     let probe = udp_flows(&client, udp_target, 1)?;
+    let mut synced_once = false;
     loop {
         check_interrupted()?;
         if !proxy.guard.is_running() {
@@ -430,10 +431,23 @@ fn measure_config(
             )));
         }
         if t0.elapsed() > o.first_sync_within {
-            let last = error_line(&proxy.guard.log_contents());
+            // A proxy still running has logged no fatal error: its last
+            // line says where it is.
+            let log = proxy.guard.log_contents();
+            let last = log
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("");
+            let what = if synced_once {
+                "synced, but nothing passed the NodePort"
+            } else {
+                "no first sync"
+            };
             return Ok(Outcome::NotAvailable(format!(
-                "nothing passed the NodePort within {:.0} s of the proxy's start (first sync not done?); its log's error or last line: {last}",
-                o.first_sync_within.as_secs_f64()
+                "{what} within {:.0} s of the proxy's start; its log's last line: {}",
+                o.first_sync_within.as_secs_f64(),
+                last.trim().chars().take(200).collect::<String>()
             )));
         }
         let synced = proxy
@@ -441,6 +455,7 @@ fn measure_config(
             .iter()
             .sum::<f64>()
             >= 1.0;
+        synced_once |= synced;
         if synced {
             let before = sinks.total();
             let _ = probe.first().map(|s| s.send(b"probe"));
@@ -577,6 +592,11 @@ fn measure_config(
             .as_ref()
             .is_none_or(|t: &Step| s.sent.rate() > 1.03 * t.sent.rate());
         if client_bound && !grew {
+            if retries < RETRIES {
+                retries += 1;
+                eprintln!("    (the sender fell short: once more at the same rate)");
+                continue;
+            }
             stop = Stop::Client;
             stopped_at = Some(s);
             break;
@@ -913,7 +933,7 @@ fn main() -> Result<()> {
         "Measured {date} by `{}` ({:.0} min; {cpus} CPUs, kernel {}; load average {} at the start, {} at the end). \
          Every configuration ran in this run, one after the other, each on a node namespace of its own; \
          \"without loss\": at most {:.1}% of the datagrams sent in a {:.0} s step lost. \
-         Client, LAN bridge and pods on CPU 0, the node's receive processing on CPU 1 (RPS); \
+         Client, LAN bridge and pods on CPU 0 (the bench's threads there at nice {nice}), the node's receive processing and the proxy on CPU 1 (RPS, affinity); \
          CPU 1 softirq time is tick-sampled at the kernel's HZ.{bpf_note}{xdp_note}\n{}",
         o.command,
         started.elapsed().as_secs_f64() / 60.0,
@@ -922,7 +942,8 @@ fn main() -> Result<()> {
         load_average(),
         o.loss * 100.0,
         o.duration.as_secs_f64(),
-        table(&o, &results)
+        table(&o, &results),
+        nice = pps::CLIENT_NICE,
     );
     println!("{text}");
     if let Some(path) = &o.write {
