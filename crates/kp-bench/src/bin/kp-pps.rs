@@ -578,12 +578,10 @@ fn measure_config(
                 eprintln!("    (lossy: once more at the same rate)");
                 continue;
             }
+            // Lost packets end the climb whatever the sender reached: the
+            // details say where they were dropped.
             stopped_at = Some(s);
-            stop = if client_bound {
-                Stop::Client
-            } else {
-                Stop::Loss
-            };
+            stop = Stop::Loss;
             break;
         }
         // The sender fell short of the offered rate: CPU 0 is full. Going
@@ -801,9 +799,16 @@ fn table(o: &Opts, results: &[(u32, Vec<Outcome>)]) -> String {
                     };
                     let ended = match (f.stop, &f.stopped_at) {
                         (Stop::Loss, Some(s)) => format!(
-                            "{:.2}% lost at {}",
+                            "{:.2}% lost at {} sent ({} offered){}",
                             s.loss() * 100.0,
-                            thousands(s.sent.rate() as u64)
+                            thousands(s.sent.rate() as u64),
+                            thousands(s.offered as u64),
+                            match s.backlog_drops.get(NODE_CPU) {
+                                Some(&d) if d > 0 => {
+                                    format!(", {} dropped by CPU 1's backlog", thousands(d))
+                                }
+                                _ => String::new(),
+                            }
                         ),
                         (Stop::Client, Some(s)) => format!(
                             "sender reached {} of {} (CPU 0 full), {:.2}% lost",
