@@ -513,6 +513,9 @@ pub fn bpf_runs(ids: &BTreeSet<u64>) -> (u64, u64) {
 /// One UDP socket per pod, all drained by one thread pinned to `cpu` with
 /// recvmmsg, counting datagrams per pod.
 pub struct UdpSinks {
+    /// The sockets' descriptors, for [`UdpSinks::queued`] (the thread
+    /// owns the sockets and outlives every use of these).
+    fds: Vec<RawFd>,
     counts: Arc<Vec<AtomicU64>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -533,6 +536,7 @@ impl UdpSinks {
             set_int_opt(s.as_raw_fd(), libc::SO_RCVBUFFORCE, 32 << 20).context("SO_RCVBUFFORCE")?;
             socks.push(s);
         }
+        let fds = socks.iter().map(|s| s.as_raw_fd()).collect();
         let counts: Arc<Vec<AtomicU64>> =
             Arc::new(pods.iter().map(|_| AtomicU64::new(0)).collect());
         let stop = Arc::new(AtomicBool::new(false));
@@ -545,6 +549,7 @@ impl UdpSinks {
             })
             .context("starting the UDP sink thread")?;
         Ok(UdpSinks {
+            fds,
             counts,
             stop,
             thread: Some(thread),
@@ -561,6 +566,37 @@ impl UdpSinks {
 
     pub fn total(&self) -> u64 {
         self.counts().iter().sum()
+    }
+
+    /// Bytes waiting in the sockets' receive queues (SO_MEMINFO's
+    /// rmem_alloc): datagrams delivered but not counted yet, because the
+    /// sink thread has not had the CPU since.
+    pub fn queued(&self) -> u64 {
+        const SO_MEMINFO: libc::c_int = 55;
+        self.fds
+            .iter()
+            .map(|&fd| {
+                let mut info = [0u32; 9];
+                let mut len = std::mem::size_of_val(&info) as libc::socklen_t;
+                // SAFETY: getsockopt into a buffer of `len` bytes; the
+                // descriptor stays open while `self` lives (the thread
+                // holding the sockets is joined in drop).
+                let rc = unsafe {
+                    libc::getsockopt(
+                        fd,
+                        libc::SOL_SOCKET,
+                        SO_MEMINFO,
+                        info.as_mut_ptr().cast(),
+                        &mut len,
+                    )
+                };
+                if rc == 0 {
+                    u64::from(info[0])
+                } else {
+                    0
+                }
+            })
+            .sum()
     }
 }
 
