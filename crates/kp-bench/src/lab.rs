@@ -274,16 +274,27 @@ impl Lab {
         upstream: bool,
         tune: impl FnOnce(&mut ControlPlaneOpts),
     ) -> Result<Lab> {
+        Lab::start_nodes(name, upstream, 2, tune)
+    }
+
+    /// [`Lab::start`] with `nodes` node namespaces (each registered as a
+    /// Node), for benches that give every proxy a node of its own.
+    pub fn start_nodes(
+        name: &str,
+        upstream: bool,
+        nodes: usize,
+        tune: impl FnOnce(&mut ControlPlaneOpts),
+    ) -> Result<Lab> {
         let bins = K8sBinaries::find().context("finding the Kubernetes binaries")?;
         if upstream && bins.kube_proxy.is_none() {
             bail!("upstream kube-proxy not found (UPSTREAM_KUBE_PROXY_BIN or ../shared/k8s)");
         }
-        let cluster = Cluster::new(name, ClusterOpts::with_nodes(2))?;
+        let cluster = Cluster::new(name, ClusterOpts::with_nodes(nodes))?;
         let host = cluster.add_host("cp", 5)?;
         let mut opts = ControlPlaneOpts::in_netns(name, &host.ns, host.ip);
         tune(&mut opts);
         let cp = ControlPlane::start(&bins, opts)?;
-        for i in 1..=2 {
+        for i in 1..=nodes {
             cp.apply(&node(&cluster, i))?;
         }
         let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy");
@@ -543,6 +554,32 @@ impl Lab {
         ours: &Path,
         label: &str,
     ) -> Result<Proxy<'_>> {
+        let cmd = ProxyCommand {
+            mode,
+            upstream,
+            ours,
+            extra: &[],
+            env: &[],
+        };
+        self.spawn_proxy_with(node, &cmd, label)
+    }
+
+    /// [`Lab::spawn_proxy`] with flags after [`proxy_args`] and variables
+    /// set in the proxy's environment (`ip netns exec` runs `env`, which
+    /// execs the proxy in place: the guard's pid is still the proxy's).
+    pub fn spawn_proxy_with(
+        &self,
+        node: usize,
+        cmd: &ProxyCommand<'_>,
+        label: &str,
+    ) -> Result<Proxy<'_>> {
+        let ProxyCommand {
+            mode,
+            upstream,
+            ours,
+            extra,
+            env,
+        } = *cmd;
         let (bin, kc) = if upstream {
             (
                 self.bins
@@ -555,12 +592,19 @@ impl Lab {
             (ours.to_path_buf(), &self.ours_kubeconfig)
         };
         let log = self.cp.dir().join(format!("{label}.log"));
-        let guard = self.cluster.spawn(
-            self.cluster.node_ns(node),
-            &bin,
-            &proxy_args(mode, kc, node),
-            &log,
-        )?;
+        let mut args = proxy_args(mode, kc, node);
+        args.extend(extra.iter().cloned());
+        let (program, args) = if env.is_empty() {
+            (bin, args)
+        } else {
+            let mut wrapped = env.to_vec();
+            wrapped.push(bin.display().to_string());
+            wrapped.extend(args);
+            (PathBuf::from("/usr/bin/env"), wrapped)
+        };
+        let guard = self
+            .cluster
+            .spawn(self.cluster.node_ns(node), &program, &args, &log)?;
         Ok(Proxy {
             cluster: &self.cluster,
             node,
@@ -568,6 +612,17 @@ impl Lab {
             mode: mode.to_string(),
         })
     }
+}
+
+/// What [`Lab::spawn_proxy_with`] runs: upstream's binary or `ours`, in
+/// `mode`, with `extra` flags and `env` (`VAR=VALUE`) settings.
+#[derive(Clone, Copy)]
+pub struct ProxyCommand<'a> {
+    pub mode: &'a str,
+    pub upstream: bool,
+    pub ours: &'a Path,
+    pub extra: &'a [String],
+    pub env: &'a [String],
 }
 
 /// A running proxy in a node namespace.

@@ -2,6 +2,7 @@
 
 pub mod connect;
 pub mod lab;
+pub mod pps;
 
 use serde_json::{json, Value};
 

@@ -1,0 +1,964 @@
+//! kp-pps: NodePort packet rate, upstream kube-proxy and kube-proxy-rs in
+//! one run: how many packets a second a node forwards from an outside
+//! client to endpoint pods through a NodePort without loss, what each costs
+//! the node's CPU, and the new TCP connections per second and request
+//! latency through the same NodePort (issue 54).
+//!
+//! The lab is kp-compare's (etcd + kube-apiserver v1.36 in a namespace of
+//! its own, `Lab`) with one node namespace per proxy configuration, and
+//! the lab's external client namespace on the LAN bridge:
+//!
+//! ```text
+//!  client ns (10.100.0.100)  --veth-- lan ns (bridge) --veth-- node K eth0 (10.100.0.1K)
+//!    sender + TCP clients, CPU 0            CPU 0          |  proxy K, softirq on CPU 1 (RPS)
+//!                                                          +--veth-- 4 pod namespaces on node K
+//!                                                                    UDP sink + TCP echo, CPU 0
+//! ```
+//!
+//! One NodePort Service `pps` (externalTrafficPolicy Cluster, UDP port
+//! 9000 -> nodePort 59990, TCP port 9001 -> nodePort 59991) has the pods of
+//! the node being measured as its endpoints; with `--services N` the other
+//! N-1 Services are kp-bench's mix (x10 endpoints), written into etcd
+//! (`Lab::populate_etcd`), so each proxy holds N Services. The proxies run
+//! one after another, each on its own fresh node namespace (nothing to
+//! clean between them), the slice pointed at that node's pods before it
+//! starts; the order is reversed for every other Service count.
+//!
+//! For each configuration, once UDP and TCP pass through its NodePort:
+//!
+//! * UDP from `--flows` source ports (connected sockets, sendmmsg) to
+//!   nodeIP:59990 from a thread pinned to CPU 0, paced, `--duration`
+//!   seconds a step, from `--start-rate` up by `--step` until a step
+//!   loses more than `--loss` (0.1%) of what it sent (loss = 1 - received
+//!   / sent, counted by recvmmsg in the pods); a lossy step, or one where
+//!   the sender fell short of the rate and gained nothing on the step
+//!   before (CPU 0 full), is repeated once (twice per configuration at
+//!   most) before it counts. The figure: the highest rate a lossless step
+//!   actually sent.
+//! * Node CPU per packet at that step: CPU 1's softirq time (/proc/stat,
+//!   tick-sampled at HZ) over the packets sent, and CPU 1's and CPU 0's
+//!   busy share; with tc/XDP programs attached in the node, their run time
+//!   per run and runs per packet (`bpftool prog show`, with the kernel's
+//!   BPF statistics enabled through BPF_ENABLE_STATS only while measuring).
+//! * TCP: `--requests` requests over a fresh connection each, one after
+//!   the other (p50/p99 of connect + request + answer), then
+//!   `--tcp-threads` client threads for `--duration` (new connections per
+//!   second). All client and pod threads run on CPU 0; the proxy is pinned
+//!   to CPU 1 once it serves.
+//!
+//! RPS puts the node's receive processing on CPU 1: `rps_cpus` is 2 on the
+//! node namespaces' devices, 1 on the pods', the client's and the LAN
+//! bridge's; each step prints NET_RX softirqs per CPU so that the split
+//! can be checked. Nothing outside the lab's namespaces is changed (the
+//! BPF statistics are machine-wide, and go off when their descriptor
+//! closes, whatever ends the bench).
+//!
+//! `sudo target/release/kp-pps [--binary target/release/kube-proxy-rs]
+//! [--upstream PATH] [--services 1,10000] [--proxies
+//! upstream-nftables,upstream-iptables-legacy,ours-nftables]
+//! [--extra-args NAME=FLAGS]... [--define NAME=BINARY:MODE[:FLAGS]]...
+//! [--duration 3] [--start-rate 50000] [--step 1.25] [--max-rate 2000000]
+//! [--flows 256] [--pods 4] [--tcp-threads 4] [--requests 2000] [--loss
+//! 0.001] [--first-sync-within 300] [--time-limit 3600] [--write
+//! BENCHMARKS.md]`
+//!
+//! Configurations (pps.rs, `CONFIGS`): upstream-nftables,
+//! upstream-iptables (the host's iptables: iptables-nft here),
+//! upstream-iptables-legacy, ours-nftables, ours-iptables,
+//! ours-iptables-legacy, ours-tc (`--socket-lb --bpf-nodeport`), ours-xdp
+//! (ours-tc plus `--bpf-lb-acceleration native`). `--extra-args
+//! 'ours-xdp=--bpf-lb-algorithm maglev'` appends flags to one;
+//! `--define 'NAME=ours:nftables:--socket-lb ...'` adds one (BINARY: ours,
+//! upstream or upstream-legacy). A configuration that asks for BPF gets a
+//! cgroup and a bpffs of the bench's own (`--cgroup-path`,
+//! `--bpf-pin-path`). One whose proxy exits, or whose NodePort passes
+//! nothing within `--first-sync-within`, is reported "not available" with
+//! the proxy's error line. `--upstream` defaults to ../shared/k8s's
+//! kube-proxy (unpacked into target/k8s-bin), `--binary` to the
+//! kube-proxy-rs beside kp-pps. `--write` replaces the text between the
+//! `kp-pps` markers of that file.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use kp_bench::lab::{
+    check_binary, date_utc, load_average, quantile, write_into, Lab, Populated, ProxyCommand,
+};
+use kp_bench::pps::{
+    self, backlog_drops_per_cpu, bpf_programs, bpf_runs, check_interrupted, deltas, error_line,
+    net_rx_per_cpu, node_programs, pin_process, send_paced, set_rps, sleep_checked, tcp_latency,
+    tcp_rate, tcp_request, thousands, udp_flows, udp_rcvbuf_errors, Binary, BpfStats, CpuTimes,
+    ProxyConfig, Sent, TcpEchoes, UdpSinks,
+};
+use kp_netlab::{in_netns, Pod};
+use kp_testkit::ControlPlaneOpts;
+use kube::api::{Patch, PatchParams};
+use serde_json::json;
+
+const CLIENT_CPU: usize = 0;
+const NODE_CPU: usize = 1;
+const UDP_PORT: u16 = 9000;
+const TCP_PORT: u16 = 9001;
+const UDP_NODE_PORT: u16 = 59990;
+const TCP_NODE_PORT: u16 = 59991;
+/// Above every ClusterIP of kp-bench's mix at 100k (10.96.0.10 + i).
+const CLUSTER_IP: &str = "10.97.250.1";
+/// The most steps of one configuration, whatever the rates say.
+const MAX_STEPS: usize = 40;
+/// Lossy steps repeated per configuration (a neighbour's burst on a shared
+/// machine should not end the climb).
+const RETRIES: usize = 2;
+
+struct Opts {
+    binary: PathBuf,
+    upstream: Option<PathBuf>,
+    sizes: Vec<u32>,
+    configs: Vec<ProxyConfig>,
+    duration: Duration,
+    start_rate: f64,
+    step: f64,
+    max_rate: f64,
+    flows: usize,
+    pods: usize,
+    tcp_threads: usize,
+    requests: usize,
+    loss: f64,
+    first_sync_within: Duration,
+    time_limit: Duration,
+    write: Option<PathBuf>,
+    command: String,
+}
+
+fn parse_opts() -> Result<Opts> {
+    kp_bench::lab::exit_on_help("crates/kp-bench/src/bin/kp-pps.rs");
+    let exe = std::env::current_exe().context("locating kp-pps")?;
+    let mut o = Opts {
+        binary: exe.with_file_name("kube-proxy-rs"),
+        upstream: None,
+        sizes: vec![1, 10000],
+        configs: Vec::new(),
+        duration: Duration::from_secs(3),
+        start_rate: 50_000.0,
+        step: 1.25,
+        max_rate: 2_000_000.0,
+        flows: 256,
+        pods: 4,
+        tcp_threads: 4,
+        requests: 2000,
+        loss: 0.001,
+        first_sync_within: Duration::from_secs(300),
+        time_limit: Duration::from_secs(3600),
+        write: None,
+        command: String::new(),
+    };
+    let mut known = pps::builtin_configs();
+    let mut wanted = "upstream-nftables,upstream-iptables-legacy,ours-nftables".to_string();
+    let mut extra: Vec<(String, String)> = Vec::new();
+    let mut shown = vec!["kp-pps".to_string()];
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let v = args.next().with_context(|| format!("{a} needs a value"))?;
+        shown.push(a.clone());
+        shown.push(if v.contains(' ') {
+            format!("'{v}'")
+        } else {
+            v.clone()
+        });
+        let num = |what: &str| -> Result<f64> {
+            v.parse::<f64>()
+                .ok()
+                .filter(|x| x.is_finite() && *x > 0.0)
+                .with_context(|| format!("{what}: a positive number, not {v:?}"))
+        };
+        match a.as_str() {
+            "--binary" | "--ours" => o.binary = PathBuf::from(&v),
+            "--upstream" => o.upstream = Some(PathBuf::from(&v)),
+            "--services" | "--sizes" => {
+                o.sizes = v
+                    .split(',')
+                    .map(|s| s.trim().parse::<u32>().context("--services"))
+                    .collect::<Result<_>>()?;
+                if o.sizes.iter().any(|&n| n == 0 || n > 100_000) {
+                    bail!("--services: counts from 1 to 100000");
+                }
+            }
+            "--proxies" => wanted = v,
+            "--extra-args" => {
+                let (name, flags) = v
+                    .split_once('=')
+                    .with_context(|| format!("--extra-args {v:?}: NAME=FLAGS"))?;
+                extra.push((name.to_string(), flags.to_string()));
+            }
+            "--define" => {
+                let c = pps::parse_define(&v)?;
+                known.retain(|k| k.name != c.name);
+                known.push(c);
+            }
+            "--duration" => o.duration = Duration::from_secs_f64(num("--duration")?.min(30.0)),
+            "--start-rate" => o.start_rate = num("--start-rate")?,
+            "--step" => o.step = num("--step")?.clamp(1.01, 4.0),
+            "--max-rate" => o.max_rate = num("--max-rate")?.min(20e6),
+            "--flows" => o.flows = (num("--flows")? as usize).clamp(1, 4096),
+            "--pods" => o.pods = (num("--pods")? as usize).clamp(1, 16),
+            "--tcp-threads" => o.tcp_threads = (num("--tcp-threads")? as usize).clamp(1, 64),
+            "--requests" => o.requests = (num("--requests")? as usize).min(1_000_000),
+            "--loss" => o.loss = num("--loss")?.min(0.5),
+            "--first-sync-within" => {
+                o.first_sync_within = Duration::from_secs_f64(num("--first-sync-within")?)
+            }
+            "--time-limit" => o.time_limit = Duration::from_secs_f64(num("--time-limit")?),
+            "--write" => o.write = Some(PathBuf::from(&v)),
+            other => bail!(
+                "unknown argument {other} (see the header of crates/kp-bench/src/bin/kp-pps.rs)"
+            ),
+        }
+    }
+    for name in wanted.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let c = known.iter().find(|k| k.name == name).with_context(|| {
+            let names: Vec<&str> = known.iter().map(|k| k.name.as_str()).collect();
+            format!(
+                "--proxies: no configuration {name:?} (known: {})",
+                names.join(", ")
+            )
+        })?;
+        if o.configs.iter().any(|x: &ProxyConfig| x.name == name) {
+            bail!("--proxies names {name} twice");
+        }
+        o.configs.push(c.clone());
+    }
+    for (name, flags) in extra {
+        let c = o
+            .configs
+            .iter_mut()
+            .find(|c| c.name == name)
+            .with_context(|| format!("--extra-args {name}: not among --proxies"))?;
+        c.args.extend(flags.split_whitespace().map(str::to_string));
+    }
+    if o.configs.is_empty() {
+        bail!("--proxies names no configuration");
+    }
+    o.command = shown.join(" ");
+    Ok(o)
+}
+
+/// Where a configuration's climb stopped.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Stop {
+    /// The next step lost more than the threshold.
+    Loss,
+    /// The sender could not offer the step's rate (CPU 0 is full).
+    Client,
+    MaxRate,
+    TimeLimit,
+    Steps,
+}
+
+struct Step {
+    offered: f64,
+    sent: Sent,
+    received: u64,
+    per_pod: Vec<u64>,
+    softirq_ns: [f64; 2],
+    busy: [f64; 2],
+    net_rx: Vec<u64>,
+    backlog_drops: Vec<u64>,
+    rcvbuf_errors: u64,
+    bpf: (u64, u64),
+}
+
+impl Step {
+    fn loss(&self) -> f64 {
+        if self.sent.packets == 0 {
+            return 1.0;
+        }
+        1.0 - self.received as f64 / self.sent.packets as f64
+    }
+}
+
+struct Figures {
+    ready: Duration,
+    top: Option<Step>,
+    stopped_at: Option<Step>,
+    stop: Stop,
+    programs: Vec<String>,
+    latency: Vec<Duration>,
+    latency_failed: u64,
+    conns: (u64, u64, Duration),
+}
+
+enum Outcome {
+    Measured(Box<Figures>),
+    NotAvailable(String),
+    NotMeasured(String),
+}
+
+/// The service CIDR and NodePort range of kp-compare's `--only-ours`, wide
+/// enough for kp-bench's mix at 100k (its ClusterIPs run past 10.96/16,
+/// its NodePorts past 32767); the same for every size, so every size's
+/// lab is alike.
+fn wide_ranges(o: &mut ControlPlaneOpts) {
+    o.service_cidrs = "10.96.0.0/15,fd00:96::/108".into();
+    o.node_port_range = "30000-59999".into();
+}
+
+/// A directory of `iptables*` links to xtables-legacy-multi (it picks its
+/// command by the name it is called by).
+fn legacy_shim(dir: &std::path::Path) -> Result<String> {
+    let multi = [
+        "/usr/sbin/xtables-legacy-multi",
+        "/sbin/xtables-legacy-multi",
+    ]
+    .into_iter()
+    .find(|p| std::path::Path::new(p).exists())
+    .context("xtables-legacy-multi not found (Debian: apt-get install iptables)")?;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    for name in [
+        "iptables",
+        "iptables-save",
+        "iptables-restore",
+        "ip6tables",
+        "ip6tables-save",
+        "ip6tables-restore",
+    ] {
+        let link = dir.join(name);
+        if !link.exists() {
+            std::os::unix::fs::symlink(multi, &link)
+                .with_context(|| format!("linking {}", link.display()))?;
+        }
+    }
+    let path = std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into());
+    Ok(format!("PATH={}:{path}", dir.display()))
+}
+
+fn endpoints(pods: &[Pod]) -> serde_json::Value {
+    json!(pods
+        .iter()
+        .map(|p| json!({"addresses": [p.ip().to_string()],
+            "nodeName": format!("node{}", p.node()), "conditions": {"ready": true}}))
+        .collect::<Vec<_>>())
+}
+
+/// Waits for the sinks' total to pass `before` (at most `within`).
+fn arrived(sinks: &UdpSinks, before: u64, within: Duration) -> bool {
+    kp_netlab::wait_until(within, Duration::from_millis(10), || sinks.total() > before)
+}
+
+/// Waits until every datagram delivered to the pods is counted: the
+/// sockets' queues empty and the counts holding still (at most 5 s; on a
+/// busy machine the sink thread can wait for CPU 0 that long, and an
+/// unread datagram is not a lost one).
+fn settled_counts(sinks: &UdpSinks) -> Vec<u64> {
+    let mut last = sinks.counts();
+    for _ in 0..100 {
+        std::thread::sleep(Duration::from_millis(50));
+        let now = sinks.counts();
+        if now == last && sinks.queued() == 0 {
+            break;
+        }
+        last = now;
+    }
+    last
+}
+
+struct Ctx<'a> {
+    o: &'a Opts,
+    lab: &'a Lab,
+    deadline: Instant,
+    n: u32,
+}
+
+fn measure_config(
+    cx: &Ctx<'_>,
+    cfg: &ProxyConfig,
+    node: usize,
+    pods: &[Pod],
+    shim: &Option<String>,
+) -> Result<Outcome> {
+    let (o, lab) = (cx.o, cx.lab);
+    if Instant::now() > cx.deadline {
+        return Ok(Outcome::NotMeasured(
+            "the run's --time-limit was reached".into(),
+        ));
+    }
+    eprintln!("  {}: node{node}", cfg.name);
+    // The Service's endpoints: this node's pods (eTP=Cluster would spread
+    // over every node's pods otherwise).
+    lab.rt.block_on(lab.slices().patch(
+        "pps-x",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"endpoints": endpoints(pods)})),
+    ))?;
+    let sinks = UdpSinks::start(pods, UDP_PORT, CLIENT_CPU)?;
+    let _echoes = TcpEchoes::start(pods, TCP_PORT, CLIENT_CPU)?;
+
+    let mut args = cfg.args.clone();
+    // Dropped after the proxy (declared first): unmounting the bpffs
+    // releases the pinned links and maps.
+    let mut bpf_dirs = None;
+    if pps::wants_bpf(&args) {
+        let cg = kp_netlab::TestCgroup::new()?;
+        let fs = kp_netlab::TestBpffs::new()?;
+        args.push(format!("--cgroup-path={}", cg.path().display()));
+        args.push(format!("--bpf-pin-path={}", fs.path().display()));
+        bpf_dirs = Some((cg, fs));
+    }
+    let env: Vec<String> = match cfg.binary {
+        Binary::UpstreamLegacy => vec![shim.clone().context("no iptables-legacy PATH")?],
+        _ => Vec::new(),
+    };
+    let before = bpf_programs();
+    let cmd = ProxyCommand {
+        mode: &cfg.mode,
+        upstream: cfg.binary.upstream(),
+        ours: &o.binary,
+        extra: &args,
+        env: &env,
+    };
+    let label = format!("{}-{}", cfg.name, cx.n);
+    let t0 = Instant::now();
+    let proxy = lab.spawn_proxy_with(node, &cmd, &label)?;
+    let client = lab.cluster.client_ns().to_string();
+    let node_ip: IpAddr = lab.cluster.node_ip(node);
+    let udp_target = SocketAddr::new(node_ip, UDP_NODE_PORT);
+    let tcp_target = SocketAddr::new(node_ip, TCP_NODE_PORT);
+    let probe = udp_flows(&client, udp_target, 1)?;
+    let mut synced_once = false;
+    loop {
+        check_interrupted()?;
+        if !proxy.guard.is_running() {
+            std::thread::sleep(Duration::from_millis(100));
+            return Ok(Outcome::NotAvailable(error_line(
+                &proxy.guard.log_contents(),
+            )));
+        }
+        if t0.elapsed() > o.first_sync_within {
+            // A proxy still running has logged no fatal error: its last
+            // line says where it is.
+            let log = proxy.guard.log_contents();
+            let last = log
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("");
+            let what = if synced_once {
+                "synced, but nothing passed the NodePort"
+            } else {
+                "no first sync"
+            };
+            return Ok(Outcome::NotAvailable(format!(
+                "{what} within {:.0} s of the proxy's start; its log's last line: {}",
+                o.first_sync_within.as_secs_f64(),
+                last.trim().chars().take(200).collect::<String>()
+            )));
+        }
+        let synced = proxy
+            .samples("kubeproxy_sync_proxy_rules_duration_seconds_count")
+            .iter()
+            .sum::<f64>()
+            >= 1.0;
+        synced_once |= synced;
+        if synced {
+            let before = sinks.total();
+            let _ = probe.first().map(|s| s.send(b"probe"));
+            let udp = arrived(&sinks, before, Duration::from_millis(300));
+            let tcp = udp && in_netns(&client, || tcp_request(tcp_target).is_ok())?;
+            if udp && tcp {
+                break;
+            }
+        }
+        sleep_checked(Duration::from_millis(250))?;
+    }
+    let ready = t0.elapsed();
+    eprintln!(
+        "    serving through the NodePort {:.1} s after its start",
+        ready.as_secs_f64()
+    );
+    // From now on whatever the proxy does is the node's work: CPU 1.
+    pin_process(proxy.guard.pid(), NODE_CPU)?;
+    sleep_checked(Duration::from_secs(3))?;
+
+    let ids: BTreeSet<u64> = node_programs(
+        &lab.cluster,
+        lab.cluster.node_ns(node),
+        &before,
+        proxy.guard.pid(),
+    );
+    let all = bpf_programs();
+    let programs: Vec<String> = ids
+        .iter()
+        .map(|id| {
+            all.get(id).map_or(format!("{id}"), |p| {
+                format!("{} {} ({})", id, p.name, p.kind)
+            })
+        })
+        .collect();
+    let _stats = if ids.is_empty() {
+        None
+    } else {
+        eprintln!(
+            "    BPF run-time statistics enabled (BPF_ENABLE_STATS, machine-wide) while {} is measured; programs {}",
+            cfg.name,
+            programs.join(", ")
+        );
+        Some(BpfStats::enable()?)
+    };
+
+    // UDP: the climb.
+    let flows = udp_flows(&client, udp_target, o.flows)?;
+    let warm = sinks.total();
+    send_paced(&flows, o.start_rate, Duration::from_millis(500), CLIENT_CPU)?;
+    settled_counts(&sinks);
+    if sinks.total() == warm {
+        bail!("{}: no datagram of the warm-up arrived", cfg.name);
+    }
+    let pod_ns: Vec<String> = pods.iter().map(|p| p.ns().to_string()).collect();
+    let rcvbuf = || pod_ns.iter().map(|ns| udp_rcvbuf_errors(ns)).sum::<u64>();
+    let mut rate = o.start_rate.min(o.max_rate);
+    let (mut top, mut stopped_at, mut stop) = (None, None, Stop::Steps);
+    let mut retries = 0;
+    for _ in 0..MAX_STEPS {
+        check_interrupted()?;
+        if Instant::now() > cx.deadline {
+            stop = Stop::TimeLimit;
+            break;
+        }
+        let c0 = sinks.counts();
+        let (rx0, bd0, rb0, b0) = (
+            net_rx_per_cpu(),
+            backlog_drops_per_cpu(),
+            rcvbuf(),
+            bpf_runs(&ids),
+        );
+        let cpu0 = CpuTimes::read()?;
+        let sent = send_paced(&flows, rate, o.duration, CLIENT_CPU)?;
+        let cpu1 = CpuTimes::read()?;
+        let (rx1, b1) = (net_rx_per_cpu(), bpf_runs(&ids));
+        let c1 = settled_counts(&sinks);
+        let per_pod = deltas(&c0, &c1);
+        let s = Step {
+            offered: rate,
+            sent,
+            received: per_pod.iter().sum(),
+            per_pod,
+            softirq_ns: [
+                cpu0.softirq_ns(&cpu1, CLIENT_CPU),
+                cpu0.softirq_ns(&cpu1, NODE_CPU),
+            ],
+            busy: [cpu0.busy(&cpu1, CLIENT_CPU), cpu0.busy(&cpu1, NODE_CPU)],
+            net_rx: deltas(&rx0, &rx1),
+            backlog_drops: deltas(&bd0, &backlog_drops_per_cpu()),
+            rcvbuf_errors: rcvbuf().saturating_sub(rb0),
+            bpf: (b1.0.saturating_sub(b0.0), b1.1.saturating_sub(b0.1)),
+        };
+        eprintln!(
+            "    offered {:>9} sent {:>9}/s received {:>9}/s loss {:.3}% | CPU1 softirq {:.0} ns/pkt, busy CPU0 {:.0}% CPU1 {:.0}% | NET_RX {:?} | backlog drops {:?} rcvbuf {}{}",
+            thousands(rate as u64),
+            thousands(s.sent.rate() as u64),
+            thousands((s.received as f64 / s.sent.elapsed.as_secs_f64().max(1e-9)) as u64),
+            s.loss() * 100.0,
+            s.softirq_ns[NODE_CPU] / s.sent.packets.max(1) as f64,
+            s.busy[CLIENT_CPU] * 100.0,
+            s.busy[NODE_CPU] * 100.0,
+            s.net_rx,
+            s.backlog_drops,
+            s.rcvbuf_errors,
+            if s.bpf.1 > 0 {
+                format!(
+                    " | BPF {:.0} ns/run, {:.2} runs/pkt",
+                    s.bpf.0 as f64 / s.bpf.1 as f64,
+                    s.bpf.1 as f64 / s.sent.packets.max(1) as f64
+                )
+            } else {
+                String::new()
+            }
+        );
+        let client_bound = s.sent.rate() < 0.95 * rate;
+        if s.loss() > o.loss {
+            if retries < RETRIES {
+                retries += 1;
+                eprintln!("    (lossy: once more at the same rate)");
+                continue;
+            }
+            // Lost packets end the climb whatever the sender reached: the
+            // details say where they were dropped.
+            stopped_at = Some(s);
+            stop = Stop::Loss;
+            break;
+        }
+        // The sender fell short of the offered rate: CPU 0 is full. Going
+        // on only helps while what it reaches still grows.
+        let grew = top
+            .as_ref()
+            .is_none_or(|t: &Step| s.sent.rate() > 1.03 * t.sent.rate());
+        if client_bound && !grew {
+            if retries < RETRIES {
+                retries += 1;
+                eprintln!("    (the sender fell short: once more at the same rate)");
+                continue;
+            }
+            stop = Stop::Client;
+            stopped_at = Some(s);
+            break;
+        }
+        top = Some(s);
+        if rate >= o.max_rate {
+            stop = Stop::MaxRate;
+            break;
+        }
+        rate = (rate * o.step).min(o.max_rate);
+    }
+    drop(flows);
+
+    // TCP: latency one request at a time, then the connection rate.
+    let (mut latency, latency_failed) =
+        tcp_latency(&client, tcp_target, o.requests, o.duration * 2, CLIENT_CPU)?;
+    latency.sort();
+    check_interrupted()?;
+    let conns = tcp_rate(&client, tcp_target, o.tcp_threads, o.duration, CLIENT_CPU)?;
+    check_interrupted()?;
+    eprintln!(
+        "    TCP: request p50 {:.0} µs p99 {:.0} µs ({} failed); {:.0} connections/s ({} failed)",
+        quantile(&latency, 0.5).as_secs_f64() * 1e6,
+        quantile(&latency, 0.99).as_secs_f64() * 1e6,
+        latency_failed,
+        conns.0 as f64 / conns.2.as_secs_f64(),
+        conns.1
+    );
+    if !proxy.guard.is_running() {
+        bail!(
+            "{}: the proxy exited during the measurement; log {}",
+            cfg.name,
+            proxy.guard.log_path().display()
+        );
+    }
+    proxy.guard.kill_hard();
+    // Its rules stay in its node's namespace (unused from now on); the
+    // big ones go, so that the next proxies' kernel memory is not shared
+    // with them. Best effort.
+    let _ = lab.cluster.exec(
+        lab.cluster.node_ns(node),
+        &[
+            "sh",
+            "-c",
+            "nft flush ruleset; for t in raw mangle nat filter; do iptables-legacy -t $t -F; iptables-legacy -t $t -X; done 2>/dev/null; true",
+        ],
+    );
+    drop(bpf_dirs);
+    Ok(Outcome::Measured(Box::new(Figures {
+        ready,
+        top,
+        stopped_at,
+        stop,
+        programs,
+        latency,
+        latency_failed,
+        conns,
+    })))
+}
+
+fn measure_size(o: &Opts, n: u32, reverse: bool, deadline: Instant) -> Result<Vec<Outcome>> {
+    eprintln!("{n} Services: starting the lab ({} nodes)", o.configs.len());
+    let mut lab = Lab::start_nodes("pps", false, o.configs.len(), wide_ranges)?;
+    if let Some(up) = &o.upstream {
+        lab.bins.kube_proxy = Some(up.clone());
+    }
+    if o.configs.iter().any(|c| c.binary.upstream()) && lab.bins.kube_proxy.is_none() {
+        bail!("upstream kube-proxy not found: pass --upstream PATH (or put ../shared/k8s beside the checkout)");
+    }
+    check_interrupted()?;
+    if n > 1 {
+        let t = Instant::now();
+        let tally = Populated::default();
+        lab.populate_etcd(n - 1, &tally)?;
+        eprintln!(
+            "  {} objects of {} Services written into etcd in {:.1} s",
+            tally.ok.load(Ordering::Relaxed),
+            n - 1,
+            t.elapsed().as_secs_f64()
+        );
+    }
+    check_interrupted()?;
+    let cl = &lab.cluster;
+    // Everything but the nodes on CPU 0: the client, the LAN bridge's
+    // ports, the pods (added below).
+    set_rps(cl, cl.lan_ns(), "*", "1")?;
+    set_rps(cl, cl.client_ns(), "*", "1")?;
+    let mut pods = Vec::new();
+    for i in 0..o.configs.len() {
+        let node = i + 1;
+        let mine: Vec<Pod> = (0..o.pods)
+            .map(|j| cl.add_pod(node, &format!("n{node}e{j}")))
+            .collect::<Result<_, _>>()?;
+        for p in &mine {
+            set_rps(cl, p.ns(), "*", "1")?;
+        }
+        set_rps(cl, cl.node_ns(node), "*", "2")?;
+        pods.push(mine);
+    }
+    lab.create_service(
+        json!({"metadata": {"name": "pps"},
+            "spec": {"type": "NodePort", "externalTrafficPolicy": "Cluster", "clusterIP": CLUSTER_IP,
+                "ports": [
+                    {"name": "udp", "protocol": "UDP", "port": UDP_PORT, "targetPort": UDP_PORT, "nodePort": UDP_NODE_PORT},
+                    {"name": "tcp", "protocol": "TCP", "port": TCP_PORT, "targetPort": TCP_PORT, "nodePort": TCP_NODE_PORT}]}}),
+        json!({"metadata": {"name": "pps-x", "labels": {"kubernetes.io/service-name": "pps"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "udp", "port": UDP_PORT, "protocol": "UDP"},
+                      {"name": "tcp", "port": TCP_PORT, "protocol": "TCP"}],
+            "endpoints": endpoints(&pods[0])}),
+    )?;
+    let shim = if o.configs.iter().any(|c| c.binary == Binary::UpstreamLegacy) {
+        Some(legacy_shim(&lab.cp.dir().join("legacy-iptables"))?)
+    } else {
+        None
+    };
+    let cx = Ctx {
+        o,
+        lab: &lab,
+        deadline,
+        n,
+    };
+    let mut order: Vec<usize> = (0..o.configs.len()).collect();
+    if reverse {
+        order.reverse();
+    }
+    let mut out: Vec<Option<Outcome>> = o.configs.iter().map(|_| None).collect();
+    for i in order {
+        let r = measure_config(&cx, &o.configs[i], i + 1, &pods[i], &shim);
+        // An interruption ends the run; any other failure ends this row.
+        check_interrupted()?;
+        out[i] = Some(r.unwrap_or_else(|e| Outcome::NotMeasured(format!("failed: {e:#}"))));
+    }
+    Ok(out
+        .into_iter()
+        .map(|x| x.unwrap_or_else(|| Outcome::NotMeasured("not run".into())))
+        .collect())
+}
+
+fn us(d: Duration) -> String {
+    format!("{:.0}", d.as_secs_f64() * 1e6)
+}
+
+fn cell(s: &str) -> String {
+    s.replace('|', "\\|")
+}
+
+fn table(o: &Opts, results: &[(u32, Vec<Outcome>)]) -> String {
+    let mut t = String::new();
+    for (n, outcomes) in results {
+        t.push_str(&format!(
+            "\n**{n} Service{}** (the NodePort's 1 + {} of kp-bench's mix x10 endpoints)\n\n",
+            if *n == 1 { "" } else { "s" },
+            n - 1
+        ));
+        t.push_str("| proxy | highest rate without loss (pps) | what ended the climb | node CPU 1 softirq ns/pkt | CPU 1 / CPU 0 busy | BPF programs ns/run, runs/pkt | new TCP conn/s | request over a fresh connection p50 / p99 µs |\n");
+        t.push_str("|---|---|---|---|---|---|---|---|\n");
+        let mut notes = Vec::new();
+        for (cfg, out) in o.configs.iter().zip(outcomes) {
+            match out {
+                Outcome::NotAvailable(why) => t.push_str(&format!(
+                    "| {} | not available: {} | | | | | | |\n",
+                    cfg.name,
+                    cell(why)
+                )),
+                Outcome::NotMeasured(why) => t.push_str(&format!(
+                    "| {} | not measured: {} | | | | | | |\n",
+                    cfg.name,
+                    cell(why)
+                )),
+                Outcome::Measured(f) => {
+                    let (rate, cpu, busy, bpf) = match &f.top {
+                        Some(s) => {
+                            let pk = s.sent.packets.max(1) as f64;
+                            (
+                                thousands(s.sent.rate() as u64),
+                                format!("{:.0}", s.softirq_ns[NODE_CPU] / pk),
+                                format!(
+                                    "{:.0}% / {:.0}%",
+                                    s.busy[NODE_CPU] * 100.0,
+                                    s.busy[CLIENT_CPU] * 100.0
+                                ),
+                                if f.programs.is_empty() {
+                                    "none attached".to_string()
+                                } else if s.bpf.1 == 0 {
+                                    "attached, never run".to_string()
+                                } else {
+                                    format!(
+                                        "{:.0}, {:.2}",
+                                        s.bpf.0 as f64 / s.bpf.1 as f64,
+                                        s.bpf.1 as f64 / pk
+                                    )
+                                },
+                            )
+                        }
+                        None => (
+                            format!("below {}", thousands(o.start_rate as u64)),
+                            "-".into(),
+                            "-".into(),
+                            "-".into(),
+                        ),
+                    };
+                    let ended = match (f.stop, &f.stopped_at) {
+                        (Stop::Loss, Some(s)) => format!(
+                            "{:.2}% lost at {} sent ({} offered){}",
+                            s.loss() * 100.0,
+                            thousands(s.sent.rate() as u64),
+                            thousands(s.offered as u64),
+                            match s.backlog_drops.get(NODE_CPU) {
+                                Some(&d) if d > 0 => {
+                                    format!(", {} dropped by CPU 1's backlog", thousands(d))
+                                }
+                                _ => String::new(),
+                            }
+                        ),
+                        (Stop::Client, Some(s)) => format!(
+                            "sender reached {} of {} (CPU 0 full), {:.2}% lost",
+                            thousands(s.sent.rate() as u64),
+                            thousands(s.offered as u64),
+                            s.loss() * 100.0
+                        ),
+                        (Stop::Client, None) => match &f.top {
+                            Some(s) => format!(
+                                "sender reached {} of {} (CPU 0 full), no loss",
+                                thousands(s.sent.rate() as u64),
+                                thousands(s.offered as u64)
+                            ),
+                            None => "sender could not keep up".into(),
+                        },
+                        (Stop::MaxRate, _) => "--max-rate, no loss".into(),
+                        (Stop::TimeLimit, _) => "--time-limit".into(),
+                        _ => format!("{MAX_STEPS} steps"),
+                    };
+                    let conn_rate = f.conns.0 as f64 / f.conns.2.as_secs_f64().max(1e-9);
+                    let failed = f.conns.1 + f.latency_failed;
+                    t.push_str(&format!(
+                        "| {} | {rate} | {ended} | {cpu} | {busy} | {bpf} | {}{} | {} / {} |\n",
+                        cfg.name,
+                        thousands(conn_rate as u64),
+                        if failed > 0 {
+                            format!(" ({failed} failed)")
+                        } else {
+                            String::new()
+                        },
+                        us(quantile(&f.latency, 0.5)),
+                        us(quantile(&f.latency, 0.99)),
+                    ));
+                    let mut note = format!(
+                        "{}: served {:.1} s after its start",
+                        cfg.name,
+                        f.ready.as_secs_f64()
+                    );
+                    if let Some(s) = &f.top {
+                        note.push_str(&format!(
+                            "; at the top step {} sent, {} received (per pod {:?}), NET_RX softirqs per CPU {:?}, softirq time CPU 0 / CPU 1 {:.2} / {:.2} s, backlog drops per CPU {:?}, pods' receive-buffer drops {}",
+                            thousands(s.sent.packets),
+                            thousands(s.received),
+                            s.per_pod,
+                            s.net_rx,
+                            s.softirq_ns[CLIENT_CPU] / 1e9,
+                            s.softirq_ns[NODE_CPU] / 1e9,
+                            s.backlog_drops,
+                            s.rcvbuf_errors
+                        ));
+                    }
+                    if let Some(s) = &f.stopped_at {
+                        note.push_str(&format!(
+                            "; the step that ended the climb: {} sent, {} received, backlog drops per CPU {:?}, pods' receive-buffer drops {}, CPU 1 busy {:.0}%",
+                            thousands(s.sent.packets),
+                            thousands(s.received),
+                            s.backlog_drops,
+                            s.rcvbuf_errors,
+                            s.busy[NODE_CPU] * 100.0
+                        ));
+                    }
+                    if !f.programs.is_empty() {
+                        note.push_str(&format!("; BPF programs {}", f.programs.join(", ")));
+                    }
+                    notes.push(note);
+                }
+            }
+        }
+        if !notes.is_empty() {
+            t.push('\n');
+            for n in notes {
+                t.push_str(&format!("* {n}\n"));
+            }
+        }
+    }
+    t
+}
+
+fn kernel() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+fn main() -> Result<()> {
+    let o = parse_opts()?;
+    pps::install_signal_handlers();
+    if o.configs.iter().any(|c| !c.binary.upstream()) {
+        check_binary(&o.binary)?;
+    }
+    if let Some(up) = &o.upstream {
+        if !up.is_file() {
+            bail!("--upstream {}: no such file", up.display());
+        }
+    }
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    if cpus < 2 {
+        bail!("kp-pps needs CPUs 0 and 1 (this process may use {cpus})");
+    }
+    let started = Instant::now();
+    let deadline = started + o.time_limit;
+    let (date, load_before) = (date_utc(), load_average());
+    let mut results = Vec::new();
+    for (k, &n) in o.sizes.iter().enumerate() {
+        check_interrupted()?;
+        if Instant::now() > deadline {
+            eprintln!("--time-limit reached: {n} Services not measured");
+            break;
+        }
+        results.push((n, measure_size(&o, n, k % 2 == 1, deadline)?));
+    }
+    let bpf_note = if o.configs.iter().any(|c| pps::wants_bpf(&c.args)) {
+        " BPF run-time statistics were on (BPF_ENABLE_STATS, machine-wide) only while a configuration with programs in its node was measured."
+    } else {
+        ""
+    };
+    let xdp_note = if o.configs.iter().any(|c| {
+        c.args
+            .iter()
+            .any(|a| a.starts_with("--bpf-lb-acceleration"))
+    }) {
+        " Native XDP on veth is not a NIC's: the program runs in the veth's NAPI on the CPU that transmits into the node's eth0 (the LAN bridge's, CPU 0), on frames its peer built as skbs, so its cost shows in the BPF column and on CPU 0, not in CPU 1's softirq time; compare the ratios, not the absolute figures, with a NIC."
+    } else {
+        ""
+    };
+    let text = format!(
+        "Measured {date} by `{}` ({:.0} min; {cpus} CPUs, kernel {}; load average {} at the start, {} at the end). \
+         Every configuration ran in this run, one after the other, each on a node namespace of its own; \
+         \"without loss\": at most {:.1}% of the datagrams sent in a {:.0} s step lost. \
+         Client, LAN bridge and pods on CPU 0 (the bench's threads there at nice {nice}), the node's receive processing and the proxy on CPU 1 (RPS, affinity); \
+         CPU 1 softirq time is tick-sampled at the kernel's HZ.{bpf_note}{xdp_note}\n{}",
+        o.command,
+        started.elapsed().as_secs_f64() / 60.0,
+        kernel(),
+        load_before,
+        load_average(),
+        o.loss * 100.0,
+        o.duration.as_secs_f64(),
+        table(&o, &results),
+        nice = pps::CLIENT_NICE,
+    );
+    println!("{text}");
+    if let Some(path) = &o.write {
+        write_into(path, "kp-pps", &text)?;
+        eprintln!("wrote the table into {}", path.display());
+    }
+    Ok(())
+}
