@@ -147,7 +147,13 @@ pub fn install_object(
         prog.load()
             .map_err(|e| bpf(format!("verifying program {name}"))(boxed(e)))?;
         if adopt {
-            if replace_if_different(prog, &links.join(name))
+            let info = prog
+                .info()
+                .map_err(|e| bpf(format!("program {name}"))(boxed(e)))?;
+            let fd = prog
+                .fd()
+                .map_err(|e| bpf(format!("program {name}"))(boxed(e)))?;
+            if replace_if_different(&info, fd, &links.join(name))
                 .map_err(|e| bpf(format!("updating {name}'s link"))(e))?
             {
                 upgraded += 1;
@@ -254,20 +260,29 @@ pub(crate) fn boxed<E: std::error::Error + Send + Sync + 'static>(e: E) -> BoxEr
 /// Points the link pinned at `pin` at `prog` when the program it runs now
 /// is a different one (the kernel's tag is a hash of the instructions, the
 /// same for the same program loaded twice). True when it was updated.
-fn replace_if_different(prog: &CgroupSockAddr, pin: &Path) -> Result<bool, BoxError> {
-    let ours = prog.info().map_err(boxed)?.tag();
+pub(crate) fn replace_if_different(
+    info: &aya::programs::ProgramInfo,
+    fd: &aya::programs::ProgramFd,
+    pin: &Path,
+) -> Result<bool, BoxError> {
     let link: FdLink = PinnedLink::from_pin(pin).map_err(boxed)?.into();
     let current_id = link.info().map_err(boxed)?.program_id();
+    // Ours already (the tc links are asked at every sync): no need to read
+    // the kernel's list of programs, which takes CAP_SYS_ADMIN the
+    // DaemonSet has not (without it every link looked different, and was
+    // updated at every sync).
+    if current_id == info.id() {
+        return Ok(false);
+    }
     let current = aya::programs::loaded_programs()
         .filter_map(Result::ok)
-        .find(|info| info.id() == current_id)
-        .map(|info| info.tag());
-    if current == Some(ours) {
+        .find(|i| i.id() == current_id)
+        .map(|i| i.tag());
+    if current == Some(info.tag()) {
         return Ok(false);
     }
     let link_fd = obj_get(pin)?;
-    let prog_fd = prog.fd().map_err(boxed)?;
-    link_update(&link_fd, prog_fd)?;
+    link_update(&link_fd, fd)?;
     Ok(true)
 }
 
@@ -347,18 +362,23 @@ pub(crate) fn remove_socket(pin_dir: &Path) -> Result<bool, SocketLbError> {
         removed |= remove_file(&pin_dir.join(m))?;
     }
     for d in [links.as_path(), pin_dir] {
-        if is_missing(d) {
-            continue;
-        }
-        match std::fs::remove_dir(d) {
-            Ok(()) => removed = true,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            // Something else of someone else's in there: left alone.
-            Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) => {}
-            Err(e) => return Err(io(format!("removing {}", d.display()))(e)),
-        }
+        removed |= remove_empty_dir(d)?;
     }
     Ok(removed)
+}
+
+/// Removes directory `d` when it is there and empty; true when it went.
+pub(crate) fn remove_empty_dir(d: &Path) -> Result<bool, SocketLbError> {
+    if is_missing(d) {
+        return Ok(false);
+    }
+    match std::fs::remove_dir(d) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        // Something else of someone else's in there: left alone.
+        Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) => Ok(false),
+        Err(e) => Err(io(format!("removing {}", d.display()))(e)),
+    }
 }
 
 /// Nothing at `p`. Asked before unlinking: on a read-only filesystem (a

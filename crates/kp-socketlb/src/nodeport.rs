@@ -24,7 +24,8 @@ use aya::programs::SchedClassifier;
 use aya::{Ebpf, EbpfLoader};
 
 use crate::kernel::{
-    boxed, bpf, io, is_missing, link_update, links_dir, obj_get, remove_file, BoxError, Capacity,
+    boxed, bpf, io, is_missing, links_dir, remove_empty_dir, remove_file, replace_if_different,
+    Capacity,
 };
 use crate::maps::{addr_words, BACKENDS, MEMBERS, NODEPORT_MAPS, NP_NODE, SERVICES};
 use crate::SocketLbError;
@@ -255,7 +256,13 @@ impl NodePort {
             let name = iface.role.program();
             let prog = program(&mut self.obj, name)?;
             if PinnedLink::from_pin(&pin).is_ok() {
-                if replace_if_different(prog, &pin)
+                let info = prog
+                    .info()
+                    .map_err(|e| bpf(format!("program {name}"))(boxed(e)))?;
+                let fd = prog
+                    .fd()
+                    .map_err(|e| bpf(format!("program {name}"))(boxed(e)))?;
+                if replace_if_different(&info, fd, &pin)
                     .map_err(|e| bpf(format!("updating {name}'s link on {}", iface.name))(e))?
                 {
                     out.upgraded.push(iface.pin_name());
@@ -317,32 +324,6 @@ fn pinned(dir: &Path) -> Result<Vec<String>, SocketLbError> {
         .collect())
 }
 
-/// As kernel.rs does for the socket programs: the pinned link runs `prog`
-/// from now on when it runs another program (an older version's).
-fn replace_if_different(prog: &SchedClassifier, pin: &Path) -> Result<bool, BoxError> {
-    let info = prog.info().map_err(boxed)?;
-    let ours = info.tag();
-    let link: FdLink = PinnedLink::from_pin(pin).map_err(boxed)?.into();
-    let current_id = link.info().map_err(boxed)?.program_id();
-    // Ours already (every sync after the first asks): no need to read the
-    // kernel's list of programs, which takes CAP_SYS_ADMIN the DaemonSet
-    // has not (without it every link looked different, and was updated at
-    // every sync).
-    if current_id == info.id() {
-        return Ok(false);
-    }
-    let current = aya::programs::loaded_programs()
-        .filter_map(Result::ok)
-        .find(|info| info.id() == current_id)
-        .map(|info| info.tag());
-    if current == Some(ours) {
-        return Ok(false);
-    }
-    let link_fd = obj_get(pin)?;
-    link_update(&link_fd, prog.fd().map_err(boxed)?)?;
-    Ok(true)
-}
-
 /// Unpins every tc link (detaching the programs) and the tc programs' own
 /// maps. True when something was there.
 pub fn remove_nodeport(pin_dir: &Path) -> Result<bool, SocketLbError> {
@@ -351,14 +332,7 @@ pub fn remove_nodeport(pin_dir: &Path) -> Result<bool, SocketLbError> {
     for name in pinned(&dir)? {
         removed |= remove_file(&dir.join(name))?;
     }
-    if !is_missing(&dir) {
-        match std::fs::remove_dir(&dir) {
-            Ok(()) => removed = true,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) => {}
-            Err(e) => return Err(io(format!("removing {}", dir.display()))(e)),
-        }
-    }
+    removed |= remove_empty_dir(&dir)?;
     for m in NODEPORT_MAPS {
         removed |= remove_file(&pin_dir.join(m))?;
     }
