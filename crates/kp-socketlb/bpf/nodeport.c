@@ -226,6 +226,41 @@ static __always_inline int parse(struct __sk_buff *skb, struct flow *f, __u8 *tt
 	return 1;
 }
 
+// An IPv6 address at `off`, with the checksum at `csum` (`pseudo`: the
+// address is in its pseudo-header; an ICMPv6 error quotes others as data).
+static __always_inline int readdress6(struct __sk_buff *skb, __u32 csum, __u32 off, __u64 pseudo,
+				      const __u32 *from, const __u32 *to)
+{
+	for (int i = 0; i < 4; i++)
+		if (from[i] != to[i])
+			bpf_l4_csum_replace(skb, csum, from[i], to[i], pseudo | 4);
+	return bpf_skb_store_bytes(skb, off, to, 16, 0) == 0;
+}
+
+// One off the TTL or hop limit, as forwarding does (IPv4's TTL shares a
+// 16-bit word of the header checksum with the protocol).
+static __always_inline int take_ttl(struct __sk_buff *skb, int v4)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	if (!v4) {
+		struct ipv6hdr *ip6 = data + IP_OFF;
+		if ((void *)(ip6 + 1) > end)
+			return 0;
+		__u8 hop = ip6->hop_limit - 1;
+		return bpf_skb_store_bytes(skb, IP6_HOP_OFF, &hop, 1, 0) == 0;
+	}
+	struct iphdr *ip = data + IP_OFF;
+	if ((void *)(ip + 1) > end)
+		return 0;
+	__u16 old = *(__u16 *)&ip->ttl;
+	__u8 ttl = ip->ttl - 1;
+	__u16 new = old;
+	*(__u8 *)&new = ttl;
+	bpf_l3_csum_replace(skb, IP_CSUM_OFF, old, new, 2);
+	return bpf_skb_store_bytes(skb, IP_OFF + 8, &ttl, 1, 0) == 0;
+}
+
 // One address of the packet from `from` to `to` (at `off`), with the L4
 // checksum's pseudo-header (and IPv4's header checksum).
 static __always_inline int readdress(struct __sk_buff *skb, int v4, __u32 off, __u32 csum,
@@ -236,10 +271,7 @@ static __always_inline int readdress(struct __sk_buff *skb, int v4, __u32 off, _
 		bpf_l3_csum_replace(skb, IP_CSUM_OFF, from[0], to[0], 4);
 		return bpf_skb_store_bytes(skb, off, to, 4, 0) == 0;
 	}
-	for (int i = 0; i < 4; i++)
-		if (from[i] != to[i])
-			bpf_l4_csum_replace(skb, csum, from[i], to[i], l4 | BPF_F_PSEUDO_HDR | 4);
-	return bpf_skb_store_bytes(skb, off, to, 16, 0) == 0;
+	return readdress6(skb, csum, off, l4 | BPF_F_PSEUDO_HDR, from, to);
 }
 
 // Rewrites a packet's addresses and ports from `f` to `n`, with the
@@ -268,26 +300,7 @@ static __always_inline int rewrite(struct __sk_buff *skb, const struct flow *f,
 		if (bpf_skb_store_bytes(skb, l4off + 2, &n->dport, 2, 0))
 			return 0;
 	}
-	void *data = (void *)(long)skb->data;
-	void *end = (void *)(long)skb->data_end;
-	if (!v4) {
-		struct ipv6hdr *ip6 = data + IP_OFF;
-		if ((void *)(ip6 + 1) > end)
-			return 0;
-		__u8 hop = ip6->hop_limit - 1;
-		return bpf_skb_store_bytes(skb, IP6_HOP_OFF, &hop, 1, 0) == 0;
-	}
-	// TTL and protocol share a 16-bit word of the header checksum.
-	struct iphdr *ip = data + IP_OFF;
-	if ((void *)(ip + 1) > end)
-		return 0;
-	__u16 *word = (__u16 *)&ip->ttl;
-	__u16 old = *word;
-	__u8 ttl = ip->ttl - 1;
-	__u16 new = old;
-	*(__u8 *)&new = ttl;
-	bpf_l3_csum_replace(skb, IP_CSUM_OFF, old, new, 2);
-	return bpf_skb_store_bytes(skb, IP_OFF + 8, &ttl, 1, 0) == 0;
+	return take_ttl(skb, v4);
 }
 
 // The route from `src` to `dst` for this packet (its length for the MTU
@@ -543,16 +556,6 @@ static __always_inline int requote_port(struct __sk_buff *skb, __u32 csum, __u32
 	return bpf_skb_store_bytes(skb, off, &to, 2, 0) == 0;
 }
 
-// An IPv6 address of the message at `off`: the ICMPv6 checksum covers the
-// outer ones through its pseudo-header, the quoted ones as data.
-static __always_inline int readdress6(struct __sk_buff *skb, __u32 csum, __u32 off, __u64 pseudo,
-				      const __u32 *from, const __u32 *to)
-{
-	for (int i = 0; i < 4; i++)
-		if (from[i] != to[i])
-			bpf_l4_csum_replace(skb, csum, from[i], to[i], pseudo | 4);
-	return bpf_skb_store_bytes(skb, off, to, 16, 0) == 0;
-}
 
 // A frame of its own (as the translation's path below): inlined into one,
 // the two would pass the verifier's 512 bytes of stack together.
@@ -660,25 +663,8 @@ static __attribute__((noinline)) int icmp_error(struct __sk_buff *skb)
 		if (!readdress6(skb, csum, IP6_DST_OFF, BPF_F_PSEUDO_HDR, outer_dst, n.daddr))
 			return TC_ACT_SHOT;
 	}
-	// One off the TTL or hop limit, as forwarding does.
-	data = (void *)(long)skb->data;
-	end = (void *)(long)skb->data_end;
-	if (v4) {
-		struct iphdr *ip = data + IP_OFF;
-		if ((void *)(ip + 1) > end)
-			return TC_ACT_SHOT;
-		__u16 old = *(__u16 *)&ip->ttl;
-		__u8 t = ip->ttl - 1;
-		__u16 new = old;
-		*(__u8 *)&new = t;
-		bpf_l3_csum_replace(skb, IP_CSUM_OFF, old, new, 2);
-		if (bpf_skb_store_bytes(skb, IP_OFF + 8, &t, 1, 0))
-			return TC_ACT_SHOT;
-	} else {
-		__u8 t = ttl - 1;
-		if (bpf_skb_store_bytes(skb, IP6_HOP_OFF, &t, 1, 0))
-			return TC_ACT_SHOT;
-	}
+	if (!take_ttl(skb, v4))
+		return TC_ACT_SHOT;
 	struct bpf_fib_lookup fib = {};
 	long rc = route(skb, &fib, q.family, n.saddr, n.daddr, v4 ? IPPROTO_ICMP : 58, 0, 0, 0);
 	return send(skb, rc, &fib);
