@@ -146,7 +146,7 @@ pub fn bulk(client: &Pod, target: SocketAddr, bytes: usize) -> Result<Duration> 
 /// Closes with a RST (SO_LINGER 0): no TIME_WAIT socket on either side, so
 /// a later connect reusing the source port is not answered by a stale
 /// TIME_WAIT socket (which costs a 1 s SYN retransmission).
-fn abort(c: TcpStream) {
+pub(crate) fn abort(c: TcpStream) {
     use std::os::fd::AsRawFd;
     let l = libc::linger {
         l_onoff: 1,

@@ -911,20 +911,7 @@ pub fn tcp_request(target: SocketAddr) -> io::Result<Duration> {
         return Err(io::Error::other("no answer"));
     }
     let d = t.elapsed();
-    let l = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: setsockopt with a linger of the right size on our socket.
-    unsafe {
-        libc::setsockopt(
-            c.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&l as *const libc::linger).cast(),
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        );
-    }
+    crate::connect::abort(c);
     Ok(d)
 }
 
