@@ -803,11 +803,15 @@ impl SocketLbProxier {
             let eps: Vec<[u8; 20]> = want.backends.iter().map(identity).collect();
             maglev_size = maglev::table_size(eps.len());
             let table = maglev::table(&eps, maglev_size);
-            let order: Vec<&BackendVal> = want.backends.iter().collect();
-            let slot_of = |e: u32| {
-                let b = order.get(e as usize).copied();
-                slots.iter().position(|s| Some(s) == b).unwrap_or(0) as u32
-            };
+            // Each endpoint's slot, once (not a search of the slots for
+            // each of the table's up to 131,071 entries).
+            let slot_by_ep: HashMap<&BackendVal, u32> = slots.iter().zip(0u32..).collect();
+            let order: Vec<u32> = want
+                .backends
+                .iter()
+                .map(|b| slot_by_ep.get(b).copied().unwrap_or(0))
+                .collect();
+            let slot_of = |e: u32| order.get(e as usize).copied().unwrap_or(0);
             for (k, v) in maglev::chunks(id, &table, slot_of) {
                 if old.maglev.get(k.chunk as usize) != Some(&Some(v)) {
                     plan.maglev_keys.push(k);
