@@ -23,6 +23,8 @@ command -v ipvsadm >/dev/null 2>&1 || missing+=(ipvsadm)
 command -v clang >/dev/null 2>&1 || missing+=(clang)
 # ... and the tc programs' tests list them where they are attached.
 command -v bpftool >/dev/null 2>&1 || missing+=(bpftool)
+# ... and the XDP case has the lab's senders send full checksums.
+command -v ethtool >/dev/null 2>&1 || missing+=(ethtool)
 # The real control plane (kp-testkit's control_plane): etcd, openssl for the
 # test certificates, xz to unpack ../shared/k8s.
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)

@@ -16,6 +16,7 @@ fn main() {
         "bpf/nodeport.c",
         "bpf/common.h",
         "bpf/maglev.h",
+        "bpf/xdp_pass.c",
     ] {
         println!("cargo:rerun-if-changed={f}");
     }
@@ -35,7 +36,15 @@ fn main() {
             "socketlb-variant.o",
             &["-DKP_TEST_VARIANT"][..],
         ),
-        ("bpf/nodeport.c", "nodeport.o", &[][..]),
+        // Without LLVM's sinking of common code: it merges two branches'
+        // constant offsets into packet pointer plus register, which the
+        // verifier refuses a proxy without CAP_PERFMON (the DaemonSet's).
+        (
+            "bpf/nodeport.c",
+            "nodeport.o",
+            &["-mllvm", "-simplifycfg-sink-common=false"][..],
+        ),
+        ("bpf/xdp_pass.c", "xdp_pass.o", &[][..]),
     ] {
         let out = out.with_file_name(file);
         let mut cmd = Command::new(&clang);

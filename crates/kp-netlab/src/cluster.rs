@@ -538,6 +538,47 @@ impl Cluster {
         })
     }
 
+    /// Attaches `object`'s XDP program (section "xdp"; one that passes
+    /// every frame) in the driver of every port of the LAN bridge: the far
+    /// ends of the nodes' and the client's eth0. A node's XDP_TX frames go
+    /// back through its veth into that end, which veth wakes for them only
+    /// while it runs an XDP program; a NIC's wire needs nothing of the
+    /// kind. The program goes with the LAN's namespace.
+    pub fn xdp_on_lan_ports(&self, object: &[u8]) -> Result<(), LabError> {
+        let path = std::env::temp_dir().join(format!("{}-xdp-pass.o", self.prefix));
+        std::fs::write(&path, object).map_err(|e| LabError::Io {
+            what: format!("writing {}", path.display()),
+            source: e,
+        })?;
+        let file = path.to_string_lossy().into_owned();
+        let ports = (1..=self.node_ns.len())
+            .map(|i| format!("n{i}"))
+            .chain(std::iter::once("c0".to_string()));
+        let mut out = Ok(());
+        for port in ports {
+            out = out.and(
+                ip_in(
+                    &self.lan_ns,
+                    &[
+                        "link", "set", "dev", &port, "xdpdrv", "obj", &file, "sec", "xdp",
+                    ],
+                )
+                .map(|_| ()),
+            );
+        }
+        let _ = std::fs::remove_file(&path);
+        out
+    }
+
+    /// Turns checksum offload off on `eth0` of namespace `ns` (a pod, the
+    /// client): what it sends then carries its full TCP and UDP checksums,
+    /// as frames from a NIC's wire do, instead of the pseudo-header sum a
+    /// veth passes on for the receiver's stack to trust. XDP programs read
+    /// frames before any stack does (`ethtool`).
+    pub fn full_checksums(&self, ns: &str) -> Result<(), LabError> {
+        exec_ok_in(ns, &["ethtool", "-K", LAN_IFACE, "tx", "off"]).map(|_| ())
+    }
+
     /// Adds a route in the external client towards `dest` (an external IP,
     /// a LoadBalancer IP, a service CIDR...) via node `node`'s LAN address.
     pub fn client_route_via(&self, dest: IpNet, node: usize) -> Result<(), LabError> {

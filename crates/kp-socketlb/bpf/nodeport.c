@@ -52,6 +52,8 @@ static long (*bpf_redirect_neigh)(__u32 ifindex, void *params, int plen,
 				  __u64 flags) = (void *)152;
 static long (*bpf_skb_adjust_room)(struct __sk_buff *skb, __s32 len_diff, __u32 mode,
 				   __u64 flags) = (void *)50;
+static __s64 (*bpf_csum_diff)(__u32 *from, __u32 from_size, __u32 *to, __u32 to_size,
+			      __u32 seed) = (void *)28;
 
 #define KP_F_LOCAL 1 // svc_val.flags: externalTrafficPolicy Local (no SNAT)
 #define KP_F_MAGLEV 2 // svc_val.flags: the endpoint from the Maglev table
@@ -155,6 +157,25 @@ struct {
 	__uint(pinning, PIN_BY_NAME);
 } kp_np_node SEC(".maps");
 
+// What the programs did, per CPU (bpftool map dump pinned .../kp_np_stats):
+// packets translated and sent on by tc, and by XDP.
+#define KP_STAT_TC 0
+#define KP_STAT_XDP 1
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, PIN_BY_NAME);
+} kp_np_stats SEC(".maps");
+
+static __always_inline void count(__u32 what)
+{
+	__u64 *c = bpf_map_lookup_elem(&kp_np_stats, &what);
+	if (c)
+		*c += 1;
+}
+
 struct ports {
 	__u16 source;
 	__u16 dest;
@@ -175,10 +196,8 @@ static __always_inline void copy(__u32 *to, const __u32 *from)
 
 // Reads the packet's flow (and where its ports are); 0 when the programs
 // leave it to the stack.
-static __always_inline int parse(struct __sk_buff *skb, struct flow *f, __u8 *ttl, __u8 *syn)
+static __always_inline int parse(void *data, void *end, struct flow *f, __u8 *ttl, __u8 *syn)
 {
-	void *data = (void *)(long)skb->data;
-	void *end = (void *)(long)skb->data_end;
 	struct ethhdr *eth = data;
 	if ((void *)(eth + 1) > end)
 		return 0;
@@ -306,16 +325,17 @@ static __always_inline int rewrite(struct __sk_buff *skb, const struct flow *f,
 // The route from `src` to `dst` for this packet (its length for the MTU
 // check). With BPF_FIB_LOOKUP_SRC (Linux 6.7) the kernel also names the
 // source address the route prefers, which is what masquerade would take.
-static __always_inline long route(struct __sk_buff *skb, struct bpf_fib_lookup *fib, __u8 family,
-				  const __u32 *src, const __u32 *dst, __u8 proto, __u16 sport,
-				  __u16 dport, __u32 flags)
+// `ctx`: the tc or XDP context (`data`, `end` its packet, `ifindex` the
+// interface it came in by).
+static __always_inline long route_ctx(void *ctx, void *data, void *end, __u32 ifindex,
+				      struct bpf_fib_lookup *fib, __u8 family, const __u32 *src,
+				      const __u32 *dst, __u8 proto, __u16 sport, __u16 dport,
+				      __u32 flags)
 {
 	fib->l4_protocol = proto;
 	fib->sport = sport;
 	fib->dport = dport;
-	fib->ifindex = skb->ingress_ifindex;
-	void *data = (void *)(long)skb->data;
-	void *end = (void *)(long)skb->data_end;
+	fib->ifindex = ifindex;
 	if (family == 4) {
 		struct iphdr *ip = data + IP_OFF;
 		if ((void *)(ip + 1) > end)
@@ -333,7 +353,15 @@ static __always_inline long route(struct __sk_buff *skb, struct bpf_fib_lookup *
 		copy(fib->ipv6_src, src);
 		copy(fib->ipv6_dst, dst);
 	}
-	return bpf_fib_lookup(skb, fib, sizeof(*fib), flags);
+	return bpf_fib_lookup(ctx, fib, sizeof(*fib), flags);
+}
+
+static __always_inline long route(struct __sk_buff *skb, struct bpf_fib_lookup *fib, __u8 family,
+				  const __u32 *src, const __u32 *dst, __u8 proto, __u16 sport,
+				  __u16 dport, __u32 flags)
+{
+	return route_ctx(skb, (void *)(long)skb->data, (void *)(long)skb->data_end,
+			 skb->ingress_ifindex, fib, family, src, dst, proto, sport, dport, flags);
 }
 
 // Sends a translated packet where its route (`rc`, `fib`) says, past the
@@ -350,10 +378,13 @@ static __always_inline int send(struct __sk_buff *skb, long rc, struct bpf_fib_l
 			return TC_ACT_OK;
 		__builtin_memcpy(eth->h_dest, fib->dmac, ETH_ALEN);
 		__builtin_memcpy(eth->h_source, fib->smac, ETH_ALEN);
+		count(KP_STAT_TC);
 		return bpf_redirect(fib->ifindex, 0);
 	}
-	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH)
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
+		count(KP_STAT_TC);
 		return bpf_redirect_neigh(fib->ifindex, 0, 0, 0);
+	}
 	return TC_ACT_OK;
 }
 
@@ -670,11 +701,42 @@ static __attribute__((noinline)) int icmp_error(struct __sk_buff *skb)
 	return send(skb, rc, &fib);
 }
 
+// A new flow's endpoint.
+static __always_inline struct backend_val *pick(const struct flow *f, const struct svc_val *sv)
+{
+	struct backend_key bk = { .svc_id = sv->id, .slot = bpf_get_prandom_u32() % sv->count };
+	if ((sv->flags & KP_F_MAGLEV) && sv->maglev_size) {
+		// Every node builds the same table, so a flow (to a LoadBalancer
+		// IP, say) gets the same endpoint whichever node it enters.
+		__u32 h = maglev_flow_hash(f->saddr, f->daddr, f->sport, f->dport, f->proto);
+		__u32 idx = h % sv->maglev_size;
+		struct maglev_key mk = { .svc_id = sv->id, .chunk = idx / MAGLEV_CHUNK };
+		struct maglev_val *mv = bpf_map_lookup_elem(&kp_maglev, &mk);
+		// Without its chunk (a sync writing it now) the random slot stays.
+		if (mv)
+			bk.slot = mv->slot[idx % MAGLEV_CHUNK];
+	}
+	return bpf_map_lookup_elem(&kp_backends, &bk);
+}
+
+// A UDP flow stays with its endpoint while it is one (as upstream's
+// conntrack flush moves it when it goes); TCP stays with it whatever
+// happens, as conntrack keeps it.
+static __always_inline int keeps_endpoint(const struct flow *f, const struct nat *known)
+{
+	if (f->proto != IPPROTO_UDP)
+		return 1;
+	struct member_key mk = { .svc_id = known->svc_id, .backend = known->backend };
+	mk.backend.pad = 0;
+	return bpf_map_lookup_elem(&kp_members, &mk) != 0;
+}
+
 static __attribute__((noinline)) int outside(struct __sk_buff *skb)
 {
 	struct flow f = {};
 	__u8 ttl, syn;
-	if (!parse(skb, &f, &ttl, &syn) || ttl <= 1)
+	if (!parse((void *)(long)skb->data, (void *)(long)skb->data_end, &f, &ttl, &syn) ||
+	    ttl <= 1)
 		return TC_ACT_OK;
 	// Map values are read in place: a copy would cost stack.
 	struct nat *r = bpf_map_lookup_elem(&kp_np_replies, &f);
@@ -684,18 +746,9 @@ static __attribute__((noinline)) int outside(struct __sk_buff *skb)
 	if (known && (known->backend.pad & KP_NAT_PASS))
 		return TC_ACT_OK;
 	if (known && !syn) {
-		// A UDP flow stays with its endpoint while it is one (as
-		// upstream's conntrack flush moves it when it goes); TCP stays
-		// with it whatever happens, as conntrack keeps it.
-		int keep = 1;
-		int dsr = known->backend.pad & KP_NAT_DSR;
-		if (f.proto == IPPROTO_UDP) {
-			struct member_key mk = { .svc_id = known->svc_id, .backend = known->backend };
-			mk.backend.pad = 0;
-			keep = bpf_map_lookup_elem(&kp_members, &mk) != 0;
-		}
-		if (keep)
-			return dsr ? dsr_send(skb, &f, known, 0) : forward(skb, &f, known);
+		if (keeps_endpoint(&f, known))
+			return known->backend.pad & KP_NAT_DSR ? dsr_send(skb, &f, known, 0)
+							       : forward(skb, &f, known);
 	}
 	// A TCP packet of a connection the programs did not start (one that
 	// began before they were attached, when nftables and conntrack took
@@ -708,19 +761,7 @@ static __attribute__((noinline)) int outside(struct __sk_buff *skb)
 	if (!svc || svc->count == 0)
 		return TC_ACT_OK;
 	struct svc_val sv = *svc;
-	struct backend_key bk = { .svc_id = sv.id, .slot = bpf_get_prandom_u32() % sv.count };
-	if ((sv.flags & KP_F_MAGLEV) && sv.maglev_size) {
-		// Every node builds the same table, so a flow (to a LoadBalancer
-		// IP, say) gets the same endpoint whichever node it enters.
-		__u32 h = maglev_flow_hash(f.saddr, f.daddr, f.sport, f.dport, f.proto);
-		__u32 idx = h % sv.maglev_size;
-		struct maglev_key mk = { .svc_id = sv.id, .chunk = idx / MAGLEV_CHUNK };
-		struct maglev_val *mv = bpf_map_lookup_elem(&kp_maglev, &mk);
-		// Without its chunk (a sync writing it now) the random slot stays.
-		if (mv)
-			bk.slot = mv->slot[idx % MAGLEV_CHUNK];
-	}
-	struct backend_val *b = bpf_map_lookup_elem(&kp_backends, &bk);
+	struct backend_val *b = pick(&f, &sv);
 	if (!b)
 		return TC_ACT_OK;
 	struct backend_val be = *b;
@@ -771,7 +812,8 @@ static __attribute__((noinline)) int pod(struct __sk_buff *skb)
 {
 	struct flow f = {};
 	__u8 ttl, syn;
-	if (!parse(skb, &f, &ttl, &syn) || ttl <= 1)
+	if (!parse((void *)(long)skb->data, (void *)(long)skb->data_end, &f, &ttl, &syn) ||
+	    ttl <= 1)
 		return TC_ACT_OK;
 	struct nat *r = bpf_map_lookup_elem(&kp_np_replies, &f);
 	if (!r)
@@ -792,6 +834,181 @@ SEC("classifier") int kp_np_from_pod(struct __sk_buff *skb)
 {
 	int e = icmp_error(skb);
 	return e >= 0 ? e : pod(skb);
+}
+
+// --bpf-lb-acceleration: the same translation at XDP, before the kernel
+// makes an skb, for the packets the node sends back out of the interface
+// they came in by: requests to an endpoint on another node, and those
+// endpoints' replies to the client. Everything else is passed on to tc's
+// kp_np_external, which finds the same flow tables: a redirect from XDP
+// into a pod's veth needs XDP (or GRO) on the pod's end of it, which is
+// the CNI's, not ours. DSR flows (the option needs room in the packet) and
+// ICMP errors are tc's too.
+
+// A TCP or UDP checksum at `sum` after `bytes` of what it covers (the
+// addresses of its pseudo-header, the ports) change from `from` to `to`:
+// RFC 1624's incremental update, so the payload is never read. It takes
+// the frame's checksum to be complete, as a NIC delivers it; a veth may
+// carry only its sender's offloaded pseudo-header sum there, so on veth
+// the senders turn checksum offload off (docs/ebpf.md).
+static __always_inline void recsum(__u16 *sum, __u32 *from, __u32 *to, __u32 bytes)
+{
+	__s64 d = bpf_csum_diff(from, bytes, to, bytes, (__u16)~*sum);
+	__u32 s = d;
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	*sum = ~s;
+}
+
+// Where the TCP or UDP checksum is, its header checked to be in the frame
+// (a short datagram's frame ends after UDP's 8 bytes); 0 if it is not.
+// Each branch adds a constant to the pointer: the verifier of a proxy
+// without CAP_PERFMON refuses packet pointer plus register, which a
+// select between the two offsets would make.
+static __always_inline __u16 *l4_csum_field(__u8 *l4, void *end, int tcp)
+{
+	if (tcp) {
+		if ((void *)(l4 + 20) > end)
+			return 0;
+		return (void *)(l4 + 16);
+	}
+	if ((void *)(l4 + 8) > end)
+		return 0;
+	return (void *)(l4 + 6);
+}
+
+// Rewrites the packet from `f` to `n` in place (the checksums, one off the
+// TTL) and addresses it to the route's next hop.
+static __always_inline int xdp_rewrite(struct xdp_md *ctx, const struct flow *f,
+				       const struct nat *n, const struct bpf_fib_lookup *fib)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > end)
+		return 0;
+	int tcp = f->proto == IPPROTO_TCP;
+	__u32 old_ports, new_ports;
+	__builtin_memcpy(&old_ports, &f->sport, 4);
+	__builtin_memcpy(&new_ports, &n->sport, 4);
+	if (f->family == 4) {
+		struct iphdr *ip = (void *)(eth + 1);
+		__u8 *l4 = (void *)(ip + 1);
+		__u16 *sum = l4_csum_field(l4, end, tcp);
+		if (!sum)
+			return 0;
+		// IPv4's UDP without a checksum (0) stays without; one that
+		// comes out 0 is sent as 0xffff.
+		if (tcp || *sum) {
+			__u32 from[3] = { f->saddr[0], f->daddr[0], old_ports };
+			__u32 to[3] = { n->saddr[0], n->daddr[0], new_ports };
+			recsum(sum, from, to, sizeof(from));
+			if (!tcp && !*sum)
+				*sum = 0xffff;
+		}
+		ip->saddr = n->saddr[0];
+		ip->daddr = n->daddr[0];
+		__builtin_memcpy(l4, &new_ports, 4);
+		ip->ttl--;
+		ip->check = 0;
+		ip->check = ip_csum((void *)ip, 10);
+	} else {
+		struct ipv6hdr *ip6 = (void *)(eth + 1);
+		__u8 *l4 = (void *)(ip6 + 1);
+		__u16 *sum = l4_csum_field(l4, end, tcp);
+		if (!sum)
+			return 0;
+		__u32 from[9], to[9];
+		copy(from, f->saddr);
+		copy(from + 4, f->daddr);
+		from[8] = old_ports;
+		copy(to, n->saddr);
+		copy(to + 4, n->daddr);
+		to[8] = new_ports;
+		recsum(sum, from, to, sizeof(from));
+		if (!tcp && !*sum)
+			*sum = 0xffff;
+		__builtin_memcpy(&ip6->saddr, n->saddr, 16);
+		__builtin_memcpy(&ip6->daddr, n->daddr, 16);
+		__builtin_memcpy(l4, &new_ports, 4);
+		ip6->hop_limit--;
+	}
+	__builtin_memcpy(eth->h_dest, fib->dmac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, fib->smac, ETH_ALEN);
+	count(KP_STAT_XDP);
+	return 1;
+}
+
+// A packet of a known flow, translated as `n` says and sent back out
+// where the route leaves by the interface it came in by; passed on
+// otherwise.
+static __attribute__((noinline)) int xdp_forward(struct xdp_md *ctx, const struct flow *f,
+						 const struct nat *n)
+{
+	struct bpf_fib_lookup fib = {};
+	long rc = route_ctx(ctx, (void *)(long)ctx->data, (void *)(long)ctx->data_end,
+			    ctx->ingress_ifindex, &fib, f->family, n->saddr, n->daddr, f->proto,
+			    n->sport, n->dport, 0);
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS || fib.ifindex != ctx->ingress_ifindex)
+		return XDP_PASS;
+	return xdp_rewrite(ctx, f, n, &fib) ? XDP_TX : XDP_PASS;
+}
+
+// A new flow: its endpoint, and if that is on another node the
+// translation (the entries tc would make) and the packet sent on.
+static __attribute__((noinline)) int xdp_new(struct xdp_md *ctx, const struct flow *f)
+{
+	struct svc_key k = { .port = f->dport, .proto = f->proto, .family = KP_OUTSIDE | f->family };
+	copy(k.addr, f->daddr);
+	struct svc_val *svc = bpf_map_lookup_elem(&kp_services, &k);
+	if (!svc || svc->count == 0 || (svc->flags & KP_F_DSR))
+		return XDP_PASS;
+	// The entries read in place (XDP's frames and tc's share 512 bytes of
+	// stack); a sync rewriting them meanwhile gives this flow the old or
+	// the new endpoint, both serving.
+	struct backend_val *b = pick(f, svc);
+	if (!b)
+		return XDP_PASS;
+	struct bpf_fib_lookup fib = {};
+	long rc = route_ctx(ctx, (void *)(long)ctx->data, (void *)(long)ctx->data_end,
+			    ctx->ingress_ifindex, &fib, f->family, f->saddr, b->addr, f->proto,
+			    f->sport, b->port, BPF_FIB_LOOKUP_SRC);
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS || fib.ifindex != ctx->ingress_ifindex)
+		return XDP_PASS;
+	__u32 snat[4] = {};
+	if (f->family == 4)
+		snat[0] = fib.ipv4_src;
+	else
+		copy(snat, fib.ipv6_src);
+	struct nat n = {};
+	if (!translate(f, svc, b, snat, &n))
+		return XDP_PASS;
+	bpf_map_update_elem(&kp_np_flows, f, &n, BPF_ANY);
+	// The route was asked with the client's source: the SNAT source takes
+	// the same one (the endpoint is not on this node's own link otherwise).
+	return xdp_rewrite(ctx, f, &n, &fib) ? XDP_TX : XDP_PASS;
+}
+
+SEC("xdp") int kp_np_xdp(struct xdp_md *ctx)
+{
+	struct flow f = {};
+	__u8 ttl, syn;
+	if (!parse((void *)(long)ctx->data, (void *)(long)ctx->data_end, &f, &ttl, &syn) ||
+	    ttl <= 1)
+		return XDP_PASS;
+	struct nat *r = bpf_map_lookup_elem(&kp_np_replies, &f);
+	if (r)
+		return xdp_forward(ctx, &f, r);
+	struct nat *known = bpf_map_lookup_elem(&kp_np_flows, &f);
+	if (known) {
+		if (syn || (known->backend.pad & (KP_NAT_PASS | KP_NAT_DSR)) ||
+		    !keeps_endpoint(&f, known))
+			return XDP_PASS;
+		return xdp_forward(ctx, &f, known);
+	}
+	if (f.proto == IPPROTO_TCP && !syn)
+		return XDP_PASS;
+	return xdp_new(ctx, &f);
 }
 
 char _license[] SEC("license") = "Dual MIT/GPL";

@@ -21,9 +21,11 @@ pub use kernel::{install, Capacity, Installed, KernelMaps, Placement, PROGRAMS};
 #[doc(hidden)]
 pub use kernel::{install_object, TEST_VARIANT_OBJECT};
 pub use mem::{MemContent, MemMaps};
+#[doc(hidden)]
+pub use nodeport::XDP_PASS_OBJECT;
 pub use nodeport::{
-    default_route_devices, interfaces, remove_nodeport, set_node_v6, Attached, Interface, NodePort,
-    Role, NODEPORT_PROGRAMS,
+    default_route_devices, interfaces, remove_nodeport, set_node_v6, Acceleration, Attached,
+    Interface, NodePort, Role, NODEPORT_PROGRAMS, XDP_PROGRAM,
 };
 pub use proxier::{
     wanted, wanted_outside, Dump, LbMode, Maps, Refused, Scope, SocketLbProxier, Wanted,

@@ -20,7 +20,9 @@ pub const ALL_MAPS: [&str; 5] = [SERVICES, BACKENDS, MEMBERS, REVNAT, UDP_FLOWS]
 pub const NP_FLOWS: &str = "kp_np_flows";
 pub const NP_REPLIES: &str = "kp_np_replies";
 pub const NP_NODE: &str = "kp_np_node";
-pub const NODEPORT_MAPS: [&str; 4] = [NP_FLOWS, NP_REPLIES, NP_NODE, MAGLEV];
+/// Per-CPU counts of the packets tc and XDP translated (bpf/nodeport.c).
+pub const NP_STATS: &str = "kp_np_stats";
+pub const NODEPORT_MAPS: [&str; 5] = [NP_FLOWS, NP_REPLIES, NP_NODE, MAGLEV, NP_STATS];
 
 /// `SvcKey::family` bit of the entries for traffic from outside the node,
 /// which only the tc programs look up (bpf/common.h).

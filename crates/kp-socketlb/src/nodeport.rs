@@ -12,6 +12,12 @@
 //! any Service can send to it. Each attachment is a TCX link (Linux 6.6)
 //! pinned under `links/tc/`, so the programs stay through a restart and a
 //! starting proxy adopts them; a link whose interface is gone is unpinned.
+//!
+//! With `--bpf-lb-acceleration` the external interfaces also get
+//! `kp_np_xdp` in the driver (native XDP), pinned beside the tc links: it
+//! takes the flows the node sends back out of the interface they came in
+//! by (endpoints on other nodes) before the kernel makes an skb, and passes
+//! everything else to tc.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -20,7 +26,7 @@ use std::path::{Path, PathBuf};
 use aya::maps::{Array, MapData};
 use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::tc::TcAttachType;
-use aya::programs::SchedClassifier;
+use aya::programs::{SchedClassifier, Xdp, XdpMode};
 use aya::{Ebpf, EbpfLoader};
 
 use crate::kernel::{
@@ -58,8 +64,43 @@ impl Role {
     }
 }
 
+/// bpf/xdp_pass.c: an XDP program that passes every frame, for the far
+/// end of a lab's veth that a node's XDP sends frames back into (veth
+/// wakes that end for them only while it runs an XDP program). For the
+/// tests and kp-pps, not the proxy.
+#[doc(hidden)]
+pub static XDP_PASS_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xdp_pass.o"));
+
 /// The programs, by the names they have in the object.
 pub const NODEPORT_PROGRAMS: [&str; 2] = ["kp_np_external", "kp_np_from_pod"];
+/// The XDP program of `--bpf-lb-acceleration`.
+pub const XDP_PROGRAM: &str = "kp_np_xdp";
+
+/// `--bpf-lb-acceleration` (Cilium's flag and values): whether the external
+/// interfaces also get the XDP program.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Acceleration {
+    /// tc only.
+    #[default]
+    Disabled,
+    /// XDP in the driver on every external interface; a driver without
+    /// native XDP is an error.
+    Native,
+    /// XDP in the driver where it has it, tc alone elsewhere.
+    BestEffort,
+}
+
+impl Acceleration {
+    pub fn parse(s: &str) -> Option<Acceleration> {
+        match s {
+            "disabled" => Some(Acceleration::Disabled),
+            "native" => Some(Acceleration::Native),
+            "best-effort" => Some(Acceleration::BestEffort),
+            _ => None,
+        }
+    }
+}
 
 /// An interface of the node and its role.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -74,6 +115,10 @@ impl Interface {
     /// comes back with the next pod.
     fn pin_name(&self) -> String {
         format!("{}-{}@{}", self.role.tag(), self.name, self.index)
+    }
+    /// Its XDP link's pin name.
+    fn xdp_pin_name(&self) -> String {
+        format!("xdp-{}@{}", self.name, self.index)
     }
 }
 
@@ -161,6 +206,10 @@ pub fn interfaces(external: &[String]) -> Result<Vec<Interface>, SocketLbError> 
 pub struct NodePort {
     obj: Ebpf,
     pin_dir: PathBuf,
+    xdp: Acceleration,
+    /// Interfaces (XDP pin names) whose driver refused native XDP under
+    /// best-effort: not asked again at every sync.
+    refused: BTreeSet<String>,
 }
 
 /// What [`NodePort::attach`] changed.
@@ -220,7 +269,22 @@ impl NodePort {
         Ok(NodePort {
             obj,
             pin_dir: pin_dir.to_path_buf(),
+            xdp: Acceleration::Disabled,
+            refused: BTreeSet::new(),
         })
+    }
+
+    /// `--bpf-lb-acceleration`: loads the XDP program (the verifier has its
+    /// say at start) for the next [`NodePort::attach`] to put on the
+    /// external interfaces; Disabled takes their XDP links away there.
+    pub fn set_acceleration(&mut self, xdp: Acceleration) -> Result<(), SocketLbError> {
+        if xdp != Acceleration::Disabled {
+            xdp_program(&mut self.obj)?
+                .load()
+                .map_err(|e| bpf(format!("verifying program {XDP_PROGRAM}"))(boxed(e)))?;
+        }
+        self.xdp = xdp;
+        Ok(())
     }
 }
 
@@ -243,7 +307,12 @@ impl NodePort {
     /// longer there or whose role changed.
     pub fn attach(&mut self, ifaces: &[Interface]) -> Result<Attached, SocketLbError> {
         let dir = tc_dir(&self.pin_dir);
-        let wanted: BTreeSet<String> = ifaces.iter().map(Interface::pin_name).collect();
+        let mut wanted: BTreeSet<String> = ifaces.iter().map(Interface::pin_name).collect();
+        let xdp_on: Vec<&Interface> = match self.xdp {
+            Acceleration::Disabled => Vec::new(),
+            _ => ifaces.iter().filter(|i| i.role == Role::External).collect(),
+        };
+        wanted.extend(xdp_on.iter().map(|i| i.xdp_pin_name()));
         let mut out = Attached::default();
         for name in pinned(&dir)? {
             if !wanted.contains(&name) {
@@ -290,8 +359,79 @@ impl NodePort {
                 .map_err(|e| bpf(format!("pinning {name}'s link on {}", iface.name))(boxed(e)))?;
             out.added.push(iface.pin_name());
         }
+        for iface in xdp_on {
+            self.attach_xdp(&dir, iface, &mut out)?;
+        }
         Ok(out)
     }
+
+    fn attach_xdp(
+        &mut self,
+        dir: &Path,
+        iface: &Interface,
+        out: &mut Attached,
+    ) -> Result<(), SocketLbError> {
+        let pin_name = iface.xdp_pin_name();
+        let pin = dir.join(&pin_name);
+        let prog = xdp_program(&mut self.obj)?;
+        if PinnedLink::from_pin(&pin).is_ok() {
+            let info = prog
+                .info()
+                .map_err(|e| bpf(format!("program {XDP_PROGRAM}"))(boxed(e)))?;
+            let fd = prog
+                .fd()
+                .map_err(|e| bpf(format!("program {XDP_PROGRAM}"))(boxed(e)))?;
+            if replace_if_different(&info, fd, &pin)
+                .map_err(|e| bpf(format!("updating {XDP_PROGRAM}'s link on {}", iface.name))(e))?
+            {
+                out.upgraded.push(pin_name);
+            }
+            return Ok(());
+        }
+        if self.refused.contains(&pin_name) {
+            return Ok(());
+        }
+        remove_file(&pin)?;
+        let id = match prog.attach_to_if_index(iface.index, XdpMode::Driver) {
+            Ok(id) => id,
+            Err(e) if gone(&iface.name) => {
+                tracing::debug!(interface = %iface.name, error = %e, "interface gone before its XDP program was attached");
+                return Ok(());
+            }
+            Err(e) if self.xdp == Acceleration::BestEffort => {
+                tracing::warn!(interface = %iface.name, error = %e,
+                    "no native XDP on this interface (--bpf-lb-acceleration best-effort): tc alone serves it");
+                self.refused.insert(pin_name);
+                return Ok(());
+            }
+            Err(e) => {
+                return Err(bpf(format!(
+                    "attaching {XDP_PROGRAM} to {} in the driver (--bpf-lb-acceleration native; best-effort leaves an interface without native XDP to tc)",
+                    iface.name
+                ))(boxed(e)))
+            }
+        };
+        let link: FdLink = prog
+            .take_link(id)
+            .map_err(|e| bpf(format!("link of {XDP_PROGRAM} on {}", iface.name))(boxed(e)))?
+            .try_into()
+            .map_err(|e| bpf(format!("link of {XDP_PROGRAM} on {}", iface.name))(boxed(e)))?;
+        link.pin(&pin).map_err(|e| {
+            bpf(format!("pinning {XDP_PROGRAM}'s link on {}", iface.name))(boxed(e))
+        })?;
+        out.added.push(pin_name);
+        Ok(())
+    }
+}
+
+fn xdp_program(obj: &mut Ebpf) -> Result<&mut Xdp, SocketLbError> {
+    obj.program_mut(XDP_PROGRAM)
+        .ok_or_else(|| SocketLbError::Bpf {
+            what: format!("program {XDP_PROGRAM}"),
+            message: "missing from the BPF object".into(),
+        })?
+        .try_into()
+        .map_err(|e| bpf(format!("program {XDP_PROGRAM}"))(boxed(e)))
 }
 
 fn gone(ifname: &str) -> bool {

@@ -975,3 +975,32 @@ fn bpf_lb_mode_needs_the_tc_programs() {
     let err = with(&["--bpf-nodeport", "--bpf-lb-mode=tunnel"]).unwrap_err();
     assert!(matches!(err, ConfigError::Cli(_)), "{err}");
 }
+
+/// `--bpf-lb-acceleration` (XDP): disabled by default, one of disabled /
+/// native / best-effort (Cilium's values), and only with --bpf-nodeport,
+/// whose programs it adds to.
+#[test]
+fn bpf_lb_acceleration_needs_the_tc_programs() {
+    let base = [
+        "--proxy-mode",
+        "nftables",
+        "--socket-lb",
+        "--hostname-override",
+        "n",
+    ];
+    let with = |extra: &[&str]| {
+        let mut a: Vec<&str> = base.to_vec();
+        a.extend_from_slice(extra);
+        load(args(&a))
+    };
+    assert_eq!(with(&[]).unwrap().socket_lb.bpf_lb_acceleration, "disabled");
+    for value in ["native", "best-effort"] {
+        let flag = format!("--bpf-lb-acceleration={value}");
+        let c = with(&["--bpf-nodeport", &flag]).unwrap();
+        assert_eq!(c.socket_lb.bpf_lb_acceleration, value);
+        let err = with(&[&flag]).unwrap_err();
+        assert!(err.to_string().contains("--bpf-lb-acceleration"), "{err}");
+    }
+    let err = with(&["--bpf-nodeport", "--bpf-lb-acceleration=generic"]).unwrap_err();
+    assert!(matches!(err, ConfigError::Cli(_)), "{err}");
+}

@@ -475,7 +475,10 @@ fn t08_least_privilege_syncs_leave_the_links_alone() {
     svc["spec"]["ports"][0]["nodePort"] = json!(30480);
     env.put("svc", &svc);
     env.put("eps", &slice("cap", "1", "IPv4", &ready(&[&a])));
-    env.start(1, &[]);
+    // XDP too: its program passes the verifier such a proxy gets (no
+    // CAP_PERFMON: no packet pointer plus register), and its link is
+    // left alone as well.
+    env.start(1, &["--bpf-lb-acceleration=native"]);
     env.wait_synced(1);
     let client = env.cluster.client_ns().to_string();
     let np = std::net::SocketAddr::new(env.cluster.node_ip(1), 30480);
@@ -497,6 +500,11 @@ fn t08_least_privilege_syncs_leave_the_links_alone() {
         .filter(|l| l.contains("tc programs attached"))
         .collect();
     assert!(!attached.is_empty(), "no attachment logged:\n{log}");
+    assert!(
+        attached.iter().any(|l| l.contains("xdp-eth0@")),
+        "no XDP link attached:\n{}",
+        attached.join("\n")
+    );
     assert!(
         attached.iter().all(|l| l.contains("upgraded=[]")),
         "links updated that ran our program already:\n{}",
@@ -795,4 +803,142 @@ fn t11_a_host_network_endpoint_of_the_node_itself() {
         );
     }
     drop(servers);
+}
+
+/// What node `node`'s programs translated (kp_np_stats, summed over the
+/// CPUs): (by tc, by XDP).
+fn np_stats(env: &Env, node: usize) -> (u64, u64) {
+    let lb = env.socket_lb.as_ref().unwrap();
+    let pin = lb.fs.path().join(format!("node{node}/kp_np_stats"));
+    let out = std::process::Command::new("bpftool")
+        .args(["-j", "map", "dump", "pinned"])
+        .arg(&pin)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("bpftool map dump {}: {e}: {out:?}", pin.display()));
+    let mut counts = [0u64; 2];
+    for entry in v.as_array().expect("a list of entries") {
+        let key = entry["key"]
+            .as_u64()
+            .or_else(|| entry["formatted"]["key"].as_u64());
+        let values = entry["formatted"]["values"]
+            .as_array()
+            .or_else(|| entry["values"].as_array())
+            .unwrap_or_else(|| panic!("no per-CPU values in {entry}"));
+        let sum: u64 = values.iter().filter_map(|c| c["value"].as_u64()).sum();
+        match key {
+            Some(0) => counts[0] = sum,
+            Some(1) => counts[1] = sum,
+            _ => panic!("unexpected entry {entry}"),
+        }
+    }
+    (counts[0], counts[1])
+}
+
+/// `--bpf-lb-acceleration native`: each node's eth0 runs the XDP program
+/// in the driver beside tc's. Flows from the external client to an
+/// endpoint on the other node, and their replies, both leave node1 by the
+/// eth0 they came in by: XDP translates them (TCP and UDP, IPv4 and IPv6,
+/// masqueraded, no conntrack entry) and tc on node1 sees none; a flow to
+/// node1's own endpoint is passed on to tc, which serves it as before.
+/// veth delivers XDP_TX frames to its peer only while the peer runs an
+/// XDP program, so the LAN ports get one that passes everything, and the
+/// senders send full checksums (a NIC needs neither).
+#[test]
+fn t12_xdp_serves_endpoints_on_other_nodes_and_passes_the_rest_to_tc() {
+    let mut env = Env::new("tcxdp", MODE);
+    let a = env.pod(1, "a");
+    let c = env.pod(2, "c");
+    let mut svc = service(
+        "far",
+        &["10.96.0.52", "fd00:96::52"],
+        json!({"type": "NodePort", "ipFamilyPolicy": "PreferDualStack"}),
+    );
+    svc["spec"]["ports"][0]["nodePort"] = json!(30520);
+    svc["spec"]["ports"][1]["nodePort"] = json!(30521);
+    env.put("svc-far", &svc);
+    env.put("eps-far4", &slice("far", "v4", "IPv4", &ready(&[&c])));
+    env.put("eps-far6", &slice("far", "v6", "IPv6", &ready(&[&c])));
+    let mut near = service("near", &["10.96.0.53"], json!({"type": "NodePort"}));
+    near["spec"]["ports"][0]["nodePort"] = json!(30530);
+    near["spec"]["ports"][1]["nodePort"] = json!(30531);
+    env.put("svc-near", &near);
+    env.put("eps-near", &slice("near", "v4", "IPv4", &ready(&[&a])));
+    env.cluster
+        .xdp_on_lan_ports(kp_socketlb::XDP_PASS_OBJECT)
+        .unwrap();
+    // XDP updates checksums incrementally, taking them to be complete as
+    // a NIC's frames are: the senders whose frames node1's XDP reads turn
+    // their veth's offload off.
+    env.cluster.full_checksums(env.cluster.client_ns()).unwrap();
+    env.cluster.full_checksums(c.ns()).unwrap();
+    for n in [1, 2] {
+        env.start(n, &["--bpf-lb-acceleration=native"]);
+    }
+    env.wait_synced(1);
+    env.wait_synced(2);
+    let client = env.cluster.client_ns().to_string();
+    // The program in the driver (xdpgeneric would be the skb path).
+    let link = env.on_node(1, &["ip", "-d", "link", "show", "eth0"]);
+    assert!(
+        link.contains("prog/xdp") && !link.contains("xdpgeneric"),
+        "no native XDP program on node1's eth0:\n{link}"
+    );
+    let lb = env.socket_lb.as_ref().unwrap();
+    let pins: Vec<String> = std::fs::read_dir(lb.fs.path().join("node1/links/tc"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(pins.iter().any(|p| p.starts_with("xdp-eth0@")), "{pins:?}");
+
+    for node_ip in [env.cluster.node_ip(1), env.cluster.node_ip6(1)] {
+        let tcp = std::net::SocketAddr::new(node_ip, 30520);
+        env.wait_tcp(&client, tcp);
+        wait_served_by_programs(&env, 1, &client, tcp, None);
+        let (tc0, xdp0) = np_stats(&env, 1);
+        for r in kp_netlab::tcp_hello_many(&client, tcp, 20, T) {
+            let r = r.expect("a NodePort connection through XDP failed");
+            assert_eq!(r.server, "c");
+            assert_ne!(r.peer.ip(), env.cluster.client_ip(), "not masqueraded");
+            assert_ne!(r.peer.ip(), env.cluster.client_ip6(), "not masqueraded");
+        }
+        let udp = std::net::SocketAddr::new(node_ip, 30521);
+        for _ in 0..5 {
+            let r = kp_netlab::udp_ask(&client, udp, T).expect("UDP through XDP");
+            assert_eq!(r.server, "c");
+        }
+        let (tc1, xdp1) = np_stats(&env, 1);
+        // 20 connections of at least 3 packets each way, 5 UDP exchanges.
+        assert!(
+            xdp1 - xdp0 >= 20 * 3 * 2 + 10,
+            "{tcp}: XDP translated {} packets",
+            xdp1 - xdp0
+        );
+        assert_eq!(
+            tc1,
+            tc0,
+            "{tcp}: tc translated {} packets of node2's flows (XDP {})",
+            tc1 - tc0,
+            xdp1 - xdp0
+        );
+        let ct = conntrack_to(&env, 1, &node_ip.to_string());
+        assert!(
+            ct.iter()
+                .all(|l| !l.starts_with("tcp") && !l.starts_with("udp")),
+            "{tcp}: traffic went through conntrack on node1:\n{}",
+            ct.join("\n")
+        );
+    }
+
+    let near = std::net::SocketAddr::new(env.cluster.node_ip(1), 30530);
+    env.wait_tcp(&client, near);
+    wait_served_by_programs(&env, 1, &client, near, None);
+    let (tc0, xdp0) = np_stats(&env, 1);
+    for r in kp_netlab::tcp_hello_many(&client, near, 10, T) {
+        assert_eq!(r.expect("node1's own endpoint behind XDP").server, "a");
+    }
+    let (tc1, xdp1) = np_stats(&env, 1);
+    assert!(tc1 - tc0 >= 10 * 3, "tc translated {} packets", tc1 - tc0);
+    assert_eq!(xdp1, xdp0, "XDP took a flow to node1's own endpoint");
 }

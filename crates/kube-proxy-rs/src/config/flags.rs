@@ -333,6 +333,14 @@ pub struct SocketLbFlags {
     /// `hybrid` (DSR for TCP, SNAT for UDP).
     #[arg(long, default_value = "snat", value_parser = ["snat", "dsr", "hybrid"])]
     pub bpf_lb_mode: String,
+    /// --bpf-nodeport: also serve traffic at XDP on the external interfaces
+    /// (Cilium's flag): `disabled`, `native` (in the driver; one without
+    /// native XDP is an error), `best-effort` (native where the driver has
+    /// it). XDP takes the flows to and from endpoints on other nodes; tc
+    /// the rest. On a veth, the peer needs an XDP program of its own for
+    /// the frames XDP sends back (docs/ebpf.md).
+    #[arg(long, default_value = "disabled", value_parser = ["disabled", "native", "best-effort"])]
+    pub bpf_lb_acceleration: String,
 }
 
 impl Default for SocketLbFlags {
@@ -345,6 +353,7 @@ impl Default for SocketLbFlags {
             bpf_nodeport_devices: Vec::new(),
             bpf_lb_algorithm: "random".into(),
             bpf_lb_mode: "snat".into(),
+            bpf_lb_acceleration: "disabled".into(),
         }
     }
 }

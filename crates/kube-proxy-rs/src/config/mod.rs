@@ -197,6 +197,12 @@ pub fn load(cli_args: impl IntoIterator<Item = OsString>) -> Result<ProxyConfig,
             "applies to --bpf-nodeport's programs, which are off".to_string(),
         ));
     }
+    if pc.socket_lb.bpf_lb_acceleration != "disabled" && !pc.socket_lb.bpf_nodeport {
+        return Err(invalid(
+            "--bpf-lb-acceleration",
+            "applies to --bpf-nodeport's programs, which are off".to_string(),
+        ));
+    }
     pc.config_file = cli.config.clone();
     pc.config_file_digest = config_file_digest;
     pc.write_config_to = cli.write_config_to.clone();

@@ -104,8 +104,12 @@ pub fn wrap(
                 std::net::IpAddr::V4(v4) => Some(*v4),
                 std::net::IpAddr::V6(_) => None,
             });
-            let np = NodePort::install(&flags.bpf_pin_path, Capacity::default(), node_v4, None)
+            let mut np = NodePort::install(&flags.bpf_pin_path, Capacity::default(), node_v4, None)
                 .context("--bpf-nodeport")?;
+            np.set_acceleration(
+                kp_socketlb::Acceleration::parse(&flags.bpf_lb_acceleration).unwrap_or_default(),
+            )
+            .context("--bpf-lb-acceleration")?;
             tracing::info!("tc programs for traffic from outside the node loaded");
             Some((np, flags.bpf_nodeport_devices.clone()))
         }
