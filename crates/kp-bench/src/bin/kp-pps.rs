@@ -46,6 +46,18 @@
 //!   second). All client and pod threads run on CPU 0; the proxy is pinned
 //!   to CPU 1 once it serves.
 //!
+//! `--endpoints remote` puts the endpoints on a node of their own (one
+//! more node namespace, no proxy, its pods' sinks and echoes on CPU 0):
+//! the measured node then forwards each request back out of the eth0 it
+//! came in by and each reply the same way, which is what XDP can take (a
+//! veth wakes its peer for XDP_TX frames only while the peer runs an XDP
+//! program: the LAN ports get one that passes everything; and XDP takes
+//! checksums to be complete, as a NIC's frames are: the client and the
+//! endpoints turn their veth's checksum offload off, `ethtool`). There the LAN bridge's forwarding of the frames
+//! the client and the endpoints' node send runs on CPU 1 as well (rps_cpus
+//! 2 on those two ports), since native XDP on a veth runs where the frame
+//! was sent into it: the bridge's cost is in every row alike.
+//!
 //! RPS puts the node's receive processing on CPU 1: `rps_cpus` is 2 on the
 //! node namespaces' devices, 1 on the pods', the client's and the LAN
 //! bridge's; each step prints NET_RX softirqs per CPU so that the split
@@ -124,6 +136,8 @@ struct Opts {
     max_rate: f64,
     flows: usize,
     pods: usize,
+    /// `--endpoints remote`: the pods on a node of their own.
+    remote: bool,
     tcp_threads: usize,
     requests: usize,
     loss: f64,
@@ -147,6 +161,7 @@ fn parse_opts() -> Result<Opts> {
         max_rate: 2_000_000.0,
         flows: 256,
         pods: 4,
+        remote: false,
         tcp_threads: 4,
         requests: 2000,
         loss: 0.001,
@@ -204,6 +219,13 @@ fn parse_opts() -> Result<Opts> {
             "--max-rate" => o.max_rate = num("--max-rate")?.min(20e6),
             "--flows" => o.flows = (num("--flows")? as usize).clamp(1, 4096),
             "--pods" => o.pods = (num("--pods")? as usize).clamp(1, 16),
+            "--endpoints" => {
+                o.remote = match v.as_str() {
+                    "local" => false,
+                    "remote" => true,
+                    _ => bail!("--endpoints: local or remote, not {v:?}"),
+                }
+            }
             "--tcp-threads" => o.tcp_threads = (num("--tcp-threads")? as usize).clamp(1, 64),
             "--requests" => o.requests = (num("--requests")? as usize).min(1_000_000),
             "--loss" => o.loss = num("--loss")?.min(0.5),
@@ -661,8 +683,9 @@ fn measure_config(
 }
 
 fn measure_size(o: &Opts, n: u32, reverse: bool, deadline: Instant) -> Result<Vec<Outcome>> {
-    eprintln!("{n} Services: starting the lab ({} nodes)", o.configs.len());
-    let mut lab = Lab::start_nodes("pps", false, o.configs.len(), wide_ranges)?;
+    let nodes = o.configs.len() + usize::from(o.remote);
+    eprintln!("{n} Services: starting the lab ({nodes} nodes)");
+    let mut lab = Lab::start_nodes("pps", false, nodes, wide_ranges)?;
     if let Some(up) = &o.upstream {
         lab.bins.kube_proxy = Some(up.clone());
     }
@@ -688,7 +711,7 @@ fn measure_size(o: &Opts, n: u32, reverse: bool, deadline: Instant) -> Result<Ve
     set_rps(cl, cl.lan_ns(), "*", "1")?;
     set_rps(cl, cl.client_ns(), "*", "1")?;
     let mut pods = Vec::new();
-    for i in 0..o.configs.len() {
+    for i in 0..nodes {
         let node = i + 1;
         let mine: Vec<Pod> = (0..o.pods)
             .map(|j| cl.add_pod(node, &format!("n{node}e{j}")))
@@ -696,8 +719,30 @@ fn measure_size(o: &Opts, n: u32, reverse: bool, deadline: Instant) -> Result<Ve
         for p in &mine {
             set_rps(cl, p.ns(), "*", "1")?;
         }
-        set_rps(cl, cl.node_ns(node), "*", "2")?;
+        let remote_node = o.remote && node == nodes;
+        set_rps(
+            cl,
+            cl.node_ns(node),
+            "*",
+            if remote_node { "1" } else { "2" },
+        )?;
         pods.push(mine);
+    }
+    if o.remote {
+        // Every configuration's endpoints are the last node's pods.
+        let theirs = pods.pop().context("no endpoints' node")?;
+        pods = vec![theirs; o.configs.len()];
+        set_rps(cl, cl.lan_ns(), "c0", "2")?;
+        set_rps(cl, cl.lan_ns(), &format!("n{nodes}"), "2")?;
+        cl.xdp_on_lan_ports(kp_socketlb::XDP_PASS_OBJECT)
+            .context("an XDP program on the LAN's ports")?;
+        // XDP takes checksums to be complete, as a NIC's frames are.
+        cl.full_checksums(cl.client_ns())
+            .context("checksum offload off in the client")?;
+        for p in &pods[0] {
+            cl.full_checksums(p.ns())
+                .with_context(|| format!("checksum offload off in {}", p.ns()))?;
+        }
     }
     lab.create_service(
         json!({"metadata": {"name": "pps"},
@@ -935,15 +980,25 @@ fn main() -> Result<()> {
             .iter()
             .any(|a| a.starts_with("--bpf-lb-acceleration"))
     }) {
-        " Native XDP on veth is not a NIC's: the program runs in the veth's NAPI on the CPU that transmits into the node's eth0 (the LAN bridge's, CPU 0), on frames its peer built as skbs, so its cost shows in the BPF column and on CPU 0, not in CPU 1's softirq time; compare the ratios, not the absolute figures, with a NIC."
+        if o.remote {
+            " Native XDP on veth is not a NIC's: the program runs in the veth's NAPI on the CPU that transmits into the node's eth0 (here CPU 1, where the LAN bridge forwards to the node), on frames its peer built as skbs, and its XDP_TX goes back into a veth; compare the ratios, not the absolute figures, with a NIC."
+        } else {
+            " Native XDP on veth is not a NIC's: the program runs in the veth's NAPI on the CPU that transmits into the node's eth0 (the LAN bridge's, CPU 0), on frames its peer built as skbs, so its cost shows in the BPF column and on CPU 0, not in CPU 1's softirq time; compare the ratios, not the absolute figures, with a NIC."
+        }
     } else {
         ""
     };
+    let placement = if o.remote {
+        "The endpoints on a node of their own (`--endpoints remote`: the measured node sends requests and replies back out of its eth0). Client, endpoints' node and pods on CPU 0 (the bench's threads there at nice {nice}); the measured node's receive processing, the proxy and the LAN bridge's forwarding of the client's and the endpoints' frames on CPU 1 (RPS, affinity);"
+    } else {
+        "Client, LAN bridge and pods on CPU 0 (the bench's threads there at nice {nice}), the node's receive processing and the proxy on CPU 1 (RPS, affinity);"
+    }
+    .replace("{nice}", &pps::CLIENT_NICE.to_string());
     let text = format!(
         "Measured {date} by `{}` ({:.0} min; {cpus} CPUs, kernel {}; load average {} at the start, {} at the end). \
          Every configuration ran in this run, one after the other, each on a node namespace of its own; \
          \"without loss\": at most {:.1}% of the datagrams sent in a {:.0} s step lost. \
-         Client, LAN bridge and pods on CPU 0 (the bench's threads there at nice {nice}), the node's receive processing and the proxy on CPU 1 (RPS, affinity); \
+         {placement} \
          CPU 1 softirq time is tick-sampled at the kernel's HZ.{bpf_note}{xdp_note}\n{}",
         o.command,
         started.elapsed().as_secs_f64() / 60.0,
@@ -953,11 +1008,14 @@ fn main() -> Result<()> {
         o.loss * 100.0,
         o.duration.as_secs_f64(),
         table(&o, &results),
-        nice = pps::CLIENT_NICE,
     );
     println!("{text}");
     if let Some(path) = &o.write {
-        write_into(path, "kp-pps", &text)?;
+        write_into(
+            path,
+            if o.remote { "kp-pps remote" } else { "kp-pps" },
+            &text,
+        )?;
         eprintln!("wrote the table into {}", path.display());
     }
     Ok(())
