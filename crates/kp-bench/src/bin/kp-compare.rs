@@ -33,6 +33,10 @@
 //! so 100k is populated in minutes; the proxy still lists and watches them
 //! through kube-apiserver, and its changes go through the API as before.
 //!
+//! `--against PATH` puts an earlier kube-proxy-rs build in upstream's place
+//! (the same lab, the same run): a change of ours measured before and after,
+//! as a ratio that holds.
+//!
 //! `sudo target/release/kp-compare [--only-ours [--populate-within SECS | --via-etcd]] [--sizes 1000]
 //! [--mode nftables|iptables] [--changes 50] [--burst 1000] [--idle 60]
 //! [--first-sync-within SECS] [--write BENCHMARKS.md] [--ours PATH]`
@@ -70,6 +74,8 @@ struct Opts {
     populate_within: Duration,
     via_etcd: bool,
     first_sync_within: Duration,
+    /// `--against`: a kube-proxy-rs build in upstream's place.
+    against: Option<PathBuf>,
 }
 
 /// How long a proxy may take to its first sync unless `--first-sync-within`
@@ -80,6 +86,7 @@ fn parse_opts() -> Result<Opts> {
     let (mut changes, mut burst, mut idle) = (50, 1000, 60);
     let mut populate_within = Duration::MAX;
     let mut first_sync_within = FIRST_SYNC_WITHIN;
+    let mut against = None;
     let only_ours = std::env::args().any(|a| a == "--only-ours");
     let via_etcd = std::env::args().any(|a| a == "--via-etcd");
     if via_etcd && !only_ours {
@@ -99,6 +106,7 @@ fn parse_opts() -> Result<Opts> {
             "--first-sync-within" => {
                 first_sync_within = Duration::from_secs(v.parse().context("--first-sync-within")?)
             }
+            "--against" => against = Some(PathBuf::from(v)),
             _ => return Ok(false),
         }
         Ok(true)
@@ -115,6 +123,7 @@ fn parse_opts() -> Result<Opts> {
         populate_within,
         via_etcd,
         first_sync_within,
+        against,
     })
 }
 
@@ -201,7 +210,12 @@ fn first_sync_and_changes<'a>(
     let node = if upstream { 2 } else { 1 };
     let who = if upstream { "upstream" } else { "ours" };
     let t_start = Instant::now();
-    let p = lab.spawn_proxy(node, &o.mode, upstream, &o.ours, &format!("{who}-{n}"))?;
+    // --against: the earlier build runs where upstream would.
+    let (is_upstream, binary) = match (&o.against, upstream) {
+        (Some(earlier), true) => (false, earlier),
+        _ => (upstream, &o.ours),
+    };
+    let p = lab.spawn_proxy(node, &o.mode, is_upstream, binary, &format!("{who}-{n}"))?;
     let first_sync = p.wait_first_sync(n, t_start, o.first_sync_within)?;
     let mut f = Figures {
         first_sync,
@@ -558,19 +572,30 @@ fn row(out: &mut String, n: u32, mode: &str, what: &str, up: String, ours: Strin
 fn table(o: &Opts, results: &BTreeMap<u32, (Figures, Figures)>) -> String {
     let (date, load) = (date_utc(), load_average());
     let mut out = format!(
-        "Measured {date} by `kp-compare --sizes {} --mode {} --changes {} --burst {} --idle {}{}` \
+        "Measured {date} by `kp-compare --sizes {} --mode {} --changes {} --burst {} --idle {}{}{}` \
          ({} cores, load average {} at the end): both proxies in the same run, on the same \
          machine, against the same kube-apiserver v1.36.2, N Services x {ENDPOINTS} endpoints \
-         (kp-bench's mix). Ratio = upstream / ours (above 1: ours is faster or smaller).\n\n\
-         | N | mode | what | upstream kube-proxy | kube-proxy-rs | ratio |\n|---|---|---|---|---|---|\n",
+         (kp-bench's mix). Ratio = {} / ours (above 1: ours is faster or smaller).\n\n\
+         | N | mode | what | {} | kube-proxy-rs | ratio |\n|---|---|---|---|---|---|\n",
         sizes_arg(&o.sizes),
         o.mode,
         o.changes,
         o.burst,
         o.idle,
         first_sync_arg(o),
+        o.against
+            .as_ref()
+            .map_or(String::new(), |p| format!(" --against {}", p.display())),
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         load,
+        if o.against.is_some() {
+            "the earlier build"
+        } else {
+            "upstream"
+        },
+        o.against.as_ref().map_or("upstream kube-proxy".to_string(), |p| {
+            format!("kube-proxy-rs {}", p.display())
+        }),
     );
     let ms = |d: Duration| format!("{:.1} ms", secs(d) * 1e3);
     let s = |d: Duration| format!("{:.2} s", secs(d));
@@ -657,6 +682,9 @@ fn table(o: &Opts, results: &BTreeMap<u32, (Figures, Figures)>) -> String {
 fn main() -> Result<()> {
     let o = parse_opts()?;
     check_binary(&o.ours)?;
+    if let Some(earlier) = &o.against {
+        check_binary(earlier)?;
+    }
     if o.only_ours {
         return main_ours(&o);
     }
@@ -668,7 +696,14 @@ fn main() -> Result<()> {
         lab.populate(n)?;
         eprintln!("  {n} Services created in {:.1} s", secs(t.elapsed()));
         let mut generation = 0;
-        eprintln!(" upstream kube-proxy:");
+        eprintln!(
+            " {}:",
+            o.against
+                .as_ref()
+                .map_or("upstream kube-proxy".to_string(), |p| p
+                    .display()
+                    .to_string())
+        );
         let up = measure(&lab, &o, n, true, &mut generation)?;
         eprintln!(" kube-proxy-rs:");
         let ours = measure(&lab, &o, n, false, &mut generation)?;
@@ -677,7 +712,12 @@ fn main() -> Result<()> {
     let text = table(&o, &results);
     print!("{text}");
     if let Some(path) = &o.write {
-        write_into(path, &format!("kp-compare {}", o.mode), &text)?;
+        let marker = if o.against.is_some() {
+            format!("kp-compare-against {}", o.mode)
+        } else {
+            format!("kp-compare {}", o.mode)
+        };
+        write_into(path, &marker, &text)?;
         eprintln!("wrote the table into {}", path.display());
     }
     Ok(())
