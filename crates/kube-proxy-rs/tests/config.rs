@@ -948,22 +948,24 @@ fn zero_conntrack_tcp_timeouts_are_kept() {
     );
 }
 
-/// `--bpf-lb-mode` (DSR): snat by default, one of snat/dsr/hybrid, and only
-/// with --bpf-nodeport, whose programs it changes.
-#[test]
-fn bpf_lb_mode_needs_the_tc_programs() {
-    let base = [
+/// The configuration of `--proxy-mode nftables --socket-lb` and `extra`.
+fn with_socket_lb(extra: &[&str]) -> Result<ProxyConfig, ConfigError> {
+    let mut a = vec![
         "--proxy-mode",
         "nftables",
         "--socket-lb",
         "--hostname-override",
         "n",
     ];
-    let with = |extra: &[&str]| {
-        let mut a: Vec<&str> = base.to_vec();
-        a.extend_from_slice(extra);
-        load(args(&a))
-    };
+    a.extend_from_slice(extra);
+    load(args(&a))
+}
+
+/// `--bpf-lb-mode` (DSR): snat by default, one of snat/dsr/hybrid, and only
+/// with --bpf-nodeport, whose programs it changes.
+#[test]
+fn bpf_lb_mode_needs_the_tc_programs() {
+    let with = with_socket_lb;
     assert_eq!(with(&[]).unwrap().socket_lb.bpf_lb_mode, "snat");
     for mode in ["dsr", "hybrid"] {
         let flag = format!("--bpf-lb-mode={mode}");
@@ -981,18 +983,7 @@ fn bpf_lb_mode_needs_the_tc_programs() {
 /// whose programs it adds to.
 #[test]
 fn bpf_lb_acceleration_needs_the_tc_programs() {
-    let base = [
-        "--proxy-mode",
-        "nftables",
-        "--socket-lb",
-        "--hostname-override",
-        "n",
-    ];
-    let with = |extra: &[&str]| {
-        let mut a: Vec<&str> = base.to_vec();
-        a.extend_from_slice(extra);
-        load(args(&a))
-    };
+    let with = with_socket_lb;
     assert_eq!(with(&[]).unwrap().socket_lb.bpf_lb_acceleration, "disabled");
     for value in ["native", "best-effort"] {
         let flag = format!("--bpf-lb-acceleration={value}");
