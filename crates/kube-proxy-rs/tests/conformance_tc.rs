@@ -842,6 +842,8 @@ fn np_stats(env: &Env, node: usize) -> (u64, u64) {
 /// eth0 they came in by: XDP translates them (TCP and UDP, IPv4 and IPv6,
 /// masqueraded, no conntrack entry) and tc on node1 sees none; a flow to
 /// node1's own endpoint is passed on to tc, which serves it as before.
+/// Started again without the flag, the program leaves eth0 and tc serves
+/// everything.
 /// veth delivers XDP_TX frames to its peer only while the peer runs an
 /// XDP program, so the LAN ports get one that passes everything, and the
 /// senders send full checksums (a NIC needs neither).
@@ -941,4 +943,18 @@ fn t12_xdp_serves_endpoints_on_other_nodes_and_passes_the_rest_to_tc() {
     let (tc1, xdp1) = np_stats(&env, 1);
     assert!(tc1 - tc0 >= 10 * 3, "tc translated {} packets", tc1 - tc0);
     assert_eq!(xdp1, xdp0, "XDP took a flow to node1's own endpoint");
+
+    // Started again without the flag: the XDP link is unpinned (the
+    // program leaves eth0's driver) and tc serves the far endpoint alone.
+    env.kill(1);
+    env.start(1, &[]);
+    env.wait_synced(1);
+    let link = env.on_node(1, &["ip", "-d", "link", "show", "eth0"]);
+    assert!(!link.contains("prog/xdp"), "XDP still on eth0:\n{link}");
+    let far = std::net::SocketAddr::new(env.cluster.node_ip(1), 30520);
+    let (tc0, xdp0) = np_stats(&env, 1);
+    assert_eq!(env.wait_tcp(&client, far).server, "c");
+    let (tc1, xdp1) = np_stats(&env, 1);
+    assert!(tc1 > tc0, "tc did not take the far endpoint's flow");
+    assert_eq!(xdp1, xdp0, "XDP ran after it was turned off");
 }
