@@ -696,6 +696,12 @@ impl Proxy<'_> {
                 // two syncs, the Service's and its slice's). Only a read with
                 // no sync ended during it names its sync.
                 if last_sync() != last {
+                    // Said, so that a slow change can be told from a
+                    // read that a later sync overtook.
+                    eprintln!(
+                        "    a sync ended during the ruleset read ({:.2} s after the change): reading again",
+                        last_sync() - t0
+                    );
                     continue;
                 }
                 if holds {
