@@ -147,15 +147,7 @@ pub fn install_object(
         prog.load()
             .map_err(|e| bpf(format!("verifying program {name}"))(boxed(e)))?;
         if adopt {
-            let info = prog
-                .info()
-                .map_err(|e| bpf(format!("program {name}"))(boxed(e)))?;
-            let fd = prog
-                .fd()
-                .map_err(|e| bpf(format!("program {name}"))(boxed(e)))?;
-            if replace_if_different(&info, fd, &links.join(name))
-                .map_err(|e| bpf(format!("updating {name}'s link"))(e))?
-            {
+            if replace_if_different(&obj, name, &links.join(name), "on the cgroup")? {
                 upgraded += 1;
             }
             continue;
@@ -257,10 +249,30 @@ pub(crate) fn boxed<E: std::error::Error + Send + Sync + 'static>(e: E) -> BoxEr
     Box::new(e)
 }
 
-/// Points the link pinned at `pin` at `prog` when the program it runs now
-/// is a different one (the kernel's tag is a hash of the instructions, the
-/// same for the same program loaded twice). True when it was updated.
+/// Points the link pinned at `pin` (`what`, for errors) at `obj`'s program
+/// `name` when the program it runs now is a different one (the kernel's
+/// tag is a hash of the instructions, the same for the same program loaded
+/// twice). True when it was updated.
 pub(crate) fn replace_if_different(
+    obj: &aya::Ebpf,
+    name: &str,
+    pin: &Path,
+    what: &str,
+) -> Result<bool, SocketLbError> {
+    let prog = obj.program(name).ok_or_else(|| SocketLbError::Bpf {
+        what: format!("program {name}"),
+        message: "missing from the BPF object".into(),
+    })?;
+    let info = prog
+        .info()
+        .map_err(|e| bpf(format!("program {name}"))(boxed(e)))?;
+    let fd = prog
+        .fd()
+        .map_err(|e| bpf(format!("program {name}"))(boxed(e)))?;
+    relink(&info, fd, pin).map_err(|e| bpf(format!("updating {name}'s link {what}"))(e))
+}
+
+fn relink(
     info: &aya::programs::ProgramInfo,
     fd: &aya::programs::ProgramFd,
     pin: &Path,

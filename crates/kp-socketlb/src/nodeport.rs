@@ -323,21 +323,14 @@ impl NodePort {
         for iface in ifaces {
             let pin = dir.join(iface.pin_name());
             let name = iface.role.program();
-            let prog = program(&mut self.obj, name)?;
             if PinnedLink::from_pin(&pin).is_ok() {
-                let info = prog
-                    .info()
-                    .map_err(|e| bpf(format!("program {name}"))(boxed(e)))?;
-                let fd = prog
-                    .fd()
-                    .map_err(|e| bpf(format!("program {name}"))(boxed(e)))?;
-                if replace_if_different(&info, fd, &pin)
-                    .map_err(|e| bpf(format!("updating {name}'s link on {}", iface.name))(e))?
-                {
+                let on = format!("on {}", iface.name);
+                if replace_if_different(&self.obj, name, &pin, &on)? {
                     out.upgraded.push(iface.pin_name());
                 }
                 continue;
             }
+            let prog = program(&mut self.obj, name)?;
             // A pin that is no link (a half-written one) goes first.
             remove_file(&pin)?;
             let id = match prog.attach(&iface.name, TcAttachType::Ingress) {
@@ -373,17 +366,9 @@ impl NodePort {
     ) -> Result<(), SocketLbError> {
         let pin_name = iface.xdp_pin_name();
         let pin = dir.join(&pin_name);
-        let prog = xdp_program(&mut self.obj)?;
         if PinnedLink::from_pin(&pin).is_ok() {
-            let info = prog
-                .info()
-                .map_err(|e| bpf(format!("program {XDP_PROGRAM}"))(boxed(e)))?;
-            let fd = prog
-                .fd()
-                .map_err(|e| bpf(format!("program {XDP_PROGRAM}"))(boxed(e)))?;
-            if replace_if_different(&info, fd, &pin)
-                .map_err(|e| bpf(format!("updating {XDP_PROGRAM}'s link on {}", iface.name))(e))?
-            {
+            let on = format!("on {}", iface.name);
+            if replace_if_different(&self.obj, XDP_PROGRAM, &pin, &on)? {
                 out.upgraded.push(pin_name);
             }
             return Ok(());
@@ -391,6 +376,7 @@ impl NodePort {
         if self.refused.contains(&pin_name) {
             return Ok(());
         }
+        let prog = xdp_program(&mut self.obj)?;
         remove_file(&pin)?;
         let id = match prog.attach_to_if_index(iface.index, XdpMode::Driver) {
             Ok(id) => id,
