@@ -136,14 +136,7 @@ pub fn install_object(
     let cgroup = File::open(&p.cgroup).map_err(io(format!("opening {}", p.cgroup.display())))?;
     let mut upgraded = 0;
     for name in PROGRAMS {
-        let prog: &mut CgroupSockAddr = obj
-            .program_mut(name)
-            .ok_or_else(|| SocketLbError::Bpf {
-                what: format!("program {name}"),
-                message: "missing from the BPF object".into(),
-            })?
-            .try_into()
-            .map_err(|e| bpf(format!("program {name}"))(boxed(e)))?;
+        let prog: &mut CgroupSockAddr = program_as(&mut obj, name)?;
         prog.load()
             .map_err(|e| bpf(format!("verifying program {name}"))(boxed(e)))?;
         if adopt {
@@ -249,6 +242,27 @@ pub(crate) fn boxed<E: std::error::Error + Send + Sync + 'static>(e: E) -> BoxEr
     Box::new(e)
 }
 
+fn not_in_object(name: &str) -> SocketLbError {
+    SocketLbError::Bpf {
+        what: format!("program {name}"),
+        message: "missing from the BPF object".into(),
+    }
+}
+
+/// `obj`'s program `name`, as the kind of program it is.
+pub(crate) fn program_as<'a, T>(
+    obj: &'a mut aya::Ebpf,
+    name: &str,
+) -> Result<&'a mut T, SocketLbError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    obj.program_mut(name)
+        .ok_or_else(|| not_in_object(name))?
+        .try_into()
+        .map_err(|e| bpf(format!("program {name}"))(boxed(e)))
+}
+
 /// Points the link pinned at `pin` (`what`, for errors) at `obj`'s program
 /// `name` when the program it runs now is a different one (the kernel's
 /// tag is a hash of the instructions, the same for the same program loaded
@@ -259,10 +273,7 @@ pub(crate) fn replace_if_different(
     pin: &Path,
     what: &str,
 ) -> Result<bool, SocketLbError> {
-    let prog = obj.program(name).ok_or_else(|| SocketLbError::Bpf {
-        what: format!("program {name}"),
-        message: "missing from the BPF object".into(),
-    })?;
+    let prog = obj.program(name).ok_or_else(|| not_in_object(name))?;
     let info = prog
         .info()
         .map_err(|e| bpf(format!("program {name}"))(boxed(e)))?;

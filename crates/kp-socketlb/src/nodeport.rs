@@ -30,8 +30,8 @@ use aya::programs::{SchedClassifier, Xdp, XdpMode};
 use aya::{Ebpf, EbpfLoader};
 
 use crate::kernel::{
-    boxed, bpf, io, is_missing, links_dir, remove_empty_dir, remove_file, replace_if_different,
-    Capacity,
+    boxed, bpf, io, is_missing, links_dir, program_as, remove_empty_dir, remove_file,
+    replace_if_different, Capacity,
 };
 use crate::maps::{addr_words, BACKENDS, MEMBERS, NODEPORT_MAPS, NP_NODE, SERVICES};
 use crate::SocketLbError;
@@ -411,13 +411,7 @@ impl NodePort {
 }
 
 fn xdp_program(obj: &mut Ebpf) -> Result<&mut Xdp, SocketLbError> {
-    obj.program_mut(XDP_PROGRAM)
-        .ok_or_else(|| SocketLbError::Bpf {
-            what: format!("program {XDP_PROGRAM}"),
-            message: "missing from the BPF object".into(),
-        })?
-        .try_into()
-        .map_err(|e| bpf(format!("program {XDP_PROGRAM}"))(boxed(e)))
+    program_as(obj, XDP_PROGRAM)
 }
 
 fn gone(ifname: &str) -> bool {
@@ -429,13 +423,7 @@ fn gone(ifname: &str) -> bool {
 }
 
 fn program<'a>(obj: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassifier, SocketLbError> {
-    obj.program_mut(name)
-        .ok_or_else(|| SocketLbError::Bpf {
-            what: format!("program {name}"),
-            message: "missing from the BPF object".into(),
-        })?
-        .try_into()
-        .map_err(|e| bpf(format!("program {name}"))(boxed(e)))
+    program_as(obj, name)
 }
 
 /// The link pins under `dir`.
