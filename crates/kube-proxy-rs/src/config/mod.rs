@@ -185,23 +185,20 @@ pub fn load(cli_args: impl IntoIterator<Item = OsString>) -> Result<ProxyConfig,
             "needs --socket-lb (the tc programs read its maps)".to_string(),
         ));
     }
-    if pc.socket_lb.bpf_lb_algorithm != "random" && !pc.socket_lb.bpf_nodeport {
-        return Err(invalid(
-            "--bpf-lb-algorithm",
-            "applies to --bpf-nodeport's programs, which are off".to_string(),
-        ));
-    }
-    if pc.socket_lb.bpf_lb_mode != "snat" && !pc.socket_lb.bpf_nodeport {
-        return Err(invalid(
-            "--bpf-lb-mode",
-            "applies to --bpf-nodeport's programs, which are off".to_string(),
-        ));
-    }
-    if pc.socket_lb.bpf_lb_acceleration != "disabled" && !pc.socket_lb.bpf_nodeport {
-        return Err(invalid(
-            "--bpf-lb-acceleration",
-            "applies to --bpf-nodeport's programs, which are off".to_string(),
-        ));
+    // The flags that change --bpf-nodeport's programs, at their defaults
+    // without them.
+    let sl = &pc.socket_lb;
+    for (flag, value, default) in [
+        ("--bpf-lb-algorithm", &sl.bpf_lb_algorithm, "random"),
+        ("--bpf-lb-mode", &sl.bpf_lb_mode, "snat"),
+        ("--bpf-lb-acceleration", &sl.bpf_lb_acceleration, "disabled"),
+    ] {
+        if value != default && !sl.bpf_nodeport {
+            return Err(invalid(
+                flag,
+                "applies to --bpf-nodeport's programs, which are off".to_string(),
+            ));
+        }
     }
     pc.config_file = cli.config.clone();
     pc.config_file_digest = config_file_digest;
