@@ -7,6 +7,7 @@
 #                 [--deploy deploy|kubeadm] [--ip-family ipv4|ipv6|dual]
 #                 [--focus REGEX] [--skip REGEX] [--nodes N] [--procs P]
 #                 [--report DIR] [--keep] [--docs] [--binary PATH]
+#                 [--proxy-arg ARG]...
 #   sudo ./e2e.sh --serial ...: the [Serial] and [Disruptive] specs of the focus, one at a time
 #   sudo ./e2e.sh --migrate [--mode nftables|iptables] [--deploy deploy|kubeadm]   (e2e/migrate.sh)
 #   --deploy kubeadm: ours as the operator swaps it, kubeadm's DaemonSet and
@@ -14,6 +15,9 @@
 #   (default: deploy/, ours' least-privilege DaemonSet).
 #   --ip-family: the cluster's family (default ipv4); dual is IPv4-primary
 #   dual-stack and adds the [Feature:IPv6DualStack] specs.
+#   --proxy-arg: one more flag for ours (deploy/ only), added to the
+#   DaemonSet's args as a user's kustomize patch would (repeatable; e.g.
+#   --mode bpf --proxy-arg --bpf-lb-algorithm=maglev).
 #
 # Last line printed: "N passed, M failed, K skipped". Exit status 0 when
 # nothing failed and the machine-wide settings are unchanged.
@@ -24,7 +28,7 @@ REPO=$(cd "$(dirname "$0")" && pwd)
 IP_FAMILY=ipv4 PROXY=ours MODE=nftables NODES=3 PROCS=3 KEEP=0 REPORT="" DOCS=0 BINARY="" MIGRATE=0 SERIAL=0 DEPLOY=deploy
 FOCUS='\[sig-network\]'
 SKIP='\[Serial\]|\[Disruptive\]|\[Flaky\]'
-EXTRA_SKIP=""
+EXTRA_SKIP="" PROXY_ARGS=()
 while [ $# -gt 0 ]; do
   case $1 in
     --proxy) PROXY=$2; shift 2 ;;
@@ -36,12 +40,13 @@ while [ $# -gt 0 ]; do
     --nodes) NODES=$2; shift 2 ;;
     --procs) PROCS=$2; shift 2 ;;
     --binary) BINARY=$2; shift 2 ;;
+    --proxy-arg) PROXY_ARGS+=("$2"); shift 2 ;;
     --migrate) MIGRATE=1; PROXY=upstream; shift ;;
     --serial) SERIAL=1; PROCS=1; shift ;;
     --report) REPORT=$2; shift 2 ;;
     --keep) KEEP=1; shift ;;
     --docs) DOCS=1; shift ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
@@ -53,6 +58,15 @@ export IP_FAMILY
 case $DEPLOY in deploy) ;; kubeadm) case $MODE in socketlb|bpf) die "--deploy kubeadm runs kubeadm's DaemonSet unchanged: no --socket-lb" ;; esac ;;
   *) die "--deploy deploy|kubeadm" ;; esac
 export DEPLOY
+if [ ${#PROXY_ARGS[@]} -gt 0 ]; then
+  [ $PROXY = ours ] && [ $DEPLOY = deploy ] || die "--proxy-arg adds flags to ours as deployed from deploy/ (--proxy ours --deploy deploy)"
+  for a in "${PROXY_ARGS[@]}"; do
+    case $a in --[a-z]*) ;; *) die "--proxy-arg takes one flag as the binary reads it (--name=value), got '$a'" ;; esac
+    case $a in *[[:space:]]*) die "--proxy-arg '$a': one flag without spaces (--name=value)" ;; esac
+  done
+fi
+# newline-separated, for e2e/proxy.sh
+PROXY_ARGS_LINES=$(printf '%s\n' "${PROXY_ARGS[@]+"${PROXY_ARGS[@]}"}"); export PROXY_ARGS_LINES
 case $MODE in nftables|iptables) ;; socketlb) [ $PROXY = ours ] || die "--mode socketlb is kube-proxy-rs's (nftables with --socket-lb)" ;;
   bpf) [ $PROXY = ours ] || die "--mode bpf is kube-proxy-rs's (nftables with --socket-lb --bpf-nodeport)" ;;
   *) die "--mode nftables|iptables|socketlb|bpf" ;; esac
@@ -96,7 +110,7 @@ export NODES
 RUN=$(mktemp -d /tmp/kpe2e.XXXXXX); chmod 755 "$RUN"; export RUN
 REPORT=${REPORT:-$RUN/report}; mkdir -p "$REPORT"; REPORT=$(cd "$REPORT" && pwd)
 machine_state > "$RUN/machine-before"
-log "run directory $RUN; proxy $PROXY ($MODE, $DEPLOY), $NODES nodes, $IP_FAMILY"
+log "run directory $RUN; proxy $PROXY ($MODE, $DEPLOY${PROXY_ARGS[*]+ ${PROXY_ARGS[*]}}), $NODES nodes, $IP_FAMILY"
 
 teardown() {
   local rc=$?
@@ -177,7 +191,7 @@ log "suite finished in ${T_RUN}s (ginkgo exit $GINKGO_RC; log $REPORT/ginkgo.log
 kc -n kube-system logs -l k8s-app --all-containers --prefix --tail=-1 > "$REPORT/proxy.log" 2>&1 || true
 LABEL=$PROXY; [ $PROXY = ours ] && [ $DEPLOY = kubeadm ] && LABEL="ours (kubeadm DaemonSet)"
 [ $MIGRATE = 1 ] || SUMMARY=$(python3 "$E2E/report.py" summary "$REPORT/junit.xml" --focus "$FOCUS" --proxy "$LABEL" --mode "$MODE" --family "$IP_FAMILY" \
-  --up "$T_UP" --run "$T_RUN" --tree "$TREE" --out "$REPORT/result.json") || SUMMARY="0 passed, 0 failed, 0 skipped"
+  --args "${PROXY_ARGS[*]+${PROXY_ARGS[*]}}" --up "$T_UP" --run "$T_RUN" --tree "$TREE" --out "$REPORT/result.json") || SUMMARY="0 passed, 0 failed, 0 skipped"
 
 if [ $DOCS = 1 ]; then
   case $REPORT in

@@ -14,6 +14,8 @@
 #            thing, the host-cgroup hostPath: the node's own cgroup v2
 #            directory (e2e/node.sh), as the nodes share one machine.
 #            MODE bpf: the same, plus docs/ebpf.md's patch for --bpf-nodeport.
+#            PROXY_ARGS_LINES (e2e.sh --proxy-arg, one flag a line): added
+#            to the container's args by one more patch, as that page shows.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 RUN=$1 PROXY=$2 MODE=$3 DEPLOY=${4:-deploy}
@@ -74,6 +76,19 @@ EOT
     cat >> "$O/kustomization.yaml" <<EOT
 patches:
   - path: socketlb.yaml
+    target: {kind: DaemonSet, name: kube-proxy-rs}
+EOT
+  fi
+  args=()
+  while IFS= read -r a; do [ -n "$a" ] && args+=("$a"); done <<< "${PROXY_ARGS_LINES:-}"
+  if [ ${#args[@]} -gt 0 ]; then
+    # the same JSON patch shape as docs/ebpf.md's, one op per flag
+    for a in "${args[@]}"; do
+      printf -- '- op: add\n  path: /spec/template/spec/containers/0/args/-\n  value: %s\n' "$(jq -n --arg a "$a" '$a')"
+    done > "$O/args.yaml"
+    grep -q '^patches:' "$O/kustomization.yaml" || echo 'patches:' >> "$O/kustomization.yaml"
+    cat >> "$O/kustomization.yaml" <<EOT
+  - path: args.yaml
     target: {kind: DaemonSet, name: kube-proxy-rs}
 EOT
   fi

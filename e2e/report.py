@@ -43,7 +43,7 @@ def summary(args):
         specs.append({"name": name, "state": state, "seconds": round(float(tc.get("time") or 0), 1), "failure": msg[:2000]})
     n = {s: sum(1 for x in specs if x["state"] == s) for s in ("passed", "failed", "skipped")}
     res = {"proxy": opt(args, "--proxy"), "mode": opt(args, "--mode"), "family": opt(args, "--family", "ipv4"),
-           "focus": focus.pattern,
+           "proxy_args": opt(args, "--args", ""), "focus": focus.pattern,
            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "cluster_up_seconds": int(opt(args, "--up", 0)), "run_seconds": int(opt(args, "--run", 0)),
            "tree": opt(args, "--tree", ""), "counts": n, "specs": specs}
@@ -71,7 +71,8 @@ def docs(args):
              "|---|---|---|---|---|---|---|---|---|---|"]
     for c, r in zip(cols, runs):
         k = r["counts"]
-        lines.append(f"| {c} | {r.get('family', 'ipv4')} | {r['date']} | {r.get('tree', '')} | `{r['focus'].replace('|', '&#124;')}` | {k['passed']} | {k['failed']} | {k['skipped']} | "
+        run = f"{c} (`{r['proxy_args']}`)" if r.get("proxy_args") else c
+        lines.append(f"| {run} | {r.get('family', 'ipv4')} | {r['date']} | {r.get('tree', '')} | `{r['focus'].replace('|', '&#124;')}` | {k['passed']} | {k['failed']} | {k['skipped']} | "
                      f"{r['cluster_up_seconds']} s | {r['run_seconds']} s |")
     lines += ["", "| spec | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     for name in names:

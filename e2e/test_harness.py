@@ -96,6 +96,20 @@ class Report(unittest.TestCase):
         self.assertNotIn("old", text)
         self.assertIn("| ours-nftables | ipv4 |", text)
 
+    def test_docs_name_the_flags_a_run_added(self):
+        out = os.path.join(self.dir, "bpf-maglev", "result.json")
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        r = run(sys.executable, os.path.join(E2E, "report.py"), "summary", self.junit, "--proxy", "ours", "--mode", "bpf",
+                "--args", "--bpf-lb-algorithm=maglev", "--up", "40", "--run", "100", "--out", out)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(json.loads(read(out))["proxy_args"], "--bpf-lb-algorithm=maglev")
+        doc = os.path.join(self.dir, "e2e.md")
+        with open(doc, "w") as f:
+            f.write("<!-- e2e.sh results: begin -->\n<!-- e2e.sh results: end -->\n")
+        r = run(sys.executable, os.path.join(E2E, "report.py"), "docs", out, "--out", doc)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("| bpf-maglev (`--bpf-lb-algorithm=maglev`) | ipv4 |", read(doc))
+
 
 class Skips(unittest.TestCase):
     def test_every_skip_has_a_reason_compiles_and_is_documented(self):
@@ -129,7 +143,11 @@ class Options(unittest.TestCase):
                            (["--procs", "x"], "--procs"), (["--deploy", "helm"], "--deploy"),
                            (["--mode", "socketlb", "--deploy", "kubeadm"], "--deploy kubeadm"),
                            (["--ip-family", "ipv5"], "--ip-family"),
-                           (["--migrate", "--ip-family", "ipv6"], "--ip-family ipv4 only")]:
+                           (["--migrate", "--ip-family", "ipv6"], "--ip-family ipv4 only"),
+                           (["--proxy", "upstream", "--proxy-arg", "--bpf-lb-mode=dsr"], "--proxy-arg adds flags to ours"),
+                           (["--deploy", "kubeadm", "--proxy-arg", "--bpf-lb-mode=dsr"], "--proxy-arg adds flags to ours"),
+                           (["--proxy-arg", "maglev"], "one flag as the binary reads it"),
+                           (["--proxy-arg", "--bpf-lb-mode dsr"], "one flag without spaces")]:
             r = self.e2e(*args)
             self.assertNotEqual(r.returncode, 0, args)
             self.assertIn(want, r.stderr, args)
