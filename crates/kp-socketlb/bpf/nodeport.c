@@ -12,11 +12,12 @@
 // other nodes, kp_np_from_pod (tc ingress of every other interface: the
 // pods' veths, a CNI bridge) those of endpoints on this node.
 //
-// With --bpf-lb-mode dsr (or hybrid, for TCP) an eTP=Cluster IPv4 flow to
-// an endpoint on another node keeps the client's source and carries the
-// Service address to that node in an IPv4 option; that node's
-// kp_np_external (dsr_in) strips it and remembers it, so its
-// kp_np_from_pod sends the reply to the client directly.
+// With --bpf-lb-mode dsr (or hybrid, for TCP) an eTP=Cluster flow to an
+// endpoint on another node keeps the client's source and carries the
+// Service address to that node in an IPv4 option or an IPv6 destination
+// options header; that node's kp_np_external (dsr_in) strips it and
+// remembers it, so its kp_np_from_pod sends the reply to the client
+// directly.
 //
 // Whatever has no entry goes on to the stack unchanged, where nftables
 // handles it as before: Services without endpoints (reject), session
@@ -73,6 +74,26 @@ static __s64 (*bpf_csum_diff)(__u32 *from, __u32 from_size, __u32 *to, __u32 to_
 // number 30 (RFC 4727's experimental option), length 8.
 #define KP_DSR_OPT_TYPE 0x9e
 #define KP_DSR_OPT_LEN 8
+
+// IPv6's carrier: a destination options header (next header 60) right
+// after the fixed header, with one option: type 0x1e (RFC 4727's
+// experimental type whose high bits say "skip if unknown, not changed on
+// the way"), 20 bytes of Service address, port and 2 zero bytes; 24 bytes
+// in all (header length 2: in 8-byte units after the first 8). Only
+// the endpoint's node, the destination, reads it.
+#define IPPROTO_DSTOPTS 60
+#define KP_DSR6_OPT_TYPE 0x1e
+struct dsr_opt6 {
+	__u8 nexthdr;
+	__u8 hdrlen;
+	__u8 type;
+	__u8 len;
+	__u32 addr[4];
+	__u16 port;
+	__u16 pad;
+};
+#define KP_DSR6_LEN 24
+_Static_assert(sizeof(struct dsr_opt6) == KP_DSR6_LEN, "dsr_opt6 is 24 bytes");
 
 #define IP_OFF 14 // after the Ethernet header
 #define IP_CSUM_OFF (IP_OFF + 10)
@@ -484,6 +505,31 @@ static __always_inline int add_dsr_opt(struct __sk_buff *skb, __u32 svc_addr, __
 	return bpf_skb_store_bytes(skb, IP_OFF, h, 28, 0) == 0;
 }
 
+// Inserts the DSR destination options header after the (extension-less)
+// IPv6 header: room after the fixed 40 bytes (BPF_ADJ_ROOM_NET), the
+// header there, then next header 60 and the payload 24 bytes longer. The
+// TCP or UDP checksum stays: its pseudo-header names the upper layer's
+// length and protocol, which do not change.
+static __always_inline int add_dsr_opt6(struct __sk_buff *skb, const __u32 *svc_addr,
+					__u16 svc_port)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ipv6hdr *ip6 = data + IP_OFF;
+	if ((void *)(ip6 + 1) > end)
+		return 0;
+	struct dsr_opt6 o = { .nexthdr = ip6->nexthdr, .hdrlen = KP_DSR6_LEN / 8 - 1,
+			      .type = KP_DSR6_OPT_TYPE, .len = KP_DSR6_LEN - 4, .port = svc_port };
+	copy(o.addr, svc_addr);
+	__u16 plen = __builtin_bswap16(__builtin_bswap16(ip6->payload_len) + KP_DSR6_LEN);
+	__u8 next = IPPROTO_DSTOPTS;
+	if (bpf_skb_adjust_room(skb, KP_DSR6_LEN, BPF_ADJ_ROOM_NET, 0))
+		return 0;
+	return bpf_skb_store_bytes(skb, L4_OFF6, &o, KP_DSR6_LEN, 0) == 0 &&
+	       bpf_skb_store_bytes(skb, IP_OFF + 4, &plen, 2, 0) == 0 &&
+	       bpf_skb_store_bytes(skb, IP_OFF + 6, &next, 1, 0) == 0;
+}
+
 // A request of a DSR flow, translated (`f` as it came, `n` what it
 // becomes): with the option when it needs one (a TCP SYN, every UDP
 // packet: the endpoint's node may have lost the flow), then routed anew
@@ -493,46 +539,42 @@ static __always_inline int dsr_send(struct __sk_buff *skb, const struct flow *f,
 {
 	if (!rewrite(skb, f, n))
 		return TC_ACT_SHOT;
-	if ((syn || f->proto == IPPROTO_UDP) && !add_dsr_opt(skb, f->daddr[0], f->dport))
-		return TC_ACT_SHOT;
+	if (syn || f->proto == IPPROTO_UDP) {
+		if (f->family == 4 ? !add_dsr_opt(skb, f->daddr[0], f->dport)
+				   : !add_dsr_opt6(skb, f->daddr, f->dport))
+			return TC_ACT_SHOT;
+	}
 	struct bpf_fib_lookup fib = {};
-	long rc = route(skb, &fib, 4, n->saddr, n->daddr, f->proto, n->sport, n->dport, 0);
+	long rc = route(skb, &fib, f->family, n->saddr, n->daddr, f->proto, n->sport, n->dport, 0);
 	return send(skb, rc, &fib);
 }
 
-// A DSR request that another node sent here, with the option (ihl 7, the
-// option first): the option goes, its Service address becomes the reply's
-// source (kp_np_replies, which kp_np_from_pod reads on the endpoint's
-// veth, so the reply leaves this node for the client directly), and the
-// packet goes to the endpoint. Later packets of a TCP flow, without the
-// option, follow the kp_np_flows entry made here. Returns -1 for a packet
-// without the option.
-static __attribute__((noinline)) int dsr_in(struct __sk_buff *skb)
+// The DSR carrier of an IPv4 request (ihl 7, the option first): its
+// Service address and port, and the packet without it. 0 for a packet
+// without it, -1 when it cannot be removed.
+static __always_inline int dsr_strip4(struct __sk_buff *skb, struct flow *f, __u32 *svc_addr,
+				      __u16 *svc_port, __u8 *ttl)
 {
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
-	struct ethhdr *eth = data;
-	if ((void *)(eth + 1) > end || eth->h_proto != __builtin_bswap16(ETH_P_IP))
-		return -1;
-	struct iphdr *ip = (void *)(eth + 1);
-	if ((void *)(ip + 1) > end || ip->ihl != 7 ||
-	    (ip->frag_off & __builtin_bswap16(0x3fff)))
-		return -1;
+	struct iphdr *ip = data + IP_OFF;
+	if ((void *)(ip + 1) > end || ip->ihl != 7 || (ip->frag_off & __builtin_bswap16(0x3fff)))
+		return 0;
 	__u8 *opt = (void *)(ip + 1);
 	struct ports *p = (void *)(opt + KP_DSR_OPT_LEN);
 	if ((void *)(p + 1) > end || opt[0] != KP_DSR_OPT_TYPE || opt[1] != KP_DSR_OPT_LEN)
-		return -1;
+		return 0;
 	if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
-		return -1;
-	if (ip->ttl <= 1)
-		return TC_ACT_OK;
-	struct flow f = { .family = 4, .proto = ip->protocol, .sport = p->source, .dport = p->dest };
-	f.saddr[0] = ip->saddr;
-	f.daddr[0] = ip->daddr;
-	__u16 svc_port;
-	__u32 svc_addr;
-	__builtin_memcpy(&svc_port, opt + 2, 2);
-	__builtin_memcpy(&svc_addr, opt + 4, 4);
+		return 0;
+	f->family = 4;
+	f->proto = ip->protocol;
+	f->sport = p->source;
+	f->dport = p->dest;
+	f->saddr[0] = ip->saddr;
+	f->daddr[0] = ip->daddr;
+	*ttl = ip->ttl;
+	__builtin_memcpy(svc_port, opt + 2, 2);
+	__builtin_memcpy(svc_addr, opt + 4, 4);
 	__u16 h[10];
 	__builtin_memcpy(h, ip, 20);
 	struct iphdr *nh = (void *)h;
@@ -542,21 +584,91 @@ static __attribute__((noinline)) int dsr_in(struct __sk_buff *skb)
 	nh->check = ip_csum(h, 10);
 	if (bpf_skb_adjust_room(skb, -KP_DSR_OPT_LEN, BPF_ADJ_ROOM_NET, 0) ||
 	    bpf_skb_store_bytes(skb, IP_OFF, h, 20, 0))
+		return -1;
+	return 1;
+}
+
+// The same for IPv6: the destination options header of add_dsr_opt6,
+// first after the fixed header.
+static __always_inline int dsr_strip6(struct __sk_buff *skb, struct flow *f, __u32 *svc_addr,
+				      __u16 *svc_port, __u8 *ttl)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ipv6hdr *ip6 = data + IP_OFF;
+	if ((void *)(ip6 + 1) > end || ip6->nexthdr != IPPROTO_DSTOPTS)
+		return 0;
+	struct dsr_opt6 *o = (void *)(ip6 + 1);
+	struct ports *p = (void *)(o + 1);
+	if ((void *)(p + 1) > end || o->hdrlen != KP_DSR6_LEN / 8 - 1 ||
+	    o->type != KP_DSR6_OPT_TYPE || o->len != KP_DSR6_LEN - 4)
+		return 0;
+	if (o->nexthdr != IPPROTO_TCP && o->nexthdr != IPPROTO_UDP)
+		return 0;
+	f->family = 6;
+	f->proto = o->nexthdr;
+	f->sport = p->source;
+	f->dport = p->dest;
+	__builtin_memcpy(f->saddr, &ip6->saddr, 16);
+	__builtin_memcpy(f->daddr, &ip6->daddr, 16);
+	*ttl = ip6->hop_limit;
+	copy(svc_addr, o->addr);
+	*svc_port = o->port;
+	__u16 plen = __builtin_bswap16(__builtin_bswap16(ip6->payload_len) - KP_DSR6_LEN);
+	__u8 next = o->nexthdr;
+	if (bpf_skb_adjust_room(skb, -KP_DSR6_LEN, BPF_ADJ_ROOM_NET, 0) ||
+	    bpf_skb_store_bytes(skb, IP_OFF + 4, &plen, 2, 0) ||
+	    bpf_skb_store_bytes(skb, IP_OFF + 6, &next, 1, 0))
+		return -1;
+	return 1;
+}
+
+// A DSR request that another node sent here, with its carrier (an IPv4
+// option, an IPv6 destination options header): the carrier goes, its
+// Service address becomes the reply's source (kp_np_replies, which
+// kp_np_from_pod reads on the endpoint's veth, so the reply leaves this
+// node for the client directly), and the packet goes to the endpoint.
+// Later packets of a TCP flow, without the carrier, follow the
+// kp_np_flows entry made here. Returns -1 for a packet without one.
+static __attribute__((noinline)) int dsr_in(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > end)
+		return -1;
+	struct flow f = {};
+	__u32 svc_addr[4] = {};
+	__u16 svc_port = 0;
+	__u8 ttl = 0;
+	int got;
+	if (eth->h_proto == __builtin_bswap16(ETH_P_IP))
+		got = dsr_strip4(skb, &f, svc_addr, &svc_port, &ttl);
+	else if (eth->h_proto == __builtin_bswap16(ETH_P_IPV6))
+		got = dsr_strip6(skb, &f, svc_addr, &svc_port, &ttl);
+	else
+		return -1;
+	if (got == 0)
+		return -1;
+	if (got < 0)
 		return TC_ACT_SHOT;
+	// Stripped already: the stack gets a plain packet to expire.
+	if (ttl <= 1)
+		return TC_ACT_OK;
 	// The reply: endpoint -> client becomes Service -> client.
-	struct flow r = { .family = 4, .proto = f.proto, .sport = f.dport, .dport = f.sport };
-	r.saddr[0] = f.daddr[0];
-	r.daddr[0] = f.saddr[0];
+	struct flow r = { .family = f.family, .proto = f.proto, .sport = f.dport, .dport = f.sport };
+	copy(r.saddr, f.daddr);
+	copy(r.daddr, f.saddr);
 	struct nat back = { .sport = svc_port, .dport = f.sport };
-	back.saddr[0] = svc_addr;
-	back.daddr[0] = f.saddr[0];
+	copy(back.saddr, svc_addr);
+	copy(back.daddr, f.saddr);
 	struct nat *had = bpf_map_lookup_elem(&kp_np_replies, &r);
-	if (!had || had->saddr[0] != svc_addr || had->sport != svc_port)
+	if (!had || !same(had->saddr, svc_addr) || had->sport != svc_port)
 		bpf_map_update_elem(&kp_np_replies, &r, &back, BPF_ANY);
 	// The request goes on as it is (already translated by the first node).
 	struct nat n = { .sport = f.sport, .dport = f.dport };
-	n.saddr[0] = f.saddr[0];
-	n.daddr[0] = f.daddr[0];
+	copy(n.saddr, f.saddr);
+	copy(n.daddr, f.daddr);
 	if (f.proto == IPPROTO_TCP)
 		bpf_map_update_elem(&kp_np_flows, &f, &n, BPF_ANY);
 	return forward(skb, &f, &n);
@@ -787,7 +899,7 @@ static __attribute__((noinline)) int outside(struct __sk_buff *skb)
 	// DSR: an endpoint the route sends back out of the interface the
 	// request came in by is on another node; it gets the client's own
 	// address and the option, and its node sends the reply.
-	if ((sv.flags & KP_F_DSR) && !(sv.flags & KP_F_LOCAL) && f.family == 4 &&
+	if ((sv.flags & KP_F_DSR) && !(sv.flags & KP_F_LOCAL) &&
 	    (rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH) &&
 	    fib.ifindex == skb->ingress_ifindex) {
 		copy(n.saddr, f.saddr);

@@ -346,12 +346,7 @@ pub fn wanted_outside(
         } else {
             0
         } | if maglev { FLAG_MAGLEV } else { 0 }
-            // IPv4 only: the programs carry the Service address in an
-            // IPv4 option (IPv6 stays SNAT).
-            | if !sp.external_policy_local
-                && state.family == IpFamily::V4
-                && mode.dsr_for(sp.protocol)
-            {
+            | if !sp.external_policy_local && mode.dsr_for(sp.protocol) {
                 FLAG_DSR
             } else {
                 0

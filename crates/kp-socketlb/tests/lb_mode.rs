@@ -65,16 +65,18 @@ fn dsr_flag_follows_the_mode_the_protocol_and_the_policy() {
             "{mode:?} {proto:?} local={local}"
         );
     }
-    // IPv6 stays SNAT: the programs carry the Service address in an IPv4
-    // option.
-    assert_eq!(
-        flags_in(
-            IpFamily::V6,
-            port_at("fd00:96::9", Protocol::Tcp, false),
-            Dsr
-        ) & FLAG_DSR,
-        0
-    );
+    // IPv6 too (the carrier a destination options header); eTP=Local not.
+    for (local, dsr) in [(false, FLAG_DSR), (true, 0)] {
+        assert_eq!(
+            flags_in(
+                IpFamily::V6,
+                port_at("fd00:96::9", Protocol::Tcp, local),
+                Dsr
+            ) & FLAG_DSR,
+            dsr,
+            "IPv6, local={local}"
+        );
+    }
     assert_eq!(LbMode::parse("hybrid"), Some(Hybrid));
     assert_eq!(LbMode::parse("dsr"), Some(Dsr));
     assert_eq!(LbMode::parse("snat"), Some(Snat));

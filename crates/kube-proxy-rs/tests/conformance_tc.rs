@@ -513,18 +513,19 @@ fn t08_least_privilege_syncs_leave_the_links_alone() {
 }
 
 /// Counters on the lab's LAN bridge (its own namespace) for the replies of
-/// endpoint `pod_ip` (on node2) to node1's NodePort traffic: `via_node1`
-/// counts the endpoint's packets bridged from node2 to node1 (SNAT: the
-/// reply goes back through the node the request entered), `direct` node2's
-/// packets to the client with node1's address as source (DSR: the reply
-/// leaves node2 for the client as the Service). Per protocol.
+/// endpoint `pod_ip` (on node2) to node1's NodePort traffic at `node1`:
+/// `via_node1` counts the endpoint's packets bridged from node2 to node1
+/// (SNAT: the reply goes back through the node the request entered),
+/// `direct` node2's packets to the client with node1's address as source
+/// (DSR: the reply leaves node2 for the client as the Service). Per
+/// protocol; the family the addresses'.
 struct LanCounters<'a> {
     env: &'a Env,
 }
 
 impl<'a> LanCounters<'a> {
-    fn new(env: &'a Env, pod_ip: &str) -> Self {
-        let node1 = env.cluster.node_ip(1).to_string();
+    fn new(env: &'a Env, pod_ip: &str, node1: std::net::IpAddr) -> Self {
+        let ip = if node1.is_ipv6() { "ip6" } else { "ip" };
         let mut script = String::from("table bridge kpdsr {\n");
         for p in ["tcp", "udp"] {
             script += &format!("  counter via_node1_{p} {{}}\n  counter direct_{p} {{}}\n");
@@ -533,7 +534,7 @@ impl<'a> LanCounters<'a> {
             "  chain count_replies {\n    type filter hook forward priority 0; policy accept;\n";
         for p in ["tcp", "udp"] {
             script += &format!(
-                "    iifname \"n2\" oifname \"n1\" ip saddr {pod_ip} meta l4proto {p} counter name via_node1_{p}\n    iifname \"n2\" oifname \"c0\" ip saddr {node1} meta l4proto {p} counter name direct_{p}\n"
+                "    iifname \"n2\" oifname \"n1\" {ip} saddr {pod_ip} meta l4proto {p} counter name via_node1_{p}\n    iifname \"n2\" oifname \"c0\" {ip} saddr {node1} meta l4proto {p} counter name direct_{p}\n"
             );
         }
         script += "  }\n}\n";
@@ -565,10 +566,12 @@ impl<'a> LanCounters<'a> {
 /// Starts both nodes with `mode`, a NodePort Service (TCP 30490, UDP
 /// 30491, eTP=Cluster) whose only endpoint is on node2, and waits until
 /// node1's programs serve it. The client's namespace, node1's TCP and UDP
-/// NodePort addresses, the endpoint's address.
+/// NodePort addresses, the endpoint's address. `v6`: the Service is
+/// dual-stack and the addresses are IPv6 ones.
 fn dsr_env(
     name: &str,
     mode: &str,
+    v6: bool,
 ) -> (
     Env,
     String,
@@ -578,17 +581,33 @@ fn dsr_env(
 ) {
     let mut env = Env::new(name, MODE);
     let c = env.pod(2, "c");
-    let mut svc = service("dsr", &["10.96.0.49"], json!({"type": "NodePort"}));
+    let (family, dual) = if v6 {
+        (
+            "IPv6",
+            json!({"type": "NodePort", "ipFamilyPolicy": "PreferDualStack"}),
+        )
+    } else {
+        ("IPv4", json!({"type": "NodePort"}))
+    };
+    let mut svc = service(
+        "dsr",
+        &["10.96.0.49", "fd00:96::49"][..1 + v6 as usize],
+        dual.clone(),
+    );
     svc["spec"]["ports"][0]["nodePort"] = json!(30490);
     svc["spec"]["ports"][1]["nodePort"] = json!(30491);
     env.put("svc", &svc);
-    env.put("eps", &slice("dsr", "1", "IPv4", &ready(&[&c])));
+    env.put("eps", &slice("dsr", "1", family, &ready(&[&c])));
     // Nothing listens on UDP 9999 in the pod: UDP 30492 is refused.
-    let mut closed = service("dsrx", &["10.96.0.50"], json!({"type": "NodePort"}));
+    let mut closed = service(
+        "dsrx",
+        &["10.96.0.50", "fd00:96::50"][..1 + v6 as usize],
+        dual,
+    );
     closed["spec"]["ports"][0]["nodePort"] = json!(30493);
     closed["spec"]["ports"][1]["nodePort"] = json!(30492);
     env.put("svc-closed", &closed);
-    let mut s = slice("dsrx", "1", "IPv4", &ready(&[&c]));
+    let mut s = slice("dsrx", "1", family, &ready(&[&c]));
     s["ports"][1]["port"] = json!(9999);
     env.put("eps-closed", &s);
     let flag = format!("--bpf-lb-mode={mode}");
@@ -598,12 +617,16 @@ fn dsr_env(
     env.wait_synced(1);
     env.wait_synced(2);
     let client = env.cluster.client_ns().to_string();
-    let node1 = env.cluster.node_ip(1);
+    let node1 = if v6 {
+        env.cluster.node_ip6(1)
+    } else {
+        env.cluster.node_ip(1)
+    };
     let tcp = std::net::SocketAddr::new(node1, 30490);
     let udp = std::net::SocketAddr::new(node1, 30491);
     env.wait_tcp(&client, tcp);
     wait_served_by_programs(&env, 1, &client, tcp, None);
-    let pod = c.ip().to_string();
+    let pod = if v6 { c.ip6() } else { c.ip() }.to_string();
     (env, client, tcp, udp, pod)
 }
 
@@ -615,16 +638,28 @@ fn dsr_env(
 /// closed port is refused (the ICMP error translated on node2).
 #[test]
 fn t09_dsr_endpoint_on_another_node_sees_the_client_and_replies_directly() {
-    let (env, client, tcp, udp, pod) = dsr_env("tcdsr", "dsr");
-    let lan = LanCounters::new(&env, &pod);
+    dsr_sees_the_client_and_replies_directly("tcdsr", false);
+}
+
+/// t09 in IPv6: the Service address travels in a destination options
+/// header instead of an IPv4 option, with the same results.
+#[test]
+fn t13_dsr_in_ipv6() {
+    dsr_sees_the_client_and_replies_directly("tcdsr6", true);
+}
+
+fn dsr_sees_the_client_and_replies_directly(name: &str, v6: bool) {
+    let (env, client, tcp, udp, pod) = dsr_env(name, "dsr", v6);
+    let client_ip = if v6 {
+        env.cluster.client_ip6()
+    } else {
+        env.cluster.client_ip()
+    };
+    let lan = LanCounters::new(&env, &pod, tcp.ip());
     for r in kp_netlab::tcp_hello_many(&client, tcp, 10, T) {
         let r = r.expect("a DSR TCP connection failed");
         assert_eq!(r.server, "c");
-        assert_eq!(
-            r.peer.ip(),
-            env.cluster.client_ip(),
-            "TCP: source not kept: {r:?}"
-        );
+        assert_eq!(r.peer.ip(), client_ip, "TCP: source not kept: {r:?}");
     }
     // A longer conversation: packets after the SYN (without the option)
     // follow the flow on both nodes.
@@ -636,16 +671,12 @@ fn t09_dsr_endpoint_on_another_node_sees_the_client_and_replies_directly() {
     for _ in 0..5 {
         let r = kp_netlab::udp_ask(&client, udp, T).expect("UDP over DSR");
         assert_eq!(r.server, "c");
-        assert_eq!(
-            r.peer.ip(),
-            env.cluster.client_ip(),
-            "UDP: source not kept: {r:?}"
-        );
+        assert_eq!(r.peer.ip(), client_ip, "UDP: source not kept: {r:?}");
     }
     let s = kp_netlab::udp_session(&client, udp).unwrap();
     for _ in 0..3 {
         let r = s.ask(T).expect("a UDP flow's later datagrams");
-        assert_eq!(r.peer.ip(), env.cluster.client_ip());
+        assert_eq!(r.peer.ip(), client_ip);
     }
     // The endpoint's port unreachable goes from node2 to the client as
     // the Service's (kp_np_replies made from the option).
@@ -680,8 +711,8 @@ fn t09_dsr_endpoint_on_another_node_sees_the_client_and_replies_directly() {
 /// through node1).
 #[test]
 fn t10_hybrid_is_dsr_for_tcp_and_snat_for_udp() {
-    let (env, client, tcp, udp, pod) = dsr_env("tchybrid", "hybrid");
-    let lan = LanCounters::new(&env, &pod);
+    let (env, client, tcp, udp, pod) = dsr_env("tchybrid", "hybrid", false);
+    let lan = LanCounters::new(&env, &pod, tcp.ip());
     for r in kp_netlab::tcp_hello_many(&client, tcp, 5, T) {
         let r = r.expect("a DSR TCP connection failed");
         assert_eq!(

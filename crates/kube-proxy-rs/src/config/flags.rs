@@ -328,8 +328,9 @@ pub struct SocketLbFlags {
     /// endpoint on another node (Cilium's flag): `snat` (the node's address
     /// as source, the reply back through this node), `dsr` (direct server
     /// return: the client's address kept, the Service address carried to
-    /// the endpoint's node in an IPv4 option, the reply sent from there;
-    /// IPv4 only, IPv6 stays SNAT; every node must run the programs), or
+    /// the endpoint's node in an IPv4 option or an IPv6 destination
+    /// options header, the reply sent from there; every node must run the
+    /// programs), or
     /// `hybrid` (DSR for TCP, SNAT for UDP).
     #[arg(long, default_value = "snat", value_parser = ["snat", "dsr", "hybrid"])]
     pub bpf_lb_mode: String,
