@@ -680,6 +680,11 @@ static __attribute__((noinline)) int dsr_in(struct __sk_buff *skb)
 // conntrack would send them: the quoted packet as the client sent it
 // (client -> Service), the outer destination the client, and the outer
 // source the Service address where the endpoint itself wrote the error.
+// ICMP errors about a reply the programs translated (the client's "port
+// unreachable", a router's "packet too big" on the way to the client)
+// travel to the Service address; they go on to the endpoint as conntrack
+// would send them: the quote as the endpoint sent the reply, the outer
+// destination the endpoint.
 // Returns -1 for a packet that is no such error.
 #define ICMP4_OFF L4_OFF4
 #define IN4_OFF (ICMP4_OFF + 8)
@@ -757,31 +762,53 @@ static __attribute__((noinline)) int icmp_error(struct __sk_buff *skb)
 		return -1;
 	q.sport = p->source;
 	q.dport = p->dest;
-	// The reply of the quoted flow names the client and the Service.
+	// The quoted packet's reverse: the reply of a translated request, or
+	// the request of a translated reply.
 	struct flow r = { .family = q.family, .proto = q.proto, .sport = q.dport, .dport = q.sport };
 	copy(r.saddr, q.daddr);
 	copy(r.daddr, q.saddr);
+	// What the quote becomes (its source, destination and ports), and the
+	// outer header's new source and destination.
+	struct nat quote = {}, n = {};
 	struct nat *back = bpf_map_lookup_elem(&kp_np_replies, &r);
-	if (!back)
-		return -1;
+	if (back) {
+		// About a request (node -> endpoint): back is Service -> client,
+		// and the quote becomes client -> Service, for the client.
+		copy(quote.saddr, back->daddr);
+		copy(quote.daddr, back->saddr);
+		quote.sport = back->dport;
+		quote.dport = back->sport;
+		copy(n.daddr, back->daddr);
+		copy(n.saddr, same(outer_src, q.daddr) ? back->saddr : outer_src);
+	} else {
+		// About a reply (Service -> client: from the client, or a router
+		// on the way to it saying the reply is too big): r is the client's
+		// request, and the quote becomes the reply as the endpoint sent
+		// it, for the endpoint, from whoever wrote the error.
+		struct nat *fwd = bpf_map_lookup_elem(&kp_np_flows, &r);
+		if (!fwd || (fwd->backend.pad & KP_NAT_PASS))
+			return -1;
+		copy(quote.saddr, fwd->daddr);
+		copy(quote.daddr, fwd->saddr);
+		quote.sport = fwd->dport;
+		quote.dport = fwd->sport;
+		copy(n.daddr, fwd->daddr);
+		copy(n.saddr, outer_src);
+	}
 	if (ttl <= 1)
 		return TC_ACT_OK;
-	// back: Service -> client. The quote becomes client -> Service.
-	struct nat n = {};
-	copy(n.daddr, back->daddr);
-	copy(n.saddr, same(outer_src, q.daddr) ? back->saddr : outer_src);
 	int v4 = q.family == 4;
 	if (v4) {
 		__u32 csum = ICMP4_OFF + 2;
 		// Quoted addresses with the quoted header's checksum: the quote
 		// then sums as before, so the ICMP checksum stays.
-		bpf_l3_csum_replace(skb, IN4_OFF + 10, q.saddr[0], back->daddr[0], 4);
-		bpf_l3_csum_replace(skb, IN4_OFF + 10, q.daddr[0], back->saddr[0], 4);
-		if (bpf_skb_store_bytes(skb, IN4_OFF + 12, &back->daddr[0], 4, 0) ||
-		    bpf_skb_store_bytes(skb, IN4_OFF + 16, &back->saddr[0], 4, 0))
+		bpf_l3_csum_replace(skb, IN4_OFF + 10, q.saddr[0], quote.saddr[0], 4);
+		bpf_l3_csum_replace(skb, IN4_OFF + 10, q.daddr[0], quote.daddr[0], 4);
+		if (bpf_skb_store_bytes(skb, IN4_OFF + 12, &quote.saddr[0], 4, 0) ||
+		    bpf_skb_store_bytes(skb, IN4_OFF + 16, &quote.daddr[0], 4, 0))
 			return TC_ACT_SHOT;
-		if (!requote_port(skb, csum, IN4_L4_OFF, q.sport, back->dport) ||
-		    !requote_port(skb, csum, IN4_L4_OFF + 2, q.dport, back->sport))
+		if (!requote_port(skb, csum, IN4_L4_OFF, q.sport, quote.sport) ||
+		    !requote_port(skb, csum, IN4_L4_OFF + 2, q.dport, quote.dport))
 			return TC_ACT_SHOT;
 		// The outer header: no pseudo-header in ICMPv4's checksum.
 		if (n.saddr[0] != outer_src[0]) {
@@ -794,11 +821,10 @@ static __attribute__((noinline)) int icmp_error(struct __sk_buff *skb)
 			return TC_ACT_SHOT;
 	} else {
 		__u32 csum = ICMP6_OFF + 2;
-		struct nat b = *back;
-		if (!readdress6(skb, csum, IN6_OFF + 8, 0, q.saddr, b.daddr) ||
-		    !readdress6(skb, csum, IN6_OFF + 24, 0, q.daddr, b.saddr) ||
-		    !requote_port(skb, csum, IN6_L4_OFF, q.sport, b.dport) ||
-		    !requote_port(skb, csum, IN6_L4_OFF + 2, q.dport, b.sport))
+		if (!readdress6(skb, csum, IN6_OFF + 8, 0, q.saddr, quote.saddr) ||
+		    !readdress6(skb, csum, IN6_OFF + 24, 0, q.daddr, quote.daddr) ||
+		    !requote_port(skb, csum, IN6_L4_OFF, q.sport, quote.sport) ||
+		    !requote_port(skb, csum, IN6_L4_OFF + 2, q.dport, quote.dport))
 			return TC_ACT_SHOT;
 		if (!same(n.saddr, outer_src) &&
 		    !readdress6(skb, csum, IP6_SRC_OFF, BPF_F_PSEUDO_HDR, outer_src, n.saddr))

@@ -989,3 +989,111 @@ fn t12_xdp_serves_endpoints_on_other_nodes_and_passes_the_rest_to_tc() {
     assert!(tc1 > tc0, "tc did not take the far endpoint's flow");
     assert_eq!(xdp1, xdp0, "XDP ran after it was turned off");
 }
+
+/// A counter of `/proc/net/snmp` (IPv4's ICMP: `Icmp` NAME) or
+/// `/proc/net/snmp6` (`Icmp6`NAME) in namespace `ns`.
+fn icmp_stat(env: &Env, ns: &str, v6: bool, name: &str) -> u64 {
+    if v6 {
+        let out = env
+            .cluster
+            .exec_ok(ns, &["cat", "/proc/net/snmp6"])
+            .unwrap();
+        let key = format!("Icmp6{name}");
+        return out
+            .lines()
+            .find_map(|l| {
+                let mut w = l.split_whitespace();
+                (w.next() == Some(key.as_str())).then(|| w.next()?.parse().ok())?
+            })
+            .unwrap_or_else(|| panic!("no {key} in {ns}'s /proc/net/snmp6"));
+    }
+    let out = env.cluster.exec_ok(ns, &["cat", "/proc/net/snmp"]).unwrap();
+    let mut rows = out.lines().filter(|l| l.starts_with("Icmp: "));
+    let (names, values) = (rows.next().unwrap(), rows.next().unwrap());
+    let i = names
+        .split_whitespace()
+        .position(|w| w == name)
+        .unwrap_or_else(|| panic!("no Icmp {name} in {ns}'s /proc/net/snmp"));
+    values.split_whitespace().nth(i).unwrap().parse().unwrap()
+}
+
+/// ICMP errors about a reply the programs translated reach the endpoint
+/// that sent it, as conntrack would send them: the client refuses the
+/// replies (an nftables reject in its namespace, so its kernel sends "port
+/// unreachable" to the NodePort's address, quoting the reply as it got
+/// it), and each endpoint, on the node the client entered and on the other
+/// node, in both families, receives those errors with the quote as it sent
+/// the reply: its kernel counts them as destination unreachable and finds
+/// the echo server's socket for them (a quote it cannot match, or a bad
+/// checksum, would count as an ICMP input error). Without the translation
+/// the errors end on node1, which has no conntrack entry for the flows.
+#[test]
+fn t14_icmp_errors_about_replies_reach_the_endpoint() {
+    let mut env = Env::new("tcicmpr", MODE);
+    let a = env.pod(1, "a");
+    let c = env.pod(2, "c");
+    for (name, pod, np, v4, v6) in [
+        ("here", &a, 30470, "10.96.0.56", "fd00:96::56"),
+        ("there", &c, 30471, "10.96.0.57", "fd00:96::57"),
+    ] {
+        let mut svc = service(
+            name,
+            &[v4, v6],
+            json!({"type": "NodePort", "ipFamilyPolicy": "PreferDualStack"}),
+        );
+        svc["spec"]["ports"][0]["nodePort"] = json!(np + 100);
+        svc["spec"]["ports"][1]["nodePort"] = json!(np);
+        env.put(&format!("svc-{name}"), &svc);
+        for (fam, sfx) in [("IPv4", "v4"), ("IPv6", "v6")] {
+            env.put(
+                &format!("eps-{name}-{sfx}"),
+                &slice(name, sfx, fam, &ready(&[pod])),
+            );
+        }
+    }
+    env.start_all();
+    let client = env.cluster.client_ns().to_string();
+    for node_ip in [env.cluster.node_ip(1), env.cluster.node_ip6(1)] {
+        let tcp = std::net::SocketAddr::new(node_ip, 30570);
+        env.wait_tcp(&client, tcp);
+        wait_served_by_programs(&env, 1, &client, tcp, None);
+        for np in [30470, 30471] {
+            let udp = std::net::SocketAddr::new(node_ip, np);
+            kp_netlab::udp_ask(&client, udp, T).expect("UDP before the client refuses replies");
+        }
+    }
+    let rules = "table inet kp_refuse {\n  chain input {\n    type filter hook input priority 0; policy accept;\n    udp sport { 30470, 30471 } reject\n  }\n}\n";
+    let path = env.logs.join("refuse.nft");
+    std::fs::write(&path, rules).unwrap();
+    env.cluster
+        .exec_ok(&client, &["nft", "-f", path.to_str().unwrap()])
+        .unwrap();
+    for (v6, node_ip) in [
+        (false, env.cluster.node_ip(1)),
+        (true, env.cluster.node_ip6(1)),
+    ] {
+        for (pod, np) in [(&a, 30470), (&c, 30471)] {
+            let before = (
+                icmp_stat(&env, pod.ns(), v6, "InDestUnreachs"),
+                icmp_stat(&env, pod.ns(), v6, "InErrors"),
+            );
+            let udp = std::net::SocketAddr::new(node_ip, np);
+            for _ in 0..3 {
+                let r = kp_netlab::udp_ask(&client, udp, std::time::Duration::from_millis(300));
+                assert!(
+                    r.is_err(),
+                    "{udp}: a reply passed the client's reject: {r:?}"
+                );
+            }
+            let what = format!("{udp} -> {}: the client's port unreachable", pod.name());
+            env.wait(&what, || {
+                icmp_stat(&env, pod.ns(), v6, "InDestUnreachs") >= before.0 + 3
+            });
+            assert_eq!(
+                icmp_stat(&env, pod.ns(), v6, "InErrors"),
+                before.1,
+                "{what}: counted as an ICMP input error in the pod (a quote no socket matches, or a bad checksum)"
+            );
+        }
+    }
+}
