@@ -218,6 +218,54 @@ fn disruption() {
     println!();
 }
 
+/// The target (at most 1.2/N of the flows move when one of N endpoints
+/// leaves) against N: Maglev at `table_size`'s M, in units of 1/N.
+fn disruption_by_count() {
+    println!("### One endpoint of N leaves, for several N: Maglev at table_size(N)");
+    println!();
+    println!("Median (min-max) over up to 10 runs per N, each with a different endpoint leaving; x N: the share in units of 1/N (the leaver's own flows alone are 1). Where N - 1 is below a step of table_size, M changes and nearly every flow moves.");
+    println!();
+    println!("| N | M | flows moved | x N | at most 1.2/N |");
+    println!("|---|---|---|---|---|");
+    let mut rng = Rng(SEED + 3);
+    let hashes = flows(&mut rng);
+    for n in [3usize, 4, 5, 10, 20, 50, 100, 250] {
+        let eps = endpoints(&mut rng, n);
+        let (m0, m1) = (maglev::table_size(n), maglev::table_size(n - 1));
+        let before = picks(&maglev::table(&eps, m0), &eps, &hashes);
+        let leavers = n.min(10);
+        let mut moved = Vec::new();
+        for k in 0..leavers {
+            let gone = (k * n) / leavers;
+            let rest: Vec<Vec<u8>> = (0..n)
+                .filter(|&i| i != gone)
+                .map(|i| eps[i].clone())
+                .collect();
+            let after = picks(&maglev::table(&rest, m1), &rest, &hashes);
+            moved.push(share_differing(&before, &after));
+        }
+        let (a, lo, hi) = spread(&mut moved);
+        let m = if m0 == m1 {
+            m0.to_string()
+        } else {
+            format!("{m0} -> {m1}")
+        };
+        println!(
+            "| {n} | {m} | {} ({}-{}) | {:.2} | {} |",
+            pct_str(a),
+            pct_str(lo),
+            pct_str(hi),
+            a * n as f64,
+            if a * n as f64 <= 1.2 {
+                "met"
+            } else {
+                "not met"
+            }
+        );
+    }
+    println!();
+}
+
 fn agreement() {
     let n = 100usize;
     println!("### Two nodes, the same {n} endpoints listed in different orders: share of {FLOWS} flows sent to the same endpoint");
@@ -346,6 +394,7 @@ pub fn run() -> Result<()> {
     println!();
     build_times();
     disruption();
+    disruption_by_count();
     agreement();
     memory();
     Ok(())
