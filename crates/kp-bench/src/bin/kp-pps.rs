@@ -72,7 +72,7 @@
 //! [--duration 3] [--start-rate 50000] [--step 1.25] [--max-rate 2000000]
 //! [--flows 256] [--pods 4] [--tcp-threads 4] [--requests 2000] [--loss
 //! 0.001] [--first-sync-within 300] [--time-limit 3600] [--write
-//! BENCHMARKS.md]`
+//! BENCHMARKS.md [--section NAME]]`
 //!
 //! Configurations (pps.rs, `CONFIGS`): upstream-nftables,
 //! upstream-iptables (the host's iptables: iptables-nft here),
@@ -88,7 +88,9 @@
 //! the proxy's error line. `--upstream` defaults to ../shared/k8s's
 //! kube-proxy (unpacked into target/k8s-bin), `--binary` to the
 //! kube-proxy-rs beside kp-pps. `--write` replaces the text between the
-//! `kp-pps` markers of that file.
+//! `kp-pps` markers of that file (`kp-pps remote` with `--endpoints
+//! remote`; `kp-pps NAME` with `--section NAME`, for a run of another
+//! shape beside those).
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
@@ -144,6 +146,7 @@ struct Opts {
     first_sync_within: Duration,
     time_limit: Duration,
     write: Option<PathBuf>,
+    section: Option<String>,
     command: String,
 }
 
@@ -168,6 +171,7 @@ fn parse_opts() -> Result<Opts> {
         first_sync_within: Duration::from_secs(300),
         time_limit: Duration::from_secs(3600),
         write: None,
+        section: None,
         command: String::new(),
     };
     let mut known = pps::builtin_configs();
@@ -234,6 +238,12 @@ fn parse_opts() -> Result<Opts> {
             }
             "--time-limit" => o.time_limit = Duration::from_secs_f64(num("--time-limit")?),
             "--write" => o.write = Some(PathBuf::from(&v)),
+            "--section" => {
+                if v.is_empty() || !v.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+                    bail!("--section: letters, digits and '-', not {v:?}");
+                }
+                o.section = Some(v.clone())
+            }
             other => bail!(
                 "unknown argument {other} (see the header of crates/kp-bench/src/bin/kp-pps.rs)"
             ),
@@ -1011,11 +1021,12 @@ fn main() -> Result<()> {
     );
     println!("{text}");
     if let Some(path) = &o.write {
-        write_into(
-            path,
-            if o.remote { "kp-pps remote" } else { "kp-pps" },
-            &text,
-        )?;
+        let marker = match (&o.section, o.remote) {
+            (Some(name), _) => format!("kp-pps {name}"),
+            (None, true) => "kp-pps remote".to_string(),
+            (None, false) => "kp-pps".to_string(),
+        };
+        write_into(path, &marker, &text)?;
         eprintln!("wrote the table into {}", path.display());
     }
     Ok(())
