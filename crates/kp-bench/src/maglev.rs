@@ -136,6 +136,16 @@ fn build_times() {
     println!();
 }
 
+/// The share of `hashes` whose endpoint differs from `before` once
+/// `eps[gone]` leaves and the rest build a table of `m` slots.
+fn moved_by_leaving(eps: &[Vec<u8>], before: &[&[u8]], gone: usize, m: u32, hashes: &[u32]) -> f64 {
+    let rest: Vec<Vec<u8>> = (0..eps.len())
+        .filter(|&i| i != gone)
+        .map(|i| eps[i].clone())
+        .collect();
+    share_differing(before, &picks(&maglev::table(&rest, m), &rest, hashes))
+}
+
 fn disruption() {
     let n = 100usize;
     let leavers = 10;
@@ -167,12 +177,7 @@ fn disruption() {
         let (mut moved, mut own) = (Vec::new(), Vec::new());
         for k in 0..leavers {
             let gone = (k * n) / leavers;
-            let rest: Vec<Vec<u8>> = (0..n)
-                .filter(|&i| i != gone)
-                .map(|i| eps[i].clone())
-                .collect();
-            let after = picks(&maglev::table(&rest, m1), &rest, &hashes);
-            moved.push(share_differing(&before, &after));
+            moved.push(moved_by_leaving(&eps, &before, gone, m1, &hashes));
             let mine = before
                 .iter()
                 .filter(|&&e| e == eps[gone].as_slice())
@@ -237,12 +242,7 @@ fn disruption_by_count() {
         let mut moved = Vec::new();
         for k in 0..leavers {
             let gone = (k * n) / leavers;
-            let rest: Vec<Vec<u8>> = (0..n)
-                .filter(|&i| i != gone)
-                .map(|i| eps[i].clone())
-                .collect();
-            let after = picks(&maglev::table(&rest, m1), &rest, &hashes);
-            moved.push(share_differing(&before, &after));
+            moved.push(moved_by_leaving(&eps, &before, gone, m1, &hashes));
         }
         let (a, lo, hi) = spread(&mut moved);
         let m = if m0 == m1 {
