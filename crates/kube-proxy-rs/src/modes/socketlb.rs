@@ -110,7 +110,12 @@ pub fn wrap(
                 kp_socketlb::Acceleration::parse(&flags.bpf_lb_acceleration).unwrap_or_default(),
             )
             .context("--bpf-lb-acceleration")?;
-            tracing::info!("tc programs for traffic from outside the node loaded");
+            tracing::info!(
+                algorithm = %flags.bpf_lb_algorithm,
+                lb_mode = %flags.bpf_lb_mode,
+                acceleration = %flags.bpf_lb_acceleration,
+                "tc programs for traffic from outside the node loaded"
+            );
             Some((np, flags.bpf_nodeport_devices.clone()))
         }
         kp_model::IpFamily::V6 => {
