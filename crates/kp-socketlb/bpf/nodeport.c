@@ -767,34 +767,28 @@ static __attribute__((noinline)) int icmp_error(struct __sk_buff *skb)
 	struct flow r = { .family = q.family, .proto = q.proto, .sport = q.dport, .dport = q.sport };
 	copy(r.saddr, q.daddr);
 	copy(r.daddr, q.saddr);
-	// What the quote becomes (its source, destination and ports), and the
-	// outer header's new source and destination.
-	struct nat quote = {}, n = {};
-	struct nat *back = bpf_map_lookup_elem(&kp_np_replies, &r);
-	if (back) {
-		// About a request (node -> endpoint): back is Service -> client,
-		// and the quote becomes client -> Service, for the client.
-		copy(quote.saddr, back->daddr);
-		copy(quote.daddr, back->saddr);
-		quote.sport = back->dport;
-		quote.dport = back->sport;
-		copy(n.daddr, back->daddr);
-		copy(n.saddr, same(outer_src, q.daddr) ? back->saddr : outer_src);
-	} else {
-		// About a reply (Service -> client: from the client, or a router
-		// on the way to it saying the reply is too big): r is the client's
-		// request, and the quote becomes the reply as the endpoint sent
-		// it, for the endpoint, from whoever wrote the error.
-		struct nat *fwd = bpf_map_lookup_elem(&kp_np_flows, &r);
-		if (!fwd || (fwd->backend.pad & KP_NAT_PASS))
+	// `t`, the translation of r: about a request (node -> endpoint), the
+	// reply's (Service -> client); about a reply (Service -> client: from
+	// the client, or a router on the way to it saying the reply is too
+	// big), the client's request's (node -> endpoint). Either way the
+	// quote becomes t's reverse (client -> Service, or the reply as the
+	// endpoint sent it), for the one t sends to.
+	struct nat *t = bpf_map_lookup_elem(&kp_np_replies, &r);
+	int about_reply = !t;
+	if (about_reply) {
+		t = bpf_map_lookup_elem(&kp_np_flows, &r);
+		if (!t || (t->backend.pad & KP_NAT_PASS))
 			return -1;
-		copy(quote.saddr, fwd->daddr);
-		copy(quote.daddr, fwd->saddr);
-		quote.sport = fwd->dport;
-		quote.dport = fwd->sport;
-		copy(n.daddr, fwd->daddr);
-		copy(n.saddr, outer_src);
 	}
+	// What the quote becomes (its source, destination and ports), and the
+	// outer header's new source and destination: from whoever wrote the
+	// error, but the Service address where an endpoint wrote one about a
+	// request.
+	struct nat quote = { .sport = t->dport, .dport = t->sport }, n = {};
+	copy(quote.saddr, t->daddr);
+	copy(quote.daddr, t->saddr);
+	copy(n.daddr, t->daddr);
+	copy(n.saddr, !about_reply && same(outer_src, q.daddr) ? t->saddr : outer_src);
 	if (ttl <= 1)
 		return TC_ACT_OK;
 	int v4 = q.family == 4;
