@@ -400,6 +400,35 @@ fn t06_a_connection_from_before_the_programs_survives_them() {
     assert_eq!(answer, format!("{server} still there"));
 }
 
+/// A dual-stack NodePort Service `name` (ClusterIPs `ips`; UDP on
+/// nodePort `udp_np`, TCP on `udp_np + 100`) whose one endpoint in both
+/// families is `pod`, its UDP port `udp_port` where given (the echo's
+/// otherwise).
+fn dual_nodeport(
+    env: &mut Env,
+    name: &str,
+    pod: &kp_netlab::Pod,
+    udp_np: u16,
+    ips: [&str; 2],
+    udp_port: Option<u16>,
+) {
+    let mut svc = service(
+        name,
+        &ips,
+        json!({"type": "NodePort", "ipFamilyPolicy": "PreferDualStack"}),
+    );
+    svc["spec"]["ports"][0]["nodePort"] = json!(udp_np + 100);
+    svc["spec"]["ports"][1]["nodePort"] = json!(udp_np);
+    env.put(&format!("svc-{name}"), &svc);
+    for (fam, sfx) in [("IPv4", "v4"), ("IPv6", "v6")] {
+        let mut s = slice(name, sfx, fam, &ready(&[pod]));
+        if let Some(port) = udp_port {
+            s["ports"][1]["port"] = json!(port);
+        }
+        env.put(&format!("eps-{name}-{sfx}"), &s);
+    }
+}
+
 /// ICMP errors about translated flows go back to the client as conntrack
 /// sends them: UDP from outside to a NodePort whose endpoint has nothing
 /// listening on its port is refused (the endpoint's "port unreachable",
@@ -411,34 +440,23 @@ fn t07_port_unreachable_from_an_endpoint_reaches_the_client() {
     let mut env = Env::new("tcicmp", MODE);
     let a = env.pod(1, "a");
     let c = env.pod(2, "c");
-    for (name, pod, np) in [("here", &a, 30460), ("there", &c, 30461)] {
-        let mut svc = service(
-            name,
-            &[if np == 30460 {
-                "10.96.0.46"
-            } else {
-                "10.96.0.47"
-            }],
-            json!({"type": "NodePort", "ipFamilyPolicy": "PreferDualStack"}),
-        );
-        svc["spec"]["clusterIPs"] = json!([
-            svc["spec"]["clusterIP"].clone(),
-            if np == 30460 {
-                "fd00:96::46"
-            } else {
-                "fd00:96::47"
-            }
-        ]);
-        svc["spec"]["ports"][0]["nodePort"] = json!(np + 100);
-        svc["spec"]["ports"][1]["nodePort"] = json!(np);
-        env.put(&format!("svc-{name}"), &svc);
-        for (fam, sfx) in [("IPv4", "v4"), ("IPv6", "v6")] {
-            let mut s = slice(name, sfx, fam, &ready(&[pod]));
-            // Nothing listens on UDP 9999 in the pods.
-            s["ports"][1]["port"] = json!(9999);
-            env.put(&format!("eps-{name}-{sfx}"), &s);
-        }
-    }
+    // Nothing listens on UDP 9999 in the pods.
+    dual_nodeport(
+        &mut env,
+        "here",
+        &a,
+        30460,
+        ["10.96.0.46", "fd00:96::46"],
+        Some(9999),
+    );
+    dual_nodeport(
+        &mut env,
+        "there",
+        &c,
+        30461,
+        ["10.96.0.47", "fd00:96::47"],
+        Some(9999),
+    );
     env.start_all();
     let client = env.cluster.client_ns().to_string();
     for node_ip in [env.cluster.node_ip(1), env.cluster.node_ip6(1)] {
@@ -1032,25 +1050,22 @@ fn t14_icmp_errors_about_replies_reach_the_endpoint() {
     let mut env = Env::new("tcicmpr", MODE);
     let a = env.pod(1, "a");
     let c = env.pod(2, "c");
-    for (name, pod, np, v4, v6) in [
-        ("here", &a, 30470, "10.96.0.56", "fd00:96::56"),
-        ("there", &c, 30471, "10.96.0.57", "fd00:96::57"),
-    ] {
-        let mut svc = service(
-            name,
-            &[v4, v6],
-            json!({"type": "NodePort", "ipFamilyPolicy": "PreferDualStack"}),
-        );
-        svc["spec"]["ports"][0]["nodePort"] = json!(np + 100);
-        svc["spec"]["ports"][1]["nodePort"] = json!(np);
-        env.put(&format!("svc-{name}"), &svc);
-        for (fam, sfx) in [("IPv4", "v4"), ("IPv6", "v6")] {
-            env.put(
-                &format!("eps-{name}-{sfx}"),
-                &slice(name, sfx, fam, &ready(&[pod])),
-            );
-        }
-    }
+    dual_nodeport(
+        &mut env,
+        "here",
+        &a,
+        30470,
+        ["10.96.0.56", "fd00:96::56"],
+        None,
+    );
+    dual_nodeport(
+        &mut env,
+        "there",
+        &c,
+        30471,
+        ["10.96.0.57", "fd00:96::57"],
+        None,
+    );
     env.start_all();
     let client = env.cluster.client_ns().to_string();
     for node_ip in [env.cluster.node_ip(1), env.cluster.node_ip6(1)] {
