@@ -266,6 +266,47 @@ fn disruption_by_count() {
     println!();
 }
 
+/// The moved share against the table size: for each N, every size of
+/// maglev::SIZES from table_size(N) up, the same M before and after (as
+/// table_size gives while N - 1 stays on its step). What a rule of more
+/// slots per endpoint would buy against 1.2/N, and at what size.
+fn disruption_by_size() {
+    println!("### One endpoint of N leaves, table sizes from table_size(N) up");
+    println!();
+    println!("Median over up to 10 runs per cell (a different endpoint leaving each), in units of 1/N; the smallest M that meets 1.2/N in bold.");
+    println!();
+    let ns = [10usize, 20, 50, 100, 250];
+    println!("| M | {} |", ns.map(|n| format!("N = {n}")).join(" | "));
+    println!("|---|{}", "---|".repeat(ns.len()));
+    let mut rng = Rng(SEED + 4);
+    let hashes = flows(&mut rng);
+    let sets: Vec<Vec<Vec<u8>>> = ns.iter().map(|&n| endpoints(&mut rng, n)).collect();
+    let mut met = [false; 5];
+    for m in maglev::SIZES {
+        let mut row = Vec::new();
+        for (k, (&n, eps)) in ns.iter().zip(&sets).enumerate() {
+            if m < maglev::table_size(n) {
+                row.push("-".to_string());
+                continue;
+            }
+            let before = picks(&maglev::table(eps, m), eps, &hashes);
+            let leavers = n.min(10);
+            let mut moved: Vec<f64> = (0..leavers)
+                .map(|j| moved_by_leaving(eps, &before, (j * n) / leavers, m, &hashes))
+                .collect();
+            let x = spread(&mut moved).0 * n as f64;
+            if x <= 1.2 && !met[k] {
+                met[k] = true;
+                row.push(format!("**{x:.2}**"));
+            } else {
+                row.push(format!("{x:.2}"));
+            }
+        }
+        println!("| {m} | {} |", row.join(" | "));
+    }
+    println!();
+}
+
 fn agreement() {
     let n = 100usize;
     println!("### Two nodes, the same {n} endpoints listed in different orders: share of {FLOWS} flows sent to the same endpoint");
@@ -395,6 +436,7 @@ pub fn run() -> Result<()> {
     build_times();
     disruption();
     disruption_by_count();
+    disruption_by_size();
     agreement();
     memory();
     Ok(())

@@ -25,6 +25,10 @@ pub enum Binary {
     /// symlinks to xtables-legacy-multi, as the kube-proxy image's wrapper
     /// would pick on a legacy host).
     UpstreamLegacy,
+    /// No proxy at all: the client sends to the endpoints' own addresses,
+    /// routed through the node (the `floor` row: what forwarding alone
+    /// costs, on the same veths and bridge as every other row).
+    NoProxy,
 }
 
 impl Binary {
@@ -33,12 +37,13 @@ impl Binary {
             "ours" => Binary::Ours,
             "upstream" => Binary::Upstream,
             "upstream-legacy" => Binary::UpstreamLegacy,
-            other => bail!("binary {other:?}: ours, upstream or upstream-legacy"),
+            "none" => Binary::NoProxy,
+            other => bail!("binary {other:?}: ours, upstream, upstream-legacy or none"),
         })
     }
 
     pub fn upstream(self) -> bool {
-        self != Binary::Ours
+        matches!(self, Binary::Upstream | Binary::UpstreamLegacy)
     }
 }
 
@@ -55,6 +60,9 @@ pub struct ProxyConfig {
 /// Every configuration kp-pps knows by name. New flags need no code: add
 /// them with `--extra-args NAME=FLAGS`, or define a row with `--define`.
 const CONFIGS: &[(&str, Binary, &str, &[&str])] = &[
+    // No proxy: plain forwarding to the pods' addresses, no NAT, and no
+    // conntrack (a namespace without rules registers no hooks).
+    ("floor", Binary::NoProxy, "none", &[]),
     ("upstream-nftables", Binary::Upstream, "nftables", &[]),
     // The host's `iptables`: iptables-nft on this machine kind. Its first
     // sync takes ~95 minutes at 10k Services (BENCHMARKS.md, kp-compare).
@@ -1042,9 +1050,17 @@ mod tests {
             "ours-nftables",
             "ours-tc",
             "ours-xdp",
+            "floor",
         ] {
             assert!(names.iter().any(|x| x == n), "{n}");
         }
+        let floor = builtin_configs().into_iter().find(|c| c.name == "floor");
+        assert_eq!(floor.map(|c| c.binary), Some(Binary::NoProxy));
+        assert!(!Binary::NoProxy.upstream() && Binary::UpstreamLegacy.upstream());
+        assert_eq!(
+            parse_define("f=none:none").map(|c| c.binary).ok(),
+            Some(Binary::NoProxy)
+        );
     }
 
     #[test]

@@ -71,14 +71,26 @@
 //! [--extra-args NAME=FLAGS]... [--define NAME=BINARY:MODE[:FLAGS]]...
 //! [--duration 3] [--start-rate 50000] [--step 1.25] [--max-rate 2000000]
 //! [--flows 256] [--pods 4] [--tcp-threads 4] [--requests 2000] [--loss
-//! 0.001] [--first-sync-within 300] [--time-limit 3600] [--write
-//! BENCHMARKS.md [--section NAME]]`
+//! 0.001] [--first-sync-within 300] [--time-limit 3600] [--fixed-rate R
+//! [--repeats 8]] [--write BENCHMARKS.md [--section NAME]]`
+//!
+//! `--fixed-rate R`: after its climb, every row sends at R for `--repeats`
+//! more steps, and a table of their own gives CPU 1's softirq and busy
+//! time per packet (medians and the softirq's range: the ticks are
+//! sampled at HZ), and what each row adds to the `floor` row's.
 //!
 //! Configurations (pps.rs, `CONFIGS`): upstream-nftables,
 //! upstream-iptables (the host's iptables: iptables-nft here),
 //! upstream-iptables-legacy, ours-nftables, ours-iptables,
 //! ours-iptables-legacy, ours-tc (`--socket-lb --bpf-nodeport`), ours-xdp
-//! (ours-tc plus `--bpf-lb-acceleration native`). `--extra-args
+//! (ours-tc plus `--bpf-lb-acceleration native`), and `floor`: no proxy,
+//! the client sending to the pods' own addresses through the node (a route
+//! of the client's via that node while the row runs), so that the node
+//! forwards with no NAT and no conntrack: what the veths, the bridge and
+//! routing cost every row, and where the client's CPU ends the climb. Its
+//! TCP requests go to one pod, and with `--endpoints remote` the pod's
+//! answers go to the client straight from the endpoints' node (no SNAT
+//! brings them back through the measured node). `--extra-args
 //! 'ours-xdp=--bpf-lb-algorithm maglev'` appends flags to one;
 //! `--define 'NAME=ours:nftables:--socket-lb ...'` adds one (BINARY: ours,
 //! upstream or upstream-legacy). A configuration that asks for BPF gets a
@@ -148,6 +160,10 @@ struct Opts {
     write: Option<PathBuf>,
     section: Option<String>,
     command: String,
+    /// `--fixed-rate R`: after the climb, `repeats` steps at R for every
+    /// row.
+    fixed_rate: Option<f64>,
+    repeats: usize,
 }
 
 fn parse_opts() -> Result<Opts> {
@@ -173,6 +189,8 @@ fn parse_opts() -> Result<Opts> {
         write: None,
         section: None,
         command: String::new(),
+        fixed_rate: None,
+        repeats: 8,
     };
     let mut known = pps::builtin_configs();
     let mut wanted = "upstream-nftables,upstream-iptables-legacy,ours-nftables".to_string();
@@ -236,6 +254,8 @@ fn parse_opts() -> Result<Opts> {
             "--first-sync-within" => {
                 o.first_sync_within = Duration::from_secs_f64(num("--first-sync-within")?)
             }
+            "--fixed-rate" => o.fixed_rate = Some(num("--fixed-rate")?.min(20e6)),
+            "--repeats" => o.repeats = (num("--repeats")? as usize).clamp(1, 100),
             "--time-limit" => o.time_limit = Duration::from_secs_f64(num("--time-limit")?),
             "--write" => o.write = Some(PathBuf::from(&v)),
             "--section" => {
@@ -320,6 +340,8 @@ struct Figures {
     latency: Vec<Duration>,
     latency_failed: u64,
     conns: (u64, u64, Duration),
+    /// `--fixed-rate` steps.
+    fixed: Vec<Step>,
 }
 
 enum Outcome {
@@ -396,6 +418,60 @@ fn settled_counts(sinks: &UdpSinks) -> Vec<u64> {
     last
 }
 
+/// The client's routes to pods' addresses through one node, for the
+/// floor row; deleted again when it drops (the other rows' clients send
+/// to node addresses only, but their lab is the same).
+struct ClientRoutes<'a> {
+    lab: &'a Lab,
+    dests: Vec<String>,
+}
+
+impl<'a> ClientRoutes<'a> {
+    fn via(lab: &'a Lab, pods: &[Pod], node: usize) -> Result<ClientRoutes<'a>> {
+        let nodes: BTreeSet<usize> = pods.iter().map(|p| p.node()).collect();
+        let mut routes = ClientRoutes {
+            lab,
+            dests: Vec::new(),
+        };
+        // The node forwards back out of the eth0 the packets came in by, to
+        // a next hop on the client's own link: it sends ICMP redirects, and
+        // a client that took them would send to the endpoints' node
+        // directly, past the node measured. (The proxies' rows are
+        // translated before routing; the client never sends to the
+        // addresses those redirects name.)
+        for key in [
+            "net.ipv4.conf.all.accept_redirects",
+            "net.ipv4.conf.eth0.accept_redirects",
+        ] {
+            lab.cluster
+                .exec_ok(
+                    lab.cluster.client_ns(),
+                    &["sysctl", "-qw", &format!("{key}=0")],
+                )
+                .with_context(|| format!("{key}=0 in the client"))?;
+        }
+        for n in nodes {
+            let cidr = lab.cluster.pod_cidr(n);
+            lab.cluster
+                .client_route_via(cidr, node)
+                .with_context(|| format!("a route to {cidr} via node{node} in the client"))?;
+            routes.dests.push(cidr.to_string());
+        }
+        Ok(routes)
+    }
+}
+
+impl Drop for ClientRoutes<'_> {
+    fn drop(&mut self) {
+        for d in &self.dests {
+            let _ = self
+                .lab
+                .cluster
+                .exec(self.lab.cluster.client_ns(), &["ip", "route", "del", d]);
+        }
+    }
+}
+
 struct Ctx<'a> {
     o: &'a Opts,
     lab: &'a Lab,
@@ -452,22 +528,47 @@ fn measure_config(
     };
     let label = format!("{}-{}", cfg.name, cx.n);
     let t0 = Instant::now();
-    let proxy = lab.spawn_proxy_with(node, &cmd, &label)?;
     let client = lab.cluster.client_ns().to_string();
     let node_ip: IpAddr = lab.cluster.node_ip(node);
-    let udp_target = SocketAddr::new(node_ip, UDP_NODE_PORT);
-    let tcp_target = SocketAddr::new(node_ip, TCP_NODE_PORT);
-    let probe = udp_flows(&client, udp_target, 1)?;
+    // The floor row has no proxy: the client sends to the pods' own
+    // addresses through this node (its routes to them taken out again
+    // when the row ends).
+    let floor = cfg.binary == Binary::NoProxy;
+    let (proxy, _routes, udp_targets, tcp_target) = if floor {
+        let routes = ClientRoutes::via(lab, pods, node)?;
+        (
+            None,
+            Some(routes),
+            pods.iter()
+                .map(|p| SocketAddr::new(p.ip(), UDP_PORT))
+                .collect::<Vec<_>>(),
+            SocketAddr::new(pods[0].ip(), TCP_PORT),
+        )
+    } else {
+        (
+            Some(lab.spawn_proxy_with(node, &cmd, &label)?),
+            None,
+            vec![SocketAddr::new(node_ip, UDP_NODE_PORT)],
+            SocketAddr::new(node_ip, TCP_NODE_PORT),
+        )
+    };
+    let probe = udp_flows(&client, udp_targets[0], 1)?;
     let mut synced_once = false;
     loop {
         check_interrupted()?;
-        if !proxy.guard.is_running() {
+        if let Some(proxy) = proxy.as_ref().filter(|p| !p.guard.is_running()) {
             std::thread::sleep(Duration::from_millis(100));
             return Ok(Outcome::NotAvailable(error_line(
                 &proxy.guard.log_contents(),
             )));
         }
         if t0.elapsed() > o.first_sync_within {
+            let Some(proxy) = &proxy else {
+                return Ok(Outcome::NotAvailable(format!(
+                    "nothing passed to the pods' addresses within {:.0} s",
+                    o.first_sync_within.as_secs_f64()
+                )));
+            };
             // A proxy still running has logged no fatal error: its last
             // line says where it is.
             let log = proxy.guard.log_contents();
@@ -487,11 +588,12 @@ fn measure_config(
                 last.trim().chars().take(200).collect::<String>()
             )));
         }
-        let synced = proxy
-            .samples("kubeproxy_sync_proxy_rules_duration_seconds_count")
-            .iter()
-            .sum::<f64>()
-            >= 1.0;
+        let synced = proxy.as_ref().is_none_or(|p| {
+            p.samples("kubeproxy_sync_proxy_rules_duration_seconds_count")
+                .iter()
+                .sum::<f64>()
+                >= 1.0
+        });
         synced_once |= synced;
         if synced {
             let before = sinks.total();
@@ -505,20 +607,22 @@ fn measure_config(
         sleep_checked(Duration::from_millis(250))?;
     }
     let ready = t0.elapsed();
-    eprintln!(
-        "    serving through the NodePort {:.1} s after its start",
-        ready.as_secs_f64()
-    );
-    // From now on whatever the proxy does is the node's work: CPU 1.
-    pin_process(proxy.guard.pid(), NODE_CPU)?;
-    sleep_checked(Duration::from_secs(3))?;
-
-    let ids: BTreeSet<u64> = node_programs(
-        &lab.cluster,
-        lab.cluster.node_ns(node),
-        &before,
-        proxy.guard.pid(),
-    );
+    let mut ids = BTreeSet::new();
+    if let Some(proxy) = &proxy {
+        eprintln!(
+            "    serving through the NodePort {:.1} s after its start",
+            ready.as_secs_f64()
+        );
+        // From now on whatever the proxy does is the node's work: CPU 1.
+        pin_process(proxy.guard.pid(), NODE_CPU)?;
+        sleep_checked(Duration::from_secs(3))?;
+        ids = node_programs(
+            &lab.cluster,
+            lab.cluster.node_ns(node),
+            &before,
+            proxy.guard.pid(),
+        );
+    }
     let all = bpf_programs();
     let programs: Vec<String> = ids
         .iter()
@@ -540,7 +644,12 @@ fn measure_config(
     };
 
     // UDP: the climb.
-    let flows = udp_flows(&client, udp_target, o.flows)?;
+    // The flows spread over the targets (the pods, for the floor row).
+    let mut flows = Vec::with_capacity(o.flows);
+    for (k, t) in udp_targets.iter().enumerate() {
+        let share = o.flows / udp_targets.len() + usize::from(k < o.flows % udp_targets.len());
+        flows.extend(udp_flows(&client, *t, share)?);
+    }
     let warm = sinks.total();
     send_paced(&flows, o.start_rate, Duration::from_millis(500), CLIENT_CPU)?;
     settled_counts(&sinks);
@@ -552,12 +661,8 @@ fn measure_config(
     let mut rate = o.start_rate.min(o.max_rate);
     let (mut top, mut stopped_at, mut stop) = (None, None, Stop::Steps);
     let mut retries = 0;
-    for _ in 0..MAX_STEPS {
-        check_interrupted()?;
-        if Instant::now() > cx.deadline {
-            stop = Stop::TimeLimit;
-            break;
-        }
+    // One step: `rate` for --duration, and what the node did meanwhile.
+    let run_step = |rate: f64| -> Result<Step> {
         let c0 = sinks.counts();
         let (rx0, bd0, rb0, b0) = (
             net_rx_per_cpu(),
@@ -608,6 +713,15 @@ fn measure_config(
                 String::new()
             }
         );
+        Ok(s)
+    };
+    for _ in 0..MAX_STEPS {
+        check_interrupted()?;
+        if Instant::now() > cx.deadline {
+            stop = Stop::TimeLimit;
+            break;
+        }
+        let s = run_step(rate)?;
         let client_bound = s.sent.rate() < 0.95 * rate;
         if s.loss() > o.loss {
             if retries < RETRIES {
@@ -643,6 +757,19 @@ fn measure_config(
         }
         rate = (rate * o.step).min(o.max_rate);
     }
+    // At one rate for every row: the node's CPU per packet where the
+    // climbs' top steps (each at its own rate) cannot be compared.
+    let mut fixed = Vec::new();
+    if let Some(r) = o.fixed_rate {
+        eprintln!("    at {} pps, {} steps:", thousands(r as u64), o.repeats);
+        for _ in 0..o.repeats {
+            check_interrupted()?;
+            if Instant::now() > cx.deadline {
+                break;
+            }
+            fixed.push(run_step(r)?);
+        }
+    }
     drop(flows);
 
     // TCP: latency one request at a time, then the connection rate.
@@ -660,14 +787,16 @@ fn measure_config(
         conns.0 as f64 / conns.2.as_secs_f64(),
         conns.1
     );
-    if !proxy.guard.is_running() {
-        bail!(
-            "{}: the proxy exited during the measurement; log {}",
-            cfg.name,
-            proxy.guard.log_path().display()
-        );
+    if let Some(proxy) = &proxy {
+        if !proxy.guard.is_running() {
+            bail!(
+                "{}: the proxy exited during the measurement; log {}",
+                cfg.name,
+                proxy.guard.log_path().display()
+            );
+        }
+        proxy.guard.kill_hard();
     }
-    proxy.guard.kill_hard();
     // Its rules stay in its node's namespace (unused from now on); the
     // big ones go, so that the next proxies' kernel memory is not shared
     // with them. Best effort.
@@ -689,6 +818,7 @@ fn measure_config(
         latency,
         latency_failed,
         conns,
+        fixed,
     })))
 }
 
@@ -943,6 +1073,116 @@ fn table(o: &Opts, results: &[(u32, Vec<Outcome>)]) -> String {
                 t.push_str(&format!("* {n}\n"));
             }
         }
+        if let Some(rate) = o.fixed_rate {
+            t.push_str(&fixed_table(o, rate, outcomes));
+        }
+    }
+    t
+}
+
+/// The median, lowest and highest of `xs` (NaN for none).
+fn spread(mut xs: Vec<f64>) -> (f64, f64, f64) {
+    if xs.is_empty() {
+        return (f64::NAN, f64::NAN, f64::NAN);
+    }
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    let mid = if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    };
+    (mid, xs[0], xs[n - 1])
+}
+
+/// CPU 1's softirq and busy time per packet over `--fixed-rate` steps:
+/// medians, and the softirq's range.
+struct FixedCost {
+    softirq: (f64, f64, f64),
+    busy: (f64, f64, f64),
+}
+
+fn fixed_cost(steps: &[Step]) -> FixedCost {
+    let per = |f: &dyn Fn(&Step) -> f64| -> Vec<f64> {
+        steps
+            .iter()
+            .filter(|s| s.sent.packets > 0)
+            .map(|s| f(s) / s.sent.packets as f64)
+            .collect()
+    };
+    FixedCost {
+        softirq: spread(per(&|s| s.softirq_ns[NODE_CPU])),
+        busy: spread(per(&|s| {
+            s.busy[NODE_CPU] * s.sent.elapsed.as_secs_f64() * 1e9
+        })),
+    }
+}
+
+/// The `--fixed-rate` table of one Service count: every row at the same
+/// offered rate, so that CPU 1's time per packet compares (the climb's top
+/// steps are at different rates, and a softirq pass costs less per packet
+/// the more packets it finds). "Above floor": the row's median less the
+/// floor row's, when the floor ran: what the proxy adds to forwarding.
+fn fixed_table(o: &Opts, rate: f64, outcomes: &[Outcome]) -> String {
+    let floor = o
+        .configs
+        .iter()
+        .zip(outcomes)
+        .find_map(|(c, out)| match out {
+            Outcome::Measured(f) if c.binary == Binary::NoProxy && !f.fixed.is_empty() => {
+                Some(fixed_cost(&f.fixed))
+            }
+            _ => None,
+        });
+    let mut t = format!(
+        "\nAt {} pps offered, {} steps of {:.0} s per row (CPU 1's time over the packets sent; tick-sampled at HZ, so the steps' spread is shown):\n\n",
+        thousands(rate as u64),
+        o.repeats,
+        o.duration.as_secs_f64()
+    );
+    t.push_str("| proxy | sent pps (median) | most lost in a step | CPU 1 softirq ns/pkt, median (lowest-highest) | above the floor | CPU 1 busy ns/pkt, median | BPF programs ns/run, runs/pkt |\n");
+    t.push_str("|---|---|---|---|---|---|---|\n");
+    for (cfg, out) in o.configs.iter().zip(outcomes) {
+        let Outcome::Measured(f) = out else {
+            continue;
+        };
+        if f.fixed.is_empty() {
+            t.push_str(&format!("| {} | not measured | | | | | |\n", cfg.name));
+            continue;
+        }
+        let c = fixed_cost(&f.fixed);
+        let (sent, _, _) = spread(f.fixed.iter().map(|s| s.sent.rate()).collect());
+        let lost = f.fixed.iter().map(Step::loss).fold(0.0, f64::max);
+        let above = match &floor {
+            Some(fl) if cfg.binary != Binary::NoProxy => {
+                format!("{:+.0}", c.softirq.0 - fl.softirq.0)
+            }
+            _ => "-".into(),
+        };
+        let (time, runs) = f
+            .fixed
+            .iter()
+            .fold((0u64, 0u64), |(t, r), s| (t + s.bpf.0, r + s.bpf.1));
+        let pk: u64 = f.fixed.iter().map(|s| s.sent.packets).sum();
+        let bpf = if runs == 0 {
+            "-".to_string()
+        } else {
+            format!(
+                "{:.0}, {:.2}",
+                time as f64 / runs as f64,
+                runs as f64 / pk.max(1) as f64
+            )
+        };
+        t.push_str(&format!(
+            "| {} | {} | {:.2}% | {:.0} ({:.0}-{:.0}) | {above} | {:.0} | {bpf} |\n",
+            cfg.name,
+            thousands(sent as u64),
+            lost * 100.0,
+            c.softirq.0,
+            c.softirq.1,
+            c.softirq.2,
+            c.busy.0,
+        ));
     }
     t
 }
@@ -1030,4 +1270,16 @@ fn main() -> Result<()> {
         eprintln!("wrote the table into {}", path.display());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spread;
+
+    #[test]
+    fn spread_is_median_and_range() {
+        assert_eq!(spread(vec![3.0, 1.0, 2.0]), (2.0, 1.0, 3.0));
+        assert_eq!(spread(vec![4.0, 1.0, 2.0, 8.0]), (3.0, 1.0, 8.0));
+        assert!(spread(Vec::new()).0.is_nan());
+    }
 }
