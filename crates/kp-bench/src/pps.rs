@@ -53,6 +53,9 @@ impl Binary {
 pub struct ProxyConfig {
     pub name: String,
     pub binary: Binary,
+    /// Another build of ours than `--binary` (`ours@PATH` in `--define`):
+    /// two builds compared in one run.
+    pub path: Option<std::path::PathBuf>,
     pub mode: String,
     pub args: Vec<String>,
 }
@@ -107,6 +110,7 @@ pub fn builtin_configs() -> Vec<ProxyConfig> {
         .map(|(name, binary, mode, args)| ProxyConfig {
             name: name.to_string(),
             binary: *binary,
+            path: None,
             mode: mode.to_string(),
             args: args.iter().map(|a| a.to_string()).collect(),
         })
@@ -120,7 +124,14 @@ pub fn parse_define(spec: &str) -> Result<ProxyConfig> {
         .split_once('=')
         .with_context(|| format!("--define {spec:?}: NAME=BINARY:MODE[:FLAGS]"))?;
     let mut parts = rest.splitn(3, ':');
-    let binary = Binary::parse(parts.next().unwrap_or_default())?;
+    let (binary, path) = match parts.next().unwrap_or_default().split_once('@') {
+        Some(("ours", p)) if !p.is_empty() => (Binary::Ours, Some(std::path::PathBuf::from(p))),
+        Some(_) => bail!("--define {spec:?}: only ours@PATH names a path"),
+        None => (
+            Binary::parse(rest.split(':').next().unwrap_or_default())?,
+            None,
+        ),
+    };
     let mode = parts
         .next()
         .filter(|m| !m.is_empty())
@@ -128,6 +139,7 @@ pub fn parse_define(spec: &str) -> Result<ProxyConfig> {
     Ok(ProxyConfig {
         name: name.to_string(),
         binary,
+        path,
         mode: mode.to_string(),
         args: parts
             .next()
@@ -1043,6 +1055,13 @@ mod tests {
         assert!(wants_bpf(&c.args));
         assert!(parse_define("x=other:nftables").is_err());
         assert!(parse_define("x=ours").is_err());
+        let old = parse_define("old=ours@/tmp/kp-old:nftables:--socket-lb").unwrap();
+        assert_eq!(
+            (old.binary, old.path.as_deref()),
+            (Binary::Ours, Some(std::path::Path::new("/tmp/kp-old")))
+        );
+        assert!(parse_define("x=upstream@/tmp/x:nftables").is_err());
+        assert!(parse_define("x=ours@:nftables").is_err());
         let names: Vec<String> = builtin_configs().into_iter().map(|c| c.name).collect();
         for n in [
             "upstream-nftables",

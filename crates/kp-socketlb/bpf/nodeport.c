@@ -47,6 +47,7 @@ static long (*bpf_l3_csum_replace)(struct __sk_buff *skb, __u32 offset, __u64 fr
 static long (*bpf_l4_csum_replace)(struct __sk_buff *skb, __u32 offset, __u64 from, __u64 to,
 				   __u64 flags) = (void *)11;
 static long (*bpf_redirect)(__u32 ifindex, __u64 flags) = (void *)23;
+static long (*bpf_skb_change_tail)(struct __sk_buff *skb, __u32 len, __u64 flags) = (void *)38;
 static long (*bpf_fib_lookup)(void *ctx, struct bpf_fib_lookup *params, int plen,
 			      __u32 flags) = (void *)69;
 static long (*bpf_redirect_neigh)(__u32 ifindex, void *params, int plen,
@@ -314,6 +315,58 @@ static __always_inline int readdress(struct __sk_buff *skb, int v4, __u32 off, _
 	return readdress6(skb, csum, off, l4 | BPF_F_PSEUDO_HDR, from, to);
 }
 
+// The IPv4 header's checksum over `words` 16-bit words (with its checksum
+// field 0).
+static __always_inline __u16 ip_csum(const __u16 *h, int words)
+{
+	__u32 sum = 0;
+	for (int i = 0; i < words; i++)
+		sum += h[i];
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return ~sum;
+}
+
+// rewrite() for IPv4 in five helper calls instead of up to ten: the new
+// header (addresses, TTL, its checksum computed afresh) and ports written
+// in one store, and the TCP/UDP checksum changed by two differences, the
+// addresses' (its pseudo-header: the helper also updates a
+// CHECKSUM_PARTIAL packet's field) and the ports' (not for
+// CHECKSUM_PARTIAL, whose field covers the pseudo-header only).
+static __always_inline int rewrite4(struct __sk_buff *skb, const struct flow *f,
+				    const struct nat *n, __u32 csum, __u64 l4)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct iphdr *ip = data + IP_OFF;
+	if ((void *)ip + 24 > end)
+		return 0;
+	__u32 h[6];
+	__builtin_memcpy(h, ip, 20);
+	struct iphdr *nh = (void *)h;
+	nh->saddr = n->saddr[0];
+	nh->daddr = n->daddr[0];
+	nh->ttl -= 1;
+	nh->check = 0;
+	nh->check = ip_csum((void *)h, 10);
+	__builtin_memcpy(&h[5], &n->sport, 4); // sport, dport: as on the wire
+	__u32 from[2] = { f->saddr[0], f->daddr[0] }, to[2] = { n->saddr[0], n->daddr[0] };
+	if (from[0] != to[0] || from[1] != to[1]) {
+		__s64 d = bpf_csum_diff(from, 8, to, 8, 0);
+		if (d < 0 || bpf_l4_csum_replace(skb, csum, 0, d, l4 | BPF_F_PSEUDO_HDR))
+			return 0;
+	}
+	__u32 pf, pt;
+	__builtin_memcpy(&pf, &f->sport, 4);
+	__builtin_memcpy(&pt, &n->sport, 4);
+	if (pf != pt) {
+		__s64 d = bpf_csum_diff(&pf, 4, &pt, 4, 0);
+		if (d < 0 || bpf_l4_csum_replace(skb, csum, 0, d, l4))
+			return 0;
+	}
+	return bpf_skb_store_bytes(skb, IP_OFF, h, 24, 0) == 0;
+}
+
 // Rewrites a packet's addresses and ports from `f` to `n`, with the
 // checksums, and takes one from its TTL or hop limit (it is forwarded).
 static __always_inline int rewrite(struct __sk_buff *skb, const struct flow *f,
@@ -324,6 +377,8 @@ static __always_inline int rewrite(struct __sk_buff *skb, const struct flow *f,
 	__u32 csum = l4off + (f->proto == IPPROTO_TCP ? 16 : 6);
 	// A UDP checksum of 0 means none: it stays 0 (BPF_F_MARK_MANGLED_0).
 	__u64 l4 = f->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+	if (v4)
+		return rewrite4(skb, f, n, csum, l4);
 	if (!same(n->saddr, f->saddr) &&
 	    !readdress(skb, v4, v4 ? IP_SRC_OFF : IP6_SRC_OFF, csum, l4, f->saddr, n->saddr))
 		return 0;
@@ -351,7 +406,7 @@ static __always_inline int rewrite(struct __sk_buff *skb, const struct flow *f,
 static __always_inline long route_ctx(void *ctx, void *data, void *end, __u32 ifindex,
 				      struct bpf_fib_lookup *fib, __u8 family, const __u32 *src,
 				      const __u32 *dst, __u8 proto, __u16 sport, __u16 dport,
-				      __u32 flags)
+				      __u32 flags, __u16 extra)
 {
 	fib->l4_protocol = proto;
 	fib->sport = sport;
@@ -362,7 +417,7 @@ static __always_inline long route_ctx(void *ctx, void *data, void *end, __u32 if
 		if ((void *)(ip + 1) > end)
 			return -1;
 		fib->family = 2; // AF_INET
-		fib->tot_len = __builtin_bswap16(ip->tot_len);
+		fib->tot_len = __builtin_bswap16(ip->tot_len) + extra;
 		fib->ipv4_src = src[0];
 		fib->ipv4_dst = dst[0];
 	} else {
@@ -370,7 +425,7 @@ static __always_inline long route_ctx(void *ctx, void *data, void *end, __u32 if
 		if ((void *)(ip6 + 1) > end)
 			return -1;
 		fib->family = 10; // AF_INET6
-		fib->tot_len = __builtin_bswap16(ip6->payload_len) + 40;
+		fib->tot_len = __builtin_bswap16(ip6->payload_len) + 40 + extra;
 		copy(fib->ipv6_src, src);
 		copy(fib->ipv6_dst, dst);
 	}
@@ -382,7 +437,7 @@ static __always_inline long route(struct __sk_buff *skb, struct bpf_fib_lookup *
 				  __u16 dport, __u32 flags)
 {
 	return route_ctx(skb, (void *)(long)skb->data, (void *)(long)skb->data_end,
-			 skb->ingress_ifindex, fib, family, src, dst, proto, sport, dport, flags);
+			 skb->ingress_ifindex, fib, family, src, dst, proto, sport, dport, flags, 0);
 }
 
 // Sends a translated packet where its route (`rc`, `fib`) says, past the
@@ -466,18 +521,6 @@ static __always_inline int translate(const struct flow *f, const struct svc_val 
 	return 0;
 }
 
-// The IPv4 header's checksum over `words` 16-bit words (with its checksum
-// field 0).
-static __always_inline __u16 ip_csum(const __u16 *h, int words)
-{
-	__u32 sum = 0;
-	for (int i = 0; i < words; i++)
-		sum += h[i];
-	sum = (sum & 0xffff) + (sum >> 16);
-	sum = (sum & 0xffff) + (sum >> 16);
-	return ~sum;
-}
-
 // Inserts the DSR option after the (option-less) IPv4 header: the room
 // goes in after the header's first 20 bytes (BPF_ADJ_ROOM_NET), then the
 // header is written anew (ihl 7, tot_len + 8, its checksum).
@@ -530,6 +573,123 @@ static __always_inline int add_dsr_opt6(struct __sk_buff *skb, const __u32 *svc_
 	       bpf_skb_store_bytes(skb, IP_OFF + 6, &next, 1, 0) == 0;
 }
 
+// The one's complement sum of `words` 16-bit words added to `sum`, and
+// folded into a checksum.
+static __always_inline __u32 add_words(const __u16 *h, int words, __u32 sum)
+{
+	for (int i = 0; i < words; i++)
+		sum += h[i];
+	return sum;
+}
+
+static __always_inline __u16 fold(__u32 sum)
+{
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return ~sum;
+}
+
+// The headers dsr_too_big puts in front of the start of a request: the new
+// IP header and the ICMP one. The start of the request as the client sent
+// it follows, its IP header and 8 bytes (the ports: what RFC 792 asks, and
+// what a stack needs to find the socket).
+struct too_big4 {
+	struct iphdr ip;
+	__u8 type;
+	__u8 code;
+	__u16 csum;
+	__u16 unused;
+	__u16 mtu;
+};
+#define QUOTE4 28
+
+struct too_big6 {
+	struct ipv6hdr ip6;
+	__u8 type;
+	__u8 code;
+	__u16 csum;
+	__u32 mtu;
+};
+#define QUOTE6 48
+
+// A DSR request that the carrier would make too big for the route to its
+// endpoint's node: it becomes the ICMP error a router would send for it
+// ("fragmentation needed", ICMPv6 "packet too big") with the MTU less the
+// carrier's length, from the Service address to the client, quoting the
+// request as the client sent it, and goes back out of the interface it
+// came in by, to the hop it came from. The client's stack then sends
+// smaller packets to the Service (or fragments, which the programs leave
+// to the stack). Cilium answers the same way (dsr_reply_icmp4). Without
+// this the node's stack would forward it and fail it with an error about
+// the translated packet, which the client cannot match: a black hole
+// for large UDP datagrams (TCP's carrier rides on the SYN only).
+// The packet is cut to its quote and the headers go in front of it
+// (BPF_ADJ_ROOM_MAC): the quote is never copied to the stack.
+static __attribute__((noinline)) int dsr_too_big(struct __sk_buff *skb, int v4, __u32 mtu)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > end)
+		return TC_ACT_SHOT;
+	// To whoever sent it, from the address it was sent to (swapped in
+	// place: the frame's Ethernet header stays through the resizing).
+	__u32 src0 = *(__u32 *)eth->h_source;
+	__u16 src1 = *(__u16 *)(eth->h_source + 4);
+	__builtin_memcpy(eth->h_source, eth->h_dest, ETH_ALEN);
+	*(__u32 *)eth->h_dest = src0;
+	*(__u16 *)(eth->h_dest + 4) = src1;
+	if (v4) {
+		struct iphdr *ip = data + IP_OFF;
+		if ((void *)ip + QUOTE4 > end)
+			return TC_ACT_SHOT;
+		struct too_big4 h = {};
+		h.ip.version = 4;
+		h.ip.ihl = 5;
+		h.ip.tos = ip->tos;
+		h.ip.tot_len = __builtin_bswap16(sizeof(h) + QUOTE4);
+		h.ip.frag_off = __builtin_bswap16(0x4000); // DF
+		h.ip.ttl = 64;
+		h.ip.protocol = IPPROTO_ICMP;
+		h.ip.saddr = ip->daddr;
+		h.ip.daddr = ip->saddr;
+		h.ip.check = ip_csum((void *)&h.ip, 10);
+		h.type = 3; // destination unreachable
+		h.code = 4; // fragmentation needed
+		h.mtu = __builtin_bswap16(mtu);
+		__u32 sum = add_words((void *)ip, QUOTE4 / 2, 0);
+		h.csum = fold(add_words((void *)&h.type, 4, sum));
+		if (bpf_skb_change_tail(skb, IP_OFF + QUOTE4, 0) ||
+		    bpf_skb_adjust_room(skb, sizeof(h), BPF_ADJ_ROOM_MAC, 0) ||
+		    bpf_skb_store_bytes(skb, IP_OFF, &h, sizeof(h), 0))
+			return TC_ACT_SHOT;
+	} else {
+		struct ipv6hdr *ip6 = data + IP_OFF;
+		if ((void *)ip6 + QUOTE6 > end)
+			return TC_ACT_SHOT;
+		struct too_big6 h = {};
+		h.ip6.version = 6;
+		h.ip6.payload_len = __builtin_bswap16(sizeof(h) - 40 + QUOTE6);
+		h.ip6.nexthdr = 58; // ICMPv6
+		h.ip6.hop_limit = 64;
+		__builtin_memcpy(&h.ip6.saddr, &ip6->daddr, 16);
+		__builtin_memcpy(&h.ip6.daddr, &ip6->saddr, 16);
+		h.type = 2; // packet too big
+		h.mtu = __builtin_bswap32(mtu);
+		// The pseudo-header (the addresses, the length, next header 58),
+		// the quote, the ICMPv6 header.
+		__u32 sum = add_words((void *)&h.ip6.saddr, 16, 0);
+		sum += __builtin_bswap16(sizeof(h) - 40 + QUOTE6) + __builtin_bswap16(58);
+		sum = add_words((void *)ip6, QUOTE6 / 2, sum);
+		h.csum = fold(add_words((void *)&h.type, 4, sum));
+		if (bpf_skb_change_tail(skb, IP_OFF + QUOTE6, 0) ||
+		    bpf_skb_adjust_room(skb, sizeof(h), BPF_ADJ_ROOM_MAC, 0) ||
+		    bpf_skb_store_bytes(skb, IP_OFF, &h, sizeof(h), 0))
+			return TC_ACT_SHOT;
+	}
+	return bpf_redirect(skb->ingress_ifindex, 0);
+}
+
 // A request of a DSR flow, translated (`f` as it came, `n` what it
 // becomes): with the option when it needs one (a TCP SYN, every UDP
 // packet: the endpoint's node may have lost the flow), then routed anew
@@ -537,15 +697,24 @@ static __always_inline int add_dsr_opt6(struct __sk_buff *skb, const __u32 *svc_
 static __always_inline int dsr_send(struct __sk_buff *skb, const struct flow *f,
 				    const struct nat *n, int syn)
 {
+	int v4 = f->family == 4;
+	__u16 extra = !(syn || f->proto == IPPROTO_UDP) ? 0 : v4 ? KP_DSR_OPT_LEN : KP_DSR6_LEN;
+	// The route first, for the packet as it will leave (with the
+	// carrier): one the carrier makes too big for the link is answered
+	// here (dsr_too_big), before anything is rewritten.
+	struct bpf_fib_lookup fib = {};
+	long rc = route_ctx(skb, (void *)(long)skb->data, (void *)(long)skb->data_end,
+			    skb->ingress_ifindex, &fib, f->family, n->saddr, n->daddr, f->proto,
+			    n->sport, n->dport, 0, extra);
+	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED && extra && fib.mtu_result > extra)
+		return dsr_too_big(skb, v4, fib.mtu_result - extra);
 	if (!rewrite(skb, f, n))
 		return TC_ACT_SHOT;
-	if (syn || f->proto == IPPROTO_UDP) {
-		if (f->family == 4 ? !add_dsr_opt(skb, f->daddr[0], f->dport)
-				   : !add_dsr_opt6(skb, f->daddr, f->dport))
+	if (extra) {
+		if (v4 ? !add_dsr_opt(skb, f->daddr[0], f->dport)
+		       : !add_dsr_opt6(skb, f->daddr, f->dport))
 			return TC_ACT_SHOT;
 	}
-	struct bpf_fib_lookup fib = {};
-	long rc = route(skb, &fib, f->family, n->saddr, n->daddr, f->proto, n->sport, n->dport, 0);
 	return send(skb, rc, &fib);
 }
 
@@ -1080,7 +1249,7 @@ static __attribute__((noinline)) int xdp_forward(struct xdp_md *ctx, const struc
 	struct bpf_fib_lookup fib = {};
 	long rc = route_ctx(ctx, (void *)(long)ctx->data, (void *)(long)ctx->data_end,
 			    ctx->ingress_ifindex, &fib, f->family, n->saddr, n->daddr, f->proto,
-			    n->sport, n->dport, 0);
+			    n->sport, n->dport, 0, 0);
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS || fib.ifindex != ctx->ingress_ifindex)
 		return XDP_PASS;
 	return xdp_rewrite(ctx, f, n, &fib) ? XDP_TX : XDP_PASS;
@@ -1104,7 +1273,7 @@ static __attribute__((noinline)) int xdp_new(struct xdp_md *ctx, const struct fl
 	struct bpf_fib_lookup fib = {};
 	long rc = route_ctx(ctx, (void *)(long)ctx->data, (void *)(long)ctx->data_end,
 			    ctx->ingress_ifindex, &fib, f->family, f->saddr, b->addr, f->proto,
-			    f->sport, b->port, BPF_FIB_LOOKUP_SRC);
+			    f->sport, b->port, BPF_FIB_LOOKUP_SRC, 0);
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS || fib.ifindex != ctx->ingress_ifindex)
 		return XDP_PASS;
 	__u32 snat[4] = {};

@@ -1112,3 +1112,77 @@ fn t14_icmp_errors_about_replies_reach_the_endpoint() {
         }
     }
 }
+
+/// DSR, and a UDP datagram that fills the lab's 1,500-byte MTU: with the
+/// carrier it would not fit, so node1 answers as a router would, "fragmentation
+/// needed" (ICMPv6 "packet too big") with the MTU less the carrier, from
+/// the Service address about the datagram as the client sent it. The
+/// client's connected socket reports EMSGSIZE and learns that MTU, and the
+/// same datagram sent again (fragmented by the client now; the programs
+/// leave fragments to the stack) is answered. Without the answer the
+/// node's stack fails the translated packet with an error the client
+/// cannot match, and every such datagram is lost.
+#[test]
+fn t15_dsr_too_big_for_the_carrier_is_answered_with_the_mtu() {
+    for v6 in [false, true] {
+        dsr_too_big(if v6 { "tcbig6" } else { "tcbig" }, v6);
+    }
+}
+
+fn dsr_too_big(name: &str, v6: bool) {
+    use std::os::fd::AsRawFd;
+    let (_env, client, _tcp, udp, _pod) = dsr_env(name, "dsr", v6);
+    kp_netlab::udp_ask(&client, udp, T).expect("a small datagram over DSR");
+    let sock = kp_netlab::in_netns(&client, || {
+        let any: std::net::IpAddr = if v6 {
+            std::net::Ipv6Addr::UNSPECIFIED.into()
+        } else {
+            std::net::Ipv4Addr::UNSPECIFIED.into()
+        };
+        let s = std::net::UdpSocket::bind((any, 0)).unwrap();
+        s.connect(udp).unwrap();
+        s
+    })
+    .unwrap();
+    sock.set_read_timeout(Some(T)).unwrap();
+    // IP and UDP headers: 28 bytes, 48 in IPv6; the carrier: 8, 24.
+    let (headers, carrier) = if v6 { (48, 24) } else { (28, 8) };
+    let datagram = vec![b'x'; 1500 - headers];
+    let mut buf = [0u8; 2048];
+    sock.send(&datagram).unwrap();
+    let first = sock.recv(&mut buf);
+    assert_eq!(
+        first.as_ref().map_err(|e| e.raw_os_error()),
+        Err(Some(libc::EMSGSIZE)),
+        "{name}: the too big datagram: {first:?} (no ICMP error the socket matched)"
+    );
+    let (level, opt) = if v6 {
+        (libc::IPPROTO_IPV6, libc::IPV6_MTU)
+    } else {
+        (libc::IPPROTO_IP, libc::IP_MTU)
+    };
+    let mut mtu: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: a c_int and its length, for the duration of the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            level,
+            opt,
+            (&mut mtu as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    assert_eq!(rc, 0, "{name}: getsockopt MTU");
+    assert_eq!(
+        mtu,
+        1500 - carrier,
+        "{name}: the path MTU the client learnt"
+    );
+    sock.send(&datagram).unwrap();
+    let n = sock
+        .recv(&mut buf)
+        .unwrap_or_else(|e| panic!("{name}: the datagram sent again, fragmented: {e}"));
+    let answer = String::from_utf8_lossy(&buf[..n]);
+    assert!(answer.starts_with("c "), "{name}: answered by {answer:?}");
+}

@@ -93,7 +93,8 @@
 //! brings them back through the measured node). `--extra-args
 //! 'ours-xdp=--bpf-lb-algorithm maglev'` appends flags to one;
 //! `--define 'NAME=ours:nftables:--socket-lb ...'` adds one (BINARY: ours,
-//! upstream or upstream-legacy). A configuration that asks for BPF gets a
+//! upstream, upstream-legacy, none, or `ours@PATH`: another build of ours,
+//! to compare two builds in one run). A configuration that asks for BPF gets a
 //! cgroup and a bpffs of the bench's own (`--cgroup-path`,
 //! `--bpf-pin-path`). One whose proxy exits, or whose NodePort passes
 //! nothing within `--first-sync-within`, is reported "not available" with
@@ -522,7 +523,7 @@ fn measure_config(
     let cmd = ProxyCommand {
         mode: &cfg.mode,
         upstream: cfg.binary.upstream(),
-        ours: &o.binary,
+        ours: cfg.path.as_deref().unwrap_or(&o.binary),
         extra: &args,
         env: &env,
     };
@@ -1196,8 +1197,14 @@ fn kernel() -> String {
 fn main() -> Result<()> {
     let o = parse_opts()?;
     pps::install_signal_handlers();
-    if o.configs.iter().any(|c| !c.binary.upstream()) {
+    if o.configs
+        .iter()
+        .any(|c| c.binary == Binary::Ours && c.path.is_none())
+    {
         check_binary(&o.binary)?;
+    }
+    for p in o.configs.iter().filter_map(|c| c.path.as_deref()) {
+        check_binary(p)?;
     }
     if let Some(up) = &o.upstream {
         if !up.is_file() {
