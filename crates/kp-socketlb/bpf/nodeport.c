@@ -302,19 +302,6 @@ static __always_inline int take_ttl(struct __sk_buff *skb, int v4)
 	return bpf_skb_store_bytes(skb, IP_OFF + 8, &ttl, 1, 0) == 0;
 }
 
-// One address of the packet from `from` to `to` (at `off`), with the L4
-// checksum's pseudo-header (and IPv4's header checksum).
-static __always_inline int readdress(struct __sk_buff *skb, int v4, __u32 off, __u32 csum,
-				     __u64 l4, const __u32 *from, const __u32 *to)
-{
-	if (v4) {
-		bpf_l4_csum_replace(skb, csum, from[0], to[0], l4 | BPF_F_PSEUDO_HDR | 4);
-		bpf_l3_csum_replace(skb, IP_CSUM_OFF, from[0], to[0], 4);
-		return bpf_skb_store_bytes(skb, off, to, 4, 0) == 0;
-	}
-	return readdress6(skb, csum, off, l4 | BPF_F_PSEUDO_HDR, from, to);
-}
-
 // The IPv4 header's checksum over `words` 16-bit words (with its checksum
 // field 0).
 static __always_inline __u16 ip_csum(const __u16 *h, int words)
@@ -367,6 +354,41 @@ static __always_inline int rewrite4(struct __sk_buff *skb, const struct flow *f,
 	return bpf_skb_store_bytes(skb, IP_OFF, h, 24, 0) == 0;
 }
 
+// The same for IPv6: one store of the fixed header (addresses, hop limit)
+// and the ports, and the two differences, where each changed 32-bit word
+// of an address took a call of its own.
+static __always_inline int rewrite6(struct __sk_buff *skb, const struct flow *f,
+				    const struct nat *n, __u32 csum, __u64 l4)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ipv6hdr *ip6 = data + IP_OFF;
+	if ((void *)ip6 + 44 > end)
+		return 0;
+	__u32 h[11];
+	__builtin_memcpy(h, ip6, 40);
+	struct ipv6hdr *nh = (void *)h;
+	nh->hop_limit -= 1;
+	__builtin_memcpy(&nh->saddr, n->saddr, 16);
+	__builtin_memcpy(&nh->daddr, n->daddr, 16);
+	__builtin_memcpy(&h[10], &n->sport, 4);
+	// saddr and daddr are adjacent in both structs: 32 bytes each.
+	if (!same(f->saddr, n->saddr) || !same(f->daddr, n->daddr)) {
+		__s64 d = bpf_csum_diff((__u32 *)f->saddr, 32, (__u32 *)n->saddr, 32, 0);
+		if (d < 0 || bpf_l4_csum_replace(skb, csum, 0, d, l4 | BPF_F_PSEUDO_HDR))
+			return 0;
+	}
+	__u32 pf, pt;
+	__builtin_memcpy(&pf, &f->sport, 4);
+	__builtin_memcpy(&pt, &n->sport, 4);
+	if (pf != pt) {
+		__s64 d = bpf_csum_diff(&pf, 4, &pt, 4, 0);
+		if (d < 0 || bpf_l4_csum_replace(skb, csum, 0, d, l4))
+			return 0;
+	}
+	return bpf_skb_store_bytes(skb, IP_OFF, h, 44, 0) == 0;
+}
+
 // Rewrites a packet's addresses and ports from `f` to `n`, with the
 // checksums, and takes one from its TTL or hop limit (it is forwarded).
 static __always_inline int rewrite(struct __sk_buff *skb, const struct flow *f,
@@ -377,25 +399,7 @@ static __always_inline int rewrite(struct __sk_buff *skb, const struct flow *f,
 	__u32 csum = l4off + (f->proto == IPPROTO_TCP ? 16 : 6);
 	// A UDP checksum of 0 means none: it stays 0 (BPF_F_MARK_MANGLED_0).
 	__u64 l4 = f->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
-	if (v4)
-		return rewrite4(skb, f, n, csum, l4);
-	if (!same(n->saddr, f->saddr) &&
-	    !readdress(skb, v4, v4 ? IP_SRC_OFF : IP6_SRC_OFF, csum, l4, f->saddr, n->saddr))
-		return 0;
-	if (!same(n->daddr, f->daddr) &&
-	    !readdress(skb, v4, v4 ? IP_DST_OFF : IP6_DST_OFF, csum, l4, f->daddr, n->daddr))
-		return 0;
-	if (n->sport != f->sport) {
-		bpf_l4_csum_replace(skb, csum, f->sport, n->sport, l4 | 2);
-		if (bpf_skb_store_bytes(skb, l4off, &n->sport, 2, 0))
-			return 0;
-	}
-	if (n->dport != f->dport) {
-		bpf_l4_csum_replace(skb, csum, f->dport, n->dport, l4 | 2);
-		if (bpf_skb_store_bytes(skb, l4off + 2, &n->dport, 2, 0))
-			return 0;
-	}
-	return take_ttl(skb, v4);
+	return v4 ? rewrite4(skb, f, n, csum, l4) : rewrite6(skb, f, n, csum, l4);
 }
 
 // The route from `src` to `dst` for this packet (its length for the MTU

@@ -1000,12 +1000,29 @@ fn t12_xdp_serves_endpoints_on_other_nodes_and_passes_the_rest_to_tc() {
     env.wait_synced(1);
     let link = env.on_node(1, &["ip", "-d", "link", "show", "eth0"]);
     assert!(!link.contains("prog/xdp"), "XDP still on eth0:\n{link}");
-    let far = std::net::SocketAddr::new(env.cluster.node_ip(1), 30520);
-    let (tc0, xdp0) = np_stats(&env, 1);
-    assert_eq!(env.wait_tcp(&client, far).server, "c");
-    let (tc1, xdp1) = np_stats(&env, 1);
-    assert!(tc1 > tc0, "tc did not take the far endpoint's flow");
-    assert_eq!(xdp1, xdp0, "XDP ran after it was turned off");
+    // The client and c send complete checksums (offload off, above), which
+    // the receiving stacks check: tc's translation must keep them right,
+    // in both families, for TCP and UDP, both ways.
+    for node_ip in [env.cluster.node_ip(1), env.cluster.node_ip6(1)] {
+        let far = std::net::SocketAddr::new(node_ip, 30520);
+        let (tc0, xdp0) = np_stats(&env, 1);
+        assert_eq!(env.wait_tcp(&client, far).server, "c");
+        for r in kp_netlab::tcp_hello_many(&client, far, 5, T) {
+            assert_eq!(r.expect("TCP through tc").server, "c");
+        }
+        let udp = std::net::SocketAddr::new(node_ip, 30521);
+        for _ in 0..3 {
+            let r = kp_netlab::udp_ask(&client, udp, T).expect("UDP through tc");
+            assert_eq!(r.server, "c");
+        }
+        let (tc1, xdp1) = np_stats(&env, 1);
+        assert!(
+            tc1 >= tc0 + 6 * 3 * 2 + 6,
+            "{far}: tc translated {} packets",
+            tc1 - tc0
+        );
+        assert_eq!(xdp1, xdp0, "XDP ran after it was turned off");
+    }
 }
 
 /// A counter of `/proc/net/snmp` (IPv4's ICMP: `Icmp` NAME) or
