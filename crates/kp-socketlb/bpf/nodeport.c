@@ -314,12 +314,36 @@ static __always_inline __u16 ip_csum(const __u16 *h, int words)
 	return ~sum;
 }
 
+// The TCP/UDP checksum at `csum` after the addresses (`bytes` of them from
+// `from` to `to`: its pseudo-header; 0 when they stay) and the ports
+// change from `f`'s to `n`'s: two differences applied by
+// bpf_l4_csum_replace, the addresses' with the pseudo-header flag (the
+// helper also updates a CHECKSUM_PARTIAL packet's field), the ports'
+// without (that field covers the pseudo-header only).
+static __always_inline int recsum_l4(struct __sk_buff *skb, __u32 csum, __u64 l4, __u32 *from,
+				     __u32 *to, __u32 bytes, const struct flow *f,
+				     const struct nat *n)
+{
+	if (bytes) {
+		__s64 d = bpf_csum_diff(from, bytes, to, bytes, 0);
+		if (d < 0 || bpf_l4_csum_replace(skb, csum, 0, d, l4 | BPF_F_PSEUDO_HDR))
+			return 0;
+	}
+	__u32 pf, pt;
+	__builtin_memcpy(&pf, &f->sport, 4);
+	__builtin_memcpy(&pt, &n->sport, 4);
+	if (pf != pt) {
+		__s64 d = bpf_csum_diff(&pf, 4, &pt, 4, 0);
+		if (d < 0 || bpf_l4_csum_replace(skb, csum, 0, d, l4))
+			return 0;
+	}
+	return 1;
+}
+
 // rewrite() for IPv4 in five helper calls instead of up to ten: the new
 // header (addresses, TTL, its checksum computed afresh) and ports written
-// in one store, and the TCP/UDP checksum changed by two differences, the
-// addresses' (its pseudo-header: the helper also updates a
-// CHECKSUM_PARTIAL packet's field) and the ports' (not for
-// CHECKSUM_PARTIAL, whose field covers the pseudo-header only).
+// in one store, and the TCP/UDP checksum changed by recsum_l4's two
+// differences.
 static __always_inline int rewrite4(struct __sk_buff *skb, const struct flow *f,
 				    const struct nat *n, __u32 csum, __u64 l4)
 {
@@ -338,20 +362,9 @@ static __always_inline int rewrite4(struct __sk_buff *skb, const struct flow *f,
 	nh->check = ip_csum((void *)h, 10);
 	__builtin_memcpy(&h[5], &n->sport, 4); // sport, dport: as on the wire
 	__u32 from[2] = { f->saddr[0], f->daddr[0] }, to[2] = { n->saddr[0], n->daddr[0] };
-	if (from[0] != to[0] || from[1] != to[1]) {
-		__s64 d = bpf_csum_diff(from, 8, to, 8, 0);
-		if (d < 0 || bpf_l4_csum_replace(skb, csum, 0, d, l4 | BPF_F_PSEUDO_HDR))
-			return 0;
-	}
-	__u32 pf, pt;
-	__builtin_memcpy(&pf, &f->sport, 4);
-	__builtin_memcpy(&pt, &n->sport, 4);
-	if (pf != pt) {
-		__s64 d = bpf_csum_diff(&pf, 4, &pt, 4, 0);
-		if (d < 0 || bpf_l4_csum_replace(skb, csum, 0, d, l4))
-			return 0;
-	}
-	return bpf_skb_store_bytes(skb, IP_OFF, h, 24, 0) == 0;
+	int moved = from[0] != to[0] || from[1] != to[1];
+	return recsum_l4(skb, csum, l4, from, to, moved ? 8 : 0, f, n) &&
+	       bpf_skb_store_bytes(skb, IP_OFF, h, 24, 0) == 0;
 }
 
 // The same for IPv6: one store of the fixed header (addresses, hop limit)
@@ -373,20 +386,10 @@ static __always_inline int rewrite6(struct __sk_buff *skb, const struct flow *f,
 	__builtin_memcpy(&nh->daddr, n->daddr, 16);
 	__builtin_memcpy(&h[10], &n->sport, 4);
 	// saddr and daddr are adjacent in both structs: 32 bytes each.
-	if (!same(f->saddr, n->saddr) || !same(f->daddr, n->daddr)) {
-		__s64 d = bpf_csum_diff((__u32 *)f->saddr, 32, (__u32 *)n->saddr, 32, 0);
-		if (d < 0 || bpf_l4_csum_replace(skb, csum, 0, d, l4 | BPF_F_PSEUDO_HDR))
-			return 0;
-	}
-	__u32 pf, pt;
-	__builtin_memcpy(&pf, &f->sport, 4);
-	__builtin_memcpy(&pt, &n->sport, 4);
-	if (pf != pt) {
-		__s64 d = bpf_csum_diff(&pf, 4, &pt, 4, 0);
-		if (d < 0 || bpf_l4_csum_replace(skb, csum, 0, d, l4))
-			return 0;
-	}
-	return bpf_skb_store_bytes(skb, IP_OFF, h, 44, 0) == 0;
+	int moved = !same(f->saddr, n->saddr) || !same(f->daddr, n->daddr);
+	return recsum_l4(skb, csum, l4, (__u32 *)f->saddr, (__u32 *)n->saddr, moved ? 32 : 0, f,
+			 n) &&
+	       bpf_skb_store_bytes(skb, IP_OFF, h, 44, 0) == 0;
 }
 
 // Rewrites a packet's addresses and ports from `f` to `n`, with the

@@ -878,14 +878,23 @@ fn dns_client_survives_replacement(mode: &str, family: &str) {
         ask(&mut answers);
     }
     drop(old_srv);
+    let gone = answers.len();
     for _ in 0..20 {
         ask(&mut answers);
     }
-    let failed: Vec<_> = answers.iter().filter(|r| r.is_err()).collect();
+    // Which asks failed, against when the slice changed (ask 10: both
+    // endpoints; 20: the old one gone; `gone`: its server stopped), so that
+    // a failure says which step lost it.
+    let failed: Vec<_> = answers
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.is_err())
+        .collect();
     assert!(
         failed.is_empty(),
-        "unanswered: {failed:?} of {}",
-        answers.len()
+        "unanswered (index, error): {failed:?} of {} (both endpoints from 10, the old one out from 20, its server stopped from {gone}): {answers:?}\n{}",
+        answers.len(),
+        env.log(1)
     );
     assert!(
         answers
