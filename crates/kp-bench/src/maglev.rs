@@ -281,7 +281,7 @@ fn disruption_by_size() {
     let mut rng = Rng(SEED + 4);
     let hashes = flows(&mut rng);
     let sets: Vec<Vec<Vec<u8>>> = ns.iter().map(|&n| endpoints(&mut rng, n)).collect();
-    let mut met = [false; 5];
+    let mut met = vec![false; ns.len()];
     for m in maglev::SIZES {
         let mut row = Vec::new();
         for (k, (&n, eps)) in ns.iter().zip(&sets).enumerate() {

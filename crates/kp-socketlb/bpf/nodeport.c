@@ -302,16 +302,27 @@ static __always_inline int take_ttl(struct __sk_buff *skb, int v4)
 	return bpf_skb_store_bytes(skb, IP_OFF + 8, &ttl, 1, 0) == 0;
 }
 
+// The one's complement sum of `words` 16-bit words added to `sum`, and
+// folded into a checksum.
+static __always_inline __u32 add_words(const __u16 *h, int words, __u32 sum)
+{
+	for (int i = 0; i < words; i++)
+		sum += h[i];
+	return sum;
+}
+
+static __always_inline __u16 fold(__u32 sum)
+{
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return ~sum;
+}
+
 // The IPv4 header's checksum over `words` 16-bit words (with its checksum
 // field 0).
 static __always_inline __u16 ip_csum(const __u16 *h, int words)
 {
-	__u32 sum = 0;
-	for (int i = 0; i < words; i++)
-		sum += h[i];
-	sum = (sum & 0xffff) + (sum >> 16);
-	sum = (sum & 0xffff) + (sum >> 16);
-	return ~sum;
+	return fold(add_words(h, words, 0));
 }
 
 // The TCP/UDP checksum at `csum` after the addresses (`bytes` of them from
@@ -441,10 +452,11 @@ static __always_inline long route_ctx(void *ctx, void *data, void *end, __u32 if
 
 static __always_inline long route(struct __sk_buff *skb, struct bpf_fib_lookup *fib, __u8 family,
 				  const __u32 *src, const __u32 *dst, __u8 proto, __u16 sport,
-				  __u16 dport, __u32 flags)
+				  __u16 dport, __u32 flags, __u16 extra)
 {
 	return route_ctx(skb, (void *)(long)skb->data, (void *)(long)skb->data_end,
-			 skb->ingress_ifindex, fib, family, src, dst, proto, sport, dport, flags, 0);
+			 skb->ingress_ifindex, fib, family, src, dst, proto, sport, dport, flags,
+			 extra);
 }
 
 // Sends a translated packet where its route (`rc`, `fib`) says, past the
@@ -477,7 +489,7 @@ static __always_inline int forward(struct __sk_buff *skb, const struct flow *f, 
 	if (!rewrite(skb, f, n))
 		return TC_ACT_SHOT;
 	struct bpf_fib_lookup fib = {};
-	long rc = route(skb, &fib, f->family, n->saddr, n->daddr, f->proto, n->sport, n->dport, 0);
+	long rc = route(skb, &fib, f->family, n->saddr, n->daddr, f->proto, n->sport, n->dport, 0, 0);
 	return send(skb, rc, &fib);
 }
 
@@ -578,22 +590,6 @@ static __always_inline int add_dsr_opt6(struct __sk_buff *skb, const __u32 *svc_
 	return bpf_skb_store_bytes(skb, L4_OFF6, &o, KP_DSR6_LEN, 0) == 0 &&
 	       bpf_skb_store_bytes(skb, IP_OFF + 4, &plen, 2, 0) == 0 &&
 	       bpf_skb_store_bytes(skb, IP_OFF + 6, &next, 1, 0) == 0;
-}
-
-// The one's complement sum of `words` 16-bit words added to `sum`, and
-// folded into a checksum.
-static __always_inline __u32 add_words(const __u16 *h, int words, __u32 sum)
-{
-	for (int i = 0; i < words; i++)
-		sum += h[i];
-	return sum;
-}
-
-static __always_inline __u16 fold(__u32 sum)
-{
-	sum = (sum & 0xffff) + (sum >> 16);
-	sum = (sum & 0xffff) + (sum >> 16);
-	return ~sum;
 }
 
 // The headers dsr_too_big puts in front of the start of a request: the new
@@ -710,9 +706,8 @@ static __always_inline int dsr_send(struct __sk_buff *skb, const struct flow *f,
 	// carrier): one the carrier makes too big for the link is answered
 	// here (dsr_too_big), before anything is rewritten.
 	struct bpf_fib_lookup fib = {};
-	long rc = route_ctx(skb, (void *)(long)skb->data, (void *)(long)skb->data_end,
-			    skb->ingress_ifindex, &fib, f->family, n->saddr, n->daddr, f->proto,
-			    n->sport, n->dport, 0, extra);
+	long rc = route(skb, &fib, f->family, n->saddr, n->daddr, f->proto, n->sport, n->dport, 0,
+			extra);
 	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED && extra && fib.mtu_result > extra)
 		return dsr_too_big(skb, v4, fib.mtu_result - extra);
 	if (!rewrite(skb, f, n))
@@ -1005,7 +1000,7 @@ static __attribute__((noinline)) int icmp_error(struct __sk_buff *skb)
 	if (!take_ttl(skb, v4))
 		return TC_ACT_SHOT;
 	struct bpf_fib_lookup fib = {};
-	long rc = route(skb, &fib, q.family, n.saddr, n.daddr, v4 ? IPPROTO_ICMP : 58, 0, 0, 0);
+	long rc = route(skb, &fib, q.family, n.saddr, n.daddr, v4 ? IPPROTO_ICMP : 58, 0, 0, 0, 0);
 	return send(skb, rc, &fib);
 }
 
@@ -1077,7 +1072,7 @@ static __attribute__((noinline)) int outside(struct __sk_buff *skb)
 	// address masquerade would take on it.
 	struct bpf_fib_lookup fib = {};
 	long rc = route(skb, &fib, f.family, f.saddr, be.addr, f.proto, f.sport, be.port,
-			BPF_FIB_LOOKUP_SRC);
+			BPF_FIB_LOOKUP_SRC, 0);
 	if (rc == BPF_FIB_LKUP_RET_NOT_FWDED) {
 		struct nat pass = { .svc_id = sv.id, .backend = be };
 		pass.backend.pad = KP_NAT_PASS;

@@ -1096,11 +1096,11 @@ fn spread(mut xs: Vec<f64>) -> (f64, f64, f64) {
     (mid, xs[0], xs[n - 1])
 }
 
-/// CPU 1's softirq and busy time per packet over `--fixed-rate` steps:
-/// medians, and the softirq's range.
+/// CPU 1's time per packet over `--fixed-rate` steps: softirq (median,
+/// lowest, highest) and busy (median).
 struct FixedCost {
     softirq: (f64, f64, f64),
-    busy: (f64, f64, f64),
+    busy: f64,
 }
 
 fn fixed_cost(steps: &[Step]) -> FixedCost {
@@ -1115,7 +1115,8 @@ fn fixed_cost(steps: &[Step]) -> FixedCost {
         softirq: spread(per(&|s| s.softirq_ns[NODE_CPU])),
         busy: spread(per(&|s| {
             s.busy[NODE_CPU] * s.sent.elapsed.as_secs_f64() * 1e9
-        })),
+        }))
+        .0,
     }
 }
 
@@ -1182,7 +1183,7 @@ fn fixed_table(o: &Opts, rate: f64, outcomes: &[Outcome]) -> String {
             c.softirq.0,
             c.softirq.1,
             c.softirq.2,
-            c.busy.0,
+            c.busy,
         ));
     }
     t
