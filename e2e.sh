@@ -3,13 +3,13 @@
 # namespaces on this machine, with the proxy deployed as a DaemonSet from its
 # own image. See docs/e2e.md.
 #
-#   sudo ./e2e.sh [--proxy ours|upstream] [--mode nftables|iptables|socketlb|bpf]
+#   ./e2e.sh [--proxy ours|upstream] [--mode nftables|iptables|socketlb|bpf]
 #                 [--deploy deploy|kubeadm] [--ip-family ipv4|ipv6|dual]
 #                 [--focus REGEX] [--skip REGEX] [--nodes N] [--procs P]
 #                 [--report DIR] [--keep] [--docs] [--binary PATH]
 #                 [--proxy-arg ARG]...
-#   sudo ./e2e.sh --serial ...: the [Serial] and [Disruptive] specs of the focus, one at a time
-#   sudo ./e2e.sh --migrate [--mode nftables|iptables] [--deploy deploy|kubeadm]   (e2e/migrate.sh)
+#   ./e2e.sh --serial ...: the [Serial] and [Disruptive] specs of the focus, one at a time
+#   ./e2e.sh --migrate [--mode nftables|iptables] [--deploy deploy|kubeadm]   (e2e/migrate.sh)
 #   --deploy kubeadm: ours as the operator swaps it, kubeadm's DaemonSet and
 #   ConfigMap (e2e/upstream/kube-proxy.yaml) with only the image changed
 #   (default: deploy/, ours' least-privilege DaemonSet).
@@ -24,6 +24,11 @@
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")" && pwd)
 . "$REPO/e2e/lib.sh"
+if [ "$(id -u)" != 0 ]; then
+  # As demo.sh and test.sh: a user with sudo gets the same run as root.
+  command -v sudo >/dev/null 2>&1 || die "run as root (network namespaces, containerd, kubelet); sudo is not available"
+  exec sudo -E env "PATH=$PATH" bash "$0" "$@"
+fi
 
 IP_FAMILY=ipv4 PROXY=ours MODE=nftables NODES=3 PROCS=3 KEEP=0 REPORT="" DOCS=0 BINARY="" MIGRATE=0 SERIAL=0 DEPLOY=deploy
 FOCUS='\[sig-network\]'
@@ -72,7 +77,6 @@ case $MODE in nftables|iptables) ;; socketlb) [ $PROXY = ours ] || die "--mode s
   *) die "--mode nftables|iptables|socketlb|bpf" ;; esac
 case $NODES in [1-9]|[1-9][0-9]) ;; *) die "--nodes takes a number of nodes, 1 to 99 (got $NODES)" ;; esac
 case $PROCS in [1-9]|[1-9][0-9]) ;; *) die "--procs takes a number of ginkgo processes, 1 to 99 (got $PROCS)" ;; esac
-[ "$(id -u)" = 0 ] || die "run as root (sudo ./e2e.sh)"
 # What the lab runs, from Debian (the README's test command installs its own
 # tools the same way): installed when missing.
 need=()

@@ -76,7 +76,7 @@ struct Demo {
 fn check_prerequisites() -> Result<PathBuf> {
     // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
-        bail!("kp-demo must run as root: it creates network namespaces (try `sudo ./demo.sh`)");
+        bail!("kp-demo must run as root: it creates network namespaces (run `./demo.sh` from a root shell, or as a user with sudo)");
     }
     for (tool, package) in [("nft", "nftables"), ("ip", "iproute2")] {
         let ok = Command::new(tool)
