@@ -38,7 +38,7 @@ pub use conntrack::{Conntrack, ConntrackCli, ConntrackError, ConntrackNetlink, D
 pub use programmed::{Programmed, ProgrammedFamily, ProgrammedState};
 pub use queue::{event_queue, EventSender, Events, EVENT_QUEUE};
 pub use report::{ClaimEvents, NoReport, SyncHealth, SyncMetrics};
-pub use schedule::{Pacer, Planned, Schedule};
+pub use schedule::{Due, Pacer, Planned, Schedule};
 pub use sync::{
     FamilyProxier, HealthCheckData, NodeCheck, Stop, SyncLoop, DRAIN_AT_MOST, FULL_SYNC_PERIOD,
     LARGE_CLUSTER_ENDPOINTS, TO_BE_DELETED_TAINT,

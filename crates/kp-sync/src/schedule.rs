@@ -1,8 +1,8 @@
 //! When the sync loop syncs, and which kind of sync: upstream's
 //! BoundedFrequencyRunner pacing (at most one sync per minSyncPeriod with a
-//! burst of 2), a periodic sync every syncPeriod, a full rebuild on that
-//! period in small clusters and hourly in large ones, and a backoff after
-//! failures. A pure state machine fed with instants, so every decision is
+//! burst of 2, at least one per maxInterval), a canary check every
+//! syncPeriod, a full rebuild when the mode's rebuild period has passed, and
+//! a backoff after failures. A pure state machine fed with instants, so every decision is
 //! unit-tested without a clock, a channel or a dataplane; `SyncLoop::run`
 //! only waits, applies events and runs what [`Schedule::next`] plans.
 
@@ -68,22 +68,46 @@ impl Pacer {
 pub struct Planned {
     /// Rebuild everything (the periodic full sync), not only what changed.
     pub rebuild: bool,
-    periodic: bool,
+    /// Run because the longest interval between syncs passed.
+    pub periodic: bool,
+}
+
+/// What [`Schedule::next`] wants done now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Due {
+    /// Check that our rules are still in place (the canary, every
+    /// syncPeriod); report with [`Schedule::checked`].
+    Check,
+    /// Sync; report with [`Schedule::finished`].
+    Sync(Planned),
 }
 
 /// The sync loop's schedule.
+///
+/// As upstream's proxiers: a sync runs for changes (paced), after a failure
+/// (backed off) and when `max_interval` passed since the last one (the
+/// BoundedFrequencyRunner's maxInterval: an hour in iptables and nftables
+/// mode, syncPeriod in IPVS mode); a sync is a full rebuild when the
+/// rebuild period (given by the caller after each sync: the mode's and
+/// cluster size's) passed since the last full one. Every syncPeriod in
+/// between the rules are only checked (iptables mode's canary monitor).
 pub struct Schedule {
     pacer: Pacer,
     sync_period: Duration,
+    max_interval: Duration,
     /// The sources have sent `Synced`: syncs may run.
     sources_synced: bool,
     /// Changes wait for a sync.
     dirty: bool,
-    /// The periodic sync (canary check, pending changes).
+    /// The next canary check.
+    next_check: Instant,
+    /// The sync that runs when nothing else did before it.
     next_periodic: Instant,
-    /// The periodic full rebuild: with the periodic sync in small clusters,
-    /// hourly in large ones.
-    next_rebuild: Instant,
+    /// When the last full sync finished (the first sync is full).
+    last_full: Option<Instant>,
+    /// How long after a full sync the next sync is full again; None: never
+    /// (upstream's iptables mode in a large cluster).
+    rebuild_after: Option<Duration>,
     /// After a failure: no sync (but a periodic one) before this.
     retry_at: Option<Instant>,
     failures: u32,
@@ -91,14 +115,22 @@ pub struct Schedule {
 }
 
 impl Schedule {
-    pub fn new(min_sync_period: Duration, sync_period: Duration, now: Instant) -> Self {
+    pub fn new(
+        min_sync_period: Duration,
+        sync_period: Duration,
+        max_interval: Duration,
+        now: Instant,
+    ) -> Self {
         Schedule {
             pacer: Pacer::new(min_sync_period, BURST, now),
             sync_period,
+            max_interval,
             sources_synced: false,
             dirty: false,
-            next_periodic: now + sync_period,
-            next_rebuild: now + sync_period,
+            next_check: now + sync_period,
+            next_periodic: now + max_interval,
+            last_full: None,
+            rebuild_after: None,
             retry_at: None,
             failures: 0,
             succeeded_once: false,
@@ -118,10 +150,16 @@ impl Schedule {
         false
     }
 
+    /// A change (or a failed sync) may run now: the pacer has a token and
+    /// no backoff holds it.
+    fn paced(&mut self, now: Instant) -> bool {
+        self.pacer.ready_at(now) <= now && self.retry_at.is_none_or(|r| now >= r)
+    }
+
     /// Until when the loop may wait for events before [`Self::next`] has
     /// something to run.
     pub fn deadline(&mut self, now: Instant) -> Instant {
-        let mut deadline = self.next_periodic;
+        let mut deadline = self.next_check.min(self.next_periodic);
         if self.sources_synced && (self.dirty || self.retry_at.is_some()) {
             let mut at = self.pacer.ready_at(now);
             if let Some(r) = self.retry_at {
@@ -132,40 +170,58 @@ impl Schedule {
         deadline
     }
 
-    /// Whether a sync is due right after a batch of events (the loop goes on
-    /// waiting otherwise): the periodic one, or changes the pacer and the
-    /// backoff let through.
+    /// Whether something is due right after a batch of events (the loop goes
+    /// on waiting otherwise).
     pub fn due(&mut self, now: Instant) -> bool {
-        let paced = self.pacer.ready_at(now) <= now && self.retry_at.is_none_or(|r| now >= r);
-        self.sources_synced && (now >= self.next_periodic || (self.dirty && paced))
+        let timers = now >= self.next_check || now >= self.next_periodic;
+        self.sources_synced && (timers || (self.dirty && self.paced(now)))
     }
 
-    /// The sync to run now, if any (taking the pacer's token for it). Before
-    /// the sources are synced nothing runs, and the periodic timers restart.
-    pub fn next(&mut self, now: Instant) -> Option<Planned> {
+    /// What to do now, if anything (a sync takes the pacer's token). Before
+    /// the sources are synced nothing runs, and the timers restart.
+    pub fn next(&mut self, now: Instant) -> Option<Due> {
         if !self.sources_synced {
-            self.next_periodic = now + self.sync_period;
-            self.next_rebuild = self.next_periodic;
+            self.next_check = now + self.sync_period;
+            self.next_periodic = now + self.max_interval;
             return None;
         }
         let periodic = now >= self.next_periodic;
-        if !(periodic || self.dirty || self.retry_at.is_some_and(|r| now >= r)) {
-            return None;
+        let retry = self.retry_at.is_some_and(|r| now >= r);
+        if periodic || ((self.dirty || retry) && self.paced(now)) {
+            let rebuild = match (self.last_full, self.rebuild_after) {
+                (Some(t), Some(d)) => now >= t + d,
+                _ => false,
+            };
+            self.pacer.take(now);
+            return Some(Due::Sync(Planned { rebuild, periodic }));
         }
-        let rebuild = periodic && now >= self.next_rebuild;
-        self.pacer.take(now);
-        Some(Planned { rebuild, periodic })
+        (now >= self.next_check).then_some(Due::Check)
+    }
+
+    /// The canary check ran at `now`; `lost` when our rules were gone (the
+    /// caller marked them for a full sync, which is then due).
+    pub fn checked(&mut self, now: Instant, lost: bool) {
+        self.next_check = now + self.sync_period;
+        self.dirty |= lost;
     }
 
     /// The planned sync ran, `ok` or not, and finished at `now`.
-    /// `rebuild_after` is the full-rebuild period for the cluster's size now.
-    pub fn finished(&mut self, sync: Planned, ok: bool, now: Instant, rebuild_after: Duration) {
+    /// `rebuild_after` is the full-rebuild period for the mode and the
+    /// cluster's size now (None: no periodic rebuild).
+    pub fn finished(
+        &mut self,
+        sync: Planned,
+        ok: bool,
+        now: Instant,
+        rebuild_after: Option<Duration>,
+    ) {
+        self.rebuild_after = rebuild_after;
         if ok {
-            if !self.succeeded_once {
-                // The first sync was a full one: count the rebuild period
+            if !self.succeeded_once || sync.rebuild {
+                // The first sync is a full one: the rebuild period counts
                 // from it, as upstream counts from its last full sync.
                 self.succeeded_once = true;
-                self.next_rebuild = now + rebuild_after;
+                self.last_full = Some(now);
             }
             self.failures = 0;
             self.retry_at = None;
@@ -176,15 +232,10 @@ impl Schedule {
             self.retry_at = Some(now + backoff);
         }
         self.dirty = false;
-        if sync.periodic {
-            self.next_periodic = now + self.sync_period;
-        }
-        if sync.rebuild {
-            self.next_rebuild = now + rebuild_after;
-        } else if sync.periodic {
-            // A cluster that shrank below the threshold rebuilds on schedule again.
-            self.next_rebuild = self.next_rebuild.min(now + rebuild_after);
-        }
+        // Any sync restarts both timers: it checked the canary, and the
+        // longest interval counts from the last run (as the runner's).
+        self.next_check = now + self.sync_period;
+        self.next_periodic = now + self.max_interval;
     }
 }
 
@@ -232,21 +283,24 @@ mod tests {
         }
     }
 
-    /// Runs what the schedule plans at `now`, with `ok` as its outcome.
+    /// Runs the sync the schedule plans at `now`, with `ok` as its outcome
+    /// (None when nothing, or only a check, is due).
     fn run(s: &mut Schedule, now: Instant, ok: bool) -> Option<Planned> {
-        let p = s.next(now)?;
-        s.finished(p, ok, now, PERIOD);
+        let Due::Sync(p) = s.next(now)? else {
+            return None;
+        };
+        s.finished(p, ok, now, Some(HOUR));
         Some(p)
     }
 
     #[test]
     fn nothing_runs_before_the_sources_are_synced() {
         let t0 = Instant::now();
-        let mut s = Schedule::new(MIN, PERIOD, t0);
+        let mut s = Schedule::new(MIN, PERIOD, HOUR, t0);
         s.events(true, false);
         assert!(!s.due(t0));
         assert_eq!(s.deadline(t0), t0 + PERIOD);
-        // The periodic deadline passes unsynced: nothing runs, it restarts.
+        // The check's deadline passes unsynced: nothing runs, it restarts.
         assert_eq!(s.next(t0 + PERIOD), None);
         assert_eq!(s.deadline(t0 + PERIOD), t0 + PERIOD + PERIOD);
         // Synced: the first sync is due at once, changes or not.
@@ -263,7 +317,7 @@ mod tests {
     #[test]
     fn a_burst_of_two_then_one_sync_per_min_sync_period() {
         let t0 = Instant::now();
-        let mut s = Schedule::new(MIN, PERIOD, t0);
+        let mut s = Schedule::new(MIN, PERIOD, HOUR, t0);
         s.events(false, true);
         assert!(run(&mut s, t0, true).is_some());
         s.events(true, false);
@@ -271,6 +325,7 @@ mod tests {
         assert!(run(&mut s, t0, true).is_some());
         s.events(true, false);
         assert!(!s.due(t0), "the bucket is empty");
+        assert_eq!(s.next(t0), None, "not before the pacer allows");
         let at = s.deadline(t0);
         assert!(
             at >= t0 + Duration::from_millis(990) && at <= t0 + MIN,
@@ -285,60 +340,160 @@ mod tests {
         assert_eq!(s.next(t0 + secs(5)), None);
     }
 
-    #[test]
-    fn failures_back_off_doubling_up_to_the_sync_period() {
+    /// Waits between failed attempts, each failing, with a change pending.
+    fn backoff_waits(max_interval: Duration) -> Vec<u64> {
         let t0 = Instant::now();
         let period = secs(20);
-        let mut s = Schedule::new(Duration::ZERO, period, t0);
+        let mut s = Schedule::new(Duration::ZERO, period, max_interval, t0);
         s.events(false, true);
         let mut now = t0;
         let mut waits = Vec::new();
-        for _ in 0..6 {
-            let p = s.next(now).unwrap();
-            s.finished(p, false, now, period);
-            s.events(true, false);
-            assert!(!s.due(now), "a change does not skip the backoff");
+        while waits.len() < 6 {
+            match s.next(now).unwrap() {
+                Due::Sync(p) => {
+                    s.finished(p, false, now, Some(HOUR));
+                    s.events(true, false);
+                    assert!(!s.due(now), "a change does not skip the backoff");
+                }
+                Due::Check => panic!("a check due before the retry: {waits:?}"),
+            }
             let at = s.deadline(now);
             waits.push((at - now).as_secs());
             now = at;
         }
-        // 2, 4, 8 s; then the periodic sync, due at 20 s, runs in spite of
-        // the backoff; from then on the backoff (16, 32 s) is capped at the
-        // sync period.
-        assert_eq!(waits, [2, 4, 8, 6, 20, 20]);
         // A success resets the backoff.
-        let p = s.next(now).unwrap();
-        s.finished(p, true, now, period);
+        let Some(Due::Sync(p)) = s.next(now) else {
+            panic!("no retry at {now:?}")
+        };
+        s.finished(p, true, now, Some(HOUR));
         s.events(true, false);
         assert!(s.due(now));
+        waits
     }
 
     #[test]
-    fn the_periodic_sync_rebuilds_on_the_sync_period_or_hourly() {
+    fn failures_back_off_doubling_up_to_the_sync_period() {
+        // 2, 4, 8, 16 s, then capped at the sync period.
+        assert_eq!(backoff_waits(HOUR), [2, 4, 8, 16, 20, 20]);
+        // The same where the longest interval is the sync period (IPVS
+        // mode): it counts from the last attempt, as the runner's.
+        assert_eq!(backoff_waits(secs(20)), [2, 4, 8, 16, 20, 20]);
+    }
+
+    #[test]
+    fn idle_the_rules_are_checked_every_period_and_synced_hourly() {
         let t0 = Instant::now();
-        let mut s = Schedule::new(MIN, PERIOD, t0);
+        let mut s = Schedule::new(MIN, PERIOD, HOUR, t0);
         s.events(false, true);
-        let p = s.next(t0).unwrap();
-        s.finished(p, true, t0, HOUR); // a large cluster: hourly rebuilds
-        assert_eq!(
-            s.deadline(t0),
-            t0 + PERIOD,
-            "idle: wake for the periodic sync"
-        );
-        let p = s.next(t0 + PERIOD).unwrap();
-        assert!(!p.rebuild, "periodic but not a rebuild before the hour");
-        s.finished(p, true, t0 + PERIOD, HOUR);
-        let t_hour = t0 + HOUR;
-        let p = s.next(t_hour).unwrap();
-        assert!(p.rebuild, "an hour after the first sync");
-        s.finished(p, true, t_hour, HOUR);
-        // The cluster shrinks: the next periodic sync brings the rebuild
-        // back to the sync period.
-        let t = t_hour + PERIOD;
-        let p = s.next(t).unwrap();
+        let Some(Due::Sync(p)) = s.next(t0) else {
+            panic!("the first sync")
+        };
+        s.finished(p, true, t0, Some(HOUR));
+        assert_eq!(s.deadline(t0), t0 + PERIOD, "idle: wake for the check");
+        let mut now = t0;
+        let mut checks = 0;
+        loop {
+            now = s.deadline(now);
+            match s.next(now) {
+                Some(Due::Check) => {
+                    checks += 1;
+                    s.checked(now, false);
+                }
+                Some(Due::Sync(p)) => {
+                    assert!(p.periodic && p.rebuild, "{p:?}");
+                    assert_eq!(now, t0 + HOUR);
+                    break;
+                }
+                None => panic!("woken for nothing at {:?}", now - t0),
+            }
+        }
+        assert_eq!(checks, HOUR.as_secs() / PERIOD.as_secs() - 1);
+    }
+
+    #[test]
+    fn the_rebuild_comes_with_the_first_sync_after_its_period() {
+        let t0 = Instant::now();
+        let mut s = Schedule::new(MIN, PERIOD, HOUR, t0);
+        s.events(false, true);
+        let p = run(&mut s, t0, true).unwrap();
         assert!(!p.rebuild);
-        s.finished(p, true, t, PERIOD);
-        let p = s.next(t + PERIOD).unwrap();
-        assert!(p.rebuild);
+        // A change before the hour: partial.
+        s.events(true, false);
+        let t = t0 + secs(1800);
+        let p = run(&mut s, t, true).unwrap();
+        assert!(!p.rebuild && !p.periodic, "{p:?}");
+        // A change after the hour since the last full sync: full, as
+        // upstream decides at every sync.
+        s.events(true, false);
+        let t = t0 + HOUR + secs(5);
+        let Some(Due::Sync(p)) = s.next(t) else {
+            panic!("the change's sync")
+        };
+        assert!(p.rebuild && !p.periodic, "{p:?}");
+        // No rebuild period (a large cluster in iptables mode): the hourly
+        // sync is partial.
+        s.finished(p, true, t, None);
+        let t = t + HOUR;
+        let Some(Due::Sync(p)) = s.next(t) else {
+            panic!("the hourly sync")
+        };
+        assert!(p.periodic && !p.rebuild, "{p:?}");
+        s.finished(p, true, t, None);
+        // The cluster shrinks: the rebuild is due again an hour after the
+        // last full sync.
+        s.finished(
+            Planned {
+                rebuild: false,
+                periodic: false,
+            },
+            true,
+            t,
+            Some(HOUR),
+        );
+        s.events(true, false);
+        let Some(Due::Sync(p)) = s.next(t + secs(1)) else {
+            panic!("the change's sync")
+        };
+        assert!(p.rebuild, "two hours after the last full sync");
+    }
+
+    #[test]
+    fn lost_rules_found_by_the_check_make_a_sync_due() {
+        let t0 = Instant::now();
+        let mut s = Schedule::new(MIN, PERIOD, HOUR, t0);
+        s.events(false, true);
+        run(&mut s, t0, true).unwrap();
+        let t = t0 + PERIOD;
+        assert_eq!(s.next(t), Some(Due::Check));
+        s.checked(t, true);
+        assert!(s.due(t));
+        let Some(Due::Sync(p)) = s.next(t) else {
+            panic!("a sync after the lost canary")
+        };
+        assert!(!p.periodic);
+        s.finished(p, true, t, Some(HOUR));
+        assert_eq!(s.deadline(t), t + PERIOD);
+    }
+
+    #[test]
+    fn with_the_sync_period_as_longest_interval_every_period_syncs() {
+        // IPVS mode: upstream's runner syncs every syncPeriod, each sync
+        // the whole state.
+        let t0 = Instant::now();
+        let mut s = Schedule::new(MIN, PERIOD, PERIOD, t0);
+        s.events(false, true);
+        let Some(Due::Sync(p)) = s.next(t0) else {
+            panic!("the first sync")
+        };
+        s.finished(p, true, t0, Some(PERIOD));
+        for i in 1..=3 {
+            let t = t0 + PERIOD * i;
+            assert_eq!(s.deadline(t0 + PERIOD * (i - 1)), t);
+            let Some(Due::Sync(p)) = s.next(t) else {
+                panic!("the periodic sync {i}")
+            };
+            assert!(p.periodic && p.rebuild, "{p:?}");
+            s.finished(p, true, t, Some(PERIOD));
+        }
     }
 }

@@ -1,7 +1,9 @@
 //! The sync loop: source events -> change trackers -> dataplanes, with
-//! upstream's BoundedFrequencyRunner pacing (at most one sync per minSyncPeriod
-//! with a burst of 2, a resync every syncPeriod that rebuilds everything in
-//! small clusters and hourly in large ones, backoff after failures).
+//! upstream v1.36's pacing per mode (at most one sync per minSyncPeriod with
+//! a burst of 2; with nothing changing, a sync hourly in iptables and
+//! nftables mode and every syncPeriod in IPVS mode; full rebuilds hourly,
+//! never in an iptables large cluster; a canary check every syncPeriod;
+//! backoff after failures).
 //!
 //! Every pacing decision is [`crate::schedule::Schedule`]'s, a pure state
 //! machine; time comes from the injected [`Clock`], so tests drive the
@@ -24,7 +26,7 @@ use crate::conntrack::Conntrack;
 use crate::programmed::ProgrammedState;
 use crate::queue::Events;
 use crate::report::{ClaimEvents, SyncHealth, SyncMetrics};
-use crate::schedule::Schedule;
+use crate::schedule::{Due, Schedule};
 
 /// Per-Service health-check data the sync loop publishes after each sync:
 /// healthCheckNodePort per Service and its local ready endpoint count.
@@ -164,14 +166,15 @@ pub enum Stop {
     NodeChanged(String),
 }
 
-/// Above this many endpoints (all families), periodic resyncs stop rebuilding
-/// the whole ruleset every syncPeriod: upstream's "large cluster mode"
-/// threshold.
+/// Above this many endpoints (all families) a cluster is large: upstream's
+/// "large cluster mode" threshold. In iptables mode a large cluster is never
+/// rebuilt periodically (upstream's #138571, in v1.36.2).
 pub const LARGE_CLUSTER_ENDPOINTS: usize = 1000;
 
-/// How often a large cluster's ruleset is rebuilt anyway (upstream's
-/// FullSyncPeriod). Between rebuilds each syncPeriod still runs a sync: the
-/// canary check and any pending change.
+/// Upstream's FullSyncPeriod: a sync this long after the last full one is
+/// full again (iptables mode: in small clusters only). Also its sync
+/// runner's longest interval in iptables and nftables mode: with nothing
+/// changing they sync hourly, and only check the rules every syncPeriod.
 pub const FULL_SYNC_PERIOD: Duration = Duration::from_secs(3600);
 
 impl SyncLoop {
@@ -190,13 +193,56 @@ impl SyncLoop {
             .sum()
     }
 
-    /// When the next periodic full rebuild is due, counted from `now`.
-    fn full_rebuild_after(&self) -> Duration {
-        if self.endpoint_count() > LARGE_CLUSTER_ENDPOINTS {
-            FULL_SYNC_PERIOD.max(self.sync_period)
-        } else {
-            self.sync_period
+    /// The mode every family runs (they all run the same one).
+    fn mode(&self) -> Option<ProxyMode> {
+        self.families.first().map(|f| f.dataplane.mode())
+    }
+
+    /// The longest time between two syncs, as upstream's runner for the
+    /// mode: an hour in iptables and nftables mode (syncPeriod only paces
+    /// their checks), syncPeriod in IPVS mode; ours' userspace mode syncs
+    /// every syncPeriod too.
+    fn max_interval(&self) -> Duration {
+        match self.mode() {
+            Some(ProxyMode::Iptables | ProxyMode::Nftables) => {
+                FULL_SYNC_PERIOD.max(self.sync_period)
+            }
+            _ => self.sync_period,
         }
+    }
+
+    /// How long after a full sync the next sync is full again, for the mode
+    /// and the cluster's size now. Upstream's iptables mode rebuilds small
+    /// clusters hourly and large ones never, nftables mode every cluster
+    /// hourly; each IPVS sync is the whole state (here: the periodic ones).
+    /// Userspace mode (ours alone) rebuilds every syncPeriod, hourly when
+    /// large.
+    fn full_rebuild_after(&self) -> Option<Duration> {
+        let large = self.endpoint_count() > LARGE_CLUSTER_ENDPOINTS;
+        let hourly = FULL_SYNC_PERIOD.max(self.sync_period);
+        match self.mode() {
+            Some(ProxyMode::Iptables) if large => None,
+            Some(ProxyMode::Iptables | ProxyMode::Nftables) => Some(hourly),
+            Some(ProxyMode::Ipvs) => Some(self.sync_period),
+            _ if large => Some(hourly),
+            _ => Some(self.sync_period),
+        }
+    }
+
+    /// The canary check between syncs: true when some family's rules were
+    /// removed behind our back (that family's next sync is full).
+    fn check_rules(&mut self) -> bool {
+        let mut lost = false;
+        for f in &mut self.families {
+            if !f.needs_full && f.dataplane.rules_lost() {
+                let fam = f.family();
+                tracing::warn!(family = %fam, "our rules were removed behind our back; full resync");
+                self.metrics.rules_lost(fam);
+                f.needs_full = true;
+                lost = true;
+            }
+        }
+        lost
     }
 
     /// Applies one event; true when it changed what the trackers hold. An
@@ -350,7 +396,7 @@ impl SyncLoop {
             f.pending.extend(cs.changed);
             f.stale.extend(cs.stale);
             f.triggers.extend(cs.trigger_times);
-            if f.dataplane.rules_lost() {
+            if !f.needs_full && f.dataplane.rules_lost() {
                 tracing::warn!(family = %fam, "our rules were removed behind our back; full resync");
                 self.metrics.rules_lost(fam);
                 f.needs_full = true;
@@ -435,7 +481,12 @@ impl SyncLoop {
     /// events arrive, a due sync runs after at most [`DRAIN_AT_MOST`] of
     /// them.
     pub fn run(mut self, mut rx: Events) -> Stop {
-        let mut schedule = Schedule::new(self.min_sync_period, self.sync_period, self.clock.now());
+        let mut schedule = Schedule::new(
+            self.min_sync_period,
+            self.sync_period,
+            self.max_interval(),
+            self.clock.now(),
+        );
         loop {
             let deadline = schedule.deadline(self.clock.now());
             match self.clock.recv_until(&mut rx, deadline) {
@@ -476,11 +527,17 @@ impl SyncLoop {
                 }
                 Err(RecvTimeoutError::Timeout) => {}
             }
-            let Some(planned) = schedule.next(self.clock.now()) else {
-                continue;
-            };
-            let ok = self.sync_once(planned.rebuild);
-            schedule.finished(planned, ok, self.clock.now(), self.full_rebuild_after());
+            match schedule.next(self.clock.now()) {
+                None => {}
+                Some(Due::Check) => {
+                    let lost = self.check_rules();
+                    schedule.checked(self.clock.now(), lost);
+                }
+                Some(Due::Sync(planned)) => {
+                    let ok = self.sync_once(planned.rebuild);
+                    schedule.finished(planned, ok, self.clock.now(), self.full_rebuild_after());
+                }
+            }
         }
     }
 }

@@ -5,14 +5,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kp_model::{
-    ChangeTracker, Dataplane, DataplaneError, IpFamily, ProxyState, ServicePortName,
+    ChangeTracker, Dataplane, DataplaneError, IpFamily, ProxyMode, ProxyState, ServicePortName,
     StaleConntrack, SyncReport, TrackerConfig,
 };
 use kp_source::SourceEvent;
@@ -35,6 +35,12 @@ struct Record {
     calls: Arc<Mutex<Vec<Call>>>,
     /// Fail this many of the next syncs.
     fail: Arc<AtomicU32>,
+    /// The canary reports the rules gone (until the next sync).
+    lost: Arc<AtomicBool>,
+    /// The rules go right after this many syncs (0: never).
+    lose_after: Arc<AtomicU32>,
+    /// Canary checks so far.
+    checks: Arc<AtomicU32>,
 }
 
 impl Record {
@@ -46,11 +52,16 @@ impl Record {
 struct FakeDataplane {
     clock: ManualClock,
     rec: Record,
+    mode: ProxyMode,
 }
 
 impl Dataplane for FakeDataplane {
-    fn mode(&self) -> kp_model::ProxyMode {
-        kp_model::ProxyMode::Iptables
+    fn mode(&self) -> ProxyMode {
+        self.mode
+    }
+    fn rules_lost(&mut self) -> bool {
+        self.rec.checks.fetch_add(1, Ordering::SeqCst);
+        self.rec.lost.load(Ordering::SeqCst)
     }
     fn sync(
         &mut self,
@@ -69,6 +80,11 @@ impl Dataplane for FakeDataplane {
             changed: changed.len(),
             ok,
         });
+        let n = self.rec.calls.lock().unwrap().len() as u32;
+        let lose = self.rec.lose_after.load(Ordering::SeqCst) == n;
+        if ok || lose {
+            self.rec.lost.store(lose, Ordering::SeqCst);
+        }
         if ok {
             Ok(SyncReport {
                 full,
@@ -130,9 +146,19 @@ impl SyncMetrics for Metrics {
     }
 }
 
-/// A loop with one IPv4 family on a fake dataplane, its virtual clock and
-/// the receiver it reads (events are scheduled on the clock).
+/// A loop with one IPv4 family on a fake iptables-mode dataplane, its
+/// virtual clock and the receiver it reads (events are scheduled on the
+/// clock).
 fn start(
+    min_sync: Duration,
+    sync: Duration,
+) -> (SyncLoop, ManualClock, kp_sync::Events, Record, Metrics) {
+    start_mode(ProxyMode::Iptables, min_sync, sync)
+}
+
+/// [`start`] with a dataplane of `mode`.
+fn start_mode(
+    mode: ProxyMode,
     min_sync: Duration,
     sync: Duration,
 ) -> (SyncLoop, ManualClock, kp_sync::Events, Record, Metrics) {
@@ -147,6 +173,7 @@ fn start(
     let dp = FakeDataplane {
         clock: clock.clone(),
         rec: rec.clone(),
+        mode,
     };
     let lp = SyncLoop {
         node_name: "node1".into(),
@@ -397,46 +424,92 @@ fn zero_min_sync_period_syncs_every_change() {
     assert_eq!(rec.calls().len(), 11, "{:?}", rec.calls());
 }
 
-#[test]
-fn small_cluster_resyncs_in_full_every_sync_period() {
-    let (lp, clock, rx, rec, _) = start(secs(1), secs(30));
+/// (seconds, full) of each sync.
+fn summary(rec: &Record) -> Vec<(u64, bool)> {
+    rec.calls()
+        .iter()
+        .map(|c| (c.at.as_secs(), c.full))
+        .collect()
+}
+
+/// Runs `mode` with one Service of `endpoints` endpoints (1,200: a large
+/// cluster) and nothing changing for `end`.
+fn idle(mode: ProxyMode, endpoints: u32, end: Duration) -> Record {
+    let (lp, clock, rx, rec, _) = start_mode(mode, secs(1), secs(30));
     clock.at(ms(0), service("a", 1));
-    clock.at(ms(0), slice("a", "a-1", 1, 10));
-    clock.at(ms(0), SourceEvent::Synced);
-    run(lp, &clock, rx, secs(125));
-    let calls = rec.calls();
-    assert_eq!(
-        times(&calls),
-        vec![secs(0), secs(30), secs(60), secs(90), secs(120)]
-    );
-    assert!(calls.iter().all(|c| c.full), "{calls:?}");
-    // Nothing changed after the first sync.
-    assert!(calls[1..].iter().all(|c| c.changed == 0), "{calls:?}");
-}
-
-#[test]
-fn large_cluster_rebuilds_hourly_and_resyncs_partially_between() {
-    let (lp, clock, rx, rec, _) = start(secs(1), secs(30));
-    clock.at(ms(0), service("big", 1));
-    // 1,200 endpoints: above the 1,000 of upstream's large cluster mode.
-    clock.at(ms(0), slice("big", "big-1", 1, 600));
-    clock.at(ms(0), slice("big", "big-2", 2, 600));
-    clock.at(ms(0), SourceEvent::Synced);
-    let end = FULL_SYNC_PERIOD + secs(65);
-    run(lp, &clock, rx, end);
-    let calls = rec.calls();
-    // A sync every syncPeriod (the canary, pending changes)...
-    assert_eq!(calls.len() as u64, end.as_secs() / 30 + 1, "{calls:?}");
-    for (i, c) in calls.iter().enumerate() {
-        assert_eq!(c.at, secs(30 * i as u64));
+    let first = endpoints.min(600);
+    clock.at(ms(0), slice("a", "a-1", 1, first));
+    if endpoints > first {
+        clock.at(ms(0), slice("a", "a-2", 2, endpoints - first));
     }
-    // ...full only at the start and an hour later.
-    let full: Vec<Duration> = calls.iter().filter(|c| c.full).map(|c| c.at).collect();
-    assert_eq!(full, vec![secs(0), FULL_SYNC_PERIOD]);
+    clock.at(ms(0), SourceEvent::Synced);
+    run(lp, &clock, rx, end);
+    rec
 }
 
+/// Upstream v1.36.2's iptables mode with nothing changing: its runner's
+/// longest interval is an hour, and the hourly sync is full in a small
+/// cluster; every syncPeriod between, only the canary is checked.
 #[test]
-fn a_cluster_that_shrinks_rebuilds_every_period_again() {
+fn iptables_small_cluster_syncs_hourly_in_full_and_checks_every_period() {
+    let end = FULL_SYNC_PERIOD * 2 + secs(65);
+    let rec = idle(ProxyMode::Iptables, 10, end);
+    assert_eq!(
+        summary(&rec),
+        vec![(0, true), (3600, true), (7200, true)],
+        "{:?}",
+        rec.calls()
+    );
+    assert!(rec.calls()[1..].iter().all(|c| c.changed == 0));
+    // A check every 30 s: by itself between syncs, within the sync at the
+    // hours (the first sync is full anyway).
+    let checks = rec.checks.load(Ordering::SeqCst) as u64;
+    assert_eq!(checks, end.as_secs() / 30, "canary checks");
+}
+
+/// In a large cluster upstream's iptables mode (#138571) never rebuilds
+/// periodically: the hourly sync is partial.
+#[test]
+fn iptables_large_cluster_is_never_rebuilt_periodically() {
+    let rec = idle(ProxyMode::Iptables, 1200, FULL_SYNC_PERIOD * 2 + secs(65));
+    assert_eq!(summary(&rec), vec![(0, true), (3600, false), (7200, false)]);
+}
+
+/// nftables mode rebuilds hourly whatever the cluster's size.
+#[test]
+fn nftables_rebuilds_hourly_at_any_size() {
+    for endpoints in [10, 1200] {
+        let rec = idle(
+            ProxyMode::Nftables,
+            endpoints,
+            FULL_SYNC_PERIOD * 2 + secs(65),
+        );
+        assert_eq!(
+            summary(&rec),
+            vec![(0, true), (3600, true), (7200, true)],
+            "{endpoints} endpoints"
+        );
+    }
+}
+
+/// IPVS mode's runner syncs every syncPeriod, and each of its syncs is the
+/// whole state: every periodic sync here is full, at any size.
+#[test]
+fn ipvs_syncs_every_period_in_full() {
+    for endpoints in [10, 1200] {
+        let rec = idle(ProxyMode::Ipvs, endpoints, secs(125));
+        assert_eq!(
+            summary(&rec),
+            vec![(0, true), (30, true), (60, true), (90, true), (120, true)],
+            "{endpoints} endpoints"
+        );
+    }
+}
+
+/// An iptables cluster that shrinks below the threshold is rebuilt again
+/// once an hour has passed since its last full sync.
+#[test]
+fn a_cluster_that_shrinks_is_rebuilt_hourly_again() {
     let (lp, clock, rx, rec, _) = start(secs(1), secs(30));
     clock.at(ms(0), service("big", 1));
     clock.at(ms(0), slice("big", "big-1", 1, 600));
@@ -449,24 +522,25 @@ fn a_cluster_that_shrinks_rebuilds_every_period_again() {
             name: "big-2".into(),
         },
     );
-    run(lp, &clock, rx, secs(155));
-    let calls = rec.calls();
-    let summary: Vec<(u64, bool)> = calls.iter().map(|c| (c.at.as_secs(), c.full)).collect();
-    // Large until 45 s (the 30 s resync is partial); small afterwards: the
-    // periodic resync at 60 s brings the rebuild forward to 90 s, then
-    // every period is a rebuild.
-    assert_eq!(
-        summary,
-        vec![
-            (0, true),
-            (30, false),
-            (45, false),
-            (60, false),
-            (90, true),
-            (120, true),
-            (150, true)
-        ]
-    );
+    run(lp, &clock, rx, FULL_SYNC_PERIOD + secs(100));
+    // The change's sync is partial; the hourly sync after it (an hour after
+    // the last sync) is full, the cluster being small now.
+    assert_eq!(summary(&rec), vec![(0, true), (45, false), (3645, true)]);
+}
+
+/// Rules removed behind our back are found by the check every syncPeriod,
+/// not an hour later: the next sync is full.
+#[test]
+fn lost_rules_are_found_between_syncs() {
+    let (lp, clock, rx, rec, _) = start(secs(1), secs(30));
+    clock.at(ms(0), service("a", 1));
+    clock.at(ms(0), SourceEvent::Synced);
+    // The rules go right after the sync for a change at 100 s (partial);
+    // the check 30 s later finds it.
+    rec.lose_after.store(2, Ordering::SeqCst);
+    clock.at(secs(100), service("b", 2));
+    run(lp, &clock, rx, secs(200));
+    assert_eq!(summary(&rec), vec![(0, true), (100, false), (130, true)]);
 }
 
 #[test]
@@ -601,9 +675,8 @@ fn backoff_is_capped_at_the_sync_period() {
         .iter()
         .map(|c| c.at.as_millis() as u64)
         .collect();
-    // 2 s, then 4 s cut short by the periodic sync at 5 s, then never more
-    // than the 5 s sync period apart.
-    assert_eq!(&got[..6], [0, 2000, 5000, 10000, 15000, 20000], "{got:?}");
+    // 2 s, 4 s, then never more than the 5 s sync period apart.
+    assert_eq!(&got[..6], [0, 2000, 6000, 11000, 16000, 21000], "{got:?}");
 }
 
 #[test]
@@ -671,6 +744,7 @@ fn an_invalid_object_counts_once_in_a_dual_stack_loop() {
     let dp = FakeDataplane {
         clock: clock.clone(),
         rec: Record::default(),
+        mode: ProxyMode::Iptables,
     };
     lp.families.push(FamilyProxier::new(tracker, Box::new(dp)));
     assert_eq!(lp.families.len(), 2);

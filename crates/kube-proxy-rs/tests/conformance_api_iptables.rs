@@ -8,3 +8,10 @@ mod conformance;
 
 conformance_suite!("api/iptables", || conformance::binaries_for("api/iptables"));
 api_cases!("api/iptables");
+
+#[test]
+fn c21_periodic_syncs() {
+    if conformance::binaries_for("api/iptables") {
+        conformance::periodic_syncs("api/iptables");
+    }
+}

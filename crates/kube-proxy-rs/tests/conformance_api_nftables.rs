@@ -15,3 +15,10 @@ fn a07_service_cidrs() {
         conformance::api_service_cidrs("api/nftables");
     }
 }
+
+#[test]
+fn c21_periodic_syncs() {
+    if conformance::binaries_for("api/nftables") {
+        conformance::periodic_syncs("api/nftables");
+    }
+}

@@ -38,3 +38,10 @@ fn c20_healthz_on_both_families() {
         conformance::healthz_on_both_families("upstream/iptables");
     }
 }
+
+#[test]
+fn c21_periodic_syncs() {
+    if conformance::binaries_for("upstream/iptables") {
+        conformance::periodic_syncs("upstream/iptables");
+    }
+}

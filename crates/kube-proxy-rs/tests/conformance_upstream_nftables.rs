@@ -59,3 +59,10 @@ fn c20_healthz_on_both_families() {
         conformance::healthz_on_both_families("upstream/nftables");
     }
 }
+
+#[test]
+fn c21_periodic_syncs() {
+    if conformance::binaries_for("upstream/nftables") {
+        conformance::periodic_syncs("upstream/nftables");
+    }
+}

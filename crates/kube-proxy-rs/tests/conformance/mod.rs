@@ -2626,3 +2626,50 @@ pub fn healthz_on_both_families(mode: &str) {
         );
     }
 }
+
+/// Periodic syncs: what a proxy does every syncPeriod with nothing changed,
+/// read from the metrics both proxies expose (every sync's duration, and
+/// the full ones'). Upstream v1.36.2 in iptables and nftables mode syncs
+/// then at most hourly (its runner's longest interval; syncPeriod only
+/// paces iptables mode's canary check), so with a 2 s syncPeriod no sync at
+/// all runs in 12 s once the start is over. (The hour itself is
+/// kp-sync's pacing tests'.)
+pub fn periodic_syncs(mode: &str) {
+    let mut env = Env::new("periodic", mode);
+    let a = env.pod(1, "a");
+    env.put("svc", &service("per", &["10.96.0.180"], json!({})));
+    env.put("eps", &slice("per", "1", "IPv4", &ready(&[&a])));
+    let args = replace_arg(
+        env.proxy_args(1, &[]),
+        "--iptables-sync-period=",
+        "--iptables-sync-period=2s",
+    );
+    let program = env.proxy_binary();
+    let g = env.spawn(1, &program, &args, "node1.log");
+    env.proxies[1] = Some(g);
+    env.wait_synced(1);
+    let vip = sa("10.96.0.180", 80);
+    env.wait_tcp(env.cluster.node_ns(1), vip);
+    let counts = |env: &Env| {
+        let m = env.metrics(1);
+        let count = |name: &str| metric_value(&m, name).unwrap_or(0.0) as u64;
+        (
+            count("kubeproxy_sync_proxy_rules_duration_seconds_count"),
+            count("kubeproxy_sync_full_proxy_rules_duration_seconds_count"),
+        )
+    };
+    // Past the start's own syncs (both families, the ServiceCIDR list).
+    std::thread::sleep(Duration::from_secs(3));
+    let before = counts(&env);
+    assert!(before.1 >= 1, "no full sync counted at start: {before:?}");
+    std::thread::sleep(Duration::from_secs(12));
+    let after = counts(&env);
+    assert_eq!(
+        after,
+        before,
+        "(syncs, full syncs) grew with nothing changed over six 2 s sync periods\n{}",
+        tail(&env.log(1))
+    );
+    // The rules are still in place and serving.
+    assert_eq!(env.wait_tcp(env.cluster.node_ns(1), vip).server, "a");
+}
