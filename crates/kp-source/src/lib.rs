@@ -16,14 +16,18 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 
 pub mod api;
+pub mod codec;
 pub mod connection;
+pub mod listwatch;
 pub mod manifest;
+pub mod objects;
 pub mod service;
 
 pub use api::{
     label_selector, list_node, run_api_source, ApiSourceOptions, DEFAULT_LABEL_SELECTOR,
 };
 pub use manifest::{load_dir, run_manifest_source, Loaded, ObjectKey};
+
 
 /// Why a source could not start or stopped.
 #[derive(Debug, thiserror::Error)]
