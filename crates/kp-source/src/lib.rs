@@ -21,13 +21,14 @@ pub mod connection;
 pub mod listwatch;
 pub mod manifest;
 pub mod objects;
+pub mod reflector;
 pub mod service;
 
 pub use api::{
     label_selector, list_node, run_api_source, ApiSourceOptions, DEFAULT_LABEL_SELECTOR,
 };
 pub use manifest::{load_dir, run_manifest_source, Loaded, ObjectKey};
-
+pub use reflector::Encoding;
 
 /// Why a source could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -46,8 +47,7 @@ pub enum SourceError {
         #[source]
         source: std::io::Error,
     },
-    /// The merged API watch streams ended, which kube-runtime watchers never do
-    /// on their own.
+    /// The merged API watch streams ended, which they never do on their own.
     #[error("API watch streams ended unexpectedly")]
     WatchEnded,
     /// Listing this node's Node failed.

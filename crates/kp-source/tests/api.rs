@@ -57,6 +57,7 @@ fn start(server: &ApiServer) -> Source {
     let opts = ApiSourceOptions {
         node_name: NODE.into(),
         label_selector: Some(DEFAULT_LABEL_SELECTOR.into()),
+        encoding: Default::default(),
     };
     let task = tokio::spawn(run_api_source(server.client(), opts, tx));
     Source {
@@ -453,6 +454,7 @@ async fn source_returns_when_the_channel_closes() {
     let opts = ApiSourceOptions {
         node_name: NODE.into(),
         label_selector: None,
+        encoding: Default::default(),
     };
     let task = tokio::spawn(run_api_source(server.client(), opts, tx));
     drop(rx);

@@ -14,6 +14,11 @@
 //! silent for [`KEEPALIVE_IDLE`] and fails it after [`KEEPALIVE_RETRIES`]
 //! unanswered probes: about 30 s. A healthy quiet watch costs one empty
 //! segment each way per probe.
+//!
+//! Responses may come gzip-compressed (`Accept-Encoding: gzip`, as client-go
+//! asks; the API server compresses lists over 128 KiB): the layer under
+//! the metrics decompresses them, so the metrics count the bytes the client
+//! reads, as client-go's do. kp-source asks watches for `identity`.
 
 use std::time::Duration;
 
@@ -59,6 +64,12 @@ pub fn client(config: kube::Config) -> Result<kube::Client> {
         .map_err(BoxError::from)
         // Innermost, so each attempt of a retried request counts.
         .layer(crate::client_metrics::MetricsLayer)
+        .layer(
+            tower_http::decompression::DecompressionLayer::new()
+                .no_br()
+                .no_deflate()
+                .no_zstd(),
+        )
         .service(hyper);
     crate::client_metrics::transport_created();
     Ok(kube::Client::new(service, config.default_namespace))
