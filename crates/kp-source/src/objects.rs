@@ -242,15 +242,16 @@ fn map(m: BTreeMap<String, String>) -> Option<BTreeMap<String, String>> {
     (!m.is_empty()).then_some(m)
 }
 
-/// A time; the zero time (0, 0) is how protobuf says unset. A time out of
-/// range is dropped, not a failure.
+/// A time. Go's metav1.Time writes its zero value as an empty message
+/// (unset) and keeps whole seconds only, in protobuf as in JSON (its
+/// Unmarshal drops the nanoseconds): so do we. A time out of range is
+/// dropped, not a failure.
 fn time(t: Option<pbmeta::Time>) -> Option<meta::Time> {
     let t = t?;
-    let (secs, nanos) = (t.seconds.unwrap_or(0), t.nanos.unwrap_or(0));
-    if secs == 0 && nanos == 0 {
+    if t.seconds.is_none() && t.nanos.is_none() {
         return None;
     }
-    k8s_openapi::jiff::Timestamp::new(secs, nanos)
+    k8s_openapi::jiff::Timestamp::new(t.seconds.unwrap_or(0), 0)
         .ok()
         .map(meta::Time)
 }
@@ -451,9 +452,10 @@ mod tests {
                 namespace: Some("ns".into()),
                 generate_name: Some(String::new()),
                 generation: Some(0),
+                // Go's zero time: an empty message.
                 creation_timestamp: Some(pbmeta::Time {
-                    seconds: Some(0),
-                    nanos: Some(0),
+                    seconds: None,
+                    nanos: None,
                 }),
                 ..Default::default()
             }),
@@ -496,13 +498,16 @@ mod tests {
     }
 
     #[test]
-    fn times_out_of_range_are_dropped() {
+    fn times_as_go_reads_them() {
         let t = |seconds, nanos| time(Some(pbmeta::Time { seconds, nanos }));
         assert!(t(Some(i64::MAX), Some(0)).is_none());
-        assert!(t(Some(5), Some(2_000_000_000)).is_none());
+        assert!(t(None, None).is_none());
+        // The epoch is a time (Go writes its seconds, 0); nanoseconds go.
+        assert_eq!(t(Some(0), Some(0)).map(|t| t.0.as_second()), Some(0));
+        let x = t(Some(1_700_000_000), Some(5)).unwrap();
         assert_eq!(
-            t(Some(1_700_000_000), Some(5)).map(|t| t.0.as_second()),
-            Some(1_700_000_000)
+            (x.0.as_second(), x.0.subsec_nanosecond()),
+            (1_700_000_000, 0)
         );
     }
 }

@@ -901,8 +901,9 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
         return Status {
             code: 406,
             reason: "NotAcceptable",
-            message: "the server was unable to respond with a content type that the client supports"
-                .into(),
+            message:
+                "the server was unable to respond with a content type that the client supports"
+                    .into(),
         }
         .response();
     }

@@ -185,3 +185,87 @@ mod metrics_tests {
         assert!(size_sum >= 50.0, "response bytes {size_sum}");
     }
 }
+
+#[cfg(test)]
+mod gzip_tests {
+    use super::*;
+    use crate::metrics::Metrics;
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    /// Lists ask for gzip and read a compressed answer; a request that
+    /// names its encoding (kp-source's watches: identity) keeps it; the
+    /// metrics count the bytes as read, decompressed.
+    #[tokio::test]
+    async fn lists_are_gzipped_and_counted_as_read() {
+        let nodes: Vec<serde_json::Value> = (0..200)
+            .map(|i| serde_json::json!({"metadata": {"name": format!("node-{i}"), "labels": {"zone": "z1"}}}))
+            .collect();
+        let body = serde_json::json!({"apiVersion": "v1", "kind": "NodeList",
+            "metadata": {"resourceVersion": "5"}, "items": nodes})
+        .to_string();
+        let plain_len = body.len();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(body.as_bytes()).unwrap();
+        let compressed = gz.finish().unwrap();
+        assert!(compressed.len() * 4 < plain_len);
+        let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+        let s2 = seen.clone();
+        let app = axum::Router::new().route(
+            "/api/v1/nodes",
+            axum::routing::get(move |headers: axum::http::HeaderMap| {
+                let seen = s2.clone();
+                let (body, compressed) = (body.clone(), compressed.clone());
+                async move {
+                    let ae = headers
+                        .get("accept-encoding")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_string();
+                    seen.lock().unwrap().push(ae.clone());
+                    if ae.contains("gzip") {
+                        axum::response::Response::builder()
+                            .header("content-type", "application/json")
+                            .header("content-encoding", "gzip")
+                            .body(axum::body::Body::from(compressed))
+                            .unwrap()
+                    } else {
+                        axum::response::Response::builder()
+                            .header("content-type", "application/json")
+                            .body(axum::body::Body::from(body))
+                            .unwrap()
+                    }
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+        let config = kube::Config::new(format!("http://127.0.0.1:{port}").parse().unwrap());
+        let c = client(config).unwrap();
+        let list = kube::Api::<k8s_openapi::api::core::v1::Node>::all(c.clone())
+            .list(&Default::default())
+            .await
+            .unwrap();
+        assert_eq!(list.items.len(), 200);
+        let req = http::Request::get("/api/v1/nodes?watch=true")
+            .header("accept-encoding", "identity")
+            .body(kube::client::Body::from(Vec::new()))
+            .unwrap();
+        let res = c.send(req).await.unwrap();
+        assert!(res.headers().get("content-encoding").is_none());
+        server.abort();
+        assert_eq!(*seen.lock().unwrap(), ["gzip", "identity"]);
+        let text = Metrics::new().encode();
+        let size_sum: f64 = text
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(&format!(
+                    "rest_client_response_size_bytes_sum{{host=\"127.0.0.1:{port}\",verb=\"GET\"}} "
+                ))
+            })
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        assert_eq!(size_sum, plain_len as f64, "bytes counted");
+    }
+}
