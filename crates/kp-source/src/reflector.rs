@@ -585,6 +585,69 @@ mod tests {
         assert_eq!(retry_delay(3, 1.0), Duration::from_secs_f64(4.8));
     }
 
+    /// A server failing every request (500): the streaming list falls
+    /// back to a list, which fails and is reported; the relists back off
+    /// (0.8 s doubling to 30 s) instead of retrying at once, and Init
+    /// before each one does not reset the backoff.
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_list_is_retried_with_backoff() {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        use std::sync::Arc;
+        let requests = Arc::new(AtomicU32::new(0));
+        let r = requests.clone();
+        let svc = tower::service_fn(move |_req: http::Request<kube::client::Body>| {
+            r.fetch_add(1, Ordering::SeqCst);
+            async {
+                Ok::<_, std::convert::Infallible>(
+                    http::Response::builder()
+                        .status(500)
+                        .header("content-type", "application/json")
+                        .body(kube::client::Body::from(
+                            br#"{"kind":"Status","code":500,"reason":"InternalError","message":"boom"}"#
+                                .to_vec(),
+                        ))
+                        .unwrap(),
+                )
+            }
+        });
+        let client = Client::new(svc, "default");
+        let params = Params {
+            labels: None,
+            fields: None,
+            encoding: Encoding::default(),
+            streaming: true,
+        };
+        let mut s = reflect::<k8s_openapi::api::core::v1::Service>(client, params);
+        let t0 = Instant::now();
+        let mut errors = 0;
+        while t0.elapsed() < Duration::from_secs(120) {
+            match s.next().await {
+                Some(Err(ReflectError::Refused {
+                    verb: "list",
+                    status,
+                    ..
+                })) => {
+                    assert_eq!(status.code, 500);
+                    errors += 1;
+                }
+                Some(Ok(Event::Init)) => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        // 0.8 + 1.6 + ... then 30 s apart (x0.5-1.5): about 8 in 2 minutes;
+        // at once after each failure it would be thousands.
+        assert!(
+            (5..=15).contains(&errors),
+            "{errors} failed lists in 2 minutes"
+        );
+        // Each relist: the streaming list and the list it fell back to.
+        let n = requests.load(Ordering::SeqCst);
+        assert!(
+            (2 * errors..=2 * errors + 2).contains(&n),
+            "{n} requests, {errors} errors"
+        );
+    }
+
     #[test]
     fn watch_timeouts_spread_over_five_to_ten_minutes() {
         assert_eq!(watch_timeout(0.0), 300);
