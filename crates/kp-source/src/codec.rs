@@ -574,8 +574,10 @@ mod tests {
             Err(CodecError::Kind { want: "Status", got }) if got == "ServiceList"
         ));
         assert!(payload(&u, "ServiceList").unwrap().is_empty());
-        let mut gz = Unknown::default();
-        gz.content_encoding = Some("gzip".into());
+        let gz = Unknown {
+            content_encoding: Some("gzip".into()),
+            ..Default::default()
+        };
         let mut b = MAGIC.to_vec();
         b.extend(gz.encode_to_vec());
         assert!(matches!(envelope(&b), Err(CodecError::Encoded(e)) if e == "gzip"));
@@ -621,19 +623,14 @@ mod tests {
                 let mut f = Frames::new(format);
                 for piece in data.chunks(cut) {
                     f.push(piece);
-                    loop {
-                        match f.next_frame() {
-                            Ok(Some(fr)) => {
-                                if let Ok(ev) = pb_event(&fr) {
-                                    let _ = ev.object.status();
-                                    let _ = ev.object.bookmark();
-                                }
-                                if let Ok(ev) = json_event(&fr) {
-                                    let _ = ev.object.status();
-                                    let _ = ev.object.bookmark();
-                                }
-                            }
-                            Ok(None) | Err(_) => break,
+                    while let Ok(Some(fr)) = f.next_frame() {
+                        if let Ok(ev) = pb_event(&fr) {
+                            let _ = ev.object.status();
+                            let _ = ev.object.bookmark();
+                        }
+                        if let Ok(ev) = json_event(&fr) {
+                            let _ = ev.object.status();
+                            let _ = ev.object.bookmark();
                         }
                     }
                 }

@@ -289,10 +289,7 @@ fn json_body<T: serde::Serialize>(items: &[T]) -> Vec<u8> {
 }
 
 /// Both encodings of `items`, decoded by the source.
-fn both<K: WireObject>(items: &[K], pb: Vec<u8>) -> (Vec<K>, Vec<K>)
-where
-    K: serde::Serialize,
-{
+fn both<K: WireObject + serde::Serialize>(items: &[K], pb: Vec<u8>) -> (Vec<K>, Vec<K>) {
     let (jm, from_json) = K::list(Format::Json, &json_body(items)).unwrap();
     let (pm, from_pb) = K::list(Format::Protobuf, &pb).unwrap();
     assert_eq!(jm.resource_version, "9");
