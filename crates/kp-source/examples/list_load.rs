@@ -86,6 +86,19 @@ fn figures(m: &str) -> Vec<f64> {
     ]
 }
 
+/// Every series of `names` in a reading, by its full line name.
+fn series(m: &str, names: &[&str]) -> std::collections::BTreeMap<String, f64> {
+    m.lines()
+        .filter(|l| names.iter().any(|n| l.starts_with(&format!("{n}{{"))))
+        .filter_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+const DETAIL: &[&str] = &["etcd_requests_total", "apiserver_response_sizes_sum"];
+
 const COLUMNS: &[&str] = &[
     "LIST requests",
     "LIST endpointslices",
@@ -184,7 +197,8 @@ fn run(ns: &str, services: usize, endpoints: usize, proxies: &[(String, String)]
     for (label, path) in proxies {
         // Quiet a moment: the server's own controllers settle.
         std::thread::sleep(Duration::from_secs(3));
-        let before = figures(&cp.kubectl(&["get", "--raw", "/metrics"]).unwrap());
+        let m0 = cp.kubectl(&["get", "--raw", "/metrics"]).unwrap();
+        let before = figures(&m0);
         let log = cp.dir().join(format!("{label}.log"));
         let mut child = Command::new("ip")
             .args(["netns", "exec", ns, path])
@@ -230,7 +244,17 @@ fn run(ns: &str, services: usize, endpoints: usize, proxies: &[(String, String)]
         };
         // Every list done and every watch open.
         std::thread::sleep(Duration::from_secs(5));
-        let after = figures(&cp.kubectl(&["get", "--raw", "/metrics"]).unwrap());
+        let m1 = cp.kubectl(&["get", "--raw", "/metrics"]).unwrap();
+        let after = figures(&m1);
+        let (s0, s1) = (series(&m0, DETAIL), series(&m1, DETAIL));
+        for (k, v) in &s1 {
+            let d = v - s0.get(k).copied().unwrap_or(0.0);
+            let interesting =
+                (k.contains("operation=\"list\"") || k.contains("verb=\"LIST\"")) && d != 0.0;
+            if interesting {
+                eprintln!("  {label}: {k} +{d}");
+            }
+        }
         let _ = child.kill();
         let _ = child.wait();
         sh(ns, &["nft", "flush", "ruleset"]);

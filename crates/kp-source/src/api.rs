@@ -306,12 +306,20 @@ async fn probe(client: Client, opts: ApiSourceOptions, ok: Sender<()>) {
 
 /// Lists the Node named `node_name` with the field selector
 /// `metadata.name=NAME`, as the Node watcher does (kube-proxy's RBAC grants
-/// list and watch on Nodes, not get). `Ok(None)` when there is no such Node.
-pub async fn list_node(client: &Client, node_name: &str) -> Result<Option<Node>, SourceError> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let lp = ListParams::default().fields(&format!("metadata.name={node_name}"));
-    let list = nodes
-        .list(&lp)
+/// list and watch on Nodes, not get): from the API server's watch cache,
+/// in `encoding`. `Ok(None)` when there is no such Node.
+pub async fn list_node(
+    client: &Client,
+    node_name: &str,
+    encoding: &Encoding,
+) -> Result<Option<Node>, SourceError> {
+    let params = Params {
+        labels: None,
+        fields: Some(format!("metadata.name={node_name}")),
+        encoding: encoding.clone(),
+        streaming: false,
+    };
+    let items = crate::reflector::list_once::<Node>(client, &params)
         .await
         .map_err(|source| SourceError::ListNode {
             node: node_name.to_string(),
@@ -319,8 +327,7 @@ pub async fn list_node(client: &Client, node_name: &str) -> Result<Option<Node>,
         })?;
     // The field selector already matched the name; checked again so that a
     // server ignoring it cannot hand us another node's CIDRs.
-    Ok(list
-        .items
+    Ok(items
         .into_iter()
         .find(|n| n.metadata.name.as_deref() == Some(node_name)))
 }

@@ -55,7 +55,7 @@ pub enum SourceError {
     ListNode {
         node: String,
         #[source]
-        source: Box<kube::Error>,
+        source: Box<reflector::ReflectError>,
     },
     /// A service proxy name that is not a label value (`--service-proxy-name`).
     #[error("{0:?} is not a valid label value (at most 63 characters: letters, digits, '-', '_', '.', starting and ending with a letter or digit)")]

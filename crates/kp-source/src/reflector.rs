@@ -555,6 +555,68 @@ impl<K: WireObject> Loop<K> {
     }
 }
 
+/// One list of `K` as `params` select it, as the loops' first list asks
+/// (`resourceVersion=0`: from the watch cache, not etcd; the configured
+/// encoding, JSON when refused), for a caller that needs the objects once.
+pub async fn list_once<K: WireObject>(
+    client: &Client,
+    params: &Params,
+) -> Result<Vec<K>, ReflectError> {
+    let query = Request::List {
+        resource_version: Some("0".into()),
+        limit: None,
+        continue_token: None,
+    }
+    .query(params.labels.as_deref(), params.fields.as_deref(), 0);
+    let mut accept = params.encoding.accept.clone();
+    loop {
+        let transport = |e: Box<dyn std::error::Error + Send + Sync>| ReflectError::Transport {
+            verb: "list",
+            path: K::PATH,
+            source: e,
+        };
+        let req = http::Request::get(format!("{}?{query}", K::PATH))
+            .header(http::header::ACCEPT, &accept)
+            .body(kube::client::Body::from(Vec::new()))
+            .map_err(|e| transport(Box::new(e)))?;
+        let res = client.send(req).await.map_err(|e| transport(Box::new(e)))?;
+        let code = res.status().as_u16();
+        let format = Format::of(
+            res.headers()
+                .get(http::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok()),
+        );
+        let refused_type =
+            matches!(code, 406 | 415) || (res.status().is_success() && format.is_none());
+        if refused_type && accept != codec::JSON {
+            accept = codec::JSON.to_string();
+            continue;
+        }
+        let body = res
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| transport(Box::new(e)))?
+            .to_bytes();
+        if !(200..300).contains(&code) {
+            return Err(ReflectError::Refused {
+                verb: "list",
+                path: K::PATH,
+                status: ApiStatus::from_body(code, format, &body),
+            });
+        }
+        let format = format.unwrap_or(Format::Json);
+        count(K::KIND, "list", format);
+        return K::list(format, &body)
+            .map(|(_, items)| items)
+            .map_err(|source| ReflectError::Decode {
+                verb: "list",
+                path: K::PATH,
+                source,
+            });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -251,9 +251,17 @@ async fn list_node_finds_only_ours_with_a_list() {
     let server = ApiServer::start().await;
     server.apply_node(node("node-b", "zone-9"));
     let client = server.client();
-    assert_eq!(kp_source::list_node(&client, NODE).await.unwrap(), None);
+    assert_eq!(
+        kp_source::list_node(&client, NODE, &Default::default())
+            .await
+            .unwrap(),
+        None
+    );
     server.apply_node(node(NODE, "zone-1"));
-    let got = kp_source::list_node(&client, NODE).await.unwrap().unwrap();
+    let got = kp_source::list_node(&client, NODE, &Default::default())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(got.metadata.name.as_deref(), Some(NODE));
     // A list (what the RBAC allows on Nodes), never a get.
     let calls = server.api_calls();
@@ -266,7 +274,7 @@ async fn list_node_finds_only_ours_with_a_list() {
     );
     server.set_down(true);
     assert!(matches!(
-        kp_source::list_node(&client, NODE).await,
+        kp_source::list_node(&client, NODE, &Default::default()).await,
         Err(kp_source::SourceError::ListNode { .. })
     ));
 }
