@@ -102,7 +102,7 @@ const DETAIL: &[&str] = &["etcd_requests_total", "apiserver_response_sizes_sum"]
 const COLUMNS: &[&str] = &[
     "LIST requests",
     "LIST endpointslices",
-    "WATCH requests",
+    "WATCH requests ended (refused streaming lists)",
     "etcd list calls (all)",
     "etcd list services",
     "etcd list endpointslices",
