@@ -1,8 +1,9 @@
-//! The API source: kube-runtime watchers for Services, EndpointSlices and this
-//! node's Node, merged into one channel of [`SourceEvent`]s; and one for the
-//! cluster's ServiceCIDRs, which takes no part in the connection state (an
-//! older API server has no such API: logged once, and the proxy carries on
-//! without it).
+//! The API source: list/watch loops (reflector.rs, deciding as client-go's
+//! reflector does: streaming lists, lists from the watch cache, protobuf)
+//! for Services, EndpointSlices and this node's Node, merged into one
+//! channel of [`SourceEvent`]s; and one for the cluster's ServiceCIDRs,
+//! which takes no part in the connection state (an older API server has no
+//! such API: logged once, and the proxy carries on without it).
 //!
 //! Relists never flush: the keys seen during a relist are compared with the
 //! keys known before, and only the missing ones are sent as deleted. A watcher
@@ -21,14 +22,14 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube::api::{Api, ListParams};
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher::Event;
 use kube::{Client, ResourceExt};
 use tokio::sync::mpsc::{self, Sender};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use crate::connection::{Connection, Watch};
-use crate::service::ProxiedService;
+use crate::reflector::{jitter, reflect, Encoding, Params, ReflectError};
 use crate::{SourceError, SourceEvent};
 
 /// The selector upstream kube-proxy applies to Services and EndpointSlices:
@@ -82,19 +83,6 @@ fn probe_delay(attempt: u32, jitter: f64) -> Duration {
     Duration::from_secs_f64(base * (0.8 + 0.4 * jitter.clamp(0.0, 1.0)))
 }
 
-/// A number in [0, 1) that differs between processes and calls (jitter
-/// needs no more than that).
-fn jitter() -> f64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
-    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
-}
 /// How long one probe may take. Through a network partition a connection
 /// attempt would otherwise wait out the client's connect timeout (30 s)
 /// and the kernel's doubling SYN retransmissions, so a server reachable
@@ -114,14 +102,16 @@ pub struct ApiSourceOptions {
     /// Label selector for Services and EndpointSlices (the binary passes
     /// [`label_selector`]'s).
     pub label_selector: Option<String>,
+    /// The encodings asked for (protobuf first by default, as upstream).
+    pub encoding: Encoding,
 }
 
 /// Which watcher an event came from.
 enum Item {
-    Service(Box<Result<Event<Service>, watcher::Error>>),
-    Slice(Box<Result<Event<EndpointSlice>, watcher::Error>>),
-    Node(Box<Result<Event<Node>, watcher::Error>>),
-    Cidr(Box<Result<Event<ServiceCIDR>, watcher::Error>>),
+    Service(Box<Result<Event<Service>, ReflectError>>),
+    Slice(Box<Result<Event<EndpointSlice>, ReflectError>>),
+    Node(Box<Result<Event<Node>, ReflectError>>),
+    Cidr(Box<Result<Event<ServiceCIDR>, ReflectError>>),
 }
 
 /// Per-resource bookkeeping of the keys the consumer knows about.
@@ -150,6 +140,9 @@ impl Known {
 
     fn deleted(&mut self, key: &(String, String)) {
         self.keys.remove(key);
+        if let Some(seen) = &mut self.relist {
+            seen.remove(key);
+        }
     }
 
     /// Ends a relist; returns the keys that went away meanwhile.
@@ -204,12 +197,6 @@ fn is_data<K>(ev: &Event<K>) -> bool {
     !matches!(ev, Event::Init)
 }
 
-/// A watcher error worth reporting as a disconnection. 410 Gone is the normal
-/// "history compacted, relist" signal and the watcher relists at once.
-fn is_disconnect(err: &watcher::Error) -> bool {
-    !matches!(err, watcher::Error::WatchError(status) if status.code == 410)
-}
-
 /// The running probe (connection.rs decides when); aborted when dropped.
 #[derive(Default)]
 struct Probe(Option<JoinHandle<()>>);
@@ -230,28 +217,29 @@ impl Drop for Probe {
 
 /// The API server answered a list or watch with 404: it has no such
 /// resource (ServiceCIDR before Kubernetes 1.33 without the beta API on).
-fn is_missing_api(err: &watcher::Error) -> bool {
-    matches!(err,
-        watcher::Error::InitialListFailed(kube::Error::Api(s))
-        | watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.code == 404)
+fn is_missing_api(err: &ReflectError) -> bool {
+    matches!(err, ReflectError::Refused { status, .. } if status.code == 404)
 }
 
 /// The API server refused us the resource (403: RBAC without it).
-fn is_forbidden(err: &watcher::Error) -> bool {
-    matches!(err,
-        watcher::Error::InitialListFailed(kube::Error::Api(s))
-        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
-        | watcher::Error::WatchFailed(kube::Error::Api(s)) if s.code == 403)
+fn is_forbidden(err: &ReflectError) -> bool {
+    err.code() == Some(403)
+}
+
+/// What the three watches and the ServiceCIDR one ask for.
+#[derive(Clone)]
+struct Watches {
+    client: Client,
+    selected: Params,
+    node: Params,
+    all: Params,
 }
 
 /// The ServiceCIDR watcher (cluster-scoped, every object). It ends after
 /// a 404, which it yields: retrying an API the server does not have would
 /// only load it.
-fn service_cidr_stream(client: &Client) -> BoxStream<'static, Item> {
-    let w = relist_backoff(watcher::watcher(
-        Api::<ServiceCIDR>::all(client.clone()),
-        watcher::Config::default(),
-    ));
+fn service_cidr_stream(w: &Watches) -> BoxStream<'static, Item> {
+    let w = reflect::<ServiceCIDR>(w.client.clone(), w.all.clone());
     futures::stream::unfold(Some(w), |w| async move {
         let mut w = w?;
         let item = w.next().await?;
@@ -265,87 +253,23 @@ fn service_cidr_stream(client: &Client) -> BoxStream<'static, Item> {
 }
 
 /// The three watchers, merged, and the ServiceCIDR one while `cidrs`.
-fn watch_streams(
-    client: &Client,
-    cfg: &watcher::Config,
-    node_cfg: &watcher::Config,
-    cidrs: bool,
-) -> SelectAll<BoxStream<'static, Item>> {
-    // Read through ProxiedService (service.rs): one Service that
-    // k8s-openapi's type cannot decode must not stop the Service watch.
-    let services = relist_backoff(watcher::watcher(
-        Api::<ProxiedService>::all(client.clone()),
-        cfg.clone(),
-    ))
-    .map(|r| Item::Service(Box::new(r.map(service_event))))
-    .boxed();
-    let slices = relist_backoff(watcher::watcher(
-        Api::<EndpointSlice>::all(client.clone()),
-        cfg.clone(),
-    ))
-    .map(|r| Item::Slice(Box::new(r)))
-    .boxed();
-    let nodes = relist_backoff(watcher::watcher(
-        Api::<Node>::all(client.clone()),
-        node_cfg.clone(),
-    ))
-    .map(|r| Item::Node(Box::new(r)))
-    .boxed();
+/// JSON Services are read through ProxiedService (service.rs): one Service
+/// that k8s-openapi's type cannot decode must not stop the Service watch.
+fn watch_streams(w: &Watches, cidrs: bool) -> SelectAll<BoxStream<'static, Item>> {
+    let services = reflect::<Service>(w.client.clone(), w.selected.clone())
+        .map(|r| Item::Service(Box::new(r)))
+        .boxed();
+    let slices = reflect::<EndpointSlice>(w.client.clone(), w.selected.clone())
+        .map(|r| Item::Slice(Box::new(r)))
+        .boxed();
+    let nodes = reflect::<Node>(w.client.clone(), w.node.clone())
+        .map(|r| Item::Node(Box::new(r)))
+        .boxed();
     let mut all = futures::stream::select_all([services, slices, nodes]);
     if cidrs {
-        all.push(service_cidr_stream(client));
+        all.push(service_cidr_stream(w));
     }
     all
-}
-
-/// A watch event of the proxy's Service type as one of k8s-openapi's.
-fn service_event(e: Event<ProxiedService>) -> Event<Service> {
-    match e {
-        Event::Apply(s) => Event::Apply(s.into()),
-        Event::Delete(s) => Event::Delete(s.into()),
-        Event::Init => Event::Init,
-        Event::InitApply(s) => Event::InitApply(s.into()),
-        Event::InitDone => Event::InitDone,
-    }
-}
-
-/// A watcher's retries: kube-runtime's default policy (0.8 s doubling to
-/// 30 s, jittered), except that only data resets it. kube-runtime's
-/// `default_backoff` resets on any success, and the watcher reports `Init`
-/// before each list: with lists failing (a server answering 500), every
-/// retry then came after 0.8 s, a list a second for as long as it lasted.
-fn relist_backoff<K: Send + 'static>(
-    s: impl futures::Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
-) -> BoxStream<'static, Result<Event<K>, watcher::Error>> {
-    futures::stream::unfold(
-        (s.boxed(), 0u32, None::<Duration>),
-        |(mut s, mut failures, wait)| async move {
-            if let Some(d) = wait {
-                tokio::time::sleep(d).await;
-            }
-            let item = s.next().await?;
-            let wait = match &item {
-                Err(_) => {
-                    failures += 1;
-                    Some(retry_delay(failures, jitter()))
-                }
-                Ok(Event::Init) => None,
-                Ok(_) => {
-                    failures = 0;
-                    None
-                }
-            };
-            Some((item, (s, failures, wait)))
-        },
-    )
-    .boxed()
-}
-
-/// The wait after the `failures`-th failure in a row: 0.8 s doubling up to
-/// 30 s, times 0.5 to 1.5 (`jitter` in [0, 1)).
-fn retry_delay(failures: u32, jitter: f64) -> Duration {
-    let base = (0.8 * 2f64.powi(failures.saturating_sub(1).min(16) as i32)).min(30.0);
-    Duration::from_secs_f64(base * (0.5 + jitter.clamp(0.0, 1.0)))
 }
 
 /// Lists each watched resource (one item) until all three answer.
@@ -382,12 +306,20 @@ async fn probe(client: Client, opts: ApiSourceOptions, ok: Sender<()>) {
 
 /// Lists the Node named `node_name` with the field selector
 /// `metadata.name=NAME`, as the Node watcher does (kube-proxy's RBAC grants
-/// list and watch on Nodes, not get). `Ok(None)` when there is no such Node.
-pub async fn list_node(client: &Client, node_name: &str) -> Result<Option<Node>, SourceError> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let lp = ListParams::default().fields(&format!("metadata.name={node_name}"));
-    let list = nodes
-        .list(&lp)
+/// list and watch on Nodes, not get): from the API server's watch cache,
+/// in `encoding`. `Ok(None)` when there is no such Node.
+pub async fn list_node(
+    client: &Client,
+    node_name: &str,
+    encoding: &Encoding,
+) -> Result<Option<Node>, SourceError> {
+    let params = Params {
+        labels: None,
+        fields: Some(format!("metadata.name={node_name}")),
+        encoding: encoding.clone(),
+        streaming: false,
+    };
+    let items = crate::reflector::list_once::<Node>(client, &params)
         .await
         .map_err(|source| SourceError::ListNode {
             node: node_name.to_string(),
@@ -395,8 +327,7 @@ pub async fn list_node(client: &Client, node_name: &str) -> Result<Option<Node>,
         })?;
     // The field selector already matched the name; checked again so that a
     // server ignoring it cannot hand us another node's CIDRs.
-    Ok(list
-        .items
+    Ok(items
         .into_iter()
         .find(|n| n.metadata.name.as_deref() == Some(node_name)))
 }
@@ -407,21 +338,35 @@ pub async fn list_node(client: &Client, node_name: &str) -> Result<Option<Node>,
 /// listed (the Node may be absent),
 /// deletions (including those found by relists), and `Disconnected` /
 /// `Reconnected` around outages. Retries with kube-runtime's default backoff
-/// and relists after 410 Gone. Returns `Ok(())` when `tx` is closed.
+/// (reflector.rs) and relists after 410 Gone. Returns `Ok(())` when `tx` is
+/// closed.
 pub async fn run_api_source(
     client: Client,
     opts: ApiSourceOptions,
     tx: Sender<SourceEvent>,
 ) -> Result<(), SourceError> {
-    let mut cfg = watcher::Config::default();
-    if let Some(sel) = &opts.label_selector {
-        cfg = cfg.labels(sel);
-    }
-    let node_cfg = watcher::Config::default().fields(&format!("metadata.name={}", opts.node_name));
+    let all = Params {
+        labels: None,
+        fields: None,
+        encoding: opts.encoding.clone(),
+        streaming: true,
+    };
+    let watches = Watches {
+        client: client.clone(),
+        selected: Params {
+            labels: opts.label_selector.clone(),
+            ..all.clone()
+        },
+        node: Params {
+            fields: Some(format!("metadata.name={}", opts.node_name)),
+            ..all.clone()
+        },
+        all,
+    };
 
     // ServiceCIDRs: whether the server has the API (until it says 404).
     let mut cidr_api = true;
-    let mut merged = watch_streams(&client, &cfg, &node_cfg, cidr_api);
+    let mut merged = watch_streams(&watches, cidr_api);
 
     let mut svc_known = Known::default();
     let mut slice_known = Known::default();
@@ -440,7 +385,7 @@ pub async fn run_api_source(
     let mut probe_task = Probe::default();
     let (probe_tx, mut probe_rx) = mpsc::channel::<()>(1);
 
-    info!(node = %opts.node_name, selector = ?opts.label_selector, "watching the API server");
+    info!(node = %opts.node_name, selector = ?opts.label_selector, accept = %opts.encoding.accept, "watching the API server");
     loop {
         let item = tokio::select! {
             _ = tx.closed() => return Ok(()),
@@ -462,7 +407,7 @@ pub async fn run_api_source(
                     // although the server answers again: start fresh ones,
                     // which relist (without flushing, see Known) at once, so
                     // changes made during the outage arrive now.
-                    merged = watch_streams(&client, &cfg, &node_cfg, cidr_api);
+                    merged = watch_streams(&watches, cidr_api);
                     info!("API server reachable again; watches restarted");
                     if tx.send(SourceEvent::Reconnected).await.is_err() {
                         return Ok(());
@@ -589,9 +534,6 @@ pub async fn run_api_source(
                     out.push(SourceEvent::Synced);
                 }
             }
-            Err(err) if !is_disconnect(&err) => {
-                debug!(resource, "watch history expired, relisting: {err}");
-            }
             Err(err) => {
                 let step = conn.failed(watch);
                 if step.disconnected {
@@ -618,7 +560,7 @@ pub async fn run_api_source(
             }
         }
         if restart {
-            merged = watch_streams(&client, &cfg, &node_cfg, cidr_api);
+            merged = watch_streams(&watches, cidr_api);
             info!("API server reachable again; watches restarted");
         }
     }
@@ -649,48 +591,6 @@ mod tests {
         let j: Vec<f64> = (0..64).map(|_| jitter()).collect();
         assert!(j.iter().all(|x| (0.0..1.0).contains(x)));
         assert!(j.iter().any(|x| *x != j[0]), "jitter does not vary: {j:?}");
-    }
-
-    #[test]
-    fn watch_retries_double_to_30_s() {
-        let d: Vec<f64> = (1..=8).map(|f| retry_delay(f, 0.5).as_secs_f64()).collect();
-        assert_eq!(d, [0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0, 30.0]);
-        assert_eq!(retry_delay(3, 0.0), Duration::from_secs_f64(1.6));
-        assert_eq!(retry_delay(3, 1.0), Duration::from_secs_f64(4.8));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_failing_list_is_retried_with_backoff_not_after_each_init() {
-        // What the watcher yields while its list keeps failing: Init, then
-        // the error, over and over.
-        let attempts = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
-        let a = attempts.clone();
-        let inner = futures::stream::unfold((), move |()| {
-            let a = a.clone();
-            async move {
-                let n = a.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let item: Result<Event<Service>, watcher::Error> = if n.is_multiple_of(2) {
-                    Ok(Event::Init)
-                } else {
-                    Err(watcher::Error::NoResourceVersion)
-                };
-                Some((item, ()))
-            }
-        });
-        let mut s = relist_backoff(inner);
-        let t0 = tokio::time::Instant::now();
-        let mut errors = 0;
-        while t0.elapsed() < Duration::from_secs(120) {
-            if s.next().await.is_some_and(|r| r.is_err()) {
-                errors += 1;
-            }
-        }
-        // 0.8 + 1.6 + ... then 30 s apart (x0.5-1.5): about 8 in 2 minutes.
-        // Resetting on Init would retry every 0.4-1.2 s: over 100.
-        assert!(
-            (5..=15).contains(&errors),
-            "{errors} failed lists in 2 minutes"
-        );
     }
 
     fn svc(ns: &str, name: &str) -> Service {

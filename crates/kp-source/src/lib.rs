@@ -16,14 +16,19 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 
 pub mod api;
+pub mod codec;
 pub mod connection;
+pub mod listwatch;
 pub mod manifest;
+pub mod objects;
+pub mod reflector;
 pub mod service;
 
 pub use api::{
     label_selector, list_node, run_api_source, ApiSourceOptions, DEFAULT_LABEL_SELECTOR,
 };
 pub use manifest::{load_dir, run_manifest_source, Loaded, ObjectKey};
+pub use reflector::Encoding;
 
 /// Why a source could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -42,8 +47,7 @@ pub enum SourceError {
         #[source]
         source: std::io::Error,
     },
-    /// The merged API watch streams ended, which kube-runtime watchers never do
-    /// on their own.
+    /// The merged API watch streams ended, which they never do on their own.
     #[error("API watch streams ended unexpectedly")]
     WatchEnded,
     /// Listing this node's Node failed.
@@ -51,7 +55,7 @@ pub enum SourceError {
     ListNode {
         node: String,
         #[source]
-        source: Box<kube::Error>,
+        source: Box<reflector::ReflectError>,
     },
     /// A service proxy name that is not a label value (`--service-proxy-name`).
     #[error("{0:?} is not a valid label value (at most 63 characters: letters, digits, '-', '_', '.', starting and ending with a letter or digit)")]

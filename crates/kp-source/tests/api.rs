@@ -57,6 +57,7 @@ fn start(server: &ApiServer) -> Source {
     let opts = ApiSourceOptions {
         node_name: NODE.into(),
         label_selector: Some(DEFAULT_LABEL_SELECTOR.into()),
+        encoding: Default::default(),
     };
     let task = tokio::spawn(run_api_source(server.client(), opts, tx));
     Source {
@@ -250,9 +251,17 @@ async fn list_node_finds_only_ours_with_a_list() {
     let server = ApiServer::start().await;
     server.apply_node(node("node-b", "zone-9"));
     let client = server.client();
-    assert_eq!(kp_source::list_node(&client, NODE).await.unwrap(), None);
+    assert_eq!(
+        kp_source::list_node(&client, NODE, &Default::default())
+            .await
+            .unwrap(),
+        None
+    );
     server.apply_node(node(NODE, "zone-1"));
-    let got = kp_source::list_node(&client, NODE).await.unwrap().unwrap();
+    let got = kp_source::list_node(&client, NODE, &Default::default())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(got.metadata.name.as_deref(), Some(NODE));
     // A list (what the RBAC allows on Nodes), never a get.
     let calls = server.api_calls();
@@ -265,7 +274,7 @@ async fn list_node_finds_only_ours_with_a_list() {
     );
     server.set_down(true);
     assert!(matches!(
-        kp_source::list_node(&client, NODE).await,
+        kp_source::list_node(&client, NODE, &Default::default()).await,
         Err(kp_source::SourceError::ListNode { .. })
     ));
 }
@@ -453,6 +462,7 @@ async fn source_returns_when_the_channel_closes() {
     let opts = ApiSourceOptions {
         node_name: NODE.into(),
         label_selector: None,
+        encoding: Default::default(),
     };
     let task = tokio::spawn(run_api_source(server.client(), opts, tx));
     drop(rx);

@@ -3,8 +3,12 @@
 //! It implements the parts of the API that kube-proxy-rs uses, with the real
 //! wire protocol: typed lists carrying a collection `resourceVersion`, watches
 //! streaming newline-delimited watch events from a resourceVersion, label and
-//! field selectors, bookmarks, `sendInitialEvents`, `410 Expired` after
-//! compaction, and Event creation. One global, monotonically increasing
+//! field selectors, bookmarks, `410 Expired` after compaction, and Event
+//! creation. It speaks JSON only, as a server without protobuf would: an
+//! `Accept` header that allows no JSON is answered 406. Streaming lists
+//! (`sendInitialEvents`) are refused with 422, as kube-apiserver v1.36
+//! refuses them with its WatchList feature off, unless
+//! [`ApiServer::set_watch_list`] turns them on. One global, monotonically increasing
 //! resourceVersion covers every object, as with etcd.
 //!
 //! Control methods on [`ApiServer`] change objects (every change is seen by
@@ -178,6 +182,8 @@ struct State {
     list_errors: Mutex<HashMap<String, u16>>,
     /// When each list (not watch) arrived, by plural.
     list_log: Mutex<Vec<(String, std::time::Instant)>>,
+    /// Streaming lists served (the WatchList feature on).
+    watch_list: AtomicBool,
 }
 
 impl State {
@@ -594,6 +600,7 @@ impl ApiServer {
             list_delays: Mutex::new(HashMap::new()),
             list_errors: Mutex::new(HashMap::new()),
             list_log: Mutex::new(Vec::new()),
+            watch_list: AtomicBool::new(false),
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
         tokio::spawn(accept_loop(listener, state.clone(), shutdown_rx));
@@ -709,6 +716,13 @@ impl ApiServer {
         if down {
             self.state().kill_gen.send_modify(|g| *g += 1);
         }
+    }
+
+    /// Serves streaming lists (`sendInitialEvents=true` watches), as a
+    /// server with the WatchList feature on; off, they are refused with
+    /// v1.36's 422.
+    pub fn set_watch_list(&self, on: bool) {
+        self.state().watch_list.store(on, Ordering::SeqCst);
     }
 
     /// Delays every list (not watch) of `plural` ("services", "endpointslices",
@@ -870,8 +884,29 @@ fn is_true(q: &HashMap<String, String>, k: &str) -> bool {
     matches!(q.get(k).map(String::as_str), Some("1" | "true"))
 }
 
+/// Whether an `Accept` header admits JSON, the only encoding served.
+fn accepts_json(req: &Request<Incoming>) -> bool {
+    let Some(accept) = req.headers().get(hyper::header::ACCEPT) else {
+        return true;
+    };
+    accept.to_str().unwrap_or("").split(',').any(|t| {
+        let media = t.split(';').next().unwrap_or("").trim();
+        matches!(media, "application/json" | "application/*" | "*/*" | "")
+    })
+}
+
 async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
     state.requests.fetch_add(1, Ordering::SeqCst);
+    if !accepts_json(&req) {
+        return Status {
+            code: 406,
+            reason: "NotAcceptable",
+            message:
+                "the server was unable to respond with a content type that the client supports"
+                    .into(),
+        }
+        .response();
+    }
     let path = req.uri().path().to_owned();
     let method = req.method().clone();
     debug!(%method, uri = %req.uri(), "test API server request");
@@ -1131,6 +1166,18 @@ fn start_watch(
 ) -> Result<Response<Body>, Status> {
     let rv = parse_rv(q)?;
     let send_initial = is_true(q, "sendInitialEvents");
+    if send_initial && !state.watch_list.load(Ordering::SeqCst) {
+        // kube-apiserver v1.36 with --feature-gates=WatchList=false, word
+        // for word.
+        return Err(Status::invalid(
+            "ListOptions.meta.k8s.io \"\" is invalid: sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+        ));
+    }
+    if send_initial && q.get("resourceVersionMatch").map(String::as_str) != Some("NotOlderThan") {
+        return Err(Status::invalid(
+            "ListOptions.meta.k8s.io \"\" is invalid: resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+        ));
+    }
     let bookmarks = is_true(q, "allowWatchBookmarks");
     let timeout = q
         .get("timeoutSeconds")

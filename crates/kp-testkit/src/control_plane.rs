@@ -252,6 +252,8 @@ pub struct ControlPlaneOpts {
     pub node_port_range: String,
     /// Label for directories and logs.
     pub name: String,
+    /// More kube-apiserver flags (e.g. `--feature-gates=WatchList=false`).
+    pub apiserver_args: Vec<String>,
 }
 
 impl ControlPlaneOpts {
@@ -263,6 +265,16 @@ impl ControlPlaneOpts {
             service_cidrs: "10.96.0.0/16,fd00:96::/108".into(),
             node_port_range: "30000-32767".into(),
             name: name.to_string(),
+            apiserver_args: Vec::new(),
+        }
+    }
+
+    /// In the caller's namespace, on 127.0.0.1 and free ports.
+    pub fn on_loopback(name: &str) -> ControlPlaneOpts {
+        ControlPlaneOpts {
+            netns: None,
+            address: IpAddr::from([127, 0, 0, 1]),
+            ..ControlPlaneOpts::in_netns(name, "", IpAddr::from([127, 0, 0, 1]))
         }
     }
 }
@@ -554,6 +566,9 @@ impl ControlPlane {
             format!("--cert-dir={}", d.join("certs").display()),
             "--profiling=false".into(),
         ]
+        .into_iter()
+        .chain(self.opts.apiserver_args.iter().cloned())
+        .collect()
     }
 
     /// Starts the API server and waits for `/readyz`.

@@ -14,6 +14,11 @@
 //! silent for [`KEEPALIVE_IDLE`] and fails it after [`KEEPALIVE_RETRIES`]
 //! unanswered probes: about 30 s. A healthy quiet watch costs one empty
 //! segment each way per probe.
+//!
+//! Responses may come gzip-compressed (`Accept-Encoding: gzip`, as client-go
+//! asks; the API server compresses lists over 128 KiB): the layer under
+//! the metrics decompresses them, so the metrics count the bytes the client
+//! reads, as client-go's do. kp-source asks watches for `identity`.
 
 use std::time::Duration;
 
@@ -59,6 +64,12 @@ pub fn client(config: kube::Config) -> Result<kube::Client> {
         .map_err(BoxError::from)
         // Innermost, so each attempt of a retried request counts.
         .layer(crate::client_metrics::MetricsLayer)
+        .layer(
+            tower_http::decompression::DecompressionLayer::new()
+                .no_br()
+                .no_deflate()
+                .no_zstd(),
+        )
         .service(hyper);
     crate::client_metrics::transport_created();
     Ok(kube::Client::new(service, config.default_namespace))
@@ -172,5 +183,89 @@ mod metrics_tests {
             .and_then(|v| v.parse().ok())
             .unwrap_or(0.0);
         assert!(size_sum >= 50.0, "response bytes {size_sum}");
+    }
+}
+
+#[cfg(test)]
+mod gzip_tests {
+    use super::*;
+    use crate::metrics::Metrics;
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    /// Lists ask for gzip and read a compressed answer; a request that
+    /// names its encoding (kp-source's watches: identity) keeps it; the
+    /// metrics count the bytes as read, decompressed.
+    #[tokio::test]
+    async fn lists_are_gzipped_and_counted_as_read() {
+        let nodes: Vec<serde_json::Value> = (0..200)
+            .map(|i| serde_json::json!({"metadata": {"name": format!("node-{i}"), "labels": {"zone": "z1"}}}))
+            .collect();
+        let body = serde_json::json!({"apiVersion": "v1", "kind": "NodeList",
+            "metadata": {"resourceVersion": "5"}, "items": nodes})
+        .to_string();
+        let plain_len = body.len();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(body.as_bytes()).unwrap();
+        let compressed = gz.finish().unwrap();
+        assert!(compressed.len() * 4 < plain_len);
+        let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+        let s2 = seen.clone();
+        let app = axum::Router::new().route(
+            "/api/v1/nodes",
+            axum::routing::get(move |headers: axum::http::HeaderMap| {
+                let seen = s2.clone();
+                let (body, compressed) = (body.clone(), compressed.clone());
+                async move {
+                    let ae = headers
+                        .get("accept-encoding")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_string();
+                    seen.lock().unwrap().push(ae.clone());
+                    if ae.contains("gzip") {
+                        axum::response::Response::builder()
+                            .header("content-type", "application/json")
+                            .header("content-encoding", "gzip")
+                            .body(axum::body::Body::from(compressed))
+                            .unwrap()
+                    } else {
+                        axum::response::Response::builder()
+                            .header("content-type", "application/json")
+                            .body(axum::body::Body::from(body))
+                            .unwrap()
+                    }
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+        let config = kube::Config::new(format!("http://127.0.0.1:{port}").parse().unwrap());
+        let c = client(config).unwrap();
+        let list = kube::Api::<k8s_openapi::api::core::v1::Node>::all(c.clone())
+            .list(&Default::default())
+            .await
+            .unwrap();
+        assert_eq!(list.items.len(), 200);
+        let req = http::Request::get("/api/v1/nodes?watch=true")
+            .header("accept-encoding", "identity")
+            .body(kube::client::Body::from(Vec::new()))
+            .unwrap();
+        let res = c.send(req).await.unwrap();
+        assert!(res.headers().get("content-encoding").is_none());
+        server.abort();
+        assert_eq!(*seen.lock().unwrap(), ["gzip", "identity"]);
+        let text = Metrics::new().encode();
+        let size_sum: f64 = text
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(&format!(
+                    "rest_client_response_size_bytes_sum{{host=\"127.0.0.1:{port}\",verb=\"GET\"}} "
+                ))
+            })
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        assert_eq!(size_sum, plain_len as f64, "bytes counted");
     }
 }

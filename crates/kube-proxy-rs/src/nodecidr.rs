@@ -250,10 +250,12 @@ pub async fn wait_for_node<T>(
         wait_for(&node, want, fetch, poll, timeout).await?
     } else {
         let client = crate::source::kube_client(cfg).await?;
+        let encoding =
+            kp_source::Encoding::new(&cfg.client.content_type, &cfg.client.accept_content_types);
         let fetch = || {
-            let (client, node) = (client.clone(), node.clone());
+            let (client, node, encoding) = (client.clone(), node.clone(), encoding.clone());
             async move {
-                kp_source::list_node(&client, &node)
+                kp_source::list_node(&client, &node, &encoding)
                     .await
                     .map_err(|e| e.to_string())
             }

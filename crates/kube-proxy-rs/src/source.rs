@@ -78,6 +78,11 @@ pub async fn start_source(
                 kp_source::label_selector(cfg.service_proxy_name.as_deref())
                     .context("--service-proxy-name")?,
             ),
+            // As client-go builds its Accept header from these.
+            encoding: kp_source::Encoding::new(
+                &cfg.client.content_type,
+                &cfg.client.accept_content_types,
+            ),
         };
         tokio::spawn(async move {
             if let Err(e) = kp_source::api::run_api_source(client, opts, tx).await {

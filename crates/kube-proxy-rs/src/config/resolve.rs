@@ -478,6 +478,7 @@ fn client_connection(
         qps: cc.qps,
         burst: cc.burst,
         content_type: cc.content_type.clone(),
+        accept_content_types: cc.accept_content_types.clone(),
     };
     let kubeconfig = if cc.kubeconfig.is_empty() {
         None

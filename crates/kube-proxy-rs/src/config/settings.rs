@@ -45,6 +45,9 @@ pub struct ClientSettings {
     pub qps: f32,
     pub burst: i32,
     pub content_type: String,
+    /// clientConnection.acceptContentTypes (no flag; empty: the content
+    /// type, then anything).
+    pub accept_content_types: String,
 }
 
 /// Everything the binary needs, validated, in plain Rust types.
