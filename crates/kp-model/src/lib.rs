@@ -18,6 +18,7 @@ mod dataplane;
 pub mod explain;
 mod known;
 mod names;
+mod rfc3339;
 mod selection;
 pub mod status;
 #[cfg(any(test, feature = "testing"))]
@@ -38,9 +39,8 @@ pub use dataplane::{
 };
 pub use known::{Known, Start};
 pub use names::{chain_hash, is_dns_label, is_port_name};
+pub use rfc3339::{format_rfc3339, parse_rfc3339};
 pub use selection::{EndpointSelection, EndpointSet, NoEndpoints};
 pub use topology::{categorize_endpoints, Categorized};
-pub use tracker::{
-    parse_rfc3339, ChangeSet, ChangeTracker, ProxyState, Rejected, StaleConntrack, TrackerConfig,
-};
+pub use tracker::{ChangeSet, ChangeTracker, ProxyState, Rejected, StaleConntrack, TrackerConfig};
 pub use types::*;

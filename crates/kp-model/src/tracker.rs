@@ -16,6 +16,7 @@ use crate::convert::{
     convert_endpoint_slice_shared, convert_node, convert_service, convert_service_cidr,
     ConvertError, SliceEndpoints,
 };
+use crate::rfc3339::parse_rfc3339;
 use crate::topology::categorize_endpoints;
 use crate::types::*;
 
@@ -773,66 +774,4 @@ fn stale_for_endpoints(
     if old_reach.is_empty() && !new_reach.is_empty() {
         push_all_ips(new, None, out);
     }
-}
-
-/// Parses the RFC 3339 timestamps Kubernetes writes (`2024-01-02T03:04:05Z`,
-/// optionally with fractional seconds). Anything else is None.
-pub fn parse_rfc3339(s: &str) -> Option<SystemTime> {
-    let b = s.as_bytes();
-    if b.len() < 20
-        || b[4] != b'-'
-        || b[7] != b'-'
-        || b[10] != b'T'
-        || b[13] != b':'
-        || b[16] != b':'
-    {
-        return None;
-    }
-    let num = |r: std::ops::Range<usize>| -> Option<i64> { s.get(r)?.parse().ok() };
-    let (y, mo, d, h, mi, se) = (
-        num(0..4)?,
-        num(5..7)?,
-        num(8..10)?,
-        num(11..13)?,
-        num(14..16)?,
-        num(17..19)?,
-    );
-    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || se > 60 {
-        return None;
-    }
-    let mut rest = &s[19..];
-    let mut nanos: u32 = 0;
-    if let Some(frac) = rest.strip_prefix('.') {
-        let digits: String = frac.chars().take_while(|c| c.is_ascii_digit()).collect();
-        rest = &frac[digits.len()..];
-        let mut padded = digits.clone();
-        padded.truncate(9);
-        while padded.len() < 9 {
-            padded.push('0');
-        }
-        nanos = padded.parse().ok()?;
-    }
-    let offset_secs: i64 = match rest {
-        "Z" | "z" => 0,
-        r if r.len() == 6 && (r.starts_with('+') || r.starts_with('-')) => {
-            let oh: i64 = r.get(1..3)?.parse().ok()?;
-            let om: i64 = r.get(4..6)?.parse().ok()?;
-            let sign = if r.starts_with('-') { -1 } else { 1 };
-            sign * (oh * 3600 + om * 60)
-        }
-        _ => return None,
-    };
-    // Days from civil (Howard Hinnant's algorithm).
-    let y2 = if mo <= 2 { y - 1 } else { y };
-    let era = y2.div_euclid(400);
-    let yoe = y2 - era * 400;
-    let mp = (mo + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146097 + doe - 719468;
-    let secs = days * 86400 + h * 3600 + mi * 60 + se - offset_secs;
-    if secs < 0 {
-        return None;
-    }
-    Some(SystemTime::UNIX_EPOCH + std::time::Duration::new(secs as u64, nanos))
 }

@@ -25,7 +25,7 @@ use kp_sync::ProgrammedState;
 use serde::Deserialize;
 
 use crate::config::ProxyMode;
-use crate::rfc3339::format_rfc3339;
+use kp_model::format_rfc3339;
 
 /// What the debug endpoints read: the snapshot and the settings the
 /// dataplanes were built with.

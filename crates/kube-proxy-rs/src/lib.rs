@@ -25,7 +25,6 @@ pub mod modes;
 pub mod nodecidr;
 pub mod outcome;
 pub mod process_metrics;
-pub mod rfc3339;
 pub mod server;
 pub mod source;
 pub mod subcommands;

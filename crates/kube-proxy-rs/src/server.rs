@@ -23,7 +23,7 @@ use kp_sync::{Clock, SystemClock};
 use tokio::net::TcpListener;
 
 use crate::metrics::{Metrics, OPENMETRICS_CONTENT_TYPE, PROMETHEUS_CONTENT_TYPE};
-use crate::rfc3339::format_rfc3339;
+use kp_model::format_rfc3339;
 
 /// Taint the Cluster Autoscaler puts on a node it is about to delete.
 pub use kp_sync::TO_BE_DELETED_TAINT;
