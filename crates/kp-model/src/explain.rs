@@ -3,11 +3,11 @@
 //! [`ProxierConfig`]) plus the packet, and an [`Explanation`] out, which the
 //! binary prints as text ([`Explanation::render_text`]) or JSON (serde).
 //!
-//! The policy decision is not made again here: [`EndpointSelection`] (the one
-//! every dataplane reads) picks the endpoint sets, and this module only says
-//! which set the packet uses and why each endpoint is in it or not. Where the
-//! dataplanes differ in detail (the masquerade rules), this follows the
-//! nftables renderer, whose rules the iptables one mirrors.
+//! The policy decisions are not made again here: [`EndpointSelection`] (the
+//! one every dataplane reads) picks the endpoint sets and which traffic is
+//! masqueraded ([`ClusterIpMasquerading`], [`ExternalMasquerading`]); this module only says
+//! which set and which of those rules the packet meets, and why each
+//! endpoint is in the set or not.
 
 use std::fmt::Write;
 use std::net::{IpAddr, SocketAddr};
@@ -15,7 +15,9 @@ use std::net::{IpAddr, SocketAddr};
 use serde::Serialize;
 
 use crate::dataplane::{LocalDetector, ProxierConfig};
-use crate::selection::{EndpointSelection, EndpointSet, NoEndpoints};
+use crate::selection::{
+    ClusterIpMasquerading, EndpointSelection, EndpointSet, ExternalMasquerading, NoEndpoints,
+};
 use crate::status::EndpointConditions;
 use crate::tracker::ProxyState;
 use crate::types::{Endpoint, IpFamily, NodeInfo, Protocol, ServicePort, ServicePortName};
@@ -592,28 +594,29 @@ fn explain_family(state: &ProxyState, cfg: &ProxierConfig, pkt: &Packet) -> Expl
             ),
         },
     };
+    let hairpin = sel.hairpin().any(|e| e.ip == pkt.src && is_chosen(e));
     ex.masquerade = Some(masquerade(
         cfg,
         sp,
+        &sel,
         kind,
         short_circuit,
         in_cluster,
         source_is_node,
         &ex.local_detection,
-        chosen.iter().any(|e| e.ip == pkt.src),
+        hairpin,
     ));
     ex
 }
 
-/// Masquerading, as the renderers decide it: cluster IP traffic is
-/// masqueraded when masqueradeAll or when the source is not in-cluster;
-/// external traffic with eTP=Cluster always (replies must come back through
-/// this node); with eTP=Local only traffic from the node itself; and a pod
-/// reaching itself through the Service (hairpin) always.
+/// Whether the packet is masqueraded, by the rules the renderers write
+/// ([`ClusterIpMasquerading`], [`ExternalMasquerading`],
+/// [`EndpointSelection::hairpin`]), and why.
 #[allow(clippy::too_many_arguments)]
 fn masquerade(
     cfg: &ProxierConfig,
     sp: &ServicePort,
+    sel: &EndpointSelection,
     kind: MatchKind,
     short_circuit: bool,
     in_cluster: Tri,
@@ -629,45 +632,47 @@ fn masquerade(
         );
     }
     if kind.is_external() {
-        if !sp.external_policy_local {
-            return m(
+        return match sel.external_masquerading() {
+            ExternalMasquerading::All => m(
                 true,
                 "external traffic with externalTrafficPolicy Cluster is masqueraded, so replies return through this node".into(),
-            );
-        }
-        if source_is_node && short_circuit {
-            return m(true, "traffic from this node itself is masqueraded".into());
-        }
-        if short_circuit {
-            return m(
+            ),
+            ExternalMasquerading::FromNode if source_is_node => {
+                m(true, "traffic from this node itself is masqueraded".into())
+            }
+            _ if short_circuit => m(
                 false,
                 "in-cluster source short-circuited to the Cluster endpoints keeps its address"
                     .into(),
-            );
-        }
-        return m(
-            false,
-            "externalTrafficPolicy Local keeps the client's source address".into(),
-        );
+            ),
+            _ => m(
+                false,
+                "externalTrafficPolicy Local keeps the client's source address".into(),
+            ),
+        };
     }
-    if cfg.masquerade_all {
-        return m(true, "--masquerade-all is set".into());
-    }
-    match in_cluster {
-        Tri::Yes => m(
-            false,
-            "the source is in-cluster: it keeps its address".into(),
-        ),
-        Tri::No if matches!(cfg.local_detector, LocalDetector::None) => m(
+    match ClusterIpMasquerading::of(cfg) {
+        ClusterIpMasquerading::All => m(true, "--masquerade-all is set".into()),
+        ClusterIpMasquerading::Never if matches!(cfg.local_detector, LocalDetector::None) => m(
             false,
             "no local-traffic detector: cluster IP traffic is not masqueraded".into(),
         ),
-        Tri::No => m(
-            true,
-            "the source is not in-cluster: off-cluster traffic to a cluster IP is masqueraded"
-                .into(),
+        ClusterIpMasquerading::Never => m(
+            false,
+            format!("{detection}; cluster IP traffic is not masqueraded"),
         ),
-        Tri::Unknown => m(true, format!("{detection}; masqueraded unless it does")),
+        ClusterIpMasquerading::OffCluster => match in_cluster {
+            Tri::Yes => m(
+                false,
+                "the source is in-cluster: it keeps its address".into(),
+            ),
+            Tri::No => m(
+                true,
+                "the source is not in-cluster: off-cluster traffic to a cluster IP is masqueraded"
+                    .into(),
+            ),
+            Tri::Unknown => m(true, format!("{detection}; masqueraded unless it does")),
+        },
     }
 }
 

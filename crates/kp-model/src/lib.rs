@@ -40,7 +40,9 @@ pub use dataplane::{
 pub use known::{Known, Start};
 pub use names::{chain_hash, is_dns_label, is_port_name};
 pub use rfc3339::{format_rfc3339, parse_rfc3339};
-pub use selection::{EndpointSelection, EndpointSet, NoEndpoints};
+pub use selection::{
+    ClusterIpMasquerading, EndpointSelection, EndpointSet, ExternalMasquerading, NoEndpoints,
+};
 pub use topology::{categorize_endpoints, Categorized};
 pub use tracker::{ChangeSet, ChangeTracker, ProxyState, Rejected, StaleConntrack, TrackerConfig};
 pub use types::*;

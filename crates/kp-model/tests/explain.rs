@@ -142,6 +142,21 @@ fn masquerade_all_and_no_detector() {
 }
 
 #[test]
+fn no_pod_cidr_of_the_family_masquerades_nothing() {
+    // Only an IPv6 cluster CIDR: no IPv4 source is told apart, and no
+    // renderer writes an IPv4 masquerade rule for cluster IPs.
+    let s = state(NodeInfo::named("node1"), vec![(web(), two())]);
+    let mut c = cfg();
+    c.local_detector = LocalDetector::Cidrs(vec!["fd00:10::/64".parse().unwrap()]);
+    let ex = run(&s, &c, pkt("172.16.0.3", "10.96.0.10", 80));
+    let masq = ex.masquerade.unwrap();
+    assert!(
+        !masq.masquerade && masq.why.contains("not masqueraded"),
+        "{masq:?}"
+    );
+}
+
+#[test]
 fn hairpin_is_masqueraded() {
     let s = state(NodeInfo::named("node1"), vec![(web(), two())]);
     let ex = run(&s, &cfg(), pkt("10.244.1.5", "10.96.0.10", 80));
