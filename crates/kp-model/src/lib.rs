@@ -30,7 +30,8 @@ mod types;
 pub use claims::{AddressKey, RefusedClaim};
 pub use convert::{
     convert_endpoint_slice, convert_endpoint_slice_shared, convert_node, convert_service,
-    convert_service_cidr, ConvertError, NodeDetails, PodCidrs, SliceEndpoints, TO_BE_DELETED_TAINT,
+    convert_service_cidr, ConvertError, NodeDetails, PodCidrs, SliceEndpoints,
+    DEFAULT_LABEL_SELECTOR, HEADLESS_LABEL, SERVICE_PROXY_NAME_LABEL, TO_BE_DELETED_TAINT,
     ZONE_LABEL,
 };
 pub use dataplane::{
