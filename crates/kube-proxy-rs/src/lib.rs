@@ -25,6 +25,7 @@ pub mod modes;
 pub mod nodecidr;
 pub mod outcome;
 pub mod process_metrics;
+pub mod render;
 pub mod server;
 pub mod source;
 pub mod subcommands;
