@@ -11,8 +11,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use ipnet::IpNet;
 use kp_model::{
-    chain_hash, Endpoint, EndpointSelection, EndpointSet, IpFamily, LocalDetector, NoEndpoints,
-    NodeInfo, ProxierConfig, ServicePort,
+    chain_hash, ClusterIpMasquerading, Endpoint, EndpointSelection, EndpointSet,
+    ExternalMasquerading, IpFamily, LocalDetector, NoEndpoints, NodeInfo, ProxierConfig,
+    ServicePort,
 };
 use kp_xtables::Jump;
 
@@ -372,13 +373,13 @@ pub fn render_service_with(
     };
     let cluster_ip =
         |rest, target| port_on(format!("{name} cluster IP"), &sp.cluster_ip, rest, target);
-    // Masquerade off-cluster traffic to the cluster IP: it may have been routed
-    // here from outside and leave for another node.
-    let masq = if cfg.masquerade_all {
-        Some(cluster_ip(None, to(MARK_MASQ_CHAIN)))
-    } else {
-        local_match(fam, &cfg.local_detector, true)
-            .map(|m| cluster_ip(Some(m), to(MARK_MASQ_CHAIN)))
+    // Cluster IP traffic kp-model says to masquerade (off-cluster sources
+    // may have been routed here from outside and leave for another node).
+    let masq = match ClusterIpMasquerading::of(cfg) {
+        ClusterIpMasquerading::All => Some(cluster_ip(None, to(MARK_MASQ_CHAIN))),
+        ClusterIpMasquerading::OffCluster => local_match(fam, &cfg.local_detector, true)
+            .map(|m| cluster_ip(Some(m), to(MARK_MASQ_CHAIN))),
+        ClusterIpMasquerading::Never => None,
     };
 
     // The chain of the set serving internal traffic masquerades off-cluster
@@ -398,33 +399,35 @@ pub fn render_service_with(
 
     if uses_external_chain {
         let mut rules = Vec::new();
-        if !sel.external.is_local() {
-            rules.push(commented(
+        match sel.external_masquerading() {
+            ExternalMasquerading::All => rules.push(commented(
                 format!("masquerade traffic for {name} external destinations"),
                 None,
                 to(MARK_MASQ_CHAIN),
-            ));
-        } else if sel.has_cluster() {
-            // Pods reaching an external address of the Service behave as if
-            // they went out to the load balancer and back: Cluster policy.
-            if let Some(m) = local_match(fam, &cfg.local_detector, false) {
+            )),
+            ExternalMasquerading::FromNode => {
+                // Pods reaching an external address of the Service behave as
+                // if they went out to the load balancer and back: Cluster
+                // policy.
+                if let Some(m) = local_match(fam, &cfg.local_detector, false) {
+                    rules.push(commented(
+                        format!("pod traffic for {name} external destinations"),
+                        Some(m),
+                        to(&svc),
+                    ));
+                }
                 rules.push(commented(
-                    format!("pod traffic for {name} external destinations"),
-                    Some(m),
+                    format!("masquerade LOCAL traffic for {name} external destinations"),
+                    Some(Match::Local { src: true }),
+                    to(MARK_MASQ_CHAIN),
+                ));
+                rules.push(commented(
+                    format!("route LOCAL traffic for {name} external destinations"),
+                    Some(Match::Local { src: true }),
                     to(&svc),
                 ));
             }
-            // The node itself picks the external address as source: masquerade.
-            rules.push(commented(
-                format!("masquerade LOCAL traffic for {name} external destinations"),
-                Some(Match::Local { src: true }),
-                to(MARK_MASQ_CHAIN),
-            ));
-            rules.push(commented(
-                format!("route LOCAL traffic for {name} external destinations"),
-                Some(Match::Local { src: true }),
-                to(&svc),
-            ));
+            ExternalMasquerading::Never => {}
         }
         if has_external {
             rules.push(Rule::new(Vec::new(), to(external_policy_chain)));

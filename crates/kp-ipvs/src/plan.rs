@@ -6,7 +6,9 @@ use std::fmt;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use kp_model::{EndpointSelection, Protocol, ProxierConfig, ProxyState, ServicePort};
+use kp_model::{
+    EndpointSelection, ExternalMasquerading, Protocol, ProxierConfig, ProxyState, ServicePort,
+};
 
 use crate::ipset;
 use crate::ipvs::{RealServer, VsKey, VsSpec, SCHEDULERS};
@@ -154,7 +156,9 @@ fn plan_service(
     };
     let internal = &to_dests(sel.internal_endpoints());
     let external = &to_dests(sel.external_endpoints());
-    let external_local = sel.external.is_local();
+    // The -LOCAL- sets exempt external traffic from the masquerade rules
+    // (rules.rs): all but what kp-model masquerades whole.
+    let external_local = sel.external_masquerading() != ExternalMasquerading::All;
     let spec = VsSpec {
         scheduler: cfg.scheduler.clone(),
         persistence: sp.session_affinity_timeout,
@@ -244,7 +248,7 @@ fn plan_service(
     }
     // Hairpin: a local endpoint reaching itself through the Service is
     // masqueraded (KUBE-LOOP-BACK in POSTROUTING).
-    for e in sel.all_reachable.iter().filter(|e| e.is_local) {
+    for e in sel.hairpin() {
         out.set_add(
             &n("KUBE-LOOP-BACK"),
             format!("{},{},{}", e.ip, proto_entry(sp.protocol, e.port), e.ip),

@@ -1,7 +1,7 @@
 //! The small fixed iptables ruleset of IPVS mode. It depends only on the
 //! configuration: per-Service data lives in the ipsets it matches.
 
-use kp_model::{LocalDetector, ProxierConfig};
+use kp_model::{ClusterIpMasquerading, LocalDetector, ProxierConfig};
 use kp_xtables::Jump;
 
 use crate::ipset::name;
@@ -36,13 +36,15 @@ pub fn restore_input(cfg: &ProxierConfig) -> String {
     for c in NAT_CHAINS {
         l(format!(":{c} - [0:0]"));
     }
-    // Traffic to a ClusterIP from outside the cluster is masqueraded.
+    // Cluster IP traffic kp-model says to masquerade.
     let cluster = format!("-m set --match-set {} dst,dst", s("KUBE-CLUSTER-IP"));
     let cmt = "-m comment --comment";
-    if cfg.masquerade_all {
-        l(format!("-A KUBE-SERVICES {cmt} \"Kubernetes service cluster ip + port for masquerade purpose\" {cluster} -j KUBE-MARK-MASQ"));
-    } else {
-        match &cfg.local_detector {
+    match ClusterIpMasquerading::of(cfg) {
+        ClusterIpMasquerading::All => {
+            l(format!("-A KUBE-SERVICES {cmt} \"Kubernetes service cluster ip + port for masquerade purpose\" {cluster} -j KUBE-MARK-MASQ"));
+        }
+        ClusterIpMasquerading::Never => {}
+        ClusterIpMasquerading::OffCluster => match &cfg.local_detector {
             LocalDetector::Cidrs(cidrs) => {
                 for c in cidrs.iter().filter(|c| fam.matches(&c.addr())) {
                     l(format!("-A KUBE-SERVICES ! -s {c} {cmt} \"Kubernetes service cluster ip + port for masquerade purpose\" {cluster} -j KUBE-MARK-MASQ"));
@@ -55,7 +57,7 @@ pub fn restore_input(cfg: &ProxierConfig) -> String {
                 l(format!("-A KUBE-SERVICES ! -i {p}+ {cmt} \"Kubernetes service cluster ip + port for masquerade purpose\" {cluster} -j KUBE-MARK-MASQ"));
             }
             LocalDetector::None => {}
-        }
+        },
     }
     l(format!("-A KUBE-SERVICES {cmt} \"Kubernetes service external ip + port for masquerade and filter purpose\" -m set --match-set {} dst,dst -j KUBE-MARK-MASQ", s("KUBE-EXTERNAL-IP")));
     l(format!("-A KUBE-SERVICES {cmt} \"Kubernetes service lb portal\" -m set --match-set {} dst,dst -j KUBE-LOAD-BALANCER", s("KUBE-LOAD-BALANCER")));

@@ -78,8 +78,32 @@ fn parse_cidr_sloppy(s: &str) -> Option<IpNet> {
     IpNet::new(parse_ip_sloppy(addr)?, len.parse().ok()?).ok()
 }
 
-pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
-pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
+// The two labels that decide whether a Service is this proxy's, spelled
+// once: macros, so that DEFAULT_LABEL_SELECTOR is made of the same
+// literals (`concat!` takes only literals).
+macro_rules! service_proxy_name_label {
+    () => {
+        "service.kubernetes.io/service-proxy-name"
+    };
+}
+macro_rules! headless_label {
+    () => {
+        "service.kubernetes.io/headless"
+    };
+}
+
+/// Names the proxy that handles a Service (and its slices, which the
+/// EndpointSlice controller labels alike): with it, a Service is another
+/// proxy's unless `--service-proxy-name` names the same.
+pub const SERVICE_PROXY_NAME_LABEL: &str = service_proxy_name_label!();
+/// On headless Services' slices: no proxy handles them.
+pub const HEADLESS_LABEL: &str = headless_label!();
+/// The selector upstream kube-proxy lists Services and EndpointSlices with:
+/// not another proxy's, not headless. For objects no selector filtered
+/// (manifests), [`convert_service`] applies the proxy name and
+/// [`convert_endpoint_slice`] skips headless slices.
+pub const DEFAULT_LABEL_SELECTOR: &str =
+    concat!("!", service_proxy_name_label!(), ",!", headless_label!());
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
 /// Converts one Service into its service ports for `family`.

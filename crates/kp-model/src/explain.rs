@@ -1,21 +1,22 @@
 //! `kube-proxy-rs explain`: what this node's proxy does with one packet, as a
 //! person reads it. Pure: the same inputs the dataplanes get ([`ProxyState`],
-//! [`ProxierConfig`]) plus the packet, and an [`Explanation`] out, which the
-//! binary prints as text ([`Explanation::render_text`]) or JSON (serde).
+//! [`ProxierConfig`]) plus the packet, and an [`Explanation`] out, data the
+//! binary prints as text (its `render` module) or JSON (serde).
 //!
-//! The policy decision is not made again here: [`EndpointSelection`] (the one
-//! every dataplane reads) picks the endpoint sets, and this module only says
-//! which set the packet uses and why each endpoint is in it or not. Where the
-//! dataplanes differ in detail (the masquerade rules), this follows the
-//! nftables renderer, whose rules the iptables one mirrors.
+//! The policy decisions are not made again here: [`EndpointSelection`] (the
+//! one every dataplane reads) picks the endpoint sets and which traffic is
+//! masqueraded ([`ClusterIpMasquerading`], [`ExternalMasquerading`]); this module only says
+//! which set and which of those rules the packet meets, and why each
+//! endpoint is in the set or not.
 
-use std::fmt::Write;
 use std::net::{IpAddr, SocketAddr};
 
 use serde::Serialize;
 
 use crate::dataplane::{LocalDetector, ProxierConfig};
-use crate::selection::{EndpointSelection, EndpointSet, NoEndpoints};
+use crate::selection::{
+    ClusterIpMasquerading, EndpointSelection, EndpointSet, ExternalMasquerading, NoEndpoints,
+};
 use crate::status::EndpointConditions;
 use crate::tracker::ProxyState;
 use crate::types::{Endpoint, IpFamily, NodeInfo, Protocol, ServicePort, ServicePortName};
@@ -592,28 +593,29 @@ fn explain_family(state: &ProxyState, cfg: &ProxierConfig, pkt: &Packet) -> Expl
             ),
         },
     };
+    let hairpin = sel.hairpin().any(|e| e.ip == pkt.src && is_chosen(e));
     ex.masquerade = Some(masquerade(
         cfg,
         sp,
+        &sel,
         kind,
         short_circuit,
         in_cluster,
         source_is_node,
         &ex.local_detection,
-        chosen.iter().any(|e| e.ip == pkt.src),
+        hairpin,
     ));
     ex
 }
 
-/// Masquerading, as the renderers decide it: cluster IP traffic is
-/// masqueraded when masqueradeAll or when the source is not in-cluster;
-/// external traffic with eTP=Cluster always (replies must come back through
-/// this node); with eTP=Local only traffic from the node itself; and a pod
-/// reaching itself through the Service (hairpin) always.
+/// Whether the packet is masqueraded, by the rules the renderers write
+/// ([`ClusterIpMasquerading`], [`ExternalMasquerading`],
+/// [`EndpointSelection::hairpin`]), and why.
 #[allow(clippy::too_many_arguments)]
 fn masquerade(
     cfg: &ProxierConfig,
     sp: &ServicePort,
+    sel: &EndpointSelection,
     kind: MatchKind,
     short_circuit: bool,
     in_cluster: Tri,
@@ -629,174 +631,46 @@ fn masquerade(
         );
     }
     if kind.is_external() {
-        if !sp.external_policy_local {
-            return m(
+        return match sel.external_masquerading() {
+            ExternalMasquerading::All => m(
                 true,
                 "external traffic with externalTrafficPolicy Cluster is masqueraded, so replies return through this node".into(),
-            );
-        }
-        if source_is_node && short_circuit {
-            return m(true, "traffic from this node itself is masqueraded".into());
-        }
-        if short_circuit {
-            return m(
+            ),
+            ExternalMasquerading::FromNode if source_is_node => {
+                m(true, "traffic from this node itself is masqueraded".into())
+            }
+            _ if short_circuit => m(
                 false,
                 "in-cluster source short-circuited to the Cluster endpoints keeps its address"
                     .into(),
-            );
-        }
-        return m(
-            false,
-            "externalTrafficPolicy Local keeps the client's source address".into(),
-        );
+            ),
+            _ => m(
+                false,
+                "externalTrafficPolicy Local keeps the client's source address".into(),
+            ),
+        };
     }
-    if cfg.masquerade_all {
-        return m(true, "--masquerade-all is set".into());
-    }
-    match in_cluster {
-        Tri::Yes => m(
-            false,
-            "the source is in-cluster: it keeps its address".into(),
-        ),
-        Tri::No if matches!(cfg.local_detector, LocalDetector::None) => m(
+    match ClusterIpMasquerading::of(cfg) {
+        ClusterIpMasquerading::All => m(true, "--masquerade-all is set".into()),
+        ClusterIpMasquerading::Never if matches!(cfg.local_detector, LocalDetector::None) => m(
             false,
             "no local-traffic detector: cluster IP traffic is not masqueraded".into(),
         ),
-        Tri::No => m(
-            true,
-            "the source is not in-cluster: off-cluster traffic to a cluster IP is masqueraded"
-                .into(),
+        ClusterIpMasquerading::Never => m(
+            false,
+            format!("{detection}; cluster IP traffic is not masqueraded"),
         ),
-        Tri::Unknown => m(true, format!("{detection}; masqueraded unless it does")),
-    }
-}
-
-impl Explanation {
-    /// The explanation as a person reads it, one step a line.
-    pub fn render_text(&self) -> String {
-        let mut o = String::new();
-        let p = &self.packet;
-        let _ = writeln!(
-            o,
-            "packet   {} -> {}:{}/{} ({}) entering node {}{}",
-            p.src,
-            p.dst,
-            p.port,
-            p.protocol,
-            self.family,
-            if self.node.is_empty() {
-                "?"
-            } else {
-                &self.node
-            },
-            self.node_zone
-                .as_deref()
-                .map(|z| format!(" (zone {z})"))
-                .unwrap_or_default()
-        );
-        let _ = writeln!(o, "source   {}", self.local_detection);
-        if self.source_is_node {
-            let _ = writeln!(o, "         the source is one of this node's addresses");
-        }
-        match &self.matched {
-            None => {
-                let _ = writeln!(o, "service  none matched");
-            }
-            Some(m) => {
-                let _ = writeln!(
-                    o,
-                    "service  {} matched as {:?} (cluster IP {}:{}{}; iTP {}, eTP {})",
-                    m.service_port,
-                    m.kind,
-                    m.cluster_ip,
-                    m.port,
-                    if m.node_port != 0 {
-                        format!(", NodePort {}", m.node_port)
-                    } else {
-                        String::new()
-                    },
-                    m.internal_traffic_policy,
-                    m.external_traffic_policy
-                );
-            }
-        }
-        if let Some(s) = &self.endpoint_set {
-            let _ = writeln!(o, "set      {s}");
-        }
-        if let Some(t) = &self.topology {
-            let _ = writeln!(o, "topology {t}");
-        }
-        if let Some(f) = &self.fallback {
-            let _ = writeln!(o, "fallback {f}");
-        }
-        if self.matched.is_some() {
-            if self.endpoints.is_empty() {
-                let _ = writeln!(o, "endpoints none");
-            } else {
-                let _ = writeln!(o, "endpoints");
-            }
-        }
-        for c in &self.endpoints {
-            let (kept, why) = (c.kept, &c.why);
-            let c = &c.endpoint;
-            let _ = writeln!(
-                o,
-                "  {} {:<22} {}{}{}: {}",
-                if kept { "+" } else { "-" },
-                c.address,
-                if c.local { "local" } else { "remote" },
-                c.node
-                    .as_deref()
-                    .map(|n| format!(" node {n}"))
-                    .unwrap_or_default(),
-                c.zone
-                    .as_deref()
-                    .map(|z| format!(" zone {z}"))
-                    .unwrap_or_default(),
-                why
-            );
-        }
-        if let Some(t) = self.session_affinity_seconds {
-            let _ = writeln!(o, "affinity ClientIP, {t}s");
-        } else if self.matched.is_some() {
-            let _ = writeln!(o, "affinity none");
-        }
-        if let Some(m) = &self.masquerade {
-            let _ = writeln!(
-                o,
-                "masquerade {}: {}",
-                if m.masquerade { "yes" } else { "no" },
-                m.why
-            );
-        }
-        let _ = writeln!(
-            o,
-            "verdict  {:?}: {}",
-            self.verdict.action, self.verdict.why
-        );
-        if let Some(d) = &self.dataplane {
-            let _ = writeln!(o, "ruleset  ({} mode, read from the kernel)", d.mode);
-            for c in &d.chains {
-                let state = match c.present {
-                    Some(true) => "present",
-                    Some(false) => "MISSING",
-                    None => "unknown",
-                };
-                let _ = writeln!(o, "  {:<8} {} {}", state, c.table, c.chain);
-            }
-            if let Some(e) = &d.error {
-                let _ = writeln!(o, "  kernel not read: {e}");
-            }
-            if d.drift.is_empty() {
-                if d.error.is_none() {
-                    let _ = writeln!(o, "drift    none: the kernel holds what the model says");
-                }
-            } else {
-                for d in &d.drift {
-                    let _ = writeln!(o, "DRIFT    {d}");
-                }
-            }
-        }
-        o
+        ClusterIpMasquerading::OffCluster => match in_cluster {
+            Tri::Yes => m(
+                false,
+                "the source is in-cluster: it keeps its address".into(),
+            ),
+            Tri::No => m(
+                true,
+                "the source is not in-cluster: off-cluster traffic to a cluster IP is masqueraded"
+                    .into(),
+            ),
+            Tri::Unknown => m(true, format!("{detection}; masqueraded unless it does")),
+        },
     }
 }

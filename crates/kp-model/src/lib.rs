@@ -18,6 +18,7 @@ mod dataplane;
 pub mod explain;
 mod known;
 mod names;
+mod rfc3339;
 mod selection;
 pub mod status;
 #[cfg(any(test, feature = "testing"))]
@@ -29,7 +30,8 @@ mod types;
 pub use claims::{AddressKey, RefusedClaim};
 pub use convert::{
     convert_endpoint_slice, convert_endpoint_slice_shared, convert_node, convert_service,
-    convert_service_cidr, ConvertError, NodeDetails, PodCidrs, SliceEndpoints, TO_BE_DELETED_TAINT,
+    convert_service_cidr, ConvertError, NodeDetails, PodCidrs, SliceEndpoints,
+    DEFAULT_LABEL_SELECTOR, HEADLESS_LABEL, SERVICE_PROXY_NAME_LABEL, TO_BE_DELETED_TAINT,
     ZONE_LABEL,
 };
 pub use dataplane::{
@@ -38,9 +40,10 @@ pub use dataplane::{
 };
 pub use known::{Known, Start};
 pub use names::{chain_hash, is_dns_label, is_port_name};
-pub use selection::{EndpointSelection, EndpointSet, NoEndpoints};
-pub use topology::{categorize_endpoints, Categorized};
-pub use tracker::{
-    parse_rfc3339, ChangeSet, ChangeTracker, ProxyState, Rejected, StaleConntrack, TrackerConfig,
+pub use rfc3339::{format_rfc3339, parse_rfc3339};
+pub use selection::{
+    ClusterIpMasquerading, EndpointSelection, EndpointSet, ExternalMasquerading, NoEndpoints,
 };
+pub use topology::{categorize_endpoints, Categorized};
+pub use tracker::{ChangeSet, ChangeTracker, ProxyState, Rejected, StaleConntrack, TrackerConfig};
 pub use types::*;

@@ -8,9 +8,12 @@
 //! internal traffic (to the cluster IP) and external traffic (to NodePorts,
 //! external IPs and load-balancer IPs), which of the two endpoint sets
 //! serves it, whether it has endpoints at all, and what happens to it when
-//! it has none. Dataplanes only turn that into their own objects (chain
-//! names, rules, virtual servers, listener pools).
+//! it has none; and which of that traffic is masqueraded
+//! ([`ClusterIpMasquerading`], [`ExternalMasquerading`], hairpin). Dataplanes only turn that into their own objects (chain
+//! names, rules, virtual servers, listener pools), and `explain` reads the
+//! same decisions for one packet.
 
+use crate::dataplane::{LocalDetector, ProxierConfig};
 use crate::topology::categorize_endpoints;
 use crate::types::{Endpoint, NodeInfo, ServicePort};
 
@@ -39,6 +42,61 @@ pub enum NoEndpoints {
     /// The Service has endpoints, only none this traffic's Local policy may
     /// use ("has no local endpoints"): drop silently, as upstream does.
     Drop,
+}
+
+/// Which cluster IP traffic is masqueraded (SNATed to this node's address,
+/// so that replies come back through it to be un-NATed). With
+/// [`ExternalMasquerading`] and [`EndpointSelection::hairpin`], the
+/// masquerade decision, made here once for every renderer and for
+/// `explain`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ClusterIpMasquerading {
+    /// Every packet (--masquerade-all).
+    All,
+    /// Packets the local-traffic detector does not count as from the
+    /// cluster: they may have been routed here from outside and leave for
+    /// another node.
+    OffCluster,
+    /// None: the detector knows no cluster source of the family (no
+    /// detector, or no CIDR of the family), so none is told apart.
+    Never,
+}
+
+impl ClusterIpMasquerading {
+    /// The rule under `cfg`, for its family.
+    pub fn of(cfg: &ProxierConfig) -> ClusterIpMasquerading {
+        if cfg.masquerade_all {
+            return ClusterIpMasquerading::All;
+        }
+        let detects = match &cfg.local_detector {
+            LocalDetector::None => false,
+            LocalDetector::Cidrs(nets) => nets.iter().any(|n| cfg.family.matches(&n.addr())),
+            LocalDetector::BridgeInterface(_) | LocalDetector::InterfaceNamePrefix(_) => true,
+        };
+        if detects {
+            ClusterIpMasquerading::OffCluster
+        } else {
+            ClusterIpMasquerading::Never
+        }
+    }
+}
+
+/// Which external traffic of a service port (NodePorts, external and LB
+/// IPs) is masqueraded: [`EndpointSelection::external_masquerading`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ExternalMasquerading {
+    /// Every packet (externalTrafficPolicy Cluster: an endpoint on another
+    /// node must reply through this node).
+    All,
+    /// Only packets from this node itself, which takes the Service's
+    /// address as its source; pods' packets are short-circuited to the
+    /// Cluster endpoints with their own address, and the rest keep the
+    /// client's (externalTrafficPolicy Local, when the Cluster set has
+    /// endpoints to short-circuit to).
+    FromNode,
+    /// None: the client's address is kept (externalTrafficPolicy Local,
+    /// no endpoint in the cluster to short-circuit to).
+    Never,
 }
 
 /// The endpoints one service port uses on this node and which traffic each
@@ -162,6 +220,27 @@ impl<'a> EndpointSelection<'a> {
             self.internal.is_local() && none,
             self.external.is_local() && none,
         )
+    }
+
+    /// Which external traffic is masqueraded: all with
+    /// externalTrafficPolicy Cluster; with Local, this node's own when the
+    /// Cluster set has endpoints to short-circuit it to, else none.
+    pub fn external_masquerading(&self) -> ExternalMasquerading {
+        if !self.external.is_local() {
+            ExternalMasquerading::All
+        } else if self.has_cluster() {
+            ExternalMasquerading::FromNode
+        } else {
+            ExternalMasquerading::Never
+        }
+    }
+
+    /// The endpoints masqueraded when they reach themselves through the
+    /// Service (hairpin: without it the reply would go from the endpoint
+    /// straight to itself, never un-NATed): this node's, whose packets pass
+    /// its postrouting.
+    pub fn hairpin(&self) -> impl Iterator<Item = &'a Endpoint> + '_ {
+        self.all_reachable.iter().copied().filter(|e| e.is_local)
     }
 
     /// What becomes of traffic with no endpoint: dropped when the Service

@@ -8,7 +8,7 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Service;
 use kp_model::{
     convert_service, ConvertError, IpFamily, Protocol, ServicePort, ServicePortName,
-    TrafficDistribution,
+    TrafficDistribution, DEFAULT_LABEL_SELECTOR, HEADLESS_LABEL, SERVICE_PROXY_NAME_LABEL,
 };
 use serde_json::{json, Value};
 
@@ -500,6 +500,19 @@ fn service_proxy_name_label() {
         Ok(vec![])
     );
     assert!(w.is_empty());
+}
+
+#[test]
+fn label_names_and_selector_are_upstreams() {
+    assert_eq!(
+        SERVICE_PROXY_NAME_LABEL,
+        "service.kubernetes.io/service-proxy-name"
+    );
+    assert_eq!(HEADLESS_LABEL, "service.kubernetes.io/headless");
+    assert_eq!(
+        DEFAULT_LABEL_SELECTOR,
+        "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless"
+    );
 }
 
 #[test]

@@ -1,9 +1,13 @@
 //! EndpointSelection: which endpoint set serves internal and external
 //! traffic, the "no local endpoints" flags, and drop-or-reject, for every
-//! combination of internal and external traffic policy.
+//! combination of internal and external traffic policy; and which traffic
+//! is masqueraded.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
-use kp_model::{Endpoint, EndpointSelection, EndpointSet, NoEndpoints, NodeInfo, ServicePort};
+use kp_model::{
+    ClusterIpMasquerading, Endpoint, EndpointSelection, EndpointSet, ExternalMasquerading,
+    IpFamily, LocalDetector, NoEndpoints, NodeInfo, ProxierConfig, ServicePort,
+};
 
 /// iTP x eTP, externally accessible or not.
 fn svc(itp_local: bool, etp_local: bool, node_port: u16) -> ServicePort {
@@ -265,4 +269,59 @@ fn invariants_over_all_small_cases() {
         }
     }
     assert_eq!(checked, 24 * 24 * 8);
+}
+
+#[test]
+fn cluster_ip_masquerading_follows_masquerade_all_and_the_detector() {
+    let with = |all: bool, detector: LocalDetector| {
+        let mut c = ProxierConfig::new(IpFamily::V4);
+        c.masquerade_all = all;
+        c.local_detector = detector;
+        ClusterIpMasquerading::of(&c)
+    };
+    let v4 = || LocalDetector::Cidrs(vec!["10.244.0.0/16".parse().unwrap()]);
+    let v6_only = || LocalDetector::Cidrs(vec!["fd00:10::/64".parse().unwrap()]);
+    use ClusterIpMasquerading::{All, Never, OffCluster};
+    assert_eq!(with(true, LocalDetector::None), All);
+    assert_eq!(with(true, v4()), All);
+    assert_eq!(with(false, v4()), OffCluster);
+    assert_eq!(
+        with(false, LocalDetector::InterfaceNamePrefix("veth".into())),
+        OffCluster
+    );
+    assert_eq!(
+        with(false, LocalDetector::BridgeInterface("cbr0".into())),
+        OffCluster
+    );
+    assert_eq!(with(false, LocalDetector::None), Never);
+    // No CIDR of this family: no source is told apart, none masqueraded
+    // (the renderers write no rule then).
+    assert_eq!(with(false, v6_only()), Never);
+}
+
+#[test]
+fn external_masquerading_follows_the_external_policy() {
+    let sel = |etp_local: bool, eps: &[Endpoint]| {
+        EndpointSelection::new(&svc(false, etp_local, 30080), eps, &node()).external_masquerading()
+    };
+    use ExternalMasquerading::{All, FromNode, Never};
+    assert_eq!(sel(false, &both()), All);
+    assert_eq!(sel(true, &both()), FromNode);
+    // Local with only a remote endpoint: the node's own traffic is still
+    // short-circuited (and masqueraded) to it.
+    assert_eq!(sel(true, &[Endpoint::at(R)]), FromNode);
+    assert_eq!(sel(true, &[]), Never);
+    assert_eq!(sel(false, &[]), All);
+}
+
+#[test]
+fn hairpin_is_the_reachable_local_endpoints() {
+    let eps = vec![
+        Endpoint::at(L).local(),
+        Endpoint::at(R),
+        Endpoint::at("10.0.0.3:80").local().unready(),
+    ];
+    let s = EndpointSelection::new(&svc(false, false, 0), &eps, &node());
+    let hp: Vec<String> = s.hairpin().map(|e| e.addr_string()).collect();
+    assert_eq!(hp, [L]);
 }

@@ -4,8 +4,8 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use kp_model::{
-    chain_hash, Endpoint, EndpointSelection, EndpointSet, IpFamily, NoEndpoints, NodeInfo,
-    Protocol, ProxierConfig, ServicePort,
+    chain_hash, ClusterIpMasquerading, Endpoint, EndpointSelection, EndpointSet,
+    ExternalMasquerading, IpFamily, NoEndpoints, NodeInfo, Protocol, ProxierConfig, ServicePort,
 };
 
 use crate::names::{
@@ -274,8 +274,9 @@ pub fn render_service(
 
     if uses_external_chain {
         let mut rules = Vec::new();
-        if sp.external_policy_local {
-            if !cat.cluster.is_empty() {
+        match cat.external_masquerading() {
+            ExternalMasquerading::All => rules.push(rule::mark_masq()),
+            ExternalMasquerading::FromNode => {
                 rules.extend(rule::goto_if_from_cluster(
                     cfg.family,
                     &cfg.local_detector,
@@ -283,18 +284,19 @@ pub fn render_service(
                 ));
                 rules.extend(rule::node_local_to_cluster(&svc_chain));
             }
-            if cat.has_local() {
-                rules.push(rule::verdict(
+            ExternalMasquerading::Never => {}
+        }
+        if has_external {
+            rules.push(match cat.external {
+                EndpointSet::Cluster => rule::verdict(
+                    Verdict::Goto(svc_chain.as_str().into()),
+                    "cluster endpoints",
+                ),
+                EndpointSet::Local => rule::verdict(
                     Verdict::Goto(local_chain.as_str().into()),
                     "local endpoints only",
-                ));
-            }
-        } else {
-            rules.push(rule::mark_masq());
-            rules.push(rule::verdict(
-                Verdict::Goto(svc_chain.as_str().into()),
-                "cluster endpoints",
-            ));
+                ),
+            });
         }
         out.chains.push((ext_chain.clone(), rules));
     }
@@ -397,12 +399,7 @@ pub fn render_service(
             });
         }
     }
-    let mut hp: Vec<IpAddr> = cat
-        .all_reachable
-        .iter()
-        .filter(|e| e.is_local)
-        .map(|e| e.ip)
-        .collect();
+    let mut hp: Vec<IpAddr> = cat.hairpin().map(|e| e.ip).collect();
     hp.sort();
     hp.dedup();
     out.elements.extend(hp.into_iter().map(|ip| Element {
@@ -489,10 +486,10 @@ impl Skeleton {
                 .copied()
                 .collect()
         };
-        let services_rules: Vec<Rule> = rule::mark_masq_clusterip_unless_local(
+        let services_rules: Vec<Rule> = rule::mark_masq_clusterip(
             fam,
             &cfg.local_detector,
-            cfg.masquerade_all,
+            ClusterIpMasquerading::of(cfg),
             SET_CLUSTER_IPS,
         )
         .into_iter()

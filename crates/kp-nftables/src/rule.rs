@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 
 use ipnet::IpNet;
-use kp_model::{IpFamily, LocalDetector, Protocol};
+use kp_model::{ClusterIpMasquerading, IpFamily, LocalDetector, Protocol};
 
 use crate::names::MARK_MASQ_CHAIN;
 use crate::types::{Addr, AddrValue, Expr, KeyField, MapName, PickKey, Rule, Slots, Verdict};
@@ -64,9 +64,9 @@ pub fn mark_masq() -> Rule {
     Rule::new(vec![jump_masq()])
 }
 
-/// Traffic to any ClusterIP (in set `cluster_ips`) not coming from the cluster (`--cluster-cidr`/
-/// detect-local-mode) gets the masquerade mark; with `masquerade_all` all of
-/// it. None when nothing is masqueraded.
+/// Traffic to any ClusterIP (in set `cluster_ips`) that `masq` masquerades
+/// (kp-model decides: all of it, what is not from the cluster per the
+/// detector, or none) gets the masquerade mark. None when nothing is.
 ///
 /// Upstream puts this rule, matching one `ip:port`, at the top of every
 /// Service's internal chain. One rule before the dispatch marks the same
@@ -76,15 +76,17 @@ pub fn mark_masq() -> Rule {
 /// before they could be masqueraded. At 50k Services it saves ~55k rules of
 /// ~10 kernel expressions each, ~1.5-2.5 s of a full sync's kernel time
 /// (the kernel costs a type lookup per expression).
-pub fn mark_masq_clusterip_unless_local(
+pub fn mark_masq_clusterip(
     fam: IpFamily,
     detector: &LocalDetector,
-    masquerade_all: bool,
+    masq: ClusterIpMasquerading,
     cluster_ips: &str,
 ) -> Option<Rule> {
     let mut exprs = vec![daddr_in(cluster_ips)];
-    if !masquerade_all {
-        exprs.push(local_match(fam, detector, true)?);
+    match masq {
+        ClusterIpMasquerading::All => {}
+        ClusterIpMasquerading::OffCluster => exprs.push(local_match(fam, detector, true)?),
+        ClusterIpMasquerading::Never => return None,
     }
     exprs.push(jump_masq());
     Some(Rule::new(exprs))

@@ -32,13 +32,8 @@ use crate::connection::{Connection, Watch};
 use crate::reflector::{jitter, reflect, Encoding, Params, ReflectError};
 use crate::{SourceError, SourceEvent};
 
-/// The selector upstream kube-proxy applies to Services and EndpointSlices:
-/// skip objects owned by another proxy and headless Services.
-pub const DEFAULT_LABEL_SELECTOR: &str =
-    "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
-
-const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
-const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
+pub use kp_model::DEFAULT_LABEL_SELECTOR;
+use kp_model::{HEADLESS_LABEL, SERVICE_PROXY_NAME_LABEL};
 
 /// The label selector for Services and EndpointSlices: upstream's
 /// [`DEFAULT_LABEL_SELECTOR`] without a proxy name; with

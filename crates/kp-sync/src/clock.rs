@@ -1,4 +1,6 @@
-//! Where the sync loop's time comes from and how it waits for events.
+//! Where the proxy's time comes from: the sync loop's (pacing, deadlines,
+//! trigger times, and how it waits for events) and the health state's
+//! (the binary's `HealthState`, which reads [`Clock::system_now`]).
 //!
 //! [`SystemClock`] is the real one. [`ManualClock`] is a virtual clock for
 //! tests: time moves only when the loop waits, jumping straight to the next
@@ -15,8 +17,9 @@ use kp_source::SourceEvent;
 
 use crate::queue::{EventSender, Events, EVENT_QUEUE};
 
-/// The sync loop's view of time.
-pub trait Clock: Send {
+/// The proxy's view of time. Sync, so one clock can be shared (`Arc`)
+/// between the sync loop's thread and the HTTP servers' health state.
+pub trait Clock: Send + Sync {
     /// Monotonic time: pacing, deadlines and durations.
     fn now(&self) -> Instant;
     /// Wall-clock time: change trigger times and programming latency.

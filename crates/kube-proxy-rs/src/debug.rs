@@ -6,8 +6,9 @@
 //!
 //! The decisions are kp-model's ([`kp_model::explain`],
 //! [`kp_model::status`]); the chain names are the dataplanes'
-//! (`kp_nftables::packet_chains`, `kp_iptables::packet_chains`). This module
-//! only reads the snapshot, asks the kernel and formats.
+//! (`kp_nftables::packet_chains`, `kp_iptables::packet_chains`), the text
+//! [`crate::render`]'s. This module only reads the snapshot, asks the
+//! kernel and answers.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -19,13 +20,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use kp_model::explain::{explain, ChainCheck, DataplaneTrace, Explanation, Packet, Route};
-use kp_model::status::{render_table, service_ports, FamilyStatus};
+use kp_model::status::{service_ports, FamilyStatus};
 use kp_model::{Endpoint, IpFamily, NodeInfo, Protocol, ProxierConfig, ProxyState, ServicePort};
 use kp_sync::ProgrammedState;
 use serde::Deserialize;
 
 use crate::config::ProxyMode;
-use crate::rfc3339::format_rfc3339;
+use crate::render::{explain_text, status_table};
+use kp_model::format_rfc3339;
 
 /// What the debug endpoints read: the snapshot and the settings the
 /// dataplanes were built with.
@@ -277,7 +279,7 @@ async fn explain_handler(State(d): State<DebugState>, Query(q): Query<ExplainQue
     // The kernel read-back blocks (netlink, iptables programs).
     let res = tokio::task::spawn_blocking(move || explain_live(&d, &pkt, q.node.as_deref())).await;
     match res {
-        Ok(Ok(ex)) if as_text => text(StatusCode::OK, ex.render_text()),
+        Ok(Ok(ex)) if as_text => text(StatusCode::OK, explain_text(&ex)),
         Ok(Ok(ex)) => json(&ex),
         Ok(Err(e)) => text(StatusCode::BAD_REQUEST, format!("{e}\n")),
         Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
@@ -288,7 +290,7 @@ async fn services_handler(State(d): State<DebugState>, Query(q): Query<ServicesQ
     let as_text = wants_text(q.format.as_deref());
     let res = tokio::task::spawn_blocking(move || services_status(&d, q.service.as_deref())).await;
     match res {
-        Ok(fams) if as_text => text(StatusCode::OK, render_table(&fams)),
+        Ok(fams) if as_text => text(StatusCode::OK, status_table(&fams)),
         Ok(fams) => {
             let body: BTreeMap<&str, &Vec<FamilyStatus>> = [("families", &fams)].into();
             json(&body)

@@ -25,7 +25,7 @@ pub mod modes;
 pub mod nodecidr;
 pub mod outcome;
 pub mod process_metrics;
-pub mod rfc3339;
+pub mod render;
 pub mod server;
 pub mod source;
 pub mod subcommands;

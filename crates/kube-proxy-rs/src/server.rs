@@ -19,10 +19,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use kp_model::IpFamily;
+use kp_sync::{Clock, SystemClock};
 use tokio::net::TcpListener;
 
 use crate::metrics::{Metrics, OPENMETRICS_CONTENT_TYPE, PROMETHEUS_CONTENT_TYPE};
-use crate::rfc3339::format_rfc3339;
+use kp_model::format_rfc3339;
 
 /// Taint the Cluster Autoscaler puts on a node it is about to delete.
 pub use kp_sync::TO_BE_DELETED_TAINT;
@@ -41,47 +42,6 @@ pub enum ServerError {
         #[source]
         source: std::io::Error,
     },
-}
-
-/// Where "now" comes from; tests inject a [`ManualClock`].
-pub trait Clock: Send + Sync + 'static {
-    fn now(&self) -> SystemTime;
-}
-
-#[derive(Debug, Default, Clone, Copy)]
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now(&self) -> SystemTime {
-        SystemTime::now()
-    }
-}
-
-/// A clock that only moves when told to.
-#[derive(Debug)]
-pub struct ManualClock {
-    now: Mutex<SystemTime>,
-}
-
-impl ManualClock {
-    pub fn new(start: SystemTime) -> Self {
-        ManualClock {
-            now: Mutex::new(start),
-        }
-    }
-    pub fn advance(&self, d: Duration) {
-        let mut now = self.now.lock().unwrap_or_else(|p| p.into_inner());
-        *now += d;
-    }
-    pub fn set(&self, t: SystemTime) {
-        *self.now.lock().unwrap_or_else(|p| p.into_inner()) = t;
-    }
-}
-
-impl Clock for ManualClock {
-    fn now(&self) -> SystemTime {
-        *self.now.lock().unwrap_or_else(|p| p.into_inner())
-    }
 }
 
 #[derive(Debug)]
@@ -132,7 +92,7 @@ impl HealthState {
         health_timeout: Duration,
         clock: Arc<dyn Clock>,
     ) -> Self {
-        let now = clock.now();
+        let now = clock.system_now();
         HealthState {
             clock,
             health_timeout,
@@ -158,13 +118,13 @@ impl HealthState {
     /// A change for `family` arrived that is not programmed yet. Only the
     /// oldest pending one counts.
     pub fn queued_update(&self, family: IpFamily) {
-        let now = self.clock.now();
+        let now = self.clock.system_now();
         self.lock().oldest_pending.entry(family).or_insert(now);
     }
 
     /// `family`'s rules now reflect every change queued so far.
     pub fn updated(&self, family: IpFamily) {
-        let now = self.clock.now();
+        let now = self.clock.system_now();
         let mut g = self.lock();
         g.oldest_pending.remove(&family);
         g.last_updated.insert(family, now);
@@ -181,7 +141,7 @@ impl HealthState {
     /// still right for traffic, and failing every node's health check during
     /// an API outage would make load balancers drop the whole cluster.
     pub fn set_source_connected(&self, connected: bool) {
-        let now = self.clock.now();
+        let now = self.clock.system_now();
         let mut g = self.lock();
         if connected {
             g.source_lost_since = None;
@@ -208,7 +168,7 @@ impl HealthState {
     /// (healthy, lastUpdated, now), upstream's isHealthy.
     fn check(&self) -> (bool, SystemTime, SystemTime) {
         let g = self.lock();
-        let now = self.clock.now();
+        let now = self.clock.system_now();
         let mut last = UNIX_EPOCH;
         let mut families: Vec<_> = g.last_updated.iter().collect();
         families.sort_by_key(|(f, _)| **f);

@@ -21,6 +21,7 @@ use kp_model::{ProxierConfig, ProxyState};
 
 use crate::config;
 use crate::modes::{self, FAMILIES};
+use crate::render::explain_text;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Output {
@@ -141,7 +142,7 @@ pub fn run_explain(a: &ExplainArgs) -> Result<String> {
     if let Some(dir) = &a.manifests {
         let ex = explain_offline(a, dir, &pkt)?;
         return Ok(match a.output {
-            Output::Text => ex.render_text(),
+            Output::Text => explain_text(&ex),
             Output::Json => serde_json::to_string_pretty(&ex)? + "\n",
         });
     }

@@ -28,7 +28,7 @@ use clap::CommandFactory;
 
 use crate::component_metrics::{git_version, KUBERNETES_VERSION};
 use crate::config::Cli;
-use crate::rfc3339::format_rfc3339;
+use kp_model::format_rfc3339;
 
 const COMPONENT: &str = "kube-proxy";
 const WARNING: &str = "Warning: This endpoint is not meant to be machine parseable, has no formatting compatibility guarantees and is for debugging purposes only.";

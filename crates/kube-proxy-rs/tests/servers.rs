@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use kp_model::{IpFamily, ServiceName};
+use kp_sync::{Clock, ManualClock};
 use kube_proxy_rs::healthcheck::ServiceHealthServer;
 use kube_proxy_rs::metrics::Metrics;
-use kube_proxy_rs::server::{serve_health_on, serve_metrics_on, HealthState, ManualClock};
+use kube_proxy_rs::server::{serve_health_on, serve_metrics_on, HealthState};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -71,12 +72,19 @@ fn start_time() -> SystemTime {
     UNIX_EPOCH + Duration::from_secs(1_700_000_000)
 }
 
+/// A virtual clock at [`start_time`], as a health state takes it.
+fn manual_clock() -> (ManualClock, Arc<dyn Clock>) {
+    let (clock, _events) = ManualClock::new();
+    assert_eq!(clock.system_now(), start_time());
+    (clock.clone(), Arc::new(clock))
+}
+
 async fn start_health(
     families: &[IpFamily],
     timeout: Duration,
-) -> (SocketAddr, Arc<HealthState>, Arc<ManualClock>, Metrics) {
-    let clock = Arc::new(ManualClock::new(start_time()));
-    let state = Arc::new(HealthState::with_clock(families, timeout, clock.clone()));
+) -> (SocketAddr, Arc<HealthState>, ManualClock, Metrics) {
+    let (clock, shared) = manual_clock();
+    let state = Arc::new(HealthState::with_clock(families, timeout, shared));
     let metrics = Metrics::new();
     let listener = TcpListener::bind((LOCALHOST, 0)).await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -330,11 +338,11 @@ async fn wait_closed(addr: SocketAddr) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn service_health_ports_follow_services_and_endpoints() {
-    let clock = Arc::new(ManualClock::new(start_time()));
+    let (clock, shared) = manual_clock();
     let health = Arc::new(HealthState::with_clock(
         &[IpFamily::V4],
         Duration::from_secs(60),
-        clock.clone(),
+        shared,
     ));
     let hcs = ServiceHealthServer::new(
         vec![LOCALHOST],
