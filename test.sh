@@ -73,6 +73,31 @@ if [ -z "${KUBE_APISERVER_BIN:-}" ] && [ -f "$shared_k8s/install.sh" ]; then
   export UPSTREAM_KUBE_PROXY_BIN="${UPSTREAM_KUBE_PROXY_BIN:-$bin/kube-proxy}"
 fi
 
+# etcd 3.5 for the real control plane: kube-apiserver v1.36 serves
+# streaming lists (client-go's default since 1.35, and ours) only over an
+# etcd with progress notifications, which bookworm's etcd-server (3.4.23)
+# lacks. Debian trixie's etcd-server package is unpacked into target/ once;
+# nothing is installed and the host's apt sources are left as they are.
+etcd35="$PWD/target/etcd-3.5/usr/bin/etcd"
+if [ -z "${ETCD_BIN:-}" ]; then
+  if [ ! -x "$etcd35" ]; then
+    apt_dir="$PWD/target/etcd-3.5.apt"
+    mkdir -p "$apt_dir/lists/partial"
+    echo "deb http://deb.debian.org/debian trixie main" > "$apt_dir/sources.list"
+    apt_opts=(-o "Dir::Etc::sourcelist=$apt_dir/sources.list" -o Dir::Etc::sourceparts=-
+              -o "Dir::State::Lists=$apt_dir/lists" -o APT::Get::List-Cleanup=0)
+    if apt-get "${apt_opts[@]}" update -qq >/dev/null 2>&1 &&
+       (cd "$apt_dir" && apt-get "${apt_opts[@]}" download etcd-server >/dev/null 2>&1); then
+      dpkg -x "$apt_dir"/etcd-server_*.deb "$PWD/target/etcd-3.5"
+    fi
+  fi
+  if [ -x "$etcd35" ]; then
+    export ETCD_BIN="$etcd35"
+  else
+    echo "test.sh: could not fetch etcd 3.5 (Debian trixie's etcd-server); the real-API tests use $(command -v etcd), and the streaming-list test fails under KP_REQUIRE_REAL_APISERVER=1" >&2
+  fi
+fi
+
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 # cargo-nextest (on every machine of this kind; .config/nextest.toml) runs

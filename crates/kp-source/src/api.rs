@@ -29,7 +29,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use crate::connection::{Connection, Watch};
-use crate::reflector::{jitter, reflect, Encoding, Params, ReflectError};
+use crate::reflector::{jitter, reflect, reflect_from, Encoding, Params, ReflectError};
 use crate::{SourceError, SourceEvent};
 
 pub use kp_model::DEFAULT_LABEL_SELECTOR;
@@ -221,10 +221,18 @@ fn is_forbidden(err: &ReflectError) -> bool {
     err.code() == Some(403)
 }
 
+/// Upstream's Service informer leaves headless Services out on the server
+/// (the proxy has nothing to program for them): fewer bytes to list and
+/// watch.
+pub const SERVICE_FIELD_SELECTOR: &str = "spec.clusterIP!=None";
+
 /// What the three watches and the ServiceCIDR one ask for.
 #[derive(Clone)]
 struct Watches {
     client: Client,
+    /// Services: the label selector and [`SERVICE_FIELD_SELECTOR`].
+    services: Params,
+    /// EndpointSlices: the label selector.
     selected: Params,
     node: Params,
     all: Params,
@@ -250,14 +258,19 @@ fn service_cidr_stream(w: &Watches) -> BoxStream<'static, Item> {
 /// The three watchers, merged, and the ServiceCIDR one while `cidrs`.
 /// JSON Services are read through ProxiedService (service.rs): one Service
 /// that k8s-openapi's type cannot decode must not stop the Service watch.
-fn watch_streams(w: &Watches, cidrs: bool) -> SelectAll<BoxStream<'static, Item>> {
-    let services = reflect::<Service>(w.client.clone(), w.selected.clone())
+fn watch_streams(
+    w: &Watches,
+    cidrs: bool,
+    node_listed: Option<NodeListed>,
+) -> SelectAll<BoxStream<'static, Item>> {
+    let services = reflect::<Service>(w.client.clone(), w.services.clone())
         .map(|r| Item::Service(Box::new(r)))
         .boxed();
     let slices = reflect::<EndpointSlice>(w.client.clone(), w.selected.clone())
         .map(|r| Item::Slice(Box::new(r)))
         .boxed();
-    let nodes = reflect::<Node>(w.client.clone(), w.node.clone())
+    let listed = node_listed.map(|l| (l.node.into_iter().collect(), l.resource_version));
+    let nodes = reflect_from::<Node>(w.client.clone(), w.node.clone(), listed)
         .map(|r| Item::Node(Box::new(r)))
         .boxed();
     let mut all = futures::stream::select_all([services, slices, nodes]);
@@ -299,22 +312,31 @@ async fn probe(client: Client, opts: ApiSourceOptions, ok: Sender<()>) {
     }
 }
 
+/// This node's Node as listed once, and the list's resourceVersion: what
+/// [`run_api_source_from`] resumes its Node watch from.
+#[derive(Debug, Clone)]
+pub struct NodeListed {
+    /// None when there is no such Node.
+    pub node: Option<Node>,
+    pub resource_version: String,
+}
+
 /// Lists the Node named `node_name` with the field selector
 /// `metadata.name=NAME`, as the Node watcher does (kube-proxy's RBAC grants
-/// list and watch on Nodes, not get): from the API server's watch cache,
-/// in `encoding`. `Ok(None)` when there is no such Node.
+/// list and watch on Nodes, not get): a streaming list, or a list from the
+/// API server's watch cache, in `encoding`.
 pub async fn list_node(
     client: &Client,
     node_name: &str,
     encoding: &Encoding,
-) -> Result<Option<Node>, SourceError> {
+) -> Result<NodeListed, SourceError> {
     let params = Params {
         labels: None,
         fields: Some(format!("metadata.name={node_name}")),
         encoding: encoding.clone(),
-        streaming: false,
+        streaming: true,
     };
-    let items = crate::reflector::list_once::<Node>(client, &params)
+    let (items, resource_version) = crate::reflector::initial_list::<Node>(client, &params)
         .await
         .map_err(|source| SourceError::ListNode {
             node: node_name.to_string(),
@@ -322,9 +344,13 @@ pub async fn list_node(
         })?;
     // The field selector already matched the name; checked again so that a
     // server ignoring it cannot hand us another node's CIDRs.
-    Ok(items
+    let node = items
         .into_iter()
-        .find(|n| n.metadata.name.as_deref() == Some(node_name)))
+        .find(|n| n.metadata.name.as_deref() == Some(node_name));
+    Ok(NodeListed {
+        node,
+        resource_version,
+    })
 }
 
 /// Watches Services and EndpointSlices (with `opts.label_selector`) and the
@@ -340,18 +366,36 @@ pub async fn run_api_source(
     opts: ApiSourceOptions,
     tx: Sender<SourceEvent>,
 ) -> Result<(), SourceError> {
+    run_api_source_from(client, opts, None, tx).await
+}
+
+/// [`run_api_source`], where this node's Node was already listed (by the
+/// start's wait for its addresses or podCIDRs, [`list_node`]): the Node
+/// watch starts from that list instead of listing again, so a start lists
+/// the Node once, as upstream's one Node informer does.
+pub async fn run_api_source_from(
+    client: Client,
+    opts: ApiSourceOptions,
+    node_listed: Option<NodeListed>,
+    tx: Sender<SourceEvent>,
+) -> Result<(), SourceError> {
     let all = Params {
         labels: None,
         fields: None,
         encoding: opts.encoding.clone(),
         streaming: true,
     };
+    let selected = Params {
+        labels: opts.label_selector.clone(),
+        ..all.clone()
+    };
     let watches = Watches {
         client: client.clone(),
-        selected: Params {
-            labels: opts.label_selector.clone(),
-            ..all.clone()
+        services: Params {
+            fields: Some(SERVICE_FIELD_SELECTOR.to_string()),
+            ..selected.clone()
         },
+        selected,
         node: Params {
             fields: Some(format!("metadata.name={}", opts.node_name)),
             ..all.clone()
@@ -361,7 +405,7 @@ pub async fn run_api_source(
 
     // ServiceCIDRs: whether the server has the API (until it says 404).
     let mut cidr_api = true;
-    let mut merged = watch_streams(&watches, cidr_api);
+    let mut merged = watch_streams(&watches, cidr_api, node_listed);
 
     let mut svc_known = Known::default();
     let mut slice_known = Known::default();
@@ -402,7 +446,7 @@ pub async fn run_api_source(
                     // although the server answers again: start fresh ones,
                     // which relist (without flushing, see Known) at once, so
                     // changes made during the outage arrive now.
-                    merged = watch_streams(&watches, cidr_api);
+                    merged = watch_streams(&watches, cidr_api, None);
                     info!("API server reachable again; watches restarted");
                     if tx.send(SourceEvent::Reconnected).await.is_err() {
                         return Ok(());
@@ -555,7 +599,7 @@ pub async fn run_api_source(
             }
         }
         if restart {
-            merged = watch_streams(&watches, cidr_api);
+            merged = watch_streams(&watches, cidr_api, None);
             info!("API server reachable again; watches restarted");
         }
     }

@@ -25,7 +25,8 @@ pub mod reflector;
 pub mod service;
 
 pub use api::{
-    label_selector, list_node, run_api_source, ApiSourceOptions, DEFAULT_LABEL_SELECTOR,
+    label_selector, list_node, run_api_source, run_api_source_from, ApiSourceOptions, NodeListed,
+    DEFAULT_LABEL_SELECTOR,
 };
 pub use manifest::{load_dir, run_manifest_source, Loaded, ObjectKey};
 pub use reflector::Encoding;

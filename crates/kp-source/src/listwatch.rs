@@ -232,6 +232,18 @@ impl ListWatch {
         self.relist()
     }
 
+    /// The first request when a list at `resource_version` was already
+    /// read (by someone else: the caller hands its items to the consumer):
+    /// a watch from there, as after this machine's own list.
+    pub fn resume(&mut self, resource_version: &str) -> Request {
+        self.rv = resource_version.to_string();
+        let r = Request::Watch {
+            resource_version: self.rv.clone(),
+        };
+        self.entered(&r);
+        r
+    }
+
     /// A relist: streaming first when enabled.
     fn relist(&mut self) -> Request {
         let r = if self.streaming {
@@ -848,5 +860,18 @@ mod tests {
         );
         assert!(streaming(None).starts_relist() && list(None, None).starts_relist());
         assert!(!watch("1").starts_relist());
+    }
+
+    #[test]
+    fn a_list_read_elsewhere_is_resumed_with_a_watch_from_its_version() {
+        let mut m = ListWatch::new(true);
+        assert_eq!(
+            m.resume("42"),
+            Request::Watch {
+                resource_version: "42".into()
+            }
+        );
+        assert_eq!(m.resource_version(), "42");
+        assert!(!m.resume("42").starts_relist(), "no Init for the consumer");
     }
 }

@@ -204,15 +204,36 @@ struct Loop<K: WireObject> {
 
 /// Lists and watches `K` as `params` say, forever (until dropped).
 pub fn reflect<K: WireObject>(client: Client, params: Params) -> BoxStream<'static, Item<K>> {
+    reflect_from(client, params, None)
+}
+
+/// [`reflect`], where `listed` (items and the list's resourceVersion) was
+/// already read by the caller: they are yielded as the initial list and
+/// the loop starts with a watch from that version, so the start costs the
+/// server one list, not two.
+pub fn reflect_from<K: WireObject>(
+    client: Client,
+    params: Params,
+    listed: Option<(Vec<K>, String)>,
+) -> BoxStream<'static, Item<K>> {
     let mut machine = ListWatch::new(params.streaming);
-    let first = machine.start();
+    let mut pending = VecDeque::new();
+    let first = match listed {
+        Some((items, rv)) => {
+            pending.push_back(Ok(Event::Init));
+            pending.extend(items.into_iter().map(|o| Ok(Event::InitApply(o))));
+            pending.push_back(Ok(Event::InitDone));
+            machine.resume(&rv)
+        }
+        None => machine.start(),
+    };
     let lp = Loop::<K> {
         client,
         params,
         machine,
         next: Some((None, first)),
         active: None,
-        pending: VecDeque::new(),
+        pending,
         json_only: false,
         _k: PhantomData,
     };
@@ -555,65 +576,37 @@ impl<K: WireObject> Loop<K> {
     }
 }
 
-/// One list of `K` as `params` select it, as the loops' first list asks
-/// (`resourceVersion=0`: from the watch cache, not etcd; the configured
-/// encoding, JSON when refused), for a caller that needs the objects once.
-pub async fn list_once<K: WireObject>(
+/// The first list of `K` as the loop makes it (a streaming list where the
+/// server streams, else a list from the watch cache; the configured
+/// encoding, JSON when refused) and the resourceVersion a watch would go
+/// on from: for a caller that needs the objects before the loop runs, and
+/// then hands them to [`reflect_from`], so that the server is asked once.
+/// The first failure the loop would report is returned instead.
+pub async fn initial_list<K: WireObject>(
     client: &Client,
     params: &Params,
-) -> Result<Vec<K>, ReflectError> {
-    let query = Request::List {
-        resource_version: Some("0".into()),
-        limit: None,
-        continue_token: None,
-    }
-    .query(params.labels.as_deref(), params.fields.as_deref(), 0);
-    let mut accept = params.encoding.accept.clone();
+) -> Result<(Vec<K>, String), ReflectError> {
+    let mut machine = ListWatch::new(params.streaming);
+    let first = machine.start();
+    let mut lp = Loop::<K> {
+        client: client.clone(),
+        params: params.clone(),
+        machine,
+        next: Some((None, first)),
+        active: None,
+        pending: VecDeque::new(),
+        json_only: false,
+        _k: PhantomData,
+    };
+    let mut items = Vec::new();
     loop {
-        let transport = |e: Box<dyn std::error::Error + Send + Sync>| ReflectError::Transport {
-            verb: "list",
-            path: K::PATH,
-            source: e,
-        };
-        let req = http::Request::get(format!("{}?{query}", K::PATH))
-            .header(http::header::ACCEPT, &accept)
-            .body(kube::client::Body::from(Vec::new()))
-            .map_err(|e| transport(Box::new(e)))?;
-        let res = client.send(req).await.map_err(|e| transport(Box::new(e)))?;
-        let code = res.status().as_u16();
-        let format = Format::of(
-            res.headers()
-                .get(http::header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok()),
-        );
-        let refused_type =
-            matches!(code, 406 | 415) || (res.status().is_success() && format.is_none());
-        if refused_type && accept != codec::JSON {
-            accept = codec::JSON.to_string();
-            continue;
+        match lp.next_item().await? {
+            Event::Init => items.clear(),
+            Event::InitApply(obj) => items.push(obj),
+            Event::InitDone => return Ok((items, lp.machine.resource_version().to_string())),
+            // Not before the list is complete.
+            Event::Apply(_) | Event::Delete(_) => {}
         }
-        let body = res
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| transport(Box::new(e)))?
-            .to_bytes();
-        if !(200..300).contains(&code) {
-            return Err(ReflectError::Refused {
-                verb: "list",
-                path: K::PATH,
-                status: ApiStatus::from_body(code, format, &body),
-            });
-        }
-        let format = format.unwrap_or(Format::Json);
-        count(K::KIND, "list", format);
-        return K::list(format, &body)
-            .map(|(_, items)| items)
-            .map_err(|source| ReflectError::Decode {
-                verb: "list",
-                path: K::PATH,
-                source,
-            });
     }
 }
 

@@ -254,22 +254,25 @@ async fn list_node_finds_only_ours_with_a_list() {
     assert_eq!(
         kp_source::list_node(&client, NODE, &Default::default())
             .await
-            .unwrap(),
+            .unwrap()
+            .node,
         None
     );
     server.apply_node(node(NODE, "zone-1"));
     let got = kp_source::list_node(&client, NODE, &Default::default())
         .await
         .unwrap()
+        .node
         .unwrap();
     assert_eq!(got.metadata.name.as_deref(), Some(NODE));
-    // A list (what the RBAC allows on Nodes), never a get.
+    // A list or a streaming list (what the RBAC allows on Nodes: list and
+    // watch), never a get.
     let calls = server.api_calls();
     assert!(
         calls
             .iter()
             .filter(|c| c.resource == "nodes")
-            .all(|c| c.verb == "list"),
+            .all(|c| c.verb == "list" || c.verb == "watch"),
         "{calls:?}"
     );
     server.set_down(true);

@@ -1,11 +1,13 @@
 //! The API source against a real kube-apiserver v1.36 and etcd
 //! (kp_testkit::ControlPlane on loopback): it lists and watches all four
-//! kinds over protobuf, with the WatchList feature on (this etcd has no
-//! progress notifications, so v1.36 answers a streaming list with 200 and
-//! then a 500 ERROR event) and off (422); its lists are served from the
-//! watch cache (no etcd list for Services or EndpointSlices, which the
-//! server's own /metrics count); and the same objects read as JSON and as
-//! protobuf are the same k8s-openapi objects.
+//! kinds over protobuf. With the WatchList feature on and etcd 3.5 (test.sh
+//! fetches Debian trixie's), it starts with streaming lists: no LIST at
+//! all. With the feature off (422), or over etcd 3.4 (no progress
+//! notifications: v1.36 answers a streaming list with 200 and then a 500
+//! ERROR event), its lists are served from the watch cache (no etcd list
+//! for Services or EndpointSlices, which the server's own /metrics count).
+//! The same objects read as JSON and as protobuf are the same k8s-openapi
+//! objects.
 //!
 //! Skips loudly without the Kubernetes binaries (fails instead under
 //! KP_REQUIRE_REAL_APISERVER=1).
@@ -27,11 +29,20 @@ use tokio::sync::mpsc;
 
 const NODE: &str = "node-a";
 
-fn control_plane(test: &str, args: &[&str]) -> Option<ControlPlane> {
+fn control_plane(test: &str, args: &[&str]) -> Option<(ControlPlane, K8sBinaries)> {
     let bins = K8sBinaries::for_test(test)?;
     let mut o = ControlPlaneOpts::on_loopback(test);
     o.apiserver_args = args.iter().map(|s| s.to_string()).collect();
-    Some(ControlPlane::start(&bins, o).expect("control plane"))
+    Some((ControlPlane::start(&bins, o).expect("control plane"), bins))
+}
+
+/// How the source is expected to start.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Start {
+    /// Streaming lists: no LIST request at all.
+    Streaming,
+    /// Lists from the watch cache.
+    CachedLists,
 }
 
 async fn client(cp: &ControlPlane) -> kube::Client {
@@ -153,14 +164,39 @@ impl Source {
 
 /// Starts a source against a server with `args`, N Services and slices:
 /// synced, a change arrives through the watch, every kind went over
-/// protobuf, and no list reached etcd.
-async fn lists_from_the_cache_over_protobuf(test: &str, args: &[&str]) {
-    let Some(cp) = control_plane(test, args) else {
+/// protobuf, and no list reached etcd; started as `expect` says (None:
+/// streaming where the server can, i.e. over etcd 3.5+).
+async fn lists_over_protobuf(test: &str, args: &[&str], expect: Option<Start>) {
+    let Some((cp, bins)) = control_plane(test, args) else {
         return;
     };
+    let etcd = bins.etcd_version();
+    let expect = expect.unwrap_or_else(|| match etcd {
+        Some(v) if v >= (3, 5) => Start::Streaming,
+        _ => {
+            // CI runs test.sh, which provides etcd 3.5: there the streaming
+            // path must be the one checked.
+            assert!(
+                std::env::var(kp_testkit::REQUIRE_ENV).ok().as_deref() != Some("1"),
+                "{test}: etcd {etcd:?} at {} cannot serve streaming lists; test.sh fetches Debian trixie's etcd 3.5 (ETCD_BIN)",
+                bins.etcd.display()
+            );
+            eprintln!("{test}: etcd {etcd:?} has no progress notifications: checking the fallback to cached lists");
+            Start::CachedLists
+        }
+    });
+    // The process-wide response counts: one such test at a time.
+    static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _one = ONE_AT_A_TIME.lock().await;
+    let responses_before = kp_source::reflector::responses();
     const N: usize = 40;
     let mut objs: Vec<Value> = (0..N).map(service).collect();
     objs.extend((0..N).map(|i| slice(i, &format!("10.1.0.{}", i + 1))));
+    // A headless Service: left out on the server, as upstream's informer
+    // asks (spec.clusterIP!=None).
+    objs.push(json!({"apiVersion": "v1", "kind": "Service",
+                     "metadata": {"namespace": "default", "name": "headless"},
+                     "spec": {"clusterIP": "None", "ports": [{"port": 80}]}}));
     objs.push(json!({"apiVersion": "v1", "kind": "Node",
                      "metadata": {"name": NODE, "labels": {"topology.kubernetes.io/zone": "z1"}}}));
     apply(&cp, objs);
@@ -184,6 +220,10 @@ async fn lists_from_the_cache_over_protobuf(test: &str, args: &[&str]) {
             .iter()
             .filter(|e| matches!(e, SourceEvent::SliceApplied(_)))
             .count();
+        assert!(
+            !evs.iter().any(|e| matches!(e, SourceEvent::ServiceApplied(s) if s.metadata.name.as_deref() == Some("headless"))),
+            "the headless Service was listed"
+        );
         // N and the `kubernetes` Service; N slices (the apiserver's own
         // has no EndpointSlice controller here).
         assert!(svcs > N && slices >= N, "{svcs} services, {slices} slices");
@@ -203,16 +243,31 @@ async fn lists_from_the_cache_over_protobuf(test: &str, args: &[&str]) {
         })
         .await;
         apply(&cp, vec![slice(0, "10.1.0.1")]);
+        let mut changed = service(0);
+        changed["metadata"]["labels"] = json!({"kp-test": "changed"});
+        apply(&cp, vec![changed]);
+        src.until("the changed Service", |e| {
+            matches!(e, SourceEvent::ServiceApplied(s) if s.metadata.labels.as_ref().is_some_and(|l| l.contains_key("kp-test")))
+        })
+        .await;
+        apply(&cp, vec![service(0)]);
         let d: Vec<f64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
         eprintln!(
             "{test}: etcd lists services/endpointslices +{}/+{}, cache lists +{}/+{}",
             d[0], d[1], d[2], d[3]
         );
-        // Served from the watch cache: counted there.
-        assert!(
-            d[2] >= 1.0 && d[3] >= 1.0,
-            "no list served from the watch cache: {d:?}"
-        );
+        match expect {
+            // Served from the watch cache: counted there.
+            Start::CachedLists => assert!(
+                d[2] >= 1.0 && d[3] >= 1.0,
+                "no list served from the watch cache: {d:?}"
+            ),
+            // No list at all: the watch cache streamed the initial state.
+            Start::Streaming => assert!(
+                d[2] == 0.0 && d[3] == 0.0,
+                "lists served from the watch cache where a streaming list was expected: {d:?}"
+            ),
+        }
         deltas.push(d);
         if deltas.last().is_some_and(|d| d[0] == 0.0 && d[1] == 0.0) {
             break;
@@ -222,12 +277,29 @@ async fn lists_from_the_cache_over_protobuf(test: &str, args: &[&str]) {
         deltas.iter().any(|d| d[0] == 0.0 && d[1] == 0.0),
         "etcd list calls for services/endpointslices grew in every start: {deltas:?}"
     );
-    let r = kp_source::reflector::responses();
+    // This test's responses (other tests of the process count too).
+    let mut r = kp_source::reflector::responses();
+    for (k, n) in responses_before {
+        if let Some(v) = r.get_mut(&k) {
+            *v -= n;
+        }
+    }
+    r.retain(|_, n| *n > 0);
+    let verbs: &[&str] = match expect {
+        Start::CachedLists => &["list", "watch"],
+        Start::Streaming => &["watch"],
+    };
     for kind in ["Service", "EndpointSlice", "Node", "ServiceCIDR"] {
-        for verb in ["list", "watch"] {
+        for verb in verbs {
             assert!(
-                r.get(&(kind, verb, "protobuf")).copied().unwrap_or(0) >= 1,
+                r.get(&(kind, *verb, "protobuf")).copied().unwrap_or(0) >= 1,
                 "no protobuf {verb} of {kind}: {r:?}"
+            );
+        }
+        if expect == Start::Streaming {
+            assert!(
+                !r.keys().any(|(k, v, _)| *k == kind && *v == "list"),
+                "a list of {kind} where a streaming list was expected: {r:?}"
             );
         }
     }
@@ -238,13 +310,18 @@ async fn lists_from_the_cache_over_protobuf(test: &str, args: &[&str]) {
 }
 
 #[tokio::test]
-async fn watch_list_on_falls_back_to_cached_lists_over_protobuf() {
-    lists_from_the_cache_over_protobuf("wl-on", &[]).await;
+async fn watch_list_on_streams_the_initial_state_over_protobuf() {
+    lists_over_protobuf("wl-on", &[], None).await;
 }
 
 #[tokio::test]
 async fn watch_list_off_falls_back_to_cached_lists_over_protobuf() {
-    lists_from_the_cache_over_protobuf("wl-off", &["--feature-gates=WatchList=false"]).await;
+    lists_over_protobuf(
+        "wl-off",
+        &["--feature-gates=WatchList=false"],
+        Some(Start::CachedLists),
+    )
+    .await;
 }
 
 /// GETs `K`'s collection as `accept`; the body decoded by its Content-Type.
@@ -270,7 +347,7 @@ async fn fetch<K: WireObject>(client: &kube::Client, accept: &str) -> (Format, V
 /// for every field these objects set (and the fields the proxy reads).
 #[tokio::test]
 async fn the_same_objects_from_json_and_protobuf() {
-    let Some(cp) = control_plane("json-pb", &[]) else {
+    let Some((cp, _)) = control_plane("json-pb", &[]) else {
         return;
     };
     apply(

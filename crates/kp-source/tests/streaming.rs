@@ -180,3 +180,100 @@ async fn a_server_refusing_protobuf_is_read_as_json() {
         "{r:?}"
     );
 }
+
+/// The start's wait for this node's addresses lists the Node once (a
+/// streaming list here), and the source's Node watch goes on from that
+/// list's version instead of listing again: one list of the Node per
+/// start, as upstream's one Node informer. Served with streaming lists and
+/// without (a list from the watch cache).
+#[tokio::test]
+async fn the_node_listed_at_start_is_not_listed_again() {
+    for streaming in [true, false] {
+        let server = ApiServer::start().await;
+        server.set_watch_list(streaming);
+        server.apply_node(
+            serde_json::from_value(json!({"metadata": {"name": "node-a"},
+                "status": {"addresses": [{"type": "InternalIP", "address": "10.1.0.1"}]}}))
+            .unwrap(),
+        );
+        server.apply_service(service("web", 80));
+        let listed = kp_source::list_node(&server.client(), "node-a", &Encoding::default())
+            .await
+            .unwrap();
+        assert_eq!(
+            listed
+                .node
+                .as_ref()
+                .and_then(|n| n.metadata.name.as_deref()),
+            Some("node-a")
+        );
+        let (tx, mut rx) = mpsc::channel(256);
+        let opts = ApiSourceOptions {
+            node_name: "node-a".into(),
+            label_selector: Some(DEFAULT_LABEL_SELECTOR.into()),
+            encoding: Encoding::default(),
+        };
+        let rv = listed.resource_version.clone();
+        let task = tokio::spawn(kp_source::run_api_source_from(
+            server.client(),
+            opts,
+            Some(listed),
+            tx,
+        ));
+        let mut node_seen = false;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(25);
+        loop {
+            let ev = tokio::time::timeout_at(deadline, rx.recv())
+                .await
+                .expect("Synced within 25 s")
+                .unwrap();
+            node_seen |= matches!(ev, SourceEvent::NodeApplied(_));
+            if matches!(ev, SourceEvent::Synced) {
+                break;
+            }
+        }
+        assert!(node_seen, "the listed Node was not passed on");
+        // A change of the Node arrives through the resumed watch.
+        server.apply_node(
+            serde_json::from_value(
+                json!({"metadata": {"name": "node-a", "labels": {"changed": "yes"}},
+                "status": {"addresses": [{"type": "InternalIP", "address": "10.1.0.1"}]}}),
+            )
+            .unwrap(),
+        );
+        loop {
+            let ev = tokio::time::timeout_at(deadline, rx.recv())
+                .await
+                .expect("the Node's change within 25 s")
+                .unwrap();
+            if let SourceEvent::NodeApplied(n) = ev {
+                if n.metadata
+                    .labels
+                    .as_ref()
+                    .is_some_and(|l| l.contains_key("changed"))
+                {
+                    break;
+                }
+            }
+        }
+        task.abort();
+        let watches = server.watches("nodes");
+        let initial = usize::from(streaming);
+        assert_eq!(
+            server.lists("nodes").len() + watches.iter().filter(|w| w.streaming).count(),
+            1,
+            "streaming={streaming}: the Node was listed more than once: lists {:?}, watches {watches:?}",
+            server.lists("nodes")
+        );
+        assert_eq!(
+            watches.iter().filter(|w| w.streaming).count(),
+            initial,
+            "{watches:?}"
+        );
+        let resumed: Vec<_> = watches.iter().filter(|w| !w.streaming).collect();
+        assert!(
+            resumed.first().is_some_and(|w| w.resource_version == rv),
+            "the Node watch did not resume from the listed version {rv}: {watches:?}"
+        );
+    }
+}

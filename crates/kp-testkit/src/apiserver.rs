@@ -122,6 +122,16 @@ pub struct ApiCall {
     pub verb: String,
 }
 
+/// One watch served, as [`ApiServer::watches`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchLog {
+    pub plural: String,
+    /// The `resourceVersion` asked for ("" when none).
+    pub resource_version: String,
+    /// A streaming list (`sendInitialEvents=true`).
+    pub streaming: bool,
+}
+
 /// One stored change, kept in history for watches that resume from an older
 /// resourceVersion.
 #[derive(Debug)]
@@ -182,6 +192,8 @@ struct State {
     list_errors: Mutex<HashMap<String, u16>>,
     /// When each list (not watch) arrived, by plural.
     list_log: Mutex<Vec<(String, std::time::Instant)>>,
+    /// Watches served: plural, the resourceVersion asked for, streaming.
+    watch_log: Mutex<Vec<WatchLog>>,
     /// Streaming lists served (the WatchList feature on).
     watch_list: AtomicBool,
 }
@@ -430,7 +442,8 @@ fn parse_label_selector(s: &str) -> Result<Vec<LabelReq>, Status> {
     Ok(out)
 }
 
-/// One `fieldSelector` requirement (only metadata.name and metadata.namespace).
+/// One `fieldSelector` requirement: metadata.name and metadata.namespace,
+/// and spec.clusterIP (a Service's, as the real server has it).
 #[derive(Debug, Clone)]
 struct FieldReq {
     field: String,
@@ -452,7 +465,10 @@ fn parse_field_selector(s: &str) -> Result<Vec<FieldReq>, Status> {
                 "invalid field selector term {term:?}"
             )));
         };
-        if field != "metadata.name" && field != "metadata.namespace" {
+        if !matches!(
+            field,
+            "metadata.name" | "metadata.namespace" | "spec.clusterIP"
+        ) {
             return Err(Status::bad_request(format!(
                 "field label not supported: {field}"
             )));
@@ -494,7 +510,14 @@ impl Filter {
             LabelReq::NotExists(k) => label(k).is_none(),
         });
         let fields_ok = self.fields.iter().all(|r| {
-            let actual = if r.field == "metadata.name" { name } else { ns };
+            let actual = match r.field.as_str() {
+                "metadata.name" => name,
+                "metadata.namespace" => ns,
+                // Only Services have the field; the real server refuses it
+                // for other kinds, here it matches nothing else.
+                _ if self.kind == Kind::Service => obj["spec"]["clusterIP"].as_str().unwrap_or(""),
+                _ => return false,
+            };
             (actual == r.value) != r.negate
         });
         labels_ok && fields_ok
@@ -583,6 +606,7 @@ impl ApiServer {
             list_delays: Mutex::new(HashMap::new()),
             list_errors: Mutex::new(HashMap::new()),
             list_log: Mutex::new(Vec::new()),
+            watch_log: Mutex::new(Vec::new()),
             watch_list: AtomicBool::new(false),
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
@@ -738,6 +762,18 @@ impl ApiServer {
     }
 
     /// When each list (not watch) of `plural` arrived, in order.
+    /// The watches of `plural` served so far, in order.
+    pub fn watches(&self, plural: &str) -> Vec<WatchLog> {
+        self.state()
+            .watch_log
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|w| w.plural == plural)
+            .cloned()
+            .collect()
+    }
+
     pub fn lists(&self, plural: &str) -> Vec<std::time::Instant> {
         self.state()
             .list_log
@@ -1161,6 +1197,15 @@ fn start_watch(
             "ListOptions.meta.k8s.io \"\" is invalid: resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
         ));
     }
+    state
+        .watch_log
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(WatchLog {
+            plural: filter.kind.plural().to_owned(),
+            resource_version: q.get("resourceVersion").cloned().unwrap_or_default(),
+            streaming: send_initial,
+        });
     let bookmarks = is_true(q, "allowWatchBookmarks");
     let timeout = q
         .get("timeoutSeconds")

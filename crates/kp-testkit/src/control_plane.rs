@@ -158,6 +158,24 @@ impl K8sBinaries {
         }
     }
 
+    /// etcd's version as (major, minor), from `etcd --version`. v1.36's
+    /// streaming lists need progress notifications, which etcd has from 3.5
+    /// (Debian bookworm's etcd-server is 3.4; test.sh fetches trixie's 3.5).
+    pub fn etcd_version(&self) -> Option<(u32, u32)> {
+        let out = std::process::Command::new(&self.etcd)
+            .arg("--version")
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let v = text
+            .lines()
+            .find_map(|l| l.strip_prefix("etcd Version:"))?
+            .trim()
+            .to_string();
+        let mut parts = v.split('.').map(|p| p.parse::<u32>().ok());
+        Some((parts.next()??, parts.next()??))
+    }
+
     /// As [`K8sBinaries::for_test`], also requiring upstream kube-proxy.
     pub fn for_test_with_upstream(test: &str) -> Option<K8sBinaries> {
         let b = K8sBinaries::for_test(test)?;

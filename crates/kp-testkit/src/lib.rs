@@ -18,6 +18,8 @@ pub mod control_plane;
 pub mod netns;
 pub mod updates;
 
-pub use apiserver::{ApiCall, ApiServer};
-pub use control_plane::{ControlPlane, ControlPlaneError, ControlPlaneOpts, K8sBinaries};
+pub use apiserver::{ApiCall, ApiServer, WatchLog};
+pub use control_plane::{
+    ControlPlane, ControlPlaneError, ControlPlaneOpts, K8sBinaries, REQUIRE_ENV,
+};
 pub use netns::{NetnsApiError, NetnsApiServer};

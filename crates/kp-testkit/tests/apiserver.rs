@@ -226,6 +226,14 @@ async fn bookmarks_and_streaming_initial_events() {
     server.apply_service(service("default", "a", json!({})));
     let svcs: Api<Service> = Api::all(server.client());
     let wp = WatchParams::streaming_lists();
+    // Refused as by kube-apiserver with the WatchList feature off (422)...
+    let refused = svcs.watch(&wp, "0").await.err();
+    assert!(
+        matches!(&refused, Some(kube::Error::Api(s)) if s.code == 422),
+        "{refused:?}"
+    );
+    // ... and served once on.
+    server.set_watch_list(true);
     let mut stream = svcs.watch(&wp, "0").await.unwrap().boxed();
     assert!(matches!(next_event(&mut stream).await, WatchEvent::Added(s) if s.name_any() == "a"));
     match next_event(&mut stream).await {

@@ -128,13 +128,19 @@ fn run(mut cfg: ProxyConfig) -> Result<()> {
         .context("starting the async runtime")?;
     // Upstream waits for the podCIDRs before it builds the proxier: the rules
     // that tell local traffic apart are written with them.
+    // The Node as the last of those waits listed it: the source's Node
+    // watch starts from that list.
+    let mut node_listed = None;
     let pod_cidrs = if cfg.detect_local_mode == DetectLocalMode::NodeCidr && !cfg.cleanup {
-        Some(rt.block_on(nodecidr::wait_for_node_pod_cidrs(&cfg))?)
+        let (cidrs, listed) = rt.block_on(nodecidr::wait_for_node_pod_cidrs(&cfg))?;
+        node_listed = listed;
+        Some(cidrs)
     } else {
         None
     };
     let host_ips_watch = if cfg.nodeport_primary && !cfg.cleanup {
-        let ips = rt.block_on(primary_ips(&cfg))?;
+        let (ips, listed) = rt.block_on(primary_ips(&cfg))?;
+        node_listed = listed.or(node_listed);
         cfg.node_primary_ips = nodecidr::with_bind_address(&ips, cfg.bind_address);
         tracing::info!(node_ips = ?cfg.node_primary_ips, "NodePorts are accepted on this node's primary IPs (nodePortAddresses primary)");
         // Nothing to compare with when no Node said (manifests without one).
@@ -202,6 +208,7 @@ fn run(mut cfg: ProxyConfig) -> Result<()> {
     let watch = NodeWatch {
         pod_cidrs: pod_cidrs.map(|p| PodCidrWatch::new(&cfg.hostname, &p)),
         host_ips: host_ips_watch,
+        listed: node_listed,
     };
     rt.block_on(serve(cfg, dataplanes, metrics, watch, proxier_configs))
 }
@@ -210,7 +217,7 @@ fn run(mut cfg: ProxyConfig) -> Result<()> {
 /// server, waited for as upstream's NodeManager waits (up to 5 minutes, then
 /// the start fails); from a manifest directory, its Node if it has one, else
 /// none (so every local address, as upstream's loopback fallback gives).
-async fn primary_ips(cfg: &ProxyConfig) -> Result<Vec<IpAddr>> {
+async fn primary_ips(cfg: &ProxyConfig) -> Result<(Vec<IpAddr>, Option<kp_source::NodeListed>)> {
     if let Some(dir) = &cfg.manifests {
         let node = kp_source::load_dir(dir)
             .ok()
@@ -219,7 +226,7 @@ async fn primary_ips(cfg: &ProxyConfig) -> Result<Vec<IpAddr>> {
         if ips.is_empty() {
             tracing::warn!(node = %cfg.hostname, dir = %dir.display(), "no Node with an address in the manifests: NodePorts are accepted on every local IP");
         }
-        return Ok(ips);
+        return Ok((ips, None));
     }
     nodecidr::wait_for_node(cfg, &nodecidr::HOST_IPS).await
 }
@@ -228,6 +235,8 @@ async fn primary_ips(cfg: &ProxyConfig) -> Result<Vec<IpAddr>> {
 struct NodeWatch {
     pod_cidrs: Option<PodCidrWatch>,
     host_ips: Option<HostIpsWatch>,
+    /// The start's list of this Node, for the source to resume from.
+    listed: Option<kp_source::NodeListed>,
 }
 
 impl NodeWatch {
@@ -246,7 +255,7 @@ async fn serve(
     cfg: ProxyConfig,
     dataplanes: Vec<Box<dyn Dataplane>>,
     metrics: Metrics,
-    node_watch: NodeWatch,
+    mut node_watch: NodeWatch,
     proxier_configs: Vec<ProxierConfig>,
 ) -> Result<()> {
     // Refused address claims: counted by the sync loop, posted as Events on
@@ -255,7 +264,7 @@ async fn serve(
     // One bounded queue from the source to the sync loop (kp_sync::queue).
     let (tx, events) =
         kp_sync::event_queue(kp_sync::EVENT_QUEUE).context("the sync loop's event queue")?;
-    source::start_source(&cfg, claim_rx, tx).await?;
+    source::start_source(&cfg, node_watch.listed.take(), claim_rx, tx).await?;
 
     if cfg.dry_run {
         dryrun::dry_run(&cfg, events.into_receiver(), &dataplanes).await;

@@ -233,11 +233,13 @@ impl PodCidrWatch {
 
 /// What `want` takes from this node's Node, from the manifest directory or
 /// (listed, as the watcher does) from the API server; waited for as
-/// upstream's NodeManager waits.
+/// upstream's NodeManager waits. With the API server, also the list that
+/// answered, for the source's Node watch to start from (one list of the
+/// Node per start, as upstream's one Node informer).
 pub async fn wait_for_node<T>(
     cfg: &crate::config::ProxyConfig,
     want: &Wanted<T>,
-) -> anyhow::Result<T> {
+) -> anyhow::Result<(T, Option<kp_source::NodeListed>)> {
     let node = cfg.hostname.clone();
     let (poll, timeout) = (POLL_INTERVAL, WAIT_TIMEOUT);
     Ok(if let Some(dir) = cfg.manifests.clone() {
@@ -247,27 +249,38 @@ pub async fn wait_for_node<T>(
                 .map_err(|e| e.to_string());
             std::future::ready(got)
         };
-        wait_for(&node, want, fetch, poll, timeout).await?
+        (wait_for(&node, want, fetch, poll, timeout).await?, None)
     } else {
         let client = crate::source::kube_client(cfg).await?;
         let encoding =
             kp_source::Encoding::new(&cfg.client.content_type, &cfg.client.accept_content_types);
+        let last = std::sync::Arc::new(std::sync::Mutex::new(None));
         let fetch = || {
             let (client, node, encoding) = (client.clone(), node.clone(), encoding.clone());
+            let last = last.clone();
             async move {
-                kp_source::list_node(&client, &node, &encoding)
+                let listed = kp_source::list_node(&client, &node, &encoding)
                     .await
-                    .map_err(|e| e.to_string())
+                    .map_err(|e| e.to_string())?;
+                let found = listed.node.clone();
+                if let Ok(mut l) = last.lock() {
+                    *l = Some(listed);
+                }
+                Ok(found)
             }
         };
-        wait_for(&node, want, fetch, poll, timeout).await?
+        let got = wait_for(&node, want, fetch, poll, timeout).await?;
+        let listed = last.lock().ok().and_then(|mut l| l.take());
+        (got, listed)
     })
 }
 
 /// NodeCIDR mode: this node's podCIDRs ([`wait_for_node`]), logged.
-pub async fn wait_for_node_pod_cidrs(cfg: &crate::config::ProxyConfig) -> anyhow::Result<PodCidrs> {
+pub async fn wait_for_node_pod_cidrs(
+    cfg: &crate::config::ProxyConfig,
+) -> anyhow::Result<(PodCidrs, Option<kp_source::NodeListed>)> {
     let node = cfg.hostname.clone();
-    let cidrs = wait_for_node(cfg, &POD_CIDRS).await?;
+    let (cidrs, listed) = wait_for_node(cfg, &POD_CIDRS).await?;
     for bad in &cidrs.invalid {
         tracing::warn!(node = %node, cidr = %bad, "ignoring a podCIDR that is not a CIDR");
     }
@@ -282,7 +295,7 @@ pub async fn wait_for_node_pod_cidrs(cfg: &crate::config::ProxyConfig) -> anyhow
     }
     let shown: Vec<String> = cidrs.cidrs.iter().map(ToString::to_string).collect();
     tracing::info!(node = %node, pod_cidrs = ?shown, "detecting local traffic by this node's podCIDRs");
-    Ok(cidrs)
+    Ok((cidrs, listed))
 }
 
 #[cfg(test)]

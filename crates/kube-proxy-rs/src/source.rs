@@ -31,9 +31,11 @@ pub async fn kube_client(cfg: &ProxyConfig) -> Result<kube::Client> {
 
 /// Starts the configured source, sending its events on `tx` (the sync
 /// loop's queue). With the API server, refused address claims arriving on
-/// `claim_events` are posted as Events on their Services.
+/// `claim_events` are posted as Events on their Services, and the Node
+/// watch starts from `node_listed` when the start already listed the Node.
 pub async fn start_source(
     cfg: &ProxyConfig,
+    node_listed: Option<kp_source::NodeListed>,
     claim_events: tokio::sync::mpsc::UnboundedReceiver<kp_model::RefusedClaim>,
     tx: kp_sync::EventSender,
 ) -> Result<()> {
@@ -85,7 +87,8 @@ pub async fn start_source(
             ),
         };
         tokio::spawn(async move {
-            if let Err(e) = kp_source::api::run_api_source(client, opts, tx).await {
+            if let Err(e) = kp_source::api::run_api_source_from(client, opts, node_listed, tx).await
+            {
                 tracing::error!("API source stopped: {e}");
             }
         });
