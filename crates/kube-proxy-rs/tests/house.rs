@@ -1344,3 +1344,80 @@ fn the_doc_checker_finds_what_does_not_exist() {
     }
     assert_eq!(errors.len(), wanted.len(), "{}", errors.join("\n"));
 }
+
+/// The most BENCHMARKS.md may hold: the current figure of each table, its
+/// command and the note that makes it meaningful. History goes to
+/// docs/benchmarks-history.md.
+const BENCHMARKS_MAX_LINES: usize = 1000;
+
+/// BENCHMARKS.md stays short, and every table a bench writes into it
+/// (`--write BENCHMARKS.md`, between `<!-- NAME begin -->` and `<!-- NAME
+/// end -->`, kp-bench's `lab::write_into`) is there once, whole: a marker
+/// that appears twice, or an end without its begin, would make the next
+/// `--write` replace the wrong text or append a copy. Each marker's first
+/// word must start a string in kp-bench's sources, so none names a bench
+/// that writes nothing.
+#[test]
+fn benchmarks_md_is_short_and_its_markers_whole() {
+    let root = workspace();
+    let text = std::fs::read_to_string(root.join("BENCHMARKS.md")).unwrap();
+    let lines = text.lines().count();
+    let mut wrong = Vec::new();
+    if lines > BENCHMARKS_MAX_LINES {
+        wrong.push(format!(
+            "BENCHMARKS.md has {lines} lines, more than {BENCHMARKS_MAX_LINES}: move history, superseded runs and discussion to docs/benchmarks-history.md"
+        ));
+    }
+    let mut bench_src = String::new();
+    for dir in ["src", "src/bin"] {
+        for e in std::fs::read_dir(root.join("crates/kp-bench").join(dir)).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "rs") {
+                bench_src.push_str(&std::fs::read_to_string(p).unwrap());
+            }
+        }
+    }
+    let mut names = BTreeSet::new();
+    for (n, line) in text.lines().enumerate() {
+        let Some(rest) = line.trim().strip_prefix("<!-- ") else {
+            continue;
+        };
+        let Some(rest) = rest.strip_suffix(" -->") else {
+            continue;
+        };
+        if let Some(name) = rest.strip_suffix(" begin") {
+            names.insert(name.to_string());
+        } else if let Some(name) = rest.strip_suffix(" end") {
+            if !text.contains(&format!("<!-- {name} begin -->")) {
+                wrong.push(format!(
+                    "BENCHMARKS.md:{}: `{name}` ends but never begins",
+                    n + 1
+                ));
+            }
+        }
+    }
+    for name in &names {
+        let begin = format!("<!-- {name} begin -->");
+        let end = format!("<!-- {name} end -->");
+        let (b, e) = (text.matches(&begin).count(), text.matches(&end).count());
+        if b != 1 || e != 1 {
+            wrong.push(format!(
+                "`{name}`: {b} begin and {e} end markers, not one each"
+            ));
+        } else if text.find(&begin) > text.find(&end) {
+            wrong.push(format!("`{name}`: its end comes before its begin"));
+        }
+        let first = name.split_whitespace().next().unwrap_or_default();
+        if !bench_src.contains(&format!("\"{first}")) {
+            wrong.push(format!(
+                "`{name}`: no string in crates/kp-bench starts with `{first}`"
+            ));
+        }
+    }
+    assert!(
+        names.len() >= 10,
+        "found only {} markers in BENCHMARKS.md",
+        names.len()
+    );
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
