@@ -637,3 +637,787 @@ fn test_helpers_stay_out_of_the_product() {
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
+
+// ---------------------------------------------------------------------------
+// docs/architecture.md, checked against the tree.
+//
+// What counts as a citation (everything else in the doc is prose):
+//
+// * Paths, which must name a file or a folder that exists. A citation is a
+//   code span made only of path characters (letters, digits, `_ - . / * <
+//   >`), not starting with `/`, `-` or `.`, that holds a `/` or ends in a
+//   file extension (`EXTENSIONS`); a word of the prose or of a fenced block
+//   that starts with `crates/`, `docs/`, `deploy/`, `e2e/`, `examples/` or
+//   a crate's folder name; a relative link target (`](file.md#anchor)`,
+//   read from docs/). Where it is looked for:
+//   - `crates/...`, `docs/...`, `deploy/...`, `e2e/...`, `examples/...` and
+//     a top-level file (`demo.sh`): from the workspace root;
+//   - `<crate>/...` (`kp-model/src/dataplane.rs`): under crates/;
+//   - `src/...` and `tests/...`: in the crate named nearby, else in the
+//     binary's folder (kube-proxy-rs);
+//   - any other span that ends in an extension or in `/` (`metrics.rs`,
+//     `proxier/full.rs`, `modes/`): as the end of a path under the folder
+//     named nearby, or under the binary's (the doc names the binary's
+//     files bare).
+//   "Named nearby" is the last crate (a span `kp-x`, or a path into it) or
+//   top-level folder (`deploy/monitoring/...`) cited earlier in the same
+//   paragraph, list item or table row. Other spans with a `/`
+//   (`api/nftables`, annotation keys) are not paths. `*` and
+//   `<placeholder>` match any part of one path segment; something must
+//   match.
+// * Rust names, in code spans, which must be defined:
+//   - every `kp_x::a::B` (and `kube_proxy_rs::...`) anywhere in a span:
+//     each segment after the crate, in that crate's `src/`;
+//   - every `crate::a::B` anywhere in a span: each segment, anywhere;
+//   - a span that is, whole, a path `A::b`, `a::B::c` or `Type.field` (a
+//     trailing call `(..)` or `!`, generic arguments `<..>` and a
+//     pattern's ` { .. }` dropped first): each segment anywhere (`Type::x`
+//     may name a field, as rustdoc does), a `.field` as some struct's
+//     field, and every CamelCase generic argument; a path whose first
+//     segment is a dependency named in Cargo.lock (`clap::Args`) or `std`
+//     is not ours to check;
+//   - a span that is, whole, one CamelCase name (`Schedule`): anywhere, or
+//     one of Rust's own names in `STD`.
+//   "Defined" is `struct|enum|trait|type|fn|const|static|mod|union|
+//   macro_rules! Name` or an enum variant (for a CamelCase segment), in the
+//   `.rs` files under crates/ (tests included: the doc cites them too),
+//   comments left out. Bare lowercase words (`render_service`, `full`) are
+//   not checked: too many are fields, options or plain words. A name that
+//   is not Rust (an Event reason, a taint) is written in quotes or prose.
+// ---------------------------------------------------------------------------
+
+/// Rust's own names the doc may write bare.
+const STD: &[&str] = &[
+    "Arc", "Box", "Clone", "Debug", "Default", "Display", "FromStr", "None", "Option", "Result",
+    "Send", "Some", "String", "Sync", "Vec",
+];
+
+/// Extensions that make a span a file path.
+const EXTENSIONS: &[&str] = &[
+    "rs", "c", "h", "md", "toml", "yml", "yaml", "sh", "py", "json", "txt",
+];
+
+/// The binary's folder: where `src/...`, `tests/...` and bare file names
+/// are looked for when no other crate is named nearby.
+const BINARY: &str = "crates/kube-proxy-rs";
+
+/// Top-level folders a path may start from.
+const ROOTS: &[&str] = &["crates", "docs", "deploy", "e2e", "examples"];
+
+/// What the workspace holds, for the citations to be checked against.
+struct Tree {
+    /// Every file and folder, relative to the root, with `/` separators
+    /// (folders without a trailing `/`).
+    paths: BTreeSet<String>,
+    /// The folder names under crates/.
+    crates: BTreeSet<String>,
+    /// Names defined per crate folder, in its `src/`.
+    defined_in: BTreeMap<String, BTreeSet<String>>,
+    /// Names defined anywhere under crates/ (items, enum variants).
+    defined: BTreeSet<String>,
+    /// Struct field names anywhere under crates/.
+    fields: BTreeSet<String>,
+    /// Crates from outside the workspace (Cargo.lock), as Rust names.
+    outside: BTreeSet<String>,
+}
+
+fn is_ident(s: &str) -> bool {
+    !s.is_empty()
+        && s.chars().all(|c| c.is_alphanumeric() || c == '_')
+        && !s.starts_with(|c: char| c.is_ascii_digit())
+}
+
+/// `Schedule`, `IpvsProxier`: an uppercase first letter and a lowercase one.
+fn is_camel(s: &str) -> bool {
+    is_ident(s)
+        && s.starts_with(|c: char| c.is_ascii_uppercase())
+        && s.chars().any(|c| c.is_ascii_lowercase())
+}
+
+/// The identifiers of a source text, comments left out.
+fn tokens(text: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let code = match line.find("//") {
+            Some(i) => &line[..i],
+            None => line,
+        };
+        let mut word = String::new();
+        for c in code.chars().chain(std::iter::once(' ')) {
+            if c.is_alphanumeric() || c == '_' {
+                word.push(c);
+            } else if !word.is_empty() {
+                out.push((n, std::mem::take(&mut word)));
+            }
+        }
+    }
+    out
+}
+
+/// The names a Rust file defines: items, enum variants, struct fields.
+fn definitions(text: &str) -> (BTreeSet<String>, BTreeSet<String>) {
+    const ITEMS: &[&str] = &[
+        "struct",
+        "enum",
+        "trait",
+        "type",
+        "fn",
+        "const",
+        "static",
+        "mod",
+        "union",
+        "macro_rules",
+    ];
+    let mut defs = BTreeSet::new();
+    let mut fields = BTreeSet::new();
+    let toks = tokens(text);
+    for w in toks.windows(2) {
+        if ITEMS.contains(&w[0].1.as_str()) && is_ident(&w[1].1) {
+            defs.insert(w[1].1.clone());
+        }
+    }
+    // Enum variants and struct fields: the lines directly inside an
+    // `enum X {` / `struct X {` body.
+    let lines: Vec<&str> = text.lines().collect();
+    for (i, l) in lines.iter().enumerate() {
+        let t = l.trim_start();
+        let t = t
+            .strip_prefix("pub(crate) ")
+            .or_else(|| t.strip_prefix("pub "))
+            .unwrap_or(t);
+        let is_enum = t.starts_with("enum ");
+        if !(is_enum || t.starts_with("struct ")) || !t.trim_end().ends_with('{') {
+            continue;
+        }
+        let mut depth = 0i32;
+        for body in &lines[i + 1..] {
+            let b = body.trim();
+            if depth == 0 {
+                if b.starts_with('}') {
+                    break;
+                }
+                if !b.starts_with("//") && !b.starts_with('#') {
+                    let b = b
+                        .strip_prefix("pub(crate) ")
+                        .or_else(|| b.strip_prefix("pub "))
+                        .unwrap_or(b);
+                    let name: String = b
+                        .chars()
+                        .take_while(|c| c.is_alphanumeric() || *c == '_')
+                        .collect();
+                    if is_enum && is_camel(&name) {
+                        defs.insert(name);
+                    } else if !is_enum && b[name.len()..].starts_with(':') && is_ident(&name) {
+                        fields.insert(name);
+                    }
+                }
+            }
+            for c in b.split("//").next().unwrap_or_default().chars() {
+                match c {
+                    '{' | '(' | '[' => depth += 1,
+                    '}' | ')' | ']' => depth -= 1,
+                    _ => {}
+                }
+            }
+            if depth < 0 {
+                break;
+            }
+        }
+    }
+    (defs, fields)
+}
+
+fn tree() -> Tree {
+    let root = workspace();
+    let mut paths = BTreeSet::new();
+    let mut rust = Vec::new();
+    fn walk(dir: &Path, root: &Path, paths: &mut BTreeSet<String>, rust: &mut Vec<PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.filter_map(|e| e.ok()) {
+            let p = e.path();
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') || (dir == root && name == "target") {
+                continue;
+            }
+            let rel = p
+                .strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .replace('\\', "/");
+            paths.insert(rel);
+            if p.is_dir() {
+                walk(&p, root, paths, rust);
+            } else if name.ends_with(".rs") {
+                rust.push(p);
+            }
+        }
+    }
+    walk(&root, &root, &mut paths, &mut rust);
+    let crates: BTreeSet<String> = crates().into_iter().map(|(n, _)| n).collect();
+    let mut defined_in: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut defined = BTreeSet::new();
+    let mut fields = BTreeSet::new();
+    for f in &rust {
+        let Ok(text) = std::fs::read_to_string(f) else {
+            continue;
+        };
+        let (d, fl) = definitions(&text);
+        let rel = f
+            .strip_prefix(&root)
+            .unwrap()
+            .to_string_lossy()
+            .replace('\\', "/");
+        let mut parts = rel.split('/');
+        if let (Some("crates"), Some(krate), Some("src")) =
+            (parts.next(), parts.next(), parts.next())
+        {
+            defined_in
+                .entry(krate.to_string())
+                .or_default()
+                .extend(d.iter().cloned());
+        }
+        defined.extend(d);
+        fields.extend(fl);
+    }
+    let lock = std::fs::read_to_string(root.join("Cargo.lock")).unwrap();
+    let mut outside: BTreeSet<String> = lock
+        .lines()
+        .filter_map(|l| l.strip_prefix("name = \""))
+        .map(|n| n.trim_end_matches('"').replace('-', "_"))
+        .filter(|n| !crates.contains(&n.replace('_', "-")))
+        .collect();
+    outside.extend(["std", "core", "alloc"].map(String::from));
+    Tree {
+        paths,
+        crates,
+        defined_in,
+        defined,
+        fields,
+        outside,
+    }
+}
+
+/// One path segment against a pattern segment with `*` and `<..>`.
+fn segment_matches(pattern: &str, name: &str) -> bool {
+    // `<mode>` is a wildcard like `*`.
+    let mut pat = String::new();
+    let mut inside = false;
+    for c in pattern.chars() {
+        match c {
+            '<' => {
+                inside = true;
+                pat.push('*');
+            }
+            '>' if inside => inside = false,
+            _ if inside => {}
+            c => pat.push(c),
+        }
+    }
+    let parts: Vec<&str> = pat.split('*').collect();
+    if parts.len() == 1 {
+        return pat == name;
+    }
+    let (first, last) = (parts[0], parts[parts.len() - 1]);
+    if !name.starts_with(first)
+        || !name[first.len()..].ends_with(last)
+        || name.len() < first.len() + last.len()
+    {
+        return false;
+    }
+    let mut rest = &name[first.len()..name.len() - last.len()];
+    for mid in &parts[1..parts.len() - 1] {
+        match rest.find(mid) {
+            Some(i) => rest = &rest[i + mid.len()..],
+            None => return false,
+        }
+    }
+    true
+}
+
+/// Whether `path` (relative, `/`-separated, maybe with wildcards) names
+/// something of the tree: from `base` (`""` is the root), or, with
+/// `tail`, as the end of any path under `base`.
+fn path_exists(t: &Tree, base: &str, path: &str, tail: bool) -> bool {
+    let want: Vec<&str> = path.trim_end_matches('/').split('/').collect();
+    t.paths.iter().any(|p| {
+        let Some(rel) = (if base.is_empty() {
+            Some(p.as_str())
+        } else {
+            p.strip_prefix(base).and_then(|r| r.strip_prefix('/'))
+        }) else {
+            return false;
+        };
+        let have: Vec<&str> = rel.split('/').collect();
+        if tail {
+            have.len() >= want.len()
+                && want
+                    .iter()
+                    .zip(&have[have.len() - want.len()..])
+                    .all(|(w, h)| segment_matches(w, h))
+        } else {
+            have.len() == want.len() && want.iter().zip(&have).all(|(w, h)| segment_matches(w, h))
+        }
+    })
+}
+
+/// Whether a span is a path citation (see the rule above).
+fn looks_like_path(s: &str) -> bool {
+    let chars_ok = s
+        .chars()
+        .all(|c| c.is_alphanumeric() || "_-./*<>".contains(c));
+    let ext = s
+        .rsplit('/')
+        .next()
+        .and_then(|f| f.rsplit_once('.'))
+        .is_some_and(|(stem, e)| !stem.is_empty() && EXTENSIONS.contains(&e));
+    chars_ok && !s.starts_with(['/', '-', '.']) && (s.contains('/') || ext)
+}
+
+/// What is wrong with the path `s`, cited where `context` is the folder
+/// named nearby (`crates/kp-sync`, `deploy`); None when it exists.
+fn check_path(t: &Tree, s: &str, context: Option<&str>) -> Option<String> {
+    let first = s.split('/').next().unwrap_or_default();
+    let ext = s
+        .rsplit('/')
+        .next()
+        .and_then(|f| f.rsplit_once('.'))
+        .is_some_and(|(_, e)| EXTENSIONS.contains(&e));
+    let krate = context.filter(|c| c.starts_with("crates/"));
+    let (bases, tail) =
+        if ROOTS.contains(&first) || (!s.contains('/') && path_exists(t, "", s, false)) {
+            (vec![String::new()], false)
+        } else if t.crates.contains(first) {
+            (vec!["crates".to_string()], false)
+        } else if first == "src" || first == "tests" {
+            (vec![krate.unwrap_or(BINARY).to_string()], false)
+        } else if ext || s.ends_with('/') {
+            // The binary's files are named bare everywhere (the doc says so).
+            let mut b: Vec<String> = context.into_iter().map(String::from).collect();
+            b.push(BINARY.to_string());
+            (b, true)
+        } else {
+            return None;
+        };
+    if bases.iter().any(|b| path_exists(t, b, s, tail)) {
+        return None;
+    }
+    let where_ = bases
+        .iter()
+        .map(|b| match (b.as_str(), tail) {
+            ("", _) => "in the workspace".to_string(),
+            (b, false) => format!("in {b}/"),
+            (b, true) => format!("at the end of a path under {b}/"),
+        })
+        .collect::<Vec<_>>()
+        .join(" or ");
+    Some(format!("no file or folder `{s}` {where_}"))
+}
+
+/// What is wrong with the Rust path `segs` (one name cited in a span);
+/// `krate` restricts the definitions to one crate's `src/`.
+fn check_segments(t: &Tree, segs: &[&str], krate: Option<&str>) -> Vec<String> {
+    let defs = match krate {
+        Some(k) => match t.defined_in.get(k) {
+            Some(d) => d,
+            None => return vec![format!("no crate `{k}` with a src/")],
+        },
+        None => &t.defined,
+    };
+    segs.iter()
+        .enumerate()
+        .filter(|(i, s)| {
+            // `Type::field` is how rustdoc names a field.
+            let field = *i > 0 && is_camel(segs[i - 1]) && t.fields.contains(**s);
+            let std_name = krate.is_none() && STD.contains(*s);
+            let known = defs.contains(**s) || field || std_name;
+            !known
+        })
+        .map(|(_, s)| match krate {
+            Some(k) => format!("nothing called `{s}` is defined in crates/{k}/src"),
+            None => format!("nothing called `{s}` is defined in the workspace"),
+        })
+        .collect()
+}
+
+/// The whole span as a name citation: `A::b`, `a::B::c`, `Type.field`,
+/// `Name`, after dropping a call, generics and a pattern. None when the
+/// span is not one.
+fn check_name_span(t: &Tree, span: &str) -> Option<Vec<String>> {
+    let mut s = span.trim().to_string();
+    if let Some(i) = s.find(" {") {
+        if s.ends_with('}') {
+            s.truncate(i);
+        }
+    }
+    let mut generics = Vec::new();
+    if let Some(i) = s.find('<') {
+        if s.ends_with('>') {
+            generics = s[i + 1..s.len() - 1]
+                .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .filter(|w| is_camel(w))
+                .map(String::from)
+                .collect();
+            s.truncate(i);
+        }
+    }
+    if let Some(i) = s.find('(') {
+        s.truncate(i);
+    }
+    let s = s.trim_end_matches('!');
+    let mut out = Vec::new();
+    if let Some((ty, field)) = s.split_once('.') {
+        if !(is_camel(ty) && is_ident(field)) {
+            return None;
+        }
+        out.extend(check_segments(t, &[ty], None));
+        if !t.fields.contains(field) {
+            out.push(format!("no struct has a field `{field}`"));
+        }
+        return Some(out);
+    }
+    let segs: Vec<&str> = s.split("::").collect();
+    if !segs.iter().all(|x| is_ident(x)) {
+        return None;
+    }
+    if segs.len() == 1 && !is_camel(segs[0]) {
+        return None;
+    }
+    if t.outside.contains(segs[0]) {
+        return Some(out);
+    }
+    out.extend(check_segments(t, &segs, None));
+    let g: Vec<&str> = generics.iter().map(String::as_str).collect();
+    out.extend(check_segments(t, &g, None));
+    Some(out)
+}
+
+/// Every `prefix::a::b` path inside a span, as its segments.
+fn qualified_paths<'a>(span: &'a str, prefix: &str) -> Vec<Vec<&'a str>> {
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(i) = span[from..].find(prefix) {
+        let at = from + i;
+        from = at + prefix.len();
+        let before = span[..at].chars().last();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+            continue;
+        }
+        let end = span[at..]
+            .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+            .map_or(span.len(), |e| at + e);
+        let segs: Vec<&str> = span[at..end].trim_end_matches(':').split("::").collect();
+        if segs.len() >= 2 && segs.iter().all(|x| is_ident(x)) {
+            out.push(segs);
+        }
+    }
+    out
+}
+
+/// Every citation of `doc` (named `name`, read from docs/) that names
+/// nothing in the tree: `name:line: what`.
+fn doc_citation_errors(t: &Tree, name: &str, doc: &str) -> Vec<String> {
+    let mut errors = Vec::new();
+    let mut report = |line: usize, span: &str, why: String| {
+        errors.push(format!("{name}:{line}: `{span}`: {why}"));
+    };
+    // Paragraphs (a table row and a list item each are one), the line each
+    // starts on; fenced blocks apart.
+    let mut paragraphs: Vec<(usize, String)> = Vec::new();
+    let mut fenced: Vec<(usize, &str)> = Vec::new();
+    let mut in_fence = false;
+    let mut current: Option<(usize, String)> = None;
+    for (i, line) in doc.lines().enumerate() {
+        let n = i + 1;
+        let t0 = line.trim_start();
+        if t0.starts_with("```") {
+            in_fence = !in_fence;
+            paragraphs.extend(current.take());
+            continue;
+        }
+        if in_fence {
+            fenced.push((n, line));
+            continue;
+        }
+        let starts = t0.is_empty()
+            || t0.starts_with('|')
+            || t0.starts_with("* ")
+            || t0.starts_with("- ")
+            || t0.starts_with('#');
+        if starts {
+            paragraphs.extend(current.take());
+        }
+        if t0.is_empty() {
+            continue;
+        }
+        match &mut current {
+            Some((_, text)) => {
+                text.push('\n');
+                text.push_str(line);
+            }
+            None => current = Some((n, line.to_string())),
+        }
+    }
+    paragraphs.extend(current);
+
+    let rooted_word = |w: &str| {
+        let punct = |c: char| "()[],.;:\"'`".contains(c);
+        let w = w
+            .trim_matches(punct)
+            .trim_end_matches("'s")
+            .trim_matches(punct);
+        let first = w.split('/').next().unwrap_or_default();
+        let ok = w.contains('/') && (ROOTS.contains(&first) || t.crates.contains(first));
+        ok.then(|| w.to_string())
+    };
+    for (n, line) in &fenced {
+        for w in line.split_whitespace().filter_map(rooted_word) {
+            if let Some(why) = check_path(t, &w, None) {
+                report(*n, &w, why);
+            }
+        }
+    }
+    for (start, text) in &paragraphs {
+        let line_at = |i: usize| start + text[..i].matches('\n').count();
+        let mut context: Option<String> = None;
+        // The paragraph with its spans blanked out (lines kept): its prose.
+        let mut prose: Vec<char> = text.chars().collect();
+        let ticks: Vec<usize> = text.match_indices('`').map(|(i, _)| i).collect();
+        for pair in ticks.chunks(2) {
+            let [a, b] = pair else { break };
+            let (ca, cb) = (text[..*a].chars().count(), text[..*b].chars().count());
+            for c in &mut prose[ca..=cb] {
+                if *c != '\n' {
+                    *c = ' ';
+                }
+            }
+            let span: String = text[a + 1..*b]
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ");
+            let line = line_at(*a);
+            if looks_like_path(&span) {
+                if let Some(why) = check_path(t, &span, context.as_deref()) {
+                    report(line, &span, why);
+                }
+                let mut parts = span.split('/');
+                let first = parts.next().unwrap_or_default();
+                let second = parts.next().unwrap_or_default();
+                if first == "crates" && t.crates.contains(second) {
+                    context = Some(format!("crates/{second}"));
+                } else if t.crates.contains(first) {
+                    context = Some(format!("crates/{first}"));
+                } else if ROOTS.contains(&first) && first != "crates" && span.contains('/') {
+                    context = Some(first.to_string());
+                }
+                continue;
+            }
+            if t.crates.contains(span.as_str()) {
+                context = Some(format!("crates/{span}"));
+                continue;
+            }
+            let mut qualified = false;
+            for (prefix, krate) in t
+                .crates
+                .iter()
+                .map(|c| (format!("{}::", c.replace('-', "_")), Some(c.as_str())))
+                .chain(std::iter::once(("crate::".to_string(), None)))
+            {
+                for segs in qualified_paths(&span, &prefix) {
+                    qualified = true;
+                    for why in check_segments(t, &segs[1..], krate) {
+                        report(line, &span, why);
+                    }
+                }
+            }
+            if qualified {
+                continue;
+            }
+            for why in check_name_span(t, &span).unwrap_or_default() {
+                report(line, &span, why);
+            }
+        }
+        let prose: String = prose.into_iter().collect();
+        for (i, l) in prose.lines().enumerate() {
+            for w in l.split_whitespace().filter_map(rooted_word) {
+                if let Some(why) = check_path(t, &w, None) {
+                    report(start + i, &w, why);
+                }
+            }
+        }
+        let mut from = 0;
+        while let Some(i) = text[from..].find("](") {
+            let at = from + i + 2;
+            let end = text[at..].find(')').map_or(text.len(), |e| at + e);
+            from = end;
+            let target = &text[at..end];
+            if target.contains("://") || target.starts_with('#') || target.starts_with("mailto:") {
+                continue;
+            }
+            let file = target.split('#').next().unwrap_or_default();
+            let mut parts: Vec<&str> = vec!["docs"];
+            for seg in file.split('/') {
+                match seg {
+                    ".." => {
+                        parts.pop();
+                    }
+                    "." | "" => {}
+                    s => parts.push(s),
+                }
+            }
+            let resolved = parts.join("/");
+            if !path_exists(t, "", &resolved, false) {
+                report(
+                    line_at(at),
+                    target,
+                    format!("the link's target `{resolved}` does not exist"),
+                );
+            }
+        }
+    }
+    errors
+}
+
+/// docs/architecture.md, the first thing a maintainer reads, names only
+/// paths and Rust names that exist (the rule above).
+#[test]
+fn architecture_doc_cites_only_what_exists() {
+    let t = tree();
+    assert!(
+        t.defined.len() > 1000 && t.crates.len() > 10,
+        "read too little of the tree"
+    );
+    let doc = std::fs::read_to_string(workspace().join("docs/architecture.md")).unwrap();
+    let errors = doc_citation_errors(&t, "docs/architecture.md", &doc);
+    assert!(
+        errors.is_empty(),
+        "docs/architecture.md cites {} things that do not exist:\n{}",
+        errors.len(),
+        errors.join("\n")
+    );
+}
+
+/// The checker itself: a made-up doc's wrong names and paths are found, each
+/// with its line, and its right ones are not.
+#[test]
+fn the_doc_checker_finds_what_does_not_exist() {
+    let t = tree();
+    let doc = "\
+# A doc
+
+`kp_model::EndpointSelection` and `kp_model::NoSuchThing`, `Schedule`,
+`NoSuchType`, `SyncLoop::run`, `Due::Check`, `Due::Nowhere`.
+
+| `kp-sync` | `src/schedule.rs` and `src/nothing.rs`, `schedule.rs` |
+
+* `crates/kp-model/src/dataplane.rs`, `crates/kp-model/src/gone.rs`, and
+  `tests/convert_node.rs`, `ProxierConfig.node_ips`, `schedule.rs`,
+  `ProxierConfig.no_field`, `clap::Args`, `std::sync::Arc`, `Arc`,
+  [a link](nftables.md#x), [a dead link](gone.md), docs/gone.md,
+  `Known<NoSuchArg>`, `if sp.node_port != 0`, `api/nftables`.
+
+`tests/house.rs`, `tests/conformance_<mode>.rs`, `tests/convert_node.rs`,
+`kube-proxy-rs/src/metrics.rs`, `metrics.rs`, `crates/*`, deploy/'s files,
+`SyncLoop::node_check`, `deploy/monitoring/alerts.test.yml`, `alerts.rules.yml`.
+";
+    let errors = doc_citation_errors(&t, "made-up.md", doc);
+    let wanted = [
+        "made-up.md:3: `kp_model::NoSuchThing`",
+        "made-up.md:4: `NoSuchType`",
+        "made-up.md:4: `Due::Nowhere`",
+        "made-up.md:6: `src/nothing.rs`",
+        "made-up.md:8: `crates/kp-model/src/gone.rs`",
+        "made-up.md:10: `ProxierConfig.no_field`",
+        "made-up.md:11: `gone.md`",
+        "made-up.md:9: `schedule.rs`",
+        "made-up.md:11: `docs/gone.md`",
+        "made-up.md:12: `Known<NoSuchArg>`",
+        "made-up.md:14: `tests/convert_node.rs`",
+    ];
+    for w in wanted {
+        assert!(
+            errors.iter().any(|e| e.starts_with(w)),
+            "not found: {w}\nfound:\n{}",
+            errors.join("\n")
+        );
+    }
+    assert_eq!(errors.len(), wanted.len(), "{}", errors.join("\n"));
+}
+
+/// The most BENCHMARKS.md may hold: the current figure of each table, its
+/// command and the note that makes it meaningful. History goes to
+/// docs/benchmarks-history.md.
+const BENCHMARKS_MAX_LINES: usize = 1000;
+
+/// BENCHMARKS.md stays short, and every table a bench writes into it
+/// (`--write BENCHMARKS.md`, between `<!-- NAME begin -->` and `<!-- NAME
+/// end -->`, kp-bench's `lab::write_into`) is there once, whole: a marker
+/// that appears twice, or an end without its begin, would make the next
+/// `--write` replace the wrong text or append a copy. Each marker's first
+/// word must start a string in kp-bench's sources, so none names a bench
+/// that writes nothing.
+#[test]
+fn benchmarks_md_is_short_and_its_markers_whole() {
+    let root = workspace();
+    let text = std::fs::read_to_string(root.join("BENCHMARKS.md")).unwrap();
+    let lines = text.lines().count();
+    let mut wrong = Vec::new();
+    if lines > BENCHMARKS_MAX_LINES {
+        wrong.push(format!(
+            "BENCHMARKS.md has {lines} lines, more than {BENCHMARKS_MAX_LINES}: move history, superseded runs and discussion to docs/benchmarks-history.md"
+        ));
+    }
+    let mut bench_src = String::new();
+    for dir in ["src", "src/bin"] {
+        for e in std::fs::read_dir(root.join("crates/kp-bench").join(dir)).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "rs") {
+                bench_src.push_str(&std::fs::read_to_string(p).unwrap());
+            }
+        }
+    }
+    let mut names = BTreeSet::new();
+    for (n, line) in text.lines().enumerate() {
+        let Some(rest) = line.trim().strip_prefix("<!-- ") else {
+            continue;
+        };
+        let Some(rest) = rest.strip_suffix(" -->") else {
+            continue;
+        };
+        if let Some(name) = rest.strip_suffix(" begin") {
+            names.insert(name.to_string());
+        } else if let Some(name) = rest.strip_suffix(" end") {
+            if !text.contains(&format!("<!-- {name} begin -->")) {
+                wrong.push(format!(
+                    "BENCHMARKS.md:{}: `{name}` ends but never begins",
+                    n + 1
+                ));
+            }
+        }
+    }
+    for name in &names {
+        let begin = format!("<!-- {name} begin -->");
+        let end = format!("<!-- {name} end -->");
+        let (b, e) = (text.matches(&begin).count(), text.matches(&end).count());
+        if b != 1 || e != 1 {
+            wrong.push(format!(
+                "`{name}`: {b} begin and {e} end markers, not one each"
+            ));
+        } else if text.find(&begin) > text.find(&end) {
+            wrong.push(format!("`{name}`: its end comes before its begin"));
+        }
+        let first = name.split_whitespace().next().unwrap_or_default();
+        if !bench_src.contains(&format!("\"{first}")) {
+            wrong.push(format!(
+                "`{name}`: no string in crates/kp-bench starts with `{first}`"
+            ));
+        }
+    }
+    assert!(
+        names.len() >= 10,
+        "found only {} markers in BENCHMARKS.md",
+        names.len()
+    );
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
