@@ -27,7 +27,7 @@ use http_body_util::BodyExt;
 use kube::runtime::watcher::Event;
 use kube::Client;
 use tokio::time::Instant;
-use tracing::{debug, info, warn};
+use tracing::{debug, info, trace, warn};
 
 use crate::codec::{self, ApiStatus, CodecError, EventType, Format, Frames};
 use crate::listwatch::{ListWatch, Next, Request, Role, Step};
@@ -363,6 +363,10 @@ impl<K: WireObject> Loop<K> {
             }
         };
         let code = res.status().as_u16();
+        // -v=9 shows every answer's headers (the server's audit-id among
+        // them), as client-go's round trippers do at high verbosity; the
+        // request's credentials are added below this layer, never here.
+        trace!(resource = K::PATH, %query, status = code, headers = ?res.headers(), "API response");
         let content_type = res
             .headers()
             .get(http::header::CONTENT_TYPE)

@@ -375,10 +375,10 @@ fn bearer_token_is_never_logged() {
         "only {} log lines",
         log.lines().count()
     );
-    // Verbose for real: the client library traces every response's headers
+    // Verbose for real: the source traces every response's headers
     // (kube-apiserver's audit-id), the TLS library its handshakes.
     assert!(
-        log.contains("TRACE kube_client") && log.contains("audit-id") && log.contains("rustls"),
+        log.contains("TRACE kp_source") && log.contains("audit-id") && log.contains("rustls"),
         "no trace of the API traffic at -v=9"
     );
     for (what, needle) in [
