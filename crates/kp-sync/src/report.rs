@@ -5,7 +5,7 @@
 use kp_model::{IpFamily, SyncReport};
 
 /// Metrics the sync loop feeds. Each call names an event; the implementation
-/// decides which metric families it moves (see the binary's `metrics.rs`).
+/// decides which metric families it moves (see the binary's `metrics/mod.rs`).
 pub trait SyncMetrics: Send {
     /// An object of `kind` ("Service", "EndpointSlice", "Manifest") was skipped.
     fn invalid_object(&self, kind: &str);

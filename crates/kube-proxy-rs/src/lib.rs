@@ -6,27 +6,12 @@
 // proxy: no unwrap/expect outside tests.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
-pub mod apiclient;
-pub mod client_metrics;
-pub mod component_metrics;
+pub mod cli;
 pub mod config;
-pub mod configwatch;
-pub mod debug;
-pub mod docgen;
-pub mod dryrun;
-pub mod duration;
-pub mod events;
-pub mod healthcheck;
 pub mod host;
-pub mod iptables_metrics;
+pub mod http;
+pub mod kube;
 pub mod logging;
 pub mod metrics;
 pub mod modes;
-pub mod nodecidr;
-pub mod outcome;
-pub mod process_metrics;
 pub mod render;
-pub mod server;
-pub mod source;
-pub mod subcommands;
-pub mod zpages;

@@ -1,8 +1,8 @@
 //! kube-proxy-rs: the binary, as wiring. Load the configuration, build one
 //! dataplane per family (`modes/`), then: `--cleanup`, `--dry-run`
-//! (`dryrun.rs`), or start the source, the HTTP servers and the sync loop
+//! (`cli/dryrun.rs`), or start the source, the HTTP servers and the sync loop
 //! (kp-sync). `--init-only` is `host::init_only`; NodeCIDR waiting is
-//! `nodecidr.rs`.
+//! `kube/node.rs`.
 
 // Data from outside (API objects, files, the kernel) must never panic the
 // proxy: no unwrap/expect outside tests.
@@ -18,13 +18,14 @@ use kp_sync::{
     SystemClock,
 };
 use kube_proxy_rs::config::{self, ConfigError, DetectLocalMode, ProxyConfig, ProxyMode};
-use kube_proxy_rs::debug::DebugState;
-use kube_proxy_rs::healthcheck::ServiceHealthServer;
+use kube_proxy_rs::http::debug::DebugState;
+use kube_proxy_rs::http::health::ServiceHealthServer;
+use kube_proxy_rs::http::server::{self, HealthState};
+use kube_proxy_rs::kube::node::{self, HostIpsWatch, PodCidrWatch};
+use kube_proxy_rs::kube::{events, source};
 use kube_proxy_rs::metrics::Metrics;
 use kube_proxy_rs::modes::{self, FAMILIES};
-use kube_proxy_rs::nodecidr::{self, HostIpsWatch, PodCidrWatch};
-use kube_proxy_rs::server::{self, HealthState};
-use kube_proxy_rs::{configwatch, dryrun, events, host, source};
+use kube_proxy_rs::{cli, host};
 
 // mimalloc instead of glibc malloc: at 10k-50k Services a sync allocates and
 // frees millions of small strings, and glibc's chunk consolidation was the
@@ -74,10 +75,10 @@ fn tune_allocator() {
 fn main() {
     #[cfg(feature = "mimalloc")]
     tune_allocator();
-    // `kube-proxy-rs explain|status ...` (subcommands.rs); anything else is
+    // `kube-proxy-rs explain|status ...` (cli/subcommands.rs); anything else is
     // upstream's flags, unchanged.
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    if let Some(code) = kube_proxy_rs::subcommands::dispatch(&args) {
+    if let Some(code) = kube_proxy_rs::cli::subcommands::dispatch(&args) {
         std::process::exit(code);
     }
     let cfg = match config::load(args) {
@@ -132,7 +133,7 @@ fn run(mut cfg: ProxyConfig) -> Result<()> {
     // watch starts from that list.
     let mut node_listed = None;
     let pod_cidrs = if cfg.detect_local_mode == DetectLocalMode::NodeCidr && !cfg.cleanup {
-        let (cidrs, listed) = rt.block_on(nodecidr::wait_for_node_pod_cidrs(&cfg))?;
+        let (cidrs, listed) = rt.block_on(node::wait_for_node_pod_cidrs(&cfg))?;
         node_listed = listed;
         Some(cidrs)
     } else {
@@ -141,7 +142,7 @@ fn run(mut cfg: ProxyConfig) -> Result<()> {
     let host_ips_watch = if cfg.nodeport_primary && !cfg.cleanup {
         let (ips, listed) = rt.block_on(primary_ips(&cfg))?;
         node_listed = listed.or(node_listed);
-        cfg.node_primary_ips = nodecidr::with_bind_address(&ips, cfg.bind_address);
+        cfg.node_primary_ips = node::with_bind_address(&ips, cfg.bind_address);
         tracing::info!(node_ips = ?cfg.node_primary_ips, "NodePorts are accepted on this node's primary IPs (nodePortAddresses primary)");
         // Nothing to compare with when no Node said (manifests without one).
         (!ips.is_empty()).then(|| HostIpsWatch::new(&cfg.hostname, &ips))
@@ -228,7 +229,7 @@ async fn primary_ips(cfg: &ProxyConfig) -> Result<(Vec<IpAddr>, Option<kp_source
         }
         return Ok((ips, None));
     }
-    nodecidr::wait_for_node(cfg, &nodecidr::HOST_IPS).await
+    node::wait_for_node(cfg, &node::HOST_IPS).await
 }
 
 /// What of this Node the rules were built with; a change exits, as upstream.
@@ -259,7 +260,7 @@ async fn serve(
     proxier_configs: Vec<ProxierConfig>,
 ) -> Result<()> {
     // Refused address claims: counted by the sync loop, posted as Events on
-    // their Services by the API source side (events.rs).
+    // their Services by the API source side (kube/events.rs).
     let (claim_tx, claim_rx) = tokio::sync::mpsc::unbounded_channel();
     // One bounded queue from the source to the sync loop (kp_sync::queue).
     let (tx, events) =
@@ -267,7 +268,7 @@ async fn serve(
     source::start_source(&cfg, node_watch.listed.take(), claim_rx, tx).await?;
 
     if cfg.dry_run {
-        dryrun::dry_run(&cfg, events.into_receiver(), &dataplanes).await;
+        cli::dryrun::dry_run(&cfg, events.into_receiver(), &dataplanes).await;
         return Ok(());
     }
 
@@ -359,7 +360,7 @@ async fn serve(
         .context("installing the SIGTERM handler")?;
     let config_changed = async {
         match (&cfg.config_file, cfg.config_file_digest) {
-            (Some(path), Some(d)) => configwatch::changed(path.clone(), d).await,
+            (Some(path), Some(d)) => config::watch::changed(path.clone(), d).await,
             _ => std::future::pending().await,
         }
     };

@@ -4,7 +4,7 @@
 
 use std::process::Command;
 
-use kube_proxy_rs::docgen;
+use kube_proxy_rs::cli::docgen;
 use kube_proxy_rs::logging::{filter_directive, level_for_verbosity};
 use tracing::Level;
 

@@ -1318,7 +1318,7 @@ fn the_doc_checker_finds_what_does_not_exist() {
   `Known<NoSuchArg>`, `if sp.node_port != 0`, `api/nftables`.
 
 `tests/house.rs`, `tests/conformance_<mode>.rs`, `tests/convert_node.rs`,
-`kube-proxy-rs/src/metrics.rs`, `metrics.rs`, `crates/*`, deploy/'s files,
+`kube-proxy-rs/src/metrics/mod.rs`, `metrics.rs`, `crates/*`, deploy/'s files,
 `SyncLoop::node_check`, `deploy/monitoring/alerts.test.yml`, `alerts.rules.yml`.
 ";
     let errors = doc_citation_errors(&t, "made-up.md", doc);
@@ -1420,4 +1420,35 @@ fn benchmarks_md_is_short_and_its_markers_whole() {
         names.len()
     );
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// The binary is grouped by concern (metrics/, http/, kube/, cli/, config/,
+/// modes/, render/): its src/ root holds main, lib and the two modules with
+/// no better home, and every folder is declared by lib.rs.
+#[test]
+fn the_binary_root_holds_only_main_lib_and_homeless_modules() {
+    let src = workspace().join("crates/kube-proxy-rs/src");
+    let allowed = ["lib.rs", "main.rs", "host.rs", "logging.rs"];
+    let mut stray = Vec::new();
+    let mut folders = Vec::new();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if e.file_type().unwrap().is_dir() {
+            folders.push(name);
+        } else if !allowed.contains(&name.as_str()) {
+            stray.push(name);
+        }
+    }
+    assert!(
+        stray.is_empty(),
+        "files at the binary's src/ root that belong in a folder by concern: {stray:?}"
+    );
+    let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap();
+    for f in folders.iter().filter(|f| *f != "bin") {
+        assert!(
+            lib.contains(&format!("pub mod {f};")),
+            "src/{f}/ is not a module of lib.rs"
+        );
+    }
 }

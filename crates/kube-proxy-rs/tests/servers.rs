@@ -9,9 +9,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use kp_model::{IpFamily, ServiceName};
 use kp_sync::{Clock, ManualClock};
-use kube_proxy_rs::healthcheck::ServiceHealthServer;
+use kube_proxy_rs::http::health::ServiceHealthServer;
+use kube_proxy_rs::http::server::{serve_health_on, serve_metrics_on, HealthState};
 use kube_proxy_rs::metrics::Metrics;
-use kube_proxy_rs::server::{serve_health_on, serve_metrics_on, HealthState};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -436,7 +436,7 @@ async fn busy_health_port_is_retried_on_next_sync() {
 /// again (and counted) until it serves: /healthz never stays dead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_or_panicked_server_is_started_again() {
-    use kube_proxy_rs::server::{serve_health, supervise};
+    use kube_proxy_rs::http::server::{serve_health, supervise};
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     let metrics = Metrics::new();

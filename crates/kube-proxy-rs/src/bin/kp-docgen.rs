@@ -17,7 +17,7 @@ use std::io::Write;
 use std::str::FromStr;
 
 use clap_complete::Shell;
-use kube_proxy_rs::docgen;
+use kube_proxy_rs::cli::docgen;
 
 fn usage() -> ! {
     eprintln!("usage: kp-docgen completions <bash|zsh|fish|elvish|powershell> | kp-docgen man");

@@ -8,7 +8,7 @@ use std::path::Path;
 use serde::{Deserialize, Deserializer, Serialize};
 
 use super::{invalid, ConfigError, API_VERSION, KIND};
-use crate::duration::GoDuration;
+use crate::config::duration::GoDuration;
 
 /// `null` in the file means "unset", as in Go.
 fn nullable<'de, D, T>(d: D) -> Result<T, D::Error>

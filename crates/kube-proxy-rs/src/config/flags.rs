@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::Parser;
 
 use super::LONG_VERSION;
-use crate::duration::duration_arg;
+use crate::config::duration::duration_arg;
 use kp_model::ProxyMode;
 
 /// --detect-local-mode / detectLocalMode.

@@ -10,13 +10,15 @@ use std::path::PathBuf;
 
 use clap::{CommandFactory, FromArgMatches};
 
+pub mod duration;
 mod file;
 mod flags;
 mod overlay;
 mod resolve;
 mod settings;
+pub mod watch;
 
-pub use crate::duration::{format_go_duration, parse_go_duration, DurationError, GoDuration};
+pub use duration::{format_go_duration, parse_go_duration, DurationError, GoDuration};
 pub use file::*;
 pub use flags::{Cli, DetectLocalMode, SocketLbFlags, UserspaceFlags};
 pub use kp_model::ProxyMode;
@@ -102,7 +104,7 @@ pub fn load(cli_args: impl IntoIterator<Item = OsString>) -> Result<ProxyConfig,
                 path: path.clone(),
                 source,
             })?;
-            config_file_digest = Some(crate::configwatch::digest(&text));
+            config_file_digest = Some(crate::config::watch::digest(&text));
             let (raw, unknown) = KubeProxyConfiguration::from_yaml_lenient(&text, path)?;
             for field in unknown {
                 load_warnings.push(format!(

@@ -11,7 +11,7 @@ use clap::ArgMatches;
 use super::file::KubeProxyConfiguration;
 use super::flags::Cli;
 use super::{invalid, ConfigError};
-use crate::duration::GoDuration;
+use crate::config::duration::GoDuration;
 use kp_model::ProxyMode;
 
 /// True when the flag was set by the user (not clap's default).

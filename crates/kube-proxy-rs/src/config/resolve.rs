@@ -13,7 +13,7 @@ use super::file::KubeProxyConfiguration;
 use super::flags::DetectLocalMode;
 use super::settings::{ClientSettings, ConntrackSettings, IpvsSettings, ProxyConfig};
 use super::{invalid, ConfigError, API_VERSION, DEFAULT_HEALTHZ_PORT, DEFAULT_METRICS_PORT, KIND};
-use crate::duration::GoDuration;
+use crate::config::duration::GoDuration;
 use kp_model::ProxyMode;
 
 /// A duration field: unset or zero takes `default` (upstream's defaulting).

@@ -109,7 +109,7 @@ pub struct ProxyConfig {
     pub feature_gates: BTreeMap<String, bool>,
     pub config_file: Option<PathBuf>,
     /// A digest of the `--config` file's text as loaded: upstream exits when
-    /// the file changes ([`crate::configwatch`]).
+    /// the file changes ([`crate::config::watch`]).
     pub config_file_digest: Option<u64>,
     pub write_config_to: Option<PathBuf>,
     /// The effective configuration in file form (defaults filled in), for

@@ -21,11 +21,12 @@ use kp_model::{ChangeTracker, Dataplane, IpFamily, TrackerConfig};
 
 use crate::config::{ProxyConfig, ProxyMode};
 use crate::metrics::Metrics;
-pub use crate::outcome::Outcome;
+pub use crate::modes::outcome::Outcome;
 
 pub mod iptables;
 pub mod ipvs;
 pub mod nftables;
+pub mod outcome;
 pub mod socketlb;
 pub mod userspace;
 

@@ -17,7 +17,7 @@ use kp_model::ServiceName;
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 
-use crate::server::HealthState;
+use crate::http::server::HealthState;
 
 struct Listening {
     port: u16,
@@ -165,7 +165,7 @@ impl ServiceHealthServer {
         let mut listeners = Vec::new();
         if self.bind_ips.is_empty() {
             // every address of both families
-            listeners.push(crate::server::bind_std(SocketAddr::new(
+            listeners.push(crate::http::server::bind_std(SocketAddr::new(
                 IpAddr::V4(Ipv4Addr::UNSPECIFIED),
                 port,
             ))?);

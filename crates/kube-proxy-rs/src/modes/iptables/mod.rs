@@ -5,6 +5,8 @@
 //! chains, which are upstream iptables mode's, plus upstream ipvs mode's own
 //! chains and old `KUBE-XLB-` chains, with every rule that jumps into them.
 
+pub mod metrics;
+
 use anyhow::Result;
 use kp_iptables::leftovers::{is_ipvs_mode_chain, is_kube_proxy_chain, sweep};
 use kp_iptables::{is_our_chain, IptablesCli, Variant};

@@ -1,7 +1,7 @@
 //! The proxy's own HTTP servers: /healthz and /livez (default :10256), and
 //! /metrics, /proxyMode, /configz, /healthz, /statusz, /flagz and
 //! /debug/{services,explain} (default 127.0.0.1:10249; the debug endpoints
-//! are `debug.rs`, the z-pages `zpages.rs`).
+//! are `http/debug.rs`, the z-pages `http/zpages.rs`).
 //!
 //! [`HealthState`] follows upstream's ProxyHealthServer: each IP family's
 //! proxier reports when an update was queued and when rules were last
@@ -452,7 +452,7 @@ pub async fn serve_metrics(
     metrics: Metrics,
     mode: &'static str,
     configz: serde_json::Value,
-    debug: Option<crate::debug::DebugState>,
+    debug: Option<crate::http::debug::DebugState>,
 ) -> Result<(), ServerError> {
     let listener = bind(addr).await?;
     serve_metrics_on(listener, metrics, mode, configz, debug).await
@@ -464,18 +464,19 @@ pub async fn serve_metrics_on(
     metrics: Metrics,
     mode: &'static str,
     configz: serde_json::Value,
-    debug: Option<crate::debug::DebugState>,
+    debug: Option<crate::http::debug::DebugState>,
 ) -> Result<(), ServerError> {
     if let Ok(a) = listener.local_addr() {
         tracing::info!(address = %a, "serving /metrics, /proxyMode, /configz, /statusz, /flagz, /debug");
     }
-    let pages = crate::zpages::for_process(debug.is_some()).with_gates(
+    let pages = crate::http::zpages::for_process(debug.is_some()).with_gates(
         metrics.feature_enabled("ComponentStatusz"),
         metrics.feature_enabled("ComponentFlagz"),
     );
-    let mut router = metrics_router(metrics, mode, configz).merge(crate::zpages::router(pages));
+    let mut router =
+        metrics_router(metrics, mode, configz).merge(crate::http::zpages::router(pages));
     if let Some(d) = debug {
-        router = router.merge(crate::debug::debug_router(d));
+        router = router.merge(crate::http::debug::debug_router(d));
     }
     axum::serve(listener, router)
         .await

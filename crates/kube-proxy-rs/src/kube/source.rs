@@ -26,7 +26,7 @@ pub async fn kube_client(cfg: &ProxyConfig) -> Result<kube::Client> {
             "no --kubeconfig, --master or --manifests given, and not running in a cluster",
         )?
     };
-    crate::apiclient::client(kc)
+    crate::kube::client::client(kc)
 }
 
 /// Starts the configured source, sending its events on `tx` (the sync
@@ -54,21 +54,21 @@ pub async fn start_source(
     } else {
         let client = kube_client(cfg).await?;
         if !cfg.dry_run {
-            // Upstream's birth cry: a "Starting" Event on our Node (events.rs).
-            tokio::spawn(crate::events::birth_cry(
+            // Upstream's birth cry: a "Starting" Event on our Node (kube/events.rs).
+            tokio::spawn(crate::kube::events::birth_cry(
                 client.clone(),
                 cfg.hostname.clone(),
             ));
             if cfg.mode == crate::config::ProxyMode::Ipvs {
-                tokio::spawn(crate::events::node_event(
+                tokio::spawn(crate::kube::events::node_event(
                     client.clone(),
                     cfg.hostname.clone(),
                     kube::runtime::events::EventType::Warning,
-                    crate::events::IPVS_DEPRECATION_REASON,
-                    crate::events::IPVS_DEPRECATION_NOTE,
+                    crate::kube::events::IPVS_DEPRECATION_REASON,
+                    crate::kube::events::IPVS_DEPRECATION_NOTE,
                 ));
             }
-            tokio::spawn(crate::events::post_claim_events(
+            tokio::spawn(crate::kube::events::post_claim_events(
                 client.clone(),
                 cfg.hostname.clone(),
                 claim_events,

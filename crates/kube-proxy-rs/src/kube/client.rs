@@ -63,7 +63,7 @@ pub fn client(config: kube::Config) -> Result<kube::Client> {
         .layer(config.extra_headers_layer().context("API headers")?)
         .map_err(BoxError::from)
         // Innermost, so each attempt of a retried request counts.
-        .layer(crate::client_metrics::MetricsLayer)
+        .layer(crate::metrics::client::MetricsLayer)
         .layer(
             tower_http::decompression::DecompressionLayer::new()
                 .no_br()
@@ -71,7 +71,7 @@ pub fn client(config: kube::Config) -> Result<kube::Client> {
                 .no_zstd(),
         )
         .service(hyper);
-    crate::client_metrics::transport_created();
+    crate::metrics::client::transport_created();
     Ok(kube::Client::new(service, config.default_namespace))
 }
 

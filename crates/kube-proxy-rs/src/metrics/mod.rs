@@ -7,6 +7,10 @@
 //! the Prometheus text format upstream serves, where the HELP/TYPE lines name
 //! the counter with its `_total`.
 
+pub mod client;
+pub mod component;
+pub mod process;
+
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -73,7 +77,7 @@ struct Inner {
     endpoint_changes: Counter,
     endpoint_changes_pending: Gauge,
     no_local_endpoints: GaugeVec,
-    iptables_rules: crate::iptables_metrics::IptablesRules,
+    iptables_rules: crate::modes::iptables::metrics::IptablesRules,
     iptables_restore_failures: CounterVec,
     iptables_partial_restore_failures: CounterVec,
     nftables_sync_failures: CounterVec,
@@ -179,7 +183,7 @@ impl Metrics {
             endpoint_changes_pending.clone(),
         );
         // A gauge whose upstream name ends in _total: registered as is.
-        let iptables_rules = crate::iptables_metrics::IptablesRules::register(&mut r);
+        let iptables_rules = crate::modes::iptables::metrics::IptablesRules::register(&mut r);
         let no_local_endpoints = GaugeVec::default();
         r.register(
             "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
@@ -307,10 +311,10 @@ impl Metrics {
             "A constant 1, labelled with the kube-proxy-rs version",
             build_info,
         );
-        r.register_collector(Box::new(crate::process_metrics::ProcessCollector));
+        r.register_collector(Box::new(crate::metrics::process::ProcessCollector));
         // component-base's kubernetes_* and client-go's rest_client_*.
-        let feature_enabled = crate::component_metrics::register(&mut r);
-        crate::client_metrics::register(&mut r);
+        let feature_enabled = crate::metrics::component::register(&mut r);
+        crate::metrics::client::register(&mut r);
 
         Metrics {
             inner: Arc::new(Inner {
@@ -602,12 +606,12 @@ impl Metrics {
 
     /// kubernetes_feature_enabled from the effective `featureGates`.
     pub fn set_feature_gates(&self, gates: &std::collections::BTreeMap<String, bool>) {
-        crate::component_metrics::set_feature_gates(&self.inner.feature_enabled, gates);
+        crate::metrics::component::set_feature_gates(&self.inner.feature_enabled, gates);
     }
 
     /// Whether feature gate `gate` is on (see [`Metrics::set_feature_gates`]).
     pub fn feature_enabled(&self, gate: &str) -> bool {
-        crate::component_metrics::is_enabled(&self.inner.feature_enabled, gate)
+        crate::metrics::component::is_enabled(&self.inner.feature_enabled, gate)
     }
 
     /// OpenMetrics text, `# EOF` included.

@@ -251,7 +251,7 @@ pub async fn wait_for_node<T>(
         };
         (wait_for(&node, want, fetch, poll, timeout).await?, None)
     } else {
-        let client = crate::source::kube_client(cfg).await?;
+        let client = crate::kube::source::kube_client(cfg).await?;
         let encoding =
             kp_source::Encoding::new(&cfg.client.content_type, &cfg.client.accept_content_types);
         let last = std::sync::Arc::new(std::sync::Mutex::new(None));

@@ -1,7 +1,7 @@
 //! client-go's rest_client_* series for our API client, under upstream's
 //! names, labels and buckets (k8s.io/component-base/metrics/prometheus/restclient).
 //!
-//! As client-go's, they are process-wide: every client [`crate::apiclient`]
+//! As client-go's, they are process-wide: every client [`crate::kube::client`]
 //! builds counts into the same families, which each [`crate::metrics::Metrics`]
 //! registry exports. [`MetricsLayer`] sits directly above the connection, so
 //! each attempt a retry makes is a request, as in client-go. Like client-go,

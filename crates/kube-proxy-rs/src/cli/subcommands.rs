@@ -131,7 +131,7 @@ pub fn dispatch(args: &[OsString]) -> Option<i32> {
 
 /// The subcommand's output, explain.
 pub fn run_explain(a: &ExplainArgs) -> Result<String> {
-    let protocol = crate::debug::parse_protocol(Some(&a.protocol))
+    let protocol = crate::http::debug::parse_protocol(Some(&a.protocol))
         .ok_or_else(|| anyhow!("protocol {:?}: expected tcp, udp or sctp", a.protocol))?;
     let pkt = Packet {
         src: a.src,

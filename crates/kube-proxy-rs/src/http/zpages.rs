@@ -12,7 +12,7 @@
 //!
 //! What differs from upstream: no "Go version" (there is no Go here);
 //! "Binary version" says kube-proxy-rs (see
-//! [`crate::component_metrics::git_version`]); the flags are ours.
+//! [`crate::metrics::component::git_version`]); the flags are ours.
 
 use std::ffi::OsString;
 use std::hash::{BuildHasher, Hasher};
@@ -26,8 +26,8 @@ use axum::routing::get;
 use axum::Router;
 use clap::CommandFactory;
 
-use crate::component_metrics::{git_version, KUBERNETES_VERSION};
 use crate::config::Cli;
+use crate::metrics::component::{git_version, KUBERNETES_VERSION};
 use kp_model::format_rfc3339;
 
 const COMPONENT: &str = "kube-proxy";
@@ -82,7 +82,7 @@ pub fn flag_values(args: impl IntoIterator<Item = OsString>) -> Vec<(String, Str
         // Printed as upstream's pflag values print: durations as Go's
         // Duration.String() ("15m0s", not "15m"), lists as "[a,b]".
         let value = if let Some(d) = m.and_then(|m| m.try_get_one::<Duration>(id).ok().flatten()) {
-            crate::duration::format_go_duration(*d)
+            crate::config::duration::format_go_duration(*d)
         } else {
             let raw: Vec<String> = m
                 .and_then(|m| m.try_get_raw(id).ok().flatten())
@@ -110,7 +110,7 @@ impl Zpages {
     /// This process: its start time, its command line, and whether the
     /// /debug pages are served.
     pub fn for_process(debug: bool) -> Self {
-        let started = crate::process_metrics::read_self()
+        let started = crate::metrics::process::read_self()
             .map(|s| UNIX_EPOCH + Duration::from_secs_f64(s.start_time_seconds.max(0.0)))
             .unwrap_or_else(SystemTime::now);
         Self::new(started, flag_values(std::env::args_os()), debug)
