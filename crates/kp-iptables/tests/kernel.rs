@@ -12,12 +12,14 @@ use common::{every_kind, state};
 
 use kp_iptables::{detect_variant, svc_chain, IptablesCli, IptablesProxier, Variant};
 use kp_model::{Dataplane, IpFamily, LocalDetector, ProxierConfig, ServicePortName};
+use kp_netlab::{ScratchDir, ScratchNs};
 
 /// A network namespace and a directory of wrapper programs that run iptables
 /// inside it; both removed on drop, also when the test fails.
 struct Netns {
     name: String,
     dir: PathBuf,
+    _guards: (ScratchNs, ScratchDir),
     /// "nft" or "legacy": which iptables the wrappers (and `save`) run.
     variant: &'static str,
 }
@@ -25,16 +27,14 @@ struct Netns {
 impl Netns {
     fn new(test: &str, variant: Variant) -> Netns {
         let name = format!("kpipt-{}-{test}-{}", std::process::id(), variant.as_str());
-        let st = Command::new("ip")
-            .args(["netns", "add", &name])
-            .status()
-            .unwrap();
-        assert!(st.success(), "ip netns add {name}");
-        let dir = std::env::temp_dir().join(&name);
-        std::fs::create_dir_all(&dir).unwrap();
+        let guards = (
+            ScratchNs::create(&name).unwrap(),
+            ScratchDir::at(std::env::temp_dir().join(&name)).unwrap(),
+        );
         let ns = Netns {
+            dir: guards.1.path().to_path_buf(),
             name,
-            dir,
+            _guards: guards,
             variant: variant.as_str(),
         };
         for b in ["iptables", "ip6tables"] {
@@ -87,15 +87,6 @@ impl Netns {
         let (ok, out) = self.run(&[&prog]);
         assert!(ok, "{prog}: {out}");
         out
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

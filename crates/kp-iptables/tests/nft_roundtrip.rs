@@ -22,7 +22,7 @@ use kp_iptables::{
     Writer,
 };
 use kp_model::{Dataplane, Endpoint, IpFamily, ProxyState, ServicePortName};
-use kp_netlab::in_netns;
+use kp_netlab::{in_netns, ScratchDir, ScratchNs};
 
 mod common;
 use common::{configs, every_kind, host_rules, state};
@@ -35,23 +35,22 @@ type ChainRules = (String, String, Vec<Vec<Vec<u8>>>);
 struct Netns {
     name: String,
     dir: PathBuf,
+    _guards: (ScratchNs, ScratchDir),
 }
 
 impl Netns {
     fn new(tag: &str) -> Netns {
         let name = format!("kpiptnl-{}-{tag}", std::process::id());
+        // A leftover of a killed run with this pid goes first.
         let _ = Command::new("ip")
             .args(["netns", "del", &name])
             .stderr(std::process::Stdio::null())
             .status();
-        let ok = Command::new("ip")
-            .args(["netns", "add", &name])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "ip netns add {name}");
-        let dir = std::env::temp_dir().join(&name);
-        std::fs::create_dir_all(&dir).unwrap();
+        let guards = (
+            ScratchNs::create(&name).unwrap(),
+            ScratchDir::at(std::env::temp_dir().join(&name)).unwrap(),
+        );
+        let dir = guards.1.path().to_path_buf();
         for b in ["iptables", "ip6tables"] {
             for suffix in ["", "-restore", "-save"] {
                 let path = dir.join(format!("{b}{suffix}"));
@@ -63,7 +62,11 @@ impl Netns {
                 std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
             }
         }
-        Netns { name, dir }
+        Netns {
+            name,
+            dir,
+            _guards: guards,
+        }
     }
 
     fn cli(&self, family: IpFamily) -> IptablesCli {
@@ -119,15 +122,6 @@ impl Netns {
         })
         .unwrap();
         out
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

@@ -12,23 +12,19 @@ use kp_ipvs::{diff, plan, restore_input, IpvsConfig, Layout, Op};
 use kp_model::{
     Endpoint, IpFamily, LocalDetector, NodeInfo, ProxierConfig, ProxyState, ServicePort,
 };
+use kp_netlab::ScratchNs;
 
-struct Netns(String);
+struct Netns(ScratchNs);
 
 impl Netns {
     fn new(test: &str) -> Netns {
         let name = format!("kpipvs-{}-{test}", std::process::id());
-        let st = Command::new("ip")
-            .args(["netns", "add", &name])
-            .status()
-            .unwrap();
-        assert!(st.success());
-        Netns(name)
+        Netns(ScratchNs::create(&name).unwrap())
     }
     fn run(&self, argv: &[&str], stdin: &str) -> (bool, String) {
         use std::io::Write;
         let mut c = Command::new("ip")
-            .args(["netns", "exec", &self.0])
+            .args(["netns", "exec", self.0.name()])
             .args(argv)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -42,12 +38,6 @@ impl Netns {
             String::from_utf8_lossy(&out.stdout).into_owned()
                 + &String::from_utf8_lossy(&out.stderr),
         )
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
     }
 }
 

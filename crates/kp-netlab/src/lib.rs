@@ -61,6 +61,7 @@ mod error;
 mod mounts;
 mod netns;
 mod process;
+mod scratch;
 mod server;
 mod sock;
 
@@ -79,6 +80,7 @@ pub use cluster::{
 pub use error::{ConnError, LabError};
 pub use netns::{in_netns, netns_exists, NETNS_DIR};
 pub use process::ProcGuard;
+pub use scratch::{unique_name, ScratchDir, ScratchNs};
 pub use server::{serve, ServeSpec, ServerGuard};
 
 /// Polls `cond` every `interval` until it returns true (then returns true)

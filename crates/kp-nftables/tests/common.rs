@@ -7,6 +7,7 @@ use std::time::SystemTime;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kp_model::{ChangeSet, ChangeTracker, IpFamily, TrackerConfig};
+use kp_netlab::ScratchNs;
 use serde_json::{json, Value};
 
 pub fn tracker(family: IpFamily) -> ChangeTracker {
@@ -87,21 +88,17 @@ pub fn ready(
 
 /// A network namespace with a unique name, deleted on drop even when the
 /// test fails.
-pub struct Ns(pub String);
+pub struct Ns(pub ScratchNs);
 
 impl Ns {
     pub fn new(tag: &str) -> Ns {
         let name = format!("kpnl{tag}{}", std::process::id());
+        // A leftover of a killed run with this pid goes first.
         let _ = std::process::Command::new("ip")
             .args(["netns", "del", &name])
+            .stderr(std::process::Stdio::null())
             .status();
-        let ok = std::process::Command::new("ip")
-            .args(["netns", "add", &name])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "creating namespace {name}");
-        Ns(name)
+        Ns(ScratchNs::create(&name).unwrap())
     }
 
     /// Runs `f` on a thread that has entered the namespace (sockets it opens
@@ -110,9 +107,10 @@ impl Ns {
         use std::os::fd::AsRawFd;
         std::thread::scope(|s| {
             s.spawn(|| {
-                let file = std::fs::File::open(format!("/var/run/netns/{}", self.0)).unwrap();
+                let file =
+                    std::fs::File::open(format!("/var/run/netns/{}", self.0.name())).unwrap();
                 let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-                assert_eq!(rc, 0, "setns {}", self.0);
+                assert_eq!(rc, 0, "setns {}", self.0.name());
                 f()
             })
             .join()
@@ -123,7 +121,7 @@ impl Ns {
     /// `nft ARGS` in the namespace: stdout, or stderr as the error.
     pub fn nft(&self, args: &[&str]) -> Result<String, String> {
         let out = std::process::Command::new("ip")
-            .args(["netns", "exec", &self.0, "nft"])
+            .args(["netns", "exec", self.0.name(), "nft"])
             .args(args)
             .output()
             .unwrap();
@@ -136,13 +134,5 @@ impl Ns {
 
     pub fn ruleset(&self) -> String {
         self.nft(&["list", "ruleset"]).unwrap()
-    }
-}
-
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("ip")
-            .args(["netns", "del", &self.0])
-            .status();
     }
 }

@@ -4,23 +4,17 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use kp_netlab::ScratchDir;
 use kp_source::manifest::{load_dir, run_manifest_source, ObjectKey};
 use kp_source::SourceEvent;
 use tokio::sync::mpsc;
 
 /// A scratch directory removed on drop, even when the test fails.
-struct TempDir(PathBuf);
+struct TempDir(ScratchDir);
 
 impl TempDir {
     fn new(tag: &str) -> TempDir {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let p =
-            std::env::temp_dir().join(format!("kp-source-{tag}-{}-{nanos}", std::process::id()));
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
+        TempDir(ScratchDir::unique(&format!("kp-source-{tag}")).unwrap())
     }
 
     /// Writes atomically (temp file + rename), as a careful operator would,
@@ -32,13 +26,7 @@ impl TempDir {
     }
 
     fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        self.0.path()
     }
 }
 

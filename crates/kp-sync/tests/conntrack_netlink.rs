@@ -7,14 +7,8 @@ use std::net::{SocketAddr, UdpSocket};
 use std::process::Command;
 
 use kp_model::{IpFamily, Protocol, StaleConntrack};
+use kp_netlab::ScratchNs;
 use kp_sync::conntrack::{Conntrack, ConntrackNetlink};
-
-struct Ns(String);
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
 
 fn in_ns(ns: &str, argv: &[&str]) -> String {
     let out = Command::new("ip")
@@ -51,14 +45,8 @@ fn listed(ns: &str, family: &str) -> String {
 
 #[test]
 fn netlink_cleaner_deletes_only_matching_entries() {
-    let ns = format!("kpct{}", std::process::id());
-    assert!(Command::new("ip")
-        .args(["netns", "add", &ns])
-        .status()
-        .unwrap()
-        .success());
-    let _g = Ns(ns.clone());
-    in_ns(&ns, &["ip", "link", "set", "lo", "up"]);
+    let scratch = ScratchNs::unique("kpct").unwrap();
+    let ns = scratch.name().to_string();
     // Conntrack only tracks a namespace once some rule uses it.
     in_ns(
         &ns,
@@ -163,14 +151,8 @@ fn netlink_cleaner_deletes_only_matching_entries() {
 #[test]
 fn udp_listing_and_flow_deletes() {
     use kp_sync::conntrack::ConntrackCli;
-    let ns = format!("kpctl{}", std::process::id());
-    assert!(Command::new("ip")
-        .args(["netns", "add", &ns])
-        .status()
-        .unwrap()
-        .success());
-    let _g = Ns(ns.clone());
-    in_ns(&ns, &["ip", "link", "set", "lo", "up"]);
+    let scratch = ScratchNs::unique("kpctl").unwrap();
+    let ns = scratch.name().to_string();
     in_ns(
         &ns,
         &[

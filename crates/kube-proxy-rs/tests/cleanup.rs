@@ -8,24 +8,19 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-struct Ns(String);
+use kp_netlab::ScratchNs;
+
+struct Ns(ScratchNs);
 
 impl Ns {
     fn new(tag: &str) -> Ns {
         let name = format!("kpclean-{}-{tag}", std::process::id());
-        let st = Command::new("ip")
-            .args(["netns", "add", &name])
-            .status()
-            .unwrap();
-        assert!(st.success(), "ip netns add {name}");
-        let ns = Ns(name);
-        ns.ok(&["ip", "link", "set", "lo", "up"]);
-        ns
+        Ns(ScratchNs::create(&name).unwrap())
     }
 
     fn run(&self, argv: &[&str]) -> Output {
         Command::new("ip")
-            .args(["netns", "exec", &self.0])
+            .args(["netns", "exec", self.0.name()])
             .args(argv)
             .output()
             .unwrap()
@@ -45,7 +40,7 @@ impl Ns {
     fn nft_script(&self, script: &str) {
         use std::io::Write;
         let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.0, "nft", "-f", "-"])
+            .args(["netns", "exec", self.0.name(), "nft", "-f", "-"])
             .stdin(Stdio::piped())
             .spawn()
             .unwrap();
@@ -61,7 +56,7 @@ impl Ns {
     fn restore(&self, prog: &str, input: &str) {
         use std::io::Write;
         let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.0, prog, "--noflush"])
+            .args(["netns", "exec", self.0.name(), prog, "--noflush"])
             .stdin(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -78,12 +73,6 @@ impl Ns {
             "{prog}: {}\n{input}",
             String::from_utf8_lossy(&out.stderr)
         );
-    }
-}
-
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
     }
 }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 use kp_model::{IpFamily, LocalDetector};
+use kp_netlab::ScratchDir;
 use kube_proxy_rs::config::{
     format_go_duration, load, parse_go_duration, ConfigError, DetectLocalMode, ProxyConfig,
     ProxyMode,
@@ -21,29 +22,16 @@ fn args(list: &[&str]) -> Vec<OsString> {
 }
 
 /// A temp dir removed on drop, unique per test.
-struct TempDir(PathBuf);
+struct TempDir(ScratchDir);
 
 impl TempDir {
     fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!(
-            "kpr-config-{tag}-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
+        TempDir(ScratchDir::unique(&format!("kpr-config-{tag}")).unwrap())
     }
     fn write(&self, name: &str, text: &str) -> PathBuf {
         let p = self.0.join(name);
         std::fs::write(&p, text).unwrap();
         p
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 

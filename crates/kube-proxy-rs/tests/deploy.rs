@@ -17,6 +17,7 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Container, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use kp_netlab::{ScratchDir, ScratchNs};
 use kp_testkit::ApiServer;
 use serde_json::{json, Value};
 
@@ -434,25 +435,11 @@ fn dockerfile_build_context_has_what_the_build_needs() {
 // The DaemonSet's command against the API test server
 // ---------------------------------------------------------------------------
 
-struct Ns(String);
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
 struct Proc(Child);
 impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
-    }
-}
-
-struct TempDir(PathBuf);
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -483,16 +470,7 @@ fn daemonset_runs_against_the_api_server() {
     let node = "node1";
 
     let ns = format!("kpdeploy{}", std::process::id());
-    assert!(Command::new("ip")
-        .args(["netns", "add", &ns])
-        .status()
-        .unwrap()
-        .success());
-    let _ns = Ns(ns.clone());
-    Command::new("ip")
-        .args(["netns", "exec", &ns, "ip", "link", "set", "lo", "up"])
-        .status()
-        .unwrap();
+    let _ns = ScratchNs::create(&ns).unwrap();
 
     let (srv_tx, srv_rx) = mpsc::channel::<ApiServer>();
     let (stop_tx, stop_rx) = mpsc::channel::<()>();
@@ -547,12 +525,10 @@ fn daemonset_runs_against_the_api_server() {
     // The ConfigMap volume: config.conf exactly as shipped; kubeconfig.conf is
     // the file the operator edits (the control plane's address), here
     // pointing at the test server.
-    let dir = TempDir(std::env::temp_dir().join(format!("{ns}-config")));
-    std::fs::create_dir_all(&dir.0).unwrap();
-    std::fs::write(dir.0.join("config.conf"), &data["config.conf"]).unwrap();
+    let dir = ScratchDir::at(std::env::temp_dir().join(format!("{ns}-config"))).unwrap();
+    std::fs::write(dir.join("config.conf"), &data["config.conf"]).unwrap();
     assert!(data["kubeconfig.conf"].contains("server: https://CONTROL-PLANE-ENDPOINT:6443"));
-    srv.write_kubeconfig(&dir.0.join("kubeconfig.conf"))
-        .unwrap();
+    srv.write_kubeconfig(&dir.join("kubeconfig.conf")).unwrap();
 
     // Run the container's command and args (with $(NODE_NAME) expanded as
     // kubelet does) in a private mount namespace where the ConfigMap is at
@@ -580,7 +556,7 @@ mount -t tmpfs kp "$(dirname "$1")"; mkdir -p "$1"; mount --bind "$2" "$1"
 mount -t tmpfs kp "$(dirname "$3")"; touch "$3"; mount --bind "$4" "$3"
 shift 4; exec "$@""#;
     assert_ne!(parent(&mount_path), parent(&cmd[0]));
-    let log = dir.0.join("stderr.log");
+    let log = dir.join("stderr.log");
     let child = Command::new("ip")
         .args([
             "netns",
@@ -594,7 +570,7 @@ shift 4; exec "$@""#;
         ])
         .args(["sh", "-c", script, "sh"])
         .arg(&mount_path)
-        .arg(&dir.0)
+        .arg(dir.path())
         .arg(&cmd[0])
         .arg(env!("CARGO_BIN_EXE_kube-proxy-rs"))
         .args(&cmd)
@@ -735,14 +711,12 @@ fn kubeadms_daemonset_runs_our_image_unchanged() {
         "the image has no {}",
         cmd[0]
     );
-    let dir =
-        TempDir(std::env::temp_dir().join(format!("kpdeploy-kubeadm-{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0).unwrap();
-    let conf = dir.0.join("config.conf");
+    let dir = ScratchDir::unique("kpdeploy-kubeadm").unwrap();
+    let conf = dir.join("config.conf");
     std::fs::write(&conf, cm["data"]["config.conf"].as_str().unwrap()).unwrap();
-    let exe = dir.0.join("kube-proxy");
+    let exe = dir.join("kube-proxy");
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_kube-proxy-rs"), &exe).unwrap();
-    let written = dir.0.join("effective.yaml");
+    let written = dir.join("effective.yaml");
     let args: Vec<String> = cmd[1..]
         .iter()
         .map(|a| {

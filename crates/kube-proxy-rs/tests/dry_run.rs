@@ -8,7 +8,8 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 
 mod scratch;
-use scratch::{Ns, TempDir};
+use kp_netlab::ScratchDir;
+use scratch::Ns;
 
 const SERVICES: &str = r#"
 apiVersion: v1
@@ -106,9 +107,8 @@ fn nft_in(ns: &str, args: &[&str], stdin: &str) -> std::process::Output {
 
 #[test]
 fn dry_run_output_loads_with_nft() {
-    let dir = TempDir(std::env::temp_dir().join(format!("kpr-dryrun-{}", std::process::id())));
-    let dir = &dir.0;
-    std::fs::create_dir_all(dir).unwrap();
+    let scratch = ScratchDir::unique("kpr-dryrun").unwrap();
+    let dir = scratch.path();
     std::fs::write(dir.join("services.yaml"), SERVICES).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_kube-proxy-rs"))
         .arg(format!("--manifests={}", dir.display()))
@@ -164,9 +164,8 @@ fn dry_run_output_loads_with_nft() {
 /// unallocated addresses is dropped, per family.
 #[test]
 fn dry_run_drops_the_service_cidrs() {
-    let dir = TempDir(std::env::temp_dir().join(format!("kpr-dryrun-cidr-{}", std::process::id())));
-    let dir = &dir.0;
-    std::fs::create_dir_all(dir).unwrap();
+    let scratch = ScratchDir::unique("kpr-dryrun-cidr").unwrap();
+    let dir = scratch.path();
     std::fs::write(
         dir.join("objects.yaml"),
         r#"

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use kp_netlab::{in_netns, wait_until};
+use kp_netlab::{in_netns, wait_until, ScratchDir};
 
 mod scratch;
 use scratch::{http_get, Ns, Proc, TempFile};
@@ -67,19 +67,12 @@ fn bin() -> &'static str {
 }
 
 /// A manifest directory holding [`MANIFEST`], removed on drop.
-struct Dir(PathBuf, #[allow(dead_code)] TempFile);
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+struct Dir(PathBuf, #[allow(dead_code)] ScratchDir);
 
 fn manifests(tag: &str) -> Dir {
-    let dir = std::env::temp_dir().join(format!("kpexplain-{}-{tag}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let f = TempFile(dir.join("cluster.yaml"));
-    std::fs::write(&f.0, MANIFEST).unwrap();
-    Dir(dir, f)
+    let dir = ScratchDir::unique(&format!("kpexplain-{tag}")).unwrap();
+    std::fs::write(dir.join("cluster.yaml"), MANIFEST).unwrap();
+    Dir(dir.path().to_path_buf(), dir)
 }
 
 fn ok(out: Output) -> String {

@@ -18,6 +18,7 @@ use kp_model::{
     ChangeTracker, Dataplane, DataplaneError, IpFamily, LocalDetector, ProxierConfig, ProxyState,
     TrackerConfig,
 };
+use kp_netlab::ScratchNs;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use serde_json::{json, Value};
@@ -390,22 +391,17 @@ fn render(states: &[ProxyState]) -> Vec<(IpFamily, kp_nftables::Transaction, Str
 }
 
 /// A throwaway namespace for check-mode runs.
-struct Ns(String);
+struct Ns(ScratchNs);
 impl Ns {
     fn new(tag: &str) -> Ns {
         let name = format!("kphostile{}{tag}", std::process::id());
         let _ = Command::new("ip").args(["netns", "del", &name]).status();
-        assert!(Command::new("ip")
-            .args(["netns", "add", &name])
-            .status()
-            .unwrap()
-            .success());
-        Ns(name)
+        Ns(ScratchNs::create(&name).unwrap())
     }
     fn feed(&self, argv: &[&str], input: &str) -> Result<(), String> {
         use std::io::Write;
         let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.0])
+            .args(["netns", "exec", self.0.name()])
             .args(argv)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -426,12 +422,6 @@ impl Ns {
         }
     }
 }
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
 fn write_objects(dir: &Path, objs: &[Value], yaml: bool) {
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir).unwrap();

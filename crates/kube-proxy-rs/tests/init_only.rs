@@ -9,22 +9,19 @@
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-struct Ns(String);
+use kp_netlab::{ScratchDir, ScratchNs};
+
+struct Ns(ScratchNs);
 
 impl Ns {
     fn new(tag: &str) -> Ns {
         let name = format!("kpinit{tag}{}", std::process::id());
-        assert!(Command::new("ip")
-            .args(["netns", "add", &name])
-            .status()
-            .unwrap()
-            .success());
-        Ns(name)
+        Ns(ScratchNs::create(&name).unwrap())
     }
 
     fn sysctl(&self, name: &str) -> String {
         let out = Command::new("ip")
-            .args(["netns", "exec", &self.0, "cat"])
+            .args(["netns", "exec", self.0.name(), "cat"])
             .arg(format!("/proc/sys/{name}"))
             .output()
             .unwrap();
@@ -38,7 +35,7 @@ impl Ns {
             .args([
                 "netns",
                 "exec",
-                &self.0,
+                self.0.name(),
                 env!("CARGO_BIN_EXE_kube-proxy-rs"),
             ])
             .args(args)
@@ -59,20 +56,6 @@ impl Ns {
             std::thread::sleep(Duration::from_millis(50));
         }
         child.wait_with_output().unwrap()
-    }
-}
-
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
-/// A directory removed on drop, even when the test fails.
-struct TempDir(std::path::PathBuf);
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -152,16 +135,14 @@ fn iptables_mode_sets_conntrack_and_route_localnet_then_exits() {
 #[test]
 fn nftables_mode_starts_no_source_and_programs_nothing() {
     let ns = Ns::new("nft");
-    let dir =
-        TempDir(std::env::temp_dir().join(format!("kpinit-manifests-{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0).unwrap();
+    let dir = ScratchDir::unique("kpinit-manifests").unwrap();
     std::fs::write(
-        dir.0.join("svc.yaml"),
+        dir.join("svc.yaml"),
         "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\n\
          spec: {clusterIP: 10.96.0.10, ports: [{port: 80, protocol: TCP}]}\n",
     )
     .unwrap();
-    let manifests = format!("--manifests={}", dir.0.display());
+    let manifests = format!("--manifests={}", dir.path().display());
     let out = ns.run(&[
         "--init-only",
         "--proxy-mode=nftables",

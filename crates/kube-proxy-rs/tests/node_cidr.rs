@@ -5,11 +5,11 @@
 //! namespace (root).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use kp_netlab::wait_until;
+use kp_netlab::{wait_until, ScratchDir};
 
 mod scratch;
 use scratch::{ruleset, Ns, Proc, TempFile};
@@ -58,15 +58,13 @@ fn node_yaml(cidrs: &[&str]) -> String {
 }
 
 /// A manifest directory removed on drop.
-struct Dir(PathBuf);
+struct Dir(ScratchDir);
 
 impl Dir {
     fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("kpr-nodecidr-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        std::fs::write(p.join("services.yaml"), SERVICES).unwrap();
-        Dir(p)
+        let d = ScratchDir::unique(&format!("kpr-nodecidr-{tag}")).unwrap();
+        std::fs::write(d.join("services.yaml"), SERVICES).unwrap();
+        Dir(d)
     }
     fn write_node(&self, cidrs: &[&str]) {
         // Written aside and renamed: the source never reads half a file.
@@ -75,13 +73,7 @@ impl Dir {
         std::fs::rename(&tmp, self.0.join("node.yaml")).unwrap();
     }
     fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        self.0.path()
     }
 }
 

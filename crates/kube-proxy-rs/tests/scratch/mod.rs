@@ -10,29 +10,15 @@ use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::time::Duration;
 
-/// A network namespace (created by the test), deleted on drop.
-pub struct Ns(pub String);
+use kp_netlab::ScratchNs;
+
+/// A network namespace (created by the test, with its loopback up),
+/// deleted on drop: kp-netlab's guard, failing the test when it can't be made.
+pub struct Ns(pub ScratchNs);
 
 impl Ns {
-    /// Creates namespace `name` with its loopback up.
     pub fn create(name: &str) -> Ns {
-        let ok = Command::new("ip")
-            .args(["netns", "add", name])
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "ip netns add {name} failed");
-        let ns = Ns(name.to_string());
-        let up = Command::new("ip")
-            .args(["-n", name, "link", "set", "lo", "up"])
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(up, "setting lo up in {name} failed");
-        ns
-    }
-}
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+        Ns(ScratchNs::create(name).unwrap_or_else(|e| panic!("namespace {name}: {e}")))
     }
 }
 
@@ -41,14 +27,6 @@ pub struct TempFile(pub PathBuf);
 impl Drop for TempFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-/// A temporary directory removed with what it holds on drop.
-pub struct TempDir(pub PathBuf);
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
