@@ -16,7 +16,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kp_testkit::{ControlPlane, ControlPlaneOpts, K8sBinaries};
+use kp_testkit::{prom, ControlPlane, ControlPlaneOpts, K8sBinaries};
 use serde_json::{json, Value};
 
 const NODE: &str = "node-1";
@@ -30,14 +30,6 @@ fn sh(ns: &str, argv: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn metric(text: &str, name: &str, labels: &[&str]) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
-        .filter(|l| labels.iter().all(|want| l.contains(want)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 const OURS: &[&str] = &["services", "endpointslices", "nodes", "servicecidrs"];
 
 /// The figures of one reading of the server's /metrics.
@@ -48,7 +40,7 @@ fn figures(m: &str) -> Vec<f64> {
                 let res = format!("resource=\"{r}\"");
                 let mut l: Vec<&str> = vec![&res];
                 l.extend(extra);
-                metric(m, name, &l)
+                prom::total(m, name, &l)
             })
             .sum()
     };
@@ -57,7 +49,7 @@ fn figures(m: &str) -> Vec<f64> {
             "apiserver_request_total",
             &["verb=\"LIST\"", "system_client=\"\""],
         ),
-        metric(
+        prom::total(
             m,
             "apiserver_request_total",
             &[
@@ -70,13 +62,13 @@ fn figures(m: &str) -> Vec<f64> {
             "apiserver_request_total",
             &["verb=\"WATCH\"", "system_client=\"\""],
         ),
-        metric(m, "etcd_requests_total", &["operation=\"list\""]),
-        metric(
+        prom::total(m, "etcd_requests_total", &["operation=\"list\""]),
+        prom::total(
             m,
             "etcd_requests_total",
             &["operation=\"list\"", "resource=\"services\""],
         ),
-        metric(
+        prom::total(
             m,
             "etcd_requests_total",
             &["operation=\"list\"", "resource=\"endpointslices\""],
@@ -229,7 +221,7 @@ fn run(ns: &str, services: usize, endpoints: usize, proxies: &[(String, String)]
                     "http://127.0.0.1:10249/metrics",
                 ],
             );
-            if metric(&m, "kubeproxy_sync_proxy_rules_last_timestamp_seconds", &[]) > 0.0
+            if prom::total(&m, "kubeproxy_sync_proxy_rules_last_timestamp_seconds", &[]) > 0.0
                 || m.lines().any(|l| {
                     l.starts_with("kubeproxy_sync_proxy_rules_last_timestamp_seconds ")
                         && !l.ends_with(" 0")

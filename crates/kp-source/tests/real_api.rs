@@ -23,7 +23,7 @@ use kp_source::api::{run_api_source, ApiSourceOptions, DEFAULT_LABEL_SELECTOR};
 use kp_source::codec::Format;
 use kp_source::objects::WireObject;
 use kp_source::SourceEvent;
-use kp_testkit::{ControlPlane, ControlPlaneOpts, K8sBinaries};
+use kp_testkit::{prom, ControlPlane, ControlPlaneOpts, K8sBinaries};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
@@ -83,29 +83,19 @@ fn slice(i: usize, ip: &str) -> Value {
            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]})
 }
 
-/// A counter of the server's /metrics, summed over the series whose labels
-/// contain all of `labels`.
-fn metric(text: &str, name: &str, labels: &[&str]) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
-        .filter(|l| labels.iter().all(|want| l.contains(want)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// etcd list calls (all kinds) and watch-cache lists for Services and
 /// EndpointSlices.
 fn list_counts(cp: &ControlPlane) -> [f64; 4] {
     let m = cp.kubectl(&["get", "--raw", "/metrics"]).unwrap();
     let etcd = |r: &str| {
-        metric(
+        prom::total(
             &m,
             "etcd_requests_total",
             &["operation=\"list\"", &format!("resource=\"{r}\"")],
         )
     };
     let cache = |r: &str| {
-        metric(
+        prom::total(
             &m,
             "apiserver_cache_list_total",
             &[&format!("resource=\"{r}\"")],

@@ -16,6 +16,7 @@
 pub mod apiserver;
 pub mod control_plane;
 pub mod netns;
+pub mod prom;
 pub mod updates;
 
 pub use apiserver::{ApiCall, ApiServer, WatchLog};

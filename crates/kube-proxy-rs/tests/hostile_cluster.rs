@@ -7,14 +7,8 @@
 mod conformance;
 
 use conformance::{ready, sa, service, slice, Env};
+use kp_testkit::prom;
 use serde_json::{json, Value};
-
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
-        .sum()
-}
 
 fn svc(name: &str, ip: &str, ports: Value) -> Value {
     json!({
@@ -159,13 +153,13 @@ fn hostile(mode: &str) {
     let m = env.metrics(1);
     // Every rejected Service, the huge slice and the broken file, each once
     // whatever the number of families (kp-sync's pacing tests check "once").
-    let invalid = metric(&m, "kubeproxy_rs_invalid_objects_total");
+    let invalid = prom::total(&m, "kubeproxy_rs_invalid_objects_total", &[]);
     assert!(
         invalid >= (rejected.len() + 2) as f64,
         "kubeproxy_rs_invalid_objects_total = {invalid}\n{m}"
     );
     assert!(
-        metric(&m, "kubeproxy_rs_invalid_fields_total") >= 2.0,
+        prom::total(&m, "kubeproxy_rs_invalid_fields_total", &[]) >= 2.0,
         "{m}"
     );
 

@@ -42,14 +42,6 @@ fn sysctl(env: &Env, node: usize, key: &str, value: &str) {
         .unwrap();
 }
 
-/// The value of `name{labels}` in /metrics text.
-fn series(text: &str, name: &str, labels: &str) -> Option<f64> {
-    let prefix = format!("{name}{labels} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|v| v.trim().parse().ok())
-}
-
 /// Our rules in `table` as the backend's save program lists them.
 fn our_rules(env: &Env, node: usize, save: &str, table: &str) -> usize {
     env.on_node(node, &[save, "-t", table])
@@ -148,14 +140,22 @@ fn invalid_drop_counters_and_rule_counts(mode: &str) {
                 env.wait(&format!("node{node} {fam} {table} rule count"), || {
                     let m = env.metrics(node);
                     last = (
-                        series(&m, "kubeproxy_sync_proxy_rules_iptables_total", &labels),
+                        kp_testkit::prom::value(
+                            &m,
+                            "kubeproxy_sync_proxy_rules_iptables_total",
+                            &labels,
+                        ),
                         our_rules(&env, node, prog, table),
                     );
                     last.0 == Some(last.1 as f64)
                 });
                 let m = env.metrics(node);
-                let written = series(&m, "kubeproxy_sync_proxy_rules_iptables_last", &labels)
-                    .unwrap_or_else(|| panic!("no _last{labels}:\n{m}"));
+                let written = kp_testkit::prom::value(
+                    &m,
+                    "kubeproxy_sync_proxy_rules_iptables_last",
+                    &labels,
+                )
+                .unwrap_or_else(|| panic!("no _last{labels}:\n{m}"));
                 assert!(
                     written <= last.1 as f64,
                     "{labels}: wrote {written} of {}",
@@ -166,7 +166,7 @@ fn invalid_drop_counters_and_rule_counts(mode: &str) {
     }
     // A NodePort Service with an endpoint has rules in nat at least.
     let m = env.metrics(1);
-    let nat = series(
+    let nat = kp_testkit::prom::value(
         &m,
         "kubeproxy_sync_proxy_rules_iptables_total",
         "{ip_family=\"IPv4\",table=\"nat\"}",

@@ -10,14 +10,8 @@ use std::time::{Duration, Instant};
 use conformance::{ready, replace_arg, sa, service, slice, Cond, Env, T};
 use faults::{assert_no_failures, healthz, normalized, plain, unix_secs, Load};
 use kp_netlab::{tcp_hello, wait_until};
+use kp_testkit::prom;
 use serde_json::json;
-
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
-        .sum()
-}
 
 /// `nft flush ruleset` by someone else: the canary, checked every
 /// syncPeriod, notices, the full sync it makes due puts everything back, and
@@ -42,7 +36,7 @@ fn flushed_rules_are_repaired() {
     // The test proxies run with a 10 s sync period.
     env.wait_tcp(client.ns(), vip);
     env.wait("the canary metric", || {
-        metric(&env.metrics(1), "kubeproxy_rs_rules_lost_total") >= 1.0
+        prom::total(&env.metrics(1), "kubeproxy_rs_rules_lost_total", &[]) >= 1.0
     });
 }
 
@@ -71,7 +65,7 @@ fn emptied_table_is_detected_and_repaired() {
     );
     env.wait_tcp(client.ns(), vip);
     env.wait("the canary metric", || {
-        metric(&env.metrics(1), "kubeproxy_rs_rules_lost_total") >= 1.0
+        prom::total(&env.metrics(1), "kubeproxy_rs_rules_lost_total", &[]) >= 1.0
     });
 }
 
@@ -124,9 +118,10 @@ fn failed_apply_keeps_previous_rules() {
     std::fs::write(&flag, "").unwrap();
     env.put("eps", &slice("f", "1", "IPv4", &ready(&[&c])));
     env.wait("the failure to be counted", || {
-        metric(
+        prom::total(
             &env.metrics(1),
             "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+            &[],
         ) >= 1.0
     });
     // Previous rules in force: still the old endpoint.
@@ -282,7 +277,7 @@ fn nat_flush_is_repaired(mode: &str, flush_prog: &str) {
     let vip = sa("10.96.3.20", 80);
     env.wait_tcp(client.ns(), vip);
     assert_eq!(
-        metric(&env.metrics(1), "kubeproxy_rs_rules_lost_total"),
+        prom::total(&env.metrics(1), "kubeproxy_rs_rules_lost_total", &[]),
         0.0
     );
     env.cluster
@@ -301,7 +296,7 @@ fn nat_flush_is_repaired(mode: &str, flush_prog: &str) {
         t0.elapsed()
     );
     env.wait("the canary metric", || {
-        metric(&env.metrics(1), "kubeproxy_rs_rules_lost_total") >= 1.0
+        prom::total(&env.metrics(1), "kubeproxy_rs_rules_lost_total", &[]) >= 1.0
     });
     assert!(env.log(1).contains("removed behind our back"));
 }
@@ -631,9 +626,10 @@ fn netlink_apply_failure_keeps_rules_and_retries_full() {
         )
         .unwrap();
     let failures = |env: &Env| {
-        metric(
+        prom::total(
             &env.metrics(1),
             "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+            &[],
         )
     };
     assert_eq!(failures(&env), 0.0);
@@ -847,9 +843,10 @@ fn dns_client_survives_replacement(mode: &str, family: &str) {
     });
     let session = kp_netlab::udp_session(client.ns(), dns).unwrap();
     let deleted = |env: &Env| {
-        metric(
+        prom::total(
             &env.metrics(1),
             "kubeproxy_conntrack_reconciler_deleted_entries_total",
+            &[],
         )
     };
     let before = deleted(&env);
@@ -1357,9 +1354,10 @@ fn iptables_restore_failure_keeps_previous_rules() {
     std::fs::write(&flag, "").unwrap();
     env.put("eps", &slice("f", "1", "IPv4", &ready(&[&c])));
     env.wait("the failure to be counted", || {
-        metric(
+        prom::total(
             &env.metrics(1),
             "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
+            &[],
         ) >= 1.0
     });
     let r = tcp_hello(client.ns(), vip, T).expect("service broken by a failed restore");

@@ -781,13 +781,7 @@ pub fn node_object(cluster: &Cluster, i: usize, labels: &[(&str, &str)]) -> Valu
 /// The sum of Prometheus samples `name` in `text` over all label sets
 /// (upstream labels some per IP family); `None` when there is none.
 pub fn metric_value(text: &str, name: &str) -> Option<f64> {
-    let values: Vec<f64> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix(name))
-        .filter(|rest| rest.starts_with([' ', '{']))
-        .filter_map(|rest| rest.rsplit(' ').next()?.trim().parse().ok())
-        .collect();
-    (!values.is_empty()).then(|| values.iter().sum())
+    kp_testkit::prom::sum(text, name, &[])
 }
 
 fn tail(s: &str) -> String {
