@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kp_source::api::{run_api_source, ApiSourceOptions, DEFAULT_LABEL_SELECTOR};
 use kp_source::SourceEvent;
-use kp_testkit::ApiServer;
+use kp_testkit::{objects, ApiServer};
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -15,28 +15,22 @@ use tokio::task::JoinHandle;
 const NODE: &str = "node-a";
 
 fn service(ns: &str, name: &str, port: u16, labels: serde_json::Value) -> Service {
-    serde_json::from_value(json!({
-        "metadata": {"namespace": ns, "name": name, "labels": labels},
-        "spec": {"clusterIP": "10.96.0.10", "ports": [{"name": "http", "port": port, "protocol": "TCP"}]},
-    }))
-    .unwrap()
+    objects::service(ns, name)
+        .cluster_ip("10.96.0.10")
+        .port("http", port, "TCP")
+        .labels(labels)
+        .build()
 }
 
 fn slice(ns: &str, name: &str, svc: &str, ip: &str) -> EndpointSlice {
-    serde_json::from_value(json!({
-        "metadata": {"namespace": ns, "name": name, "labels": {"kubernetes.io/service-name": svc}},
-        "addressType": "IPv4",
-        "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}],
-        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-    }))
-    .unwrap()
+    objects::slice(ns, name, svc)
+        .endpoint(ip)
+        .port("http", 8080, "TCP")
+        .build()
 }
 
 fn node(name: &str, zone: &str) -> Node {
-    serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"topology.kubernetes.io/zone": zone}},
-    }))
-    .unwrap()
+    objects::node(name).zone(zone).build()
 }
 
 /// A running source; aborted on drop so a failed test does not leak it.

@@ -23,7 +23,7 @@ use kp_source::api::{run_api_source, ApiSourceOptions, DEFAULT_LABEL_SELECTOR};
 use kp_source::codec::Format;
 use kp_source::objects::WireObject;
 use kp_source::SourceEvent;
-use kp_testkit::{prom, ControlPlane, ControlPlaneOpts, K8sBinaries};
+use kp_testkit::{objects, prom, ControlPlane, ControlPlaneOpts, K8sBinaries};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
@@ -69,18 +69,16 @@ fn apply(cp: &ControlPlane, items: Vec<Value>) {
 }
 
 fn service(i: usize) -> Value {
-    json!({"apiVersion": "v1", "kind": "Service",
-           "metadata": {"namespace": "default", "name": format!("svc-{i}")},
-           "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080}]}})
+    objects::service("default", &format!("svc-{i}"))
+        .port_json(json!({"name": "http", "port": 80, "targetPort": 8080}))
+        .json()
 }
 
 fn slice(i: usize, ip: &str) -> Value {
-    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-           "metadata": {"namespace": "default", "name": format!("svc-{i}-1"),
-                        "labels": {"kubernetes.io/service-name": format!("svc-{i}")}},
-           "addressType": "IPv4",
-           "endpoints": [{"addresses": [ip], "conditions": {"ready": true}, "nodeName": NODE}],
-           "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]})
+    objects::slice("default", &format!("svc-{i}-1"), &format!("svc-{i}"))
+        .endpoint_on(ip, NODE)
+        .port("http", 8080, "TCP")
+        .json()
 }
 
 /// etcd list calls (all kinds) and watch-cache lists for Services and

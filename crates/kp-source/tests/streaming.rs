@@ -10,26 +10,22 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kp_source::api::{run_api_source, ApiSourceOptions, DEFAULT_LABEL_SELECTOR};
 use kp_source::{Encoding, SourceEvent};
-use kp_testkit::ApiServer;
+use kp_testkit::{objects, ApiServer};
 use serde_json::json;
 use tokio::sync::mpsc;
 
 fn service(name: &str, port: u16) -> Service {
-    serde_json::from_value(json!({
-        "metadata": {"namespace": "default", "name": name},
-        "spec": {"clusterIP": "10.96.0.10", "ports": [{"name": "http", "port": port, "protocol": "TCP"}]},
-    }))
-    .unwrap()
+    objects::service("default", name)
+        .cluster_ip("10.96.0.10")
+        .port("http", port, "TCP")
+        .build()
 }
 
 fn slice(name: &str, svc: &str, ip: &str) -> EndpointSlice {
-    serde_json::from_value(json!({
-        "metadata": {"namespace": "default", "name": name, "labels": {"kubernetes.io/service-name": svc}},
-        "addressType": "IPv4",
-        "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}],
-        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-    }))
-    .unwrap()
+    objects::slice("default", name, svc)
+        .endpoint(ip)
+        .port("http", 8080, "TCP")
+        .build()
 }
 
 struct Source {

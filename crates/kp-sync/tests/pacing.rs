@@ -4,6 +4,7 @@
 //! how many service ports changed.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
+use kp_testkit::objects;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -207,31 +208,24 @@ fn secs(n: u64) -> Duration {
 }
 
 fn service(name: &str, n: u32) -> SourceEvent {
-    let svc: Service = serde_json::from_value(json!({
-        "metadata": {"namespace": "ns1", "name": name},
-        "spec": {"clusterIP": format!("10.96.{}.{}", n / 250, n % 250 + 1),
-                 "ports": [{"name": "p80", "port": 80}]},
-    }))
-    .unwrap();
+    let svc = objects::service("ns1", name)
+        .cluster_ip(&format!("10.96.{}.{}", n / 250, n % 250 + 1))
+        .port_json(json!({"name": "p80", "port": 80}))
+        .build();
     SourceEvent::ServiceApplied(Box::new(svc))
 }
 
 /// Slice `name` of Service `svc` with `count` ready endpoints from 10.(first).x.y.
 fn slice(svc: &str, name: &str, first: u32, count: u32) -> SourceEvent {
-    let eps: Vec<_> = (0..count)
-        .map(|i| {
-            json!({"addresses": [format!("10.{}.{}.{}", first, i / 250, i % 250 + 1)],
-                   "nodeName": "node2", "conditions": {"ready": true}})
+    let s = (0..count)
+        .fold(objects::slice("ns1", name, svc), |b, i| {
+            b.endpoint_on(
+                &format!("10.{}.{}.{}", first, i / 250, i % 250 + 1),
+                "node2",
+            )
         })
-        .collect();
-    let s: EndpointSlice = serde_json::from_value(json!({
-        "metadata": {"namespace": "ns1", "name": name,
-                     "labels": {"kubernetes.io/service-name": svc}},
-        "addressType": "IPv4",
-        "endpoints": eps,
-        "ports": [{"name": "p80", "port": 80, "protocol": "TCP"}],
-    }))
-    .unwrap();
+        .port("p80", 80, "TCP")
+        .build();
     SourceEvent::SliceApplied(Box::new(s))
 }
 

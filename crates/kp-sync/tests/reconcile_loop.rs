@@ -4,6 +4,7 @@
 //! that touched no UDP Service lists nothing.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure
 
+use kp_testkit::objects;
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
@@ -118,23 +119,17 @@ fn udp_flow(dst: &str, dport: u16, reply: &str, rport: u16) -> Flow {
 }
 
 fn service(name: &str, ip: &str, protocol: &str) -> Service {
-    serde_json::from_value(json!({
-        "metadata": {"namespace": "ns1", "name": name},
-        "spec": {"clusterIP": ip,
-                 "ports": [{"name": "p", "port": 53, "protocol": protocol, "targetPort": 8053}]},
-    }))
-    .unwrap()
+    objects::service("ns1", name)
+        .cluster_ip(ip)
+        .port_json(json!({"name": "p", "port": 53, "protocol": protocol, "targetPort": 8053}))
+        .build()
 }
 
 fn slice(svc: &str, ip: &str, protocol: &str) -> EndpointSlice {
-    serde_json::from_value(json!({
-        "metadata": {"namespace": "ns1", "name": format!("{svc}-1"),
-                     "labels": {"kubernetes.io/service-name": svc}},
-        "addressType": "IPv4",
-        "endpoints": [{"addresses": [ip], "nodeName": "node2", "conditions": {"ready": true}}],
-        "ports": [{"name": "p", "port": 8053, "protocol": protocol}],
-    }))
-    .unwrap()
+    objects::slice("ns1", &format!("{svc}-1"), svc)
+        .endpoint_on(ip, "node2")
+        .port("p", 8053, protocol)
+        .build()
 }
 
 fn setup(table: &Table, metrics: &Reconciled) -> SyncLoop {

@@ -16,6 +16,7 @@
 pub mod apiserver;
 pub mod control_plane;
 pub mod netns;
+pub mod objects;
 pub mod prom;
 pub mod updates;
 

@@ -5,24 +5,21 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Event as CoreEvent, Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kp_testkit::ApiServer;
+use kp_testkit::{objects, ApiServer};
 use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
 use kube::ResourceExt;
 use serde_json::json;
 
 fn service(ns: &str, name: &str, labels: serde_json::Value) -> Service {
-    serde_json::from_value(json!({
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"namespace": ns, "name": name, "labels": labels},
-        "spec": {"clusterIP": "10.96.0.10", "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]},
-    }))
-    .unwrap()
+    objects::service(ns, name)
+        .cluster_ip("10.96.0.10")
+        .port("http", 80, "TCP")
+        .labels(labels)
+        .build()
 }
 
 fn node(name: &str) -> Node {
-    serde_json::from_value(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}))
-        .unwrap()
+    objects::node(name).build()
 }
 
 async fn next_event<K: Clone + std::fmt::Debug>(

@@ -6,15 +6,14 @@
 //! fails with KP_REQUIRE_REAL_APISERVER=1).
 
 use kp_netlab::{Cluster, ClusterOpts};
-use kp_testkit::{ControlPlane, ControlPlaneOpts, K8sBinaries};
+use kp_testkit::{objects, ControlPlane, ControlPlaneOpts, K8sBinaries};
 use serde_json::json;
 
 fn service(name: &str) -> serde_json::Value {
-    json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"namespace": "default", "name": name},
-        "spec": {"type": "NodePort", "ports": [{"port": 80, "protocol": "TCP", "targetPort": 8080}]}
-    })
+    objects::service("default", name)
+        .spec(json!({"type": "NodePort"}))
+        .port_json(json!({"port": 80, "protocol": "TCP", "targetPort": 8080}))
+        .json()
 }
 
 #[test]
