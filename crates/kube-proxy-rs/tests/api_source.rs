@@ -7,13 +7,12 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kp_netlab::wait_until;
-use kp_testkit::ApiServer;
+use kp_testkit::{ApiServer, NetnsApiServer};
 use serde_json::json;
 
 mod scratch;
@@ -67,26 +66,8 @@ fn binary_follows_the_api_server() {
     let _ns = Ns::create(&ns);
 
     // The API server runs on a runtime whose threads live in the namespace.
-    let (srv_tx, srv_rx) = mpsc::channel::<ApiServer>();
-    let (stop_tx, stop_rx) = mpsc::channel::<()>();
-    let ns2 = ns.clone();
-    let server_thread = std::thread::spawn(move || {
-        kp_netlab::in_netns(&ns2, move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .enable_all()
-                .build()
-                .unwrap();
-            let srv = rt.block_on(ApiServer::start());
-            srv_tx.send(srv.clone()).unwrap();
-            let _ = stop_rx.recv();
-            srv.shutdown();
-            drop(srv);
-            rt.shutdown_timeout(Duration::from_secs(1));
-        })
-        .unwrap();
-    });
-    let srv = srv_rx.recv().unwrap();
+    let server = NetnsApiServer::start(&ns).unwrap();
+    let srv = &server.srv;
     srv.apply_service(service("10.96.7.7"));
     srv.apply_endpoint_slice(slice(&["10.244.1.2"]));
     // nftables mode's NodePorts wait for this node's primary IP, as upstream's.
@@ -183,8 +164,6 @@ fn binary_follows_the_api_server() {
         !ruleset(&ns).contains("10.96.7.7")
     });
 
-    let _ = stop_tx.send(());
-    let _ = server_thread.join();
     let _ = std::fs::remove_file(&kubeconfig);
     let _ = std::fs::remove_file(&log);
 }

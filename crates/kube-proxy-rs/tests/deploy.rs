@@ -11,14 +11,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Container, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kp_netlab::{ScratchDir, ScratchNs};
-use kp_testkit::ApiServer;
+use kp_testkit::NetnsApiServer;
 use serde_json::{json, Value};
 
 fn root() -> PathBuf {
@@ -472,26 +471,8 @@ fn daemonset_runs_against_the_api_server() {
     let ns = format!("kpdeploy{}", std::process::id());
     let _ns = ScratchNs::create(&ns).unwrap();
 
-    let (srv_tx, srv_rx) = mpsc::channel::<ApiServer>();
-    let (stop_tx, stop_rx) = mpsc::channel::<()>();
-    let ns2 = ns.clone();
-    let server_thread = std::thread::spawn(move || {
-        kp_netlab::in_netns(&ns2, move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .enable_all()
-                .build()
-                .unwrap();
-            let srv = rt.block_on(ApiServer::start());
-            srv_tx.send(srv.clone()).unwrap();
-            let _ = stop_rx.recv();
-            srv.shutdown();
-            drop(srv);
-            rt.shutdown_timeout(Duration::from_secs(1));
-        })
-        .unwrap();
-    });
-    let srv = srv_rx.recv().unwrap();
+    let server = NetnsApiServer::start(&ns).unwrap();
+    let srv = &server.srv;
     srv.apply_node(
         serde_json::from_value(
             // As the kubelet registers it: nftables mode's NodePorts wait for
@@ -672,9 +653,6 @@ shift 4; exec "$@""#;
         let v: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
         assert!(v["level"].is_string() && v["fields"].is_object(), "{l}");
     }
-
-    let _ = stop_tx.send(());
-    let _ = server_thread.join();
 }
 
 /// The swap operators make on kubeadm clusters: kubeadm's DaemonSet (the e2e
