@@ -1,8 +1,14 @@
-//! Synthetic clusters for benchmarks and scale tests.
+//! kube-proxy-rs's benchmarks, one module per `kp-bench` subcommand (its
+//! arguments as a clap struct and a `run`), and what they share: synthetic
+//! clusters (below), the API lab and proxy processes (lab), scratch network
+//! namespaces (netns).
 
 pub mod connect;
 pub mod lab;
+pub mod maglev;
+pub mod netns;
 pub mod pps;
+pub mod tables;
 
 use serde_json::{json, Value};
 

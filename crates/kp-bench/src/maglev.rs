@@ -12,7 +12,7 @@ use anyhow::Result;
 use kp_socketlb::maglev;
 use kp_socketlb::maps::{addr_words, port_net, MaglevKey, MaglevVal, MAGLEV_CHUNK};
 
-use super::{ms, pct};
+use crate::tables::{ms, pct};
 
 /// splitmix64: deterministic, and enough for picking flows and endpoints.
 struct Rng(u64);
