@@ -866,6 +866,14 @@ pub fn parse_common_from(
     Ok(o)
 }
 
+/// The kube-proxy-rs beside the running kp-bench (where `cargo build
+/// --release -p kube-proxy-rs -p kp-bench` puts both): the `--ours` default.
+pub fn beside_bench() -> PathBuf {
+    std::env::current_exe()
+        .map(|e| e.with_file_name("kube-proxy-rs"))
+        .unwrap_or_else(|_| PathBuf::from("kube-proxy-rs"))
+}
+
 /// The proxy binary a benchmark runs, checked before a lab is built.
 pub fn check_binary(path: &Path) -> Result<()> {
     if !path.is_file() {

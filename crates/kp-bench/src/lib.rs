@@ -3,11 +3,13 @@
 //! clusters (below), the API lab and proxy processes (lab), scratch network
 //! namespaces (netns).
 
+pub mod compare;
 pub mod connect;
 pub mod lab;
 pub mod maglev;
 pub mod netns;
 pub mod pps;
+pub mod soak;
 pub mod tables;
 
 use serde_json::{json, Value};

@@ -5,7 +5,7 @@
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use kp_bench::{maglev, tables};
+use kp_bench::{compare, maglev, soak, tables};
 
 // The allocator kube-proxy-rs itself uses (see its main.rs), so the figures
 // of what runs in this process (the proxiers the tables drive) are the
@@ -46,6 +46,17 @@ enum Bench {
     /// and no root: build time, flows moved when an endpoint leaves,
     /// agreement between nodes, map memory.
     Maglev,
+    /// kube-proxy-rs and upstream kube-proxy side by side in one run,
+    /// against one real kube-apiserver: first sync, endpoint changes, a
+    /// Service added and deleted, a burst, idle CPU and memory, measured
+    /// through what both export and the kernel shows (or, with --connect,
+    /// connect latency through each one's rules).
+    Compare(compare::CompareArgs),
+    /// A proxy holding 10k Services under a steady stream of API updates
+    /// for 10 minutes: RSS, fds, CPU and sync durations over time, nothing
+    /// lost at the end; fails when an update was lost or RSS did not
+    /// plateau.
+    Soak(soak::SoakArgs),
 }
 
 fn main() -> Result<()> {
@@ -55,5 +66,7 @@ fn main() -> Result<()> {
         Bench::Userspace(a) => tables::userspace(a),
         Bench::Socketlb(a) => tables::socketlb(a),
         Bench::Maglev => maglev::run(),
+        Bench::Compare(a) => compare::run(a),
+        Bench::Soak(a) => soak::run(a),
     }
 }
