@@ -5,6 +5,7 @@
 
 pub mod compare;
 pub mod connect;
+pub mod idle;
 pub mod lab;
 pub mod maglev;
 pub mod netns;

@@ -5,7 +5,7 @@
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use kp_bench::{compare, maglev, soak, tables};
+use kp_bench::{compare, connect, idle, maglev, pps, soak, tables};
 
 // The allocator kube-proxy-rs itself uses (see its main.rs), so the figures
 // of what runs in this process (the proxiers the tables drive) are the
@@ -57,6 +57,18 @@ enum Bench {
     /// lost at the end; fails when an update was lost or RSS did not
     /// plateau.
     Soak(soak::SoakArgs),
+    /// The real kube-proxy-rs binary's steady state with a big cluster read
+    /// from manifests: time and CPU to the first sync, peak RSS, then idle
+    /// RSS, CPU and syncs once settled; optionally restarts after SIGKILL.
+    Idle(idle::IdleArgs),
+    /// Data-plane connect latency from a pod with N Services programmed by
+    /// our proxiers (nftables, nftables + socket-lb, iptables) against the
+    /// pod IP, in interleaved rounds, and bulk throughput through each.
+    Connect(connect::ConnectArgs),
+    /// NodePort packet rate, upstream kube-proxy and kube-proxy-rs in one
+    /// run: the highest UDP rate forwarded without loss, the node's CPU per
+    /// packet, new TCP connections a second and request latency.
+    Pps(pps::PpsArgs),
 }
 
 fn main() -> Result<()> {
@@ -68,5 +80,8 @@ fn main() -> Result<()> {
         Bench::Maglev => maglev::run(),
         Bench::Compare(a) => compare::run(a),
         Bench::Soak(a) => soak::run(a),
+        Bench::Idle(a) => idle::run(a),
+        Bench::Connect(a) => connect::run(a),
+        Bench::Pps(a) => pps::run(a),
     }
 }

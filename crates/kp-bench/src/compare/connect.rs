@@ -20,7 +20,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::connect::{connects, mean, us, Server};
+use crate::connect::probe::{connects, mean, us, Server};
 use crate::lab::{check_binary, date_utc, has_ip, load_average, quantile, write_into, Lab};
 use anyhow::{bail, Result};
 use kp_netlab::Pod;

@@ -1,4 +1,4 @@
-//! The pieces of kp-pps (NodePort packet rate, bin/kp-pps.rs): the table of
+//! The pieces of `kp-bench pps` (NodePort packet rate, mod.rs): the table of
 //! proxy configurations, the UDP sender and sinks, the TCP client and echo
 //! servers, CPU pinning and RPS, and the kernel's counters it reads (/proc/stat,
 //! /proc/softirqs, softnet_stat, `bpftool`).
@@ -931,7 +931,7 @@ pub fn tcp_request(target: SocketAddr) -> io::Result<Duration> {
         return Err(io::Error::other("no answer"));
     }
     let d = t.elapsed();
-    crate::connect::abort(c);
+    crate::connect::probe::abort(c);
     Ok(d)
 }
 
