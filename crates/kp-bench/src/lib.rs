@@ -10,8 +10,10 @@ pub mod lab;
 pub mod maglev;
 pub mod netns;
 pub mod pps;
+pub mod reconcile;
 pub mod soak;
 pub mod tables;
+pub mod userspace_relay;
 
 use serde_json::{json, Value};
 

@@ -5,7 +5,7 @@
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use kp_bench::{compare, connect, idle, maglev, pps, soak, tables};
+use kp_bench::{compare, connect, idle, maglev, pps, reconcile, soak, tables, userspace_relay};
 
 // The allocator kube-proxy-rs itself uses (see its main.rs), so the figures
 // of what runs in this process (the proxiers the tables drive) are the
@@ -69,6 +69,14 @@ enum Bench {
     /// run: the highest UDP rate forwarded without loss, the node's CPU per
     /// packet, new TCP connections a second and request latency.
     Pps(pps::PpsArgs),
+    /// What one conntrack reconcile of the sync loop costs against the real
+    /// kernel: the dump, the decision and the deletes of stale UDP flows in
+    /// a scratch namespace, then a second reconcile with nothing stale.
+    Reconcile(reconcile::ReconcileArgs),
+    /// userspace mode's data path on loopback, no privileges: a bulk TCP
+    /// transfer and many short connections, each through the proxy and
+    /// direct, as ratios, with the CPU each side spends.
+    UserspaceRelay(userspace_relay::RelayArgs),
 }
 
 fn main() -> Result<()> {
@@ -83,5 +91,7 @@ fn main() -> Result<()> {
         Bench::Idle(a) => idle::run(a),
         Bench::Connect(a) => connect::run(a),
         Bench::Pps(a) => pps::run(a),
+        Bench::Reconcile(a) => reconcile::run(a),
+        Bench::UserspaceRelay(a) => userspace_relay::run(a),
     }
 }
