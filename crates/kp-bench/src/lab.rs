@@ -1,4 +1,4 @@
-//! The lab of kp-compare and kp-soak: one real control plane (kp-testkit:
+//! The lab of `kp-bench compare`, `soak` and `pps`: one real control plane (kp-testkit:
 //! etcd + kube-apiserver v1.36 in a namespace of its own), two node
 //! namespaces, kp-bench's synthetic cluster written through the API, and a
 //! proxy binary run in a node namespace and observed only through what
@@ -98,7 +98,7 @@ pub const ETCD_TXN_OPS: usize = 128;
 /// server refuses kp-bench's repeating ones), its EndpointSlice, and the
 /// IPAddress object holding its ClusterIP, as the allocator writes it
 /// (without one, the API server's repair loop would create them all while
-/// the proxy is measured). Needs kp-compare `--only-ours`'s ranges: ClusterIPs
+/// the proxy is measured). Needs `compare --only-ours`'s ranges: ClusterIPs
 /// in 10.96.0.0/15 past 65k Services, NodePorts 30000-59999.
 pub fn etcd_objects(n: u32, created: Timestamp) -> Result<Vec<(String, String)>> {
     let syn = crate::cluster(n, ENDPOINTS);
@@ -319,10 +319,7 @@ impl Lab {
         // (single) thread moves there, so the client's sockets and the
         // runtime (current-thread) live where the server is reachable.
         let f = std::fs::File::open(format!("/run/netns/{}", host.ns))?;
-        // SAFETY: setns on a namespace fd we own; affects this thread only.
-        if unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&f), libc::CLONE_NEWNET) } != 0 {
-            bail!("setns: {}", std::io::Error::last_os_error());
-        }
+        crate::netns::enter(&f).with_context(|| format!("entering {}", host.ns))?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;

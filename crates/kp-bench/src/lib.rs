@@ -115,7 +115,7 @@ pub fn slice(i: u32, m: u32, generation: u32, multi: bool) -> Value {
     let free = stride - (m - 1).min(stride - 1);
     // Generation 0 is the slice as created; later ones cycle over the other
     // free offsets and never come back to it: a "moved" endpoint already in
-    // place would be timed as an instant change (kp-compare's burst at 10k,
+    // place would be timed as an instant change (compare's burst at 10k,
     // generation 55, did).
     let shift = if generation == 0 || free < 2 {
         0

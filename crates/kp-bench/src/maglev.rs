@@ -1,4 +1,4 @@
-//! `kp-bench --mode maglev`: the Maglev tables of `--bpf-lb-algorithm
+//! `kp-bench maglev`: the Maglev tables of `--bpf-lb-algorithm
 //! maglev` (kp_socketlb::maglev) alone, no kernel and no root: the time to
 //! build one Service's table, the share of flows that change endpoint when
 //! one endpoint leaves, the share two nodes agree on, and the map memory

@@ -367,7 +367,7 @@ pub fn run(o: SoakArgs) -> Result<()> {
     check_binary(&o.ours)?;
     let n = o.services;
     eprintln!(
-        "kp-soak: {n} Services, {} updates/s for {} min ({} mode)",
+        "kp-bench soak: {n} Services, {} updates/s for {} min ({} mode)",
         o.rate, o.minutes, o.mode
     );
     // One of the two API servers, the cluster the proxy runs in, its

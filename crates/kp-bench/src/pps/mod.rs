@@ -414,7 +414,7 @@ enum Outcome {
     NotMeasured(String),
 }
 
-/// The service CIDR and NodePort range of kp-compare's `--only-ours`, wide
+/// The service CIDR and NodePort range of `compare --only-ours`, wide
 /// enough for kp-bench's mix at 100k (its ClusterIPs run past 10.96/16,
 /// its NodePorts past 32767); the same for every size, so every size's
 /// lab is alike.

@@ -60,7 +60,7 @@ pub struct ProxyConfig {
     pub args: Vec<String>,
 }
 
-/// Every configuration kp-pps knows by name. New flags need no code: add
+/// Every configuration `kp-bench pps` knows by name. New flags need no code: add
 /// them with `--extra-args NAME=FLAGS`, or define a row with `--define`.
 const CONFIGS: &[(&str, Binary, &str, &[&str])] = &[
     // No proxy: plain forwarding to the pods' addresses, no NAT, and no
@@ -68,7 +68,7 @@ const CONFIGS: &[(&str, Binary, &str, &[&str])] = &[
     ("floor", Binary::NoProxy, "none", &[]),
     ("upstream-nftables", Binary::Upstream, "nftables", &[]),
     // The host's `iptables`: iptables-nft on this machine kind. Its first
-    // sync takes ~95 minutes at 10k Services (BENCHMARKS.md, kp-compare).
+    // sync takes ~95 minutes at 10k Services (BENCHMARKS.md, `kp-bench compare`).
     ("upstream-iptables", Binary::Upstream, "iptables", &[]),
     (
         "upstream-iptables-legacy",

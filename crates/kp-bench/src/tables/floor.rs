@@ -1,4 +1,4 @@
-//! `kp-bench --floor`: what the kernel alone costs for our rulesets.
+//! `kp-bench nftables --floor`: what the kernel alone costs for our rulesets.
 //!
 //! The same cluster is synced three times, each in a fresh namespace: by our
 //! proxier (timed: what an operator gets), by our proxier again keeping every
@@ -322,7 +322,7 @@ fn run(o: &Opts, n: u32, m: u32, affinity: bool, home: &std::fs::File) -> Result
     ])
 }
 
-/// `kp-bench --floor`: both tables, the first's rows as each size is done.
+/// `kp-bench nftables --floor`: both tables, the first's rows as each size is done.
 pub fn tables(o: &Opts, sizes: &[u32], m: u32, affinity: bool, home: &std::fs::File) -> Result<()> {
     println!("| Services | full sync: ours | of which encoding the batch | kernel floor | ours / floor | 1 endpoint replaced p50 / p99: ours | kernel floor | ours / floor (p50) |");
     println!("|---|---|---|---|---|---|---|---|");
