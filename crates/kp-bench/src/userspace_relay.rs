@@ -23,7 +23,7 @@ use kp_model::{
 use kp_userspace::{NoMetrics, UserspaceConfig, UserspaceProxier, VipMode};
 
 // Samples sorted, the nearest rank, as every kp-bench table reports it.
-use crate::lab::quantile as pct;
+use crate::lab::{load_average, quantile as pct};
 
 /// `kp-bench userspace-relay`.
 #[derive(clap::Args, Debug, Clone)]
@@ -249,12 +249,6 @@ fn sysctl(path: &str) -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|v| v.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "?".into())
-}
-
 /// CPU seconds (user + system) of the whole process so far.
 fn cpu_of_process() -> f64 {
     // SAFETY: getrusage fills the struct we pass.
@@ -353,7 +347,7 @@ pub fn run(o: RelayArgs) -> anyhow::Result<()> {
         sysctl("net/ipv4/tcp_congestion_control"),
         qdisc,
         sysctl("fs/pipe-max-size"),
-        loadavg(),
+        load_average(),
     );
 
     // Bulk: alternate direct and proxied runs so machine noise hits both.
@@ -486,6 +480,6 @@ pub fn run(o: RelayArgs) -> anyhow::Result<()> {
         us(pct(&direct1.lat, 0.5)),
         us(pct(&proxied1.lat, 0.5)),
     );
-    println!("load average at the end {}", loadavg());
+    println!("load average at the end {}", load_average());
     Ok(())
 }
