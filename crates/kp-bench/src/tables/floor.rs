@@ -25,7 +25,7 @@ use kp_nftables::{NftBackend, NftNetlink, NftablesProxier, Transaction, Verdict}
 
 use super::{
     additions, growth, in_namespace, ms, p50_p99, parsed_cluster, pct, proxier_config, replacement,
-    tracker, Opts,
+    tracked, Opts,
 };
 
 /// Netlink, keeping a copy of every transaction it applies.
@@ -65,16 +65,7 @@ impl NftBackend for Keep {
 /// kp-bench's cluster in a fresh tracker.
 pub(super) fn cluster(n: u32, m: u32, affinity: bool) -> Result<ChangeTracker> {
     let (svcs, slices) = parsed_cluster(n, m, affinity)?;
-    let mut tr = tracker();
-    let now = SystemTime::now();
-    for s in &svcs {
-        let _ = tr.update_service(s, now);
-    }
-    for s in &slices {
-        let _ = tr.update_endpoint_slice(s, now);
-    }
-    tr.take_changes();
-    Ok(tr)
+    Ok(tracked(&svcs, &slices))
 }
 
 /// One change given to the tracker, then synced: the time until it is in
