@@ -10,7 +10,7 @@
 //! (utime+stime from /proc/PID/stat) at both ends. Needs root.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -18,17 +18,10 @@ use serde_json::{json, Value};
 
 use crate::lab::{samples, scrape, METRICS_ADDR};
 use crate::netns::Netns;
+use kp_netlab::ProcGuard;
 
 /// Objects per manifest file: many moderate files, like a ConfigMap layout.
 const PER_FILE: usize = 1000;
-
-struct Proc(Child);
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 struct Dir(PathBuf);
 impl Drop for Dir {
@@ -117,28 +110,22 @@ fn start(
     ns: &str,
     dir: &Path,
     log_path: &Path,
-) -> Result<(Proc, Duration)> {
-    let log = std::fs::File::create(log_path)?;
+) -> Result<(ProcGuard, Duration)> {
+    // Each start's log alone: a restart's adoption is read from it.
+    std::fs::File::create(log_path).with_context(|| format!("creating {}", log_path.display()))?;
     let t0 = Instant::now();
-    // `ip netns exec` execs the program: the child's pid is kube-proxy-rs's.
-    let child = Command::new("ip")
-        .args(["netns", "exec", ns])
-        .arg(bin)
-        .arg(format!("--proxy-mode={mode}"))
-        .arg(format!("--manifests={}", dir.display()))
-        .args([
-            "--hostname-override=node1",
-            "--healthz-bind-address=127.0.0.1:10256",
-            &format!("--metrics-bind-address={METRICS_ADDR}"),
-        ])
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
+    let args = vec![
+        format!("--proxy-mode={mode}"),
+        format!("--manifests={}", dir.display()),
+        "--hostname-override=node1".to_string(),
+        "--healthz-bind-address=127.0.0.1:10256".to_string(),
+        format!("--metrics-bind-address={METRICS_ADDR}"),
+    ];
+    let p = ProcGuard::start(ns, bin, &args, log_path)
         .with_context(|| format!("starting {}", bin.display()))?;
-    let mut p = Proc(child);
     let count = "kubeproxy_sync_full_proxy_rules_duration_seconds_count";
     loop {
-        if let Some(st) = p.0.try_wait()? {
+        if let Some(st) = p.try_wait() {
             bail!(
                 "kube-proxy-rs exited ({st}) before its first sync:\n{}",
                 std::fs::read_to_string(log_path).unwrap_or_default()
@@ -195,8 +182,8 @@ fn measure(
         .args(["netns", "exec", &ns, "ip", "link", "set", "lo", "up"])
         .status()?;
     let log_path = dir.0.with_extension("log");
-    let (mut p, first_sync) = start(bin, mode, &ns, &dir.0, &log_path)?;
-    let pid = p.0.id();
+    let (p, first_sync) = start(bin, mode, &ns, &dir.0, &log_path)?;
+    let pid = p.pid();
     let sync_cpu = cpu_seconds(pid)?;
     // The settle phase counts from here (the check below can take minutes at
     // 50k: nft reads the whole table to answer one element).
@@ -261,24 +248,22 @@ fn measure(
     // Optional profile of the idle window (perf's cpu-clock: no hardware
     // counters needed).
     let perf = match perf_out {
-        Some(out) => Some(Proc(
-            Command::new("perf")
-                .args([
-                    "record",
-                    "-q",
-                    "-e",
-                    "cpu-clock",
-                    "-g",
-                    "-p",
-                    &pid.to_string(),
-                    "-o",
+        Some(out) => {
+            let args: Vec<String> = ["record", "-q", "-e", "cpu-clock", "-g", "-p"]
+                .iter()
+                .map(|a| a.to_string())
+                .chain([
+                    pid.to_string(),
+                    "-o".to_string(),
+                    out.with_extension(format!("{n}.data"))
+                        .display()
+                        .to_string(),
                 ])
-                .arg(out.with_extension(format!("{n}.data")))
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .context("starting perf record")?,
-        )),
+                .collect();
+            let perf = ProcGuard::start(&ns, Path::new("perf"), &args, Path::new("/dev/null"))
+                .context("starting perf record")?;
+            Some(perf)
+        }
         None => None,
     };
     let c0 = cpu_seconds(pid)?;
@@ -289,18 +274,17 @@ fn measure(
         rss.push(status_kib(pid, "VmRSS:")?);
     }
     let idle_cpu_pct = (cpu_seconds(pid)? - c0) / w0.elapsed().as_secs_f64() * 100.0;
-    if let Some(mut p) = perf {
+    if let Some(p) = perf {
         // SIGINT makes perf write its file and exit.
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(p.0.id() as i32, libc::SIGINT) };
-        let _ = p.0.wait();
+        p.signal(libc::SIGINT).context("stopping perf record")?;
+        p.wait_exit(Duration::from_secs(120));
     }
     let (full1, part1) = syncs(&scrape(&ns, "/metrics")?);
     let rss_avg = rss.iter().sum::<u64>() / rss.len().max(1) as u64;
     let rss_max = rss.iter().copied().max().unwrap_or(0);
     // The high-water mark over the whole life: the first sync is the peak.
     let hwm = status_kib(pid, "VmHWM:")?;
-    if p.0.try_wait()?.is_some() {
+    if p.try_wait().is_some() {
         bail!("kube-proxy-rs exited during the idle window");
     }
     // SIGKILL and start again over the table it left, `restarts` times.
@@ -308,8 +292,8 @@ fn measure(
     drop(p);
     for _ in 0..restarts {
         let (p, first_sync) = start(bin, mode, &ns, &dir.0, &log_path)?;
-        let cpu = cpu_seconds(p.0.id())?;
-        let hwm = status_kib(p.0.id(), "VmHWM:")?;
+        let cpu = cpu_seconds(p.pid())?;
+        let hwm = status_kib(p.pid(), "VmHWM:")?;
         let log = std::fs::read_to_string(&log_path).unwrap_or_default();
         again.push(Restart {
             first_sync,
