@@ -15,6 +15,11 @@ pub mod soak;
 pub mod tables;
 pub mod userspace_relay;
 
+use std::time::SystemTime;
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kp_model::{ChangeTracker, IpFamily, TrackerConfig};
 use serde_json::{json, Value};
 
 /// One Service and its EndpointSlice, in the shape of the API objects.
@@ -83,6 +88,51 @@ pub fn cluster_range(ids: std::ops::Range<u32>, m: u32, affinity: bool) -> Synth
         slices.push(slice(i, m, 0, multi));
     }
     Synthetic { services, slices }
+}
+
+/// [`cluster_with`]'s objects parsed as the API's types.
+pub fn parsed_cluster(
+    n: u32,
+    m: u32,
+    affinity: bool,
+) -> anyhow::Result<(Vec<Service>, Vec<EndpointSlice>)> {
+    let syn = cluster_with(n, m, affinity);
+    let svcs = syn
+        .services
+        .into_iter()
+        .map(serde_json::from_value)
+        .collect::<Result<_, _>>()?;
+    let slices = syn
+        .slices
+        .into_iter()
+        .map(serde_json::from_value)
+        .collect::<Result<_, _>>()?;
+    Ok((svcs, slices))
+}
+
+/// An empty IPv4 change tracker of node1 (where [`cluster`] puts a
+/// quarter of the endpoints).
+pub fn tracker() -> ChangeTracker {
+    ChangeTracker::new(TrackerConfig {
+        family: IpFamily::V4,
+        node_name: "node1".into(),
+        service_proxy_name: None,
+    })
+}
+
+/// A fresh [`tracker`] holding `svcs` and `slices`, their changes taken:
+/// what the tables' model column and the criterion tracker bench time.
+pub fn tracked(svcs: &[Service], slices: &[EndpointSlice]) -> ChangeTracker {
+    let mut tr = tracker();
+    let now = SystemTime::now();
+    for s in svcs {
+        let _ = tr.update_service(s, now);
+    }
+    for s in slices {
+        let _ = tr.update_endpoint_slice(s, now);
+    }
+    tr.take_changes();
+    tr
 }
 
 /// Service `i`'s ClusterIP in [`cluster`]: 10.96.0.10 + i.

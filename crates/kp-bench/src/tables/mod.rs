@@ -15,12 +15,15 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kp_iptables::{
     IptablesNetlink, IptablesProxier, Line, Match, Restore, Rule, Target, Variant, Writer,
 };
-use kp_model::{ChangeTracker, Dataplane, IpFamily, LocalDetector, ProxierConfig, TrackerConfig};
+use kp_model::{ChangeTracker, Dataplane, IpFamily, LocalDetector, ProxierConfig};
 use kp_nftables::{NftBackend, NftCli, NftNetlink, NftablesProxier};
 use kp_userspace::{UserspaceConfig, UserspaceProxier, VipMode};
 use std::sync::Arc;
 
 use crate::netns::{self, Netns};
+// The cluster as API objects and in a tracker, as floor.rs, encode.rs and
+// restart.rs take them from here.
+use crate::{parsed_cluster, tracked, tracker};
 
 mod encode;
 mod floor;
@@ -249,14 +252,6 @@ impl SocketLbBench {
     }
 }
 
-fn tracker() -> ChangeTracker {
-    ChangeTracker::new(TrackerConfig {
-        family: IpFamily::V4,
-        node_name: "node1".into(),
-        service_proxy_name: None,
-    })
-}
-
 /// The proxier configuration of every kp-bench table: IPv4, pods in
 /// 10.128.0.0/9 (where kp_bench puts the endpoints).
 fn proxier_config() -> ProxierConfig {
@@ -300,38 +295,6 @@ fn dataplane(o: &Opts, wrapper: &str) -> Result<Box<dyn Dataplane>> {
         })
     };
     Ok(Box::new(NftablesProxier::new(pc, backend)))
-}
-
-/// One table row: `n` Services with `m` endpoints each.
-/// kp_bench's cluster of `n` Services x `m` endpoints as API objects.
-fn parsed_cluster(n: u32, m: u32, affinity: bool) -> Result<(Vec<Service>, Vec<EndpointSlice>)> {
-    let syn = crate::cluster_with(n, m, affinity);
-    let svcs = syn
-        .services
-        .into_iter()
-        .map(serde_json::from_value)
-        .collect::<Result<_, _>>()?;
-    let slices = syn
-        .slices
-        .into_iter()
-        .map(serde_json::from_value)
-        .collect::<Result<_, _>>()?;
-    Ok((svcs, slices))
-}
-
-/// A fresh tracker holding `svcs` and `slices`, their changes taken: the
-/// model column's work.
-fn tracked(svcs: &[Service], slices: &[EndpointSlice]) -> ChangeTracker {
-    let mut tr = tracker();
-    let now = SystemTime::now();
-    for s in svcs {
-        let _ = tr.update_service(s, now);
-    }
-    for s in slices {
-        let _ = tr.update_endpoint_slice(s, now);
-    }
-    tr.take_changes();
-    tr
 }
 
 fn run_size(o: &Opts, n: u32, m: u32, affinity: bool, home: &std::fs::File) -> Result<String> {
