@@ -28,6 +28,23 @@ pub struct Synthetic {
     pub slices: Vec<Value>,
 }
 
+impl Synthetic {
+    /// The objects parsed as the API's types.
+    pub fn parsed(self) -> anyhow::Result<(Vec<Service>, Vec<EndpointSlice>)> {
+        let svcs = self
+            .services
+            .into_iter()
+            .map(serde_json::from_value)
+            .collect::<Result<_, _>>()?;
+        let slices = self
+            .slices
+            .into_iter()
+            .map(serde_json::from_value)
+            .collect::<Result<_, _>>()?;
+        Ok((svcs, slices))
+    }
+}
+
 fn ip4(base: u32, i: u32) -> String {
     let v = base + i;
     format!(
@@ -96,18 +113,7 @@ pub fn parsed_cluster(
     m: u32,
     affinity: bool,
 ) -> anyhow::Result<(Vec<Service>, Vec<EndpointSlice>)> {
-    let syn = cluster_with(n, m, affinity);
-    let svcs = syn
-        .services
-        .into_iter()
-        .map(serde_json::from_value)
-        .collect::<Result<_, _>>()?;
-    let slices = syn
-        .slices
-        .into_iter()
-        .map(serde_json::from_value)
-        .collect::<Result<_, _>>()?;
-    Ok((svcs, slices))
+    cluster_with(n, m, affinity).parsed()
 }
 
 /// An empty IPv4 change tracker of node1 (where [`cluster`] puts a

@@ -348,18 +348,7 @@ impl Drop for NftWrapper {
 /// One Service with `ports` ports and `m` endpoints:
 /// model, render, full syncs and the partial syncs that touch it.
 fn run_ports(o: &Opts, ports: u32, m: u32, home: &std::fs::File) -> Result<()> {
-    let parse = |syn: crate::Synthetic| -> Result<(Vec<Service>, Vec<EndpointSlice>)> {
-        Ok((
-            syn.services
-                .into_iter()
-                .map(serde_json::from_value)
-                .collect::<Result<_, _>>()?,
-            syn.slices
-                .into_iter()
-                .map(serde_json::from_value)
-                .collect::<Result<_, _>>()?,
-        ))
-    };
+    let parse = crate::Synthetic::parsed;
     let (svcs, slices) = parse(crate::many_ports(ports, m, 0))?;
     let t0 = Instant::now();
     let mut tr = tracker();
