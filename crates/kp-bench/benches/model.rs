@@ -12,41 +12,14 @@ use std::time::SystemTime;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kp_bench::tracked;
 use kp_model::{
-    convert_endpoint_slice, convert_service, ChangeTracker, IpFamily, LocalDetector, ProxierConfig,
-    ProxyState, ServicePort, TrackerConfig,
+    convert_endpoint_slice, convert_service, IpFamily, LocalDetector, ProxierConfig, ProxyState,
+    ServicePort,
 };
 
 fn objects(n: u32, m: u32) -> (Vec<Service>, Vec<EndpointSlice>) {
-    let syn = kp_bench::cluster(n, m);
-    let svcs = syn
-        .services
-        .into_iter()
-        .map(|v| serde_json::from_value(v).expect("generated Service parses"))
-        .collect();
-    let slices = syn
-        .slices
-        .into_iter()
-        .map(|v| serde_json::from_value(v).expect("generated EndpointSlice parses"))
-        .collect();
-    (svcs, slices)
-}
-
-fn tracker(svcs: &[Service], slices: &[EndpointSlice]) -> ChangeTracker {
-    let mut tr = ChangeTracker::new(TrackerConfig {
-        family: IpFamily::V4,
-        node_name: "node1".into(),
-        service_proxy_name: None,
-    });
-    let now = SystemTime::now();
-    for s in svcs {
-        let _ = tr.update_service(s, now);
-    }
-    for s in slices {
-        let _ = tr.update_endpoint_slice(s, now);
-    }
-    tr.take_changes();
-    tr
+    kp_bench::parsed_cluster(n, m, true).expect("the generated cluster parses")
 }
 
 /// The generator's kinds, by index (see `kp_bench::cluster_with`).
@@ -89,7 +62,7 @@ fn bench_tracker(c: &mut Criterion) {
     let mut g = c.benchmark_group("tracker");
     for n in [1_000u32, 10_000] {
         let (svcs, slices) = objects(n, 10);
-        let mut tr = tracker(&svcs, &slices);
+        let mut tr = tracked(&svcs, &slices);
         // Alternate between two generations of one slice so every update is
         // a real change.
         let gens: Vec<EndpointSlice> = (1..=2)
@@ -110,7 +83,7 @@ fn bench_tracker(c: &mut Criterion) {
     let (svcs, slices) = objects(1_000, 10);
     g.sample_size(20);
     g.bench_function("load+take_changes/1000", |b| {
-        b.iter(|| tracker(&svcs, &slices))
+        b.iter(|| tracked(&svcs, &slices))
     });
     g.finish();
 }
@@ -127,7 +100,7 @@ fn service_ports(state: &ProxyState, i: usize) -> Arc<ServicePort> {
 
 fn bench_render(c: &mut Criterion) {
     let (svcs, slices) = objects(20, 10);
-    let tr = tracker(&svcs, &slices);
+    let tr = tracked(&svcs, &slices);
     let state = tr.state();
     let mut cfg = ProxierConfig::new(IpFamily::V4);
     cfg.local_detector = LocalDetector::Cidrs(vec!["10.128.0.0/9".parse().expect("valid CIDR")]);
@@ -144,7 +117,7 @@ fn bench_render(c: &mut Criterion) {
     }
     // A whole-ruleset render through the proxier (no kernel involved).
     let (svcs, slices) = objects(1_000, 10);
-    let tr = tracker(&svcs, &slices);
+    let tr = tracked(&svcs, &slices);
     g.sample_size(20);
     g.bench_function("nftables/full-ruleset/1000", |b| {
         b.iter_batched(

@@ -1,4 +1,4 @@
-//! The lab of kp-compare and kp-soak: one real control plane (kp-testkit:
+//! The lab of `kp-bench compare`, `soak` and `pps`: one real control plane (kp-testkit:
 //! etcd + kube-apiserver v1.36 in a namespace of its own), two node
 //! namespaces, kp-bench's synthetic cluster written through the API, and a
 //! proxy binary run in a node namespace and observed only through what
@@ -98,7 +98,7 @@ pub const ETCD_TXN_OPS: usize = 128;
 /// server refuses kp-bench's repeating ones), its EndpointSlice, and the
 /// IPAddress object holding its ClusterIP, as the allocator writes it
 /// (without one, the API server's repair loop would create them all while
-/// the proxy is measured). Needs kp-compare `--only-ours`'s ranges: ClusterIPs
+/// the proxy is measured). Needs `compare --only-ours`'s ranges: ClusterIPs
 /// in 10.96.0.0/15 past 65k Services, NodePorts 30000-59999.
 pub fn etcd_objects(n: u32, created: Timestamp) -> Result<Vec<(String, String)>> {
     let syn = crate::cluster(n, ENDPOINTS);
@@ -319,10 +319,7 @@ impl Lab {
         // (single) thread moves there, so the client's sockets and the
         // runtime (current-thread) live where the server is reachable.
         let f = std::fs::File::open(format!("/run/netns/{}", host.ns))?;
-        // SAFETY: setns on a namespace fd we own; affects this thread only.
-        if unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&f), libc::CLONE_NEWNET) } != 0 {
-            bail!("setns: {}", std::io::Error::last_os_error());
-        }
+        crate::netns::enter(&f).with_context(|| format!("entering {}", host.ns))?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -635,33 +632,12 @@ pub struct Proxy<'a> {
 
 impl Proxy<'_> {
     pub fn metrics(&self) -> String {
-        let ns = self.cluster.node_ns(self.node).to_string();
-        kp_netlab::in_netns(&ns, || {
-            use std::io::{Read, Write};
-            let mut s = std::net::TcpStream::connect_timeout(
-                &"127.0.0.1:10249".parse().ok()?,
-                Duration::from_secs(2),
-            )
-            .ok()?;
-            s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-            write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
-            let mut b = String::new();
-            s.read_to_string(&mut b).ok()?;
-            Some(b)
-        })
-        .ok()
-        .flatten()
-        .unwrap_or_default()
+        scrape(self.cluster.node_ns(self.node), "/metrics").unwrap_or_default()
     }
 
     /// Samples of `name` over all label sets.
     pub fn samples(&self, name: &str) -> Vec<f64> {
-        self.metrics()
-            .lines()
-            .filter_map(|l| l.strip_prefix(name))
-            .filter(|r| r.starts_with([' ', '{']))
-            .filter_map(|r| r.rsplit(' ').next()?.trim().parse().ok())
-            .collect()
+        samples(&self.metrics(), name)
     }
 
     pub fn ruleset(&self) -> String {
@@ -777,6 +753,40 @@ impl Proxy<'_> {
     }
 }
 
+/// Where the proxies the benches start serve /metrics, inside their own
+/// network namespace ([`proxy_args`], and `kp-bench idle`'s).
+pub const METRICS_ADDR: &str = "127.0.0.1:10249";
+
+/// GET `path` (e.g. `/metrics`) from [`METRICS_ADDR`] inside network
+/// namespace `ns`: the whole response, headers included.
+pub fn scrape(ns: &str, path: &str) -> Result<String> {
+    use std::io::{Read, Write};
+    let addr: std::net::SocketAddr = METRICS_ADDR.parse()?;
+    let mut s = kp_netlab::in_netns(ns, || {
+        std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+    })?
+    .with_context(|| format!("connecting to {METRICS_ADDR} in {ns}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)
+        .with_context(|| format!("reading {path} from {METRICS_ADDR} in {ns}"))?;
+    Ok(out)
+}
+
+/// The samples of metric `name` in a Prometheus text, over all its label
+/// sets.
+pub fn samples(text: &str, name: &str) -> Vec<f64> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(name))
+        .filter(|r| r.starts_with([' ', '{']))
+        .filter_map(|r| r.rsplit(' ').next()?.trim().parse().ok())
+        .collect()
+}
+
 /// A kB field of /proc/`pid`/status (`pid` may be "self") in MiB; 0 when
 /// unreadable.
 pub fn status_mib(pid: &str, field: &str) -> f64 {
@@ -792,78 +802,12 @@ pub fn status_mib(pid: &str, field: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// The options of the side-by-side benchmarks: which sizes, which mode,
-/// where to write the table and which binary is ours.
-pub struct CommonOpts {
-    pub sizes: Vec<u32>,
-    pub mode: String,
-    pub write: Option<PathBuf>,
-    pub ours: PathBuf,
-}
-
-/// With `--help` or `-h` anywhere in the arguments: says where the flags
-/// are documented (each benchmark's file header) and exits, instead of
-/// running a benchmark of many minutes with its defaults.
-pub fn exit_on_help(source: &str) {
-    if std::env::args().skip(1).any(|a| a == "--help" || a == "-h") {
-        println!(
-            "{source}: flags and what is measured are in that file's header; \
-             the commands behind the published figures are in BENCHMARKS.md."
-        );
-        std::process::exit(0);
-    }
-}
-
-/// Parses `--sizes N,N`, `--mode nftables|iptables`, `--write FILE` and
-/// `--ours PATH` (default: the kube-proxy-rs beside the running benchmark);
-/// every other flag, with its value, goes to `extra`, which returns false
-/// for a flag it does not know either.
-pub fn parse_common(
-    sizes: &[u32],
-    extra: impl FnMut(&str, String) -> Result<bool>,
-) -> Result<CommonOpts> {
-    parse_common_from(std::env::args().skip(1), sizes, extra)
-}
-
-/// [`parse_common`] over `args` (a benchmark's switches, flags without a
-/// value, taken out first).
-pub fn parse_common_from(
-    mut args: impl Iterator<Item = String>,
-    sizes: &[u32],
-    mut extra: impl FnMut(&str, String) -> Result<bool>,
-) -> Result<CommonOpts> {
-    let exe = std::env::current_exe().context("locating the benchmark binary")?;
-    let bin = exe.file_name().unwrap_or_default().to_string_lossy();
-    exit_on_help(&format!("crates/kp-bench/src/bin/{bin}.rs"));
-    let mut o = CommonOpts {
-        sizes: sizes.to_vec(),
-        mode: "nftables".into(),
-        write: None,
-        ours: exe.with_file_name("kube-proxy-rs"),
-    };
-    while let Some(a) = args.next() {
-        let v = args.next().with_context(|| format!("{a} needs a value"))?;
-        match a.as_str() {
-            "--sizes" => {
-                o.sizes = v
-                    .split(',')
-                    .map(|s| s.trim().parse().context("--sizes"))
-                    .collect::<Result<_>>()?
-            }
-            "--mode" => o.mode = v,
-            "--write" => o.write = Some(PathBuf::from(v)),
-            "--ours" => o.ours = PathBuf::from(v),
-            other => {
-                if !extra(other, v)? {
-                    bail!("unknown argument {other} (see the file header)");
-                }
-            }
-        }
-    }
-    if !["nftables", "iptables"].contains(&o.mode.as_str()) {
-        bail!("--mode must be nftables or iptables");
-    }
-    Ok(o)
+/// The kube-proxy-rs beside the running kp-bench (where `cargo build
+/// --release -p kube-proxy-rs -p kp-bench` puts both): the `--ours` default.
+pub fn beside_bench() -> PathBuf {
+    std::env::current_exe()
+        .map(|e| e.with_file_name("kube-proxy-rs"))
+        .unwrap_or_else(|_| PathBuf::from("kube-proxy-rs"))
 }
 
 /// The proxy binary a benchmark runs, checked before a lab is built.
@@ -885,7 +829,7 @@ pub fn proxy_args(mode: &str, kubeconfig: &Path, node: usize) -> Vec<String> {
         format!("--kubeconfig={}", kubeconfig.display()),
         format!("--hostname-override=node{node}"),
         "--cluster-cidr=10.244.0.0/16".into(),
-        "--metrics-bind-address=127.0.0.1:10249".into(),
+        format!("--metrics-bind-address={METRICS_ADDR}"),
         "--conntrack-max-per-core=0".into(),
         "--conntrack-tcp-timeout-established=0".into(),
         "--conntrack-tcp-timeout-close-wait=0".into(),

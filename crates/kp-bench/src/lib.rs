@@ -1,15 +1,48 @@
-//! Synthetic clusters for benchmarks and scale tests.
+//! kube-proxy-rs's benchmarks, one module per `kp-bench` subcommand (its
+//! arguments as a clap struct and a `run`), and what they share: synthetic
+//! clusters (below), the API lab and proxy processes (lab), scratch network
+//! namespaces (netns).
 
+pub mod compare;
 pub mod connect;
+pub mod idle;
 pub mod lab;
+pub mod maglev;
+pub mod netns;
 pub mod pps;
+pub mod reconcile;
+pub mod soak;
+pub mod tables;
+pub mod userspace_relay;
 
+use std::time::SystemTime;
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kp_model::{ChangeTracker, IpFamily, TrackerConfig};
 use serde_json::{json, Value};
 
 /// One Service and its EndpointSlice, in the shape of the API objects.
 pub struct Synthetic {
     pub services: Vec<Value>,
     pub slices: Vec<Value>,
+}
+
+impl Synthetic {
+    /// The objects parsed as the API's types.
+    pub fn parsed(self) -> anyhow::Result<(Vec<Service>, Vec<EndpointSlice>)> {
+        let svcs = self
+            .services
+            .into_iter()
+            .map(serde_json::from_value)
+            .collect::<Result<_, _>>()?;
+        let slices = self
+            .slices
+            .into_iter()
+            .map(serde_json::from_value)
+            .collect::<Result<_, _>>()?;
+        Ok((svcs, slices))
+    }
 }
 
 fn ip4(base: u32, i: u32) -> String {
@@ -74,6 +107,40 @@ pub fn cluster_range(ids: std::ops::Range<u32>, m: u32, affinity: bool) -> Synth
     Synthetic { services, slices }
 }
 
+/// [`cluster_with`]'s objects parsed as the API's types.
+pub fn parsed_cluster(
+    n: u32,
+    m: u32,
+    affinity: bool,
+) -> anyhow::Result<(Vec<Service>, Vec<EndpointSlice>)> {
+    cluster_with(n, m, affinity).parsed()
+}
+
+/// An empty IPv4 change tracker of node1 (where [`cluster`] puts a
+/// quarter of the endpoints).
+pub fn tracker() -> ChangeTracker {
+    ChangeTracker::new(TrackerConfig {
+        family: IpFamily::V4,
+        node_name: "node1".into(),
+        service_proxy_name: None,
+    })
+}
+
+/// A fresh [`tracker`] holding `svcs` and `slices`, their changes taken:
+/// what the tables' model column and the criterion tracker bench time.
+pub fn tracked(svcs: &[Service], slices: &[EndpointSlice]) -> ChangeTracker {
+    let mut tr = tracker();
+    let now = SystemTime::now();
+    for s in svcs {
+        let _ = tr.update_service(s, now);
+    }
+    for s in slices {
+        let _ = tr.update_endpoint_slice(s, now);
+    }
+    tr.take_changes();
+    tr
+}
+
 /// Service `i`'s ClusterIP in [`cluster`]: 10.96.0.10 + i.
 pub fn cluster_ip(i: u32) -> String {
     ip4(0x0a60_0000, i + 10)
@@ -104,7 +171,7 @@ pub fn slice(i: u32, m: u32, generation: u32, multi: bool) -> Value {
     let free = stride - (m - 1).min(stride - 1);
     // Generation 0 is the slice as created; later ones cycle over the other
     // free offsets and never come back to it: a "moved" endpoint already in
-    // place would be timed as an instant change (kp-compare's burst at 10k,
+    // place would be timed as an instant change (compare's burst at 10k,
     // generation 55, did).
     let shift = if generation == 0 || free < 2 {
         0

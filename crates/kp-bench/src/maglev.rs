@@ -1,4 +1,4 @@
-//! `kp-bench --mode maglev`: the Maglev tables of `--bpf-lb-algorithm
+//! `kp-bench maglev`: the Maglev tables of `--bpf-lb-algorithm
 //! maglev` (kp_socketlb::maglev) alone, no kernel and no root: the time to
 //! build one Service's table, the share of flows that change endpoint when
 //! one endpoint leaves, the share two nodes agree on, and the map memory
@@ -12,7 +12,7 @@ use anyhow::Result;
 use kp_socketlb::maglev;
 use kp_socketlb::maps::{addr_words, port_net, MaglevKey, MaglevVal, MAGLEV_CHUNK};
 
-use super::{ms, pct};
+use crate::tables::{ms, pct};
 
 /// splitmix64: deterministic, and enough for picking flows and endpoints.
 struct Rng(u64);

@@ -98,6 +98,18 @@ impl ProcGuard {
         ))
     }
 
+    /// Starts `program` with `args` in network namespace `ns` (`ip netns
+    /// exec`), its output appended to `log`, without a [`crate::Cluster`]:
+    /// for a namespace of the caller's own (kp-bench idle's).
+    pub fn start(
+        ns: &str,
+        program: &Path,
+        args: &[String],
+        log: &Path,
+    ) -> Result<ProcGuard, LabError> {
+        Ok(ProcGuard::spawn(ns, program, args, log)?.0)
+    }
+
     /// Process id of the program.
     pub fn pid(&self) -> u32 {
         self.pid

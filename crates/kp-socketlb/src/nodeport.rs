@@ -67,7 +67,7 @@ impl Role {
 /// bpf/xdp_pass.c: an XDP program that passes every frame, for the far
 /// end of a lab's veth that a node's XDP sends frames back into (veth
 /// wakes that end for them only while it runs an XDP program). For the
-/// tests and kp-pps, not the proxy.
+/// tests and kp-bench pps, not the proxy.
 #[doc(hidden)]
 pub static XDP_PASS_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xdp_pass.o"));

@@ -1,6 +1,6 @@
 //! The test API server inside a lab network namespace: its runtime's threads
 //! live there, so it listens on that namespace's 127.0.0.1, where a proxy
-//! started in the namespace finds it (the reliability tests, kp-soak).
+//! started in the namespace finds it (the reliability tests, kp-bench soak).
 
 use std::sync::mpsc;
 use std::thread::JoinHandle;

@@ -39,7 +39,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// and the container's cgroup keep counting: arenas committed up front on
 /// Linux (`arena_eager_commit`), whose freed pages are then only marked
 /// MADV_FREE (reclaimed under memory pressure, not before), and a 1 s purge
-/// delay. Measured per setting with kp-soak and kp-bench (BENCHMARKS.md,
+/// delay. Measured per setting with kp-bench's soak and tables (BENCHMARKS.md,
 /// "Steady state"): eager commit off with a 200 ms purge delay roughly
 /// halves the peak at 1k Services for a slightly slower render.
 ///
@@ -118,9 +118,9 @@ fn run(mut cfg: ProxyConfig) -> Result<()> {
     // waits on sockets and decodes JSON, while the rules are computed and
     // written on the sync thread. Every thread that allocates holds its
     // own partly used mimalloc pages, so each thread is ~1-2 MiB of RSS at
-    // 1k Services: peak through the API (kp-compare, 1k, three alternating
+    // 1k Services: peak through the API (kp-bench compare, 1k, three alternating
     // runs each) 40.1/38.6/42.5 MiB with two workers, 37.7/39.4/37.2 with
-    // this. At 10k (kp-soak, one run each, 2,000 updates/s asked): first
+    // this. At 10k (kp-bench soak, one run each, 2,000 updates/s asked): first
     // sync 8.3 vs 8.6 s (runs vary by 1 s), peak 143 vs 134 MiB, CPU over
     // the soak 7 vs 6 s.
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -1368,11 +1368,15 @@ fn benchmarks_md_is_short_and_its_markers_whole() {
             "BENCHMARKS.md has {lines} lines, more than {BENCHMARKS_MAX_LINES}: move history, superseded runs and discussion to docs/benchmarks-history.md"
         ));
     }
+    // Every source file of kp-bench, its subcommands' folders included.
     let mut bench_src = String::new();
-    for dir in ["src", "src/bin"] {
-        for e in std::fs::read_dir(root.join("crates/kp-bench").join(dir)).unwrap() {
+    let mut dirs = vec![root.join("crates/kp-bench/src")];
+    while let Some(dir) = dirs.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
             let p = e.unwrap().path();
-            if p.extension().is_some_and(|x| x == "rs") {
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
                 bench_src.push_str(&std::fs::read_to_string(p).unwrap());
             }
         }

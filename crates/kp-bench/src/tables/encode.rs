@@ -1,4 +1,4 @@
-//! `kp-bench --mode iptables --encode`: what iptables mode (iptables-nft
+//! `kp-bench iptables --encode`: what iptables mode (iptables-nft
 //! over netlink) spends before a batch can leave, with no kernel in the
 //! figures: a sync's render and the encoding of its rules into one nf_tables
 //! batch, for a full sync and for one endpoint replaced. The proxier writes
@@ -131,7 +131,7 @@ fn row(o: &super::Opts, n: u32, m: u32, affinity: bool) -> Result<String> {
     ))
 }
 
-/// `kp-bench --mode iptables --encode`: one row per size.
+/// `kp-bench iptables --encode`: one row per size.
 pub fn tables(
     o: &super::Opts,
     sizes: &[u32],

@@ -1,15 +1,16 @@
-//! kp-compare: kube-proxy-rs and upstream kube-proxy side by side, in one
-//! run, on this machine, against one real kube-apiserver.
+//! `kp-bench compare`: kube-proxy-rs and upstream kube-proxy side by side,
+//! in one run, on this machine, against one real kube-apiserver.
 //!
 //! A ratio between two proxies only holds when both ran in the same run on
-//! the same machine: kp-bench drives the model directly and figures taken on
-//! another day differ by 4x (docs/upstream-baseline.md). So this starts
-//! the control plane of the tests (kp-testkit: etcd + kube-apiserver v1.36 in
-//! a lab namespace), creates N Services x 10 endpoints through the API (the
-//! kp-bench mix: NodePorts, eTP=Local LoadBalancers, 5% session affinity,
-//! UDP ports), and runs each proxy binary in turn in its own node namespace
-//! with the same flags (defaults otherwise, as operators run them), measuring
-//! only through what both export and the kernel shows:
+//! the same machine: the table subcommands drive the model directly and
+//! figures taken on another day differ by 4x (docs/upstream-baseline.md).
+//! So this starts the control plane of the tests (kp-testkit: etcd +
+//! kube-apiserver v1.36 in a lab namespace), creates N Services x 10
+//! endpoints through the API (the kp-bench mix: NodePorts, eTP=Local
+//! LoadBalancers, 5% session affinity, UDP ports), and runs each proxy
+//! binary in turn in its own node namespace with the same flags (defaults
+//! otherwise, as operators run them), measuring only through what both
+//! export and the kernel shows:
 //!
 //! * first sync: process start -> `kubeproxy_sync_proxy_rules_duration_seconds_count`
 //!   >= 1 and the last Service's ClusterIP in the ruleset read back;
@@ -19,48 +20,104 @@
 //! * a burst of endpoint changes -> all of them in the kernel;
 //! * CPU seconds to the first sync and while idle, RSS at the end and peak (VmHWM).
 //!
-//! `--only-ours` runs ours alone, for sizes upstream cannot sync in useful
-//! time (50k: hours): the same first sync, changes, idle CPU and memory
-//! (no Service added or deleted, no burst), the split of its first sync from
-//! its log, and the API server's side: the time to write the objects, the
-//! requests it throttled or failed, kube-apiserver's and etcd's RSS and
-//! etcd's database after writing and at the end. The lab's service CIDR and
-//! NodePort range are widened for it (see [`ours_room`]). Writing the
-//! objects slows down as they add up (kube-apiserver's ClusterIP allocator,
-//! see `Lab::populate_within`): `--populate-within SECS` gives up a size
-//! after that long, as a row of the table. `--via-etcd` writes the objects
-//! into etcd instead, as the API server stores them (`Lab::populate_etcd`),
-//! so 100k is populated in minutes; the proxy still lists and watches them
-//! through kube-apiserver, and its changes go through the API as before.
-//!
-//! `--against PATH` puts an earlier kube-proxy-rs build in upstream's place
-//! (the same lab, the same run): a change of ours measured before and after,
-//! as a ratio that holds.
-//!
-//! `sudo target/release/kp-compare [--only-ours [--populate-within SECS | --via-etcd]] [--sizes 1000]
-//! [--mode nftables|iptables] [--changes 50] [--burst 1000] [--idle 60]
-//! [--first-sync-within SECS] [--write BENCHMARKS.md] [--ours PATH]`
-//! (--first-sync-within: how long a proxy may take to its first sync,
-//! 3600 by default; upstream's iptables-nft mode needs ~95 min at 10k) (--ours defaults to the
-//! kube-proxy-rs beside kp-compare) (build first: `cargo build --release -p
-//! kube-proxy-rs -p kp-bench`). `--write` replaces the table between the
-//! `kp-compare MODE` markers of that file (`kp-compare-ours MODE` with
-//! `--only-ours`, `kp-compare-ours-etcd MODE` with `--via-etcd`).
+//! `--only-ours` runs ours alone (see [`CompareArgs`]); `--connect` times
+//! connects through both proxies' rules instead (connect.rs). `--write`
+//! replaces the table between the `kp-compare MODE` markers of that file
+//! (`kp-compare-ours MODE` with `--only-ours`, `kp-compare-ours-etcd MODE`
+//! with `--via-etcd`, `kp-compare-against MODE` with `--against`,
+//! `kp-connect-compare MODE` with `--connect`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
-use futures::{StreamExt, TryStreamExt};
-use kp_bench::lab::{
-    check_binary, date_utc, has_ip, load_average, now_unix, parse_common_from, pct, secs,
-    status_mib, write_into, Lab, Populated, Proxy, ENDPOINTS, IN_FLIGHT,
+use crate::lab::{
+    beside_bench, check_binary, date_utc, has_ip, load_average, now_unix, pct, secs, status_mib,
+    write_into, Lab, Populated, Proxy, ENDPOINTS, IN_FLIGHT,
 };
+use anyhow::Result;
+use futures::{StreamExt, TryStreamExt};
+
+mod connect;
 use kp_testkit::ControlPlaneOpts;
 use kube::api::DeleteParams;
 use serde_json::json;
+
+/// `kp-bench compare`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct CompareArgs {
+    /// Services per run, comma-separated: each size in a lab of its own
+    /// [default: 1000; 100,10000 with --connect].
+    #[arg(long, value_delimiter = ',')]
+    pub sizes: Option<Vec<u32>>,
+    /// The proxy mode both proxies run in.
+    #[arg(long, default_value = "nftables", value_parser = ["nftables", "iptables"])]
+    pub mode: String,
+    /// Endpoint changes timed through the API, each into a quiet proxy.
+    #[arg(long, default_value_t = 50)]
+    pub changes: usize,
+    /// Endpoint changes of the burst (each Service once, at most N).
+    #[arg(long, default_value_t = 1000)]
+    pub burst: usize,
+    /// Seconds each proxy is left alone for its idle CPU.
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    pub idle: u64,
+    /// How long a proxy may take to its first sync (upstream's iptables-nft
+    /// mode needs ~95 min at 10k).
+    #[arg(long, value_name = "SECS", default_value_t = FIRST_SYNC_WITHIN.as_secs())]
+    pub first_sync_within: u64,
+    /// Replaces the table between this bench's markers in FILE (appended
+    /// when missing), e.g. BENCHMARKS.md.
+    #[arg(long, value_name = "FILE")]
+    pub write: Option<PathBuf>,
+    /// Our binary (build first: cargo build --release -p kube-proxy-rs -p
+    /// kp-bench).
+    #[arg(long, value_name = "PATH", default_value_os_t = beside_bench())]
+    pub ours: PathBuf,
+    /// Runs ours alone, for sizes upstream cannot sync in useful time (50k:
+    /// hours): the same first sync, changes, idle CPU and memory (no Service
+    /// added or deleted, no burst), the split of its first sync from its
+    /// log, and the API server's side (the time to write the objects, the
+    /// requests throttled or failed, kube-apiserver's and etcd's RSS and
+    /// etcd's database). The lab's service CIDR and NodePort range are
+    /// widened for it.
+    #[arg(long)]
+    pub only_ours: bool,
+    /// With --only-ours: gives a size up after writing its objects for that
+    /// long (writing slows down as they add up: kube-apiserver's ClusterIP
+    /// allocator), as a row of the table.
+    #[arg(
+        long,
+        value_name = "SECS",
+        requires = "only_ours",
+        conflicts_with = "via_etcd"
+    )]
+    pub populate_within: Option<u64>,
+    /// With --only-ours: writes the objects into etcd, as the API server
+    /// stores them, so 100k is populated in minutes; the proxy still lists
+    /// and watches them through kube-apiserver, its changes go through the
+    /// API as before.
+    #[arg(long, requires = "only_ours")]
+    pub via_etcd: bool,
+    /// Puts an earlier kube-proxy-rs build in upstream's place (the same
+    /// lab, the same run): a change of ours measured before and after, as a
+    /// ratio that holds.
+    #[arg(long, value_name = "PATH", conflicts_with = "only_ours")]
+    pub against: Option<PathBuf>,
+    /// Connect latency through a ClusterIP programmed by each proxy instead,
+    /// both running at the same time on their own node of one lab, against
+    /// each client's floor (its server's pod IP, no Service); connects in
+    /// interleaved rounds so background load hits every row alike.
+    #[arg(long, conflicts_with_all = ["only_ours", "against"])]
+    pub connect: bool,
+    /// With --connect: connects per row.
+    #[arg(long, default_value_t = 2000)]
+    pub connects: usize,
+    /// With --connect: rounds the connects are spread over.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub rounds: u64,
+}
 
 struct Opts {
     sizes: Vec<u32>,
@@ -81,51 +138,6 @@ struct Opts {
 /// How long a proxy may take to its first sync unless `--first-sync-within`
 /// says otherwise.
 const FIRST_SYNC_WITHIN: Duration = Duration::from_secs(3600);
-
-fn parse_opts() -> Result<Opts> {
-    let (mut changes, mut burst, mut idle) = (50, 1000, 60);
-    let mut populate_within = Duration::MAX;
-    let mut first_sync_within = FIRST_SYNC_WITHIN;
-    let mut against = None;
-    let only_ours = std::env::args().any(|a| a == "--only-ours");
-    let via_etcd = std::env::args().any(|a| a == "--via-etcd");
-    if via_etcd && !only_ours {
-        anyhow::bail!("--via-etcd goes with --only-ours");
-    }
-    let args = std::env::args()
-        .skip(1)
-        .filter(|a| a != "--only-ours" && a != "--via-etcd");
-    let c = parse_common_from(args, &[1000], |flag, v| {
-        match flag {
-            "--changes" => changes = v.parse().context("--changes")?,
-            "--burst" => burst = v.parse().context("--burst")?,
-            "--idle" => idle = v.parse().context("--idle")?,
-            "--populate-within" => {
-                populate_within = Duration::from_secs(v.parse().context("--populate-within")?)
-            }
-            "--first-sync-within" => {
-                first_sync_within = Duration::from_secs(v.parse().context("--first-sync-within")?)
-            }
-            "--against" => against = Some(PathBuf::from(v)),
-            _ => return Ok(false),
-        }
-        Ok(true)
-    })?;
-    Ok(Opts {
-        sizes: c.sizes,
-        mode: c.mode,
-        changes,
-        burst,
-        idle,
-        write: c.write,
-        ours: c.ours,
-        only_ours,
-        populate_within,
-        via_etcd,
-        first_sync_within,
-        against,
-    })
-}
 
 /// What one proxy showed at one size.
 #[derive(Default, Clone)]
@@ -397,7 +409,7 @@ fn sizes_arg(sizes: &[u32]) -> String {
 
 fn table_ours(o: &Opts, results: &BTreeMap<u32, Result<OursAlone>>) -> String {
     let mut out = format!(
-        "Measured {} by `kp-compare --only-ours{} --sizes {} --mode {} --changes {} --idle {}{}{}` \
+        "Measured {} by `kp-bench compare --only-ours{} --sizes {} --mode {} --changes {} --idle {}{}{}` \
          ({} cores, load average {} at the end): kube-proxy-rs alone against kube-apiserver \
          v1.36.2 + etcd, N Services x {ENDPOINTS} endpoints (kp-bench's mix) {}, service \
          CIDR 10.96.0.0/15 and NodePorts \
@@ -572,7 +584,7 @@ fn row(out: &mut String, n: u32, mode: &str, what: &str, up: String, ours: Strin
 fn table(o: &Opts, results: &BTreeMap<u32, (Figures, Figures)>) -> String {
     let (date, load) = (date_utc(), load_average());
     let mut out = format!(
-        "Measured {date} by `kp-compare --sizes {} --mode {} --changes {} --burst {} --idle {}{}{}` \
+        "Measured {date} by `kp-bench compare --sizes {} --mode {} --changes {} --burst {} --idle {}{}{}` \
          ({} cores, load average {} at the end): both proxies in the same run, on the same \
          machine, against the same kube-apiserver v1.36.2, N Services x {ENDPOINTS} endpoints \
          (kp-bench's mix). Ratio = {} / ours (above 1: ours is faster or smaller).\n\n\
@@ -679,8 +691,32 @@ fn table(o: &Opts, results: &BTreeMap<u32, (Figures, Figures)>) -> String {
     out
 }
 
-fn main() -> Result<()> {
-    let o = parse_opts()?;
+/// `kp-bench compare`.
+pub fn run(a: CompareArgs) -> Result<()> {
+    if a.connect {
+        return connect::run(connect::Opts {
+            sizes: a.sizes.unwrap_or_else(|| vec![100, 10000]),
+            mode: a.mode,
+            connects: a.connects,
+            rounds: a.rounds as usize,
+            write: a.write,
+            ours: a.ours,
+        });
+    }
+    let o = Opts {
+        sizes: a.sizes.unwrap_or_else(|| vec![1000]),
+        mode: a.mode,
+        changes: a.changes,
+        burst: a.burst,
+        idle: a.idle,
+        write: a.write,
+        ours: a.ours,
+        only_ours: a.only_ours,
+        populate_within: a.populate_within.map_or(Duration::MAX, Duration::from_secs),
+        via_etcd: a.via_etcd,
+        first_sync_within: Duration::from_secs(a.first_sync_within),
+        against: a.against,
+    };
     check_binary(&o.ours)?;
     if let Some(earlier) = &o.against {
         check_binary(earlier)?;

@@ -1,6 +1,6 @@
 //! Connect latency from a pod: the server and the timed `connect()` loop that
-//! kp-connect (proxiers driven directly) and kp-connect-compare (both proxy
-//! binaries through the API) share.
+//! `kp-bench connect` (proxiers driven directly) and `kp-bench compare
+//! --connect` (both proxy binaries through the API) share.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

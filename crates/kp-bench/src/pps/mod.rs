@@ -1,10 +1,10 @@
-//! kp-pps: NodePort packet rate, upstream kube-proxy and kube-proxy-rs in
+//! `kp-bench pps`: NodePort packet rate, upstream kube-proxy and kube-proxy-rs in
 //! one run: how many packets a second a node forwards from an outside
 //! client to endpoint pods through a NodePort without loss, what each costs
 //! the node's CPU, and the new TCP connections per second and request
 //! latency through the same NodePort (issue 54).
 //!
-//! The lab is kp-compare's (etcd + kube-apiserver v1.36 in a namespace of
+//! The lab is `kp-bench compare`'s (etcd + kube-apiserver v1.36 in a namespace of
 //! its own, `Lab`) with one node namespace per proxy configuration, and
 //! the lab's external client namespace on the LAN bridge:
 //!
@@ -65,21 +65,12 @@
 //! BPF statistics are machine-wide, and go off when their descriptor
 //! closes, whatever ends the bench).
 //!
-//! `sudo target/release/kp-pps [--binary target/release/kube-proxy-rs]
-//! [--upstream PATH] [--services 1,10000] [--proxies
-//! upstream-nftables,upstream-iptables-legacy,ours-nftables]
-//! [--extra-args NAME=FLAGS]... [--define NAME=BINARY:MODE[:FLAGS]]...
-//! [--duration 3] [--start-rate 50000] [--step 1.25] [--max-rate 2000000]
-//! [--flows 256] [--pods 4] [--tcp-threads 4] [--requests 2000] [--loss
-//! 0.001] [--first-sync-within 300] [--time-limit 3600] [--fixed-rate R
-//! [--repeats 8]] [--write BENCHMARKS.md [--section NAME]]`
-//!
 //! `--fixed-rate R`: after its climb, every row sends at R for `--repeats`
 //! more steps, and a table of their own gives CPU 1's softirq and busy
 //! time per packet (medians and the softirq's range: the ticks are
 //! sampled at HZ), and what each row adds to the `floor` row's.
 //!
-//! Configurations (pps.rs, `CONFIGS`): upstream-nftables,
+//! Configurations (parts.rs, `builtin_configs`): upstream-nftables,
 //! upstream-iptables (the host's iptables: iptables-nft here),
 //! upstream-iptables-legacy, ours-nftables, ours-iptables,
 //! ours-iptables-legacy, ours-tc (`--socket-lb --bpf-nodeport`), ours-xdp
@@ -100,7 +91,7 @@
 //! nothing within `--first-sync-within`, is reported "not available" with
 //! the proxy's error line. `--upstream` defaults to ../shared/k8s's
 //! kube-proxy (unpacked into target/k8s-bin), `--binary` to the
-//! kube-proxy-rs beside kp-pps. `--write` replaces the text between the
+//! kube-proxy-rs beside kp-bench. `--write` replaces the text between the
 //! `kp-pps` markers of that file (`kp-pps remote` with `--endpoints
 //! remote`; `kp-pps NAME` with `--section NAME`, for a run of another
 //! shape beside those).
@@ -111,20 +102,22 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
-use kp_bench::lab::{
+use crate::lab::{
     check_binary, date_utc, load_average, quantile, write_into, Lab, Populated, ProxyCommand,
 };
-use kp_bench::pps::{
-    self, backlog_drops_per_cpu, bpf_programs, bpf_runs, check_interrupted, deltas, error_line,
+use anyhow::{bail, Context, Result};
+use kp_netlab::{in_netns, Pod};
+use kp_testkit::ControlPlaneOpts;
+use kube::api::{Patch, PatchParams};
+use parts::{
+    backlog_drops_per_cpu, bpf_programs, bpf_runs, check_interrupted, deltas, error_line,
     net_rx_per_cpu, node_programs, pin_process, send_paced, set_rps, sleep_checked, tcp_latency,
     tcp_rate, tcp_request, thousands, udp_flows, udp_rcvbuf_errors, Binary, BpfStats, CpuTimes,
     ProxyConfig, Sent, TcpEchoes, UdpSinks,
 };
-use kp_netlab::{in_netns, Pod};
-use kp_testkit::ControlPlaneOpts;
-use kube::api::{Patch, PatchParams};
 use serde_json::json;
+
+pub mod parts;
 
 const CLIENT_CPU: usize = 0;
 const NODE_CPU: usize = 1;
@@ -167,109 +160,179 @@ struct Opts {
     repeats: usize,
 }
 
-fn parse_opts() -> Result<Opts> {
-    kp_bench::lab::exit_on_help("crates/kp-bench/src/bin/kp-pps.rs");
-    let exe = std::env::current_exe().context("locating kp-pps")?;
-    let mut o = Opts {
-        binary: exe.with_file_name("kube-proxy-rs"),
-        upstream: None,
-        sizes: vec![1, 10000],
-        configs: Vec::new(),
-        duration: Duration::from_secs(3),
-        start_rate: 50_000.0,
-        step: 1.25,
-        max_rate: 2_000_000.0,
-        flows: 256,
-        pods: 4,
-        remote: false,
-        tcp_threads: 4,
-        requests: 2000,
-        loss: 0.001,
-        first_sync_within: Duration::from_secs(300),
-        time_limit: Duration::from_secs(3600),
-        write: None,
-        section: None,
-        command: String::new(),
-        fixed_rate: None,
-        repeats: 8,
-    };
-    let mut known = pps::builtin_configs();
-    let mut wanted = "upstream-nftables,upstream-iptables-legacy,ours-nftables".to_string();
-    let mut extra: Vec<(String, String)> = Vec::new();
-    let mut shown = vec!["kp-pps".to_string()];
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let v = args.next().with_context(|| format!("{a} needs a value"))?;
-        shown.push(a.clone());
-        shown.push(if v.contains(' ') {
-            format!("'{v}'")
-        } else {
-            v.clone()
-        });
-        let num = |what: &str| -> Result<f64> {
-            v.parse::<f64>()
-                .ok()
-                .filter(|x| x.is_finite() && *x > 0.0)
-                .with_context(|| format!("{what}: a positive number, not {v:?}"))
-        };
-        match a.as_str() {
-            "--binary" | "--ours" => o.binary = PathBuf::from(&v),
-            "--upstream" => o.upstream = Some(PathBuf::from(&v)),
-            "--services" | "--sizes" => {
-                o.sizes = v
-                    .split(',')
-                    .map(|s| s.trim().parse::<u32>().context("--services"))
-                    .collect::<Result<_>>()?;
-                if o.sizes.iter().any(|&n| n == 0 || n > 100_000) {
-                    bail!("--services: counts from 1 to 100000");
-                }
-            }
-            "--proxies" => wanted = v,
-            "--extra-args" => {
-                let (name, flags) = v
-                    .split_once('=')
-                    .with_context(|| format!("--extra-args {v:?}: NAME=FLAGS"))?;
-                extra.push((name.to_string(), flags.to_string()));
-            }
-            "--define" => {
-                let c = pps::parse_define(&v)?;
-                known.retain(|k| k.name != c.name);
-                known.push(c);
-            }
-            "--duration" => o.duration = Duration::from_secs_f64(num("--duration")?.min(30.0)),
-            "--start-rate" => o.start_rate = num("--start-rate")?,
-            "--step" => o.step = num("--step")?.clamp(1.01, 4.0),
-            "--max-rate" => o.max_rate = num("--max-rate")?.min(20e6),
-            "--flows" => o.flows = (num("--flows")? as usize).clamp(1, 4096),
-            "--pods" => o.pods = (num("--pods")? as usize).clamp(1, 16),
-            "--endpoints" => {
-                o.remote = match v.as_str() {
-                    "local" => false,
-                    "remote" => true,
-                    _ => bail!("--endpoints: local or remote, not {v:?}"),
-                }
-            }
-            "--tcp-threads" => o.tcp_threads = (num("--tcp-threads")? as usize).clamp(1, 64),
-            "--requests" => o.requests = (num("--requests")? as usize).min(1_000_000),
-            "--loss" => o.loss = num("--loss")?.min(0.5),
-            "--first-sync-within" => {
-                o.first_sync_within = Duration::from_secs_f64(num("--first-sync-within")?)
-            }
-            "--fixed-rate" => o.fixed_rate = Some(num("--fixed-rate")?.min(20e6)),
-            "--repeats" => o.repeats = (num("--repeats")? as usize).clamp(1, 100),
-            "--time-limit" => o.time_limit = Duration::from_secs_f64(num("--time-limit")?),
-            "--write" => o.write = Some(PathBuf::from(&v)),
-            "--section" => {
-                if v.is_empty() || !v.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
-                    bail!("--section: letters, digits and '-', not {v:?}");
-                }
-                o.section = Some(v.clone())
-            }
-            other => bail!(
-                "unknown argument {other} (see the header of crates/kp-bench/src/bin/kp-pps.rs)"
-            ),
+/// A positive, finite number.
+fn positive(v: &str) -> Result<f64, String> {
+    v.parse::<f64>()
+        .ok()
+        .filter(|x| x.is_finite() && *x > 0.0)
+        .ok_or_else(|| format!("a positive number, not {v:?}"))
+}
+
+/// Where the endpoint pods run.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoints {
+    /// On the measured node.
+    Local,
+    /// On a node of their own (one more node namespace, no proxy): the
+    /// measured node forwards each request and reply back out of the eth0
+    /// it came in by, which is what XDP can take.
+    Remote,
+}
+
+/// `kp-bench pps`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct PpsArgs {
+    /// Our binary (build first: cargo build --release -p kube-proxy-rs -p
+    /// kp-bench).
+    #[arg(long = "binary", alias = "ours", value_name = "PATH", default_value_os_t = crate::lab::beside_bench())]
+    binary: PathBuf,
+    /// Upstream's kube-proxy [default: ../shared/k8s's, unpacked into
+    /// target/k8s-bin].
+    #[arg(long, value_name = "PATH")]
+    upstream: Option<PathBuf>,
+    /// Service counts, comma-separated (1 to 100000): the NodePort Service
+    /// and N-1 of kp-bench's mix written into etcd; the proxies' order is
+    /// reversed for every other count.
+    #[arg(
+        long = "services",
+        alias = "sizes",
+        value_name = "N,N",
+        value_delimiter = ',',
+        default_value = "1,10000"
+    )]
+    services: Vec<u32>,
+    /// The configurations to measure, comma-separated, one after the other:
+    /// upstream-nftables, upstream-iptables, upstream-iptables-legacy,
+    /// ours-nftables, ours-iptables, ours-iptables-legacy, ours-tc, ours-xdp,
+    /// floor (no proxy: forwarding alone), or one --define names.
+    #[arg(
+        long,
+        value_name = "NAMES",
+        default_value = "upstream-nftables,upstream-iptables-legacy,ours-nftables"
+    )]
+    proxies: String,
+    /// NAME=FLAGS: appends flags to configuration NAME (e.g.
+    /// 'ours-xdp=--bpf-lb-algorithm maglev'); repeatable.
+    #[arg(long, value_name = "NAME=FLAGS")]
+    extra_args: Vec<String>,
+    /// NAME=BINARY:MODE[:FLAGS]: defines (or redefines) a configuration;
+    /// BINARY is ours, upstream, upstream-legacy, none, or ours@PATH (another
+    /// build of ours, to compare two builds in one run); repeatable.
+    #[arg(long, value_name = "NAME=BINARY:MODE[:FLAGS]")]
+    define: Vec<String>,
+    /// Seconds a step of the climb sends (at most 30).
+    #[arg(long, value_name = "SECS", default_value = "3", value_parser = positive)]
+    duration: f64,
+    /// Datagrams a second of the first step.
+    #[arg(long, value_name = "RATE", default_value = "50000", value_parser = positive)]
+    start_rate: f64,
+    /// Factor from one step's rate to the next (1.01 to 4).
+    #[arg(long, default_value = "1.25", value_parser = positive)]
+    step: f64,
+    /// The climb stops at this rate (at most 20M).
+    #[arg(long, value_name = "RATE", default_value = "2000000", value_parser = positive)]
+    max_rate: f64,
+    /// UDP source ports (connected sockets, sendmmsg), 1 to 4096.
+    #[arg(long, default_value = "256", value_parser = positive)]
+    flows: f64,
+    /// Endpoint pods (1 to 16), each with a UDP sink and a TCP echo.
+    #[arg(long, default_value = "4", value_parser = positive)]
+    pods: f64,
+    /// Where the endpoint pods run.
+    #[arg(long, value_enum, default_value_t = Endpoints::Local)]
+    endpoints: Endpoints,
+    /// TCP client threads for the connections-per-second figure (1 to 64).
+    #[arg(long, default_value = "4", value_parser = positive)]
+    tcp_threads: f64,
+    /// Requests over a fresh connection each, one after the other, for the
+    /// latency figure.
+    #[arg(long, default_value = "2000", value_parser = positive)]
+    requests: f64,
+    /// The share of datagrams a step may lose and still count (at most 0.5).
+    #[arg(long, default_value = "0.001", value_parser = positive)]
+    loss: f64,
+    /// Seconds a configuration's NodePort has to pass traffic before it is
+    /// reported "not available".
+    #[arg(long, value_name = "SECS", default_value = "300", value_parser = positive)]
+    first_sync_within: f64,
+    /// Seconds for the whole run: Service counts not started by then are
+    /// left out.
+    #[arg(long, value_name = "SECS", default_value = "3600", value_parser = positive)]
+    time_limit: f64,
+    /// After its climb, every row sends at R for --repeats more steps, and a
+    /// table of their own gives CPU 1's softirq and busy time per packet and
+    /// what each row adds to the floor row's.
+    #[arg(long, value_name = "R", value_parser = positive)]
+    fixed_rate: Option<f64>,
+    /// Steps at --fixed-rate (1 to 100).
+    #[arg(long, default_value = "8", value_parser = positive)]
+    repeats: f64,
+    /// Replaces the text between the `kp-pps` markers of FILE (`kp-pps
+    /// remote` with --endpoints remote, `kp-pps NAME` with --section NAME).
+    #[arg(long, value_name = "FILE")]
+    write: Option<PathBuf>,
+    /// The markers' name for a run of another shape (letters, digits, '-').
+    #[arg(long, value_name = "NAME", requires = "write")]
+    section: Option<String>,
+}
+
+fn parse_opts(a: PpsArgs) -> Result<Opts> {
+    if a.services.iter().any(|&n| n == 0 || n > 100_000) {
+        bail!("--services: counts from 1 to 100000");
+    }
+    if let Some(v) = &a.section {
+        if v.is_empty() || !v.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+            bail!("--section: letters, digits and '-', not {v:?}");
         }
     }
+    let mut o = Opts {
+        binary: a.binary,
+        upstream: a.upstream,
+        sizes: a.services,
+        configs: Vec::new(),
+        duration: Duration::from_secs_f64(a.duration.min(30.0)),
+        start_rate: a.start_rate,
+        step: a.step.clamp(1.01, 4.0),
+        max_rate: a.max_rate.min(20e6),
+        flows: (a.flows as usize).clamp(1, 4096),
+        pods: (a.pods as usize).clamp(1, 16),
+        remote: a.endpoints == Endpoints::Remote,
+        tcp_threads: (a.tcp_threads as usize).clamp(1, 64),
+        requests: (a.requests as usize).min(1_000_000),
+        loss: a.loss.min(0.5),
+        first_sync_within: Duration::from_secs_f64(a.first_sync_within),
+        time_limit: Duration::from_secs_f64(a.time_limit),
+        write: a.write,
+        section: a.section,
+        command: String::new(),
+        fixed_rate: a.fixed_rate.map(|r| r.min(20e6)),
+        repeats: (a.repeats as usize).clamp(1, 100),
+    };
+    let mut known = parts::builtin_configs();
+    let wanted = a.proxies;
+    for v in &a.define {
+        let c = parts::parse_define(v)?;
+        known.retain(|k| k.name != c.name);
+        known.push(c);
+    }
+    let mut extra: Vec<(String, String)> = Vec::new();
+    for v in &a.extra_args {
+        let (name, flags) = v
+            .split_once('=')
+            .with_context(|| format!("--extra-args {v:?}: NAME=FLAGS"))?;
+        extra.push((name.to_string(), flags.to_string()));
+    }
+    // The command the table quotes: this one, as given.
+    let mut shown = vec!["kp-bench".to_string()];
+    shown.extend(std::env::args().skip(1).map(
+        |v| {
+            if v.contains(' ') {
+                format!("'{v}'")
+            } else {
+                v
+            }
+        },
+    ));
     for name in wanted.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let c = known.iter().find(|k| k.name == name).with_context(|| {
             let names: Vec<&str> = known.iter().map(|k| k.name.as_str()).collect();
@@ -351,7 +414,7 @@ enum Outcome {
     NotMeasured(String),
 }
 
-/// The service CIDR and NodePort range of kp-compare's `--only-ours`, wide
+/// The service CIDR and NodePort range of `compare --only-ours`, wide
 /// enough for kp-bench's mix at 100k (its ClusterIPs run past 10.96/16,
 /// its NodePorts past 32767); the same for every size, so every size's
 /// lab is alike.
@@ -508,7 +571,7 @@ fn measure_config(
     // Dropped after the proxy (declared first): unmounting the bpffs
     // releases the pinned links and maps.
     let mut bpf_dirs = None;
-    if pps::wants_bpf(&args) {
+    if parts::wants_bpf(&args) {
         let cg = kp_netlab::TestCgroup::new()?;
         let fs = kp_netlab::TestBpffs::new()?;
         args.push(format!("--cgroup-path={}", cg.path().display()));
@@ -1195,9 +1258,10 @@ fn kernel() -> String {
         .unwrap_or_default()
 }
 
-fn main() -> Result<()> {
-    let o = parse_opts()?;
-    pps::install_signal_handlers();
+/// `kp-bench pps`.
+pub fn run(a: PpsArgs) -> Result<()> {
+    let o = parse_opts(a)?;
+    parts::install_signal_handlers();
     if o.configs
         .iter()
         .any(|c| c.binary == Binary::Ours && c.path.is_none())
@@ -1214,7 +1278,7 @@ fn main() -> Result<()> {
     }
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     if cpus < 2 {
-        bail!("kp-pps needs CPUs 0 and 1 (this process may use {cpus})");
+        bail!("kp-bench pps needs CPUs 0 and 1 (this process may use {cpus})");
     }
     let started = Instant::now();
     let deadline = started + o.time_limit;
@@ -1228,7 +1292,7 @@ fn main() -> Result<()> {
         }
         results.push((n, measure_size(&o, n, k % 2 == 1, deadline)?));
     }
-    let bpf_note = if o.configs.iter().any(|c| pps::wants_bpf(&c.args)) {
+    let bpf_note = if o.configs.iter().any(|c| parts::wants_bpf(&c.args)) {
         " BPF run-time statistics were on (BPF_ENABLE_STATS, machine-wide) only while a configuration with programs in its node was measured."
     } else {
         ""
@@ -1251,7 +1315,7 @@ fn main() -> Result<()> {
     } else {
         "Client, LAN bridge and pods on CPU 0 (the bench's threads there at nice {nice}), the node's receive processing and the proxy on CPU 1 (RPS, affinity);"
     }
-    .replace("{nice}", &pps::CLIENT_NICE.to_string());
+    .replace("{nice}", &parts::CLIENT_NICE.to_string());
     let text = format!(
         "Measured {date} by `{}` ({:.0} min; {cpus} CPUs, kernel {}; load average {} at the start, {} at the end). \
          Every configuration ran in this run, one after the other, each on a node namespace of its own; \

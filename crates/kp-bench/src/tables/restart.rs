@@ -1,10 +1,10 @@
-//! `kp-bench --restart`: a restart's first sync over the table the killed
+//! `kp-bench nftables --restart`: a restart's first sync over the table the killed
 //! process left, adopted (read back, only the difference sent), against
 //! replacing the table whole (what every restart did before). Each is
 //! timed from the new proxier's creation to its first sync done, with the
 //! cluster already in the tracker (the source synced), in one namespace
 //! that keeps the table between them. nftables, or iptables-nft over
-//! netlink (`--mode iptables`: the chains read back and adopted).
+//! netlink (`kp-bench iptables --restart`: the chains read back and adopted).
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant, SystemTime};

@@ -1,14 +1,6 @@
-//! kp-idle: the real kube-proxy-rs binary's steady state with a big cluster.
+//! `kp-bench idle`: the real kube-proxy-rs binary's steady state with a big cluster.
 //!
-//! `cargo build --release -p kube-proxy-rs -p kp-bench && sudo
-//! target/release/kp-idle [--sizes 10000,50000] [--endpoints 10] [--idle 30]
-//! [--mode nftables] [--bin target/release/kube-proxy-rs] [--perf FILE]
-//! [--restarts N]`
-//! (`--perf`: `perf record -e cpu-clock -g` of the idle window into FILE.N.data;
-//! `--restarts`: then SIGKILL it and start it again over the table it left,
-//! N times, each timed to its first sync)
-//!
-//! For each size: writes the synthetic cluster (`kp_bench::cluster`) as JSON
+//! For each size: writes the synthetic cluster ([`crate::cluster`]) as JSON
 //! `List` manifests into a directory under the binary's target dir, starts the
 //! release kube-proxy-rs with `--manifests DIR` in a throwaway network
 //! namespace, waits until its metrics report the first full sync, checks that
@@ -17,33 +9,19 @@
 //! alone for `--idle` seconds and samples its RSS every second and its CPU time
 //! (utime+stime from /proc/PID/stat) at both ends. Needs root.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 
-const METRICS: &str = "127.0.0.1:10249";
+use crate::lab::{samples, scrape, METRICS_ADDR};
+use crate::netns::Netns;
+use kp_netlab::ProcGuard;
+
 /// Objects per manifest file: many moderate files, like a ConfigMap layout.
 const PER_FILE: usize = 1000;
-
-struct Netns(String);
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
-struct Proc(Child);
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 struct Dir(PathBuf);
 impl Drop for Dir {
@@ -54,7 +32,7 @@ impl Drop for Dir {
 
 fn write_manifests(dir: &Path, n: u32, m: u32) -> Result<u64> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let syn = kp_bench::cluster(n, m);
+    let syn = crate::cluster(n, m);
     let mut bytes = 0u64;
     let mut write = |name: String, items: &[Value]| -> Result<()> {
         let list = json!({"apiVersion": "v1", "kind": "List", "items": items});
@@ -71,24 +49,9 @@ fn write_manifests(dir: &Path, n: u32, m: u32) -> Result<u64> {
     Ok(bytes)
 }
 
-/// GET `path` from the metrics server inside `ns`.
-fn http_get(ns: &str, path: &str) -> Result<String> {
-    let mut s = kp_netlab::in_netns(ns, || TcpStream::connect(METRICS))??;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut out = String::new();
-    s.read_to_string(&mut out)?;
-    Ok(out)
-}
-
+/// The first sample of metric `name`.
 fn metric(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
+    samples(text, name).first().copied()
 }
 
 fn status_kib(pid: u32, key: &str) -> Result<u64> {
@@ -147,34 +110,28 @@ fn start(
     ns: &str,
     dir: &Path,
     log_path: &Path,
-) -> Result<(Proc, Duration)> {
-    let log = std::fs::File::create(log_path)?;
+) -> Result<(ProcGuard, Duration)> {
+    // Each start's log alone: a restart's adoption is read from it.
+    std::fs::File::create(log_path).with_context(|| format!("creating {}", log_path.display()))?;
     let t0 = Instant::now();
-    // `ip netns exec` execs the program: the child's pid is kube-proxy-rs's.
-    let child = Command::new("ip")
-        .args(["netns", "exec", ns])
-        .arg(bin)
-        .arg(format!("--proxy-mode={mode}"))
-        .arg(format!("--manifests={}", dir.display()))
-        .args([
-            "--hostname-override=node1",
-            "--healthz-bind-address=127.0.0.1:10256",
-            &format!("--metrics-bind-address={METRICS}"),
-        ])
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
+    let args = vec![
+        format!("--proxy-mode={mode}"),
+        format!("--manifests={}", dir.display()),
+        "--hostname-override=node1".to_string(),
+        "--healthz-bind-address=127.0.0.1:10256".to_string(),
+        format!("--metrics-bind-address={METRICS_ADDR}"),
+    ];
+    let p = ProcGuard::start(ns, bin, &args, log_path)
         .with_context(|| format!("starting {}", bin.display()))?;
-    let mut p = Proc(child);
     let count = "kubeproxy_sync_full_proxy_rules_duration_seconds_count";
     loop {
-        if let Some(st) = p.0.try_wait()? {
+        if let Some(st) = p.try_wait() {
             bail!(
                 "kube-proxy-rs exited ({st}) before its first sync:\n{}",
                 std::fs::read_to_string(log_path).unwrap_or_default()
             );
         }
-        if let Ok(text) = http_get(ns, "/metrics") {
+        if let Ok(text) = scrape(ns, "/metrics") {
             if metric(&text, count).unwrap_or(0.0) >= 1.0 {
                 return Ok((p, t0.elapsed()));
             }
@@ -208,7 +165,7 @@ fn adopted(log: &str, key: &str) -> String {
         .join(" + ")
 }
 
-fn run(
+fn measure(
     bin: &Path,
     mode: &str,
     (n, m): (u32, u32),
@@ -220,20 +177,13 @@ fn run(
     let dir = Dir(work.join(format!("kp-idle-{}-{n}", std::process::id())));
     let manifest_bytes = write_manifests(&dir.0, n, m)?;
     let ns = format!("kpidle{}x{n}", std::process::id());
-    if !Command::new("ip")
-        .args(["netns", "add", &ns])
-        .status()?
-        .success()
-    {
-        bail!("ip netns add failed (run as root)");
-    }
-    let _ns = Netns(ns.clone());
+    let _ns = Netns::add(&ns)?;
     Command::new("ip")
         .args(["netns", "exec", &ns, "ip", "link", "set", "lo", "up"])
         .status()?;
     let log_path = dir.0.with_extension("log");
-    let (mut p, first_sync) = start(bin, mode, &ns, &dir.0, &log_path)?;
-    let pid = p.0.id();
+    let (p, first_sync) = start(bin, mode, &ns, &dir.0, &log_path)?;
+    let pid = p.pid();
     let sync_cpu = cpu_seconds(pid)?;
     // The settle phase counts from here (the check below can take minutes at
     // 50k: nft reads the whole table to answer one element).
@@ -294,28 +244,26 @@ fn run(
             .unwrap_or(0.0),
         )
     };
-    let (full0, part0) = syncs(&http_get(&ns, "/metrics")?);
+    let (full0, part0) = syncs(&scrape(&ns, "/metrics")?);
     // Optional profile of the idle window (perf's cpu-clock: no hardware
     // counters needed).
     let perf = match perf_out {
-        Some(out) => Some(Proc(
-            Command::new("perf")
-                .args([
-                    "record",
-                    "-q",
-                    "-e",
-                    "cpu-clock",
-                    "-g",
-                    "-p",
-                    &pid.to_string(),
-                    "-o",
+        Some(out) => {
+            let args: Vec<String> = ["record", "-q", "-e", "cpu-clock", "-g", "-p"]
+                .iter()
+                .map(|a| a.to_string())
+                .chain([
+                    pid.to_string(),
+                    "-o".to_string(),
+                    out.with_extension(format!("{n}.data"))
+                        .display()
+                        .to_string(),
                 ])
-                .arg(out.with_extension(format!("{n}.data")))
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .context("starting perf record")?,
-        )),
+                .collect();
+            let perf = ProcGuard::start(&ns, Path::new("perf"), &args, Path::new("/dev/null"))
+                .context("starting perf record")?;
+            Some(perf)
+        }
         None => None,
     };
     let c0 = cpu_seconds(pid)?;
@@ -326,18 +274,17 @@ fn run(
         rss.push(status_kib(pid, "VmRSS:")?);
     }
     let idle_cpu_pct = (cpu_seconds(pid)? - c0) / w0.elapsed().as_secs_f64() * 100.0;
-    if let Some(mut p) = perf {
+    if let Some(p) = perf {
         // SIGINT makes perf write its file and exit.
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(p.0.id() as i32, libc::SIGINT) };
-        let _ = p.0.wait();
+        p.signal(libc::SIGINT).context("stopping perf record")?;
+        p.wait_exit(Duration::from_secs(120));
     }
-    let (full1, part1) = syncs(&http_get(&ns, "/metrics")?);
+    let (full1, part1) = syncs(&scrape(&ns, "/metrics")?);
     let rss_avg = rss.iter().sum::<u64>() / rss.len().max(1) as u64;
     let rss_max = rss.iter().copied().max().unwrap_or(0);
     // The high-water mark over the whole life: the first sync is the peak.
     let hwm = status_kib(pid, "VmHWM:")?;
-    if p.0.try_wait()?.is_some() {
+    if p.try_wait().is_some() {
         bail!("kube-proxy-rs exited during the idle window");
     }
     // SIGKILL and start again over the table it left, `restarts` times.
@@ -345,8 +292,8 @@ fn run(
     drop(p);
     for _ in 0..restarts {
         let (p, first_sync) = start(bin, mode, &ns, &dir.0, &log_path)?;
-        let cpu = cpu_seconds(p.0.id())?;
-        let hwm = status_kib(p.0.id(), "VmHWM:")?;
+        let cpu = cpu_seconds(p.pid())?;
+        let hwm = status_kib(p.pid(), "VmHWM:")?;
         let log = std::fs::read_to_string(&log_path).unwrap_or_default();
         again.push(Restart {
             first_sync,
@@ -377,32 +324,51 @@ fn run(
     })
 }
 
-fn main() -> Result<()> {
-    kp_bench::lab::exit_on_help("crates/kp-bench/src/bin/kp-idle.rs");
-    let args: Vec<String> = std::env::args().collect();
-    let get = |flag: &str| {
-        args.iter()
-            .position(|a| a == flag)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
-    let sizes: Vec<u32> = get("--sizes")
-        .unwrap_or_else(|| "10000,50000".into())
-        .split(',')
-        .map(|s| s.parse().context("--sizes"))
-        .collect::<Result<_>>()?;
-    let m: u32 = get("--endpoints").unwrap_or_else(|| "10".into()).parse()?;
-    let idle: u64 = get("--idle").unwrap_or_else(|| "30".into()).parse()?;
-    let mode = get("--mode").unwrap_or_else(|| "nftables".into());
-    let perf = get("--perf").map(PathBuf::from);
-    let restarts: usize = get("--restarts").unwrap_or_else(|| "0".into()).parse()?;
+/// `kp-bench idle`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct IdleArgs {
+    /// Services per row, comma-separated (kp-bench's mix).
+    #[arg(long, value_delimiter = ',', default_value = "10000,50000")]
+    sizes: Vec<u32>,
+    /// Endpoints of each Service.
+    #[arg(long, default_value_t = 10)]
+    endpoints: u32,
+    /// Seconds the settled proxy is left alone, its RSS sampled every
+    /// second and its CPU time read at both ends.
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    idle: u64,
+    /// The proxy mode.
+    #[arg(long, default_value = "nftables", value_parser = ["nftables", "iptables"])]
+    mode: String,
+    /// The kube-proxy-rs binary (build first: cargo build --release -p
+    /// kube-proxy-rs -p kp-bench).
+    #[arg(long, value_name = "PATH", default_value_os_t = crate::lab::beside_bench())]
+    bin: PathBuf,
+    /// Records the idle window with `perf record -e cpu-clock -g` into
+    /// FILE.N.data (N: the size).
+    #[arg(long, value_name = "FILE")]
+    perf: Option<PathBuf>,
+    /// Then SIGKILLs the proxy and starts it again over the table it left,
+    /// N times, each timed to its first sync (a second table).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    restarts: usize,
+}
+
+/// `kp-bench idle`.
+pub fn run(a: IdleArgs) -> Result<()> {
+    let IdleArgs {
+        sizes,
+        endpoints: m,
+        idle,
+        mode,
+        bin,
+        perf,
+        restarts,
+    } = a;
     let exe = std::env::current_exe()?;
     let here = exe
         .parent()
         .ok_or_else(|| anyhow!("no directory for {}", exe.display()))?;
-    let bin = get("--bin")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| here.join("kube-proxy-rs"));
     if !bin.exists() {
         bail!(
             "{} not found: cargo build --release -p kube-proxy-rs",
@@ -413,7 +379,7 @@ fn main() -> Result<()> {
     println!("|---|---|---|---|---|---|---|---|---|---|");
     let mut again = Vec::new();
     for &n in &sizes {
-        let r = run(&bin, &mode, (n, m), idle, here, perf.as_deref(), restarts)?;
+        let r = measure(&bin, &mode, (n, m), idle, here, perf.as_deref(), restarts)?;
         println!(
             "| {} | {mode} | {:.1} MiB JSON | {:.2} s | {:.2} s | {} MiB | {:.2} s ({:.0} s) | {} / {} MiB | {:.2}% | {} / {} |",
             r.n,

@@ -1,4 +1,4 @@
-//! kp-soak: a proxy holding 10k Services under a steady stream of API
+//! `kp-bench soak`: a proxy holding 10k Services under a steady stream of API
 //! updates for 10 minutes, against the real kube-apiserver of the tests.
 //!
 //! A leak or a starved sync loop shows only over time and under load, never in
@@ -13,79 +13,57 @@
 //! upstream's buckets), and whether RSS and fds plateaued (their maximum
 //! over the last third within 10% of the middle third's).
 //!
-//! `sudo target/release/kp-soak [--services 10000] [--rate 2000]
-//! [--minutes 10] [--mode nftables|iptables] [--sample 10] [--write
-//! docs/reliability.md] [--ours PATH]` (build first: `cargo build --release
-//! -p kube-proxy-rs -p kp-bench`). `--write` replaces the text between the
-//! `kp-soak MODE API` markers of that file. Exit status 1 when an update was
-//! lost, the proxy died, or p99/plateau missed (the figures are printed
-//! either way).
+//! `--write` replaces the text between the `kp-soak MODE API` markers of
+//! that file. Fails (exit status 1) when an update was lost, the proxy
+//! died, or p99/plateau missed (the figures are printed either way).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
-use futures::StreamExt;
-use kp_bench::lab::{
-    check_binary, date_utc, has_ip, load_average, proxy_args, secs, write_into, Lab, Proxy,
-    ENDPOINTS,
+use crate::lab::{
+    beside_bench, check_binary, date_utc, has_ip, load_average, proxy_args, secs, write_into, Lab,
+    Proxy, ENDPOINTS,
 };
+use anyhow::{bail, Result};
+use futures::StreamExt;
 use kp_testkit::NetnsApiServer;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-struct Opts {
+/// `kp-bench soak`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SoakArgs {
+    /// Services the proxy holds (x10 endpoints, kp-bench's mix); at least 100.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(100..))]
     services: u32,
+    /// API updates a second: 17 of 20 an endpoint replaced, 2 a Service's
+    /// internalTrafficPolicy flipped, 1 a Service created or deleted.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..))]
     rate: u32,
+    /// How long the updates go on.
+    #[arg(long, default_value_t = 10.0)]
     minutes: f64,
+    /// The proxy mode.
+    #[arg(long, default_value = "nftables", value_parser = ["nftables", "iptables"])]
     mode: String,
+    /// Seconds between two looks at the proxy (RSS, fds, CPU, syncs, the
+    /// sync duration histogram).
+    #[arg(long, value_name = "SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     sample: u64,
+    /// Replaces the text between the `kp-soak MODE API` markers of FILE
+    /// (appended when missing), e.g. docs/reliability.md.
+    #[arg(long, value_name = "FILE")]
     write: Option<PathBuf>,
+    /// Our binary (build first: cargo build --release -p kube-proxy-rs -p
+    /// kp-bench).
+    #[arg(long, value_name = "PATH", default_value_os_t = beside_bench())]
     ours: PathBuf,
-    /// `real`: the tests' kube-apiserver; `test`: kp-testkit's in-process one.
+    /// `real`: the tests' kube-apiserver (etcd + kube-apiserver v1.36);
+    /// `test`: kp-testkit's in-process one.
+    #[arg(long, default_value = "real", value_parser = ["real", "test"])]
     api: String,
-}
-
-fn parse_opts() -> Result<Opts> {
-    let exe = std::env::current_exe().context("locating kp-soak")?;
-    let mut o = Opts {
-        services: 10_000,
-        rate: 2000,
-        minutes: 10.0,
-        mode: "nftables".into(),
-        sample: 10,
-        write: None,
-        ours: exe.with_file_name("kube-proxy-rs"),
-        api: "real".into(),
-    };
-    kp_bench::lab::exit_on_help("crates/kp-bench/src/bin/kp-soak.rs");
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let mut val = || args.next().with_context(|| format!("{a} needs a value"));
-        match a.as_str() {
-            "--services" => o.services = val()?.parse().context("--services")?,
-            "--rate" => o.rate = val()?.parse().context("--rate")?,
-            "--minutes" => o.minutes = val()?.parse().context("--minutes")?,
-            "--mode" => o.mode = val()?,
-            "--sample" => o.sample = val()?.parse().context("--sample")?,
-            "--write" => o.write = Some(PathBuf::from(val()?)),
-            "--ours" => o.ours = PathBuf::from(val()?),
-            "--api" => o.api = val()?,
-            other => bail!("unknown argument {other} (see the file header)"),
-        }
-    }
-    if !["nftables", "iptables"].contains(&o.mode.as_str()) {
-        bail!("--mode must be nftables or iptables");
-    }
-    if !["real", "test"].contains(&o.api.as_str()) {
-        bail!("--api must be real or test");
-    }
-    if o.services < 100 || o.rate == 0 || o.sample == 0 {
-        bail!("--services must be at least 100, --rate and --sample above 0");
-    }
-    Ok(o)
 }
 
 /// One look at the proxy.
@@ -219,10 +197,10 @@ fn churn_objects(c: u64) -> (serde_json::Value, serde_json::Value) {
     let ip = format!("10.97.{}.{}", (c / 250) % 250, c % 250 + 1);
     (
         json!({"apiVersion": "v1", "kind": "Service",
-            "metadata": {"namespace": kp_bench::lab::NS, "name": format!("churn-{c}")},
+            "metadata": {"namespace": crate::lab::NS, "name": format!("churn-{c}")},
             "spec": {"clusterIP": ip, "clusterIPs": [ip], "ports": [{"port": 80, "targetPort": 8080}]}}),
         json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-            "metadata": {"namespace": kp_bench::lab::NS, "name": format!("churn-{c}-x"),
+            "metadata": {"namespace": crate::lab::NS, "name": format!("churn-{c}-x"),
                 "labels": {"kubernetes.io/service-name": format!("churn-{c}")}},
             "addressType": "IPv4", "ports": [{"port": 8080, "protocol": "TCP"}],
             "endpoints": [{"addresses": [format!("10.250.{}.{}", (c / 250) % 250, c % 250 + 1)],
@@ -292,7 +270,7 @@ async fn update(lab: &Lab, n: u32, k: u64, written: &Written) -> Result<u64> {
 /// API server answers 429 above its 200 mutating requests in flight); when
 /// the API server falls behind, the pace drops (the achieved rate is what the
 /// samples show), never the updates.
-fn run_updates(lab: &Lab, o: &Opts, dur: Duration, written: &Written) -> Result<()> {
+fn run_updates(lab: &Lab, o: &SoakArgs, dur: Duration, written: &Written) -> Result<()> {
     let (n, rate) = (o.services, o.rate as f64);
     let start = tokio::time::Instant::now();
     // The k-th update is due at k / rate; a stream pulled only when fewer than
@@ -329,7 +307,7 @@ fn run_updates(lab: &Lab, o: &Opts, dur: Duration, written: &Written) -> Result<
 fn run_updates_test(
     api: &NetnsApiServer,
     services: &[serde_json::Value],
-    o: &Opts,
+    o: &SoakArgs,
     dur: Duration,
     written: &Written,
 ) -> Result<()> {
@@ -347,10 +325,10 @@ fn run_updates_test(
         let i = target(k, n);
         let count = match k % 20 {
             0..=16 => {
-                let slice = kp_bench::slice(i, ENDPOINTS, generation(k, n), i % 10 == 3);
+                let slice = crate::slice(i, ENDPOINTS, generation(k, n), i % 10 == 3);
                 api.apply(&slice)?;
                 if let Ok(mut last) = written.last.lock() {
-                    last.insert(i, kp_bench::moved_address(&slice));
+                    last.insert(i, crate::moved_address(&slice));
                 }
                 1
             }
@@ -369,9 +347,9 @@ fn run_updates_test(
                 if churn.len() > 50 {
                     if let Some(old) = churn.pop_front() {
                         api.srv
-                            .delete_endpoint_slice(kp_bench::lab::NS, &format!("churn-{old}-x"));
+                            .delete_endpoint_slice(crate::lab::NS, &format!("churn-{old}-x"));
                         api.srv
-                            .delete_service(kp_bench::lab::NS, &format!("churn-{old}"));
+                            .delete_service(crate::lab::NS, &format!("churn-{old}"));
                     }
                     4
                 } else {
@@ -384,12 +362,12 @@ fn run_updates_test(
     Ok(())
 }
 
-fn main() -> Result<()> {
-    let o = parse_opts()?;
+/// `kp-bench soak`.
+pub fn run(o: SoakArgs) -> Result<()> {
     check_binary(&o.ours)?;
     let n = o.services;
     eprintln!(
-        "kp-soak: {n} Services, {} updates/s for {} min ({} mode)",
+        "kp-bench soak: {n} Services, {} updates/s for {} min ({} mode)",
         o.rate, o.minutes, o.mode
     );
     // One of the two API servers, the cluster the proxy runs in, its
@@ -428,8 +406,8 @@ fn main() -> Result<()> {
             std::fs::create_dir_all(&dir)?;
             let kubeconfig = dir.join("kubeconfig");
             api.srv.write_kubeconfig(&kubeconfig)?;
-            api.apply(&kp_bench::lab::node(tc, 1))?;
-            let c = kp_bench::cluster(n, ENDPOINTS);
+            api.apply(&crate::lab::node(tc, 1))?;
+            let c = crate::cluster(n, ENDPOINTS);
             for v in c.services.iter().chain(&c.slices) {
                 api.apply(v)?;
             }
@@ -528,7 +506,7 @@ fn main() -> Result<()> {
     let fmt_bound = |b: Option<f64>| b.map_or("-".to_string(), |v| format!("<= {:.3} s", v));
 
     let mut text = format!(
-        "Measured {} by `kp-soak --services {n} --rate {} --minutes {} --mode {} --sample {} \
+        "Measured {} by `kp-bench soak --services {n} --rate {} --minutes {} --mode {} --sample {} \
          --api {}` ({} cores, load average {} at the end): kube-proxy-rs alone against {}, \
          {n} Services x {ENDPOINTS} endpoints; syncs and their durations are the IPv4 family's.\n\n",
         date_utc(),

@@ -1,7 +1,6 @@
-//! Userspace-mode benchmark on loopback: one bulk TCP transfer and many
-//! short connections, each through the proxy and direct, as a ratio.
-//!
-//!   cargo run --release -p kp-userspace --bin kp-userspace-bench -- [--bytes N] [--secs S] [--clients C] [--runs R] [--no-splice] [--congestion-control NAME]
+//! `kp-bench userspace-relay`: userspace mode's data path on loopback: one
+//! bulk TCP transfer and many short connections, each through the proxy
+//! and direct, as a ratio.
 //!
 //! Needs no privileges: the proxy serves a Service whose externalIP is
 //! 127.0.0.1 (an address that is already local), so nothing is configured.
@@ -10,7 +9,6 @@
 //! depend on it more than on anything in the proxy (BENCHMARKS.md), and the
 //! host's own setting is left alone. A non-initial namespace may only pick
 //! from `net.ipv4.tcp_allowed_congestion_control`.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: a panic ends the run with its message
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
@@ -24,47 +22,34 @@ use kp_model::{
 };
 use kp_userspace::{NoMetrics, UserspaceConfig, UserspaceProxier, VipMode};
 
-struct Opts {
-    bytes: u64,
-    secs: f64,
-    clients: usize,
-    runs: usize,
-    splice: bool,
-    congestion_control: Option<String>,
-}
+// Samples sorted, the nearest rank, as every kp-bench table reports it.
+use crate::lab::{load_average, quantile as pct};
 
-fn parse() -> Opts {
-    let mut o = Opts {
-        bytes: 1 << 30,
-        secs: 3.0,
-        clients: 4,
-        runs: 5,
-        splice: true,
-        congestion_control: None,
-    };
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut i = 0;
-    while i < args.len() {
-        let v = args.get(i + 1).cloned().unwrap_or_default();
-        match args[i].as_str() {
-            "--bytes" => o.bytes = v.parse().unwrap_or(o.bytes),
-            "--secs" => o.secs = v.parse().unwrap_or(o.secs),
-            "--clients" => o.clients = v.parse().unwrap_or(o.clients),
-            "--runs" => o.runs = v.parse().unwrap_or(o.runs),
-            "--congestion-control" => o.congestion_control = Some(v),
-            "--no-splice" => {
-                o.splice = false;
-                i += 1;
-                continue;
-            }
-            other => {
-                eprintln!("unknown argument {other}");
-                std::process::exit(2);
-            }
-        }
-        i += 2;
-    }
-    o
+/// `kp-bench userspace-relay`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RelayArgs {
+    /// Bytes of each bulk transfer.
+    #[arg(long, default_value_t = 1 << 30)]
+    bytes: u64,
+    /// Seconds of each short-connection run.
+    #[arg(long, default_value_t = 3.0)]
+    secs: f64,
+    /// Concurrent clients of the short-connection run.
+    #[arg(long, default_value_t = 4)]
+    clients: usize,
+    /// Bulk transfers each way (direct and proxied alternate).
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// The proxy copies through a buffer instead of splice(2).
+    #[arg(long)]
+    no_splice: bool,
+    /// Runs everything in a fresh network namespace whose default TCP
+    /// congestion control is NAME (root; one of the host's
+    /// net.ipv4.tcp_allowed_congestion_control): the figures depend on it
+    /// more than on anything in the proxy, and the host's own setting is
+    /// left alone.
+    #[arg(long, value_name = "NAME")]
+    congestion_control: Option<String>,
 }
 
 /// CPU nanoseconds the sink's connection threads used, added by each one
@@ -264,12 +249,6 @@ fn sysctl(path: &str) -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|v| v.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "?".into())
-}
-
 /// CPU seconds (user + system) of the whole process so far.
 fn cpu_of_process() -> f64 {
     // SAFETY: getrusage fills the struct we pass.
@@ -277,13 +256,6 @@ fn cpu_of_process() -> f64 {
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     tv(ru.ru_utime) + tv(ru.ru_stime)
-}
-
-fn pct(v: &[Duration], p: f64) -> Duration {
-    if v.is_empty() {
-        return Duration::ZERO;
-    }
-    v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -333,20 +305,18 @@ fn fresh_netns(cc: &str) -> Result<(), String> {
     })
 }
 
-fn main() {
-    let o = parse();
+/// `kp-bench userspace-relay`.
+pub fn run(o: RelayArgs) -> anyhow::Result<()> {
+    let splice = !o.no_splice;
     // Read in the host's namespace: the new one has no such entry.
     let qdisc = sysctl("net/core/default_qdisc");
     if let Some(cc) = &o.congestion_control {
-        if let Err(e) = fresh_netns(cc) {
-            eprintln!("kp-userspace-bench: {e}");
-            std::process::exit(1);
-        }
+        fresh_netns(cc).map_err(|e| anyhow::anyhow!("userspace-relay: {e}"))?;
     }
     let rt = kp_userspace::runtime().expect("runtime");
     let mut cfg = UserspaceConfig::new(IpFamily::V4);
     cfg.vip_mode = VipMode::None;
-    cfg.splice = o.splice;
+    cfg.splice = splice;
     let mut proxy = UserspaceProxier::new(cfg, Arc::new(NoMetrics), rt).expect("proxier");
 
     let sink = sink_server();
@@ -364,11 +334,11 @@ fn main() {
     let via_bulk: SocketAddr = SocketAddr::from(([127, 0, 0, 1], p_bulk));
     let via_rr: SocketAddr = SocketAddr::from(([127, 0, 0, 1], p_rr));
     println!(
-        "kp-userspace-bench: {} cpus, copy = {}, {}, tcp_congestion_control = {}, default_qdisc = {}, pipe-max-size = {}, load average {}",
+        "userspace-relay: {} cpus, copy = {}, {}, tcp_congestion_control = {}, default_qdisc = {}, pipe-max-size = {}, load average {}",
         std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(0),
-        if o.splice { "splice" } else { "buffer" },
+        if splice { "splice" } else { "buffer" },
         if o.congestion_control.is_some() {
             "network namespace: a fresh one"
         } else {
@@ -377,7 +347,7 @@ fn main() {
         sysctl("net/ipv4/tcp_congestion_control"),
         qdisc,
         sysctl("fs/pipe-max-size"),
-        loadavg(),
+        load_average(),
     );
 
     // Bulk: alternate direct and proxied runs so machine noise hits both.
@@ -510,5 +480,6 @@ fn main() {
         us(pct(&direct1.lat, 0.5)),
         us(pct(&proxied1.lat, 0.5)),
     );
-    println!("load average at the end {}", loadavg());
+    println!("load average at the end {}", load_average());
+    Ok(())
 }

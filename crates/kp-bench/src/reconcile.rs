@@ -1,16 +1,12 @@
-//! What one conntrack reconcile costs against the real kernel: a state of
+//! `kp-bench reconcile`: what one conntrack reconcile costs against the real kernel: a state of
 //! SERVICES UDP Services (two endpoints each, every tenth with a NodePort)
 //! and a table of UDP_FLOWS UDP flows to them (one in ten stale) plus
 //! TCP_FLOWS TCP flows, written over ctnetlink in a throwaway namespace.
 //! Prints the dump, the decision and the deletes, then a second reconcile
 //! (nothing stale left: what a sync pays in steady state).
-//!
-//! As root: `cargo run --release -p kp-sync --example reconcile_bench --
-//! [SERVICES] [UDP_FLOWS] [TCP_FLOWS]` (defaults 10000 3000 3000).
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: a panic is its failure
+//! Needs root.
 
 use std::net::{IpAddr, Ipv4Addr};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,11 +22,24 @@ use netlink_packet_netfilter::conntrack::{
 };
 use netlink_packet_netfilter::{NetfilterHeader, NetfilterMessage, NetfilterProtoFamily};
 
-struct Ns(String);
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
+use anyhow::{bail, Context, Result};
+
+use crate::netns::Netns;
+
+/// `kp-bench reconcile`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ReconcileArgs {
+    /// UDP Services in the state (two endpoints each, every tenth with a
+    /// NodePort).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
+    services: u32,
+    /// UDP flows to them in the conntrack table (one in ten to an endpoint
+    /// that is gone: stale).
+    #[arg(long, default_value_t = 3000)]
+    udp_flows: u32,
+    /// TCP flows beside them (never stale: a reconcile skips them).
+    #[arg(long, default_value_t = 3000)]
+    tcp_flows: u32,
 }
 
 fn cluster_ip(i: u32) -> IpAddr {
@@ -83,11 +92,12 @@ fn tuple(src: IpAddr, dst: IpAddr, proto: u8, sport: u16, dport: u16) -> Vec<Tup
 
 /// Writes `flows` (DNATed as their reply source says) into the current
 /// namespace's table.
-fn create(flows: &[Flow]) {
-    let mut sock = Socket::open(NlProtocol::Netfilter).unwrap();
+fn create(flows: &[Flow]) -> Result<()> {
+    let mut sock = Socket::open(NlProtocol::Netfilter).context("opening a netfilter socket")?;
     for f in flows {
-        let reply_src = f.reply_src.unwrap();
-        let reply_sport = f.reply_sport.unwrap();
+        let (Some(reply_src), Some(reply_sport)) = (f.reply_src, f.reply_sport) else {
+            bail!("{f:?}: no reply tuple");
+        };
         let mut attrs = vec![
             ConntrackAttribute::CtaTupleOrig(tuple(
                 f.orig_src,
@@ -132,22 +142,18 @@ fn create(flows: &[Flow]) {
         let mut buf = vec![0; packet.buffer_len()];
         packet.serialize(&mut buf);
         sock.request(&buf, seq, Until::Ack)
-            .unwrap_or_else(|e| panic!("creating {f:?}: {e}"));
+            .with_context(|| format!("creating {f:?}"))?;
     }
+    Ok(())
 }
 
 fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1000.0)
 }
 
-fn main() {
-    let args: Vec<u32> = std::env::args()
-        .skip(1)
-        .map(|a| a.parse().expect("numbers: SERVICES UDP_FLOWS TCP_FLOWS"))
-        .collect();
-    let services = args.first().copied().unwrap_or(10_000);
-    let udp_flows = args.get(1).copied().unwrap_or(3000);
-    let tcp_flows = args.get(2).copied().unwrap_or(3000);
+/// `kp-bench reconcile`.
+pub fn run(a: ReconcileArgs) -> Result<()> {
+    let (services, udp_flows, tcp_flows) = (a.services, a.udp_flows, a.tcp_flows);
 
     let st = state(services);
     let client = |n: u32| IpAddr::V4(Ipv4Addr::new(10, 244, (n / 250) as u8, (n % 250 + 1) as u8));
@@ -184,24 +190,21 @@ fn main() {
     }
 
     let ns = format!("kprcb{}", std::process::id());
-    assert!(Command::new("ip")
-        .args(["netns", "add", &ns])
-        .status()
-        .unwrap()
-        .success());
-    let _g = Ns(ns.clone());
-    let nft = Command::new("ip")
+    let _g = Netns::add(&ns)?;
+    let nft = std::process::Command::new("ip")
         .args([
             "netns", "exec", &ns, "nft",
             "add table inet track; add chain inet track out { type filter hook output priority 0; }; add rule inet track out ct state new counter",
         ])
         .status()
-        .unwrap();
-    assert!(nft.success());
+        .context("running nft")?;
+    if !nft.success() {
+        bail!("nft could not add the counting table in {ns}");
+    }
 
-    let report = kp_netlab::in_netns(&ns, move || {
+    let report = kp_netlab::in_netns(&ns, move || -> Result<Vec<String>> {
         let t = Instant::now();
-        create(&flows);
+        create(&flows)?;
         let created = t.elapsed();
         let mut ct = ConntrackNetlink;
         let mut lines = vec![format!(
@@ -210,7 +213,7 @@ fn main() {
         )];
         for round in ["first reconcile", "second reconcile (nothing stale)"] {
             let t = Instant::now();
-            let listed = ct.list_udp(IpFamily::V4).unwrap();
+            let listed = ct.list_udp(IpFamily::V4).context("listing UDP flows")?;
             let dumped = t.elapsed();
             let n = listed.len();
             let t = Instant::now();
@@ -219,7 +222,9 @@ fn main() {
             let t = Instant::now();
             let done = ct.delete_flows(IpFamily::V4, &stale);
             let deleted = t.elapsed();
-            assert_eq!(done.failed, 0);
+            if done.failed > 0 {
+                bail!("{round}: {} deletes failed", done.failed);
+            }
             lines.push(format!(
                 "{round}: dump {} ({n} UDP entries), decide {} (index of the state + verdicts), delete {} ({} entries); total {}",
                 ms(dumped),
@@ -229,10 +234,10 @@ fn main() {
                 ms(dumped + decided + deleted)
             ));
         }
-        lines
-    })
-    .unwrap();
+        Ok(lines)
+    })??;
     for l in report {
         println!("{l}");
     }
+    Ok(())
 }

@@ -1,12 +1,12 @@
-//! kp-connect-compare: connect latency through a ClusterIP programmed by
-//! kube-proxy-rs and by upstream kube-proxy, in one run, against one real
-//! kube-apiserver.
+//! `kp-bench compare --connect`: connect latency through a ClusterIP
+//! programmed by kube-proxy-rs and by upstream kube-proxy, in one run,
+//! against one real kube-apiserver.
 //!
-//! kp-connect drives our proxiers directly; this runs both proxy binaries
-//! as operators do (kp-compare's lab: etcd + kube-apiserver v1.36, two node
-//! namespaces, N synthetic Services x 10 endpoints written through the API),
-//! ours on node 1 and upstream's on node 2, at the same time and with the
-//! same flags. One more Service, `zz-real` (ClusterIP 10.96.250.1:80,
+//! `kp-bench connect` drives our proxiers directly; this runs both proxy
+//! binaries as operators do (compare's lab: etcd + kube-apiserver v1.36, two
+//! node namespaces, N synthetic Services x 10 endpoints written through the
+//! API), ours on node 1 and upstream's on node 2, at the same time and with
+//! the same flags. One more Service, `zz-real` (ClusterIP 10.96.250.1:80,
 //! internalTrafficPolicy Local), has one server pod on each node, so each
 //! node's client pod reaches its own node's server through its own proxy's
 //! rules. Floors: each client to its server's pod IP, no Service.
@@ -15,22 +15,14 @@
 //! measured in interleaved rounds (each round runs `connects / rounds`
 //! connects against every row in turn), so background load hits all rows
 //! alike. Both proxies stay running (idle) throughout.
-//!
-//! `sudo target/release/kp-connect-compare [--sizes 100,10000] [--mode
-//! nftables|iptables] [--connects 2000] [--rounds 10] [--write BENCHMARKS.md]
-//! [--ours PATH]` (build first: `cargo build --release -p kube-proxy-rs -p
-//! kp-bench`). `--write` replaces the table between the
-//! `kp-connect-compare MODE` markers of that file.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
-use kp_bench::connect::{connects, mean, us, Server};
-use kp_bench::lab::{
-    check_binary, date_utc, has_ip, load_average, parse_common, quantile, write_into, Lab,
-};
+use crate::connect::probe::{connects, mean, us, Server};
+use crate::lab::{check_binary, date_utc, has_ip, load_average, quantile, write_into, Lab};
+use anyhow::{bail, Result};
 use kp_netlab::Pod;
 use serde_json::json;
 
@@ -38,33 +30,14 @@ const REAL_CLUSTER_IP: &str = "10.96.250.1";
 const SERVICE_PORT: u16 = 80;
 const POD_PORT: u16 = 8080;
 
-struct Opts {
-    sizes: Vec<u32>,
-    mode: String,
-    connects: usize,
-    rounds: usize,
-    write: Option<PathBuf>,
-    ours: PathBuf,
-}
-
-fn parse_opts() -> Result<Opts> {
-    let (mut connects, mut rounds) = (2000, 10);
-    let c = parse_common(&[100, 10000], |flag, v| {
-        match flag {
-            "--connects" => connects = v.parse().context("--connects")?,
-            "--rounds" => rounds = v.parse::<usize>().context("--rounds")?.max(1),
-            _ => return Ok(false),
-        }
-        Ok(true)
-    })?;
-    Ok(Opts {
-        sizes: c.sizes,
-        mode: c.mode,
-        connects,
-        rounds,
-        write: c.write,
-        ours: c.ours,
-    })
+/// What `compare --connect` takes (see `CompareArgs`).
+pub(super) struct Opts {
+    pub sizes: Vec<u32>,
+    pub mode: String,
+    pub connects: usize,
+    pub rounds: usize,
+    pub write: Option<PathBuf>,
+    pub ours: PathBuf,
 }
 
 /// One row: who programmed the path, the client and the target.
@@ -204,8 +177,7 @@ fn measure(o: &Opts, n: u32) -> Result<Vec<(String, Row)>> {
     Ok(rows)
 }
 
-fn main() -> Result<()> {
-    let o = parse_opts()?;
+pub(super) fn run(o: Opts) -> Result<()> {
     check_binary(&o.ours)?;
     let mut body = String::new();
     for &n in &o.sizes {
@@ -240,7 +212,7 @@ fn main() -> Result<()> {
         }
     }
     let out = format!(
-        "Measured {} by `kp-connect-compare --sizes {} --mode {} --connects {} --rounds {}` \
+        "Measured {} by `kp-bench compare --connect --sizes {} --mode {} --connects {} --rounds {}` \
          (load average at the end: {}). Both proxies ran at the same time, in the same run, \
          on this machine, each on its own node of one lab cluster; each row's samples are \
          interleaved with the others'.\n\n\

@@ -1,4 +1,4 @@
-//! `kp-bench --floor`: what the kernel alone costs for our rulesets.
+//! `kp-bench nftables --floor`: what the kernel alone costs for our rulesets.
 //!
 //! The same cluster is synced three times, each in a fresh namespace: by our
 //! proxier (timed: what an operator gets), by our proxier again keeping every
@@ -25,7 +25,7 @@ use kp_nftables::{NftBackend, NftNetlink, NftablesProxier, Transaction, Verdict}
 
 use super::{
     additions, growth, in_namespace, ms, p50_p99, parsed_cluster, pct, proxier_config, replacement,
-    tracker, Opts,
+    tracked, Opts,
 };
 
 /// Netlink, keeping a copy of every transaction it applies.
@@ -65,16 +65,7 @@ impl NftBackend for Keep {
 /// kp-bench's cluster in a fresh tracker.
 pub(super) fn cluster(n: u32, m: u32, affinity: bool) -> Result<ChangeTracker> {
     let (svcs, slices) = parsed_cluster(n, m, affinity)?;
-    let mut tr = tracker();
-    let now = SystemTime::now();
-    for s in &svcs {
-        let _ = tr.update_service(s, now);
-    }
-    for s in &slices {
-        let _ = tr.update_endpoint_slice(s, now);
-    }
-    tr.take_changes();
-    Ok(tr)
+    Ok(tracked(&svcs, &slices))
 }
 
 /// One change given to the tracker, then synced: the time until it is in
@@ -322,7 +313,7 @@ fn run(o: &Opts, n: u32, m: u32, affinity: bool, home: &std::fs::File) -> Result
     ])
 }
 
-/// `kp-bench --floor`: both tables, the first's rows as each size is done.
+/// `kp-bench nftables --floor`: both tables, the first's rows as each size is done.
 pub fn tables(o: &Opts, sizes: &[u32], m: u32, affinity: bool, home: &std::fs::File) -> Result<()> {
     println!("| Services | full sync: ours | of which encoding the batch | kernel floor | ours / floor | 1 endpoint replaced p50 / p99: ours | kernel floor | ours / floor (p50) |");
     println!("|---|---|---|---|---|---|---|---|");

@@ -1,13 +1,8 @@
-//! kp-connect: data-plane connect latency with N Services programmed.
-//!
-//! `cargo run --release -p kp-bench --bin kp-connect -- [--nft 100,10000,50000]
-//! [--socket-lb 100,10000,50000] [--iptables 100,10000]
-//! [--iptables-variant legacy|nft] [--connects 2000] [--rounds 10] [--endpoints 10]
-//! [--bulk-mib 64]`
+//! `kp-bench connect`: data-plane connect latency with N Services programmed.
 //!
 //! For each configuration a throwaway kp-netlab cluster (one node, a server
 //! pod and a client pod on it) is built and, in the node's namespace, the real
-//! proxier programs `N` synthetic Services (`kp_bench::cluster`) plus one
+//! proxier programs `N` synthetic Services ([`crate::cluster`]) plus one
 //! Service whose endpoint is the server pod. A "floor" configuration has no
 //! rules at all and connects straight to the pod IP. Every configuration is
 //! set up first, then connects are measured in interleaved rounds (each round
@@ -29,16 +24,18 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::lab::quantile;
 use anyhow::{anyhow, Context, Result};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kp_bench::connect::{bulk, connect_batch, connects, mean, us, Server};
-use kp_bench::lab::quantile;
 use kp_iptables::{IptablesCli, IptablesProxier, Variant};
 use kp_model::{ChangeTracker, Dataplane, IpFamily, LocalDetector, ProxierConfig, TrackerConfig};
 use kp_netlab::{in_netns, Cluster, ClusterOpts, Pod};
 use kp_nftables::{NftNetlink, NftablesProxier};
+use probe::{bulk, connect_batch, connects, mean, us, Server};
 use serde_json::json;
+
+pub mod probe;
 
 /// ClusterIP of the Service that points at the real pod: outside the range
 /// the generator uses for up to 60k Services (10.96.0.10 + i).
@@ -149,7 +146,7 @@ fn program(
         service_proxy_name: None,
     });
     let now = SystemTime::now();
-    let syn = kp_bench::cluster(n, m);
+    let syn = crate::cluster(n, m);
     for v in syn.services {
         let s: Service = serde_json::from_value(v)?;
         let _ = tr.update_service(&s, now);
@@ -273,48 +270,71 @@ fn setup(mode: Mode, n: u32, m: u32, variant: Variant) -> Result<Setup> {
     Ok(s)
 }
 
-fn list(args: &[String], flag: &str, default: &str) -> Result<Vec<u32>> {
-    let v = args
-        .iter()
-        .position(|a| a == flag)
-        .and_then(|i| args.get(i + 1))
-        .map(String::as_str)
-        .unwrap_or(default);
+/// Sizes of a row kind, comma-separated; `none` (or nothing) for none.
+#[derive(Clone, Debug)]
+pub struct Sizes(Vec<u32>);
+
+fn sizes(v: &str) -> Result<Sizes, String> {
     if v.is_empty() || v == "none" {
-        return Ok(Vec::new());
+        return Ok(Sizes(Vec::new()));
     }
     v.split(',')
-        .map(|s| s.parse().with_context(|| format!("{flag} {s}")))
-        .collect()
+        .map(|s| s.trim().parse().map_err(|e| format!("{s}: {e}")))
+        .collect::<Result<_, _>>()
+        .map(Sizes)
 }
 
-fn main() -> Result<()> {
-    kp_bench::lab::exit_on_help("crates/kp-bench/src/bin/kp-connect.rs");
-    let args: Vec<String> = std::env::args().collect();
-    let nft = list(&args, "--nft", "100,10000,50000")?;
-    let slb = list(&args, "--socket-lb", "100,10000,50000")?;
-    let ipt = list(&args, "--iptables", "100,10000")?;
-    let one = |flag: &str, d: &str| -> Result<usize> {
-        Ok(list(&args, flag, d)?.first().copied().unwrap_or(0) as usize)
-    };
-    let total = one("--connects", "2000")?;
-    let rounds = one("--rounds", "10")?.max(1);
-    let m = one("--endpoints", "10")? as u32;
-    // One transfer of this size per configuration and round (0: none).
-    let bulk_mib = one("--bulk-mib", "64")?;
+/// Which iptables `--iptables` rows program.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum IptVariant {
+    /// iptables-legacy: the default, since iptables-nft takes minutes to
+    /// load 10k Services (the kernel side, not our renderer); the chain walk
+    /// is the same in both.
+    Legacy,
+    /// iptables-nft.
+    Nft,
+}
 
-    // iptables-nft takes minutes to load 10k Services (the kernel side of
-    // iptables-nft, not our renderer); legacy is the default here so that the
-    // comparison can be set up at all. The chain walk is the same in both.
-    let variant = match args
-        .iter()
-        .position(|a| a == "--iptables-variant")
-        .and_then(|i| args.get(i + 1))
-        .map(String::as_str)
-    {
-        None | Some("legacy") => Variant::Legacy,
-        Some("nft") => Variant::Nft,
-        Some(other) => return Err(anyhow!("--iptables-variant {other}: legacy or nft")),
+/// `kp-bench connect`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ConnectArgs {
+    /// Rows with nftables rules (netlink), one per size ("none": no such rows).
+    #[arg(long, value_name = "SIZES", value_parser = sizes, default_value = "100,10000,50000")]
+    nft: Sizes,
+    /// Rows with the same nftables rules and the socket load balancer's
+    /// programs on the client's cgroup: connect() goes straight to the pod,
+    /// no DNAT ("none": no such rows).
+    #[arg(long, value_name = "SIZES", value_parser = sizes, default_value = "100,10000,50000")]
+    socket_lb: Sizes,
+    /// Rows with iptables rules ("none": no such rows).
+    #[arg(long, value_name = "SIZES", value_parser = sizes, default_value = "100,10000")]
+    iptables: Sizes,
+    /// Which iptables the --iptables rows program.
+    #[arg(long, value_enum, default_value_t = IptVariant::Legacy)]
+    iptables_variant: IptVariant,
+    /// Connects per row, over all rounds.
+    #[arg(long, default_value_t = 2000)]
+    connects: usize,
+    /// Rounds: each runs connects / rounds connects against every row in
+    /// turn, so background load hits all rows alike.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    rounds: u64,
+    /// Endpoints of each synthetic Service.
+    #[arg(long, default_value_t = 10)]
+    endpoints: u32,
+    /// MiB moved over one connection per row and round, through the Service
+    /// and to the pod IP, for the throughput table (0: none).
+    #[arg(long, value_name = "MIB", default_value_t = 64)]
+    bulk_mib: usize,
+}
+
+/// `kp-bench connect`.
+pub fn run(a: ConnectArgs) -> Result<()> {
+    let (nft, slb, ipt) = (a.nft.0, a.socket_lb.0, a.iptables.0);
+    let (total, rounds, m, bulk_mib) = (a.connects, a.rounds as usize, a.endpoints, a.bulk_mib);
+    let variant = match a.iptables_variant {
+        IptVariant::Legacy => Variant::Legacy,
+        IptVariant::Nft => Variant::Nft,
     };
     let mut setups = Vec::new();
     let mut plan = vec![(Mode::Floor, 0)];

@@ -1,4 +1,4 @@
-//! The pieces of kp-pps (NodePort packet rate, bin/kp-pps.rs): the table of
+//! The pieces of `kp-bench pps` (NodePort packet rate, mod.rs): the table of
 //! proxy configurations, the UDP sender and sinks, the TCP client and echo
 //! servers, CPU pinning and RPS, and the kernel's counters it reads (/proc/stat,
 //! /proc/softirqs, softnet_stat, `bpftool`).
@@ -60,7 +60,7 @@ pub struct ProxyConfig {
     pub args: Vec<String>,
 }
 
-/// Every configuration kp-pps knows by name. New flags need no code: add
+/// Every configuration `kp-bench pps` knows by name. New flags need no code: add
 /// them with `--extra-args NAME=FLAGS`, or define a row with `--define`.
 const CONFIGS: &[(&str, Binary, &str, &[&str])] = &[
     // No proxy: plain forwarding to the pods' addresses, no NAT, and no
@@ -68,7 +68,7 @@ const CONFIGS: &[(&str, Binary, &str, &[&str])] = &[
     ("floor", Binary::NoProxy, "none", &[]),
     ("upstream-nftables", Binary::Upstream, "nftables", &[]),
     // The host's `iptables`: iptables-nft on this machine kind. Its first
-    // sync takes ~95 minutes at 10k Services (BENCHMARKS.md, kp-compare).
+    // sync takes ~95 minutes at 10k Services (BENCHMARKS.md, `kp-bench compare`).
     ("upstream-iptables", Binary::Upstream, "iptables", &[]),
     (
         "upstream-iptables-legacy",
@@ -931,7 +931,7 @@ pub fn tcp_request(target: SocketAddr) -> io::Result<Duration> {
         return Err(io::Error::other("no answer"));
     }
     let d = t.elapsed();
-    crate::connect::abort(c);
+    crate::connect::probe::abort(c);
     Ok(d)
 }
 

@@ -1,0 +1,60 @@
+//! Scratch network namespaces of the benches that program a kernel of their
+//! own (the tables, idle, reconcile, userspace-relay): made with `ip netns
+//! add`, deleted when the guard drops, whatever the bench returned, and the
+//! thread moved in and back out by `setns`.
+
+use std::fs::File;
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+/// A network namespace of the bench's own, deleted on drop.
+pub struct Netns(String);
+
+impl Netns {
+    /// `ip netns add NAME`; the name should hold the bench's pid so runs
+    /// side by side do not meet.
+    pub fn add(name: &str) -> Result<Netns> {
+        let ok = Command::new("ip")
+            .args(["netns", "add", name])
+            .status()
+            .context("running ip netns add")?
+            .success();
+        if !ok {
+            bail!("ip netns add {name} failed (run as root)");
+        }
+        Ok(Netns(name.to_string()))
+    }
+
+    pub fn name(&self) -> &str {
+        &self.0
+    }
+
+    /// The namespace's file under /run/netns, for [`enter`].
+    pub fn file(&self) -> Result<File> {
+        let path = format!("/run/netns/{}", self.0);
+        File::open(&path).with_context(|| format!("opening {path}"))
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+/// This thread's own network namespace, to come back to after [`enter`].
+pub fn home() -> Result<File> {
+    File::open("/proc/self/ns/net").context("opening our network namespace")
+}
+
+/// Moves this thread into the network namespace of `f`, so the netlink
+/// sockets and the programs it starts act there.
+pub fn enter(f: &File) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: setns on a namespace file descriptor we own; affects this thread only.
+    if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        bail!("setns: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
