@@ -17,7 +17,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 
 use crate::lab::{samples, scrape, METRICS_ADDR};
-use crate::netns::Netns;
+use crate::netns;
 use kp_netlab::ProcGuard;
 
 /// Objects per manifest file: many moderate files, like a ConfigMap layout.
@@ -177,7 +177,7 @@ fn measure(
     let dir = Dir(work.join(format!("kp-idle-{}-{n}", std::process::id())));
     let manifest_bytes = write_manifests(&dir.0, n, m)?;
     let ns = format!("kpidle{}x{n}", std::process::id());
-    let _ns = Netns::add(&ns)?;
+    let _ns = netns::add(&ns)?;
     Command::new("ip")
         .args(["netns", "exec", &ns, "ip", "link", "set", "lo", "up"])
         .status()?;

@@ -780,10 +780,8 @@ pub fn scrape(ns: &str, path: &str) -> Result<String> {
 /// The samples of metric `name` in a Prometheus text, over all its label
 /// sets.
 pub fn samples(text: &str, name: &str) -> Vec<f64> {
-    text.lines()
-        .filter_map(|l| l.strip_prefix(name))
-        .filter(|r| r.starts_with([' ', '{']))
-        .filter_map(|r| r.rsplit(' ').next()?.trim().parse().ok())
+    kp_testkit::prom::samples(text, name)
+        .map(|(_, v)| v)
         .collect()
 }
 

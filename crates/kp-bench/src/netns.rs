@@ -4,43 +4,21 @@
 //! thread moved in and back out by `setns`.
 
 use std::fs::File;
-use std::process::Command;
 
 use anyhow::{bail, Context, Result};
+pub use kp_netlab::ScratchNs;
 
-/// A network namespace of the bench's own, deleted on drop.
-pub struct Netns(String);
-
-impl Netns {
-    /// `ip netns add NAME`; the name should hold the bench's pid so runs
-    /// side by side do not meet.
-    pub fn add(name: &str) -> Result<Netns> {
-        let ok = Command::new("ip")
-            .args(["netns", "add", name])
-            .status()
-            .context("running ip netns add")?
-            .success();
-        if !ok {
-            bail!("ip netns add {name} failed (run as root)");
-        }
-        Ok(Netns(name.to_string()))
-    }
-
-    pub fn name(&self) -> &str {
-        &self.0
-    }
-
-    /// The namespace's file under /run/netns, for [`enter`].
-    pub fn file(&self) -> Result<File> {
-        let path = format!("/run/netns/{}", self.0);
-        File::open(&path).with_context(|| format!("opening {path}"))
-    }
+/// A network namespace of the bench's own (kp-netlab's guard: lo up,
+/// deleted on drop). The name should hold the bench's pid so runs side by
+/// side do not meet.
+pub fn add(name: &str) -> Result<ScratchNs> {
+    ScratchNs::create(name).with_context(|| format!("making namespace {name} (run as root)"))
 }
 
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
+/// The namespace's file under /run/netns, for [`enter`].
+pub fn file(ns: &ScratchNs) -> Result<File> {
+    let path = format!("/run/netns/{}", ns.name());
+    File::open(&path).with_context(|| format!("opening {path}"))
 }
 
 /// This thread's own network namespace, to come back to after [`enter`].

@@ -24,7 +24,7 @@ use netlink_packet_netfilter::{NetfilterHeader, NetfilterMessage, NetfilterProto
 
 use anyhow::{bail, Context, Result};
 
-use crate::netns::Netns;
+use crate::netns;
 
 /// `kp-bench reconcile`.
 #[derive(clap::Args, Debug, Clone)]
@@ -190,7 +190,7 @@ pub fn run(a: ReconcileArgs) -> Result<()> {
     }
 
     let ns = format!("kprcb{}", std::process::id());
-    let _g = Netns::add(&ns)?;
+    let _g = netns::add(&ns)?;
     let nft = std::process::Command::new("ip")
         .args([
             "netns", "exec", &ns, "nft",

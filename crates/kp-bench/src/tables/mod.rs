@@ -20,7 +20,7 @@ use kp_nftables::{NftBackend, NftCli, NftNetlink, NftablesProxier};
 use kp_userspace::{UserspaceConfig, UserspaceProxier, VipMode};
 use std::sync::Arc;
 
-use crate::netns::{self, Netns};
+use crate::netns;
 // The cluster as API objects and in a tracker, as floor.rs, encode.rs and
 // restart.rs take them from here.
 use crate::{parsed_cluster, tracked, tracker};
@@ -320,7 +320,7 @@ fn run_size(o: &Opts, n: u32, m: u32, affinity: bool, home: &std::fs::File) -> R
 /// returned. `f` gets the path of an `nft` wrapper that runs in `ns` (for
 /// the nft-program backend), removed with the namespace.
 fn in_namespace<T>(ns: &str, home: &std::fs::File, f: impl FnOnce(&str) -> Result<T>) -> Result<T> {
-    let scratch = Netns::add(ns)?;
+    let scratch = netns::add(ns)?;
     let wrapper = NftWrapper(format!("/tmp/{ns}-nft"));
     std::fs::write(
         &wrapper.0,
@@ -329,7 +329,7 @@ fn in_namespace<T>(ns: &str, home: &std::fs::File, f: impl FnOnce(&str) -> Resul
     std::process::Command::new("chmod")
         .args(["+x", &wrapper.0])
         .status()?;
-    netns::enter(&scratch.file()?).with_context(|| format!("entering {ns}"))?;
+    netns::enter(&netns::file(&scratch)?).with_context(|| format!("entering {ns}"))?;
     let result = f(&wrapper.0);
     netns::enter(home)?;
     drop(scratch);
