@@ -2,7 +2,8 @@
 //!
 //! [`load`] parses the flags, or reads `--config` when given (then, as
 //! upstream, only the logging flags and --hostname-override apply over the
-//! file; unknown fields are left out with a warning), applies upstream's
+//! file; unknown fields are left out with a warning), writes the flags given
+//! into the file schema they are bound to (`flags.rs`), applies upstream's
 //! defaults and validates everything into one [`ProxyConfig`].
 
 use std::ffi::OsString;
@@ -13,7 +14,6 @@ use clap::{CommandFactory, FromArgMatches};
 pub mod duration;
 mod file;
 mod flags;
-mod overlay;
 mod resolve;
 mod settings;
 pub mod watch;
@@ -24,7 +24,7 @@ pub use flags::{Cli, DetectLocalMode, SocketLbFlags, UserspaceFlags};
 pub use kp_model::ProxyMode;
 pub use settings::{ClientSettings, ConntrackSettings, IpvsSettings, ProxyConfig};
 
-use overlay::{given, overlay_flags};
+use flags::given;
 use resolve::resolve;
 
 /// `--version` prints "kube-proxy-rs VERSION"; the long form says what it
@@ -37,9 +37,6 @@ pub const LONG_VERSION: &str = concat!(
 
 pub const API_VERSION: &str = "kubeproxy.config.k8s.io/v1alpha1";
 pub const KIND: &str = "KubeProxyConfiguration";
-
-const DEFAULT_HEALTHZ_PORT: u16 = 10256;
-const DEFAULT_METRICS_PORT: u16 = 10249;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -117,7 +114,12 @@ pub fn load(cli_args: impl IntoIterator<Item = OsString>) -> Result<ProxyConfig,
         None => KubeProxyConfiguration::default(),
     };
     let from_file = cli.config.is_some();
-    let ignored = overlay_flags(&mut raw, &cli, &matches, from_file)?;
+    let mut ignored = cli.bind_given(&mut raw, &matches, from_file)?;
+    for id in ["healthz_port", "metrics_port"] {
+        if from_file && given(&matches, id) {
+            ignored.push(format!("--{}", id.replace('_', "-")));
+        }
+    }
     if !ignored.is_empty() {
         load_warnings.push(format!(
             "--config is given, so these flags are ignored as upstream ignores them (the file \
@@ -147,7 +149,7 @@ pub fn load(cli_args: impl IntoIterator<Item = OsString>) -> Result<ProxyConfig,
         healthz_disabled |= deprecated_port(&mut raw.healthz_bind_address, cli.healthz_port);
         metrics_disabled |= deprecated_port(&mut raw.metrics_bind_address, cli.metrics_port);
     }
-    let mut pc = resolve(raw)?;
+    let mut pc = resolve(raw, &Cli::defaults()?)?;
     pc.load_warnings = load_warnings;
     if healthz_disabled {
         pc.healthz_bind_address = None;
