@@ -995,3 +995,43 @@ fn bpf_lb_acceleration_needs_the_tc_programs() {
     let err = with(&["--bpf-nodeport", "--bpf-lb-acceleration=generic"]).unwrap_err();
     assert!(matches!(err, ConfigError::Cli(_)), "{err}");
 }
+
+/// A default is written once, in the flag: every flag bound into the file,
+/// given at its own default, writes the configuration that leaving it out
+/// does (the file's unset fields take the flags' defaults). The exceptions
+/// are named: the logging fields stay unset in the file until given, and an
+/// unset ipvs.minSyncPeriod is 0 while --ipvs-min-sync-period shows 1s.
+#[test]
+fn a_flag_at_its_default_changes_nothing() {
+    use clap::CommandFactory;
+    use kube_proxy_rs::config::Cli;
+
+    let base = load(args(&["--hostname-override=n1"]))
+        .unwrap()
+        .configuration;
+    let cmd = Cli::command();
+    let mut differ = Vec::new();
+    let mut no_default = Vec::new();
+    for (id, _) in Cli::bound_flags() {
+        let arg = cmd.get_arguments().find(|a| a.get_id() == id).unwrap();
+        let long = arg.get_long().unwrap();
+        let Some(default) = arg.get_default_values().first() else {
+            no_default.push(long);
+            continue;
+        };
+        let flag = format!("--{long}={}", default.to_string_lossy());
+        let mut list = vec!["--hostname-override=n1"];
+        if id != "hostname_override" {
+            list.push(&flag);
+        }
+        let got = load(args(&list)).unwrap().configuration;
+        if got != base {
+            differ.push(long);
+        }
+    }
+    assert_eq!(differ, ["ipvs-min-sync-period", "v", "log-format"]);
+    assert_eq!(
+        no_default,
+        ["kubeconfig", "nodeport-addresses", "ipvs-exclude-cidrs"]
+    );
+}

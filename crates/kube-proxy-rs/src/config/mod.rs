@@ -4,7 +4,8 @@
 //! upstream, only the logging flags and --hostname-override apply over the
 //! file; unknown fields are left out with a warning), writes the flags given
 //! into the file schema they are bound to (`flags.rs`), applies upstream's
-//! defaults and validates everything into one [`ProxyConfig`].
+//! defaults and validates everything into one [`ProxyConfig`], with the
+//! flags that have no file field.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -149,40 +150,30 @@ pub fn load(cli_args: impl IntoIterator<Item = OsString>) -> Result<ProxyConfig,
         healthz_disabled |= deprecated_port(&mut raw.healthz_bind_address, cli.healthz_port);
         metrics_disabled |= deprecated_port(&mut raw.metrics_bind_address, cli.metrics_port);
     }
-    let mut pc = resolve(raw, &Cli::defaults()?)?;
+    let defaults = Cli::defaults()?;
+    let mut pc = resolve(raw, &cli, &defaults)?;
     pc.load_warnings = load_warnings;
+    pc.config_file_digest = config_file_digest;
     if healthz_disabled {
         pc.healthz_bind_address = None;
     }
     if metrics_disabled {
         pc.metrics_bind_address = None;
     }
-    pc.master = cli.master.clone().filter(|m| !m.is_empty());
-    pc.manifests = cli.manifests.clone();
-    pc.cleanup = cli.cleanup;
-    pc.dry_run = cli.dry_run;
-    pc.init_only = cli.init_only;
     if pc.init_only && pc.dry_run {
         // --dry-run promises that nothing touches the kernel.
         return Err(invalid("--init-only", "cannot be combined with --dry-run"));
     }
-    pc.service_proxy_name = cli.service_proxy_name.clone().filter(|s| !s.is_empty());
     // Refused here rather than by the API server on every list (it becomes
     // part of the label selector).
     kp_source::label_selector(pc.service_proxy_name.as_deref())
         .map_err(|e| invalid("--service-proxy-name", e.to_string()))?;
-    pc.iptables_backend = kp_iptables::Variant::parse_choice(&cli.iptables_backend)
-        .map_err(|e| invalid("--iptables-backend", e))?;
-    pc.iptables_nft_restore = cli.iptables_nft_restore;
-    pc.userspace = cli.userspace.clone();
-    pc.socket_lb = cli.socket_lb.clone();
     if pc.socket_lb.socket_lb && pc.mode != ProxyMode::Nftables {
         return Err(invalid(
             "--socket-lb",
             format!("works with --proxy-mode nftables, not {}", pc.mode.as_str()),
         ));
     }
-    pc.socket_lb.bpf_nodeport_devices.retain(|d| !d.is_empty());
     if pc.socket_lb.bpf_nodeport && !pc.socket_lb.socket_lb {
         return Err(invalid(
             "--bpf-nodeport",
@@ -191,11 +182,19 @@ pub fn load(cli_args: impl IntoIterator<Item = OsString>) -> Result<ProxyConfig,
     }
     // The flags that change --bpf-nodeport's programs, at their defaults
     // without them.
-    let sl = &pc.socket_lb;
+    let (sl, d) = (&pc.socket_lb, &defaults.socket_lb);
     for (flag, value, default) in [
-        ("--bpf-lb-algorithm", &sl.bpf_lb_algorithm, "random"),
-        ("--bpf-lb-mode", &sl.bpf_lb_mode, "snat"),
-        ("--bpf-lb-acceleration", &sl.bpf_lb_acceleration, "disabled"),
+        (
+            "--bpf-lb-algorithm",
+            &sl.bpf_lb_algorithm,
+            &d.bpf_lb_algorithm,
+        ),
+        ("--bpf-lb-mode", &sl.bpf_lb_mode, &d.bpf_lb_mode),
+        (
+            "--bpf-lb-acceleration",
+            &sl.bpf_lb_acceleration,
+            &d.bpf_lb_acceleration,
+        ),
     ] {
         if value != default && !sl.bpf_nodeport {
             return Err(invalid(
@@ -204,8 +203,5 @@ pub fn load(cli_args: impl IntoIterator<Item = OsString>) -> Result<ProxyConfig,
             ));
         }
     }
-    pc.config_file = cli.config.clone();
-    pc.config_file_digest = config_file_digest;
-    pc.write_config_to = cli.write_config_to.clone();
     Ok(pc)
 }

@@ -97,9 +97,10 @@ fn machine_hostname() -> Result<String, ConfigError> {
 
 /// Applies the defaults `d` (every flag at its default) to `raw` (in place,
 /// so it can be written back out) and builds the validated settings, one
-/// section of the file at a time.
+/// section of the file at a time, with `cli`'s flags that have no file field.
 pub(super) fn resolve(
     mut raw: KubeProxyConfiguration,
+    cli: &Cli,
     d: &Cli,
 ) -> Result<ProxyConfig, ConfigError> {
     raw.api_version = Some(API_VERSION.to_string());
@@ -116,7 +117,7 @@ pub(super) fn resolve(
     let detect_local_mode = detect_local(&mut raw, d)?;
     let (nodeport_addresses, nodeport_primary) = nodeport_addresses(&raw, mode)?;
     let sync = sync_and_masquerade(&mut raw, mode, d)?;
-    let ipvs = ipvs(&mut raw, &sync)?;
+    let ipvs = ipvs(&mut raw, &sync, d)?;
     let conntrack = conntrack(&mut raw, d)?;
     let config_sync_period = duration_field(raw.config_sync_period, d.config_sync_period);
     raw.config_sync_period = Some(GoDuration(config_sync_period));
@@ -135,6 +136,10 @@ pub(super) fn resolve(
     } else {
         raw.hostname_override.trim().to_lowercase()
     };
+    let iptables_backend = kp_iptables::Variant::parse_choice(&cli.iptables_backend)
+        .map_err(|e| invalid("--iptables-backend", e))?;
+    let mut socket_lb = cli.socket_lb.clone();
+    socket_lb.bpf_nodeport_devices.retain(|d| !d.is_empty());
 
     Ok(ProxyConfig {
         mode,
@@ -157,26 +162,26 @@ pub(super) fn resolve(
         localhost_nodeports: sync.localhost_nodeports,
         config_sync_period,
         kubeconfig,
-        master: None,
+        master: cli.master.clone().filter(|m| !m.is_empty()),
         client,
-        manifests: None,
-        cleanup: false,
-        dry_run: false,
-        init_only: false,
+        manifests: cli.manifests.clone(),
+        cleanup: cli.cleanup,
+        dry_run: cli.dry_run,
+        init_only: cli.init_only,
         verbosity,
         log_json,
-        service_proxy_name: None,
-        iptables_backend: None,
-        iptables_nft_restore: false,
-        userspace: d.userspace.clone(),
-        socket_lb: d.socket_lb.clone(),
+        service_proxy_name: cli.service_proxy_name.clone().filter(|s| !s.is_empty()),
+        iptables_backend,
+        iptables_nft_restore: cli.iptables_nft_restore,
+        userspace: cli.userspace.clone(),
+        socket_lb,
         ipvs,
         conntrack,
         oom_score_adj,
         feature_gates: raw.feature_gates.clone(),
-        config_file: None,
+        config_file: cli.config.clone(),
         config_file_digest: None,
-        write_config_to: None,
+        write_config_to: cli.write_config_to.clone(),
         configuration: raw,
         load_warnings: Vec::new(),
     })
@@ -418,6 +423,7 @@ fn sync_and_masquerade(
 fn ipvs(
     raw: &mut KubeProxyConfiguration,
     sync: &SyncSettings,
+    d: &Cli,
 ) -> Result<IpvsSettings, ConfigError> {
     let mut exclude_cidrs = Vec::new();
     for (i, c) in raw.ipvs.exclude_cidrs.iter().flatten().enumerate() {
@@ -429,9 +435,12 @@ fn ipvs(
         min_sync_period: sync.ipvs_min,
         exclude_cidrs,
         strict_arp: raw.ipvs.strict_arp,
-        tcp_timeout: duration_field_keep_zero(raw.ipvs.tcp_timeout),
-        tcp_fin_timeout: duration_field_keep_zero(raw.ipvs.tcp_fin_timeout),
-        udp_timeout: duration_field_keep_zero(raw.ipvs.udp_timeout),
+        tcp_timeout: duration_field_unset_default(raw.ipvs.tcp_timeout, d.ipvs_tcp_timeout),
+        tcp_fin_timeout: duration_field_unset_default(
+            raw.ipvs.tcp_fin_timeout,
+            d.ipvs_tcpfin_timeout,
+        ),
+        udp_timeout: duration_field_unset_default(raw.ipvs.udp_timeout, d.ipvs_udp_timeout),
     };
     raw.ipvs.tcp_timeout = Some(GoDuration(ipvs.tcp_timeout));
     raw.ipvs.tcp_fin_timeout = Some(GoDuration(ipvs.tcp_fin_timeout));
@@ -454,8 +463,11 @@ fn conntrack(raw: &mut KubeProxyConfiguration, d: &Cli) -> Result<ConntrackSetti
             d.conntrack_tcp_timeout_close_wait,
         ),
         tcp_be_liberal: ct.tcp_be_liberal,
-        udp_timeout: duration_field_keep_zero(ct.udp_timeout),
-        udp_stream_timeout: duration_field_keep_zero(ct.udp_stream_timeout),
+        udp_timeout: duration_field_unset_default(ct.udp_timeout, d.conntrack_udp_timeout),
+        udp_stream_timeout: duration_field_unset_default(
+            ct.udp_stream_timeout,
+            d.conntrack_udp_timeout_stream,
+        ),
     };
     if conntrack.max_per_core < 0 {
         return Err(invalid(
