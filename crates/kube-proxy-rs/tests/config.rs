@@ -1035,3 +1035,50 @@ fn a_flag_at_its_default_changes_nothing() {
         ["kubeconfig", "nodeport-addresses", "ipvs-exclude-cidrs"]
     );
 }
+
+/// Issue 51's rule over the whole flag table: with `--config`, every flag
+/// bound into the file is ignored and named in the warning, but the logging
+/// flags and --hostname-override, which apply over the file.
+#[test]
+fn with_config_every_bound_flag_but_logging_and_hostname_is_named() {
+    use clap::CommandFactory;
+    use kube_proxy_rs::config::Cli;
+
+    let cmd = Cli::command();
+    let mut given = Vec::new();
+    let mut want = Vec::new();
+    for (id, over) in Cli::bound_flags() {
+        let arg = cmd.get_arguments().find(|a| a.get_id() == id).unwrap();
+        let long = arg.get_long().unwrap();
+        let value = match id {
+            "hostname_override" => "From-Flag".to_string(),
+            "verbosity" => "4".to_string(),
+            "log_format" => "json".to_string(),
+            "kubeconfig" => "/nowhere/kubeconfig".to_string(),
+            "nodeport_addresses" => "10.9.0.0/16".to_string(),
+            "ipvs_exclude_cidrs" => "10.8.0.0/16".to_string(),
+            _ => arg.get_default_values()[0].to_string_lossy().into_owned(),
+        };
+        given.push(format!("--{long}={value}"));
+        if !over {
+            want.push(format!("--{long}"));
+        }
+    }
+    let yaml = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n";
+    let given: Vec<&str> = given.iter().map(String::as_str).collect();
+    let c = load_file("table", yaml, &given).unwrap();
+    assert_eq!(c.hostname, "from-flag");
+    assert_eq!(c.verbosity, 4);
+    assert!(c.log_json);
+    assert_eq!(c.kubeconfig, None);
+    assert!(c.nodeport_addresses.is_empty());
+    assert_eq!(c.load_warnings.len(), 1, "{:?}", c.load_warnings);
+    let named: Vec<&str> = c.load_warnings[0]
+        .rsplit(": ")
+        .next()
+        .unwrap()
+        .split(' ')
+        .collect();
+    assert_eq!(named, want);
+    assert_eq!(named.len() + 3, Cli::bound_flags().len());
+}
