@@ -91,7 +91,9 @@ macro_rules! flags {
                 from_file: bool,
             ) -> Result<Vec<String>, ConfigError> {
                 let mut ignored = Vec::new();
-                $( $( flags!(@bind self, file, m, from_file, ignored, $name, $(@$over)? $binding); )? )*
+                $($(
+                    flags!(@bind self, file, m, from_file, ignored, $name, $(@$over)? $binding);
+                )?)*
                 Ok(ignored)
             }
 
@@ -100,17 +102,23 @@ macro_rules! flags {
             #[allow(clippy::vec_init_then_push)] // one push per table entry
             pub fn bound_flags() -> Vec<(&'static str, bool)> {
                 let mut out = Vec::new();
-                $( $( flags!(@list out, $name, $(@$over)? $binding); )? )*
+                $($( flags!(@list out, $name, $(@$over)? $binding); )?)*
                 out
             }
         }
     };
-    (@bind $cli:ident, $file:ident, $m:ident, $from_file:ident, $ignored:ident, $name:ident, @over_config $binding:expr) => {
+    (
+        @bind $cli:ident, $file:ident, $m:ident, $from_file:ident, $ignored:ident,
+        $name:ident, @over_config $binding:expr
+    ) => {
         if given($m, stringify!($name)) {
             bind($file, &$cli.$name, $binding)?;
         }
     };
-    (@bind $cli:ident, $file:ident, $m:ident, $from_file:ident, $ignored:ident, $name:ident, $binding:expr) => {
+    (
+        @bind $cli:ident, $file:ident, $m:ident, $from_file:ident, $ignored:ident,
+        $name:ident, $binding:expr
+    ) => {
         if given($m, stringify!($name)) {
             if $from_file {
                 $ignored.push(format!("--{}", stringify!($name).replace('_', "-")));
@@ -229,85 +237,90 @@ pub struct Cli {
     /// Path to kubeconfig file with authorization information.
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>
-        => |f, v| f.client_connection.kubeconfig = v.as_ref().map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
-    /// The address of the Kubernetes API server (overrides any value in kubeconfig).
-    #[arg(long)]
-    pub master: Option<String>;
-    /// Which proxy mode to use: iptables (default, as upstream's on Linux),
-    /// nftables, ipvs or userspace.
-    #[arg(long, default_value = "iptables", value_parser = ProxyMode::from_str)]
-    pub proxy_mode: ProxyMode
-        => |f, v| f.mode = v.as_str().to_string();
-    /// If non-empty, will be used as the name of the Node kube-proxy is running on.
-    #[arg(long, default_value = "")]
-    pub hostname_override: String
-        => @over_config |f, v| f.hostname_override = v.clone();
-    /// Overrides kube-proxy's idea of what its node's primary IP is.
-    #[arg(long, default_value = "0.0.0.0")]
-    pub bind_address: IpAddr
-        => |f, v| f.bind_address = v.to_string();
-    /// If true, failure to bind a port is fatal.
-    #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-    pub bind_address_hard_fail: bool
-        => |f, v| f.bind_address_hard_fail = *v;
-    /// IP:port of the health check server; empty disables it.
-    #[arg(long, default_value = "0.0.0.0:10256")]
-    pub healthz_bind_address: String
-        => |f, v| f.healthz_bind_address = v.clone();
-    /// IP:port of the metrics server; empty disables it.
-    #[arg(long, default_value = "127.0.0.1:10249")]
-    pub metrics_bind_address: String
-        => |f, v| f.metrics_bind_address = v.clone();
-    /// The CIDR range(s) of pods in the cluster, comma-separated (one per family).
-    #[arg(long, default_value = "")]
-    pub cluster_cidr: String
-        => |f, v| f.cluster_cidr = v.clone();
-    /// How local traffic is detected: ClusterCIDR, NodeCIDR, BridgeInterface, InterfaceNamePrefix.
-    #[arg(long, default_value = "ClusterCIDR", value_parser = DetectLocalMode::from_str)]
-    pub detect_local_mode: DetectLocalMode
-        => |f, v| f.detect_local_mode = v.as_str().to_string();
-    /// Bridge interface name, with --detect-local-mode=BridgeInterface.
-    #[arg(long, default_value = "")]
-    pub pod_bridge_interface: String
-        => |f, v| f.detect_local.bridge_interface = v.clone();
-    /// Interface name prefix, with --detect-local-mode=InterfaceNamePrefix.
-    #[arg(long, default_value = "")]
-    pub pod_interface_name_prefix: String
-        => |f, v| f.detect_local.interface_name_prefix = v.clone();
-    /// CIDRs (comma-separated) or the keywords primary, all, localhost for NodePorts.
-    #[arg(long, value_delimiter = ',')]
-    pub nodeport_addresses: Vec<String>
-        => |f, v| f.node_port_addresses = Some(list(v));
-    /// SNAT all traffic sent via Service cluster IPs.
-    #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-    pub masquerade_all: bool
         => |f, v| {
-        f.iptables.masquerade_all = *v;
-        f.nftables.masquerade_all = *v;
-    };
+                f.client_connection.kubeconfig = v
+                    .as_ref()
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            };
+        /// The address of the Kubernetes API server (overrides any value in kubeconfig).
+        #[arg(long)]
+        pub master: Option<String>;
+        /// Which proxy mode to use: iptables (default, as upstream's on Linux),
+        /// nftables, ipvs or userspace.
+        #[arg(long, default_value = "iptables", value_parser = ProxyMode::from_str)]
+        pub proxy_mode: ProxyMode
+            => |f, v| f.mode = v.as_str().to_string();
+        /// If non-empty, will be used as the name of the Node kube-proxy is running on.
+        #[arg(long, default_value = "")]
+        pub hostname_override: String
+            => @over_config |f, v| f.hostname_override = v.clone();
+        /// Overrides kube-proxy's idea of what its node's primary IP is.
+        #[arg(long, default_value = "0.0.0.0")]
+        pub bind_address: IpAddr
+            => |f, v| f.bind_address = v.to_string();
+        /// If true, failure to bind a port is fatal.
+        #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+        pub bind_address_hard_fail: bool
+            => |f, v| f.bind_address_hard_fail = *v;
+        /// IP:port of the health check server; empty disables it.
+        #[arg(long, default_value = "0.0.0.0:10256")]
+        pub healthz_bind_address: String
+            => |f, v| f.healthz_bind_address = v.clone();
+        /// IP:port of the metrics server; empty disables it.
+        #[arg(long, default_value = "127.0.0.1:10249")]
+        pub metrics_bind_address: String
+            => |f, v| f.metrics_bind_address = v.clone();
+        /// The CIDR range(s) of pods in the cluster, comma-separated (one per family).
+        #[arg(long, default_value = "")]
+        pub cluster_cidr: String
+            => |f, v| f.cluster_cidr = v.clone();
+        /// How local traffic is detected: ClusterCIDR, NodeCIDR, BridgeInterface, InterfaceNamePrefix.
+        #[arg(long, default_value = "ClusterCIDR", value_parser = DetectLocalMode::from_str)]
+        pub detect_local_mode: DetectLocalMode
+            => |f, v| f.detect_local_mode = v.as_str().to_string();
+        /// Bridge interface name, with --detect-local-mode=BridgeInterface.
+        #[arg(long, default_value = "")]
+        pub pod_bridge_interface: String
+            => |f, v| f.detect_local.bridge_interface = v.clone();
+        /// Interface name prefix, with --detect-local-mode=InterfaceNamePrefix.
+        #[arg(long, default_value = "")]
+        pub pod_interface_name_prefix: String
+            => |f, v| f.detect_local.interface_name_prefix = v.clone();
+        /// CIDRs (comma-separated) or the keywords primary, all, localhost for NodePorts.
+        #[arg(long, value_delimiter = ',')]
+        pub nodeport_addresses: Vec<String>
+            => |f, v| f.node_port_addresses = Some(list(v));
+        /// SNAT all traffic sent via Service cluster IPs.
+        #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+        pub masquerade_all: bool
+            => |f, v| {
+            f.iptables.masquerade_all = *v;
+            f.nftables.masquerade_all = *v;
+        };
     /// The bit of the fwmark space to mark packets requiring SNAT (0..=31).
     #[arg(long, default_value_t = 14)]
     pub iptables_masquerade_bit: i32
         => |f, v| {
-        f.iptables.masquerade_bit = Some(*v);
-        f.nftables.masquerade_bit = Some(*v);
-    };
+            f.iptables.masquerade_bit = Some(*v);
+            f.nftables.masquerade_bit = Some(*v);
+        };
     /// How often rules are fully re-synced.
     #[arg(long, default_value = "30s", value_parser = duration_arg)]
     pub iptables_sync_period: Duration
         => |f, v| {
-        f.iptables.sync_period = dur(v);
-        f.nftables.sync_period = dur(v);
-        f.sync_period = None;
-    };
+            f.iptables.sync_period = dur(v);
+            f.nftables.sync_period = dur(v);
+            f.sync_period = None;
+        };
     /// The minimum period between rule re-syncs.
     #[arg(long, default_value = "1s", value_parser = duration_arg)]
     pub iptables_min_sync_period: Duration
         => |f, v| {
-        f.iptables.min_sync_period = dur(v);
-        f.nftables.min_sync_period = dur(v);
-        f.min_sync_period = None;
-    };
+            f.iptables.min_sync_period = dur(v);
+            f.nftables.min_sync_period = dur(v);
+            f.min_sync_period = None;
+        };
     /// Allow NodePorts on localhost (iptables mode, IPv4).
     #[arg(long, num_args = 0..=1, default_value = "true", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
     pub iptables_localhost_nodeports: bool
@@ -323,19 +336,19 @@ pub struct Cli {
     #[arg(long, default_value = "30s", value_parser = duration_arg)]
     pub ipvs_sync_period: Duration
         => |f, v| {
-        f.ipvs.sync_period = dur(v);
-        if f.mode == ProxyMode::Ipvs.as_str() {
-            f.sync_period = None;
-        }
-    };
+            f.ipvs.sync_period = dur(v);
+            if f.mode == ProxyMode::Ipvs.as_str() {
+                f.sync_period = None;
+            }
+        };
     #[arg(long, default_value = "1s", value_parser = duration_arg)]
     pub ipvs_min_sync_period: Duration
         => |f, v| {
-        f.ipvs.min_sync_period = dur(v);
-        if f.mode == ProxyMode::Ipvs.as_str() {
-            f.min_sync_period = None;
-        }
-    };
+            f.ipvs.min_sync_period = dur(v);
+            if f.mode == ProxyMode::Ipvs.as_str() {
+                f.min_sync_period = None;
+            }
+        };
     /// CIDRs the ipvs proxier should not touch when cleaning up.
     #[arg(long, value_delimiter = ',')]
     pub ipvs_exclude_cidrs: Vec<String>
