@@ -983,3 +983,90 @@ fn bpf_lb_acceleration_needs_the_tc_programs() {
     let err = with(&["--bpf-nodeport", "--bpf-lb-acceleration=generic"]).unwrap_err();
     assert!(matches!(err, ConfigError::Cli(_)), "{err}");
 }
+
+/// A default is written once, in the flag: every flag bound into the file,
+/// given at its own default, writes the configuration that leaving it out
+/// does (the file's unset fields take the flags' defaults). The exceptions
+/// are named: the logging fields stay unset in the file until given, and an
+/// unset ipvs.minSyncPeriod is 0 while --ipvs-min-sync-period shows 1s.
+#[test]
+fn a_flag_at_its_default_changes_nothing() {
+    use clap::CommandFactory;
+    use kube_proxy_rs::config::Cli;
+
+    let base = load(args(&["--hostname-override=n1"]))
+        .unwrap()
+        .configuration;
+    let cmd = Cli::command();
+    let mut differ = Vec::new();
+    let mut no_default = Vec::new();
+    for (id, _) in Cli::bound_flags() {
+        let arg = cmd.get_arguments().find(|a| a.get_id() == id).unwrap();
+        let long = arg.get_long().unwrap();
+        let Some(default) = arg.get_default_values().first() else {
+            no_default.push(long);
+            continue;
+        };
+        let flag = format!("--{long}={}", default.to_string_lossy());
+        let mut list = vec!["--hostname-override=n1"];
+        if id != "hostname_override" {
+            list.push(&flag);
+        }
+        let got = load(args(&list)).unwrap().configuration;
+        if got != base {
+            differ.push(long);
+        }
+    }
+    assert_eq!(differ, ["ipvs-min-sync-period", "v", "log-format"]);
+    assert_eq!(
+        no_default,
+        ["kubeconfig", "nodeport-addresses", "ipvs-exclude-cidrs"]
+    );
+}
+
+/// Issue 51's rule over the whole flag table: with `--config`, every flag
+/// bound into the file is ignored and named in the warning, but the logging
+/// flags and --hostname-override, which apply over the file.
+#[test]
+fn with_config_every_bound_flag_but_logging_and_hostname_is_named() {
+    use clap::CommandFactory;
+    use kube_proxy_rs::config::Cli;
+
+    let cmd = Cli::command();
+    let mut given = Vec::new();
+    let mut want = Vec::new();
+    for (id, over) in Cli::bound_flags() {
+        let arg = cmd.get_arguments().find(|a| a.get_id() == id).unwrap();
+        let long = arg.get_long().unwrap();
+        let value = match id {
+            "hostname_override" => "From-Flag".to_string(),
+            "verbosity" => "4".to_string(),
+            "log_format" => "json".to_string(),
+            "kubeconfig" => "/nowhere/kubeconfig".to_string(),
+            "nodeport_addresses" => "10.9.0.0/16".to_string(),
+            "ipvs_exclude_cidrs" => "10.8.0.0/16".to_string(),
+            _ => arg.get_default_values()[0].to_string_lossy().into_owned(),
+        };
+        given.push(format!("--{long}={value}"));
+        if !over {
+            want.push(format!("--{long}"));
+        }
+    }
+    let yaml = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n";
+    let given: Vec<&str> = given.iter().map(String::as_str).collect();
+    let c = load_file("table", yaml, &given).unwrap();
+    assert_eq!(c.hostname, "from-flag");
+    assert_eq!(c.verbosity, 4);
+    assert!(c.log_json);
+    assert_eq!(c.kubeconfig, None);
+    assert!(c.nodeport_addresses.is_empty());
+    assert_eq!(c.load_warnings.len(), 1, "{:?}", c.load_warnings);
+    let named: Vec<&str> = c.load_warnings[0]
+        .rsplit(": ")
+        .next()
+        .unwrap()
+        .split(' ')
+        .collect();
+    assert_eq!(named, want);
+    assert_eq!(named.len() + 3, Cli::bound_flags().len());
+}

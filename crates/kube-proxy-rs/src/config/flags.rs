@@ -1,16 +1,185 @@
-//! Upstream kube-proxy's command-line flags (clap), and the proxy and
+//! Upstream kube-proxy's command-line flags (clap), each declared once with
+//! the KubeProxyConfiguration field it is bound into, and the proxy and
 //! local-detection modes they name.
+//!
+//! As upstream's `AddFlags` binds each flag to a field of its
+//! KubeProxyConfiguration (`fs.BoolVar(&o.config.Conntrack.TCPBeLiberal,
+//! "conntrack-tcp-be-liberal", ...)`), a [`Cli`] field that has a file field
+//! names it after `=>`: a closure writing the flag's value into the file
+//! schema. The flag's name, help, parsing and default are its clap
+//! attributes; `resolve.rs` defaults the file's unset fields from the same
+//! defaults ([`Cli::defaults`]) and validates there, once for flags and file.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
 
-use super::LONG_VERSION;
-use crate::config::duration::duration_arg;
+use super::file::KubeProxyConfiguration;
+use super::{invalid, ConfigError, LONG_VERSION};
+use crate::config::duration::{duration_arg, GoDuration};
 use kp_model::ProxyMode;
+
+/// True when the flag was set by the user (not clap's default).
+pub(super) fn given(m: &ArgMatches, id: &str) -> bool {
+    matches!(
+        m.value_source(id),
+        Some(ValueSource::CommandLine) | Some(ValueSource::EnvVariable)
+    )
+}
+
+/// What a binding returns: nothing, or a refusal of the value.
+pub(super) trait Bound {
+    fn into_result(self) -> Result<(), ConfigError>;
+}
+
+impl Bound for () {
+    fn into_result(self) -> Result<(), ConfigError> {
+        Ok(())
+    }
+}
+
+impl Bound for Result<(), ConfigError> {
+    fn into_result(self) -> Result<(), ConfigError> {
+        self
+    }
+}
+
+/// Runs one flag's binding (the closure gets its argument types from here).
+fn bind<T, R: Bound>(
+    file: &mut KubeProxyConfiguration,
+    value: &T,
+    binding: impl FnOnce(&mut KubeProxyConfiguration, &T) -> R,
+) -> Result<(), ConfigError> {
+    binding(file, value).into_result()
+}
+
+/// Declares [`Cli`] (the struct, with its clap attributes, as written) and
+/// [`Cli::bind_given`], which writes each given flag that names a file field
+/// (`=> |file, value| ...`) into the file schema. `@over_config` marks the
+/// flags upstream still honours when `--config` is given: its logging flags
+/// (copied over the file's `logging`) and --hostname-override.
+macro_rules! flags {
+    (
+        $(#[$cmeta:meta])*
+        pub struct Cli {
+            $(
+                $(#[$fmeta:meta])*
+                pub $name:ident : $ty:ty $(=> $(@$over:ident)? $binding:expr)? ;
+            )*
+        }
+    ) => {
+        $(#[$cmeta])*
+        pub struct Cli {
+            $( $(#[$fmeta])* pub $name: $ty, )*
+        }
+
+        impl Cli {
+            /// Writes the flags given on the command line (not clap's
+            /// defaults) into `file`. With a config file (`from_file`) only
+            /// the `@over_config` ones apply, as upstream replaces its
+            /// flag-built configuration with the file's; the others given
+            /// are returned as `--flag` names, for a warning.
+            pub(super) fn bind_given(
+                &self,
+                file: &mut KubeProxyConfiguration,
+                m: &ArgMatches,
+                from_file: bool,
+            ) -> Result<Vec<String>, ConfigError> {
+                let mut ignored = Vec::new();
+                $($(
+                    flags!(@bind self, file, m, from_file, ignored, $name, $(@$over)? $binding);
+                )?)*
+                Ok(ignored)
+            }
+
+            /// The clap ids of the flags bound into the file, and whether
+            /// each applies over `--config`.
+            #[allow(clippy::vec_init_then_push)] // one push per table entry
+            pub fn bound_flags() -> Vec<(&'static str, bool)> {
+                let mut out = Vec::new();
+                $($( flags!(@list out, $name, $(@$over)? $binding); )?)*
+                out
+            }
+        }
+    };
+    (
+        @bind $cli:ident, $file:ident, $m:ident, $from_file:ident, $ignored:ident,
+        $name:ident, @over_config $binding:expr
+    ) => {
+        if given($m, stringify!($name)) {
+            bind($file, &$cli.$name, $binding)?;
+        }
+    };
+    (
+        @bind $cli:ident, $file:ident, $m:ident, $from_file:ident, $ignored:ident,
+        $name:ident, $binding:expr
+    ) => {
+        if given($m, stringify!($name)) {
+            if $from_file {
+                $ignored.push(format!("--{}", stringify!($name).replace('_', "-")));
+            } else {
+                bind($file, &$cli.$name, $binding)?;
+            }
+        }
+    };
+    (@list $out:ident, $name:ident, @over_config $binding:expr) => {
+        $out.push((stringify!($name), true));
+    };
+    (@list $out:ident, $name:ident, $binding:expr) => {
+        $out.push((stringify!($name), false));
+    };
+}
+
+impl Cli {
+    /// Every flag at its default: what the file's unset fields default to
+    /// (upstream's flags default to its configuration's defaults; here the
+    /// flag's clap default is the one literal, and `resolve` reads it back).
+    /// Environment variables are not read.
+    pub(super) fn defaults() -> Result<Cli, ConfigError> {
+        let cmd = Cli::command().mut_args(|a| a.env(None::<&'static str>));
+        let m = cmd.try_get_matches_from(["kube-proxy"])?;
+        Ok(Cli::from_arg_matches(&m)?)
+    }
+}
+
+fn dur(d: &Duration) -> Option<GoDuration> {
+    Some(GoDuration(*d))
+}
+
+/// A list flag's items, trimmed, the empty ones left out.
+fn list(items: &[String]) -> Vec<String> {
+    items
+        .iter()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// --feature-gates "A=true,B=false", merged into the file's gates.
+fn merge_feature_gates(gates: &mut BTreeMap<String, bool>, s: &str) -> Result<(), ConfigError> {
+    for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let (k, v) = item
+            .split_once('=')
+            .ok_or_else(|| invalid("featureGates", format!("{item:?} is not key=value")))?;
+        let b = match v.trim() {
+            "true" | "True" | "TRUE" | "1" | "t" | "T" => true,
+            "false" | "False" | "FALSE" | "0" | "f" | "F" => false,
+            other => {
+                return Err(invalid(
+                    &format!("featureGates.{}", k.trim()),
+                    format!("{other:?} is not a boolean"),
+                ))
+            }
+        };
+        gates.insert(k.trim().to_string(), b);
+    }
+    Ok(())
+}
 
 /// --detect-local-mode / detectLocalMode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -47,6 +216,7 @@ impl FromStr for DetectLocalMode {
     }
 }
 
+flags! {
 /// Upstream kube-proxy's flags (names and defaults), plus a few of ours.
 /// Boolean flags accept `--flag`, `--flag=true` and `--flag=false` like Go's.
 #[derive(Parser, Debug, Clone)]
@@ -60,190 +230,262 @@ impl FromStr for DetectLocalMode {
 pub struct Cli {
     /// The path to the configuration file.
     #[arg(long)]
-    pub config: Option<PathBuf>,
+    pub config: Option<PathBuf>;
     /// If set, write the effective configuration to this file and exit.
     #[arg(long)]
-    pub write_config_to: Option<PathBuf>,
+    pub write_config_to: Option<PathBuf>;
     /// Path to kubeconfig file with authorization information.
     #[arg(long)]
-    pub kubeconfig: Option<PathBuf>,
-    /// The address of the Kubernetes API server (overrides any value in kubeconfig).
-    #[arg(long)]
-    pub master: Option<String>,
-    /// Which proxy mode to use: iptables (default, as upstream's on Linux),
-    /// nftables, ipvs or userspace.
-    #[arg(long, default_value = "iptables", value_parser = ProxyMode::from_str)]
-    pub proxy_mode: ProxyMode,
-    /// If non-empty, will be used as the name of the Node kube-proxy is running on.
-    #[arg(long, default_value = "")]
-    pub hostname_override: String,
-    /// Overrides kube-proxy's idea of what its node's primary IP is.
-    #[arg(long, default_value = "0.0.0.0")]
-    pub bind_address: IpAddr,
-    /// If true, failure to bind a port is fatal.
-    #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-    pub bind_address_hard_fail: bool,
-    /// IP:port of the health check server; empty disables it.
-    #[arg(long, default_value = "0.0.0.0:10256")]
-    pub healthz_bind_address: String,
-    /// IP:port of the metrics server; empty disables it.
-    #[arg(long, default_value = "127.0.0.1:10249")]
-    pub metrics_bind_address: String,
-    /// The CIDR range(s) of pods in the cluster, comma-separated (one per family).
-    #[arg(long, default_value = "")]
-    pub cluster_cidr: String,
-    /// How local traffic is detected: ClusterCIDR, NodeCIDR, BridgeInterface, InterfaceNamePrefix.
-    #[arg(long, default_value = "ClusterCIDR", value_parser = DetectLocalMode::from_str)]
-    pub detect_local_mode: DetectLocalMode,
-    /// Bridge interface name, with --detect-local-mode=BridgeInterface.
-    #[arg(long, default_value = "")]
-    pub pod_bridge_interface: String,
-    /// Interface name prefix, with --detect-local-mode=InterfaceNamePrefix.
-    #[arg(long, default_value = "")]
-    pub pod_interface_name_prefix: String,
-    /// CIDRs (comma-separated) or the keywords primary, all, localhost for NodePorts.
-    #[arg(long, value_delimiter = ',')]
-    pub nodeport_addresses: Vec<String>,
-    /// SNAT all traffic sent via Service cluster IPs.
-    #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-    pub masquerade_all: bool,
+    pub kubeconfig: Option<PathBuf>
+        => |f, v| {
+                f.client_connection.kubeconfig = v
+                    .as_ref()
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            };
+        /// The address of the Kubernetes API server (overrides any value in kubeconfig).
+        #[arg(long)]
+        pub master: Option<String>;
+        /// Which proxy mode to use: iptables (default, as upstream's on Linux),
+        /// nftables, ipvs or userspace.
+        #[arg(long, default_value = "iptables", value_parser = ProxyMode::from_str)]
+        pub proxy_mode: ProxyMode
+            => |f, v| f.mode = v.as_str().to_string();
+        /// If non-empty, will be used as the name of the Node kube-proxy is running on.
+        #[arg(long, default_value = "")]
+        pub hostname_override: String
+            => @over_config |f, v| f.hostname_override = v.clone();
+        /// Overrides kube-proxy's idea of what its node's primary IP is.
+        #[arg(long, default_value = "0.0.0.0")]
+        pub bind_address: IpAddr
+            => |f, v| f.bind_address = v.to_string();
+        /// If true, failure to bind a port is fatal.
+        #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+        pub bind_address_hard_fail: bool
+            => |f, v| f.bind_address_hard_fail = *v;
+        /// IP:port of the health check server; empty disables it.
+        #[arg(long, default_value = "0.0.0.0:10256")]
+        pub healthz_bind_address: String
+            => |f, v| f.healthz_bind_address = v.clone();
+        /// IP:port of the metrics server; empty disables it.
+        #[arg(long, default_value = "127.0.0.1:10249")]
+        pub metrics_bind_address: String
+            => |f, v| f.metrics_bind_address = v.clone();
+        /// The CIDR range(s) of pods in the cluster, comma-separated (one per family).
+        #[arg(long, default_value = "")]
+        pub cluster_cidr: String
+            => |f, v| f.cluster_cidr = v.clone();
+        /// How local traffic is detected: ClusterCIDR, NodeCIDR, BridgeInterface, InterfaceNamePrefix.
+        #[arg(long, default_value = "ClusterCIDR", value_parser = DetectLocalMode::from_str)]
+        pub detect_local_mode: DetectLocalMode
+            => |f, v| f.detect_local_mode = v.as_str().to_string();
+        /// Bridge interface name, with --detect-local-mode=BridgeInterface.
+        #[arg(long, default_value = "")]
+        pub pod_bridge_interface: String
+            => |f, v| f.detect_local.bridge_interface = v.clone();
+        /// Interface name prefix, with --detect-local-mode=InterfaceNamePrefix.
+        #[arg(long, default_value = "")]
+        pub pod_interface_name_prefix: String
+            => |f, v| f.detect_local.interface_name_prefix = v.clone();
+        /// CIDRs (comma-separated) or the keywords primary, all, localhost for NodePorts.
+        #[arg(long, value_delimiter = ',')]
+        pub nodeport_addresses: Vec<String>
+            => |f, v| f.node_port_addresses = Some(list(v));
+        /// SNAT all traffic sent via Service cluster IPs.
+        #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+        pub masquerade_all: bool
+            => |f, v| {
+            f.iptables.masquerade_all = *v;
+            f.nftables.masquerade_all = *v;
+        };
     /// The bit of the fwmark space to mark packets requiring SNAT (0..=31).
     #[arg(long, default_value_t = 14)]
-    pub iptables_masquerade_bit: i32,
+    pub iptables_masquerade_bit: i32
+        => |f, v| {
+            f.iptables.masquerade_bit = Some(*v);
+            f.nftables.masquerade_bit = Some(*v);
+        };
     /// How often rules are fully re-synced.
     #[arg(long, default_value = "30s", value_parser = duration_arg)]
-    pub iptables_sync_period: Duration,
+    pub iptables_sync_period: Duration
+        => |f, v| {
+            f.iptables.sync_period = dur(v);
+            f.nftables.sync_period = dur(v);
+            f.sync_period = None;
+        };
     /// The minimum period between rule re-syncs.
     #[arg(long, default_value = "1s", value_parser = duration_arg)]
-    pub iptables_min_sync_period: Duration,
+    pub iptables_min_sync_period: Duration
+        => |f, v| {
+            f.iptables.min_sync_period = dur(v);
+            f.nftables.min_sync_period = dur(v);
+            f.min_sync_period = None;
+        };
     /// Allow NodePorts on localhost (iptables mode, IPv4).
     #[arg(long, num_args = 0..=1, default_value = "true", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-    pub iptables_localhost_nodeports: bool,
+    pub iptables_localhost_nodeports: bool
+        => |f, v| f.iptables.localhost_node_ports = Some(*v);
     /// How often configuration from the apiserver is refreshed.
     #[arg(long, default_value = "15m", value_parser = duration_arg)]
-    pub config_sync_period: Duration,
+    pub config_sync_period: Duration
+        => |f, v| f.config_sync_period = dur(v);
     /// The ipvs scheduler type.
     #[arg(long, default_value = "")]
-    pub ipvs_scheduler: String,
+    pub ipvs_scheduler: String
+        => |f, v| f.ipvs.scheduler = v.clone();
     #[arg(long, default_value = "30s", value_parser = duration_arg)]
-    pub ipvs_sync_period: Duration,
+    pub ipvs_sync_period: Duration
+        => |f, v| {
+            f.ipvs.sync_period = dur(v);
+            if f.mode == ProxyMode::Ipvs.as_str() {
+                f.sync_period = None;
+            }
+        };
     #[arg(long, default_value = "1s", value_parser = duration_arg)]
-    pub ipvs_min_sync_period: Duration,
+    pub ipvs_min_sync_period: Duration
+        => |f, v| {
+            f.ipvs.min_sync_period = dur(v);
+            if f.mode == ProxyMode::Ipvs.as_str() {
+                f.min_sync_period = None;
+            }
+        };
     /// CIDRs the ipvs proxier should not touch when cleaning up.
     #[arg(long, value_delimiter = ',')]
-    pub ipvs_exclude_cidrs: Vec<String>,
+    pub ipvs_exclude_cidrs: Vec<String>
+        => |f, v| f.ipvs.exclude_cidrs = Some(list(v));
     #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-    pub ipvs_strict_arp: bool,
+    pub ipvs_strict_arp: bool
+        => |f, v| f.ipvs.strict_arp = *v;
     #[arg(long, default_value = "0s", value_parser = duration_arg)]
-    pub ipvs_tcp_timeout: Duration,
+    pub ipvs_tcp_timeout: Duration
+        => |f, v| f.ipvs.tcp_timeout = dur(v);
     #[arg(long, default_value = "0s", value_parser = duration_arg)]
-    pub ipvs_tcpfin_timeout: Duration,
+    pub ipvs_tcpfin_timeout: Duration
+        => |f, v| f.ipvs.tcp_fin_timeout = dur(v);
     #[arg(long, default_value = "0s", value_parser = duration_arg)]
-    pub ipvs_udp_timeout: Duration,
+    pub ipvs_udp_timeout: Duration
+        => |f, v| f.ipvs.udp_timeout = dur(v);
     /// Maximum tracked NAT connections per CPU core (0 leaves the limit as is).
     #[arg(long, default_value_t = 32768)]
-    pub conntrack_max_per_core: i32,
+    pub conntrack_max_per_core: i32
+        => |f, v| f.conntrack.max_per_core = Some(*v);
     #[arg(long, default_value_t = 131072)]
-    pub conntrack_min: i32,
+    pub conntrack_min: i32
+        => |f, v| f.conntrack.min = Some(*v);
     #[arg(long, default_value = "24h0m0s", value_parser = duration_arg)]
-    pub conntrack_tcp_timeout_established: Duration,
+    pub conntrack_tcp_timeout_established: Duration
+        => |f, v| f.conntrack.tcp_established_timeout = dur(v);
     #[arg(long, default_value = "1h0m0s", value_parser = duration_arg)]
-    pub conntrack_tcp_timeout_close_wait: Duration,
+    pub conntrack_tcp_timeout_close_wait: Duration
+        => |f, v| f.conntrack.tcp_close_wait_timeout = dur(v);
     #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-    pub conntrack_tcp_be_liberal: bool,
+    pub conntrack_tcp_be_liberal: bool
+        => |f, v| f.conntrack.tcp_be_liberal = *v;
     #[arg(long, default_value = "0s", value_parser = duration_arg)]
-    pub conntrack_udp_timeout: Duration,
+    pub conntrack_udp_timeout: Duration
+        => |f, v| f.conntrack.udp_timeout = dur(v);
     #[arg(long, default_value = "0s", value_parser = duration_arg)]
-    pub conntrack_udp_timeout_stream: Duration,
+    pub conntrack_udp_timeout_stream: Duration
+        => |f, v| f.conntrack.udp_stream_timeout = dur(v);
     /// Remove our rules and exit.
     #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-    pub cleanup: bool,
+    pub cleanup: bool;
     /// Log verbosity.
     #[arg(short = 'v', long = "v", default_value_t = 0)]
-    pub verbosity: u8,
+    pub verbosity: u8
+        => @over_config |f, v| f.logging.verbosity = Some(u32::from(*v));
     /// Accepted for compatibility.
     #[arg(long, default_value_t = -999, allow_negative_numbers = true)]
-    pub oom_score_adj: i32,
+    pub oom_score_adj: i32
+        => |f, v| f.oom_score_adj = Some(*v);
     /// key=value pairs, comma-separated.
     #[arg(long, default_value = "")]
-    pub feature_gates: String,
+    pub feature_gates: String
+        => |f, v| merge_feature_gates(&mut f.feature_gates, v);
     /// Accepted for compatibility.
     #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-    pub profiling: bool,
+    pub profiling: bool
+        => |f, v| f.enable_profiling = *v;
     /// Accepted for compatibility.
     #[arg(long, default_value = "")]
-    pub show_hidden_metrics_for_version: String,
+    pub show_hidden_metrics_for_version: String
+        => |f, v| f.show_hidden_metrics_for_version = v.clone();
     #[arg(long, default_value_t = 5.0)]
-    pub kube_api_qps: f32,
+    pub kube_api_qps: f32
+        => |f, v| f.client_connection.qps = *v;
     #[arg(long, default_value_t = 10)]
-    pub kube_api_burst: i32,
+    pub kube_api_burst: i32
+        => |f, v| f.client_connection.burst = *v;
     #[arg(long, default_value = "application/vnd.kubernetes.protobuf")]
-    pub kube_api_content_type: String,
+    pub kube_api_content_type: String
+        => |f, v| f.client_connection.content_type = v.clone();
     /// Accepted for compatibility.
     #[arg(long)]
-    pub vmodule: Option<String>,
+    pub vmodule: Option<String>;
     /// Accepted for compatibility.
     #[arg(long, default_value = "5s")]
-    pub log_flush_frequency: String,
+    pub log_flush_frequency: String;
     /// Accepted for compatibility (upstream's klog buffering and stream
     /// splitting; ours writes every line to stderr unbuffered).
     #[arg(long)]
-    pub log_json_info_buffer_size: Option<String>,
+    pub log_json_info_buffer_size: Option<String>;
     #[arg(long, num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-    pub log_json_split_stream: Option<bool>,
+    pub log_json_split_stream: Option<bool>;
     #[arg(long)]
-    pub log_text_info_buffer_size: Option<String>,
+    pub log_text_info_buffer_size: Option<String>;
     #[arg(long, num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-    pub log_text_split_stream: Option<bool>,
+    pub log_text_split_stream: Option<bool>;
     /// Accepted for compatibility (upstream reads node identity files for
     /// its Events; ours does not need them).
     #[arg(long)]
-    pub boot_id_file: Option<String>,
+    pub boot_id_file: Option<String>;
     #[arg(long)]
-    pub machine_id_file: Option<String>,
+    pub machine_id_file: Option<String>;
     /// Deprecated upstream: 0 disables the health server; another port is
     /// used only when --healthz-bind-address has none. Ignored with --config.
     #[arg(long, hide = true)]
-    pub healthz_port: Option<i32>,
+    pub healthz_port: Option<i32>;
     /// Deprecated upstream: 0 disables the metrics server; another port is
     /// used only when --metrics-bind-address has none. Ignored with --config.
     #[arg(long, hide = true)]
-    pub metrics_port: Option<i32>,
+    pub metrics_port: Option<i32>;
     /// Perform the host setup that needs full root privileges (conntrack
     /// sysctls, the mode's sysctls), then exit; a later start then needs only
     /// CAP_NET_ADMIN.
     #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-    pub init_only: bool,
+    pub init_only: bool;
 
     // --- kube-proxy-rs additions ---
     /// Directory of Service/EndpointSlice/Node manifests to serve from, when no
     /// API server is configured.
     #[arg(long)]
-    pub manifests: Option<PathBuf>,
+    pub manifests: Option<PathBuf>;
     /// Print the rules that would be installed instead of installing them.
     #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-    pub dry_run: bool,
+    pub dry_run: bool;
     /// Log format: text or json (upstream's --logging-format is an alias).
     #[arg(long, alias = "logging-format", default_value = "text", value_parser = ["text", "json"])]
-    pub log_format: String,
+    pub log_format: String
+        => @over_config |f, v| f.logging.format = Some(v.clone());
     /// Only handle Services labelled service.kubernetes.io/service-proxy-name=NAME
     /// (instead of the unlabelled ones).
     #[arg(long)]
-    pub service_proxy_name: Option<String>,
+    pub service_proxy_name: Option<String>;
     /// iptables mode: which iptables backend to program: auto (detect like
     /// upstream: the one holding Kubernetes chains, else the one with more
     /// rules, else nft), nft or legacy.
     #[arg(long, env = "KUBE_PROXY_RS_IPTABLES_BACKEND", default_value = "auto", value_parser = ["auto", "nft", "legacy"])]
-    pub iptables_backend: String,
+    pub iptables_backend: String;
     /// iptables-nft: write the rules with `iptables-nft-restore` instead of
     /// over nf_tables netlink (the same rules; the programs' speed, as
     /// upstream). A fallback, off by default.
     #[arg(long, env = "KUBE_PROXY_RS_IPTABLES_NFT_RESTORE")]
-    pub iptables_nft_restore: bool,
+    pub iptables_nft_restore: bool;
     #[command(flatten)]
-    pub userspace: UserspaceFlags,
+    pub userspace: UserspaceFlags;
     #[command(flatten)]
-    pub socket_lb: SocketLbFlags,
+    pub socket_lb: SocketLbFlags;
+}
 }
 
 /// Flags of `--proxy-mode=userspace` (ours; upstream removed the mode in 1.26).
@@ -273,20 +515,6 @@ pub struct UserspaceFlags {
     /// Userspace mode: copy TCP with splice(2) (zero copy) instead of a buffer.
     #[arg(long, num_args = 0..=1, default_value = "true", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
     pub userspace_splice: bool,
-}
-
-impl Default for UserspaceFlags {
-    fn default() -> Self {
-        UserspaceFlags {
-            userspace_balancer: "round-robin".into(),
-            userspace_vip_mode: "auto".into(),
-            userspace_connect_timeout: Duration::from_secs(1),
-            userspace_tcp_idle_timeout: Duration::from_secs(3600),
-            userspace_udp_idle_timeout: Duration::from_secs(30),
-            userspace_grace_period: Duration::from_secs(30),
-            userspace_splice: true,
-        }
-    }
 }
 
 /// Where the maps and links are pinned on a node by default.
@@ -344,17 +572,56 @@ pub struct SocketLbFlags {
     pub bpf_lb_acceleration: String,
 }
 
-impl Default for SocketLbFlags {
-    fn default() -> Self {
-        SocketLbFlags {
-            socket_lb: false,
-            cgroup_path: String::new(),
-            bpf_pin_path: PathBuf::from(DEFAULT_PIN_PATH),
-            bpf_nodeport: false,
-            bpf_nodeport_devices: Vec::new(),
-            bpf_lb_algorithm: "random".into(),
-            bpf_lb_mode: "snat".into(),
-            bpf_lb_acceleration: "disabled".into(),
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 51's rule: with `--config`, upstream still honours its logging
+    /// flags and --hostname-override, and only those.
+    #[test]
+    fn only_logging_and_hostname_apply_over_the_file() {
+        let over: Vec<&str> = Cli::bound_flags()
+            .into_iter()
+            .filter(|(_, over)| *over)
+            .map(|(id, _)| id)
+            .collect();
+        assert_eq!(over, ["hostname_override", "verbosity", "log_format"]);
+    }
+
+    /// Every bound flag is a flag with a long name, and none twice.
+    #[test]
+    fn every_binding_is_a_flag() {
+        let cmd = Cli::command();
+        let mut seen = std::collections::BTreeSet::new();
+        let bound = Cli::bound_flags();
+        assert!(bound.len() > 40, "{} bindings", bound.len());
+        for (id, _) in bound {
+            let arg = cmd.get_arguments().find(|a| a.get_id() == id);
+            assert!(arg.and_then(|a| a.get_long()).is_some(), "no flag {id}");
+            assert!(seen.insert(id), "{id} twice");
         }
+    }
+
+    /// The defaults the file takes are the flags', parsed as typed:
+    /// `--config-sync-period`'s "15m" is the file's 15m0s.
+    #[test]
+    fn defaults_are_the_flags() {
+        let d = Cli::defaults().unwrap();
+        assert_eq!(d.config_sync_period, Duration::from_secs(15 * 60));
+        assert_eq!(d.conntrack_min, 131072);
+        assert_eq!(d.proxy_mode, ProxyMode::Iptables);
+        assert!(d.userspace.userspace_splice);
+        assert_eq!(d.socket_lb.bpf_pin_path, PathBuf::from(DEFAULT_PIN_PATH));
+    }
+
+    /// The environment does not change the defaults (it is the flags'
+    /// source only for the flags given).
+    #[test]
+    fn defaults_ignore_the_environment() {
+        let cmd = Cli::command().mut_args(|a| a.env(None::<&'static str>));
+        assert!(cmd.get_arguments().all(|a| a.get_env().is_none()));
+        assert!(Cli::command()
+            .get_arguments()
+            .any(|a| a.get_env().is_some()));
     }
 }

@@ -2,8 +2,10 @@
 //!
 //! [`load`] parses the flags, or reads `--config` when given (then, as
 //! upstream, only the logging flags and --hostname-override apply over the
-//! file; unknown fields are left out with a warning), applies upstream's
-//! defaults and validates everything into one [`ProxyConfig`].
+//! file; unknown fields are left out with a warning), writes the flags given
+//! into the file schema they are bound to (`flags.rs`), applies upstream's
+//! defaults and validates everything into one [`ProxyConfig`], with the
+//! flags that have no file field.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -13,7 +15,6 @@ use clap::{CommandFactory, FromArgMatches};
 pub mod duration;
 mod file;
 mod flags;
-mod overlay;
 mod resolve;
 mod settings;
 pub mod watch;
@@ -24,7 +25,7 @@ pub use flags::{Cli, DetectLocalMode, SocketLbFlags, UserspaceFlags};
 pub use kp_model::ProxyMode;
 pub use settings::{ClientSettings, ConntrackSettings, IpvsSettings, ProxyConfig};
 
-use overlay::{given, overlay_flags};
+use flags::given;
 use resolve::resolve;
 
 /// `--version` prints "kube-proxy-rs VERSION"; the long form says what it
@@ -37,9 +38,6 @@ pub const LONG_VERSION: &str = concat!(
 
 pub const API_VERSION: &str = "kubeproxy.config.k8s.io/v1alpha1";
 pub const KIND: &str = "KubeProxyConfiguration";
-
-const DEFAULT_HEALTHZ_PORT: u16 = 10256;
-const DEFAULT_METRICS_PORT: u16 = 10249;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -117,7 +115,12 @@ pub fn load(cli_args: impl IntoIterator<Item = OsString>) -> Result<ProxyConfig,
         None => KubeProxyConfiguration::default(),
     };
     let from_file = cli.config.is_some();
-    let ignored = overlay_flags(&mut raw, &cli, &matches, from_file)?;
+    let mut ignored = cli.bind_given(&mut raw, &matches, from_file)?;
+    for id in ["healthz_port", "metrics_port"] {
+        if from_file && given(&matches, id) {
+            ignored.push(format!("--{}", id.replace('_', "-")));
+        }
+    }
     if !ignored.is_empty() {
         load_warnings.push(format!(
             "--config is given, so these flags are ignored as upstream ignores them (the file \
@@ -147,40 +150,30 @@ pub fn load(cli_args: impl IntoIterator<Item = OsString>) -> Result<ProxyConfig,
         healthz_disabled |= deprecated_port(&mut raw.healthz_bind_address, cli.healthz_port);
         metrics_disabled |= deprecated_port(&mut raw.metrics_bind_address, cli.metrics_port);
     }
-    let mut pc = resolve(raw)?;
+    let defaults = Cli::defaults()?;
+    let mut pc = resolve(raw, &cli, &defaults)?;
     pc.load_warnings = load_warnings;
+    pc.config_file_digest = config_file_digest;
     if healthz_disabled {
         pc.healthz_bind_address = None;
     }
     if metrics_disabled {
         pc.metrics_bind_address = None;
     }
-    pc.master = cli.master.clone().filter(|m| !m.is_empty());
-    pc.manifests = cli.manifests.clone();
-    pc.cleanup = cli.cleanup;
-    pc.dry_run = cli.dry_run;
-    pc.init_only = cli.init_only;
     if pc.init_only && pc.dry_run {
         // --dry-run promises that nothing touches the kernel.
         return Err(invalid("--init-only", "cannot be combined with --dry-run"));
     }
-    pc.service_proxy_name = cli.service_proxy_name.clone().filter(|s| !s.is_empty());
     // Refused here rather than by the API server on every list (it becomes
     // part of the label selector).
     kp_source::label_selector(pc.service_proxy_name.as_deref())
         .map_err(|e| invalid("--service-proxy-name", e.to_string()))?;
-    pc.iptables_backend = kp_iptables::Variant::parse_choice(&cli.iptables_backend)
-        .map_err(|e| invalid("--iptables-backend", e))?;
-    pc.iptables_nft_restore = cli.iptables_nft_restore;
-    pc.userspace = cli.userspace.clone();
-    pc.socket_lb = cli.socket_lb.clone();
     if pc.socket_lb.socket_lb && pc.mode != ProxyMode::Nftables {
         return Err(invalid(
             "--socket-lb",
             format!("works with --proxy-mode nftables, not {}", pc.mode.as_str()),
         ));
     }
-    pc.socket_lb.bpf_nodeport_devices.retain(|d| !d.is_empty());
     if pc.socket_lb.bpf_nodeport && !pc.socket_lb.socket_lb {
         return Err(invalid(
             "--bpf-nodeport",
@@ -189,11 +182,19 @@ pub fn load(cli_args: impl IntoIterator<Item = OsString>) -> Result<ProxyConfig,
     }
     // The flags that change --bpf-nodeport's programs, at their defaults
     // without them.
-    let sl = &pc.socket_lb;
+    let (sl, d) = (&pc.socket_lb, &defaults.socket_lb);
     for (flag, value, default) in [
-        ("--bpf-lb-algorithm", &sl.bpf_lb_algorithm, "random"),
-        ("--bpf-lb-mode", &sl.bpf_lb_mode, "snat"),
-        ("--bpf-lb-acceleration", &sl.bpf_lb_acceleration, "disabled"),
+        (
+            "--bpf-lb-algorithm",
+            &sl.bpf_lb_algorithm,
+            &d.bpf_lb_algorithm,
+        ),
+        ("--bpf-lb-mode", &sl.bpf_lb_mode, &d.bpf_lb_mode),
+        (
+            "--bpf-lb-acceleration",
+            &sl.bpf_lb_acceleration,
+            &d.bpf_lb_acceleration,
+        ),
     ] {
         if value != default && !sl.bpf_nodeport {
             return Err(invalid(
@@ -202,8 +203,5 @@ pub fn load(cli_args: impl IntoIterator<Item = OsString>) -> Result<ProxyConfig,
             ));
         }
     }
-    pc.config_file = cli.config.clone();
-    pc.config_file_digest = config_file_digest;
-    pc.write_config_to = cli.write_config_to.clone();
     Ok(pc)
 }

@@ -1,8 +1,10 @@
-//! Upstream's defaulting and validation: the file schema (with the flags laid
-//! over it) becomes [`ProxyConfig`]. The schema is updated in place with every
-//! default, so that it can be written back out.
+//! Upstream's defaulting and validation: the file schema (with the flags given
+//! written into it) becomes [`ProxyConfig`]. The schema is updated in place
+//! with every default, so that it can be written back out. The defaults are
+//! the flags' ([`Cli::defaults`]), as upstream's flags and configuration
+//! share theirs; validation is here only, for a value from a flag or file.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
@@ -10,9 +12,9 @@ use std::time::Duration;
 use ipnet::IpNet;
 
 use super::file::KubeProxyConfiguration;
-use super::flags::DetectLocalMode;
+use super::flags::{Cli, DetectLocalMode};
 use super::settings::{ClientSettings, ConntrackSettings, IpvsSettings, ProxyConfig};
-use super::{invalid, ConfigError, API_VERSION, DEFAULT_HEALTHZ_PORT, DEFAULT_METRICS_PORT, KIND};
+use super::{invalid, ConfigError, API_VERSION, KIND};
 use crate::config::duration::GoDuration;
 use kp_model::ProxyMode;
 
@@ -93,24 +95,33 @@ fn machine_hostname() -> Result<String, ConfigError> {
     Ok(name)
 }
 
-/// Applies defaults to `raw` (in place, so it can be written back out) and
-/// builds the validated settings, one section of the file at a time.
-pub(super) fn resolve(mut raw: KubeProxyConfiguration) -> Result<ProxyConfig, ConfigError> {
+/// Applies the defaults `d` (every flag at its default) to `raw` (in place,
+/// so it can be written back out) and builds the validated settings, one
+/// section of the file at a time, with `cli`'s flags that have no file field.
+pub(super) fn resolve(
+    mut raw: KubeProxyConfiguration,
+    cli: &Cli,
+    d: &Cli,
+) -> Result<ProxyConfig, ConfigError> {
     raw.api_version = Some(API_VERSION.to_string());
     raw.kind = Some(KIND.to_string());
 
-    let mode = ProxyMode::from_str(&raw.mode).map_err(|e| invalid("mode", e))?;
+    let mode = if raw.mode.is_empty() {
+        d.proxy_mode
+    } else {
+        ProxyMode::from_str(&raw.mode).map_err(|e| invalid("mode", e))?
+    };
     raw.mode = mode.as_str().to_string();
-    let (bind_address, healthz, metrics) = listen_addresses(&mut raw)?;
+    let (bind_address, healthz, metrics) = listen_addresses(&mut raw, d)?;
     let cluster_cidrs = cluster_cidrs(&raw)?;
-    let detect_local_mode = detect_local(&mut raw)?;
+    let detect_local_mode = detect_local(&mut raw, d)?;
     let (nodeport_addresses, nodeport_primary) = nodeport_addresses(&raw, mode)?;
-    let sync = sync_and_masquerade(&mut raw, mode)?;
-    let ipvs = ipvs(&mut raw, &sync)?;
-    let conntrack = conntrack(&mut raw)?;
-    let config_sync_period = duration_field(raw.config_sync_period, Duration::from_secs(15 * 60));
+    let sync = sync_and_masquerade(&mut raw, mode, d)?;
+    let ipvs = ipvs(&mut raw, &sync, d)?;
+    let conntrack = conntrack(&mut raw, d)?;
+    let config_sync_period = duration_field(raw.config_sync_period, d.config_sync_period);
     raw.config_sync_period = Some(GoDuration(config_sync_period));
-    let oom_score_adj = raw.oom_score_adj.unwrap_or(-999);
+    let oom_score_adj = raw.oom_score_adj.unwrap_or(d.oom_score_adj);
     if !(-1000..=1000).contains(&oom_score_adj) {
         return Err(invalid(
             "oomScoreAdj",
@@ -118,13 +129,17 @@ pub(super) fn resolve(mut raw: KubeProxyConfiguration) -> Result<ProxyConfig, Co
         ));
     }
     raw.oom_score_adj = Some(oom_score_adj);
-    let (client, kubeconfig) = client_connection(&mut raw)?;
+    let (client, kubeconfig) = client_connection(&mut raw, d)?;
     let (log_json, verbosity) = logging(&raw)?;
     let hostname = if raw.hostname_override.trim().is_empty() {
         machine_hostname()?
     } else {
         raw.hostname_override.trim().to_lowercase()
     };
+    let iptables_backend = kp_iptables::Variant::parse_choice(&cli.iptables_backend)
+        .map_err(|e| invalid("--iptables-backend", e))?;
+    let mut socket_lb = cli.socket_lb.clone();
+    socket_lb.bpf_nodeport_devices.retain(|d| !d.is_empty());
 
     Ok(ProxyConfig {
         mode,
@@ -147,38 +162,39 @@ pub(super) fn resolve(mut raw: KubeProxyConfiguration) -> Result<ProxyConfig, Co
         localhost_nodeports: sync.localhost_nodeports,
         config_sync_period,
         kubeconfig,
-        master: None,
+        master: cli.master.clone().filter(|m| !m.is_empty()),
         client,
-        manifests: None,
-        cleanup: false,
-        dry_run: false,
-        init_only: false,
+        manifests: cli.manifests.clone(),
+        cleanup: cli.cleanup,
+        dry_run: cli.dry_run,
+        init_only: cli.init_only,
         verbosity,
         log_json,
-        service_proxy_name: None,
-        iptables_backend: None,
-        iptables_nft_restore: false,
-        userspace: Default::default(),
-        socket_lb: Default::default(),
+        service_proxy_name: cli.service_proxy_name.clone().filter(|s| !s.is_empty()),
+        iptables_backend,
+        iptables_nft_restore: cli.iptables_nft_restore,
+        userspace: cli.userspace.clone(),
+        socket_lb,
         ipvs,
         conntrack,
         oom_score_adj,
         feature_gates: raw.feature_gates.clone(),
-        config_file: None,
+        config_file: cli.config.clone(),
         config_file_digest: None,
-        write_config_to: None,
+        write_config_to: cli.write_config_to.clone(),
         configuration: raw,
         load_warnings: Vec::new(),
     })
 }
 
 /// bindAddress, and the health and metrics listen addresses (their
-/// defaults in bindAddress's family).
+/// defaults, the flags', in bindAddress's family).
 fn listen_addresses(
     raw: &mut KubeProxyConfiguration,
+    d: &Cli,
 ) -> Result<(IpAddr, SocketAddr, SocketAddr), ConfigError> {
     let bind_address = if raw.bind_address.trim().is_empty() {
-        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+        d.bind_address
     } else {
         IpAddr::from_str(raw.bind_address.trim()).map_err(|_| {
             invalid(
@@ -189,33 +205,40 @@ fn listen_addresses(
     };
     raw.bind_address = bind_address.to_string();
     let v6 = bind_address.is_ipv6();
-    if raw.healthz_bind_address.trim().is_empty() {
-        let ip: IpAddr = if v6 {
-            Ipv6Addr::UNSPECIFIED.into()
-        } else {
-            Ipv4Addr::UNSPECIFIED.into()
-        };
-        raw.healthz_bind_address = SocketAddr::new(ip, DEFAULT_HEALTHZ_PORT).to_string();
-    }
-    if raw.metrics_bind_address.trim().is_empty() {
-        let ip: IpAddr = if v6 {
-            Ipv6Addr::LOCALHOST.into()
-        } else {
-            Ipv4Addr::LOCALHOST.into()
-        };
-        raw.metrics_bind_address = SocketAddr::new(ip, DEFAULT_METRICS_PORT).to_string();
-    }
-    let healthz = parse_bind(
+    let healthz = listen_address(
         "healthzBindAddress",
-        &raw.healthz_bind_address,
-        DEFAULT_HEALTHZ_PORT,
+        &mut raw.healthz_bind_address,
+        &d.healthz_bind_address,
+        v6,
     )?;
-    let metrics = parse_bind(
+    let metrics = listen_address(
         "metricsBindAddress",
-        &raw.metrics_bind_address,
-        DEFAULT_METRICS_PORT,
+        &mut raw.metrics_bind_address,
+        &d.metrics_bind_address,
+        v6,
     )?;
     Ok((bind_address, healthz, metrics))
+}
+
+/// One server's address: unset takes the flag's default, moved to IPv6
+/// (`::` or `::1`) when bindAddress is; a bare IP takes its port.
+fn listen_address(
+    field: &str,
+    value: &mut String,
+    default: &str,
+    v6: bool,
+) -> Result<SocketAddr, ConfigError> {
+    let default = SocketAddr::from_str(default)
+        .map_err(|_| invalid(field, format!("the default {default:?} is not IP:port")))?;
+    if value.trim().is_empty() {
+        let ip: IpAddr = match default.ip() {
+            IpAddr::V4(ip) if v6 && ip.is_loopback() => Ipv6Addr::LOCALHOST.into(),
+            IpAddr::V4(ip) if v6 && ip.is_unspecified() => Ipv6Addr::UNSPECIFIED.into(),
+            ip => ip,
+        };
+        *value = SocketAddr::new(ip, default.port()).to_string();
+    }
+    parse_bind(field, value, default.port())
 }
 
 /// clusterCIDR: comma-separated, at most one per family.
@@ -246,9 +269,13 @@ fn cluster_cidrs(raw: &KubeProxyConfiguration) -> Result<Vec<IpNet>, ConfigError
 }
 
 /// detectLocalMode, and the field its mode needs.
-fn detect_local(raw: &mut KubeProxyConfiguration) -> Result<DetectLocalMode, ConfigError> {
-    let detect_local_mode = DetectLocalMode::from_str(&raw.detect_local_mode)
-        .map_err(|e| invalid("detectLocalMode", e))?;
+fn detect_local(raw: &mut KubeProxyConfiguration, d: &Cli) -> Result<DetectLocalMode, ConfigError> {
+    let detect_local_mode = if raw.detect_local_mode.is_empty() {
+        d.detect_local_mode
+    } else {
+        DetectLocalMode::from_str(&raw.detect_local_mode)
+            .map_err(|e| invalid("detectLocalMode", e))?
+    };
     raw.detect_local_mode = detect_local_mode.as_str().to_string();
     match detect_local_mode {
         DetectLocalMode::BridgeInterface if raw.detect_local.bridge_interface.is_empty() => {
@@ -322,21 +349,29 @@ struct SyncSettings {
 fn sync_and_masquerade(
     raw: &mut KubeProxyConfiguration,
     mode: ProxyMode,
+    d: &Cli,
 ) -> Result<SyncSettings, ConfigError> {
     let ipt = raw.iptables.clone();
     let nft = raw.nftables.clone();
-    let ipt_bit = masquerade_bit("iptables.masqueradeBit", ipt.masquerade_bit.unwrap_or(14))?;
+    let ipt_bit = masquerade_bit(
+        "iptables.masqueradeBit",
+        ipt.masquerade_bit.unwrap_or(d.iptables_masquerade_bit),
+    )?;
     let nft_bit = match nft.masquerade_bit {
         Some(b) => masquerade_bit("nftables.masqueradeBit", b)?,
         None => ipt_bit,
     };
-    let ipt_sync = duration_field(ipt.sync_period, Duration::from_secs(30));
-    let ipt_min = duration_field(ipt.min_sync_period, Duration::from_secs(1));
+    let ipt_sync = duration_field(ipt.sync_period, d.iptables_sync_period);
+    let ipt_min = duration_field(ipt.min_sync_period, d.iptables_min_sync_period);
     let nft_sync = duration_field(nft.sync_period, ipt_sync);
     let nft_min = duration_field(nft.min_sync_period, ipt_min);
-    let ipvs_sync = duration_field(raw.ipvs.sync_period, Duration::from_secs(30));
+    let ipvs_sync = duration_field(raw.ipvs.sync_period, d.ipvs_sync_period);
+    // Unset is zero here, though --ipvs-min-sync-period shows 1s: what an
+    // unset field has always meant (docs/architecture.md "The periods").
     let ipvs_min = duration_field_keep_zero(raw.ipvs.min_sync_period);
-    let localhost_nodeports = ipt.localhost_node_ports.unwrap_or(true);
+    let localhost_nodeports = ipt
+        .localhost_node_ports
+        .unwrap_or(d.iptables_localhost_nodeports);
     raw.iptables.masquerade_bit = Some(i32::from(ipt_bit));
     raw.iptables.sync_period = Some(GoDuration(ipt_sync));
     raw.iptables.min_sync_period = Some(GoDuration(ipt_min));
@@ -388,6 +423,7 @@ fn sync_and_masquerade(
 fn ipvs(
     raw: &mut KubeProxyConfiguration,
     sync: &SyncSettings,
+    d: &Cli,
 ) -> Result<IpvsSettings, ConfigError> {
     let mut exclude_cidrs = Vec::new();
     for (i, c) in raw.ipvs.exclude_cidrs.iter().flatten().enumerate() {
@@ -399,9 +435,12 @@ fn ipvs(
         min_sync_period: sync.ipvs_min,
         exclude_cidrs,
         strict_arp: raw.ipvs.strict_arp,
-        tcp_timeout: duration_field_keep_zero(raw.ipvs.tcp_timeout),
-        tcp_fin_timeout: duration_field_keep_zero(raw.ipvs.tcp_fin_timeout),
-        udp_timeout: duration_field_keep_zero(raw.ipvs.udp_timeout),
+        tcp_timeout: duration_field_unset_default(raw.ipvs.tcp_timeout, d.ipvs_tcp_timeout),
+        tcp_fin_timeout: duration_field_unset_default(
+            raw.ipvs.tcp_fin_timeout,
+            d.ipvs_tcpfin_timeout,
+        ),
+        udp_timeout: duration_field_unset_default(raw.ipvs.udp_timeout, d.ipvs_udp_timeout),
     };
     raw.ipvs.tcp_timeout = Some(GoDuration(ipvs.tcp_timeout));
     raw.ipvs.tcp_fin_timeout = Some(GoDuration(ipvs.tcp_fin_timeout));
@@ -410,22 +449,25 @@ fn ipvs(
 }
 
 /// The conntrack section, for `--init-only`'s sysctls.
-fn conntrack(raw: &mut KubeProxyConfiguration) -> Result<ConntrackSettings, ConfigError> {
+fn conntrack(raw: &mut KubeProxyConfiguration, d: &Cli) -> Result<ConntrackSettings, ConfigError> {
     let ct = &raw.conntrack;
     let conntrack = ConntrackSettings {
-        max_per_core: ct.max_per_core.unwrap_or(32768),
-        min: ct.min.unwrap_or(131072),
+        max_per_core: ct.max_per_core.unwrap_or(d.conntrack_max_per_core),
+        min: ct.min.unwrap_or(d.conntrack_min),
         tcp_established_timeout: duration_field_unset_default(
             ct.tcp_established_timeout,
-            Duration::from_secs(24 * 3600),
+            d.conntrack_tcp_timeout_established,
         ),
         tcp_close_wait_timeout: duration_field_unset_default(
             ct.tcp_close_wait_timeout,
-            Duration::from_secs(3600),
+            d.conntrack_tcp_timeout_close_wait,
         ),
         tcp_be_liberal: ct.tcp_be_liberal,
-        udp_timeout: duration_field_keep_zero(ct.udp_timeout),
-        udp_stream_timeout: duration_field_keep_zero(ct.udp_stream_timeout),
+        udp_timeout: duration_field_unset_default(ct.udp_timeout, d.conntrack_udp_timeout),
+        udp_stream_timeout: duration_field_unset_default(
+            ct.udp_stream_timeout,
+            d.conntrack_udp_timeout_stream,
+        ),
     };
     if conntrack.max_per_core < 0 {
         return Err(invalid(
@@ -451,16 +493,17 @@ fn conntrack(raw: &mut KubeProxyConfiguration) -> Result<ConntrackSettings, Conf
 /// clientConnection, with upstream's defaults.
 fn client_connection(
     raw: &mut KubeProxyConfiguration,
+    d: &Cli,
 ) -> Result<(ClientSettings, Option<PathBuf>), ConfigError> {
     let cc = &mut raw.client_connection;
     if cc.content_type.is_empty() {
-        cc.content_type = "application/vnd.kubernetes.protobuf".to_string();
+        cc.content_type = d.kube_api_content_type.clone();
     }
     if cc.qps == 0.0 {
-        cc.qps = 5.0;
+        cc.qps = d.kube_api_qps;
     }
     if cc.burst == 0 {
-        cc.burst = 10;
+        cc.burst = d.kube_api_burst;
     }
     if cc.qps < 0.0 {
         return Err(invalid(
