@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kp_model::{ChangeSet, ChangeTracker, IpFamily, TrackerConfig};
 use kp_netlab::ScratchNs;
+use kp_testkit::objects;
 use serde_json::{json, Value};
 
 pub fn tracker(family: IpFamily) -> ChangeTracker {
@@ -45,18 +46,12 @@ pub fn apply(t: &mut ChangeTracker, objs: &[Value]) -> ChangeSet {
 
 /// A Service with one TCP port 80 -> 8080.
 pub fn service(name: &str, ip: &str, extra: Value) -> Value {
-    let mut s = json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"namespace": "default", "name": name},
-        "spec": {"clusterIP": ip, "clusterIPs": [ip], "type": "ClusterIP",
-                 "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}]}
-    });
-    if let (Some(spec), Some(extra)) = (s["spec"].as_object_mut(), extra.as_object()) {
-        for (k, v) in extra {
-            spec.insert(k.clone(), v.clone());
-        }
-    }
-    s
+    objects::service("default", name)
+        .cluster_ips(&[ip])
+        .spec(json!({"type": "ClusterIP"}))
+        .port_json(json!({"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}))
+        .spec(extra)
+        .json()
 }
 
 /// An EndpointSlice for `svc` with (ip, node, ready, serving, terminating).
@@ -66,17 +61,19 @@ pub fn endpoints(svc: &str, eps: &[(&str, &str, bool, bool, bool)]) -> Value {
     } else {
         "IPv4"
     };
-    json!({
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"namespace": "default", "name": format!("{svc}-abc"),
-                     "labels": {"kubernetes.io/service-name": svc}},
-        "addressType": family,
-        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-        "endpoints": eps.iter().map(|(ip, node, r, s, t)| json!({
-            "addresses": [ip], "nodeName": node,
-            "conditions": {"ready": r, "serving": s, "terminating": t}
-        })).collect::<Vec<_>>()
-    })
+    eps.iter()
+        .fold(
+            objects::slice("default", &format!("{svc}-abc"), svc)
+                .address_type(family)
+                .port("http", 8080, "TCP"),
+            |b, (ip, node, r, s, t)| {
+                b.endpoint_json(json!({
+                    "addresses": [ip], "nodeName": node,
+                    "conditions": {"ready": r, "serving": s, "terminating": t}
+                }))
+            },
+        )
+        .json()
 }
 
 pub fn ready(

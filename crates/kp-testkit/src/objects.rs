@@ -39,6 +39,15 @@ impl ServiceBuilder {
         self.0["spec"]["clusterIP"] = json!(ip);
         self
     }
+    /// `clusterIP` and `clusterIPs` (one per family, the first primary), as
+    /// the API server writes them.
+    pub fn cluster_ips(mut self, ips: &[&str]) -> Self {
+        if let Some(first) = ips.first() {
+            self.0["spec"]["clusterIP"] = json!(first);
+        }
+        self.0["spec"]["clusterIPs"] = json!(ips);
+        self
+    }
     /// A port with a name, number and protocol.
     pub fn port(self, name: &str, port: u16, protocol: &str) -> Self {
         self.port_json(json!({"name": name, "port": port, "protocol": protocol}))

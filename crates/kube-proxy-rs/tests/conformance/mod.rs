@@ -22,7 +22,7 @@ use kp_netlab::{
     tcp_hello, tcp_hello_from, tcp_hello_many, tcp_hold, udp_ask, udp_session, wait_until, Cluster,
     ClusterOpts, ConnError, Pod, ProcGuard, Reply, ServeSpec, ServerGuard,
 };
-use kp_testkit::{ControlPlane, ControlPlaneOpts, K8sBinaries};
+use kp_testkit::{objects, ControlPlane, ControlPlaneOpts, K8sBinaries};
 use serde_json::{json, Value};
 
 pub const T: Duration = Duration::from_secs(2);
@@ -827,24 +827,13 @@ pub fn sa(ip: &str, port: u16) -> SocketAddr {
 
 /// A Service with TCP port 80 "http" and UDP port 53 "dns", both to 8080.
 pub fn service(name: &str, cluster_ips: &[&str], spec: Value) -> Value {
-    let mut s = json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"namespace": "default", "name": name},
-        "spec": {
-            "type": "ClusterIP",
-            "clusterIP": cluster_ips[0], "clusterIPs": cluster_ips,
-            "ports": [
-                {"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080},
-                {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 8080}
-            ]
-        }
-    });
-    if let (Some(o), Some(extra)) = (s["spec"].as_object_mut(), spec.as_object()) {
-        for (k, v) in extra {
-            o.insert(k.clone(), v.clone());
-        }
-    }
-    s
+    objects::service("default", name)
+        .spec(json!({"type": "ClusterIP"}))
+        .cluster_ips(cluster_ips)
+        .port_json(json!({"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}))
+        .port_json(json!({"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 8080}))
+        .spec(spec)
+        .json()
 }
 
 pub fn with_status(mut svc: Value, lb_ips: &[&str]) -> Value {
@@ -862,33 +851,27 @@ pub enum Cond {
 
 /// An EndpointSlice for `svc` listing `pods` (with conditions).
 pub fn slice(svc: &str, suffix: &str, family: &str, pods: &[(&Pod, Cond)]) -> Value {
-    let eps: Vec<Value> = pods
-        .iter()
-        .map(|(p, c)| {
-            let ip: IpAddr = if family == "IPv6" { p.ip6() } else { p.ip() };
-            let (r, s, t) = match c {
-                Cond::Ready => (true, true, false),
-                Cond::Terminating => (false, true, true),
-                Cond::NotReady => (false, false, false),
-            };
-            json!({
-                "addresses": [ip.to_string()],
-                "nodeName": format!("node{}", p.node()),
-                "conditions": {"ready": r, "serving": s, "terminating": t}
-            })
-        })
-        .collect();
-    json!({
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"namespace": "default", "name": format!("{svc}-{suffix}"),
-                     "labels": {"kubernetes.io/service-name": svc}},
-        "addressType": family,
-        "ports": [
-            {"name": "http", "port": 8080, "protocol": "TCP"},
-            {"name": "dns", "port": 8080, "protocol": "UDP"}
-        ],
-        "endpoints": eps
-    })
+    pods.iter()
+        .fold(
+            objects::slice("default", &format!("{svc}-{suffix}"), svc)
+                .address_type(family)
+                .port("http", 8080, "TCP")
+                .port("dns", 8080, "UDP"),
+            |b, (p, c)| {
+                let ip: IpAddr = if family == "IPv6" { p.ip6() } else { p.ip() };
+                let (r, s, t) = match c {
+                    Cond::Ready => (true, true, false),
+                    Cond::Terminating => (false, true, true),
+                    Cond::NotReady => (false, false, false),
+                };
+                b.endpoint_json(json!({
+                    "addresses": [ip.to_string()],
+                    "nodeName": format!("node{}", p.node()),
+                    "conditions": {"ready": r, "serving": s, "terminating": t}
+                }))
+            },
+        )
+        .json()
 }
 
 pub fn ready<'a>(pods: &[&'a Pod]) -> Vec<(&'a Pod, Cond)> {
