@@ -917,7 +917,7 @@ fn t12_xdp_serves_endpoints_on_other_nodes_and_passes_the_rest_to_tc() {
     env.put("svc-near", &near);
     env.put("eps-near", &slice("near", "v4", "IPv4", &ready(&[&a])));
     env.cluster
-        .xdp_on_lan_ports(kp_socketlb::XDP_PASS_OBJECT)
+        .xdp_on_lan_ports(kp_ebpf::XDP_PASS_OBJECT)
         .unwrap();
     // XDP updates checksums incrementally, taking them to be complete as
     // a NIC's frames are: the senders whose frames node1's XDP reads turn

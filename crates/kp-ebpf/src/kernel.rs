@@ -25,9 +25,9 @@ use crate::maps::{
 use crate::proxier::{value, Refused};
 use crate::SocketLbError;
 
-/// The BPF object compiled from bpf/socketlb.c by build.rs (empty when the
+/// The BPF object compiled from bpf/sock.c by build.rs (empty when the
 /// build had no clang).
-static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/socketlb.o"));
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sock.o"));
 
 /// The programs, by the names they have in the object.
 pub const PROGRAMS: [&str; 8] = [
@@ -90,11 +90,11 @@ pub fn install(p: &Placement, cap: Capacity) -> Result<Installed, SocketLbError>
     install_object(p, cap, OBJECT)
 }
 
-/// bpf/socketlb.c built with KP_TEST_VARIANT (connect and sendmsg translate
+/// bpf/sock.c built with KP_TEST_VARIANT (connect and sendmsg translate
 /// nothing): a "previous version" for the upgrade test. Not for production.
 #[doc(hidden)]
 pub static TEST_VARIANT_OBJECT: &[u8] =
-    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/socketlb-variant.o"));
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sock-variant.o"));
 
 #[doc(hidden)]
 pub fn install_object(
