@@ -3,6 +3,7 @@
 pub mod connect;
 pub mod lab;
 pub mod pps;
+pub mod prog;
 
 use serde_json::{json, Value};
 
