@@ -36,17 +36,24 @@ static __attribute__((noinline)) int outside(struct __sk_buff *skb)
 	if (!parse((void *)(long)skb->data, (void *)(long)skb->data_end, &f, &ttl, &syn) ||
 	    ttl <= 1)
 		return TC_ACT_OK;
-	// Map values are read in place: a copy would cost stack.
-	struct nat *r = bpf_map_lookup_elem(&kp_np_replies, &f);
-	if (r)
-		return forward(skb, &f, r);
+	struct gen *g = generation();
+	// One lookup: the entry says what the packet is. Map values are read
+	// (and their route kept) in place.
 	struct nat *known = bpf_map_lookup_elem(&kp_np_flows, &f);
-	if (known && (known->backend.pad & KP_NAT_PASS))
-		return TC_ACT_OK;
-	if (known && !syn) {
-		if (keeps_endpoint(&f, known))
-			return known->backend.pad & KP_NAT_DSR ? dsr_send(skb, &f, known, 0)
-							       : forward(skb, &f, known);
+	if (known) {
+		__u16 kind = known->backend.pad;
+		if (kind & KP_NAT_REPLY)
+			return forward_known(skb, &f, known, g);
+		if (kind & KP_NAT_PASS)
+			return TC_ACT_OK;
+		if (!syn && keeps_endpoint(&f, known, g)) {
+			// A DSR flow's UDP packets each carry the option (the
+			// endpoint's node may have lost the flow): routed anew for
+			// the longer packet, with the MTU answer.
+			if ((kind & KP_NAT_DSR) && f.proto == IPPROTO_UDP)
+				return dsr_send(skb, &f, known, 0);
+			return forward_known(skb, &f, known, g);
+		}
 	}
 	// A TCP packet of a connection the programs did not start (one that
 	// began before they were attached, when nftables and conntrack took
@@ -59,6 +66,9 @@ static __attribute__((noinline)) int outside(struct __sk_buff *skb)
 	if (!svc || svc->count == 0)
 		return TC_ACT_OK;
 	struct svc_val sv = *svc;
+	// Read before the endpoint is picked: a removal after it is seen by
+	// the flow's next packet.
+	__u32 members = g ? g->members : 0;
 	struct backend_val *b = pick(&f, &sv);
 	if (!b)
 		return TC_ACT_OK;
@@ -68,10 +78,14 @@ static __attribute__((noinline)) int outside(struct __sk_buff *skb)
 	struct bpf_fib_lookup fib = {};
 	long rc = route(skb, &fib, f.family, f.saddr, be.addr, f.proto, f.sport, be.port,
 			BPF_FIB_LOOKUP_SRC, 0);
+	struct nat *n = scratch(0);
+	if (!n)
+		return TC_ACT_OK;
 	if (rc == BPF_FIB_LKUP_RET_NOT_FWDED) {
-		struct nat pass = { .svc_id = sv.id, .backend = be };
-		pass.backend.pad = KP_NAT_PASS;
-		bpf_map_update_elem(&kp_np_flows, &f, &pass, BPF_ANY);
+		n->svc_id = sv.id;
+		n->backend = be;
+		n->backend.pad = KP_NAT_PASS;
+		bpf_map_update_elem(&kp_np_flows, &f, n, BPF_ANY);
 		return TC_ACT_OK;
 	}
 	__u32 snat[4] = {};
@@ -81,27 +95,32 @@ static __attribute__((noinline)) int outside(struct __sk_buff *skb)
 		else
 			copy(snat, fib.ipv6_src);
 	}
-	struct nat n = {};
 	// DSR: an endpoint the route sends back out of the interface the
 	// request came in by is on another node; it gets the client's own
 	// address and the option, and its node sends the reply.
 	if ((sv.flags & KP_F_DSR) && !(sv.flags & KP_F_LOCAL) &&
 	    (rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH) &&
 	    fib.ifindex == skb->ingress_ifindex) {
-		copy(n.saddr, f.saddr);
-		copy(n.daddr, be.addr);
-		n.sport = f.sport;
-		n.dport = be.port;
-		n.svc_id = sv.id;
-		n.backend = be;
-		n.backend.pad = KP_NAT_DSR;
-		bpf_map_update_elem(&kp_np_flows, &f, &n, BPF_ANY);
-		return dsr_send(skb, &f, &n, 1);
+		copy(n->saddr, f.saddr);
+		copy(n->daddr, be.addr);
+		n->sport = f.sport;
+		n->dport = be.port;
+		n->svc_id = sv.id;
+		n->backend = be;
+		n->backend.pad = KP_NAT_DSR;
+		n->member_gen = members;
+		flow_deltas(n, &f);
+		bpf_map_update_elem(&kp_np_flows, &f, n, BPF_ANY);
+		return dsr_send(skb, &f, n, 1);
 	}
-	if (!translate(&f, &sv, &be, snat, &n))
+	if (!translate(&f, &sv, &be, snat, n))
 		return TC_ACT_OK;
-	bpf_map_update_elem(&kp_np_flows, &f, &n, BPF_ANY);
-	if (!rewrite(skb, &f, &n))
+	n->member_gen = members;
+	flow_deltas(n, &f);
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS)
+		remember_route(n, g, &fib, bpf_ktime_get_coarse_ns(), skb->len);
+	bpf_map_update_elem(&kp_np_flows, &f, n, BPF_ANY);
+	if (!rewrite_known(skb, &f, n))
 		return TC_ACT_SHOT;
 	return send(skb, rc, &fib);
 }
@@ -113,25 +132,64 @@ static __attribute__((noinline)) int pod(struct __sk_buff *skb)
 	if (!parse((void *)(long)skb->data, (void *)(long)skb->data_end, &f, &ttl, &syn) ||
 	    ttl <= 1)
 		return TC_ACT_OK;
-	struct nat *r = bpf_map_lookup_elem(&kp_np_replies, &f);
-	if (!r)
+	struct nat *r = bpf_map_lookup_elem(&kp_np_flows, &f);
+	if (!r || !(r->backend.pad & KP_NAT_REPLY))
 		return TC_ACT_OK;
-	return forward(skb, &f, r);
+	return forward_known(skb, &f, r, generation());
+}
+
+// What a frame is, from its first headers: the DSR carrier and ICMP go
+// their own ways; everything else is parsed once, by outside() or pod().
+#define KP_PEEK_PLAIN 0
+#define KP_PEEK_DSR 1
+#define KP_PEEK_ICMP 2
+static __always_inline int peek(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > end)
+		return KP_PEEK_PLAIN;
+	if (eth->h_proto == __builtin_bswap16(ETH_P_IP)) {
+		struct iphdr *ip = (void *)(eth + 1);
+		if ((void *)(ip + 1) > end)
+			return KP_PEEK_PLAIN;
+		if (ip->ihl == 7)
+			return KP_PEEK_DSR;
+		return ip->protocol == IPPROTO_ICMP ? KP_PEEK_ICMP : KP_PEEK_PLAIN;
+	}
+	if (eth->h_proto == __builtin_bswap16(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = (void *)(eth + 1);
+		if ((void *)(ip6 + 1) > end)
+			return KP_PEEK_PLAIN;
+		if (ip6->nexthdr == IPPROTO_DSTOPTS)
+			return KP_PEEK_DSR;
+		return ip6->nexthdr == 58 ? KP_PEEK_ICMP : KP_PEEK_PLAIN;
+	}
+	return KP_PEEK_PLAIN;
 }
 
 SEC("classifier") int kp_np_external(struct __sk_buff *skb)
 {
-	int e = dsr_in(skb);
-	if (e >= 0)
-		return e;
-	e = icmp_error(skb);
-	return e >= 0 ? e : outside(skb);
+	int what = peek(skb);
+	if (what == KP_PEEK_DSR) {
+		int e = dsr_in(skb);
+		if (e >= 0)
+			return e;
+	} else if (what == KP_PEEK_ICMP) {
+		int e = icmp_error(skb);
+		return e >= 0 ? e : TC_ACT_OK;
+	}
+	return outside(skb);
 }
 
 SEC("classifier") int kp_np_from_pod(struct __sk_buff *skb)
 {
-	int e = icmp_error(skb);
-	return e >= 0 ? e : pod(skb);
+	if (peek(skb) == KP_PEEK_ICMP) {
+		int e = icmp_error(skb);
+		return e >= 0 ? e : TC_ACT_OK;
+	}
+	return pod(skb);
 }
 
 char _license[] SEC("license") = "Dual MIT/GPL";

@@ -15,14 +15,23 @@ pub const MEMBERS: &str = "kp_members";
 pub const REVNAT: &str = "kp_revnat";
 pub const UDP_FLOWS: &str = "kp_udp_flows";
 pub const ALL_MAPS: [&str; 5] = [SERVICES, BACKENDS, MEMBERS, REVNAT, UDP_FLOWS];
-/// The tc programs' own maps (bpf/tc.c, `--bpf-nodeport`): their
-/// flows, the replies' translation back, the node's addresses.
+/// The tc programs' own maps (bpf/lib/maps.h, `--bpf-nodeport`): their
+/// flows both ways (one table, keyed by the tuple a packet arrives with),
+/// the node's addresses.
 pub const NP_FLOWS: &str = "kp_np_flows";
-pub const NP_REPLIES: &str = "kp_np_replies";
 pub const NP_NODE: &str = "kp_np_node";
+/// The generations the proxy bumps (`[route, members]`): a flow entry made
+/// in another asks the FIB (or kp_members) again once.
+pub const NP_GEN: &str = "kp_np_gen";
 /// Per-CPU counts of the packets tc and XDP translated (bpf/tc.c).
 pub const NP_STATS: &str = "kp_np_stats";
-pub const NODEPORT_MAPS: [&str; 5] = [NP_FLOWS, NP_REPLIES, NP_NODE, MAGLEV, NP_STATS];
+pub const NODEPORT_MAPS: [&str; 5] = [NP_FLOWS, NP_NODE, MAGLEV, NP_STATS, NP_GEN];
+/// The tc programs' pins of earlier versions (the replies' own table, now
+/// entries of kp_np_flows): removed at install and cleanup.
+pub const RETIRED_NODEPORT_MAPS: [&str; 1] = ["kp_np_replies"];
+/// The size of a kp_np_flows entry (struct nat): a pinned table of another
+/// layout (an earlier version's) is replaced at install.
+pub const NP_FLOW_VALUE_SIZE: u32 = 104;
 
 /// `SvcKey::family` bit of the entries for traffic from outside the node,
 /// which only the tc programs look up (bpf/lib/maps.h).

@@ -33,7 +33,10 @@ use crate::kernel::{
     boxed, bpf, io, is_missing, links_dir, program_as, remove_empty_dir, remove_file,
     replace_if_different, Capacity,
 };
-use crate::maps::{addr_words, BACKENDS, MEMBERS, NODEPORT_MAPS, NP_NODE, SERVICES};
+use crate::maps::{
+    addr_words, BACKENDS, MEMBERS, NODEPORT_MAPS, NP_FLOWS, NP_FLOW_VALUE_SIZE, NP_NODE,
+    RETIRED_NODEPORT_MAPS, SERVICES,
+};
 use crate::SocketLbError;
 
 /// bpf/tc.c compiled by build.rs (empty without clang).
@@ -253,7 +256,35 @@ impl NodePort {
         }
         let dir = tc_dir(pin_dir);
         std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
+        // An earlier version's flow tables: their layout is not this one's
+        // (the programs would not load over them). Their flows go; a TCP
+        // connection through them is dropped, as a conntrack flush would.
+        for m in RETIRED_NODEPORT_MAPS {
+            remove_file(&pin_dir.join(m))?;
+        }
+        let flows = pin_dir.join(NP_FLOWS);
+        if let Ok(info) = aya::maps::MapInfo::from_pin(&flows) {
+            if info.value_size() != NP_FLOW_VALUE_SIZE {
+                tracing::info!(map = %flows.display(), "flow table of an earlier version replaced");
+                remove_file(&flows)?;
+            }
+        }
         let mut obj = load(pin_dir, cap, TC_OBJECT, "tc")?;
+        // maps.rs and bpf/lib/maps.h must agree on the entry's size (the
+        // check above relies on it).
+        match aya::maps::MapInfo::from_pin(&flows) {
+            Ok(info) if info.value_size() == NP_FLOW_VALUE_SIZE => {}
+            Ok(info) => {
+                return Err(SocketLbError::Bpf {
+                    what: format!("map {NP_FLOWS}"),
+                    message: format!(
+                        "entries of {} bytes, maps.rs says {NP_FLOW_VALUE_SIZE}",
+                        info.value_size()
+                    ),
+                })
+            }
+            Err(e) => return Err(bpf(format!("map {}", flows.display()))(boxed(e))),
+        }
         for name in NODEPORT_PROGRAMS {
             program(&mut obj, name)?
                 .load()
@@ -336,6 +367,8 @@ impl crate::proxier::Attach for NodePort {
         let ifaces = interfaces(&external).map_err(fail)?;
         let done = NodePort::attach(self, &ifaces).map_err(fail)?;
         if done != Attached::default() {
+            // Links came or went: the flows' cached routes are asked again.
+            crate::kernel::bump_generation(&self.pin_dir, 0).map_err(fail)?;
             tracing::info!(added = ?done.added, removed = ?done.removed, upgraded = ?done.upgraded,
                 "tc programs attached");
         }
@@ -516,7 +549,7 @@ pub fn remove_nodeport(pin_dir: &Path) -> Result<bool, SocketLbError> {
         removed |= remove_file(&dir.join(name))?;
     }
     removed |= remove_empty_dir(&dir)?;
-    for m in NODEPORT_MAPS {
+    for m in NODEPORT_MAPS.iter().chain(&RETIRED_NODEPORT_MAPS) {
         removed |= remove_file(&pin_dir.join(m))?;
     }
     Ok(removed)

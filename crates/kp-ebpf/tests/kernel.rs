@@ -690,3 +690,47 @@ fn tc_links_are_attached_once_and_follow_the_interfaces() {
     assert!(remove(&pin_dir).unwrap());
     assert!(!links.exists());
 }
+
+/// The generations the tc programs' flow entries carry: links coming or
+/// going bump the route one (the flows' cached routes are asked again), a
+/// pass that changes nothing leaves it, and an endpoint leaving a Service
+/// port bumps the members one (its UDP flows check their endpoint again).
+#[test]
+fn changed_links_and_removed_members_bump_the_flow_generations() {
+    use kp_ebpf::maps::{BackendVal, MemberKey, NP_GEN};
+    let lab = lab("kp-gens");
+    let pin_dir = lab.fs.path().join("kube-proxy-rs");
+    let node = lab.cluster.node_ns(1).to_string();
+    let gens = |dir: &std::path::Path| -> [u32; 2] {
+        let data = aya::maps::MapData::from_pin(dir.join(NP_GEN)).unwrap();
+        let a: aya::maps::Array<aya::maps::MapData, [u32; 2]> =
+            aya::maps::Array::try_from(aya::maps::Map::Array(data)).unwrap();
+        a.get(&0, 0).unwrap()
+    };
+    let (fresh, attached, again, removed) = in_netns(&node, || {
+        let mut np = kp_ebpf::NodePort::install(&pin_dir, Capacity::default(), None, None).unwrap();
+        np.set_devices(vec!["eth0".to_string()]);
+        let fresh = gens(&pin_dir);
+        kp_ebpf::Attach::attach(&mut np).unwrap();
+        let attached = gens(&pin_dir);
+        kp_ebpf::Attach::attach(&mut np).unwrap();
+        let again = gens(&pin_dir);
+        let mut maps = KernelMaps::open(&pin_dir).unwrap();
+        let gone = MemberKey {
+            svc_id: 1,
+            backend: BackendVal::new("10.0.0.9".parse().unwrap(), 80),
+        };
+        kp_ebpf::Maps::del_members(&mut maps, &[gone]).unwrap();
+        (fresh, attached, again, gens(&pin_dir))
+    })
+    .unwrap();
+    assert_eq!(fresh, [0, 0]);
+    assert_eq!(attached, [1, 0], "links added: the route generation moves");
+    assert_eq!(again, attached, "nothing changed: no generation moves");
+    assert_eq!(
+        removed,
+        [1, 1],
+        "a member removed: the members generation moves"
+    );
+    assert!(remove(&pin_dir).unwrap());
+}

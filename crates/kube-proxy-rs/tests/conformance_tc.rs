@@ -697,7 +697,7 @@ fn dsr_sees_the_client_and_replies_directly(name: &str, v6: bool) {
         assert_eq!(r.peer.ip(), client_ip);
     }
     // The endpoint's port unreachable goes from node2 to the client as
-    // the Service's (kp_np_replies made from the option).
+    // the Service's (a reply entry of kp_np_flows made from the option).
     let refused = std::net::SocketAddr::new(tcp.ip(), 30492);
     let r = kp_netlab::udp_ask(&client, refused, T);
     assert!(

@@ -90,21 +90,6 @@ static __always_inline int recsum_l4(struct __sk_buff *skb, __u32 csum, __u64 l4
 }
 
 
-// A TCP or UDP checksum at `sum` after `bytes` of what it covers (the
-// addresses of its pseudo-header, the ports) change from `from` to `to`:
-// RFC 1624's incremental update, so the payload is never read. It takes
-// the frame's checksum to be complete, as a NIC delivers it; a veth may
-// carry only its sender's offloaded pseudo-header sum there, so on veth
-// the senders turn checksum offload off (docs/ebpf.md).
-static __always_inline void recsum(__u16 *sum, __u32 *from, __u32 *to, __u32 bytes)
-{
-	__s64 d = bpf_csum_diff(from, bytes, to, bytes, (__u16)~*sum);
-	__u32 s = d;
-	s = (s & 0xffff) + (s >> 16);
-	s = (s & 0xffff) + (s >> 16);
-	*sum = ~s;
-}
-
 // Where the TCP or UDP checksum is, its header checked to be in the frame
 // (a short datagram's frame ends after UDP's 8 bytes); 0 if it is not.
 // Each branch adds a constant to the pointer: the verifier of a proxy

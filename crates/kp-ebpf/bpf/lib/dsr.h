@@ -323,19 +323,31 @@ static __attribute__((noinline)) int dsr_in(struct __sk_buff *skb)
 	struct flow r = { .family = f.family, .proto = f.proto, .sport = f.dport, .dport = f.sport };
 	copy(r.saddr, f.daddr);
 	copy(r.daddr, f.saddr);
-	struct nat back = { .sport = svc_port, .dport = f.sport };
-	copy(back.saddr, svc_addr);
-	copy(back.daddr, f.saddr);
-	struct nat *had = bpf_map_lookup_elem(&kp_np_replies, &r);
-	if (!had || !same(had->saddr, svc_addr) || had->sport != svc_port)
-		bpf_map_update_elem(&kp_np_replies, &r, &back, BPF_ANY);
+	struct nat *had = bpf_map_lookup_elem(&kp_np_flows, &r);
+	if (!had || !(had->backend.pad & KP_NAT_REPLY) || !same(had->saddr, svc_addr) ||
+	    had->sport != svc_port) {
+		struct nat *back = scratch(0);
+		if (!back)
+			return TC_ACT_SHOT;
+		back->sport = svc_port;
+		back->dport = f.sport;
+		copy(back->saddr, svc_addr);
+		copy(back->daddr, f.saddr);
+		back->backend.pad = KP_NAT_REPLY;
+		flow_deltas(back, &r);
+		bpf_map_update_elem(&kp_np_flows, &r, back, BPF_ANY);
+	}
 	// The request goes on as it is (already translated by the first node).
-	struct nat n = { .sport = f.sport, .dport = f.dport };
-	copy(n.saddr, f.saddr);
-	copy(n.daddr, f.daddr);
+	struct nat *n = scratch(1);
+	if (!n)
+		return TC_ACT_SHOT;
+	n->sport = f.sport;
+	n->dport = f.dport;
+	copy(n->saddr, f.saddr);
+	copy(n->daddr, f.daddr);
 	if (f.proto == IPPROTO_TCP)
-		bpf_map_update_elem(&kp_np_flows, &f, &n, BPF_ANY);
-	return forward(skb, &f, &n);
+		bpf_map_update_elem(&kp_np_flows, &f, n, BPF_ANY);
+	return forward(skb, &f, n);
 }
 
 

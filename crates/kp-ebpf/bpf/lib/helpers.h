@@ -23,6 +23,7 @@ static long (*bpf_map_update_elem)(void *map, const void *key, const void *value
                                    __u64 flags) = (void *)2;
 static __u32 (*bpf_get_prandom_u32)(void) = (void *)7;
 static __u64 (*bpf_get_socket_cookie)(void *ctx) = (void *)46;
+static __u64 (*bpf_ktime_get_coarse_ns)(void) = (void *)160;
 static long (*bpf_skb_store_bytes)(struct __sk_buff *skb, __u32 offset, const void *from,
 				   __u32 len, __u64 flags) = (void *)9;
 static long (*bpf_l3_csum_replace)(struct __sk_buff *skb, __u32 offset, __u64 from, __u64 to,

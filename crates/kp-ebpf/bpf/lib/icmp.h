@@ -16,6 +16,14 @@
 // would send them: the quote as the endpoint sent the reply, the outer
 // destination the endpoint.
 // Returns -1 for a packet that is no such error.
+// Addresses and ports (a struct nat without the rest: stack is short).
+struct tuple {
+	__u32 saddr[4];
+	__u32 daddr[4];
+	__u16 sport;
+	__u16 dport;
+};
+
 #define ICMP4_OFF L4_OFF4
 #define IN4_OFF (ICMP4_OFF + 8)
 #define IN4_L4_OFF (IN4_OFF + 20)
@@ -103,18 +111,17 @@ static __attribute__((noinline)) int icmp_error(struct __sk_buff *skb)
 	// big), the client's request's (node -> endpoint). Either way the
 	// quote becomes t's reverse (client -> Service, or the reply as the
 	// endpoint sent it), for the one t sends to.
-	struct nat *t = bpf_map_lookup_elem(&kp_np_replies, &r);
-	int about_reply = !t;
-	if (about_reply) {
-		t = bpf_map_lookup_elem(&kp_np_flows, &r);
-		if (!t || (t->backend.pad & KP_NAT_PASS))
-			return -1;
-	}
+	struct nat *t = bpf_map_lookup_elem(&kp_np_flows, &r);
+	if (!t)
+		return -1;
+	int about_reply = !(t->backend.pad & KP_NAT_REPLY);
+	if (about_reply && (t->backend.pad & KP_NAT_PASS))
+		return -1;
 	// What the quote becomes (its source, destination and ports), and the
 	// outer header's new source and destination: from whoever wrote the
 	// error, but the Service address where an endpoint wrote one about a
 	// request.
-	struct nat quote = { .sport = t->dport, .dport = t->sport }, n = {};
+	struct tuple quote = { .sport = t->dport, .dport = t->sport }, n = {};
 	copy(quote.saddr, t->daddr);
 	copy(quote.daddr, t->saddr);
 	copy(n.daddr, t->daddr);

@@ -100,8 +100,13 @@ struct flow {
 	__u16 pad;
 };
 
-// What to rewrite a packet of a flow to. `svc_id` and `backend` name the
-// Service port and endpoint a request flow went to (0 in reply entries).
+// A flow table entry, keyed by the tuple a packet arrives with: what the
+// packet is (backend.pad: KP_NAT_REPLY, KP_NAT_DSR, KP_NAT_PASS) and what
+// to rewrite it to. `svc_id` and `backend` name the Service port and
+// endpoint a request flow went to (0 in reply entries). The rest is what
+// an established flow's packets need and would otherwise recompute:
+// the checksum differences, the endpoint's membership as of a generation,
+// the route.
 struct nat {
 	__u32 saddr[4];
 	__u32 daddr[4];
@@ -109,6 +114,30 @@ struct nat {
 	__u16 dport;
 	__u32 svc_id;
 	struct backend_val backend;
+	// The TCP/UDP checksum's differences from the arriving tuple to this
+	// one: its addresses (pseudo-header) and its ports (flow_deltas).
+	__u32 csum_addr;
+	__u32 csum_port;
+	// UDP: the endpoint was a member at kp_np_gen's `members` generation.
+	__u32 member_gen;
+	// The route (0: none yet): out of `ifindex` with these MACs, asked at
+	// `route_at` (coarse clock) in kp_np_gen's `route` generation, good for
+	// frames up to `route_len` bytes (the MTU check).
+	__u32 ifindex;
+	__u32 route_gen;
+	__u16 route_len;
+	__u8 dmac[6];
+	__u8 smac[6];
+	__u16 pad2;
+	__u64 route_at;
+};
+
+// Generations the proxy bumps (kp_np_gen[0]): `route` when the node's
+// interfaces change, `members` when an endpoint leaves a Service port.
+// An entry made in another generation asks again once.
+struct gen {
+	__u32 route;
+	__u32 members;
 };
 
 // The node's own addresses, for SNAT where the kernel names none: [0]
@@ -117,24 +146,34 @@ struct node_addr {
 	__u32 addr[4];
 };
 
-// Client -> Service flows and their translation.
+// Every flow the programs translate, both ways, keyed by the tuple its
+// packets arrive with: client -> Service requests and endpoint -> node (or
+// client) replies (KP_NAT_REPLY), so a packet costs one lookup, as a
+// Cilium CT entry or a conntrack tuple does.
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 131072);
+	__uint(max_entries, 262144);
 	__type(key, struct flow);
 	__type(value, struct nat);
 	__uint(pinning, PIN_BY_NAME);
 } kp_np_flows SEC(".maps");
 
-// Endpoint -> node (or client) flows, the replies, and their translation
-// back to Service -> client.
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 131072);
-	__type(key, struct flow);
-	__type(value, struct nat);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct gen);
 	__uint(pinning, PIN_BY_NAME);
-} kp_np_replies SEC(".maps");
+} kp_np_gen SEC(".maps");
+
+// Room for the entries a new flow makes (each program's own, per CPU):
+// two of them would not fit the verifier's 512 bytes of stack.
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, struct nat);
+} kp_np_scratch SEC(".maps");
 
 // Each Service port's Maglev table (--bpf-lb-algorithm maglev), in chunks
 // of MAGLEV_CHUNK slots (maglev.h): 100k Services of 10 endpoints are 1.6M

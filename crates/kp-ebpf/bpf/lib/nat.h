@@ -13,6 +13,52 @@
 // translates the replies of the local process (which leave by no pod
 // interface, so kp_np_from_pod would never see them).
 #define KP_NAT_PASS 2
+// nat.backend.pad: a reply entry (endpoint -> node or client), translated
+// back to Service -> client.
+#define KP_NAT_REPLY 4
+
+// How long a flow's cached route is trusted without asking the FIB again,
+// whatever the generation says (a neighbour's new MAC, a route the proxy
+// was not told of): Cilium's CT entries keep theirs no longer than this.
+#define ROUTE_TTL_NS 1000000000ULL
+
+static __always_inline struct gen *generation(void)
+{
+	__u32 z = 0;
+	return bpf_map_lookup_elem(&kp_np_gen, &z);
+}
+
+// An entry of kp_np_scratch, zeroed.
+static __always_inline struct nat *scratch(__u32 i)
+{
+	struct nat *n = bpf_map_lookup_elem(&kp_np_scratch, &i);
+	if (n)
+		__builtin_memset(n, 0, sizeof(*n));
+	return n;
+}
+
+// The checksum differences of packets arriving as `f` rewritten to `n`,
+// computed once when the entry is made.
+static __always_inline void flow_deltas(struct nat *n, const struct flow *f)
+{
+	n->csum_addr = 0;
+	n->csum_port = 0;
+	if (f->family == 4) {
+		__u32 from[2] = { f->saddr[0], f->daddr[0] }, to[2] = { n->saddr[0], n->daddr[0] };
+		if (from[0] != to[0] || from[1] != to[1])
+			n->csum_addr = bpf_csum_diff(from, 8, to, 8, 0);
+	} else if (!same(f->saddr, n->saddr) || !same(f->daddr, n->daddr)) {
+		__u32 from[8], to[8];
+		__builtin_memcpy(from, f->saddr, 32);
+		__builtin_memcpy(to, n->saddr, 32);
+		n->csum_addr = bpf_csum_diff(from, 32, to, 32, 0);
+	}
+	__u32 pf, pt;
+	__builtin_memcpy(&pf, &f->sport, 4);
+	__builtin_memcpy(&pt, &n->sport, 4);
+	if (pf != pt)
+		n->csum_port = bpf_csum_diff(&pf, 4, &pt, 4, 0);
+}
 
 // Source ports the node's SNAT takes when the client's own is taken.
 #define SNAT_PORT_MIN 32768
@@ -40,10 +86,13 @@ static __always_inline int rewrite4(struct __sk_buff *skb, const struct flow *f,
 	nh->check = 0;
 	nh->check = ip_csum((void *)h, 10);
 	__builtin_memcpy(&h[5], &n->sport, 4); // sport, dport: as on the wire
-	__u32 from[2] = { f->saddr[0], f->daddr[0] }, to[2] = { n->saddr[0], n->daddr[0] };
-	int moved = from[0] != to[0] || from[1] != to[1];
-	return recsum_l4(skb, csum, l4, from, to, moved ? 8 : 0, f, n) &&
-	       bpf_skb_store_bytes(skb, IP_OFF, h, 24, 0) == 0;
+	if (csum) {
+		__u32 from[2] = { f->saddr[0], f->daddr[0] }, to[2] = { n->saddr[0], n->daddr[0] };
+		int moved = from[0] != to[0] || from[1] != to[1];
+		if (!recsum_l4(skb, csum, l4, from, to, moved ? 8 : 0, f, n))
+			return 0;
+	}
+	return bpf_skb_store_bytes(skb, IP_OFF, h, 24, 0) == 0;
 }
 
 // The same for IPv6: one store of the fixed header (addresses, hop limit)
@@ -64,11 +113,14 @@ static __always_inline int rewrite6(struct __sk_buff *skb, const struct flow *f,
 	__builtin_memcpy(&nh->saddr, n->saddr, 16);
 	__builtin_memcpy(&nh->daddr, n->daddr, 16);
 	__builtin_memcpy(&h[10], &n->sport, 4);
-	// saddr and daddr are adjacent in both structs: 32 bytes each.
-	int moved = !same(f->saddr, n->saddr) || !same(f->daddr, n->daddr);
-	return recsum_l4(skb, csum, l4, (__u32 *)f->saddr, (__u32 *)n->saddr, moved ? 32 : 0, f,
-			 n) &&
-	       bpf_skb_store_bytes(skb, IP_OFF, h, 44, 0) == 0;
+	if (csum) {
+		// saddr and daddr are adjacent in both structs: 32 bytes each.
+		int moved = !same(f->saddr, n->saddr) || !same(f->daddr, n->daddr);
+		if (!recsum_l4(skb, csum, l4, (__u32 *)f->saddr, (__u32 *)n->saddr, moved ? 32 : 0,
+			       f, n))
+			return 0;
+	}
+	return bpf_skb_store_bytes(skb, IP_OFF, h, 44, 0) == 0;
 }
 
 // Rewrites a packet's addresses and ports from `f` to `n`, with the
@@ -82,6 +134,24 @@ static __always_inline int rewrite(struct __sk_buff *skb, const struct flow *f,
 	// A UDP checksum of 0 means none: it stays 0 (BPF_F_MARK_MANGLED_0).
 	__u64 l4 = f->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
 	return v4 ? rewrite4(skb, f, n, csum, l4) : rewrite6(skb, f, n, csum, l4);
+}
+
+// rewrite() for a packet of a known flow: the checksum differences the
+// entry holds (flow_deltas), no bpf_csum_diff per packet.
+static __always_inline int rewrite_known(struct __sk_buff *skb, const struct flow *f,
+					 const struct nat *n)
+{
+	int v4 = f->family == 4;
+	__u32 csum = (v4 ? L4_OFF4 : L4_OFF6) + (f->proto == IPPROTO_TCP ? 16 : 6);
+	__u64 l4 = f->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+	// The addresses' with the pseudo-header flag (the helper also updates a
+	// CHECKSUM_PARTIAL packet's field), the ports' without.
+	if (n->csum_addr &&
+	    bpf_l4_csum_replace(skb, csum, 0, n->csum_addr, l4 | BPF_F_PSEUDO_HDR))
+		return 0;
+	if (n->csum_port && bpf_l4_csum_replace(skb, csum, 0, n->csum_port, l4))
+		return 0;
+	return v4 ? rewrite4(skb, f, n, 0, 0) : rewrite6(skb, f, n, 0, 0);
 }
 
 // A new flow's translation and the entry its replies will find; 0 when no
@@ -111,24 +181,38 @@ static __always_inline int translate(const struct flow *f, const struct svc_val 
 	copy(r.saddr, n->daddr);
 	r.sport = n->dport;
 	copy(r.daddr, n->saddr);
-	struct nat back = { .sport = f->dport, .dport = f->sport };
-	copy(back.saddr, f->daddr);
-	copy(back.daddr, f->saddr);
 	// The client's own port first (as masquerade does), another when an
-	// other client's flow to the same endpoint holds it.
+	// other client's flow to the same endpoint holds it. Unrolled: the
+	// verifier of a proxy without CAP_PERFMON explores a loop's every
+	// iteration without pruning, and gives up.
+	int found = 0;
+#pragma unroll
 	for (int i = 0; i < SNAT_TRIES; i++) {
 		r.dport = n->sport;
-		struct nat *held = bpf_map_lookup_elem(&kp_np_replies, &r);
-		if (!held || (same(held->daddr, f->saddr) && held->dport == f->sport)) {
-			bpf_map_update_elem(&kp_np_replies, &r, &back, BPF_ANY);
-			return 1;
+		struct nat *held = bpf_map_lookup_elem(&kp_np_flows, &r);
+		if (!held || ((held->backend.pad & KP_NAT_REPLY) && same(held->daddr, f->saddr) &&
+			      held->dport == f->sport)) {
+			found = 1;
+			break;
 		}
 		if (svc->flags & KP_F_LOCAL)
 			return 0; // the client's own tuple: cannot be held by another
 		__u16 port = SNAT_PORT_MIN + bpf_get_prandom_u32() % SNAT_PORT_SPAN;
 		n->sport = __builtin_bswap16(port);
 	}
-	return 0;
+	if (!found)
+		return 0;
+	struct nat *back = scratch(1);
+	if (!back)
+		return 0;
+	back->sport = f->dport;
+	back->dport = f->sport;
+	copy(back->saddr, f->daddr);
+	copy(back->daddr, f->saddr);
+	back->backend.pad = KP_NAT_REPLY;
+	flow_deltas(back, &r);
+	bpf_map_update_elem(&kp_np_flows, &r, back, BPF_ANY);
+	return 1;
 }
 
 // A new flow's endpoint.
@@ -152,13 +236,22 @@ static __always_inline struct backend_val *pick(const struct flow *f, const stru
 // A UDP flow stays with its endpoint while it is one (as upstream's
 // conntrack flush moves it when it goes); TCP stays with it whatever
 // happens, as conntrack keeps it.
-static __always_inline int keeps_endpoint(const struct flow *f, const struct nat *known)
+// The entry says whether it was a member in the generation it names: the
+// members are looked up again only when the proxy has removed one since.
+static __always_inline int keeps_endpoint(const struct flow *f, struct nat *known,
+					  const struct gen *g)
 {
 	if (f->proto != IPPROTO_UDP)
 		return 1;
+	if (g && known->member_gen == g->members)
+		return 1;
 	struct member_key mk = { .svc_id = known->svc_id, .backend = known->backend };
 	mk.backend.pad = 0;
-	return bpf_map_lookup_elem(&kp_members, &mk) != 0;
+	if (!bpf_map_lookup_elem(&kp_members, &mk))
+		return 0;
+	if (g)
+		known->member_gen = g->members;
+	return 1;
 }
 
 

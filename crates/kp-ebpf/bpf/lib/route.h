@@ -91,5 +91,60 @@ static __always_inline int forward(struct __sk_buff *skb, const struct flow *f, 
 	return send(skb, rc, &fib);
 }
 
+// Whether the route an entry holds may be used for a frame of `len` bytes:
+// asked in the current generation, less than ROUTE_TTL_NS ago, for a frame
+// at least as long (the FIB's MTU check).
+static __always_inline int route_fresh(const struct nat *n, const struct gen *g, __u64 now,
+				       __u32 len)
+{
+	return n->ifindex && g && n->route_gen == g->route && now - n->route_at < ROUTE_TTL_NS &&
+	       len <= n->route_len;
+}
+
+// Keeps the FIB's answer (a success) in the entry, for the flow's next
+// packets.
+static __always_inline void remember_route(struct nat *n, const struct gen *g,
+					   const struct bpf_fib_lookup *fib, __u64 now, __u32 len)
+{
+	if (!g)
+		return;
+	__u16 l = len > 0xffff ? 0xffff : len;
+	int kept = n->ifindex == fib->ifindex && n->route_gen == g->route &&
+		   now - n->route_at < ROUTE_TTL_NS;
+	if (!kept || l > n->route_len)
+		n->route_len = l;
+	__builtin_memcpy(n->dmac, fib->dmac, ETH_ALEN);
+	__builtin_memcpy(n->smac, fib->smac, ETH_ALEN);
+	n->ifindex = fib->ifindex;
+	n->route_gen = g->route;
+	n->route_at = now;
+}
+
+// A packet of an established flow (`n` its entry in kp_np_flows): the
+// checksum differences and the route the entry holds; the FIB is asked
+// only when the route is stale, and its answer kept.
+static __always_inline int forward_known(struct __sk_buff *skb, const struct flow *f,
+					 struct nat *n, const struct gen *g)
+{
+	if (!rewrite_known(skb, f, n))
+		return TC_ACT_SHOT;
+	__u64 now = bpf_ktime_get_coarse_ns();
+	if (route_fresh(n, g, now, skb->len)) {
+		void *data = (void *)(long)skb->data;
+		void *end = (void *)(long)skb->data_end;
+		struct ethhdr *eth = data;
+		if ((void *)(eth + 1) > end)
+			return TC_ACT_OK;
+		__builtin_memcpy(eth->h_dest, n->dmac, ETH_ALEN);
+		__builtin_memcpy(eth->h_source, n->smac, ETH_ALEN);
+		count(KP_STAT_TC);
+		return bpf_redirect(n->ifindex, 0);
+	}
+	struct bpf_fib_lookup fib = {};
+	long rc = route(skb, &fib, f->family, n->saddr, n->daddr, f->proto, n->sport, n->dport, 0, 0);
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS)
+		remember_route(n, g, &fib, now, skb->len);
+	return send(skb, rc, &fib);
+}
 
 #endif
