@@ -31,8 +31,9 @@ fn endpoint6(i: u32) -> Ipv6Addr {
 }
 
 /// The process's own network and mount namespaces (unshared: they go
-/// with the process), an external interface with routes to the endpoints,
-/// and a bpffs for the pins.
+/// with the process, and with them the interfaces and the bpffs), an
+/// external interface with routes to the endpoints, and a bpffs for the
+/// pins.
 pub struct Lab {
     pub ifindex: u32,
     bpffs: PathBuf,
@@ -75,8 +76,10 @@ impl Lab {
         if rc != 0 {
             return Err(std::io::Error::last_os_error()).context("making / private");
         }
-        let bpffs = std::env::temp_dir().join(format!("kp-prog-{}", std::process::id()));
-        std::fs::create_dir_all(&bpffs)?;
+        // A fresh bpffs over /sys/fs/bpf, seen by this mount namespace
+        // alone: no directory of ours on the host to remove afterwards
+        // (which a --least-privilege run could not unmount).
+        let bpffs = PathBuf::from("/sys/fs/bpf");
         let c = std::ffi::CString::new(bpffs.as_os_str().as_encoded_bytes())?;
         // SAFETY: mount(2) with valid C strings.
         let rc = unsafe {
@@ -202,16 +205,6 @@ impl Lab {
             bail!("eth0 has no index");
         }
         Ok(Lab { ifindex, bpffs })
-    }
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        if let Ok(c) = std::ffi::CString::new(self.bpffs.as_os_str().as_encoded_bytes()) {
-            // SAFETY: a valid C string.
-            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-        }
-        let _ = std::fs::remove_dir(&self.bpffs);
     }
 }
 
