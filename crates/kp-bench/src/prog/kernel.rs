@@ -55,7 +55,10 @@ fn sh(args: &[&str]) -> Result<()> {
 }
 
 impl Lab {
-    pub fn new() -> Result<Lab> {
+    /// `xdp`: eth0 also runs an XDP program that passes everything, which
+    /// registers its receive queue's XDP info: BPF_PROG_TEST_RUN gives an
+    /// XDP program its ingress interface only then.
+    pub fn new(xdp: bool) -> Result<Lab> {
         // SAFETY: unshare affects this process only; it is single-threaded
         // here (the harness starts no thread before).
         if unsafe { libc::unshare(libc::CLONE_NEWNET | libc::CLONE_NEWNS) } != 0 {
@@ -190,6 +193,17 @@ impl Lab {
         ] {
             sh(&cmd)?;
         }
+        if xdp {
+            let obj =
+                std::env::temp_dir().join(format!("kp-prog-{}-xdp_pass.o", std::process::id()));
+            std::fs::write(&obj, kp_ebpf::XDP_PASS_OBJECT)?;
+            let path = obj.to_string_lossy().into_owned();
+            let r = sh(&[
+                "ip", "link", "set", "dev", "eth0", "xdp", "obj", &path, "sec", "xdp",
+            ]);
+            let _ = std::fs::remove_file(&obj);
+            r?;
+        }
         // This namespace's own: the node forwards.
         for p in [
             "/proc/sys/net/ipv4/conf/all/forwarding",
@@ -251,6 +265,7 @@ pub struct Build {
     _obj: aya::Ebpf,
     dir: PathBuf,
     ifindex: u32,
+    xdp: bool,
 }
 
 #[repr(C)]
@@ -276,6 +291,8 @@ struct TestAttr {
 
 /// struct __sk_buff's size, and where ingress_ifindex and ifindex are.
 const SKB_CTX: usize = 192;
+/// struct xdp_md's size.
+const XDP_CTX: usize = 24;
 const SKB_INGRESS_IFINDEX: usize = 36;
 const SKB_IFINDEX: usize = 40;
 
@@ -337,12 +354,14 @@ impl Build {
     /// Loads `object` (a tc.o) with its maps pinned under the lab's bpffs
     /// in a directory of its own, and fills them as at `services` Service
     /// ports of `endpoints` endpoints.
+    /// With `xdp`, `object` is an xdp.o and kp_np_xdp is timed.
     pub fn load(
         lab: &Lab,
         name: &str,
         object: &[u8],
         services: u32,
         endpoints: u32,
+        xdp: bool,
     ) -> Result<Build> {
         let dir = lab.bpffs.join(format!("{name}-{services}"));
         std::fs::create_dir_all(&dir)?;
@@ -356,14 +375,24 @@ impl Build {
             .map_max_entries("kp_members", (backends * 2).max(1024))
             .load(object)
             .context("loading the object")?;
-        let prog: &mut SchedClassifier = obj
-            .program_mut("kp_np_external")
-            .context("no kp_np_external")?
-            .try_into()
-            .context("kp_np_external")?;
-        prog.load().context("verifying kp_np_external")?;
         // The object keeps the program (and this fd) alive.
-        let prog_fd = prog.fd()?.as_fd().as_raw_fd();
+        let prog_fd = if xdp {
+            let prog: &mut aya::programs::Xdp = obj
+                .program_mut("kp_np_xdp")
+                .context("no kp_np_xdp")?
+                .try_into()
+                .context("kp_np_xdp")?;
+            prog.load().context("verifying kp_np_xdp")?;
+            prog.fd()?.as_fd().as_raw_fd()
+        } else {
+            let prog: &mut SchedClassifier = obj
+                .program_mut("kp_np_external")
+                .context("no kp_np_external")?
+                .try_into()
+                .context("kp_np_external")?;
+            prog.load().context("verifying kp_np_external")?;
+            prog.fd()?.as_fd().as_raw_fd()
+        };
         let sv = pinned(&dir, "kp_services")?;
         let bk = pinned(&dir, "kp_backends")?;
         let mb = pinned(&dir, "kp_members")?;
@@ -461,14 +490,34 @@ impl Build {
             _obj: obj,
             dir,
             ifindex: lab.ifindex,
+            xdp,
         })
+    }
+
+    /// What the program returns for a packet it translated and sent on:
+    /// TC_ACT_REDIRECT, or XDP_TX.
+    pub fn sent(&self) -> u32 {
+        if self.xdp {
+            3
+        } else {
+            7
+        }
     }
 
     fn run(&self, data: &[u8], out: &mut [u8]) -> Result<(u32, u32, usize)> {
         let mut ctx = [0u8; SKB_CTX];
-        ctx[SKB_INGRESS_IFINDEX..SKB_INGRESS_IFINDEX + 4]
-            .copy_from_slice(&self.ifindex.to_ne_bytes());
-        ctx[SKB_IFINDEX..SKB_IFINDEX + 4].copy_from_slice(&self.ifindex.to_ne_bytes());
+        let ctx_len = if self.xdp {
+            // struct xdp_md: data 0, data_end the frame's length, the
+            // interface it came in by (queue 0).
+            ctx[4..8].copy_from_slice(&(data.len() as u32).to_ne_bytes());
+            ctx[12..16].copy_from_slice(&self.ifindex.to_ne_bytes());
+            XDP_CTX
+        } else {
+            ctx[SKB_INGRESS_IFINDEX..SKB_INGRESS_IFINDEX + 4]
+                .copy_from_slice(&self.ifindex.to_ne_bytes());
+            ctx[SKB_IFINDEX..SKB_IFINDEX + 4].copy_from_slice(&self.ifindex.to_ne_bytes());
+            SKB_CTX
+        };
         let fd = self.fd;
         let mut a = TestAttr {
             prog_fd: fd as u32,
@@ -477,7 +526,7 @@ impl Build {
             data_in: data.as_ptr() as u64,
             data_out: out.as_mut_ptr() as u64,
             repeat: 1,
-            ctx_size_in: SKB_CTX as u32,
+            ctx_size_in: ctx_len as u32,
             ctx_in: ctx.as_ptr() as u64,
             ..Default::default()
         };
@@ -502,7 +551,7 @@ impl Build {
     /// entry): an entry the LRU evicted would make the runs time a miss.
     pub fn still_translated(&mut self, f: &Frame) -> Result<()> {
         let out = self.once(f)?;
-        if out.retval != 7 {
+        if out.retval != self.sent() {
             bail!(
                 "the flow's entry is gone (retval {}): the runs timed a miss",
                 out.retval

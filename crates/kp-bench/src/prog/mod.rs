@@ -15,7 +15,12 @@
 //! their size), and a calibration row (an ARP frame, which the program
 //! leaves at its first check: the floor of a run).
 //!
-//! `--against DIR` loads a second build's objects (DIR/tc.o) beside this
+//! `--xdp` times XDP's `kp_np_xdp` (xdp.o) the same way instead, with
+//! eth0 running an XDP program that passes everything (the test run gives
+//! an XDP program its ingress interface only where the queue's XDP info is
+//! registered).
+//!
+//! `--against DIR` loads a second build's objects (DIR/tc.o, or xdp.o) beside this
 //! binary's own, each over maps of its own, and alternates the two round
 //! by round (A B, then B A), so both see the same machine; the table
 //! compares their medians. `--least-privilege` drops every capability but
@@ -60,6 +65,10 @@ pub struct Args {
     /// Load with deploy/'s capabilities only (CAP_NET_ADMIN, CAP_BPF).
     #[arg(long)]
     pub least_privilege: bool,
+    /// Time kp_np_xdp (xdp.o; --against's DIR/xdp.o) instead of tc's
+    /// kp_np_external.
+    #[arg(long)]
+    pub xdp: bool,
     /// Only the cases whose name contains this.
     #[arg(long)]
     pub only: Option<String>,
@@ -111,16 +120,18 @@ pub fn run(args: Args) -> Result<()> {
     if args.rounds == 0 || args.repeats < u64::from(args.rounds) {
         bail!("--repeats must be at least --rounds (and --rounds at least 1)");
     }
-    let lab = Lab::new().context("setting up the namespace")?;
+    let lab = Lab::new(args.xdp).context("setting up the namespace")?;
+    let file = if args.xdp { "xdp.o" } else { "tc.o" };
     let ours = match &args.objects {
-        Some(dir) => read_obj(dir)?,
+        Some(dir) => read_obj(dir, file)?,
+        None if args.xdp => kp_ebpf::XDP_OBJECT.to_vec(),
         None => kp_ebpf::TC_OBJECT.to_vec(),
     };
     if ours.is_empty() {
         bail!("this binary was built without clang: it has no BPF programs");
     }
     let theirs = match &args.against {
-        Some(dir) => Some(read_obj(dir)?),
+        Some(dir) => Some(read_obj(dir, file)?),
         None => None,
     };
     if args.least_privilege {
@@ -143,7 +154,8 @@ pub fn run(args: Args) -> Result<()> {
         .collect();
     let per_round = args.repeats / u64::from(args.rounds);
     println!(
-        "mode: prog (BPF_PROG_TEST_RUN, kp_np_external; {} runs per case and build in {} rounds of {per_round}; {} endpoints per Service port{}{})",
+        "mode: prog (BPF_PROG_TEST_RUN, {}; {} runs per case and build in {} rounds of {per_round}; {} endpoints per Service port{}{})",
+        if args.xdp { "kp_np_xdp" } else { "kp_np_external" },
         per_round * u64::from(args.rounds),
         args.rounds,
         args.endpoints,
@@ -154,11 +166,11 @@ pub fn run(args: Args) -> Result<()> {
         }
     );
     for &n in &args.services {
-        let mut a = Build::load(&lab, "a", &ours, n, args.endpoints)
+        let mut a = Build::load(&lab, "a", &ours, n, args.endpoints, args.xdp)
             .with_context(|| format!("loading this build's tc.o at {n} Services"))?;
         let mut b = match &theirs {
             Some(obj) => Some(
-                Build::load(&lab, "b", obj, n, args.endpoints)
+                Build::load(&lab, "b", obj, n, args.endpoints, args.xdp)
                     .with_context(|| format!("loading --against's tc.o at {n} Services"))?,
             ),
             None => None,
@@ -254,7 +266,10 @@ fn prepare(a: &mut Build, c: &Case) -> Result<(Frame, Option<Frame>)> {
         Proto::Tcp => 80,
         Proto::Udp => 53,
     };
-    let first = Frame::new(c.proto, client, 40_000, svc, port, true);
+    // A client port of the case's own: each case starts a flow of its own
+    // (XDP leaves a SYN on a known tuple to tc).
+    let cport = 40_000 + u16::from(c.v6) * 100 + u16::from(c.proto.number()) + c.kind as u16;
+    let first = Frame::new(c.proto, client, cport, svc, port, true);
     if c.kind == Kind::First {
         return Ok((first, None));
     }
@@ -267,12 +282,12 @@ fn prepare(a: &mut Build, c: &Case) -> Result<(Frame, Option<Frame>)> {
             out.retval
         );
     }
-    let req = Frame::new(c.proto, client, 40_000, svc, port, false);
+    let req = Frame::new(c.proto, client, cport, svc, port, false);
     let rep = Frame::new(c.proto, dst, dport, src, sport, false);
     // What is timed must be the translation: both are sent on (redirected)
     // rewritten, the reply back to the client from the Service.
     let r = a.once(&req)?;
-    if r.retval != TC_ACT_REDIRECT || r.tuple() != out.tuple() {
+    if r.retval != a.sent() || r.tuple() != out.tuple() {
         bail!(
             "{}: the established request was not translated as the first packet was (retval {})",
             c.name(),
@@ -280,7 +295,7 @@ fn prepare(a: &mut Build, c: &Case) -> Result<(Frame, Option<Frame>)> {
         );
     }
     let r = a.once(&rep)?;
-    if r.retval != TC_ACT_REDIRECT || r.tuple() != Some((svc, port, client, 40_000)) {
+    if r.retval != a.sent() || r.tuple() != Some((svc, port, client, cport)) {
         bail!(
             "{}: the reply was not translated back (retval {}, {:?})",
             c.name(),
@@ -291,11 +306,8 @@ fn prepare(a: &mut Build, c: &Case) -> Result<(Frame, Option<Frame>)> {
     Ok((req, Some(rep)))
 }
 
-/// What a tc program returns when it redirected the packet.
-const TC_ACT_REDIRECT: u32 = 7;
-
-fn read_obj(dir: &std::path::Path) -> Result<Vec<u8>> {
-    let p = dir.join("tc.o");
+fn read_obj(dir: &std::path::Path, file: &str) -> Result<Vec<u8>> {
+    let p = dir.join(file);
     std::fs::read(&p).with_context(|| format!("reading {}", p.display()))
 }
 
