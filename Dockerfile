@@ -5,7 +5,7 @@
 
 FROM docker.io/library/rust:1.89-bookworm AS build
 WORKDIR /src
-# clang compiles --socket-lb's BPF programs (crates/kp-socketlb/build.rs).
+# clang compiles --socket-lb's BPF programs (crates/kp-ebpf/build.rs).
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends clang \
  && rm -rf /var/lib/apt/lists/*

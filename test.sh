@@ -19,7 +19,7 @@ command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 command -v ipset >/dev/null 2>&1 || missing+=(ipset)
 command -v ipvsadm >/dev/null 2>&1 || missing+=(ipvsadm)
 # --socket-lb's BPF programs are compiled by clang when the workspace builds
-# (crates/kp-socketlb/build.rs); its tests load them into the kernel.
+# (crates/kp-ebpf/build.rs); its tests load them into the kernel.
 command -v clang >/dev/null 2>&1 || missing+=(clang)
 # ... and the tc programs' tests list them where they are attached.
 command -v bpftool >/dev/null 2>&1 || missing+=(bpftool)

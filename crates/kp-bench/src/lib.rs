@@ -10,6 +10,7 @@ pub mod lab;
 pub mod maglev;
 pub mod netns;
 pub mod pps;
+pub mod prog;
 pub mod reconcile;
 pub mod soak;
 pub mod tables;

@@ -1,5 +1,5 @@
 //! `kp-bench maglev`: the Maglev tables of `--bpf-lb-algorithm
-//! maglev` (kp_socketlb::maglev) alone, no kernel and no root: the time to
+//! maglev` (kp_ebpf::maglev) alone, no kernel and no root: the time to
 //! build one Service's table, the share of flows that change endpoint when
 //! one endpoint leaves, the share two nodes agree on, and the map memory
 //! of 100k Services. Pseudo-random inputs from a fixed seed, so two runs
@@ -9,8 +9,8 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use kp_socketlb::maglev;
-use kp_socketlb::maps::{addr_words, port_net, MaglevKey, MaglevVal, MAGLEV_CHUNK};
+use kp_ebpf::maglev;
+use kp_ebpf::maps::{addr_words, port_net, MaglevKey, MaglevVal, MAGLEV_CHUNK};
 
 use crate::tables::{ms, pct};
 
@@ -431,7 +431,7 @@ fn memory() {
 }
 
 pub fn run() -> Result<()> {
-    println!("mode: maglev (kp_socketlb::maglev alone: no kernel; seed {SEED})");
+    println!("mode: maglev (kp_ebpf::maglev alone: no kernel; seed {SEED})");
     println!();
     build_times();
     disruption();

@@ -5,7 +5,9 @@
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use kp_bench::{compare, connect, idle, maglev, pps, reconcile, soak, tables, userspace_relay};
+use kp_bench::{
+    compare, connect, idle, maglev, pps, prog, reconcile, soak, tables, userspace_relay,
+};
 
 // The allocator kube-proxy-rs itself uses (see its main.rs), so the figures
 // of what runs in this process (the proxiers the tables drive) are the
@@ -77,6 +79,11 @@ enum Bench {
     /// transfer and many short connections, each through the proxy and
     /// direct, as ratios, with the CPU each side spends.
     UserspaceRelay(userspace_relay::RelayArgs),
+    /// The eBPF datapath's tc (or XDP) program alone under
+    /// BPF_PROG_TEST_RUN: ns per run for crafted frames (first packet and
+    /// established, request and reply, TCP and UDP, both families) with the
+    /// maps as at 1 and 100k Services; two builds alternated with --against.
+    Prog(prog::Args),
 }
 
 fn main() -> Result<()> {
@@ -93,5 +100,6 @@ fn main() -> Result<()> {
         Bench::Pps(a) => pps::run(a),
         Bench::Reconcile(a) => reconcile::run(a),
         Bench::UserspaceRelay(a) => userspace_relay::run(a),
+        Bench::Prog(a) => prog::run(a),
     }
 }

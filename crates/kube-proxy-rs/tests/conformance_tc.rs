@@ -697,7 +697,7 @@ fn dsr_sees_the_client_and_replies_directly(name: &str, v6: bool) {
         assert_eq!(r.peer.ip(), client_ip);
     }
     // The endpoint's port unreachable goes from node2 to the client as
-    // the Service's (kp_np_replies made from the option).
+    // the Service's (a reply entry of kp_np_flows made from the option).
     let refused = std::net::SocketAddr::new(tcp.ip(), 30492);
     let r = kp_netlab::udp_ask(&client, refused, T);
     assert!(
@@ -917,7 +917,7 @@ fn t12_xdp_serves_endpoints_on_other_nodes_and_passes_the_rest_to_tc() {
     env.put("svc-near", &near);
     env.put("eps-near", &slice("near", "v4", "IPv4", &ready(&[&a])));
     env.cluster
-        .xdp_on_lan_ports(kp_socketlb::XDP_PASS_OBJECT)
+        .xdp_on_lan_ports(kp_ebpf::XDP_PASS_OBJECT)
         .unwrap();
     // XDP updates checksums incrementally, taking them to be complete as
     // a NIC's frames are: the senders whose frames node1's XDP reads turn

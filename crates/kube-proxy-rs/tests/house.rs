@@ -16,7 +16,7 @@ const PARTS: &[&str] = &[
     "kp-iptables",
     "kp-ipvs",
     "kp-userspace",
-    "kp-socketlb",
+    "kp-ebpf",
     "kp-source",
 ];
 /// Known exceptions to [`PARTS`], each to be removed (none left: the

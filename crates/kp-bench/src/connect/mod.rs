@@ -168,12 +168,12 @@ fn program(
     // the netlink socket and the iptables-restore children belong to it.
     let maps = match lb {
         Some(lb) => {
-            let p = kp_socketlb::Placement {
+            let p = kp_ebpf::Placement {
                 cgroup: lb.cgroup.path().to_path_buf(),
                 pin_dir: lb.fs.path().join("kp"),
             };
-            kp_socketlb::install(&p, kp_socketlb::Capacity::default())?;
-            Some(kp_socketlb::KernelMaps::open(&p.pin_dir)?)
+            kp_ebpf::install(&p, kp_ebpf::Capacity::default())?;
+            Some(kp_ebpf::KernelMaps::open(&p.pin_dir)?)
         }
         None => None,
     };
@@ -187,10 +187,7 @@ fn program(
                 nft.sync(state, &BTreeSet::new(), true)
                     .map_err(|e| anyhow!("nftables full sync: {e}"))?;
                 let maps = maps.ok_or_else(|| anyhow!("socket-lb without maps"))?;
-                Box::new(kp_socketlb::SocketLbProxier::new(
-                    IpFamily::V4,
-                    Box::new(maps),
-                ))
+                Box::new(kp_ebpf::SocketLbProxier::new(IpFamily::V4, Box::new(maps)))
             }
             Mode::Iptables => Box::new(
                 IptablesProxier::new(pc, Box::new(IptablesCli::variant(IpFamily::V4, variant)))

@@ -938,7 +938,7 @@ fn measure_size(o: &Opts, n: u32, reverse: bool, deadline: Instant) -> Result<Ve
         pods = vec![theirs; o.configs.len()];
         set_rps(cl, cl.lan_ns(), "c0", "2")?;
         set_rps(cl, cl.lan_ns(), &format!("n{nodes}"), "2")?;
-        cl.xdp_on_lan_ports(kp_socketlb::XDP_PASS_OBJECT)
+        cl.xdp_on_lan_ports(kp_ebpf::XDP_PASS_OBJECT)
             .context("an XDP program on the LAN's ports")?;
         // XDP takes checksums to be complete, as a NIC's frames are.
         cl.full_checksums(cl.client_ns())

@@ -222,14 +222,14 @@ impl SocketLbBench {
     fn dataplane(&self) -> Result<Box<dyn Dataplane>> {
         let run = self.runs.get();
         if run > 0 {
-            kp_socketlb::remove(&self.fs.path().join(format!("run{}", run - 1)))?;
+            kp_ebpf::remove(&self.fs.path().join(format!("run{}", run - 1)))?;
         }
         self.runs.set(run + 1);
-        let p = kp_socketlb::Placement {
+        let p = kp_ebpf::Placement {
             cgroup: self.cgroup.path().to_path_buf(),
             pin_dir: self.fs.path().join(format!("run{run}")),
         };
-        kp_socketlb::install(&p, kp_socketlb::Capacity::default())?;
+        kp_ebpf::install(&p, kp_ebpf::Capacity::default())?;
         self.open(&p.pin_dir)
     }
 
@@ -241,11 +241,11 @@ impl SocketLbBench {
     }
 
     fn open(&self, pin_dir: &std::path::Path) -> Result<Box<dyn Dataplane>> {
-        let mut maps = kp_socketlb::KernelMaps::open(pin_dir)?;
+        let mut maps = kp_ebpf::KernelMaps::open(pin_dir)?;
         if self.per_entry {
             maps = maps.one_entry_per_call();
         }
-        Ok(Box::new(kp_socketlb::SocketLbProxier::new(
+        Ok(Box::new(kp_ebpf::SocketLbProxier::new(
             IpFamily::V4,
             Box::new(maps),
         )))

@@ -1,5 +1,5 @@
 //! `--socket-lb`: nftables mode plus socket-level load balancing
-//! (kp-socketlb, docs/ebpf.md). Connections from this node's processes to a
+//! (kp-ebpf, docs/ebpf.md). Connections from this node's processes to a
 //! ClusterIP are sent to an endpoint by cgroup BPF programs inside
 //! connect()/sendmsg(); nftables stays in charge of everything else
 //! (traffic from outside, NodePorts, masquerading, rejects, and sockets the
@@ -13,8 +13,8 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
+use kp_ebpf::{Capacity, Installed, KernelMaps, MemMaps, NodePort, Placement, SocketLbProxier};
 use kp_model::{Dataplane, DataplaneError, ProxyState, ServicePortName, SyncReport};
-use kp_socketlb::{Capacity, Installed, KernelMaps, MemMaps, NodePort, Placement, SocketLbProxier};
 
 use super::{Outcome, Scope};
 use crate::config::{ProxyConfig, ProxyMode, SocketLbFlags};
@@ -48,7 +48,7 @@ pub fn placement(flags: &SocketLbFlags) -> Result<Placement> {
 /// opens the pinned maps. Not for --dry-run, which touches no kernel.
 pub fn install(flags: &SocketLbFlags) -> Result<()> {
     let p = placement(flags)?;
-    let how = kp_socketlb::install(&p, Capacity::default()).context("--socket-lb")?;
+    let how = kp_ebpf::install(&p, Capacity::default()).context("--socket-lb")?;
     let (adopted, upgraded) = match how {
         Installed::Fresh => (false, 0),
         Installed::Adopted { upgraded } => (true, upgraded),
@@ -56,7 +56,7 @@ pub fn install(flags: &SocketLbFlags) -> Result<()> {
     tracing::info!(cgroup = %p.cgroup.display(), pins = %p.pin_dir.display(),
         adopted, upgraded, "socket load balancing attached");
     if !flags.bpf_nodeport
-        && kp_socketlb::remove_nodeport(&p.pin_dir).context("removing the tc programs' pins")?
+        && kp_ebpf::remove_nodeport(&p.pin_dir).context("removing the tc programs' pins")?
     {
         // A previous run's --bpf-nodeport: its links would go on running.
         tracing::info!("tc programs of a previous --bpf-nodeport run detached");
@@ -80,9 +80,6 @@ pub struct WithSocketLb {
     nft: Box<dyn Dataplane>,
     lb: SocketLbProxier,
     pin_dir: PathBuf,
-    /// --bpf-nodeport (the IPv4 dataplane's): the tc programs, and the
-    /// external interfaces (empty: those of the default routes).
-    nodeport: Option<(NodePort, Vec<String>)>,
 }
 
 /// `nft` plus the socket load balancer; with `kernel` false (--dry-run,
@@ -107,7 +104,7 @@ pub fn wrap(
             let mut np = NodePort::install(&flags.bpf_pin_path, Capacity::default(), node_v4, None)
                 .context("--bpf-nodeport")?;
             np.set_acceleration(
-                kp_socketlb::Acceleration::parse(&flags.bpf_lb_acceleration).unwrap_or_default(),
+                kp_ebpf::Acceleration::parse(&flags.bpf_lb_acceleration).unwrap_or_default(),
             )
             .context("--bpf-lb-acceleration")?;
             tracing::info!(
@@ -124,30 +121,34 @@ pub fn wrap(
                 std::net::IpAddr::V4(_) => None,
             });
             if let Some(ip) = node_v6 {
-                kp_socketlb::set_node_v6(&flags.bpf_pin_path, ip).context("--bpf-nodeport")?;
+                kp_ebpf::set_node_v6(&flags.bpf_pin_path, ip).context("--bpf-nodeport")?;
             }
             None
         }
     };
     // After the tc programs' object: it pins kp_maglev, which the maps open.
-    let maps: Box<dyn kp_socketlb::Maps> = if kernel {
+    let maps: Box<dyn kp_ebpf::Maps> = if kernel {
         Box::new(KernelMaps::open(&flags.bpf_pin_path).context("--socket-lb")?)
     } else {
         Box::new(MemMaps::new(false))
     };
+    let mut lb = SocketLbProxier::new(family, maps)
+        .with_nodeport_ips(nodeport_ips)
+        .with_outside(outside)
+        .with_maglev(outside && flags.bpf_lb_algorithm == "maglev")
+        .with_lb_mode(if outside {
+            kp_ebpf::LbMode::parse(&flags.bpf_lb_mode).unwrap_or_default()
+        } else {
+            kp_ebpf::LbMode::Snat
+        });
+    if let Some((mut np, devices)) = nodeport {
+        np.set_devices(devices);
+        lb = lb.with_nodeport(Box::new(np));
+    }
     Ok(Box::new(WithSocketLb {
         nft,
-        lb: SocketLbProxier::new(family, maps)
-            .with_nodeport_ips(nodeport_ips)
-            .with_outside(outside)
-            .with_maglev(outside && flags.bpf_lb_algorithm == "maglev")
-            .with_lb_mode(if outside {
-                kp_socketlb::LbMode::parse(&flags.bpf_lb_mode).unwrap_or_default()
-            } else {
-                kp_socketlb::LbMode::Snat
-            }),
+        lb,
         pin_dir: flags.bpf_pin_path.clone(),
-        nodeport,
     }))
 }
 
@@ -165,11 +166,7 @@ impl Dataplane for WithSocketLb {
         // nftables first: a Service's rules are in place before its sockets
         // are balanced, and still there (for other cgroups) when they stop.
         let mut report = self.nft.sync(state, changed, full)?;
-        if let Some((np, devices)) = &mut self.nodeport {
-            // Before the map writes: an interface that came up since (a new
-            // pod's) has its program before any Service sends to it.
-            attach_tc(np, devices)?;
-        }
+        // The eBPF dataplane attaches its own tc programs first.
         let lb = self.lb.sync(state, changed, full)?;
         report.ops += lb.ops;
         report.apply += lb.apply;
@@ -189,33 +186,13 @@ impl Dataplane for WithSocketLb {
 
     fn cleanup(&mut self) -> Result<(), DataplaneError> {
         self.nft.cleanup()?;
-        kp_socketlb::remove(&self.pin_dir)
+        kp_ebpf::remove(&self.pin_dir)
             .map(|_| ())
             .map_err(|e| DataplaneError::Apply {
                 tool: "bpffs".into(),
                 message: e.to_string(),
             })
     }
-}
-
-/// Puts the tc programs on the node's interfaces as they are now.
-fn attach_tc(np: &mut NodePort, devices: &[String]) -> Result<(), DataplaneError> {
-    let fail = |e: kp_socketlb::SocketLbError| DataplaneError::Apply {
-        tool: "tc programs".into(),
-        message: e.to_string(),
-    };
-    let external = if devices.is_empty() {
-        kp_socketlb::default_route_devices()
-    } else {
-        devices.to_vec()
-    };
-    let ifaces = kp_socketlb::interfaces(&external).map_err(fail)?;
-    let done = np.attach(&ifaces).map_err(fail)?;
-    if done != kp_socketlb::Attached::default() {
-        tracing::info!(added = ?done.added, removed = ?done.removed, upgraded = ?done.upgraded,
-            "tc programs attached");
-    }
-    Ok(())
 }
 
 /// Socket load balancing's pins under --bpf-pin-path (unpinning detaches
@@ -227,7 +204,7 @@ pub fn remove_leftovers(scope: Scope, cfg: &ProxyConfig, out: &mut Outcome) {
         return;
     }
     let dir = &cfg.socket_lb.bpf_pin_path;
-    match kp_socketlb::remove(dir) {
+    match kp_ebpf::remove(dir) {
         Ok(true) => out
             .removed
             .push(format!("socket load balancing pins in {}", dir.display())),

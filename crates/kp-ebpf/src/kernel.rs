@@ -25,9 +25,9 @@ use crate::maps::{
 use crate::proxier::{value, Refused};
 use crate::SocketLbError;
 
-/// The BPF object compiled from bpf/socketlb.c by build.rs (empty when the
+/// The BPF object compiled from bpf/sock.c by build.rs (empty when the
 /// build had no clang).
-static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/socketlb.o"));
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sock.o"));
 
 /// The programs, by the names they have in the object.
 pub const PROGRAMS: [&str; 8] = [
@@ -90,11 +90,11 @@ pub fn install(p: &Placement, cap: Capacity) -> Result<Installed, SocketLbError>
     install_object(p, cap, OBJECT)
 }
 
-/// bpf/socketlb.c built with KP_TEST_VARIANT (connect and sendmsg translate
+/// bpf/sock.c built with KP_TEST_VARIANT (connect and sendmsg translate
 /// nothing): a "previous version" for the upgrade test. Not for production.
 #[doc(hidden)]
 pub static TEST_VARIANT_OBJECT: &[u8] =
-    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/socketlb-variant.o"));
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sock-variant.o"));
 
 #[doc(hidden)]
 pub fn install_object(
@@ -435,10 +435,30 @@ pub struct KernelMaps {
     pub members: HashMap<MapData, MemberKey, u32>,
     /// The tc programs' Maglev tables (pinned only when they are loaded).
     pub maglev: Option<HashMap<MapData, MaglevKey, MaglevVal>>,
+    /// Where the pins are: a member removed bumps the tc programs'
+    /// members generation there.
+    pin_dir: std::path::PathBuf,
     cmds: Commands,
     /// Whether the kernel takes the batch commands: unknown until the first
     /// batch.
     batch: Cell<Option<bool>>,
+}
+
+/// Bumps one of `kp_np_gen`'s generations (0: route, 1: members) where the
+/// tc programs' maps are pinned: their flows then ask the FIB, or
+/// kp_members, again once.
+pub(crate) fn bump_generation(pin_dir: &Path, which: usize) -> Result<(), SocketLbError> {
+    let path = pin_dir.join(crate::maps::NP_GEN);
+    if is_missing(&path) {
+        return Ok(());
+    }
+    let what = || format!("map {}", path.display());
+    let data = MapData::from_pin(&path).map_err(|e| bpf(what())(boxed(e)))?;
+    let mut gen: aya::maps::Array<MapData, [u32; 2]> =
+        aya::maps::Array::try_from(Map::Array(data)).map_err(|e| bpf(what())(boxed(e)))?;
+    let mut v = gen.get(&0, 0).map_err(|e| bpf(what())(boxed(e)))?;
+    v[which] = v[which].wrapping_add(1);
+    gen.set(0, v, 0).map_err(|e| bpf(what())(boxed(e)))
 }
 
 fn open_map<K: aya::Pod, V: aya::Pod>(
@@ -463,9 +483,15 @@ impl KernelMaps {
             } else {
                 None
             },
+            pin_dir: pin_dir.to_path_buf(),
             cmds: Commands::KERNEL,
             batch: Cell::new(None),
         })
+    }
+
+    /// A member left: the tc programs' UDP flows check theirs again.
+    fn members_changed(&self) -> Result<(), String> {
+        bump_generation(&self.pin_dir, 1).map_err(|e| e.to_string())
     }
 
     /// Whether the kernel took the batch commands (None: none tried yet).
@@ -629,7 +655,8 @@ impl crate::proxier::Maps for KernelMaps {
         self.members.insert(k, slot, 0).map_err(map_err)
     }
     fn del_member(&mut self, k: &MemberKey) -> Result<(), String> {
-        gone_ok(self.members.remove(k))
+        gone_ok(self.members.remove(k))?;
+        self.members_changed()
     }
     fn dump(&self) -> Result<crate::proxier::Dump, String> {
         let c = self.cmds.lookup;
@@ -739,7 +766,14 @@ impl crate::proxier::Maps for KernelMaps {
             keys,
             |map, keys| delete(cmd, fd(map), keys),
             |map, _, k| gone_ok(map.remove(k)),
-        )
+        )?;
+        if keys.is_empty() {
+            return Ok(());
+        }
+        self.members_changed().map_err(|message| Refused {
+            index: keys.len(),
+            message,
+        })
     }
     fn set_maglev(&mut self, keys: &[MaglevKey], vals: &[MaglevVal]) -> Result<(), Refused> {
         let cmd = self.cmds.update;

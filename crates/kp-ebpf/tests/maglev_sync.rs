@@ -9,11 +9,11 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use kp_ebpf::maglev;
+use kp_ebpf::maps::MAGLEV_CHUNK;
+use kp_ebpf::maps::{BackendKey, BackendVal, FLAG_MAGLEV};
+use kp_ebpf::{MemContent, MemMaps, SocketLbProxier};
 use kp_model::{Dataplane, Endpoint, IpFamily, NodeInfo, ProxyState, ServicePort};
-use kp_socketlb::maglev;
-use kp_socketlb::maps::MAGLEV_CHUNK;
-use kp_socketlb::maps::{BackendKey, BackendVal, FLAG_MAGLEV};
-use kp_socketlb::{MemContent, MemMaps, SocketLbProxier};
 
 fn lb_port() -> ServicePort {
     ServicePort::builder("ns", "lb")

@@ -1,4 +1,4 @@
-//! The maps' keys and values, byte for byte as bpf/socketlb.c declares them.
+//! The maps' keys and values, byte for byte as bpf/lib/maps.h and bpf/sock.c declare them.
 //!
 //! Addresses are stored as the kernel hands them to the program (network byte
 //! order in memory), ports likewise; an IPv4 address sits in `addr[0]` with
@@ -15,20 +15,29 @@ pub const MEMBERS: &str = "kp_members";
 pub const REVNAT: &str = "kp_revnat";
 pub const UDP_FLOWS: &str = "kp_udp_flows";
 pub const ALL_MAPS: [&str; 5] = [SERVICES, BACKENDS, MEMBERS, REVNAT, UDP_FLOWS];
-/// The tc programs' own maps (bpf/nodeport.c, `--bpf-nodeport`): their
-/// flows, the replies' translation back, the node's addresses.
+/// The tc programs' own maps (bpf/lib/maps.h, `--bpf-nodeport`): their
+/// flows both ways (one table, keyed by the tuple a packet arrives with),
+/// the node's addresses.
 pub const NP_FLOWS: &str = "kp_np_flows";
-pub const NP_REPLIES: &str = "kp_np_replies";
 pub const NP_NODE: &str = "kp_np_node";
-/// Per-CPU counts of the packets tc and XDP translated (bpf/nodeport.c).
+/// The generations the proxy bumps (`[route, members]`): a flow entry made
+/// in another asks the FIB (or kp_members) again once.
+pub const NP_GEN: &str = "kp_np_gen";
+/// Per-CPU counts of the packets tc and XDP translated (bpf/tc.c).
 pub const NP_STATS: &str = "kp_np_stats";
-pub const NODEPORT_MAPS: [&str; 5] = [NP_FLOWS, NP_REPLIES, NP_NODE, MAGLEV, NP_STATS];
+pub const NODEPORT_MAPS: [&str; 5] = [NP_FLOWS, NP_NODE, MAGLEV, NP_STATS, NP_GEN];
+/// The tc programs' pins of earlier versions (the replies' own table, now
+/// entries of kp_np_flows): removed at install and cleanup.
+pub const RETIRED_NODEPORT_MAPS: [&str; 1] = ["kp_np_replies"];
+/// The size of a kp_np_flows entry (struct nat): a pinned table of another
+/// layout (an earlier version's) is replaced at install.
+pub const NP_FLOW_VALUE_SIZE: u32 = 104;
 
 /// `SvcKey::family` bit of the entries for traffic from outside the node,
-/// which only the tc programs look up (bpf/common.h).
+/// which only the tc programs look up (bpf/lib/maps.h).
 pub const OUTSIDE: u8 = 0x80;
 /// `SvcVal::flags`: externalTrafficPolicy Local, the client's address is
-/// kept (bpf/nodeport.c).
+/// kept (bpf/tc.c).
 pub const FLAG_LOCAL: u32 = 1;
 /// `SvcVal::flags`: the endpoint comes from the Service port's Maglev table
 /// in `kp_maglev` (`--bpf-lb-algorithm maglev`), not at random.
@@ -36,7 +45,7 @@ pub const FLAG_MAGLEV: u32 = 2;
 /// `SvcVal::flags`: direct server return (`--bpf-lb-mode dsr`, or `hybrid`
 /// for a TCP port): a request for an endpoint on another node keeps the
 /// client's address and carries the Service address to that node, which
-/// sends the reply itself (IPv4; bpf/nodeport.c).
+/// sends the reply itself (IPv4; bpf/tc.c).
 pub const FLAG_DSR: u32 = 4;
 
 /// The Maglev lookup tables (`--bpf-lb-algorithm maglev`, maglev.rs),
@@ -178,7 +187,7 @@ pub struct MemberKey {
     pub backend: BackendVal,
 }
 
-/// Maglev slots per map entry (`MAGLEV_CHUNK` in bpf/maglev.h).
+/// Maglev slots per map entry (`MAGLEV_CHUNK` in bpf/lib/maglev.h).
 pub const MAGLEV_CHUNK: usize = 64;
 
 /// One chunk of a Service's Maglev table: slots `chunk * MAGLEV_CHUNK ..`.
@@ -226,7 +235,7 @@ mod tests {
     fn sizes_match_the_c_structs() {
         // The C compiler's sizes (clang -target bpf): svc_key 20, svc_val 16,
         // backend_key 8, backend_val 20, member_key 24, maglev_key 8,
-        // maglev_val 256 (maglev.rs checks the last two against bpf/maglev.h
+        // maglev_val 256 (maglev.rs checks the last two against bpf/lib/maglev.h
         // compiled). A mismatch would make every lookup miss.
         assert_eq!(std::mem::size_of::<SvcKey>(), 20);
         assert_eq!(std::mem::size_of::<SvcVal>(), 16);

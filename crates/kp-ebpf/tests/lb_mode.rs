@@ -7,9 +7,9 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use kp_ebpf::maps::{FLAG_DSR, FLAG_LOCAL};
+use kp_ebpf::{wanted_outside, LbMode};
 use kp_model::{Endpoint, IpFamily, NodeInfo, Protocol, ProxyState, ServicePort};
-use kp_socketlb::maps::{FLAG_DSR, FLAG_LOCAL};
-use kp_socketlb::{wanted_outside, LbMode};
 
 fn port(proto: Protocol, local: bool) -> ServicePort {
     port_at("10.96.0.9", proto, local)

@@ -1,10 +1,19 @@
-//! Socket-level load balancing (`--socket-lb`, docs/ebpf.md).
+//! The eBPF datapath (`--socket-lb`, `--bpf-nodeport`, docs/ebpf.md), laid
+//! out as Cilium's: one entry file per attach point over code by concern.
 //!
-//! cgroup BPF programs (bpf/socketlb.c) translate a connect() or sendmsg()
-//! to a ClusterIP into one of its endpoints inside the socket call, so
-//! traffic from this node's processes to a Service is never NATed per
-//! packet. [`SocketLbProxier`] keeps the programs' maps in step with the
-//! model; nftables keeps everything else (the binary runs both).
+//! - bpf/sock.c: cgroup programs translate a connect() or sendmsg() to a
+//!   ClusterIP into one of its endpoints inside the socket call, so traffic
+//!   from this node's processes to a Service is never NATed per packet
+//!   ([`install`] attaches them to the cgroup, or adopts a previous run's).
+//! - bpf/tc.c, bpf/xdp.c: traffic from outside the node to NodePorts,
+//!   LoadBalancer and external IPs, with SNAT or DSR ([`NodePort`]); the
+//!   code they share is under bpf/lib/ (maps, parse, csum, nat, route,
+//!   dsr, icmp, maglev).
+//!
+//! [`SocketLbProxier`] is the Dataplane: it reads the model's
+//! `EndpointSelection`, writes the maps as differences, and keeps its tc
+//! and XDP links on the node's interfaces. [`maglev`] builds the Maglev
+//! tables (pure). nftables keeps everything else (the binary runs both).
 
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
@@ -21,14 +30,14 @@ pub use kernel::{install, Capacity, Installed, KernelMaps, Placement, PROGRAMS};
 #[doc(hidden)]
 pub use kernel::{install_object, TEST_VARIANT_OBJECT};
 pub use mem::{MemContent, MemMaps};
-#[doc(hidden)]
-pub use nodeport::XDP_PASS_OBJECT;
 pub use nodeport::{
     default_route_devices, interfaces, remove_nodeport, set_node_v6, Acceleration, Attached,
     Interface, NodePort, Role, NODEPORT_PROGRAMS, XDP_PROGRAM,
 };
+#[doc(hidden)]
+pub use nodeport::{TC_OBJECT, XDP_OBJECT, XDP_PASS_OBJECT};
 pub use proxier::{
-    wanted, wanted_outside, Dump, LbMode, Maps, Refused, Scope, SocketLbProxier, Wanted,
+    wanted, wanted_outside, Attach, Dump, LbMode, Maps, Refused, Scope, SocketLbProxier, Wanted,
 };
 
 #[derive(Debug, thiserror::Error)]

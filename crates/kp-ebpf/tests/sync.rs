@@ -7,8 +7,8 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use kp_ebpf::{MemMaps, SocketLbProxier};
 use kp_model::{Dataplane, Endpoint, IpFamily, NodeInfo, ProxyState, ServicePort};
-use kp_socketlb::{MemMaps, SocketLbProxier};
 
 fn state(family: IpFamily, services: &[(&str, &str, &[&str], Option<u32>)]) -> ProxyState {
     let mut st = ProxyState::new(family, NodeInfo::named("node1"));
@@ -143,7 +143,7 @@ fn a_full_sync_takes_over_what_a_previous_run_left_and_removes_the_rest() {
 
 #[test]
 fn external_addresses_get_the_cluster_endpoints_and_source_ranges_stay_with_nftables() {
-    use kp_socketlb::{wanted, Scope};
+    use kp_ebpf::{wanted, Scope};
     let mut st = ProxyState::new(IpFamily::V4, NodeInfo::named("node1"));
     let sp = ServicePort::builder("ns", "lb")
         .cluster_ip("10.96.0.5")
@@ -193,8 +193,8 @@ fn external_addresses_get_the_cluster_endpoints_and_source_ranges_stay_with_nfta
 
 #[test]
 fn a_full_sync_repairs_what_an_interrupted_one_left() {
-    use kp_socketlb::maps::{BackendKey, BackendVal, MemberKey};
-    use kp_socketlb::Maps;
+    use kp_ebpf::maps::{BackendKey, BackendVal, MemberKey};
+    use kp_ebpf::Maps;
     // UDP: its members matter.
     let mut st = ProxyState::new(IpFamily::V4, NodeInfo::named("node1"));
     add(
@@ -282,17 +282,14 @@ fn many(n: u32, m: u32, g: u32) -> ProxyState {
 
 /// What each address reaches (ids and slots may differ between runs).
 fn reach(
-    c: &kp_socketlb::MemContent,
-) -> Vec<(
-    kp_socketlb::maps::SvcKey,
-    BTreeSet<kp_socketlb::maps::BackendVal>,
-)> {
+    c: &kp_ebpf::MemContent,
+) -> Vec<(kp_ebpf::maps::SvcKey, BTreeSet<kp_ebpf::maps::BackendVal>)> {
     c.services
         .iter()
         .map(|(k, v)| {
             let eps: BTreeSet<_> = (0..v.count)
                 .map(|s| {
-                    c.backends[&kp_socketlb::maps::BackendKey {
+                    c.backends[&kp_ebpf::maps::BackendKey {
                         svc_id: v.id,
                         slot: s,
                     }]
@@ -303,7 +300,7 @@ fn reach(
         .collect()
 }
 
-fn fresh(st: &ProxyState) -> kp_socketlb::MemContent {
+fn fresh(st: &ProxyState) -> kp_ebpf::MemContent {
     let maps = MemMaps::new(false);
     SocketLbProxier::new(IpFamily::V4, Box::new(maps.clone()))
         .sync(st, &BTreeSet::new(), true)
@@ -451,8 +448,8 @@ fn members_are_written_where_the_programs_read_them_and_before_they_do() {
     // A full sync of a new process over maps with members everywhere (an
     // older version wrote them for every Service port) removes the unread
     // ones and keeps the rest.
-    use kp_socketlb::maps::{BackendVal, MemberKey};
-    use kp_socketlb::Maps;
+    use kp_ebpf::maps::{BackendVal, MemberKey};
+    use kp_ebpf::Maps;
     let mut old = MemMaps::new(true);
     SocketLbProxier::new(IpFamily::V4, Box::new(old.clone()))
         .sync(&plain, &BTreeSet::new(), true)

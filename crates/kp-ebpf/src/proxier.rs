@@ -16,8 +16,8 @@ use std::net::IpAddr;
 use std::time::Instant;
 
 use kp_model::{
-    categorize_endpoints, Dataplane, DataplaneError, IpFamily, Known, Protocol, ProxyState,
-    ServicePort, ServicePortName, SyncReport,
+    Dataplane, DataplaneError, EndpointSelection, ExternalMasquerading, IpFamily, Known, Protocol,
+    ProxyState, ServicePort, ServicePortName, SyncReport,
 };
 
 use crate::maglev;
@@ -26,6 +26,12 @@ use crate::maps::{
     FLAG_MAGLEV,
 };
 use crate::slots;
+
+/// Programs a dataplane keeps attached to the node's interfaces, put on
+/// them at every sync before its map writes.
+pub trait Attach: Send {
+    fn attach(&mut self) -> Result<(), DataplaneError>;
+}
 
 /// The map operations a sync needs (the kernel's, or memory's in tests).
 ///
@@ -133,7 +139,7 @@ enum Members {
 /// Whether the programs look this Service port's endpoints up in
 /// `kp_members`: for UDP (an unconnected socket keeps its endpoint while it
 /// is a member). TCP and SCTP never look, so their members are not written:
-/// half the entries of a full sync. (If bpf/socketlb.c ever reads
+/// half the entries of a full sync. (If bpf/sock.c ever reads
 /// kp_members elsewhere, this must follow.)
 fn reads_members(keys: &BTreeSet<SvcKey>) -> bool {
     keys.iter().any(|k| i32::from(k.proto) == libc::IPPROTO_UDP)
@@ -185,15 +191,12 @@ pub fn wanted(
     if sp.session_affinity_timeout.is_some() {
         return Vec::new();
     }
-    let eps = state.endpoints_of(&sp.name);
-    let cat = categorize_endpoints(eps, sp, &state.node);
+    // The model's selection, as every dataplane reads it: internal
+    // traffic's set, and the cluster set for this node's clients of the
+    // external addresses (upstream's short-circuit).
+    let sel = EndpointSelection::new(sp, state.endpoints_of(&sp.name), &state.node);
     let set = |v: &[&kp_model::Endpoint]| -> BTreeSet<BackendVal> {
         v.iter().map(|e| BackendVal::new(e.ip, e.port)).collect()
-    };
-    let internal_eps = if sp.internal_policy_local {
-        &cat.local
-    } else {
-        &cat.cluster
     };
     let mut internal: BTreeSet<SvcKey> = BTreeSet::new();
     if !sp.cluster_ip.is_unspecified() {
@@ -221,9 +224,9 @@ pub fn wanted(
         );
     }
     let mut out = Vec::new();
-    let eb = set(&cat.cluster);
-    let ib = if sp.internal_policy_local {
-        set(internal_eps)
+    let eb = set(&sel.cluster);
+    let ib = if sel.internal.is_local() {
+        set(sel.internal_endpoints())
     } else {
         eb.clone()
     };
@@ -306,14 +309,12 @@ pub fn wanted_outside(
     if sp.session_affinity_timeout.is_some() {
         return None;
     }
-    let cat = categorize_endpoints(state.endpoints_of(&sp.name), sp, &state.node);
-    let eps = if sp.external_policy_local {
-        &cat.local
-    } else {
-        &cat.cluster
-    };
-    let backends: BTreeSet<BackendVal> =
-        eps.iter().map(|e| BackendVal::new(e.ip, e.port)).collect();
+    let sel = EndpointSelection::new(sp, state.endpoints_of(&sp.name), &state.node);
+    let backends: BTreeSet<BackendVal> = sel
+        .external_endpoints()
+        .iter()
+        .map(|e| BackendVal::new(e.ip, e.port))
+        .collect();
     if backends.is_empty() {
         return None;
     }
@@ -338,15 +339,17 @@ pub fn wanted_outside(
     if keys.is_empty() {
         return None;
     }
+    // The model's masquerade decision for traffic from outside the node:
+    // masqueraded (the programs SNAT, or with DSR keep the client's address
+    // and have the endpoint's node reply), or the client's address kept
+    // (FLAG_LOCAL; from outside, FromNode keeps it too).
+    let snat = sel.external_masquerading() == ExternalMasquerading::All;
     Some(Wanted {
         keys,
         backends,
-        flags: if sp.external_policy_local {
-            FLAG_LOCAL
-        } else {
-            0
-        } | if maglev { FLAG_MAGLEV } else { 0 }
-            | if !sp.external_policy_local && mode.dsr_for(sp.protocol) {
+        flags: if snat { 0 } else { FLAG_LOCAL }
+            | if maglev { FLAG_MAGLEV } else { 0 }
+            | if snat && mode.dsr_for(sp.protocol) {
                 FLAG_DSR
             } else {
                 0
@@ -475,6 +478,9 @@ pub struct SocketLbProxier {
     /// before the first sync and after a failed one (the next is full,
     /// and reads the maps back).
     known: Known<()>,
+    /// The tc (and XDP) programs this dataplane keeps attached to the
+    /// node's interfaces ([`crate::NodePort`]).
+    nodeport: Option<Box<dyn Attach>>,
 }
 
 fn err(what: String) -> impl FnOnce(String) -> DataplaneError {
@@ -523,6 +529,26 @@ impl SocketLbProxier {
             freed_now: Vec::new(),
             next_id: Self::first_id(family),
             known: Known::default(),
+            nodeport: None,
+        }
+    }
+
+    /// Keeps `links` (the tc and XDP programs, [`crate::NodePort`]) on the
+    /// node's interfaces: every sync puts them on interfaces that came up
+    /// since (a new pod's) before its map writes, so an interface has its
+    /// program before any Service sends to it, and takes them off those
+    /// gone.
+    pub fn with_nodeport(mut self, links: Box<dyn Attach>) -> Self {
+        self.nodeport = Some(links);
+        self
+    }
+
+    /// Puts the tc (and XDP) programs on the node's interfaces as they
+    /// are now.
+    fn attach_tc(&mut self) -> Result<(), DataplaneError> {
+        match &mut self.nodeport {
+            Some(links) => links.attach(),
+            None => Ok(()),
         }
     }
 
@@ -1095,6 +1121,7 @@ impl Dataplane for SocketLbProxier {
         changed: &BTreeSet<ServicePortName>,
         full: bool,
     ) -> Result<SyncReport, DataplaneError> {
+        self.attach_tc()?;
         let start = Instant::now();
         let full = self.known.begin(full).is_full();
         let names: Vec<&ServicePortName> = if full {

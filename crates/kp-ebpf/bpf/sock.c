@@ -15,11 +15,9 @@
 // rewrites for the running kernel: no kernel structure, so no CO-RE needed.
 // Helpers are declared here by number to need nothing but linux/bpf.h.
 //
-// The shared maps and layouts are in common.h.
+// The shared maps and layouts are in lib/maps.h.
 
-#include "common.h"
-
-static __u64 (*bpf_get_socket_cookie)(void *ctx) = (void *)46;
+#include "lib/maps.h"
 
 // What a socket was sent to instead of the Service: keyed by the socket and
 // the endpoint, so that replies and getpeername name the Service again.

@@ -1,5 +1,7 @@
-//! Compiles bpf/socketlb.c and bpf/nodeport.c to BPF objects with clang (Debian's `clang`,
-//! which test.sh and demo.sh install). Without clang the crate still builds,
+//! Compiles the BPF programs' entry files, one per attach point as Cilium
+//! lays its datapath out (bpf/sock.c for the cgroup socket hooks, bpf/tc.c,
+//! bpf/xdp.c; the code by concern under bpf/lib/), to BPF objects with clang
+//! (Debian's `clang`, which test.sh and demo.sh install). Without clang the crate still builds,
 //! with an empty object: the mode then refuses to start and says why, and
 //! every other mode is unaffected.
 
@@ -11,18 +13,9 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn main() {
-    for f in [
-        "bpf/socketlb.c",
-        "bpf/nodeport.c",
-        "bpf/common.h",
-        "bpf/maglev.h",
-        "bpf/xdp_pass.c",
-    ] {
-        println!("cargo:rerun-if-changed={f}");
-    }
+    println!("cargo:rerun-if-changed=bpf");
     println!("cargo:rerun-if-env-changed=KP_CLANG");
-    let out =
-        PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("socketlb.o");
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("sock.o");
     let clang = std::env::var("KP_CLANG").unwrap_or_else(|_| "clang".to_string());
     let arch = match std::env::var("CARGO_CFG_TARGET_ARCH").as_deref() {
         Ok("x86_64") => "x86_64-linux-gnu",
@@ -30,21 +23,22 @@ fn main() {
         _ => "",
     };
     for (src, file, defines) in [
-        ("bpf/socketlb.c", "socketlb.o", &[][..]),
-        (
-            "bpf/socketlb.c",
-            "socketlb-variant.o",
-            &["-DKP_TEST_VARIANT"][..],
-        ),
+        ("bpf/sock.c", "sock.o", &[][..]),
+        ("bpf/sock.c", "sock-variant.o", &["-DKP_TEST_VARIANT"][..]),
         // Without LLVM's sinking of common code: it merges two branches'
         // constant offsets into packet pointer plus register, which the
         // verifier refuses a proxy without CAP_PERFMON (the DaemonSet's).
         (
-            "bpf/nodeport.c",
-            "nodeport.o",
+            "bpf/tc.c",
+            "tc.o",
             &["-mllvm", "-simplifycfg-sink-common=false"][..],
         ),
-        ("bpf/xdp_pass.c", "xdp_pass.o", &[][..]),
+        (
+            "bpf/xdp.c",
+            "xdp.o",
+            &["-mllvm", "-simplifycfg-sink-common=false"][..],
+        ),
+        ("bpf/test/xdp_pass.c", "xdp_pass.o", &[][..]),
     ] {
         let out = out.with_file_name(file);
         let mut cmd = Command::new(&clang);
@@ -61,7 +55,7 @@ fn main() {
             Ok(s) if s.success() => {}
             Ok(s) => panic!("{clang} failed on {src} ({s})"),
             Err(e) => {
-                println!("cargo:warning=kp-socketlb: {clang} not found ({e}); --socket-lb will refuse to start (apt-get install clang)");
+                println!("cargo:warning=kp-ebpf: {clang} not found ({e}); --socket-lb will refuse to start (apt-get install clang)");
                 std::fs::write(&out, b"").expect("writing the empty BPF object");
             }
         }

@@ -21,7 +21,7 @@
 //!   them.
 //!
 //! Everything here is pure: no I/O, no map access. maps.rs has the map's
-//! layout ([`MaglevKey`], [`MaglevVal`]), bpf/maglev.h the program's side.
+//! layout ([`MaglevKey`], [`MaglevVal`]), bpf/lib/maglev.h the program's side.
 
 use crate::maps::{MaglevKey, MaglevVal, MAGLEV_CHUNK};
 
@@ -233,7 +233,7 @@ fn flow_mix(h: u32, k: u32) -> u32 {
 }
 
 /// The per-packet hash the tc program computes to pick a slot
-/// (`maglev_flow_hash` in bpf/maglev.h, which must agree bit for bit: a
+/// (`maglev_flow_hash` in bpf/lib/maglev.h, which must agree bit for bit: a
 /// test compiles it and compares). Addresses and ports in the layout the
 /// program sees: four words in network order in memory (an IPv4 address in
 /// word 0, as [`crate::maps::addr_words`] makes them), ports likewise
@@ -573,7 +573,7 @@ mod tests {
     /// host order, as the program reads them).
     const GOLDEN_FLOW: u32 = 0x3d43_8581;
 
-    /// The host program that prints bpf/maglev.h's view: its constants and
+    /// The host program that prints bpf/lib/maglev.h's view: its constants and
     /// struct sizes, then one hash per input line.
     const AGREE_C: &str = r#"
 #include <stdio.h>
@@ -607,7 +607,7 @@ __u32 pick(const __u32 *s, const __u32 *d, __u16 sport, __u16 dport)
 
     fn clang(args: &[&std::ffi::OsStr]) {
         let clang = std::env::var("KP_CLANG").unwrap_or_else(|_| "clang".to_string());
-        let bpf = concat!(env!("CARGO_MANIFEST_DIR"), "/bpf");
+        let bpf = concat!(env!("CARGO_MANIFEST_DIR"), "/bpf/lib");
         let mut cmd = std::process::Command::new(&clang);
         cmd.args(["-O2", "-Wall", "-Werror", "-I", bpf]).args(args);
         // linux/types.h includes asm/types.h, which Debian keeps per
@@ -619,7 +619,7 @@ __u32 pick(const __u32 *s, const __u32 *d, __u16 sport, __u16 dport)
         }
         let out = cmd.output().unwrap_or_else(|e| {
             panic!(
-                "this test compiles bpf/maglev.h with {clang} to check it against maglev.rs, \
+                "this test compiles bpf/lib/maglev.h with {clang} to check it against maglev.rs, \
                  and {clang} could not run ({e}): apt-get install clang, or set KP_CLANG"
             )
         });
@@ -693,7 +693,7 @@ __u32 pick(const __u32 *s, const __u32 *d, __u16 sport, __u16 dport)
                 )
                 .as_str()
             ),
-            "MAGLEV_CHUNK and the struct sizes of bpf/maglev.h against maps.rs"
+            "MAGLEV_CHUNK and the struct sizes of bpf/lib/maglev.h against maps.rs"
         );
         let c: Vec<&str> = lines.collect();
         assert_eq!(c.len(), tuples.len());
@@ -702,7 +702,7 @@ __u32 pick(const __u32 *s, const __u32 *d, __u16 sport, __u16 dport)
             assert_eq!(
                 line,
                 format!("{:08x}", flow_hash(s, d, sp, dp, pr)),
-                "bpf/maglev.h and flow_hash differ for {t:?}"
+                "bpf/lib/maglev.h and flow_hash differ for {t:?}"
             );
         }
     }

@@ -1,5 +1,5 @@
 //! The tc programs for traffic from outside the node (`--bpf-nodeport`,
-//! bpf/nodeport.c): loading them beside the socket programs' maps, and
+//! bpf/tc.c) and the XDP one (`--bpf-lb-acceleration`, bpf/xdp.c): loading them beside the socket programs' maps, and
 //! keeping them attached to the node's interfaces.
 //!
 //! `kp_np_external` goes on the node's external interfaces (named by
@@ -33,11 +33,19 @@ use crate::kernel::{
     boxed, bpf, io, is_missing, links_dir, program_as, remove_empty_dir, remove_file,
     replace_if_different, Capacity,
 };
-use crate::maps::{addr_words, BACKENDS, MEMBERS, NODEPORT_MAPS, NP_NODE, SERVICES};
+use crate::maps::{
+    addr_words, BACKENDS, MEMBERS, NODEPORT_MAPS, NP_FLOWS, NP_FLOW_VALUE_SIZE, NP_NODE,
+    RETIRED_NODEPORT_MAPS, SERVICES,
+};
 use crate::SocketLbError;
 
-/// bpf/nodeport.c compiled by build.rs (empty without clang).
-static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/nodeport.o"));
+/// bpf/tc.c compiled by build.rs (empty without clang).
+#[doc(hidden)]
+pub static TC_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tc.o"));
+/// bpf/xdp.c compiled by build.rs (empty without clang): loaded over the
+/// maps tc.o pinned (they are pinned by name).
+#[doc(hidden)]
+pub static XDP_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xdp.o"));
 
 /// What a program does on an interface.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -64,7 +72,7 @@ impl Role {
     }
 }
 
-/// bpf/xdp_pass.c: an XDP program that passes every frame, for the far
+/// bpf/test/xdp_pass.c: an XDP program that passes every frame, for the far
 /// end of a lab's veth that a node's XDP sends frames back into (veth
 /// wakes that end for them only while it runs an XDP program). For the
 /// tests and kp-bench pps, not the proxy.
@@ -205,11 +213,17 @@ pub fn interfaces(external: &[String]) -> Result<Vec<Interface>, SocketLbError> 
 /// The loaded programs, ready to be attached to new interfaces.
 pub struct NodePort {
     obj: Ebpf,
+    /// xdp.o, once `--bpf-lb-acceleration` asks for it.
+    xdp_obj: Option<Ebpf>,
+    cap: Capacity,
     pin_dir: PathBuf,
     xdp: Acceleration,
     /// Interfaces (XDP pin names) whose driver refused native XDP under
     /// best-effort: not asked again at every sync.
     refused: BTreeSet<String>,
+    /// `--bpf-nodeport-devices`: the external interfaces (empty: those the
+    /// default routes leave by).
+    devices: Vec<String>,
 }
 
 /// What [`NodePort::attach`] changed.
@@ -235,20 +249,42 @@ impl NodePort {
         node_v4: Option<Ipv4Addr>,
         node_v6: Option<Ipv6Addr>,
     ) -> Result<NodePort, SocketLbError> {
-        if OBJECT.is_empty() {
+        if TC_OBJECT.is_empty() {
             return Err(SocketLbError::Unsupported(
                 "this binary was built without clang, so it has no BPF programs (apt-get install clang, then rebuild)".into(),
             ));
         }
         let dir = tc_dir(pin_dir);
         std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
-        let mut obj = EbpfLoader::new()
-            .default_map_pin_directory(pin_dir)
-            .map_max_entries(SERVICES, cap.services)
-            .map_max_entries(BACKENDS, cap.backends)
-            .map_max_entries(MEMBERS, cap.backends)
-            .load(OBJECT)
-            .map_err(|e| bpf("loading the tc BPF object")(boxed(e)))?;
+        // An earlier version's flow tables: their layout is not this one's
+        // (the programs would not load over them). Their flows go; a TCP
+        // connection through them is dropped, as a conntrack flush would.
+        for m in RETIRED_NODEPORT_MAPS {
+            remove_file(&pin_dir.join(m))?;
+        }
+        let flows = pin_dir.join(NP_FLOWS);
+        if let Ok(info) = aya::maps::MapInfo::from_pin(&flows) {
+            if info.value_size() != NP_FLOW_VALUE_SIZE {
+                tracing::info!(map = %flows.display(), "flow table of an earlier version replaced");
+                remove_file(&flows)?;
+            }
+        }
+        let mut obj = load(pin_dir, cap, TC_OBJECT, "tc")?;
+        // maps.rs and bpf/lib/maps.h must agree on the entry's size (the
+        // check above relies on it).
+        match aya::maps::MapInfo::from_pin(&flows) {
+            Ok(info) if info.value_size() == NP_FLOW_VALUE_SIZE => {}
+            Ok(info) => {
+                return Err(SocketLbError::Bpf {
+                    what: format!("map {NP_FLOWS}"),
+                    message: format!(
+                        "entries of {} bytes, maps.rs says {NP_FLOW_VALUE_SIZE}",
+                        info.value_size()
+                    ),
+                })
+            }
+            Err(e) => return Err(bpf(format!("map {}", flows.display()))(boxed(e))),
+        }
         for name in NODEPORT_PROGRAMS {
             program(&mut obj, name)?
                 .load()
@@ -268,9 +304,12 @@ impl NodePort {
         }
         Ok(NodePort {
             obj,
+            xdp_obj: None,
+            cap,
             pin_dir: pin_dir.to_path_buf(),
             xdp: Acceleration::Disabled,
             refused: BTreeSet::new(),
+            devices: Vec::new(),
         })
     }
 
@@ -279,7 +318,10 @@ impl NodePort {
     /// external interfaces; Disabled takes their XDP links away there.
     pub fn set_acceleration(&mut self, xdp: Acceleration) -> Result<(), SocketLbError> {
         if xdp != Acceleration::Disabled {
-            xdp_program(&mut self.obj)?
+            if self.xdp_obj.is_none() {
+                self.xdp_obj = Some(load(&self.pin_dir, self.cap, XDP_OBJECT, "XDP")?);
+            }
+            self.xdp_program()?
                 .load()
                 .map_err(|e| bpf(format!("verifying program {XDP_PROGRAM}"))(boxed(e)))?;
         }
@@ -299,6 +341,39 @@ pub fn set_node_v6(pin_dir: &Path, ip: Ipv6Addr) -> Result<(), SocketLbError> {
         .map_err(|e| bpf(format!("map {}", path.display()))(boxed(e)))?;
     node.set(1, addr_words(IpAddr::V6(ip)), 0)
         .map_err(|e| bpf(format!("writing the node's IPv6 address into {NP_NODE}"))(boxed(e)))
+}
+
+impl NodePort {
+    /// The external interfaces (`--bpf-nodeport-devices`; empty: those the
+    /// default routes leave by, looked up at every attach).
+    pub fn set_devices(&mut self, devices: Vec<String>) {
+        self.devices = devices;
+    }
+}
+
+/// What the dataplane ([`crate::SocketLbProxier::with_nodeport`]) calls at
+/// every sync: the programs on the interfaces as they are now.
+impl crate::proxier::Attach for NodePort {
+    fn attach(&mut self) -> Result<(), kp_model::DataplaneError> {
+        let fail = |e: SocketLbError| kp_model::DataplaneError::Apply {
+            tool: "tc programs".into(),
+            message: e.to_string(),
+        };
+        let external = if self.devices.is_empty() {
+            default_route_devices()
+        } else {
+            self.devices.clone()
+        };
+        let ifaces = interfaces(&external).map_err(fail)?;
+        let done = NodePort::attach(self, &ifaces).map_err(fail)?;
+        if done != Attached::default() {
+            // Links came or went: the flows' cached routes are asked again.
+            crate::kernel::bump_generation(&self.pin_dir, 0).map_err(fail)?;
+            tracing::info!(added = ?done.added, removed = ?done.removed, upgraded = ?done.upgraded,
+                "tc programs attached");
+        }
+        Ok(())
+    }
 }
 
 impl NodePort {
@@ -368,7 +443,8 @@ impl NodePort {
         let pin = dir.join(&pin_name);
         if PinnedLink::from_pin(&pin).is_ok() {
             let on = format!("on {}", iface.name);
-            if replace_if_different(&self.obj, XDP_PROGRAM, &pin, &on)? {
+            let obj = self.xdp_obj.as_ref().ok_or_else(no_xdp)?;
+            if replace_if_different(obj, XDP_PROGRAM, &pin, &on)? {
                 out.upgraded.push(pin_name);
             }
             return Ok(());
@@ -376,7 +452,7 @@ impl NodePort {
         if self.refused.contains(&pin_name) {
             return Ok(());
         }
-        let prog = xdp_program(&mut self.obj)?;
+        let prog = self.xdp_program()?;
         remove_file(&pin)?;
         let id = match prog.attach_to_if_index(iface.index, XdpMode::Driver) {
             Ok(id) => id,
@@ -410,8 +486,34 @@ impl NodePort {
     }
 }
 
-fn xdp_program(obj: &mut Ebpf) -> Result<&mut Xdp, SocketLbError> {
-    program_as(obj, XDP_PROGRAM)
+impl NodePort {
+    fn xdp_program(&mut self) -> Result<&mut Xdp, SocketLbError> {
+        program_as(self.xdp_obj.as_mut().ok_or_else(no_xdp)?, XDP_PROGRAM)
+    }
+}
+
+fn no_xdp() -> SocketLbError {
+    SocketLbError::Bpf {
+        what: format!("program {XDP_PROGRAM}"),
+        message: "xdp.o is not loaded (--bpf-lb-acceleration is disabled)".into(),
+    }
+}
+
+/// Loads one of the datapath's objects over the maps pinned in `pin_dir`
+/// (every map is pinned by name: tc.o and xdp.o share them).
+fn load(pin_dir: &Path, cap: Capacity, object: &[u8], what: &str) -> Result<Ebpf, SocketLbError> {
+    if object.is_empty() {
+        return Err(SocketLbError::Unsupported(
+            "this binary was built without clang, so it has no BPF programs (apt-get install clang, then rebuild)".into(),
+        ));
+    }
+    EbpfLoader::new()
+        .default_map_pin_directory(pin_dir)
+        .map_max_entries(SERVICES, cap.services)
+        .map_max_entries(BACKENDS, cap.backends)
+        .map_max_entries(MEMBERS, cap.backends)
+        .load(object)
+        .map_err(|e| bpf(format!("loading the {what} BPF object"))(boxed(e)))
 }
 
 fn gone(ifname: &str) -> bool {
@@ -447,7 +549,7 @@ pub fn remove_nodeport(pin_dir: &Path) -> Result<bool, SocketLbError> {
         removed |= remove_file(&dir.join(name))?;
     }
     removed |= remove_empty_dir(&dir)?;
-    for m in NODEPORT_MAPS {
+    for m in NODEPORT_MAPS.iter().chain(&RETIRED_NODEPORT_MAPS) {
         removed |= remove_file(&pin_dir.join(m))?;
     }
     Ok(removed)

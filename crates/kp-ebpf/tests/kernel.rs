@@ -9,11 +9,11 @@ use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
 use std::sync::Arc;
 use std::time::Duration;
 
+use kp_ebpf::{install, remove, Capacity, Installed, KernelMaps, Placement, SocketLbProxier};
 use kp_model::{
     Dataplane, Endpoint, IpFamily, NodeInfo, Protocol, ProxyState, ServicePort, ServicePortName,
 };
 use kp_netlab::{in_netns, Cluster, ClusterOpts, ServeSpec, TestBpffs, TestCgroup};
-use kp_socketlb::{install, remove, Capacity, Installed, KernelMaps, Placement, SocketLbProxier};
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -218,7 +218,7 @@ fn a_service_with_session_affinity_is_left_to_nftables() {
         || -> BTreeSet<ServicePortName> { [name(Protocol::Tcp), name(Protocol::Udp)].into() };
     let in_maps = || {
         let maps = KernelMaps::open(&lab.placement().pin_dir).expect("maps");
-        let dump = kp_socketlb::Maps::dump(&maps).expect("dump");
+        let dump = kp_ebpf::Maps::dump(&maps).expect("dump");
         dump.services.len()
     };
     px.sync(
@@ -298,8 +298,8 @@ fn a_restarted_proxy_adopts_the_programs_and_maps_and_cleanup_removes_them() {
     drop(px);
     // Deleting what is not there is done, not an error (a repair meets it).
     {
-        use kp_socketlb::maps::{BackendKey, BackendVal, MemberKey};
-        use kp_socketlb::Maps;
+        use kp_ebpf::maps::{BackendKey, BackendVal, MemberKey};
+        use kp_ebpf::Maps;
         let mut maps = KernelMaps::open(&lab.placement().pin_dir).expect("maps");
         let nowhere = BackendKey {
             svc_id: 999_998,
@@ -332,10 +332,10 @@ fn a_restarted_proxy_adopts_the_programs_and_maps_and_cleanup_removes_them() {
 fn a_new_version_replaces_the_adopted_programs_in_place() {
     let lab = lab("socketlb-upgrade");
     // The "previous version" translates nothing.
-    let old = kp_socketlb::install_object(
+    let old = kp_ebpf::install_object(
         &lab.placement(),
         Capacity::default(),
-        kp_socketlb::TEST_VARIANT_OBJECT,
+        kp_ebpf::TEST_VARIANT_OBJECT,
     )
     .expect("install the old version");
     assert_eq!(old, Installed::Fresh);
@@ -351,7 +351,7 @@ fn a_new_version_replaces_the_adopted_programs_in_place() {
     let node = lab.cluster.node_ns(1).to_string();
     assert!(tcp(&node, svc).is_err(), "the old version translated");
     let link_ids = || -> Vec<u32> {
-        kp_socketlb::PROGRAMS
+        kp_ebpf::PROGRAMS
             .iter()
             .map(|n| {
                 let l: aya::programs::links::FdLink = aya::programs::links::PinnedLink::from_pin(
@@ -405,7 +405,7 @@ fn removing_from_a_read_only_place_without_pins_is_no_error() {
     let pins = dir.join("kube-proxy-rs");
     // The filesystem really is read-only.
     assert!(std::fs::create_dir(&pins).is_err());
-    assert!(!kp_socketlb::remove(&pins).unwrap());
+    assert!(!kp_ebpf::remove(&pins).unwrap());
 }
 
 /// `n` Services `svc-i` of `m` endpoints (generation `g` moves every
@@ -450,7 +450,7 @@ fn place(cg: &TestCgroup, fs: &TestBpffs, dir: &str) -> Placement {
 /// The maps' content, in a fixed order, read one entry per call (aya's
 /// iterator) or in batches.
 fn content(pin_dir: &std::path::Path, batched: bool) -> (Vec<String>, Vec<String>, Vec<String>) {
-    use kp_socketlb::Maps;
+    use kp_ebpf::Maps;
     let mut maps = KernelMaps::open(pin_dir).expect("maps");
     if !batched {
         maps = maps.one_entry_per_call();
@@ -528,8 +528,8 @@ fn batch_writes_leave_the_maps_as_one_entry_per_call_does_and_the_fallback_takes
     same("after the changes");
     // The fallback wrote one entry per call: the kernel refused its batch.
     {
-        use kp_socketlb::maps::{BackendKey, BackendVal};
-        use kp_socketlb::Maps;
+        use kp_ebpf::maps::{BackendKey, BackendVal};
+        use kp_ebpf::Maps;
         let probe_keys = [
             BackendKey {
                 svc_id: 999_998,
@@ -646,24 +646,23 @@ fn tc_links_are_attached_once_and_follow_the_interfaces() {
     let node = lab.cluster.node_ns(1).to_string();
     let pod_veth = lab.pods[0].host_veth().to_string();
     let out = in_netns(&node, || {
-        let mut np =
-            kp_socketlb::NodePort::install(&pin_dir, Capacity::default(), None, None).unwrap();
-        let ifaces = kp_socketlb::interfaces(&["eth0".to_string()]).unwrap();
+        let mut np = kp_ebpf::NodePort::install(&pin_dir, Capacity::default(), None, None).unwrap();
+        let ifaces = kp_ebpf::interfaces(&["eth0".to_string()]).unwrap();
         let first = np.attach(&ifaces).unwrap();
         let second = np.attach(&ifaces).unwrap();
         (ifaces, first, second)
     })
     .unwrap();
     let (ifaces, first, second) = out;
-    let roles: BTreeMap<String, kp_socketlb::Role> =
+    let roles: BTreeMap<String, kp_ebpf::Role> =
         ifaces.iter().map(|i| (i.name.clone(), i.role)).collect();
-    assert_eq!(roles.get("eth0"), Some(&kp_socketlb::Role::External));
-    assert_eq!(roles.get(&pod_veth), Some(&kp_socketlb::Role::FromPod));
+    assert_eq!(roles.get("eth0"), Some(&kp_ebpf::Role::External));
+    assert_eq!(roles.get(&pod_veth), Some(&kp_ebpf::Role::FromPod));
     assert!(!roles.contains_key("lo"));
     assert_eq!(first.added.len(), ifaces.len(), "{first:?}");
     assert_eq!(
         second,
-        kp_socketlb::Attached::default(),
+        kp_ebpf::Attached::default(),
         "a second pass changed links"
     );
     let links = pin_dir.join("links/tc");
@@ -677,9 +676,8 @@ fn tc_links_are_attached_once_and_follow_the_interfaces() {
         .exec_ok(&node, &["ip", "link", "del", &pod_veth])
         .unwrap();
     let third = in_netns(&node, || {
-        let mut np =
-            kp_socketlb::NodePort::install(&pin_dir, Capacity::default(), None, None).unwrap();
-        let ifaces = kp_socketlb::interfaces(&["eth0".to_string()]).unwrap();
+        let mut np = kp_ebpf::NodePort::install(&pin_dir, Capacity::default(), None, None).unwrap();
+        let ifaces = kp_ebpf::interfaces(&["eth0".to_string()]).unwrap();
         np.attach(&ifaces).unwrap()
     })
     .unwrap();
@@ -691,4 +689,48 @@ fn tc_links_are_attached_once_and_follow_the_interfaces() {
     );
     assert!(remove(&pin_dir).unwrap());
     assert!(!links.exists());
+}
+
+/// The generations the tc programs' flow entries carry: links coming or
+/// going bump the route one (the flows' cached routes are asked again), a
+/// pass that changes nothing leaves it, and an endpoint leaving a Service
+/// port bumps the members one (its UDP flows check their endpoint again).
+#[test]
+fn changed_links_and_removed_members_bump_the_flow_generations() {
+    use kp_ebpf::maps::{BackendVal, MemberKey, NP_GEN};
+    let lab = lab("kp-gens");
+    let pin_dir = lab.fs.path().join("kube-proxy-rs");
+    let node = lab.cluster.node_ns(1).to_string();
+    let gens = |dir: &std::path::Path| -> [u32; 2] {
+        let data = aya::maps::MapData::from_pin(dir.join(NP_GEN)).unwrap();
+        let a: aya::maps::Array<aya::maps::MapData, [u32; 2]> =
+            aya::maps::Array::try_from(aya::maps::Map::Array(data)).unwrap();
+        a.get(&0, 0).unwrap()
+    };
+    let (fresh, attached, again, removed) = in_netns(&node, || {
+        let mut np = kp_ebpf::NodePort::install(&pin_dir, Capacity::default(), None, None).unwrap();
+        np.set_devices(vec!["eth0".to_string()]);
+        let fresh = gens(&pin_dir);
+        kp_ebpf::Attach::attach(&mut np).unwrap();
+        let attached = gens(&pin_dir);
+        kp_ebpf::Attach::attach(&mut np).unwrap();
+        let again = gens(&pin_dir);
+        let mut maps = KernelMaps::open(&pin_dir).unwrap();
+        let gone = MemberKey {
+            svc_id: 1,
+            backend: BackendVal::new("10.0.0.9".parse().unwrap(), 80),
+        };
+        kp_ebpf::Maps::del_members(&mut maps, &[gone]).unwrap();
+        (fresh, attached, again, gens(&pin_dir))
+    })
+    .unwrap();
+    assert_eq!(fresh, [0, 0]);
+    assert_eq!(attached, [1, 0], "links added: the route generation moves");
+    assert_eq!(again, attached, "nothing changed: no generation moves");
+    assert_eq!(
+        removed,
+        [1, 1],
+        "a member removed: the members generation moves"
+    );
+    assert!(remove(&pin_dir).unwrap());
 }

@@ -1,6 +1,6 @@
 // Maglev consistent hashing for the tc programs (kube-proxy-rs, issue 54).
 //
-// The tables are built in user space (crates/kp-socketlb/src/maglev.rs);
+// The tables are built in user space (crates/kp-ebpf/src/maglev.rs);
 // a program only hashes the packet's flow and reads one slot:
 //
 //   idx   = maglev_flow_hash(saddr, daddr, sport, dport, proto) % M
