@@ -556,11 +556,14 @@ impl Cluster {
             .chain(std::iter::once("c0".to_string()));
         let mut out = Ok(());
         for port in ports {
+            // Through `ip netns exec`, whose mount namespace is its own:
+            // iproute2's object loader may mount a bpffs on /sys/fs/bpf (for
+            // an object's pinned maps), which `ip -n` would leave on the host.
             out = out.and(
-                ip_in(
+                exec_ok_in(
                     &self.lan_ns,
                     &[
-                        "link", "set", "dev", &port, "xdpdrv", "obj", &file, "sec", "xdp",
+                        "ip", "link", "set", "dev", &port, "xdpdrv", "obj", &file, "sec", "xdp",
                     ],
                 )
                 .map(|_| ()),

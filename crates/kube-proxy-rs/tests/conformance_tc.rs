@@ -916,9 +916,23 @@ fn t12_xdp_serves_endpoints_on_other_nodes_and_passes_the_rest_to_tc() {
     near["spec"]["ports"][1]["nodePort"] = json!(30531);
     env.put("svc-near", &near);
     env.put("eps-near", &slice("near", "v4", "IPv4", &ready(&[&a])));
+    let bpf_mounts = || {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(" /sys/fs/bpf "))
+            .count()
+    };
+    let host_bpf_mounts = bpf_mounts();
     env.cluster
         .xdp_on_lan_ports(kp_ebpf::XDP_PASS_OBJECT)
         .unwrap();
+    // Loading the LAN's program mounts nothing on the host.
+    assert_eq!(
+        bpf_mounts(),
+        host_bpf_mounts,
+        "a bpffs left on the host's /sys/fs/bpf"
+    );
     // XDP updates checksums incrementally, taking them to be complete as
     // a NIC's frames are: the senders whose frames node1's XDP reads turn
     // their veth's offload off.
