@@ -1,5 +1,6 @@
 //! Synthetic clusters for benchmarks and scale tests.
 
+pub mod cluster;
 pub mod connect;
 pub mod lab;
 pub mod pps;
