@@ -100,6 +100,9 @@ pub struct ClusterArgs {
     /// Seconds after the API server is ready again that the restart window lasts.
     #[arg(long, default_value_t = 20)]
     pub after_restart_secs: u64,
+    /// Seconds the stream's changes, then the burst's, may take to reach every node.
+    #[arg(long, default_value_t = 300)]
+    pub seen_within: u64,
     /// Seconds all K proxies may take to serve the last Service.
     #[arg(long, default_value_t = 900)]
     pub start_within: u64,

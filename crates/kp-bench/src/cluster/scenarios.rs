@@ -210,7 +210,7 @@ pub fn changes(
         );
     }
     let (steady_lat, per_node, _, missed_steady) =
-        collect(mon, k, &steady, Duration::from_secs(60))?;
+        collect(mon, k, &steady, Duration::from_secs(args.seen_within))?;
     // Let the proxies' metrics catch up with the kernels.
     sleep(Duration::from_secs(2))?;
     let h1 = own_histogram(fleet);
@@ -231,7 +231,7 @@ pub fn changes(
             .await
     })?;
     let (burst_lat, per_node_b, last, missed_burst) =
-        collect(mon, k, &burst, Duration::from_secs(300))?;
+        collect(mon, k, &burst, Duration::from_secs(args.seen_within))?;
     sleep(Duration::from_secs(2))?;
     let h2 = own_histogram(fleet);
     Ok(ChangeFigures {

@@ -40,13 +40,10 @@ fn own(o: (Option<f64>, Option<f64>, f64)) -> String {
     }
 }
 
-fn rows(out: &mut String, title: &str, lines: &[(String, String, String)]) {
-    let _ = writeln!(
-        out,
-        "\n| {title} | upstream v1.36.2 | kube-proxy-rs |\n|---|---|---|"
-    );
+/// The rows of one scenario, `title` before each, into the one table.
+fn rows(all: &mut Vec<(String, String, String)>, title: &str, lines: &[(String, String, String)]) {
     for (what, u, o) in lines {
-        let _ = writeln!(out, "| {what} | {u} | {o} |");
+        all.push((format!("{title}: {what}"), u.clone(), o.clone()));
     }
 }
 
@@ -78,7 +75,8 @@ pub fn render(r: &Report) -> String {
          --change-every-ms {} --burst {} --down-secs {}{}` ({} cores, load average {} at the end): \
          one kube-apiserver v1.36.2 + etcd 3.5, N Services x 10 endpoints (kp-bench's mix, \
          written in {:.0} s), K node namespaces each running its own proxy (nftables mode), \
-         upstream's K first, then ours, on the same control plane.",
+         upstream's K first, then ours, on the same control plane; the K proxies and the \
+         control plane share the machine's cores.",
         date_utc(),
         a.nodes,
         a.services,
@@ -164,7 +162,8 @@ pub fn render(r: &Report) -> String {
             )
         }),
     );
-    rows(&mut out, "1. all K start at once", &l);
+    let mut all = Vec::new();
+    rows(&mut all, "1. start", &l);
 
     if a.scenarios.contains(&Scenario::Changes) {
         fn ch(s: &Side) -> Option<&super::ChangeFigures> {
@@ -211,15 +210,14 @@ pub fn render(r: &Report) -> String {
             "burst: first write -> last change on the last node".into(),
             both(r, ch, |f| ms(f.burst_all)),
         );
-        row(
-            "(change, node) pairs never seen".into(),
-            both(r, ch, |f| f.missed.to_string()),
-        );
-        rows(
-            &mut out,
-            "2. endpoint changes (kernel: nf_tables notifications per node)",
-            &l,
-        );
+        let missed = |s: &Side| s.changes.as_ref().map_or(0, |c| c.missed);
+        if missed(&r.upstream) + missed(&r.ours) > 0 {
+            row(
+                "(change, node) pairs never seen".into(),
+                both(r, ch, |f| f.missed.to_string()),
+            );
+        }
+        rows(&mut all, "2. changes", &l);
     }
 
     if a.scenarios.contains(&Scenario::Restart) {
@@ -239,26 +237,25 @@ pub fn render(r: &Report) -> String {
             }),
         );
         row(
-            "nf_tables rules + set elements written in the window: max node (all nodes)".into(),
+            "nf_tables rules + set elements written in the window: max node (all nodes; transactions)".into(),
             both(r, rs, |f| {
                 format!(
-                    "{} ({})",
+                    "{} ({}; {})",
                     f.rule_changes.iter().max().unwrap_or(&0),
-                    f.rule_changes.iter().sum::<u64>()
-                )
-            }),
-        );
-        row(
-            "nf_tables transactions in the window: max node (all nodes)".into(),
-            both(r, rs, |f| {
-                format!(
-                    "{} ({})",
-                    f.commits.iter().max().unwrap_or(&0),
+                    f.rule_changes.iter().sum::<u64>(),
                     f.commits.iter().sum::<u64>()
                 )
             }),
         );
-        rows(&mut out, "3. the API server restarts under them", &l);
+        rows(&mut all, "3. API server restart", &l);
+    }
+    let _ = writeln!(
+        out,
+        "\n| K={}, N={} | upstream v1.36.2 | kube-proxy-rs |\n|---|---|---|",
+        a.nodes, a.services
+    );
+    for (what, u, o) in all {
+        let _ = writeln!(out, "| {what} | {u} | {o} |");
     }
 
     if !r.fit.is_empty() {
@@ -345,16 +342,6 @@ fn summary(r: &Report) -> String {
             ms(q(&all_u, 0.99)),
             ms(q(&all_o, 0.99)),
             ratio(q(&all_u, 0.99), q(&all_o, 0.99)),
-        );
-    }
-    if let (Some(u), Some(o)) = (&r.upstream.restart, &r.ours.restart) {
-        let _ = writeln!(
-            out,
-            "API server restart: failed requests upstream {} / ours {}; rules written upstream {} / ours {}.",
-            u.failed,
-            o.failed,
-            u.rule_changes.iter().sum::<u64>(),
-            o.rule_changes.iter().sum::<u64>()
         );
     }
     if !r.fit.is_empty() {
