@@ -113,21 +113,22 @@ pub fn render(r: &Report) -> String {
         }),
     );
     row(
-        "API server CPU (etcd CPU), start -> all served + 5 s",
+        "API server CPU (etcd CPU), start -> all served + 5 s; its peak RSS (VmHWM)",
         both(r, start, |f| {
-            format!("{:.2} s ({:.2} s)", f.server.api_cpu, f.server.etcd_cpu)
+            format!(
+                "{:.2} s ({:.2} s); {:.0} MiB",
+                f.server.api_cpu, f.server.etcd_cpu, f.server.api_peak_mib
+            )
         }),
     );
     row(
-        "API server peak RSS (VmHWM)",
-        both(r, start, |f| format!("{:.0} MiB", f.server.api_peak_mib)),
-    );
-    row(
-        "LIST requests (of which endpointslices)",
+        "LIST requests (of which endpointslices), response bytes",
         both(r, start, |f| {
             format!(
-                "{:.0} ({:.0})",
-                f.server.list_requests, f.server.list_slices
+                "{:.0} ({:.0}), {}",
+                f.server.list_requests,
+                f.server.list_slices,
+                mib(f.server.list_bytes)
             )
         }),
     );
@@ -143,10 +144,6 @@ pub fn render(r: &Report) -> String {
                 f.server.etcd_lists, f.server.etcd_lists_services, f.server.etcd_lists_slices
             )
         }),
-    );
-    row(
-        "LIST response bytes",
-        both(r, start, |f| mib(f.server.list_bytes)),
     );
     row(
         "watch event bytes",
@@ -284,16 +281,16 @@ pub fn render(r: &Report) -> String {
     out
 }
 
-/// The largest K that fitted; the memory each proxy took there (MemAvailable's
-/// drop over K: its RSS, its namespace's rules, the API server's share);
-/// and the K that memory would reach at the ceiling, had the lab more nodes.
+/// The largest K that fitted; each proxy's RSS there; and the K that
+/// memory would reach at the ceiling, had the lab more nodes (RSS, not
+/// MemAvailable's drop: other work on a shared machine moves that by more).
 fn largest_fit(r: &Report, kind: Kind) -> Option<(usize, f64, f64)> {
     r.fit
         .iter()
         .filter(|s| s.kind == kind && s.served && s.avail_after >= r.args.fit_reserve_mib)
         .max_by_key(|s| s.k)
         .map(|s| {
-            let per = ((s.avail_before - s.avail_after) / s.k as f64).max(1.0);
+            let per = (s.proxies_rss / s.k as f64).max(1.0);
             let projected = s.k as f64 + (s.avail_after - r.args.fit_reserve_mib) / per;
             (s.k, per, projected)
         })
@@ -347,9 +344,7 @@ fn summary(r: &Report) -> String {
     if !r.fit.is_empty() {
         let say = |k: Kind| {
             largest_fit(r, k).map_or("none".to_string(), |(k, per, projected)| {
-                format!(
-                    "{k} ({per:.0} MiB of MemAvailable per node: ~{projected:.0} at the ceiling)"
-                )
+                format!("{k} ({per:.0} MiB RSS per proxy: ~{projected:.0} at the ceiling)")
             })
         };
         let _ = writeln!(
