@@ -6,6 +6,7 @@ use kp_bench::cluster::{run, ClusterArgs};
 
 #[derive(Parser)]
 #[command(
+    name = "kp-cluster",
     about = "K node namespaces, each with its own proxy, against one real kube-apiserver: upstream kube-proxy and kube-proxy-rs side by side"
 )]
 struct Cli {
