@@ -376,7 +376,10 @@ pub fn measure(args: ClusterArgs) -> Result<Report> {
     let mon = monitor::Monitor::start(&nss)?;
     let mut gens = scenarios::Generations(vec![0; args.services as usize]);
     let upstream = side(&mut lab, &mon, Kind::Upstream, &args, &ours, &mut gens);
+    // Ctrl-C ends the run (the guards clean up), not just a scenario.
+    sleep(Duration::ZERO)?;
     let ours_side = side(&mut lab, &mon, Kind::Ours, &args, &ours, &mut gens);
+    sleep(Duration::ZERO)?;
     let fit = if args.fit {
         fit(&lab, &mon, &args, &ours)?
     } else {
