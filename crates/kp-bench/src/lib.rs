@@ -3,6 +3,7 @@
 //! clusters (below), the API lab and proxy processes (lab), scratch network
 //! namespaces (netns).
 
+pub mod cluster;
 pub mod compare;
 pub mod connect;
 pub mod idle;

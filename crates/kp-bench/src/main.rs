@@ -6,7 +6,7 @@
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use kp_bench::{
-    compare, connect, idle, maglev, pps, prog, reconcile, soak, tables, userspace_relay,
+    cluster, compare, connect, idle, maglev, pps, prog, reconcile, soak, tables, userspace_relay,
 };
 
 // The allocator kube-proxy-rs itself uses (see its main.rs), so the figures
@@ -84,6 +84,12 @@ enum Bench {
     /// established, request and reply, TCP and UDP, both families) with the
     /// maps as at 1 and 100k Services; two builds alternated with --against.
     Prog(prog::Args),
+    /// K node namespaces, each with its own proxy and kernel, against one
+    /// real kube-apiserver: upstream kube-proxy and kube-proxy-rs side by
+    /// side (all K starting, the API server restarting, a stream and a
+    /// burst of changes timed to each node's kernel, --fit for the most
+    /// nodes this machine holds).
+    Cluster(cluster::ClusterArgs),
 }
 
 fn main() -> Result<()> {
@@ -101,5 +107,6 @@ fn main() -> Result<()> {
         Bench::Reconcile(a) => reconcile::run(a),
         Bench::UserspaceRelay(a) => userspace_relay::run(a),
         Bench::Prog(a) => prog::run(a),
+        Bench::Cluster(a) => cluster::run(a),
     }
 }
