@@ -13,10 +13,11 @@ pub const RESOURCES: &[&str] = &["services", "endpointslices", "nodes", "service
 /// The sum of every sample of `name` whose labels hold all of `with` and
 /// none of `without`.
 pub fn metric(text: &str, name: &str, with: &[&str], without: &[&str]) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .filter(|l| with.iter().all(|w| l.contains(w)) && !without.iter().any(|w| l.contains(w)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    kp_testkit::prom::samples(text, name)
+        .filter(|(l, _)| {
+            with.iter().all(|w| l.contains(w)) && !without.iter().any(|w| l.contains(w))
+        })
+        .map(|(_, v)| v)
         .sum()
 }
 
@@ -150,10 +151,14 @@ pub fn delta(lab: &Lab, before: &Reading, after: &Reading) -> ServerFigures {
 /// The buckets of histogram `name` summed over label sets: (le, cumulative
 /// count), ascending.
 pub fn buckets(text: &str, name: &str) -> Vec<(f64, f64)> {
-    let bucket = format!("{name}_bucket{{");
+    let bucket = format!("{name}_bucket");
     let mut by_le: std::collections::BTreeMap<u64, (f64, f64)> = Default::default();
-    for l in text.lines().filter(|l| l.starts_with(&bucket)) {
-        let Some(le) = l.split("le=\"").nth(1).and_then(|r| r.split('"').next()) else {
+    for (labels, v) in kp_testkit::prom::samples(text, &bucket) {
+        let Some(le) = labels
+            .split("le=\"")
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+        else {
             continue;
         };
         let le = if le == "+Inf" {
@@ -163,9 +168,6 @@ pub fn buckets(text: &str, name: &str) -> Vec<(f64, f64)> {
                 Ok(v) => v,
                 Err(_) => continue,
             }
-        };
-        let Some(v) = l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) else {
-            continue;
         };
         by_le.entry(le.to_bits()).or_insert((le, 0.0)).1 += v;
     }
