@@ -1,4 +1,4 @@
-//! `kp-cluster` run tiny (K=2, N=20, the start and the changes) against the
+//! `kp-bench cluster` run tiny (K=2, N=20, the start and the changes) against the
 //! real control plane, both proxies: its figures are what a run measured,
 //! not zeros, and the latency of every change was seen on every node.
 

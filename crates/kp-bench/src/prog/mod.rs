@@ -1,4 +1,4 @@
-//! `kp-prog` (`kp-bench prog`): the eBPF datapath's programs alone, timed by
+//! `kp-bench prog`: the eBPF datapath's programs alone, timed by
 //! the kernel with `BPF_PROG_TEST_RUN` on crafted frames (issue 64, 3a).
 //!
 //! Each run hands the kernel one frame (`repeat` 1): the programs rewrite
