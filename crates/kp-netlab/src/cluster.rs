@@ -12,7 +12,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
-use crate::netns::{exec_in, exec_ok_in, ip, ip_in, netns_exists, sysctl_in};
+use crate::netns::{exec_in, exec_ok_in, ip, ip_batch_in, ip_in, netns_exists, sysctl_in};
 use crate::process::{kill_and_reap, ProcGuard, SharedChild};
 use crate::server::{serve, ServeSpec, ServerGuard};
 use crate::LabError;
@@ -31,7 +31,13 @@ pub const POD_GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
 /// Link-local address of the node side of every pod veth: the pods' IPv6 gateway.
 pub const POD_GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
 
-const MAX_NODES: usize = 200;
+/// A Linux bridge holds at most 1,024 ports: the nodes', the client's and
+/// a few LAN hosts'.
+const MAX_NODES: usize = 1000;
+/// Nodes numbered as the first labs were: 10.100.0.(10+i), below the
+/// client's .100. A lab of more nodes puts the rest in further /24s of a
+/// 10.100.0.0/16 LAN (and, past 255, pod CIDRs beyond 10.244.0.0/16).
+const NARROW_NODES: usize = 89;
 /// Present when br_netfilter is loaded; its sysctls are per namespace.
 const BRIDGE_NF_SYSCTL: &str = "/proc/sys/net/bridge/bridge-nf-call-iptables";
 const FIRST_POD_HOST: u8 = 2;
@@ -156,12 +162,34 @@ fn new_prefix() -> String {
 }
 
 fn node_ip_v4(i: usize) -> Ipv4Addr {
-    Ipv4Addr::new(10, 100, 0, (10 + i) as u8)
+    if i <= NARROW_NODES {
+        return Ipv4Addr::new(10, 100, 0, (10 + i) as u8);
+    }
+    // 10.100.1.1 .. 10.100.1.254, 10.100.2.1 ...: never .0 or .255.
+    let j = i - NARROW_NODES - 1;
+    Ipv4Addr::new(10, 100, (1 + j / 254) as u8, (1 + j % 254) as u8)
 }
 
 fn node_ip_v6(i: usize) -> Ipv6Addr {
-    // fd00:100::11 for node 1: same digits as 10.100.0.11.
-    Ipv6Addr::new(0xfd00, 0x100, 0, 0, 0, 0, 0, 0x10 + i as u16)
+    if i <= NARROW_NODES {
+        // fd00:100::11 for node 1: same digits as 10.100.0.11.
+        return Ipv6Addr::new(0xfd00, 0x100, 0, 0, 0, 0, 0, 0x10 + i as u16);
+    }
+    // Apart from the hosts' fd00:100::(2..254 as digits).
+    Ipv6Addr::new(0xfd00, 0x100, 0, 0, 0, 0, 1, i as u16)
+}
+
+/// A wide lab's LAN MAC for `v4`: locally administered, its last four
+/// bytes the address (02:6b:0a:64:x:y for 10.100.x.y).
+fn lan_mac(v4: Ipv4Addr) -> String {
+    let o = v4.octets();
+    format!("02:6b:{:02x}:{:02x}:{:02x}:{:02x}", o[0], o[1], o[2], o[3])
+}
+
+/// The /24 of node `i`'s IPv4 pods: 10.244.i.0 up to node 255, then
+/// 10.245.(i-256).0 and so on.
+fn pod_net_v4(i: usize) -> (u8, u8) {
+    ((244 + i / 256) as u8, (i % 256) as u8)
 }
 
 /// Parses decimal digits as if they were hex, so that IPv6 addresses read
@@ -171,7 +199,8 @@ fn dec_as_hex(n: usize) -> u16 {
 }
 
 fn pod_ip_v4(node: usize, host: u8) -> Ipv4Addr {
-    Ipv4Addr::new(10, 244, node as u8, host)
+    let (b, c) = pod_net_v4(node);
+    Ipv4Addr::new(10, b, c, host)
 }
 
 fn pod_ip_v6(node: usize, host: u8) -> Ipv6Addr {
@@ -294,7 +323,11 @@ impl Cluster {
             ],
         )?;
         ip_in(lan, &["link", "set", lan_port, "master", "br0", "up"])?;
-        ip_in(ns, &["addr", "add", &format!("{v4}/24"), "dev", LAN_IFACE])?;
+        let len = self.lan_cidr().prefix_len();
+        ip_in(
+            ns,
+            &["addr", "add", &format!("{v4}/{len}"), "dev", LAN_IFACE],
+        )?;
         ip_in(
             ns,
             &[
@@ -306,7 +339,42 @@ impl Cluster {
                 "nodad",
             ],
         )?;
+        if self.is_wide() {
+            let mac = lan_mac(v4);
+            ip_in(ns, &["link", "set", LAN_IFACE, "address", &mac])?;
+        }
         ip_in(ns, &["link", "set", LAN_IFACE, "up"])?;
+        Ok(())
+    }
+
+    /// More nodes than the first LAN /24 holds (see [`NARROW_NODES`]).
+    fn is_wide(&self) -> bool {
+        self.node_ns.len() > NARROW_NODES
+    }
+
+    /// In a wide lab, a LAN host and every node know each other's MAC
+    /// as permanent neighbours. The kernel's neighbour table holds 1,024
+    /// entries machine-wide (gc_thresh3, a sysctl of the root namespace
+    /// only) and a control plane talking to hundreds of nodes would
+    /// overflow it; permanent entries are not counted.
+    fn pin_neighbours(&self, host_ns: &str, host_v4: Ipv4Addr) -> Result<(), LabError> {
+        let nodes: Vec<String> = (1..=self.node_ns.len())
+            .map(|i| {
+                let ip = node_ip_v4(i);
+                format!(
+                    "neigh replace {ip} lladdr {} dev {LAN_IFACE} nud permanent",
+                    lan_mac(ip)
+                )
+            })
+            .collect();
+        ip_batch_in(host_ns, &nodes)?;
+        let host = format!(
+            "neigh replace {host_v4} lladdr {} dev {LAN_IFACE} nud permanent",
+            lan_mac(host_v4)
+        );
+        for ns in &self.node_ns {
+            ip_batch_in(ns, std::slice::from_ref(&host))?;
+        }
         Ok(())
     }
 
@@ -352,30 +420,21 @@ impl Cluster {
             ip_in(&ns, &["route", "add", "default", "dev", LAN_IFACE])?;
             ip_in(&ns, &["-6", "route", "add", "default", "dev", LAN_IFACE])?;
         }
+        // Every other node's pods through that node: K-1 routes a family in
+        // each node, one `ip -batch` a node (K² processes took minutes at
+        // a few hundred nodes).
         for i in 1..=self.node_ns.len() {
-            for j in (1..=self.node_ns.len()).filter(|&j| j != i) {
-                let ns = &self.node_ns[i - 1];
-                ip_in(
-                    ns,
-                    &[
-                        "route",
-                        "add",
-                        &self.pod_cidr(j).to_string(),
-                        "via",
-                        &node_ip_v4(j).to_string(),
-                    ],
-                )?;
-                ip_in(
-                    ns,
-                    &[
-                        "-6",
-                        "route",
-                        "add",
-                        &self.pod_cidr6(j).to_string(),
-                        "via",
-                        &node_ip_v6(j).to_string(),
-                    ],
-                )?;
+            let routes: Vec<String> = (1..=self.node_ns.len())
+                .filter(|&j| j != i)
+                .flat_map(|j| {
+                    [
+                        format!("route add {} via {}", self.pod_cidr(j), node_ip_v4(j)),
+                        format!("route add {} via {}", self.pod_cidr6(j), node_ip_v6(j)),
+                    ]
+                })
+                .collect();
+            if !routes.is_empty() {
+                ip_batch_in(&self.node_ns[i - 1], &routes)?;
             }
         }
 
@@ -531,6 +590,9 @@ impl Cluster {
         let v4 = Ipv4Addr::new(10, 100, 0, host);
         let v6 = Ipv6Addr::new(0xfd00, 0x100, 0, 0, 0, 0, 0, dec_as_hex(host as usize));
         self.attach_to_lan(&ns, &format!("h{host}"), v4, v6)?;
+        if self.is_wide() {
+            self.pin_neighbours(&ns, v4)?;
+        }
         Ok(LanHost {
             ns,
             ip: IpAddr::V4(v4),
@@ -667,11 +729,13 @@ impl Cluster {
     pub fn node_ns(&self, i: usize) -> &str {
         &self.node_ns[self.node_index(i)]
     }
-    /// LAN IPv4 of node `i`: 10.100.0.(10+i). Panics if there is no such node.
+    /// LAN IPv4 of node `i`: 10.100.0.(10+i) for the first 89, then
+    /// 10.100.1.1, 10.100.1.2 ... Panics if there is no such node.
     pub fn node_ip(&self, i: usize) -> IpAddr {
         IpAddr::V4(node_ip_v4(self.node_index(i) + 1))
     }
-    /// LAN IPv6 of node `i`: fd00:100::(0x10+i). Panics if there is no such node.
+    /// LAN IPv6 of node `i`: fd00:100::(0x10+i) for the first 89, then
+    /// fd00:100::1:i. Panics if there is no such node.
     pub fn node_ip6(&self, i: usize) -> IpAddr {
         IpAddr::V6(node_ip_v6(self.node_index(i) + 1))
     }
@@ -691,10 +755,12 @@ impl Cluster {
     pub fn client_ip6(&self) -> IpAddr {
         IpAddr::V6(CLIENT_V6)
     }
-    /// IPv4 pod CIDR of node `i`: 10.244.i.0/24. Panics if there is no such node.
+    /// IPv4 pod CIDR of node `i`: 10.244.i.0/24 (past node 255,
+    /// 10.245.(i-256).0/24 ...). Panics if there is no such node.
     pub fn pod_cidr(&self, i: usize) -> IpNet {
         let i = self.node_index(i) + 1;
-        IpNet::V4(Ipv4Net::new_assert(Ipv4Addr::new(10, 244, i as u8, 0), 24))
+        let (b, c) = pod_net_v4(i);
+        IpNet::V4(Ipv4Net::new_assert(Ipv4Addr::new(10, b, c, 0), 24))
     }
     /// IPv6 pod CIDR of node `i`: fd00:244:i::/64. Panics if there is no such node.
     pub fn pod_cidr6(&self, i: usize) -> IpNet {
@@ -702,18 +768,24 @@ impl Cluster {
         let net = Ipv6Addr::new(0xfd00, 0x244, dec_as_hex(i), 0, 0, 0, 0, 0);
         IpNet::V6(Ipv6Net::new_assert(net, 64))
     }
-    /// Whole IPv4 cluster (pod) CIDR: 10.244.0.0/16.
+    /// Whole IPv4 cluster (pod) CIDR: 10.244.0.0/16 (/14 past 255 nodes).
     pub fn cluster_cidr(&self) -> IpNet {
-        IpNet::V4(Ipv4Net::new_assert(Ipv4Addr::new(10, 244, 0, 0), 16))
+        let len = if self.node_ns.len() < 256 { 16 } else { 14 };
+        IpNet::V4(Ipv4Net::new_assert(Ipv4Addr::new(10, 244, 0, 0), len))
     }
     /// Whole IPv6 cluster (pod) CIDR: fd00:244::/48.
     pub fn cluster_cidr6(&self) -> IpNet {
         let net = Ipv6Addr::new(0xfd00, 0x244, 0, 0, 0, 0, 0, 0);
         IpNet::V6(Ipv6Net::new_assert(net, 48))
     }
-    /// IPv4 LAN: 10.100.0.0/24.
+    /// IPv4 LAN: 10.100.0.0/24 (/16 past 89 nodes).
     pub fn lan_cidr(&self) -> IpNet {
-        IpNet::V4(Ipv4Net::new_assert(Ipv4Addr::new(10, 100, 0, 0), 24))
+        let len = if self.node_ns.len() <= NARROW_NODES {
+            24
+        } else {
+            16
+        };
+        IpNet::V4(Ipv4Net::new_assert(Ipv4Addr::new(10, 100, 0, 0), len))
     }
     /// IPv6 LAN: fd00:100::/64.
     pub fn lan_cidr6(&self) -> IpNet {

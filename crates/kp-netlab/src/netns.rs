@@ -142,6 +142,36 @@ pub(crate) fn ip_in(ns: &str, args: &[&str]) -> Result<String, LabError> {
     ip(&all)
 }
 
+/// Runs `ip -n NS -batch -` with `lines` (ip commands without the `ip`) on
+/// its standard input and requires success: one process for many routes.
+pub(crate) fn ip_batch_in(ns: &str, lines: &[String]) -> Result<(), LabError> {
+    use std::io::Write;
+    check_ns_name(ns)?;
+    let cmd = format!("ip -n {ns} -batch - ({} commands)", lines.len());
+    tracing::trace!(%cmd, "running");
+    let mut child = Command::new("ip")
+        .args(["-n", ns, "-batch", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|source| LabError::Spawn {
+            cmd: cmd.clone(),
+            source,
+        })?;
+    let mut text = lines.join("\n");
+    text.push('\n');
+    if let Some(mut stdin) = child.stdin.take() {
+        // A write error shows as ip's own failure below.
+        let _ = stdin.write_all(text.as_bytes());
+    }
+    let out = child.wait_with_output().map_err(|source| LabError::Spawn {
+        cmd: cmd.clone(),
+        source,
+    })?;
+    require_success(cmd, out).map(|_| ())
+}
+
 /// Runs a program inside `ns` via `ip netns exec`.
 pub(crate) fn exec_in<S: AsRef<OsStr>>(ns: &str, argv: &[S]) -> Result<Output, LabError> {
     check_ns_name(ns)?;

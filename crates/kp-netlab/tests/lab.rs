@@ -70,6 +70,93 @@ fn addresses_follow_the_documented_plan() {
     assert!(!root_links.contains("kpv"), "{root_links}");
 }
 
+/// Past 89 nodes the LAN widens to 10.100.0.0/16 (nodes 90.. in
+/// 10.100.1.0/24 and on), past 255 the pods leave 10.244.0.0/16; the first
+/// nodes keep their addresses, and a pod on the last node reaches a pod on
+/// the first and one on node 90 through the pod routes.
+#[test]
+fn wide_labs_number_past_89_and_255_nodes() {
+    let c = Cluster::new("wide", ClusterOpts::with_nodes(300)).unwrap();
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    assert_eq!(c.node_ip(1), ip("10.100.0.11"));
+    assert_eq!(c.node_ip(89), ip("10.100.0.99"));
+    assert_eq!(c.node_ip(90), ip("10.100.1.1"));
+    assert_eq!(c.node_ip(300), ip("10.100.1.211"));
+    assert_eq!(c.node_ip6(89), ip("fd00:100::69"));
+    assert_eq!(c.node_ip6(300), ip("fd00:100::1:12c"));
+    assert_eq!(c.lan_cidr().to_string(), "10.100.0.0/16");
+    assert_eq!(c.pod_cidr(255).to_string(), "10.244.255.0/24");
+    assert_eq!(c.pod_cidr(300).to_string(), "10.245.44.0/24");
+    assert_eq!(c.cluster_cidr().to_string(), "10.244.0.0/14");
+    let mut all: Vec<IpAddr> = (1..=300)
+        .flat_map(|i| [c.node_ip(i), c.node_ip6(i)])
+        .collect();
+    all.extend([c.client_ip(), c.client_ip6()]);
+    let n = all.len();
+    all.sort();
+    all.dedup();
+    assert_eq!(
+        all.len(),
+        n,
+        "two nodes (or a node and the client) share an address"
+    );
+    let addrs = c
+        .exec_ok(c.node_ns(300), &["ip", "-o", "addr", "show", "dev", "eth0"])
+        .unwrap();
+    assert!(addrs.contains("10.100.1.211/16"), "{addrs}");
+    let first = c.add_pod(1, "first").unwrap();
+    let mid = c.add_pod(90, "mid").unwrap();
+    let last = c.add_pod(300, "last").unwrap();
+    assert_eq!(last.ip(), ip("10.245.44.2"));
+    let _s1 = c
+        .serve(first.ns(), "srv-first", ServeSpec::both(&[8080]))
+        .unwrap();
+    let _s2 = c
+        .serve(mid.ns(), "srv-mid", ServeSpec::both(&[8080]))
+        .unwrap();
+    for (to, name) in [(&first, "srv-first"), (&mid, "srv-mid")] {
+        for dst in [to.addr(8080), to.addr6(8080)] {
+            let r = tcp_hello(last.ns(), dst, T).unwrap();
+            assert_eq!(r.server, name);
+            assert_eq!(
+                r.peer.ip(),
+                if dst.is_ipv4() { last.ip() } else { last.ip6() }
+            );
+        }
+    }
+    // A LAN host and every node know each other as permanent neighbours.
+    let host = c.add_host("cp", 5).unwrap();
+    let neigh = c
+        .exec_ok(&host.ns, &["ip", "-4", "neigh", "show", "nud", "permanent"])
+        .unwrap();
+    assert_eq!(neigh.lines().count(), 300, "{neigh}");
+    assert!(
+        neigh.contains("10.100.1.211 dev eth0 lladdr 02:6b:0a:64:01:d3"),
+        "{neigh}"
+    );
+    let neigh = c
+        .exec_ok(
+            c.node_ns(300),
+            &["ip", "-4", "neigh", "show", "nud", "permanent"],
+        )
+        .unwrap();
+    assert!(
+        neigh.contains("10.100.0.5 dev eth0 lladdr 02:6b:0a:64:00:05"),
+        "{neigh}"
+    );
+    let _sh = c
+        .serve(&host.ns, "srv-host", ServeSpec::both(&[7070]))
+        .unwrap();
+    let r = tcp_hello(c.node_ns(300), SocketAddr::new(host.ip, 7070), T).unwrap();
+    assert_eq!(r.server, "srv-host");
+    // The client reaches the last node over the wide LAN.
+    let _sn = c
+        .serve(c.node_ns(300), "srv-node", ServeSpec::both(&[9090]))
+        .unwrap();
+    let r = tcp_hello(c.client_ns(), SocketAddr::new(c.node_ip(300), 9090), T).unwrap();
+    assert_eq!(r.server, "srv-node");
+}
+
 #[test]
 fn pods_reach_pods_across_nodes_tcp_udp_v4_v6() {
     let (c, p) = two_by_two("pod_to_pod");

@@ -99,6 +99,9 @@ pub struct ApiSourceOptions {
     pub label_selector: Option<String>,
     /// The encodings asked for (protobuf first by default, as upstream).
     pub encoding: Encoding,
+    /// Relists as streaming lists first (client-go's WatchListClient
+    /// feature, on by default); false lists from the watch cache.
+    pub streaming_lists: bool,
 }
 
 /// Which watcher an event came from.
@@ -164,8 +167,12 @@ fn translate<K: ResourceExt + Clone>(
             known.init();
             Vec::new()
         }
-        Event::InitApply(obj) | Event::Apply(obj) => {
+        Event::InitApply(mut obj) | Event::Apply(mut obj) => {
             known.applied(Known::key(&obj));
+            // Nothing downstream reads managedFields, often the larger part
+            // of an object: a full queue of a streaming list's initial
+            // events held them all (client-go's TransformStripManagedFields).
+            *obj.managed_fields_mut() = Vec::new();
             vec![applied(obj)]
         }
         Event::Delete(obj) => {
@@ -324,17 +331,18 @@ pub struct NodeListed {
 /// Lists the Node named `node_name` with the field selector
 /// `metadata.name=NAME`, as the Node watcher does (kube-proxy's RBAC grants
 /// list and watch on Nodes, not get): a streaming list, or a list from the
-/// API server's watch cache, in `encoding`.
+/// API server's watch cache (`streaming_lists` false), in `encoding`.
 pub async fn list_node(
     client: &Client,
     node_name: &str,
     encoding: &Encoding,
+    streaming_lists: bool,
 ) -> Result<NodeListed, SourceError> {
     let params = Params {
         labels: None,
         fields: Some(format!("metadata.name={node_name}")),
         encoding: encoding.clone(),
-        streaming: true,
+        streaming: streaming_lists,
     };
     let (items, resource_version) = crate::reflector::initial_list::<Node>(client, &params)
         .await
@@ -383,7 +391,7 @@ pub async fn run_api_source_from(
         labels: None,
         fields: None,
         encoding: opts.encoding.clone(),
-        streaming: true,
+        streaming: opts.streaming_lists,
     };
     let selected = Params {
         labels: opts.label_selector.clone(),

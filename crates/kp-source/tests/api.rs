@@ -52,6 +52,7 @@ fn start(server: &ApiServer) -> Source {
         node_name: NODE.into(),
         label_selector: Some(DEFAULT_LABEL_SELECTOR.into()),
         encoding: Default::default(),
+        streaming_lists: true,
     };
     let task = tokio::spawn(run_api_source(server.client(), opts, tx));
     Source {
@@ -246,14 +247,14 @@ async fn list_node_finds_only_ours_with_a_list() {
     server.apply_node(node("node-b", "zone-9"));
     let client = server.client();
     assert_eq!(
-        kp_source::list_node(&client, NODE, &Default::default())
+        kp_source::list_node(&client, NODE, &Default::default(), true)
             .await
             .unwrap()
             .node,
         None
     );
     server.apply_node(node(NODE, "zone-1"));
-    let got = kp_source::list_node(&client, NODE, &Default::default())
+    let got = kp_source::list_node(&client, NODE, &Default::default(), true)
         .await
         .unwrap()
         .node
@@ -271,7 +272,7 @@ async fn list_node_finds_only_ours_with_a_list() {
     );
     server.set_down(true);
     assert!(matches!(
-        kp_source::list_node(&client, NODE, &Default::default()).await,
+        kp_source::list_node(&client, NODE, &Default::default(), true).await,
         Err(kp_source::SourceError::ListNode { .. })
     ));
 }
@@ -460,6 +461,7 @@ async fn source_returns_when_the_channel_closes() {
         node_name: NODE.into(),
         label_selector: None,
         encoding: Default::default(),
+        streaming_lists: true,
     };
     let task = tokio::spawn(run_api_source(server.client(), opts, tx));
     drop(rx);

@@ -124,6 +124,7 @@ fn start(client: kube::Client) -> Source {
         node_name: NODE.into(),
         label_selector: Some(DEFAULT_LABEL_SELECTOR.into()),
         encoding: Default::default(),
+        streaming_lists: true,
     };
     Source {
         rx,

@@ -46,6 +46,7 @@ fn start(server: &ApiServer, encoding: Encoding) -> Source {
         node_name: "node-a".into(),
         label_selector: Some(DEFAULT_LABEL_SELECTOR.into()),
         encoding,
+        streaming_lists: true,
     };
     Source {
         rx,
@@ -193,7 +194,7 @@ async fn the_node_listed_at_start_is_not_listed_again() {
             .unwrap(),
         );
         server.apply_service(service("web", 80));
-        let listed = kp_source::list_node(&server.client(), "node-a", &Encoding::default())
+        let listed = kp_source::list_node(&server.client(), "node-a", &Encoding::default(), true)
             .await
             .unwrap();
         assert_eq!(
@@ -208,6 +209,7 @@ async fn the_node_listed_at_start_is_not_listed_again() {
             node_name: "node-a".into(),
             label_selector: Some(DEFAULT_LABEL_SELECTOR.into()),
             encoding: Encoding::default(),
+            streaming_lists: true,
         };
         let rv = listed.resource_version.clone();
         let task = tokio::spawn(kp_source::run_api_source_from(

@@ -22,3 +22,17 @@ fn c21_periodic_syncs() {
         conformance::periodic_syncs("api/nftables");
     }
 }
+
+#[test]
+fn a08_one_connection_to_the_api_server() {
+    if conformance::binaries_for("api/nftables") {
+        conformance::api_one_connection("api/nftables");
+    }
+}
+
+#[test]
+fn a09_watch_list_client_gate_off() {
+    if conformance::binaries_for("api/nftables") {
+        conformance::api_watch_list_gate_off("api/nftables");
+    }
+}

@@ -52,8 +52,8 @@ pub use server::ServerFigures;
 pub const PROBE_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 255, 200);
 pub const PROBE_PORT: u16 = 80;
 const PROBE_BACKEND_PORT: u16 = 8080;
-/// kp-netlab numbers nodes 10.100.0.(10+i); .100 is its client.
-pub const MAX_NODES: usize = 89;
+/// kp-netlab's largest lab (a bridge's 1,024 ports).
+pub const MAX_NODES: usize = 1000;
 
 /// A scenario of [`ClusterArgs::scenarios`].
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,12 +109,17 @@ pub struct ClusterArgs {
     /// Also find the largest K that fits this machine's memory, for each kind.
     #[arg(long)]
     pub fit: bool,
-    /// K values --fit tries, ascending (the lab holds at most 89 nodes).
+    /// K values --fit tries, ascending (the lab holds at most 1,000 nodes).
     #[arg(long, value_delimiter = ',', default_value = "10,20,40,60,89")]
     pub fit_steps: Vec<usize>,
     /// With --fit: stop when MemAvailable falls below this many MiB with all K running.
     #[arg(long, default_value_t = 4096.0)]
     pub fit_reserve_mib: f64,
+    /// Runs the start scenario this many more times after the others,
+    /// alternating which kind goes first, for the API server's CPU as a
+    /// median instead of one reading.
+    #[arg(long, default_value_t = 0)]
+    pub repeat_start: usize,
     /// Replace the tables between the `kp-cluster` markers of this file.
     #[arg(long)]
     pub write: Option<PathBuf>,
@@ -152,6 +157,9 @@ pub struct Report {
     pub upstream: Side,
     pub ours: Side,
     pub fit: Vec<FitStep>,
+    /// `--repeat-start`: each start's kind, the control plane's figures and
+    /// the slowest node, in the order run.
+    pub repeats: Vec<(Kind, ServerFigures, f64)>,
     /// Seconds to write the N Services.
     pub populate: f64,
 }
@@ -296,6 +304,40 @@ fn side(
     s
 }
 
+/// `--repeat-start`: round r starts ours first when r is odd, upstream
+/// first when even (the run's first round was upstream's), each fleet
+/// stopped before the next.
+fn repeat_start(
+    lab: &crate::lab::Lab,
+    mon: &monitor::Monitor,
+    args: &ClusterArgs,
+    ours: &std::path::Path,
+) -> Result<Vec<(Kind, ServerFigures, f64)>> {
+    let mut out = Vec::new();
+    for round in 1..=args.repeat_start {
+        let order = if round % 2 == 1 {
+            [Kind::Ours, Kind::Upstream]
+        } else {
+            [Kind::Upstream, Kind::Ours]
+        };
+        for kind in order {
+            let (fleet, f) = scenarios::start(&lab.cluster, lab, mon, kind, args, ours)
+                .with_context(|| format!("start {round} of {}", kind.label()))?;
+            let slowest = f.served.iter().copied().fold(0.0, f64::max);
+            eprintln!(
+                "repeat {round}: {} served after {slowest:.1} s; API server CPU {:.2} s, etcd {:.2} s",
+                kind.label(),
+                f.server.api_cpu,
+                f.server.etcd_cpu
+            );
+            out.push((kind, f.server, slowest));
+            mon.clear();
+            fleet.stop()?;
+        }
+    }
+    Ok(out)
+}
+
 /// `--fit`: each kind at each K of `--fit-steps` until one does not fit.
 fn fit(
     lab: &crate::lab::Lab,
@@ -341,9 +383,7 @@ pub fn measure(args: ClusterArgs) -> Result<Report> {
     };
     let lab_nodes = args.nodes.max(fit_max);
     if lab_nodes > MAX_NODES {
-        bail!(
-            "the lab holds at most {MAX_NODES} nodes (kp-netlab's addressing), {lab_nodes} asked"
-        );
+        bail!("the lab holds at most {MAX_NODES} nodes (a bridge's ports), {lab_nodes} asked");
     }
     eprintln!(
         "starting the control plane and {lab_nodes} node namespaces ({} Services)",
@@ -380,6 +420,8 @@ pub fn measure(args: ClusterArgs) -> Result<Report> {
     sleep(Duration::ZERO)?;
     let ours_side = side(&mut lab, &mon, Kind::Ours, &args, &ours, &mut gens);
     sleep(Duration::ZERO)?;
+    let repeats = repeat_start(&lab, &mon, &args, &ours)?;
+    sleep(Duration::ZERO)?;
     let fit = if args.fit {
         fit(&lab, &mon, &args, &ours)?
     } else {
@@ -390,6 +432,7 @@ pub fn measure(args: ClusterArgs) -> Result<Report> {
         upstream,
         ours: ours_side,
         fit,
+        repeats,
         populate,
     })
 }

@@ -111,12 +111,15 @@ impl<'a> Fleet<'a> {
     /// ClusterIP; watched before the start), at most `limit`; per node the
     /// seconds from its proxy's start. A node whose monitor lost
     /// notifications is read back (`nft list ruleset`) instead, each second.
+    /// Gives up when MemAvailable falls below `floor_mib` (0: never), before
+    /// the kernel's OOM killer would pick some process of the machine.
     pub fn wait_served(
         &self,
         mon: &Monitor,
         watch: usize,
         last_ip: Ipv4Addr,
         limit: Duration,
+        floor_mib: f64,
     ) -> Result<Vec<f64>> {
         let t0 = Instant::now();
         let ip = last_ip.to_string();
@@ -146,6 +149,14 @@ impl<'a> Fleet<'a> {
                 return Ok(served.into_iter().flatten().collect());
             }
             self.check_running()?;
+            let avail = super::scenarios::mem_available();
+            if floor_mib > 0.0 && avail < floor_mib {
+                let done = served.iter().filter(|s| s.is_some()).count();
+                bail!(
+                    "MemAvailable fell to {avail:.0} MiB (floor {floor_mib:.0}) with {done} of {} served",
+                    served.len()
+                );
+            }
             if t0.elapsed() > limit {
                 let missing: Vec<usize> = (1..=served.len())
                     .filter(|i| served[i - 1].is_none())

@@ -54,7 +54,13 @@ pub fn start<'a>(
     let before = server::read(lab)?;
     server::reset_peak(lab)?;
     let fleet = Fleet::start(cluster, lab, kind, ours, args.nodes, "start")?;
-    let served = fleet.wait_served(mon, watch, last_ip, Duration::from_secs(args.start_within))?;
+    let served = fleet.wait_served(
+        mon,
+        watch,
+        last_ip,
+        Duration::from_secs(args.start_within),
+        0.0,
+    )?;
     // Every list done and every watch open (a proxy's Node and ServiceCIDR
     // informers may finish after its first sync).
     sleep(Duration::from_secs(5))?;
@@ -396,7 +402,15 @@ pub fn fit_step(
     let watch = mon.watch(last_ip);
     let avail_before = mem_available();
     let fleet = Fleet::start(cluster, lab, kind, ours, k, &format!("fit{k}"))?;
-    let r = fleet.wait_served(mon, watch, last_ip, Duration::from_secs(args.start_within));
+    // Half the reserve: a step that eats into it has not fitted, and
+    // stopping there keeps the kernel's OOM killer away.
+    let r = fleet.wait_served(
+        mon,
+        watch,
+        last_ip,
+        Duration::from_secs(args.start_within),
+        args.fit_reserve_mib / 2.0,
+    );
     let step = FitStep {
         kind,
         k,

@@ -3,7 +3,11 @@
 
 use std::fmt::Write;
 
-use super::{Kind, Report, Scenario, Side};
+use super::{Kind, Report, Scenario, ServerFigures, Side};
+
+/// One figure of a repeated start: from the control plane's figures and
+/// the slowest node's seconds.
+type Reading = dyn Fn(&ServerFigures, f64) -> f64;
 use crate::lab::{date_utc, load_average};
 
 fn mib(b: f64) -> String {
@@ -85,7 +89,11 @@ pub fn render(r: &Report) -> String {
         a.change_every_ms,
         a.burst,
         a.down_secs,
-        if a.fit {
+        if a.repeat_start > 0 {
+            format!(" --repeat-start {}", a.repeat_start)
+        } else {
+            String::new()
+        } + &if a.fit {
             format!(
                 " --fit --fit-steps {}",
                 a.fit_steps
@@ -253,6 +261,45 @@ pub fn render(r: &Report) -> String {
     );
     for (what, u, o) in all {
         let _ = writeln!(out, "| {what} | {u} | {o} |");
+    }
+
+    if !r.repeats.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n| 1b. start again x{} (alternated, ours first in odd rounds) | upstream v1.36.2 | kube-proxy-rs |\n|---|---|---|",
+            a.repeat_start
+        );
+        let pick = |k: Kind, f: &Reading| -> Vec<f64> {
+            r.repeats
+                .iter()
+                .filter(|(kind, _, _)| *kind == k)
+                .map(|(_, s, slowest)| f(s, *slowest))
+                .collect()
+        };
+        let spread = |v: Vec<f64>, unit: &str| -> String {
+            let mut v = v;
+            v.sort_by(f64::total_cmp);
+            let each: Vec<String> = v.iter().map(|x| format!("{x:.2}")).collect();
+            format!("median {:.2} {unit} ({})", q(&v, 0.5), each.join(", "))
+        };
+        let rows: [(&str, &Reading, &str); 4] = [
+            ("API server CPU", &|s, _| s.api_cpu, "s"),
+            ("etcd CPU", &|s, _| s.etcd_cpu, "s"),
+            (
+                "watch event bytes",
+                &|s, _| s.watch_bytes / 1048576.0,
+                "MiB",
+            ),
+            ("slowest node served", &|_, t| t, "s"),
+        ];
+        for (what, f, unit) in rows {
+            let _ = writeln!(
+                out,
+                "| {what} | {} | {} |",
+                spread(pick(Kind::Upstream, f), unit),
+                spread(pick(Kind::Ours, f), unit)
+            );
+        }
     }
 
     if !r.fit.is_empty() {

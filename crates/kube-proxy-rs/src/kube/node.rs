@@ -254,12 +254,13 @@ pub async fn wait_for_node<T>(
         let client = crate::kube::source::kube_client(cfg).await?;
         let encoding =
             kp_source::Encoding::new(&cfg.client.content_type, &cfg.client.accept_content_types);
+        let streaming = crate::kube::source::streaming_lists(cfg);
         let last = std::sync::Arc::new(std::sync::Mutex::new(None));
         let fetch = || {
             let (client, node, encoding) = (client.clone(), node.clone(), encoding.clone());
             let last = last.clone();
             async move {
-                let listed = kp_source::list_node(&client, &node, &encoding)
+                let listed = kp_source::list_node(&client, &node, &encoding, streaming)
                     .await
                     .map_err(|e| e.to_string())?;
                 let found = listed.node.clone();

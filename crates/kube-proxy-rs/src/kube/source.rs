@@ -29,6 +29,15 @@ pub async fn kube_client(cfg: &ProxyConfig) -> Result<kube::Client> {
     crate::kube::client::client(kc)
 }
 
+/// Whether relists stream: client-go's WatchListClient gate, which
+/// upstream's `--feature-gates` / `featureGates` also set.
+pub fn streaming_lists(cfg: &ProxyConfig) -> bool {
+    crate::metrics::component::feature_states(&cfg.feature_gates)
+        .iter()
+        .find(|(name, _, _)| *name == "WatchListClient")
+        .is_none_or(|&(_, _, on)| on)
+}
+
 /// Starts the configured source, sending its events on `tx` (the sync
 /// loop's queue). With the API server, refused address claims arriving on
 /// `claim_events` are posted as Events on their Services, and the Node
@@ -85,6 +94,7 @@ pub async fn start_source(
                 &cfg.client.content_type,
                 &cfg.client.accept_content_types,
             ),
+            streaming_lists: streaming_lists(cfg),
         };
         tokio::spawn(async move {
             if let Err(e) = kp_source::api::run_api_source_from(client, opts, node_listed, tx).await

@@ -2028,6 +2028,75 @@ pub fn api_starting_event(mode: &str) {
     });
 }
 
+/// The proxy speaks HTTP/2 to the API server, as client-go does: its
+/// watches (Services, EndpointSlices, its Node, ServiceCIDRs) and requests
+/// share one TLS connection instead of one each, so a rollout costs the
+/// API server one handshake per node.
+pub fn api_one_connection(mode: &str) {
+    let mut env = Env::new("apiconn", mode);
+    env.start(1, &[]);
+    env.wait_synced(1);
+    let server = env.api().cp.url();
+    let peer = server.trim_start_matches("https://").to_string();
+    let ns = env.cluster.node_ns(1).to_string();
+    let open = || -> Vec<String> {
+        let out = env
+            .cluster
+            .exec_ok(&ns, &["ss", "-Htn", "state", "established"])
+            .unwrap_or_default();
+        out.lines()
+            .filter(|l| l.split_whitespace().nth(3) == Some(peer.as_str()))
+            .map(str::to_string)
+            .collect()
+    };
+    // Connections of the start that are done (the Starting Event's) close.
+    env.wait(
+        "node1's proxy holding one connection to the API server",
+        || open().len() == 1,
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let now = open();
+    assert_eq!(
+        now.len(),
+        1,
+        "node1 holds {} connections to {peer}:\n{}\n--- node1 log ---\n{}",
+        now.len(),
+        now.join("\n"),
+        env.log(1)
+    );
+}
+
+/// With client-go's WatchListClient gate off (`--feature-gates`, as
+/// upstream), relists are lists from the watch cache (resourceVersion=0,
+/// pages of 500) instead of streaming lists, and the proxy still serves.
+pub fn api_watch_list_gate_off(mode: &str) {
+    let mut env = Env::new("apiwlc", mode);
+    let a = env.pod(1, "a");
+    let client = env.pod(1, "client");
+    env.put("svc", &service("web", &["10.96.0.170"], json!({})));
+    env.put("eps", &slice("web", "1", "IPv4", &ready(&[&a])));
+    env.start(1, &["--feature-gates=WatchListClient=false"]);
+    env.wait_synced(1);
+    assert_eq!(env.wait_tcp(client.ns(), sa("10.96.0.170", 80)).server, "a");
+    let log = env.log(1);
+    let requests: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("API request") && l.contains("discovery.k8s.io/v1/endpointslices"))
+        .collect();
+    assert!(
+        requests
+            .iter()
+            .any(|l| l.contains("limit=500") && l.contains("resourceVersion=0")),
+        "no list from the watch cache:\n{}",
+        requests.join("\n")
+    );
+    assert!(
+        !requests.iter().any(|l| l.contains("sendInitialEvents")),
+        "a streaming list with the gate off:\n{}",
+        requests.join("\n")
+    );
+}
+
 /// API case 2: Services labelled service.kubernetes.io/service-proxy-name
 /// belong to another proxy and are never programmed by default (both
 /// proxies). With `--service-proxy-name NAME` kube-proxy-rs serves exactly
