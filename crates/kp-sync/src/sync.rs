@@ -45,6 +45,9 @@ pub struct FamilyProxier {
     stale: BTreeSet<StaleConntrack>,
     triggers: Vec<SystemTime>,
     needs_full: bool,
+    /// Refused claims go to [`SyncLoop::claim_events`] (false until the
+    /// first sync has taken its changes).
+    report_claims: bool,
     /// The last conntrack reconcile could not list or delete everything:
     /// the next sync reconciles whatever it changed.
     reconcile_retry: bool,
@@ -64,6 +67,7 @@ impl FamilyProxier {
             stale: BTreeSet::new(),
             triggers: Vec::new(),
             needs_full: true,
+            report_claims: false,
             reconcile_retry: false,
             health_checks: BTreeMap::new(),
         }
@@ -387,11 +391,17 @@ impl SyncLoop {
                         to_host += 1;
                     }
                     tracing::warn!(family = %fam, claim = %r, "address claim refused; the address keeps its owner");
-                    self.claim_events.refused(fam, r);
+                    if f.report_claims {
+                        self.claim_events.refused(fam, r);
+                    }
                 }
                 self.metrics
                     .claims_refused(fam, to_host, cs.refused.len() as u64 - to_host);
             }
+            // Claims refused when the proxy starts were reported when they
+            // arose; a rollout reporting them again would be an Event per
+            // node per conflict on the API server.
+            f.report_claims = true;
             f.update_health_checks(&cs.changed);
             f.pending.extend(cs.changed);
             f.stale.extend(cs.stale);

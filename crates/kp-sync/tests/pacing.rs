@@ -832,3 +832,42 @@ fn health_check_data_follow_the_changes() {
     assert_eq!(at(secs(2) + ms(500)), (Some(30000), Some(1)));
     assert_eq!(at(secs(3) + ms(500)), (None, None));
 }
+
+#[derive(Clone, Default)]
+struct Claims(Arc<Mutex<Vec<String>>>);
+
+impl kp_sync::ClaimEvents for Claims {
+    fn refused(&self, _: IpFamily, claim: &kp_model::RefusedClaim) {
+        self.0
+            .lock()
+            .unwrap()
+            .push(claim.service.service.name.to_string());
+    }
+}
+
+/// Service `name` (ClusterIP 10.96.0.n) also claiming `external` as an
+/// externalIP on port 80.
+fn squatter(name: &str, n: u32, external: &str) -> SourceEvent {
+    let svc = objects::service("ns1", name)
+        .cluster_ip(&format!("10.96.0.{n}"))
+        .port_json(json!({"name": "p80", "port": 80}))
+        .spec(json!({"externalIPs": [external]}))
+        .build();
+    SourceEvent::ServiceApplied(Box::new(svc))
+}
+
+/// A claim already refused at the first sync is logged and counted, not
+/// handed to claim_events (the Event was posted when the conflict arose;
+/// a rollout would post it again from every node); one refused later is.
+#[test]
+fn only_claims_refused_after_the_first_sync_are_reported() {
+    let (mut lp, clock, rx, _, _) = start(secs(1), secs(30));
+    let claims = Claims::default();
+    lp.claim_events = Box::new(claims.clone());
+    clock.at(ms(0), service("owner", 0));
+    clock.at(ms(0), squatter("early", 2, "10.96.0.1"));
+    clock.at(ms(0), SourceEvent::Synced);
+    clock.at(secs(10), squatter("late", 3, "10.96.0.1"));
+    run(lp, &clock, rx, secs(12));
+    assert_eq!(*claims.0.lock().unwrap(), vec!["late".to_string()]);
+}

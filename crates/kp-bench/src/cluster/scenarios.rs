@@ -65,6 +65,12 @@ pub fn start<'a>(
     // informers may finish after its first sync).
     sleep(Duration::from_secs(5))?;
     let after = server::read(lab)?;
+    // On stderr, what the K proxies asked of the server and it of etcd.
+    for name in ["apiserver_request_total", "etcd_requests_total"] {
+        for (labels, d) in server::moved(&before, &after, name).iter().take(12) {
+            eprintln!("    {} {name}{labels} +{d}", kind.label());
+        }
+    }
     let fig = StartFigures {
         served,
         server: server::delta(lab, &before, &after),

@@ -148,6 +148,19 @@ pub fn delta(lab: &Lab, before: &Reading, after: &Reading) -> ServerFigures {
     }
 }
 
+/// The series of counter `name` that moved from `before` to `after`, by
+/// label set, largest first: what the proxies asked of the server.
+pub fn moved(before: &Reading, after: &Reading, name: &str) -> Vec<(String, f64)> {
+    let was: std::collections::HashMap<&str, f64> =
+        kp_testkit::prom::samples(&before.metrics, name).collect();
+    let mut out: Vec<(String, f64)> = kp_testkit::prom::samples(&after.metrics, name)
+        .map(|(l, v)| (l.to_string(), v - was.get(l).copied().unwrap_or(0.0)))
+        .filter(|(_, d)| *d > 0.0)
+        .collect();
+    out.sort_by(|a, b| b.1.total_cmp(&a.1));
+    out
+}
+
 /// The buckets of histogram `name` summed over label sets: (le, cumulative
 /// count), ascending.
 pub fn buckets(text: &str, name: &str) -> Vec<(f64, f64)> {
