@@ -1,14 +1,16 @@
-//! Upstream kube-proxy's command-line flags (clap), each declared once with
-//! the KubeProxyConfiguration field it is bound into, and the proxy and
+//! Upstream kube-proxy's command-line flags (clap), and the proxy and
 //! local-detection modes they name.
 //!
-//! As upstream's `AddFlags` binds each flag to a field of its
+//! Upstream's `AddFlags` binds each flag to a field of its
 //! KubeProxyConfiguration (`fs.BoolVar(&o.config.Conntrack.TCPBeLiberal,
-//! "conntrack-tcp-be-liberal", ...)`), a [`Cli`] field that has a file field
-//! names it after `=>`: a closure writing the flag's value into the file
-//! schema. The flag's name, help, parsing and default are its clap
-//! attributes; `resolve.rs` defaults the file's unset fields from the same
-//! defaults ([`Cli::defaults`]) and validates there, once for flags and file.
+//! "conntrack-tcp-be-liberal", ...)`). Here a flag's name, help, parsing and
+//! default are its clap attributes, and the binding is written once, in one
+//! of two places: a file field that takes the flag's value as it is names
+//! the flag on its line in `file.rs` (`= flag conntrack_tcp_be_liberal`,
+//! [`super::field`]); a flag with more to it (several fields, a conversion,
+//! `--config`'s exceptions) names its fields after `=>` here, a closure
+//! writing its value into the file schema. Either way the file's unset
+//! fields default to the flag's default ([`Cli::defaults`]).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -59,8 +61,9 @@ fn bind<T, R: Bound>(
 }
 
 /// Declares [`Cli`] (the struct, with its clap attributes, as written) and
-/// [`Cli::bind_given`], which writes each given flag that names a file field
-/// (`=> |file, value| ...`) into the file schema. `@over_config` marks the
+/// [`Cli::bind_given`], which writes each given flag bound to a file field
+/// into the file schema: the flags with a closure (`=> |file, value| ...`)
+/// here, the others through `file.rs`'s tables. `@over_config` marks the
 /// flags upstream still honours when `--config` is given: its logging flags
 /// (copied over the file's `logging`) and --hostname-override.
 macro_rules! flags {
@@ -79,60 +82,80 @@ macro_rules! flags {
         }
 
         impl Cli {
-            /// Writes the flags given on the command line (not clap's
-            /// defaults) into `file`. With a config file (`from_file`) only
-            /// the `@over_config` ones apply, as upstream replaces its
-            /// flag-built configuration with the file's; the others given
-            /// are returned as `--flag` names, for a warning.
-            pub(super) fn bind_given(
+            /// Runs flag `id`'s closure, if it has one.
+            fn bind_closure(
                 &self,
                 file: &mut KubeProxyConfiguration,
-                m: &ArgMatches,
-                from_file: bool,
-            ) -> Result<Vec<String>, ConfigError> {
-                let mut ignored = Vec::new();
+                id: &str,
+            ) -> Result<bool, ConfigError> {
                 $($(
-                    flags!(@bind self, file, m, from_file, ignored, $name, $(@$over)? $binding);
+                    if id == stringify!($name) {
+                        bind(file, &self.$name, $binding)?;
+                        return Ok(true);
+                    }
                 )?)*
-                Ok(ignored)
+                Ok(false)
             }
 
-            /// The clap ids of the flags bound into the file, and whether
-            /// each applies over `--config`.
-            #[allow(clippy::vec_init_then_push)] // one push per table entry
-            pub fn bound_flags() -> Vec<(&'static str, bool)> {
-                let mut out = Vec::new();
-                $($( flags!(@list out, $name, $(@$over)? $binding); )?)*
-                out
+            /// The flags with a closure, and whether each applies over
+            /// `--config`.
+            const CLOSURES: &'static [(&'static str, bool)] = &[
+                $($( flags!(@entry $name, $(@$over)? $binding), )?)*
+            ];
+        }
+    };
+    (@entry $name:ident, @over_config $binding:expr) => {
+        (stringify!($name), true)
+    };
+    (@entry $name:ident, $binding:expr) => {
+        (stringify!($name), false)
+    };
+}
+
+impl Cli {
+    /// Writes the flags given on the command line (not clap's defaults)
+    /// into `file`, in the flags' order. With a config file (`from_file`)
+    /// only the `@over_config` ones apply, as upstream replaces its
+    /// flag-built configuration with the file's; the others given are
+    /// returned as `--flag` names, for a warning.
+    pub(super) fn bind_given(
+        &self,
+        file: &mut KubeProxyConfiguration,
+        m: &ArgMatches,
+        from_file: bool,
+    ) -> Result<Vec<String>, ConfigError> {
+        let mut ignored = Vec::new();
+        for (id, over) in Self::bound_flags() {
+            if !given(m, id) {
+                continue;
+            }
+            if from_file && !over {
+                ignored.push(format!("--{}", id.replace('_', "-")));
+            } else if !self.bind_closure(file, id)? {
+                let bound = file.bind_table_flag(self, id);
+                debug_assert!(bound, "{id} is bound nowhere");
             }
         }
-    };
-    (
-        @bind $cli:ident, $file:ident, $m:ident, $from_file:ident, $ignored:ident,
-        $name:ident, @over_config $binding:expr
-    ) => {
-        if given($m, stringify!($name)) {
-            bind($file, &$cli.$name, $binding)?;
-        }
-    };
-    (
-        @bind $cli:ident, $file:ident, $m:ident, $from_file:ident, $ignored:ident,
-        $name:ident, $binding:expr
-    ) => {
-        if given($m, stringify!($name)) {
-            if $from_file {
-                $ignored.push(format!("--{}", stringify!($name).replace('_', "-")));
-            } else {
-                bind($file, &$cli.$name, $binding)?;
-            }
-        }
-    };
-    (@list $out:ident, $name:ident, @over_config $binding:expr) => {
-        $out.push((stringify!($name), true));
-    };
-    (@list $out:ident, $name:ident, $binding:expr) => {
-        $out.push((stringify!($name), false));
-    };
+        Ok(ignored)
+    }
+
+    /// The clap ids of the flags bound into the file (by a closure or a
+    /// file field), in the flags' order, and whether each applies over
+    /// `--config`.
+    pub fn bound_flags() -> Vec<(&'static str, bool)> {
+        let table: Vec<&'static str> = KubeProxyConfiguration::table_flags().collect();
+        Cli::command()
+            .get_arguments()
+            .filter_map(|a| {
+                let id = a.get_id().as_str();
+                Self::CLOSURES
+                    .iter()
+                    .find(|(c, _)| *c == id)
+                    .copied()
+                    .or_else(|| table.iter().find(|t| **t == id).map(|t| (*t, false)))
+            })
+            .collect()
+    }
 }
 
 impl Cli {
@@ -149,15 +172,6 @@ impl Cli {
 
 fn dur(d: &Duration) -> Option<GoDuration> {
     Some(GoDuration(*d))
-}
-
-/// A list flag's items, trimmed, the empty ones left out.
-fn list(items: &[String]) -> Vec<String> {
-    items
-        .iter()
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .collect()
 }
 
 /// --feature-gates "A=true,B=false", merged into the file's gates.
@@ -261,36 +275,29 @@ pub struct Cli {
             => |f, v| f.bind_address = v.to_string();
         /// If true, failure to bind a port is fatal.
         #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-        pub bind_address_hard_fail: bool
-            => |f, v| f.bind_address_hard_fail = *v;
+        pub bind_address_hard_fail: bool;
         /// IP:port of the health check server; empty disables it.
         #[arg(long, default_value = "0.0.0.0:10256")]
-        pub healthz_bind_address: String
-            => |f, v| f.healthz_bind_address = v.clone();
+        pub healthz_bind_address: String;
         /// IP:port of the metrics server; empty disables it.
         #[arg(long, default_value = "127.0.0.1:10249")]
-        pub metrics_bind_address: String
-            => |f, v| f.metrics_bind_address = v.clone();
+        pub metrics_bind_address: String;
         /// The CIDR range(s) of pods in the cluster, comma-separated (one per family).
         #[arg(long, default_value = "")]
-        pub cluster_cidr: String
-            => |f, v| f.cluster_cidr = v.clone();
+        pub cluster_cidr: String;
         /// How local traffic is detected: ClusterCIDR, NodeCIDR, BridgeInterface, InterfaceNamePrefix.
         #[arg(long, default_value = "ClusterCIDR", value_parser = DetectLocalMode::from_str)]
         pub detect_local_mode: DetectLocalMode
             => |f, v| f.detect_local_mode = v.as_str().to_string();
         /// Bridge interface name, with --detect-local-mode=BridgeInterface.
         #[arg(long, default_value = "")]
-        pub pod_bridge_interface: String
-            => |f, v| f.detect_local.bridge_interface = v.clone();
+        pub pod_bridge_interface: String;
         /// Interface name prefix, with --detect-local-mode=InterfaceNamePrefix.
         #[arg(long, default_value = "")]
-        pub pod_interface_name_prefix: String
-            => |f, v| f.detect_local.interface_name_prefix = v.clone();
+        pub pod_interface_name_prefix: String;
         /// CIDRs (comma-separated) or the keywords primary, all, localhost for NodePorts.
         #[arg(long, value_delimiter = ',')]
-        pub nodeport_addresses: Vec<String>
-            => |f, v| f.node_port_addresses = Some(list(v));
+        pub nodeport_addresses: Vec<String>;
         /// SNAT all traffic sent via Service cluster IPs.
         #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
         pub masquerade_all: bool
@@ -323,16 +330,13 @@ pub struct Cli {
         };
     /// Allow NodePorts on localhost (iptables mode, IPv4).
     #[arg(long, num_args = 0..=1, default_value = "true", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-    pub iptables_localhost_nodeports: bool
-        => |f, v| f.iptables.localhost_node_ports = Some(*v);
+    pub iptables_localhost_nodeports: bool;
     /// How often configuration from the apiserver is refreshed.
     #[arg(long, default_value = "15m", value_parser = duration_arg)]
-    pub config_sync_period: Duration
-        => |f, v| f.config_sync_period = dur(v);
+    pub config_sync_period: Duration;
     /// The ipvs scheduler type.
     #[arg(long, default_value = "")]
-    pub ipvs_scheduler: String
-        => |f, v| f.ipvs.scheduler = v.clone();
+    pub ipvs_scheduler: String;
     #[arg(long, default_value = "30s", value_parser = duration_arg)]
     pub ipvs_sync_period: Duration
         => |f, v| {
@@ -351,42 +355,30 @@ pub struct Cli {
         };
     /// CIDRs the ipvs proxier should not touch when cleaning up.
     #[arg(long, value_delimiter = ',')]
-    pub ipvs_exclude_cidrs: Vec<String>
-        => |f, v| f.ipvs.exclude_cidrs = Some(list(v));
+    pub ipvs_exclude_cidrs: Vec<String>;
     #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-    pub ipvs_strict_arp: bool
-        => |f, v| f.ipvs.strict_arp = *v;
+    pub ipvs_strict_arp: bool;
     #[arg(long, default_value = "0s", value_parser = duration_arg)]
-    pub ipvs_tcp_timeout: Duration
-        => |f, v| f.ipvs.tcp_timeout = dur(v);
+    pub ipvs_tcp_timeout: Duration;
     #[arg(long, default_value = "0s", value_parser = duration_arg)]
-    pub ipvs_tcpfin_timeout: Duration
-        => |f, v| f.ipvs.tcp_fin_timeout = dur(v);
+    pub ipvs_tcpfin_timeout: Duration;
     #[arg(long, default_value = "0s", value_parser = duration_arg)]
-    pub ipvs_udp_timeout: Duration
-        => |f, v| f.ipvs.udp_timeout = dur(v);
+    pub ipvs_udp_timeout: Duration;
     /// Maximum tracked NAT connections per CPU core (0 leaves the limit as is).
     #[arg(long, default_value_t = 32768)]
-    pub conntrack_max_per_core: i32
-        => |f, v| f.conntrack.max_per_core = Some(*v);
+    pub conntrack_max_per_core: i32;
     #[arg(long, default_value_t = 131072)]
-    pub conntrack_min: i32
-        => |f, v| f.conntrack.min = Some(*v);
+    pub conntrack_min: i32;
     #[arg(long, default_value = "24h0m0s", value_parser = duration_arg)]
-    pub conntrack_tcp_timeout_established: Duration
-        => |f, v| f.conntrack.tcp_established_timeout = dur(v);
+    pub conntrack_tcp_timeout_established: Duration;
     #[arg(long, default_value = "1h0m0s", value_parser = duration_arg)]
-    pub conntrack_tcp_timeout_close_wait: Duration
-        => |f, v| f.conntrack.tcp_close_wait_timeout = dur(v);
+    pub conntrack_tcp_timeout_close_wait: Duration;
     #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-    pub conntrack_tcp_be_liberal: bool
-        => |f, v| f.conntrack.tcp_be_liberal = *v;
+    pub conntrack_tcp_be_liberal: bool;
     #[arg(long, default_value = "0s", value_parser = duration_arg)]
-    pub conntrack_udp_timeout: Duration
-        => |f, v| f.conntrack.udp_timeout = dur(v);
+    pub conntrack_udp_timeout: Duration;
     #[arg(long, default_value = "0s", value_parser = duration_arg)]
-    pub conntrack_udp_timeout_stream: Duration
-        => |f, v| f.conntrack.udp_stream_timeout = dur(v);
+    pub conntrack_udp_timeout_stream: Duration;
     /// Remove our rules and exit.
     #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
     pub cleanup: bool;
@@ -396,29 +388,23 @@ pub struct Cli {
         => @over_config |f, v| f.logging.verbosity = Some(u32::from(*v));
     /// Accepted for compatibility.
     #[arg(long, default_value_t = -999, allow_negative_numbers = true)]
-    pub oom_score_adj: i32
-        => |f, v| f.oom_score_adj = Some(*v);
+    pub oom_score_adj: i32;
     /// key=value pairs, comma-separated.
     #[arg(long, default_value = "")]
     pub feature_gates: String
         => |f, v| merge_feature_gates(&mut f.feature_gates, v);
     /// Accepted for compatibility.
     #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-    pub profiling: bool
-        => |f, v| f.enable_profiling = *v;
+    pub profiling: bool;
     /// Accepted for compatibility.
     #[arg(long, default_value = "")]
-    pub show_hidden_metrics_for_version: String
-        => |f, v| f.show_hidden_metrics_for_version = v.clone();
+    pub show_hidden_metrics_for_version: String;
     #[arg(long, default_value_t = 5.0)]
-    pub kube_api_qps: f32
-        => |f, v| f.client_connection.qps = *v;
+    pub kube_api_qps: f32;
     #[arg(long, default_value_t = 10)]
-    pub kube_api_burst: i32
-        => |f, v| f.client_connection.burst = *v;
+    pub kube_api_burst: i32;
     #[arg(long, default_value = "application/vnd.kubernetes.protobuf")]
-    pub kube_api_content_type: String
-        => |f, v| f.client_connection.content_type = v.clone();
+    pub kube_api_content_type: String;
     /// Accepted for compatibility.
     #[arg(long)]
     pub vmodule: Option<String>;

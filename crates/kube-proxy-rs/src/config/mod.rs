@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use clap::{CommandFactory, FromArgMatches};
 
 pub mod duration;
+mod field;
 mod file;
 mod flags;
 mod resolve;
@@ -23,7 +24,7 @@ pub use duration::{format_go_duration, parse_go_duration, DurationError, GoDurat
 pub use file::*;
 pub use flags::{Cli, DetectLocalMode, SocketLbFlags, UserspaceFlags};
 pub use kp_model::ProxyMode;
-pub use settings::{ClientSettings, ConntrackSettings, IpvsSettings, ProxyConfig};
+pub use settings::ProxyConfig;
 
 use flags::given;
 use resolve::resolve;
