@@ -195,9 +195,9 @@ section! {
         #[serde(default, deserialize_with = "nullable")]
         bind_address: String;
         #[serde(default, deserialize_with = "nullable")]
-        healthz_bind_address: String = flag healthz_bind_address;
+        healthz_bind_address: String;
         #[serde(default, deserialize_with = "nullable")]
-        metrics_bind_address: String = flag metrics_bind_address;
+        metrics_bind_address: String;
         #[serde(default, deserialize_with = "nullable")]
         bind_address_hard_fail: bool = flag bind_address_hard_fail;
         /// Accepted for compatibility.

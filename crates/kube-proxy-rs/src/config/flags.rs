@@ -53,11 +53,77 @@ impl Bound for Result<(), ConfigError> {
 
 /// Runs one flag's binding (the closure gets its argument types from here).
 fn bind<T, R: Bound>(
-    file: &mut KubeProxyConfiguration,
+    file: &mut Given,
     value: &T,
-    binding: impl FnOnce(&mut KubeProxyConfiguration, &T) -> R,
+    binding: impl FnOnce(&mut Given, &T) -> R,
 ) -> Result<(), ConfigError> {
     binding(file, value).into_result()
+}
+
+/// What the flags given do: the file schema they are written into (a
+/// binding reads and writes it as `f.field`), and what the file cannot say.
+pub(super) struct Given<'a> {
+    file: &'a mut KubeProxyConfiguration,
+    /// --write-config-to is given: the deprecated ports stay out of the
+    /// file it writes.
+    writing_config: bool,
+    /// The health and metrics servers a flag turned off (upstream: an empty
+    /// address; here an empty address in the file takes the default).
+    pub healthz_off: bool,
+    pub metrics_off: bool,
+}
+
+impl<'a> Given<'a> {
+    pub(super) fn new(file: &'a mut KubeProxyConfiguration, writing_config: bool) -> Self {
+        Given {
+            file,
+            writing_config,
+            healthz_off: false,
+            metrics_off: false,
+        }
+    }
+
+    /// Upstream's deprecated --healthz-port (`healthz`) or --metrics-port:
+    /// 0 turns the server off, another port completes an address that has
+    /// none.
+    fn deprecated_port(&mut self, healthz: bool, port: Option<i32>) {
+        if self.writing_config {
+            return;
+        }
+        let (addr, off) = if healthz {
+            (&mut self.file.healthz_bind_address, &mut self.healthz_off)
+        } else {
+            (&mut self.file.metrics_bind_address, &mut self.metrics_off)
+        };
+        match port {
+            Some(0) => *off = true,
+            Some(p) if addr_without_port(addr) => *addr = format!("{}:{p}", addr.trim()),
+            _ => {}
+        }
+    }
+}
+
+impl std::ops::Deref for Given<'_> {
+    type Target = KubeProxyConfiguration;
+    fn deref(&self) -> &KubeProxyConfiguration {
+        self.file
+    }
+}
+
+impl std::ops::DerefMut for Given<'_> {
+    fn deref_mut(&mut self) -> &mut KubeProxyConfiguration {
+        self.file
+    }
+}
+
+/// "0.0.0.0" or "[::]" (a bind address that names no port).
+fn addr_without_port(addr: &str) -> bool {
+    let a = addr.trim();
+    !a.is_empty()
+        && a.trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok()
 }
 
 /// Declares [`Cli`] (the struct, with its clap attributes, as written) and
@@ -66,6 +132,10 @@ fn bind<T, R: Bound>(
 /// here, the others through `file.rs`'s tables. `@over_config` marks the
 /// flags upstream still honours when `--config` is given: its logging flags
 /// (copied over the file's `logging`) and --hostname-override.
+/// `@deprecated` marks upstream's deprecated flags that change what the
+/// file cannot say (--healthz-port 0 turns the server off): bound and
+/// ignored with `--config` like the others, but not among the file's flags
+/// ([`Cli::bound_flags`]).
 macro_rules! flags {
     (
         $(#[$cmeta:meta])*
@@ -85,7 +155,7 @@ macro_rules! flags {
             /// Runs flag `id`'s closure, if it has one.
             fn bind_closure(
                 &self,
-                file: &mut KubeProxyConfiguration,
+                file: &mut Given,
                 id: &str,
             ) -> Result<bool, ConfigError> {
                 $($(
@@ -97,18 +167,21 @@ macro_rules! flags {
                 Ok(false)
             }
 
-            /// The flags with a closure, and whether each applies over
-            /// `--config`.
-            const CLOSURES: &'static [(&'static str, bool)] = &[
+            /// The flags with a closure, whether each applies over
+            /// `--config`, and whether it is one of the file's flags.
+            const CLOSURES: &'static [(&'static str, bool, bool)] = &[
                 $($( flags!(@entry $name, $(@$over)? $binding), )?)*
             ];
         }
     };
     (@entry $name:ident, @over_config $binding:expr) => {
-        (stringify!($name), true)
+        (stringify!($name), true, true)
+    };
+    (@entry $name:ident, @deprecated $binding:expr) => {
+        (stringify!($name), false, false)
     };
     (@entry $name:ident, $binding:expr) => {
-        (stringify!($name), false)
+        (stringify!($name), false, true)
     };
 }
 
@@ -120,19 +193,19 @@ impl Cli {
     /// returned as `--flag` names, for a warning.
     pub(super) fn bind_given(
         &self,
-        file: &mut KubeProxyConfiguration,
+        file: &mut Given,
         m: &ArgMatches,
         from_file: bool,
     ) -> Result<Vec<String>, ConfigError> {
         let mut ignored = Vec::new();
-        for (id, over) in Self::bound_flags() {
+        for (id, over, _) in Self::bindings() {
             if !given(m, id) {
                 continue;
             }
             if from_file && !over {
                 ignored.push(format!("--{}", id.replace('_', "-")));
             } else if !self.bind_closure(file, id)? {
-                let bound = file.bind_table_flag(self, id);
+                let bound = file.file.bind_table_flag(self, id);
                 debug_assert!(bound, "{id} is bound nowhere");
             }
         }
@@ -143,6 +216,17 @@ impl Cli {
     /// file field), in the flags' order, and whether each applies over
     /// `--config`.
     pub fn bound_flags() -> Vec<(&'static str, bool)> {
+        Self::bindings()
+            .into_iter()
+            .filter(|(_, _, file)| *file)
+            .map(|(id, over, _)| (id, over))
+            .collect()
+    }
+
+    /// Every flag with a binding, in the flags' order: its clap id,
+    /// whether it applies over `--config`, and whether it is one of the
+    /// file's flags (not `@deprecated`).
+    fn bindings() -> Vec<(&'static str, bool, bool)> {
         let table: Vec<&'static str> = KubeProxyConfiguration::table_flags().collect();
         Cli::command()
             .get_arguments()
@@ -150,9 +234,9 @@ impl Cli {
                 let id = a.get_id().as_str();
                 Self::CLOSURES
                     .iter()
-                    .find(|(c, _)| *c == id)
+                    .find(|(c, _, _)| *c == id)
                     .copied()
-                    .or_else(|| table.iter().find(|t| **t == id).map(|t| (*t, false)))
+                    .or_else(|| table.iter().find(|t| **t == id).map(|t| (*t, false, true)))
             })
             .collect()
     }
@@ -278,10 +362,18 @@ pub struct Cli {
         pub bind_address_hard_fail: bool;
         /// IP:port of the health check server; empty disables it.
         #[arg(long, default_value = "0.0.0.0:10256")]
-        pub healthz_bind_address: String;
+        pub healthz_bind_address: String
+            => |f, v| {
+                f.healthz_bind_address = v.clone();
+                f.healthz_off = v.trim().is_empty();
+            };
         /// IP:port of the metrics server; empty disables it.
         #[arg(long, default_value = "127.0.0.1:10249")]
-        pub metrics_bind_address: String;
+        pub metrics_bind_address: String
+            => |f, v| {
+                f.metrics_bind_address = v.clone();
+                f.metrics_off = v.trim().is_empty();
+            };
         /// The CIDR range(s) of pods in the cluster, comma-separated (one per family).
         #[arg(long, default_value = "")]
         pub cluster_cidr: String;
@@ -430,11 +522,13 @@ pub struct Cli {
     /// Deprecated upstream: 0 disables the health server; another port is
     /// used only when --healthz-bind-address has none. Ignored with --config.
     #[arg(long, hide = true)]
-    pub healthz_port: Option<i32>;
+    pub healthz_port: Option<i32>
+        => @deprecated |f, v| f.deprecated_port(true, *v);
     /// Deprecated upstream: 0 disables the metrics server; another port is
     /// used only when --metrics-bind-address has none. Ignored with --config.
     #[arg(long, hide = true)]
-    pub metrics_port: Option<i32>;
+    pub metrics_port: Option<i32>
+        => @deprecated |f, v| f.deprecated_port(false, *v);
     /// Perform the host setup that needs full root privileges (conntrack
     /// sysctls, the mode's sysctls), then exit; a later start then needs only
     /// CAP_NET_ADMIN.
