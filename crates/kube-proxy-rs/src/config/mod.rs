@@ -12,6 +12,7 @@ use std::path::PathBuf;
 
 use clap::{CommandFactory, FromArgMatches};
 
+mod bind;
 pub mod duration;
 mod field;
 mod file;
@@ -26,7 +27,7 @@ pub use flags::{Cli, DetectLocalMode, SocketLbFlags, UserspaceFlags};
 pub use kp_model::ProxyMode;
 pub use settings::ProxyConfig;
 
-use flags::Given;
+use bind::Given;
 use resolve::resolve;
 
 /// `--version` prints "kube-proxy-rs VERSION"; the long form says what it

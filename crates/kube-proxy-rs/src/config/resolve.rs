@@ -2,7 +2,12 @@
 //! written into it) becomes [`ProxyConfig`]. The schema is updated in place
 //! with every default, so that it can be written back out. The defaults are
 //! the flags' ([`Cli::defaults`]), as upstream's flags and configuration
-//! share theirs; validation is here only, for a value from a flag or file.
+//! share theirs. A plain field's default and check are on its line in
+//! `file.rs` (each section's `apply_defaults`, called here in a fixed
+//! order, so the first error is always the same); what is here is the
+//! logic: the mode, addresses in bindAddress's family, the detect-local and
+//! NodePort rules, the sync periods and masquerading per mode (nftables
+//! falling back to iptables), hostname and logging.
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;

@@ -1,5 +1,10 @@
 //! The effective settings: everything the binary needs, validated, in plain
-//! Rust types, and what they mean for one IP family's dataplane.
+//! Rust types, and what they mean for one IP family's dataplane. A file
+//! section's plain fields reach the proxy as the struct its table generates
+//! (`file.rs`: [`ConntrackSettings`], [`IpvsSettings`], [`ClientSettings`],
+//! [`DetectLocalSettings`]); the fields here are what resolving decides
+//! (the mode's periods, parsed addresses) and the flags without a file
+//! field.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -23,6 +28,10 @@ pub struct ProxyConfig {
     /// Node name: --hostname-override, else this machine's hostname; lowercased.
     pub hostname: String,
     pub bind_address: IpAddr,
+    /// This, config_sync_period, oom_score_adj and feature_gates are the
+    /// top-level file fields read here as they are in `configuration`
+    /// (defaulted by their lines in `file.rs`); callers and tests read them
+    /// as fields of ProxyConfig.
     pub bind_address_hard_fail: bool,
     /// None when disabled (`--healthz-bind-address=""`).
     pub healthz_bind_address: Option<SocketAddr>,
