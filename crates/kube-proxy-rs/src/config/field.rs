@@ -202,19 +202,8 @@ macro_rules! section {
     (
         $(#[$smeta:meta])*
         pub struct $file:ident at $at:literal
-            => $(#[$setmeta:meta])* pub struct $settings:ident { $($body:tt)* }
-    ) => {
-        section!(@file $(#[$smeta])* $file $at { $($body)* });
-        section!(@settings $(#[$setmeta])* $file $settings $at { $($body)* });
-    };
-    (
-        $(#[$smeta:meta])*
-        pub struct $file:ident at $at:literal { $($body:tt)* }
-    ) => {
-        section!(@file $(#[$smeta])* $file $at { $($body)* });
-    };
-    (
-        @file $(#[$smeta:meta])* $file:ident $at:literal {
+            $(=> $(#[$setmeta:meta])* pub struct $settings:ident)?
+        {
             $(
                 $(#[$fmeta:meta])*
                 $name:ident $(as $rename:literal)? : $fty:ty
@@ -224,6 +213,25 @@ macro_rules! section {
                 ;
             )*
         }
+    ) => {
+        // The lines parsed once, into one bracketed group per part, which
+        // the arms below take whole.
+        section!(@emit [$(#[$smeta])*] $file $at [$($(#[$setmeta])* $settings)?] {
+            $(
+                [$(#[$fmeta])*] $name [$($rename)?] [$fty] [$($rule $flag)?] [$($check)?]
+                [$($rty, $conv)?]
+            )*
+        });
+    };
+    (@emit [$($smeta:tt)*] $file:ident $at:literal [$($settings:tt)*] $fields:tt) => {
+        section!(@file [$($smeta)*] $file $at $fields);
+        section!(@settings [$($settings)*] $file $at $fields);
+    };
+    (
+        @file [$(#[$smeta:meta])*] $file:ident $at:literal {$(
+            [$(#[$fmeta:meta])*] $name:ident [$($rename:literal)?] [$fty:ty]
+            [$($rule:ident $flag:ident)?] [$($check:path)?] [$($rty:ty, $conv:path)?]
+        )*}
     ) => {
         $(#[$smeta])*
         pub struct $file {
@@ -296,17 +304,12 @@ macro_rules! section {
     (@into $at:literal, $name:ident, $($rename:literal)?; $value:expr, $conv:path) => {
         $conv(&section!(@path $at, $name $(, $rename)?), $value)?
     };
+    (@settings [] $file:ident $at:literal $fields:tt) => {};
     (
-        @settings $(#[$setmeta:meta])* $file:ident $settings:ident $at:literal {
-            $(
-                $(#[$fmeta:meta])*
-                $name:ident $(as $rename:literal)? : $fty:ty
-                    $(= $rule:ident $flag:ident)?
-                    $(, check $check:path)?
-                    $(, into $rty:ty = $conv:path)?
-                ;
-            )*
-        }
+        @settings [$(#[$setmeta:meta])* $settings:ident] $file:ident $at:literal {$(
+            [$(#[$fmeta:meta])*] $name:ident [$($rename:literal)?] [$fty:ty]
+            [$($rule:ident $flag:ident)?] [$($check:path)?] [$($rty:ty, $conv:path)?]
+        )*}
     ) => {
         $(#[$setmeta])*
         #[derive(Clone, Debug, PartialEq)]
