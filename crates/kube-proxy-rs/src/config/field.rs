@@ -341,3 +341,58 @@ macro_rules! section {
 }
 
 pub(super) use section;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Errors name a field as the file spells it.
+    #[test]
+    fn paths_are_the_files() {
+        assert_eq!(
+            path("conntrack", "max_per_core", None),
+            "conntrack.maxPerCore"
+        );
+        assert_eq!(path("", "oom_score_adj", None), "oomScoreAdj");
+        assert_eq!(
+            path("ipvs", "exclude_cidrs", Some("excludeCIDRs")),
+            "ipvs.excludeCIDRs"
+        );
+    }
+
+    /// The two meanings of unset a line can ask for: `unset` (None only;
+    /// an explicit zero is kept, as conntrack's timeouts need) and `zero`
+    /// (None or zero, upstream's `if x == 0`).
+    #[test]
+    fn unset_and_zero() {
+        let zero = Some(GoDuration(Duration::ZERO));
+        assert_eq!(zero.get(false), Some(Duration::ZERO));
+        assert_eq!(zero.get(true), None);
+        assert_eq!(None::<GoDuration>.get(false), None);
+        assert_eq!(0.0f32.get(false), Some(0.0));
+        assert_eq!(0.0f32.get(true), None);
+        assert_eq!(String::new().get(true), None);
+        assert_eq!(Some(0i32).get(false), Some(0));
+        assert_eq!(Some(Vec::<String>::new()).get(true), None);
+        let mut f = None::<GoDuration>;
+        f.put(Duration::from_secs(3));
+        assert_eq!(f, Some(GoDuration(Duration::from_secs(3))));
+    }
+
+    /// A list flag's empty items are left out (`--ipvs-exclude-cidrs a,,b`),
+    /// and a list's bad item is named by its index.
+    #[test]
+    fn lists() {
+        let mut f = None;
+        f.bind(&vec![" 10.0.0.0/8".to_string(), String::new()]);
+        assert_eq!(f, Some(vec!["10.0.0.0/8".to_string()]));
+        let err = cidrs("ipvs.excludeCIDRs", vec!["10.0.0.0/8".into(), "x".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("ipvs.excludeCIDRs[1]: "), "{err}");
+        assert_eq!(
+            cidrs("f", vec!["10.1.2.3/8".into()]).unwrap(),
+            vec!["10.0.0.0/8".parse::<IpNet>().unwrap()]
+        );
+    }
+}
