@@ -313,6 +313,19 @@ mod tests {
         assert_eq!(over, ["hostname_override", "verbosity", "log_format"]);
     }
 
+    /// A flag is bound once: by one file field's line or by a closure (the
+    /// first found would win, and the other field would silently not be
+    /// written).
+    #[test]
+    fn each_flag_is_bound_in_one_place() {
+        let mut seen = std::collections::BTreeSet::new();
+        let closures = CLOSURES.iter().map(|(id, _, _)| *id);
+        for id in KubeProxyConfiguration::table_flags().chain(closures) {
+            assert!(seen.insert(id), "{id} is bound twice");
+        }
+        assert!(seen.contains("conntrack_tcp_be_liberal") && seen.contains("proxy_mode"));
+    }
+
     /// Every bound flag is a flag with a long name, and none twice.
     #[test]
     fn every_binding_is_a_flag() {
