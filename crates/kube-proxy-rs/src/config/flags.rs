@@ -1,139 +1,20 @@
-//! Upstream kube-proxy's command-line flags (clap), each declared once with
-//! the KubeProxyConfiguration field it is bound into, and the proxy and
-//! local-detection modes they name.
-//!
-//! As upstream's `AddFlags` binds each flag to a field of its
-//! KubeProxyConfiguration (`fs.BoolVar(&o.config.Conntrack.TCPBeLiberal,
-//! "conntrack-tcp-be-liberal", ...)`), a [`Cli`] field that has a file field
-//! names it after `=>`: a closure writing the flag's value into the file
-//! schema. The flag's name, help, parsing and default are its clap
-//! attributes; `resolve.rs` defaults the file's unset fields from the same
-//! defaults ([`Cli::defaults`]) and validates there, once for flags and file.
+//! Upstream kube-proxy's command-line flags (clap), and the proxy and
+//! local-detection modes they name. A flag's name, help, parsing and
+//! default are its clap attributes, and nothing else is here: a flag is
+//! bound into the file schema on its file field's line in `file.rs` or, when
+//! it has more to it, in `bind.rs`; the file's unset fields default to the
+//! flag's default ([`Cli::defaults`]).
 
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
-use clap::parser::ValueSource;
-use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
+use clap::{CommandFactory, FromArgMatches, Parser};
 
-use super::file::KubeProxyConfiguration;
-use super::{invalid, ConfigError, LONG_VERSION};
-use crate::config::duration::{duration_arg, GoDuration};
+use super::{ConfigError, LONG_VERSION};
+use crate::config::duration::duration_arg;
 use kp_model::ProxyMode;
-
-/// True when the flag was set by the user (not clap's default).
-pub(super) fn given(m: &ArgMatches, id: &str) -> bool {
-    matches!(
-        m.value_source(id),
-        Some(ValueSource::CommandLine) | Some(ValueSource::EnvVariable)
-    )
-}
-
-/// What a binding returns: nothing, or a refusal of the value.
-pub(super) trait Bound {
-    fn into_result(self) -> Result<(), ConfigError>;
-}
-
-impl Bound for () {
-    fn into_result(self) -> Result<(), ConfigError> {
-        Ok(())
-    }
-}
-
-impl Bound for Result<(), ConfigError> {
-    fn into_result(self) -> Result<(), ConfigError> {
-        self
-    }
-}
-
-/// Runs one flag's binding (the closure gets its argument types from here).
-fn bind<T, R: Bound>(
-    file: &mut KubeProxyConfiguration,
-    value: &T,
-    binding: impl FnOnce(&mut KubeProxyConfiguration, &T) -> R,
-) -> Result<(), ConfigError> {
-    binding(file, value).into_result()
-}
-
-/// Declares [`Cli`] (the struct, with its clap attributes, as written) and
-/// [`Cli::bind_given`], which writes each given flag that names a file field
-/// (`=> |file, value| ...`) into the file schema. `@over_config` marks the
-/// flags upstream still honours when `--config` is given: its logging flags
-/// (copied over the file's `logging`) and --hostname-override.
-macro_rules! flags {
-    (
-        $(#[$cmeta:meta])*
-        pub struct Cli {
-            $(
-                $(#[$fmeta:meta])*
-                pub $name:ident : $ty:ty $(=> $(@$over:ident)? $binding:expr)? ;
-            )*
-        }
-    ) => {
-        $(#[$cmeta])*
-        pub struct Cli {
-            $( $(#[$fmeta])* pub $name: $ty, )*
-        }
-
-        impl Cli {
-            /// Writes the flags given on the command line (not clap's
-            /// defaults) into `file`. With a config file (`from_file`) only
-            /// the `@over_config` ones apply, as upstream replaces its
-            /// flag-built configuration with the file's; the others given
-            /// are returned as `--flag` names, for a warning.
-            pub(super) fn bind_given(
-                &self,
-                file: &mut KubeProxyConfiguration,
-                m: &ArgMatches,
-                from_file: bool,
-            ) -> Result<Vec<String>, ConfigError> {
-                let mut ignored = Vec::new();
-                $($(
-                    flags!(@bind self, file, m, from_file, ignored, $name, $(@$over)? $binding);
-                )?)*
-                Ok(ignored)
-            }
-
-            /// The clap ids of the flags bound into the file, and whether
-            /// each applies over `--config`.
-            #[allow(clippy::vec_init_then_push)] // one push per table entry
-            pub fn bound_flags() -> Vec<(&'static str, bool)> {
-                let mut out = Vec::new();
-                $($( flags!(@list out, $name, $(@$over)? $binding); )?)*
-                out
-            }
-        }
-    };
-    (
-        @bind $cli:ident, $file:ident, $m:ident, $from_file:ident, $ignored:ident,
-        $name:ident, @over_config $binding:expr
-    ) => {
-        if given($m, stringify!($name)) {
-            bind($file, &$cli.$name, $binding)?;
-        }
-    };
-    (
-        @bind $cli:ident, $file:ident, $m:ident, $from_file:ident, $ignored:ident,
-        $name:ident, $binding:expr
-    ) => {
-        if given($m, stringify!($name)) {
-            if $from_file {
-                $ignored.push(format!("--{}", stringify!($name).replace('_', "-")));
-            } else {
-                bind($file, &$cli.$name, $binding)?;
-            }
-        }
-    };
-    (@list $out:ident, $name:ident, @over_config $binding:expr) => {
-        $out.push((stringify!($name), true));
-    };
-    (@list $out:ident, $name:ident, $binding:expr) => {
-        $out.push((stringify!($name), false));
-    };
-}
 
 impl Cli {
     /// Every flag at its default: what the file's unset fields default to
@@ -145,40 +26,6 @@ impl Cli {
         let m = cmd.try_get_matches_from(["kube-proxy"])?;
         Ok(Cli::from_arg_matches(&m)?)
     }
-}
-
-fn dur(d: &Duration) -> Option<GoDuration> {
-    Some(GoDuration(*d))
-}
-
-/// A list flag's items, trimmed, the empty ones left out.
-fn list(items: &[String]) -> Vec<String> {
-    items
-        .iter()
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .collect()
-}
-
-/// --feature-gates "A=true,B=false", merged into the file's gates.
-fn merge_feature_gates(gates: &mut BTreeMap<String, bool>, s: &str) -> Result<(), ConfigError> {
-    for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-        let (k, v) = item
-            .split_once('=')
-            .ok_or_else(|| invalid("featureGates", format!("{item:?} is not key=value")))?;
-        let b = match v.trim() {
-            "true" | "True" | "TRUE" | "1" | "t" | "T" => true,
-            "false" | "False" | "FALSE" | "0" | "f" | "F" => false,
-            other => {
-                return Err(invalid(
-                    &format!("featureGates.{}", k.trim()),
-                    format!("{other:?} is not a boolean"),
-                ))
-            }
-        };
-        gates.insert(k.trim().to_string(), b);
-    }
-    Ok(())
 }
 
 /// --detect-local-mode / detectLocalMode.
@@ -216,7 +63,6 @@ impl FromStr for DetectLocalMode {
     }
 }
 
-flags! {
 /// Upstream kube-proxy's flags (names and defaults), plus a few of ours.
 /// Boolean flags accept `--flag`, `--flag=true` and `--flag=false` like Go's.
 #[derive(Parser, Debug, Clone)]
@@ -230,262 +76,190 @@ flags! {
 pub struct Cli {
     /// The path to the configuration file.
     #[arg(long)]
-    pub config: Option<PathBuf>;
+    pub config: Option<PathBuf>,
     /// If set, write the effective configuration to this file and exit.
     #[arg(long)]
-    pub write_config_to: Option<PathBuf>;
+    pub write_config_to: Option<PathBuf>,
     /// Path to kubeconfig file with authorization information.
     #[arg(long)]
-    pub kubeconfig: Option<PathBuf>
-        => |f, v| {
-                f.client_connection.kubeconfig = v
-                    .as_ref()
-                    .map(|p| p.to_string_lossy().into_owned())
-                    .unwrap_or_default()
-            };
-        /// The address of the Kubernetes API server (overrides any value in kubeconfig).
-        #[arg(long)]
-        pub master: Option<String>;
-        /// Which proxy mode to use: iptables (default, as upstream's on Linux),
-        /// nftables, ipvs or userspace.
-        #[arg(long, default_value = "iptables", value_parser = ProxyMode::from_str)]
-        pub proxy_mode: ProxyMode
-            => |f, v| f.mode = v.as_str().to_string();
-        /// If non-empty, will be used as the name of the Node kube-proxy is running on.
-        #[arg(long, default_value = "")]
-        pub hostname_override: String
-            => @over_config |f, v| f.hostname_override = v.clone();
-        /// Overrides kube-proxy's idea of what its node's primary IP is.
-        #[arg(long, default_value = "0.0.0.0")]
-        pub bind_address: IpAddr
-            => |f, v| f.bind_address = v.to_string();
-        /// If true, failure to bind a port is fatal.
-        #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-        pub bind_address_hard_fail: bool
-            => |f, v| f.bind_address_hard_fail = *v;
-        /// IP:port of the health check server; empty disables it.
-        #[arg(long, default_value = "0.0.0.0:10256")]
-        pub healthz_bind_address: String
-            => |f, v| f.healthz_bind_address = v.clone();
-        /// IP:port of the metrics server; empty disables it.
-        #[arg(long, default_value = "127.0.0.1:10249")]
-        pub metrics_bind_address: String
-            => |f, v| f.metrics_bind_address = v.clone();
-        /// The CIDR range(s) of pods in the cluster, comma-separated (one per family).
-        #[arg(long, default_value = "")]
-        pub cluster_cidr: String
-            => |f, v| f.cluster_cidr = v.clone();
-        /// How local traffic is detected: ClusterCIDR, NodeCIDR, BridgeInterface, InterfaceNamePrefix.
-        #[arg(long, default_value = "ClusterCIDR", value_parser = DetectLocalMode::from_str)]
-        pub detect_local_mode: DetectLocalMode
-            => |f, v| f.detect_local_mode = v.as_str().to_string();
-        /// Bridge interface name, with --detect-local-mode=BridgeInterface.
-        #[arg(long, default_value = "")]
-        pub pod_bridge_interface: String
-            => |f, v| f.detect_local.bridge_interface = v.clone();
-        /// Interface name prefix, with --detect-local-mode=InterfaceNamePrefix.
-        #[arg(long, default_value = "")]
-        pub pod_interface_name_prefix: String
-            => |f, v| f.detect_local.interface_name_prefix = v.clone();
-        /// CIDRs (comma-separated) or the keywords primary, all, localhost for NodePorts.
-        #[arg(long, value_delimiter = ',')]
-        pub nodeport_addresses: Vec<String>
-            => |f, v| f.node_port_addresses = Some(list(v));
-        /// SNAT all traffic sent via Service cluster IPs.
-        #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-        pub masquerade_all: bool
-            => |f, v| {
-            f.iptables.masquerade_all = *v;
-            f.nftables.masquerade_all = *v;
-        };
+    pub kubeconfig: Option<PathBuf>,
+    /// The address of the Kubernetes API server (overrides any value in kubeconfig).
+    #[arg(long)]
+    pub master: Option<String>,
+    /// Which proxy mode to use: iptables (default, as upstream's on Linux),
+    /// nftables, ipvs or userspace.
+    #[arg(long, default_value = "iptables", value_parser = ProxyMode::from_str)]
+    pub proxy_mode: ProxyMode,
+    /// If non-empty, will be used as the name of the Node kube-proxy is running on.
+    #[arg(long, default_value = "")]
+    pub hostname_override: String,
+    /// Overrides kube-proxy's idea of what its node's primary IP is.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub bind_address: IpAddr,
+    /// If true, failure to bind a port is fatal.
+    #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub bind_address_hard_fail: bool,
+    /// IP:port of the health check server; empty disables it.
+    #[arg(long, default_value = "0.0.0.0:10256")]
+    pub healthz_bind_address: String,
+    /// IP:port of the metrics server; empty disables it.
+    #[arg(long, default_value = "127.0.0.1:10249")]
+    pub metrics_bind_address: String,
+    /// The CIDR range(s) of pods in the cluster, comma-separated (one per family).
+    #[arg(long, default_value = "")]
+    pub cluster_cidr: String,
+    /// How local traffic is detected: ClusterCIDR, NodeCIDR, BridgeInterface, InterfaceNamePrefix.
+    #[arg(long, default_value = "ClusterCIDR", value_parser = DetectLocalMode::from_str)]
+    pub detect_local_mode: DetectLocalMode,
+    /// Bridge interface name, with --detect-local-mode=BridgeInterface.
+    #[arg(long, default_value = "")]
+    pub pod_bridge_interface: String,
+    /// Interface name prefix, with --detect-local-mode=InterfaceNamePrefix.
+    #[arg(long, default_value = "")]
+    pub pod_interface_name_prefix: String,
+    /// CIDRs (comma-separated) or the keywords primary, all, localhost for NodePorts.
+    #[arg(long, value_delimiter = ',')]
+    pub nodeport_addresses: Vec<String>,
+    /// SNAT all traffic sent via Service cluster IPs.
+    #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub masquerade_all: bool,
     /// The bit of the fwmark space to mark packets requiring SNAT (0..=31).
     #[arg(long, default_value_t = 14)]
-    pub iptables_masquerade_bit: i32
-        => |f, v| {
-            f.iptables.masquerade_bit = Some(*v);
-            f.nftables.masquerade_bit = Some(*v);
-        };
+    pub iptables_masquerade_bit: i32,
     /// How often rules are fully re-synced.
     #[arg(long, default_value = "30s", value_parser = duration_arg)]
-    pub iptables_sync_period: Duration
-        => |f, v| {
-            f.iptables.sync_period = dur(v);
-            f.nftables.sync_period = dur(v);
-            f.sync_period = None;
-        };
+    pub iptables_sync_period: Duration,
     /// The minimum period between rule re-syncs.
     #[arg(long, default_value = "1s", value_parser = duration_arg)]
-    pub iptables_min_sync_period: Duration
-        => |f, v| {
-            f.iptables.min_sync_period = dur(v);
-            f.nftables.min_sync_period = dur(v);
-            f.min_sync_period = None;
-        };
+    pub iptables_min_sync_period: Duration,
     /// Allow NodePorts on localhost (iptables mode, IPv4).
     #[arg(long, num_args = 0..=1, default_value = "true", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-    pub iptables_localhost_nodeports: bool
-        => |f, v| f.iptables.localhost_node_ports = Some(*v);
+    pub iptables_localhost_nodeports: bool,
     /// How often configuration from the apiserver is refreshed.
     #[arg(long, default_value = "15m", value_parser = duration_arg)]
-    pub config_sync_period: Duration
-        => |f, v| f.config_sync_period = dur(v);
+    pub config_sync_period: Duration,
     /// The ipvs scheduler type.
     #[arg(long, default_value = "")]
-    pub ipvs_scheduler: String
-        => |f, v| f.ipvs.scheduler = v.clone();
+    pub ipvs_scheduler: String,
     #[arg(long, default_value = "30s", value_parser = duration_arg)]
-    pub ipvs_sync_period: Duration
-        => |f, v| {
-            f.ipvs.sync_period = dur(v);
-            if f.mode == ProxyMode::Ipvs.as_str() {
-                f.sync_period = None;
-            }
-        };
+    pub ipvs_sync_period: Duration,
     #[arg(long, default_value = "1s", value_parser = duration_arg)]
-    pub ipvs_min_sync_period: Duration
-        => |f, v| {
-            f.ipvs.min_sync_period = dur(v);
-            if f.mode == ProxyMode::Ipvs.as_str() {
-                f.min_sync_period = None;
-            }
-        };
+    pub ipvs_min_sync_period: Duration,
     /// CIDRs the ipvs proxier should not touch when cleaning up.
     #[arg(long, value_delimiter = ',')]
-    pub ipvs_exclude_cidrs: Vec<String>
-        => |f, v| f.ipvs.exclude_cidrs = Some(list(v));
+    pub ipvs_exclude_cidrs: Vec<String>,
     #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-    pub ipvs_strict_arp: bool
-        => |f, v| f.ipvs.strict_arp = *v;
+    pub ipvs_strict_arp: bool,
     #[arg(long, default_value = "0s", value_parser = duration_arg)]
-    pub ipvs_tcp_timeout: Duration
-        => |f, v| f.ipvs.tcp_timeout = dur(v);
+    pub ipvs_tcp_timeout: Duration,
     #[arg(long, default_value = "0s", value_parser = duration_arg)]
-    pub ipvs_tcpfin_timeout: Duration
-        => |f, v| f.ipvs.tcp_fin_timeout = dur(v);
+    pub ipvs_tcpfin_timeout: Duration,
     #[arg(long, default_value = "0s", value_parser = duration_arg)]
-    pub ipvs_udp_timeout: Duration
-        => |f, v| f.ipvs.udp_timeout = dur(v);
+    pub ipvs_udp_timeout: Duration,
     /// Maximum tracked NAT connections per CPU core (0 leaves the limit as is).
     #[arg(long, default_value_t = 32768)]
-    pub conntrack_max_per_core: i32
-        => |f, v| f.conntrack.max_per_core = Some(*v);
+    pub conntrack_max_per_core: i32,
     #[arg(long, default_value_t = 131072)]
-    pub conntrack_min: i32
-        => |f, v| f.conntrack.min = Some(*v);
+    pub conntrack_min: i32,
     #[arg(long, default_value = "24h0m0s", value_parser = duration_arg)]
-    pub conntrack_tcp_timeout_established: Duration
-        => |f, v| f.conntrack.tcp_established_timeout = dur(v);
+    pub conntrack_tcp_timeout_established: Duration,
     #[arg(long, default_value = "1h0m0s", value_parser = duration_arg)]
-    pub conntrack_tcp_timeout_close_wait: Duration
-        => |f, v| f.conntrack.tcp_close_wait_timeout = dur(v);
+    pub conntrack_tcp_timeout_close_wait: Duration,
     #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-    pub conntrack_tcp_be_liberal: bool
-        => |f, v| f.conntrack.tcp_be_liberal = *v;
+    pub conntrack_tcp_be_liberal: bool,
     #[arg(long, default_value = "0s", value_parser = duration_arg)]
-    pub conntrack_udp_timeout: Duration
-        => |f, v| f.conntrack.udp_timeout = dur(v);
+    pub conntrack_udp_timeout: Duration,
     #[arg(long, default_value = "0s", value_parser = duration_arg)]
-    pub conntrack_udp_timeout_stream: Duration
-        => |f, v| f.conntrack.udp_stream_timeout = dur(v);
+    pub conntrack_udp_timeout_stream: Duration,
     /// Remove our rules and exit.
     #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-    pub cleanup: bool;
+    pub cleanup: bool,
     /// Log verbosity.
     #[arg(short = 'v', long = "v", default_value_t = 0)]
-    pub verbosity: u8
-        => @over_config |f, v| f.logging.verbosity = Some(u32::from(*v));
+    pub verbosity: u8,
     /// Accepted for compatibility.
     #[arg(long, default_value_t = -999, allow_negative_numbers = true)]
-    pub oom_score_adj: i32
-        => |f, v| f.oom_score_adj = Some(*v);
+    pub oom_score_adj: i32,
     /// key=value pairs, comma-separated.
     #[arg(long, default_value = "")]
-    pub feature_gates: String
-        => |f, v| merge_feature_gates(&mut f.feature_gates, v);
+    pub feature_gates: String,
     /// Accepted for compatibility.
     #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-    pub profiling: bool
-        => |f, v| f.enable_profiling = *v;
+    pub profiling: bool,
     /// Accepted for compatibility.
     #[arg(long, default_value = "")]
-    pub show_hidden_metrics_for_version: String
-        => |f, v| f.show_hidden_metrics_for_version = v.clone();
+    pub show_hidden_metrics_for_version: String,
     #[arg(long, default_value_t = 5.0)]
-    pub kube_api_qps: f32
-        => |f, v| f.client_connection.qps = *v;
+    pub kube_api_qps: f32,
     #[arg(long, default_value_t = 10)]
-    pub kube_api_burst: i32
-        => |f, v| f.client_connection.burst = *v;
+    pub kube_api_burst: i32,
     #[arg(long, default_value = "application/vnd.kubernetes.protobuf")]
-    pub kube_api_content_type: String
-        => |f, v| f.client_connection.content_type = v.clone();
+    pub kube_api_content_type: String,
     /// Accepted for compatibility.
     #[arg(long)]
-    pub vmodule: Option<String>;
+    pub vmodule: Option<String>,
     /// Accepted for compatibility.
     #[arg(long, default_value = "5s")]
-    pub log_flush_frequency: String;
+    pub log_flush_frequency: String,
     /// Accepted for compatibility (upstream's klog buffering and stream
     /// splitting; ours writes every line to stderr unbuffered).
     #[arg(long)]
-    pub log_json_info_buffer_size: Option<String>;
+    pub log_json_info_buffer_size: Option<String>,
     #[arg(long, num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-    pub log_json_split_stream: Option<bool>;
+    pub log_json_split_stream: Option<bool>,
     #[arg(long)]
-    pub log_text_info_buffer_size: Option<String>;
+    pub log_text_info_buffer_size: Option<String>,
     #[arg(long, num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-    pub log_text_split_stream: Option<bool>;
+    pub log_text_split_stream: Option<bool>,
     /// Accepted for compatibility (upstream reads node identity files for
     /// its Events; ours does not need them).
     #[arg(long)]
-    pub boot_id_file: Option<String>;
+    pub boot_id_file: Option<String>,
     #[arg(long)]
-    pub machine_id_file: Option<String>;
+    pub machine_id_file: Option<String>,
     /// Deprecated upstream: 0 disables the health server; another port is
     /// used only when --healthz-bind-address has none. Ignored with --config.
     #[arg(long, hide = true)]
-    pub healthz_port: Option<i32>;
+    pub healthz_port: Option<i32>,
     /// Deprecated upstream: 0 disables the metrics server; another port is
     /// used only when --metrics-bind-address has none. Ignored with --config.
     #[arg(long, hide = true)]
-    pub metrics_port: Option<i32>;
+    pub metrics_port: Option<i32>,
     /// Perform the host setup that needs full root privileges (conntrack
     /// sysctls, the mode's sysctls), then exit; a later start then needs only
     /// CAP_NET_ADMIN.
     #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-    pub init_only: bool;
+    pub init_only: bool,
 
     // --- kube-proxy-rs additions ---
     /// Directory of Service/EndpointSlice/Node manifests to serve from, when no
     /// API server is configured.
     #[arg(long)]
-    pub manifests: Option<PathBuf>;
+    pub manifests: Option<PathBuf>,
     /// Print the rules that would be installed instead of installing them.
     #[arg(long, num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-    pub dry_run: bool;
+    pub dry_run: bool,
     /// Log format: text or json (upstream's --logging-format is an alias).
     #[arg(long, alias = "logging-format", default_value = "text", value_parser = ["text", "json"])]
-    pub log_format: String
-        => @over_config |f, v| f.logging.format = Some(v.clone());
+    pub log_format: String,
     /// Only handle Services labelled service.kubernetes.io/service-proxy-name=NAME
     /// (instead of the unlabelled ones).
     #[arg(long)]
-    pub service_proxy_name: Option<String>;
+    pub service_proxy_name: Option<String>,
     /// iptables mode: which iptables backend to program: auto (detect like
     /// upstream: the one holding Kubernetes chains, else the one with more
     /// rules, else nft), nft or legacy.
     #[arg(long, env = "KUBE_PROXY_RS_IPTABLES_BACKEND", default_value = "auto", value_parser = ["auto", "nft", "legacy"])]
-    pub iptables_backend: String;
+    pub iptables_backend: String,
     /// iptables-nft: write the rules with `iptables-nft-restore` instead of
     /// over nf_tables netlink (the same rules; the programs' speed, as
     /// upstream). A fallback, off by default.
     #[arg(long, env = "KUBE_PROXY_RS_IPTABLES_NFT_RESTORE")]
-    pub iptables_nft_restore: bool;
+    pub iptables_nft_restore: bool,
     #[command(flatten)]
-    pub userspace: UserspaceFlags;
+    pub userspace: UserspaceFlags,
     #[command(flatten)]
-    pub socket_lb: SocketLbFlags;
-}
+    pub socket_lb: SocketLbFlags,
 }
 
 /// Flags of `--proxy-mode=userspace` (ours; upstream removed the mode in 1.26).
@@ -575,32 +349,6 @@ pub struct SocketLbFlags {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Issue 51's rule: with `--config`, upstream still honours its logging
-    /// flags and --hostname-override, and only those.
-    #[test]
-    fn only_logging_and_hostname_apply_over_the_file() {
-        let over: Vec<&str> = Cli::bound_flags()
-            .into_iter()
-            .filter(|(_, over)| *over)
-            .map(|(id, _)| id)
-            .collect();
-        assert_eq!(over, ["hostname_override", "verbosity", "log_format"]);
-    }
-
-    /// Every bound flag is a flag with a long name, and none twice.
-    #[test]
-    fn every_binding_is_a_flag() {
-        let cmd = Cli::command();
-        let mut seen = std::collections::BTreeSet::new();
-        let bound = Cli::bound_flags();
-        assert!(bound.len() > 40, "{} bindings", bound.len());
-        for (id, _) in bound {
-            let arg = cmd.get_arguments().find(|a| a.get_id() == id);
-            assert!(arg.and_then(|a| a.get_long()).is_some(), "no flag {id}");
-            assert!(seen.insert(id), "{id} twice");
-        }
-    }
 
     /// The defaults the file takes are the flags', parsed as typed:
     /// `--config-sync-period`'s "15m" is the file's 15m0s.

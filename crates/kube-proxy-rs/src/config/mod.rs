@@ -12,7 +12,9 @@ use std::path::PathBuf;
 
 use clap::{CommandFactory, FromArgMatches};
 
+mod bind;
 pub mod duration;
+mod field;
 mod file;
 mod flags;
 mod resolve;
@@ -23,9 +25,9 @@ pub use duration::{format_go_duration, parse_go_duration, DurationError, GoDurat
 pub use file::*;
 pub use flags::{Cli, DetectLocalMode, SocketLbFlags, UserspaceFlags};
 pub use kp_model::ProxyMode;
-pub use settings::{ClientSettings, ConntrackSettings, IpvsSettings, ProxyConfig};
+pub use settings::ProxyConfig;
 
-use flags::given;
+use bind::Given;
 use resolve::resolve;
 
 /// `--version` prints "kube-proxy-rs VERSION"; the long form says what it
@@ -77,16 +79,6 @@ fn invalid(field: &str, message: impl Into<String>) -> ConfigError {
     }
 }
 
-/// "0.0.0.0" or "[::]" (a bind address that names no port).
-fn addr_without_port(addr: &str) -> bool {
-    let a = addr.trim();
-    !a.is_empty()
-        && a.trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<std::net::IpAddr>()
-            .is_ok()
-}
-
 /// Parses flags (`args[0]` is the program name), reads `--config` (see the
 /// module doc for which flags still apply), applies upstream's defaults and
 /// validates. `--write-config-to` is left to the caller (see
@@ -115,12 +107,9 @@ pub fn load(cli_args: impl IntoIterator<Item = OsString>) -> Result<ProxyConfig,
         None => KubeProxyConfiguration::default(),
     };
     let from_file = cli.config.is_some();
-    let mut ignored = cli.bind_given(&mut raw, &matches, from_file)?;
-    for id in ["healthz_port", "metrics_port"] {
-        if from_file && given(&matches, id) {
-            ignored.push(format!("--{}", id.replace('_', "-")));
-        }
-    }
+    let mut given = Given::new(&mut raw, cli.write_config_to.is_some());
+    let ignored = cli.bind_given(&mut given, &matches, from_file)?;
+    let (healthz_off, metrics_off) = (given.healthz_off, given.metrics_off);
     if !ignored.is_empty() {
         load_warnings.push(format!(
             "--config is given, so these flags are ignored as upstream ignores them (the file \
@@ -128,36 +117,14 @@ pub fn load(cli_args: impl IntoIterator<Item = OsString>) -> Result<ProxyConfig,
             ignored.join(" ")
         ));
     }
-    // Upstream's deprecated --healthz-port/--metrics-port, without a file:
-    // 0 disables the server, another port completes an address without one.
-    let deprecated_port = |addr: &mut String, port: Option<i32>| -> bool {
-        match port {
-            Some(0) => true,
-            Some(p) if !from_file && addr_without_port(addr) => {
-                *addr = format!("{}:{p}", addr.trim());
-                false
-            }
-            _ => false,
-        }
-    };
-    let mut healthz_disabled = !from_file
-        && given(&matches, "healthz_bind_address")
-        && cli.healthz_bind_address.trim().is_empty();
-    let mut metrics_disabled = !from_file
-        && given(&matches, "metrics_bind_address")
-        && cli.metrics_bind_address.trim().is_empty();
-    if !from_file && cli.write_config_to.is_none() {
-        healthz_disabled |= deprecated_port(&mut raw.healthz_bind_address, cli.healthz_port);
-        metrics_disabled |= deprecated_port(&mut raw.metrics_bind_address, cli.metrics_port);
-    }
     let defaults = Cli::defaults()?;
     let mut pc = resolve(raw, &cli, &defaults)?;
     pc.load_warnings = load_warnings;
     pc.config_file_digest = config_file_digest;
-    if healthz_disabled {
+    if healthz_off {
         pc.healthz_bind_address = None;
     }
-    if metrics_disabled {
+    if metrics_off {
         pc.metrics_bind_address = None;
     }
     if pc.init_only && pc.dry_run {

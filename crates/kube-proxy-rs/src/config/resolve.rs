@@ -2,7 +2,12 @@
 //! written into it) becomes [`ProxyConfig`]. The schema is updated in place
 //! with every default, so that it can be written back out. The defaults are
 //! the flags' ([`Cli::defaults`]), as upstream's flags and configuration
-//! share theirs; validation is here only, for a value from a flag or file.
+//! share theirs. A plain field's default and check are on its line in
+//! `file.rs` (each section's `apply_defaults`, called here in a fixed
+//! order, so the first error is always the same); what is here is the
+//! logic: the mode, addresses in bindAddress's family, the detect-local and
+//! NodePort rules, the sync periods and masquerading per mode (nftables
+//! falling back to iptables), hostname and logging.
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
@@ -11,9 +16,11 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
+use super::field::cidr as parse_cidr;
+use super::field::FileField;
 use super::file::KubeProxyConfiguration;
 use super::flags::{Cli, DetectLocalMode};
-use super::settings::{ClientSettings, ConntrackSettings, IpvsSettings, ProxyConfig};
+use super::settings::ProxyConfig;
 use super::{invalid, ConfigError, API_VERSION, KIND};
 use crate::config::duration::GoDuration;
 use kp_model::ProxyMode;
@@ -31,27 +38,12 @@ fn duration_field_keep_zero(value: Option<GoDuration>) -> Duration {
     value.map_or(Duration::ZERO, |g| g.0)
 }
 
-/// A duration field defaulted only when unset: an explicit zero is kept
-/// (upstream's pointer fields, e.g. conntrack.tcpEstablishedTimeout, where
-/// 0 means "leave the node's sysctl as it is").
-fn duration_field_unset_default(value: Option<GoDuration>, default: Duration) -> Duration {
-    value.map_or(default, |g| g.0)
-}
-
 fn masquerade_bit(field: &str, v: i32) -> Result<u8, ConfigError> {
     if (0..=31).contains(&v) {
         Ok(v as u8)
     } else {
         Err(invalid(field, format!("{v} is not in 0..=31")))
     }
-}
-
-fn parse_cidr(field: &str, s: &str) -> Result<IpNet, ConfigError> {
-    let s = s.trim();
-    // Upstream accepts a bare IP in a few places; a CIDR is required here.
-    IpNet::from_str(s)
-        .map(|n| n.trunc())
-        .map_err(|_| invalid(field, format!("{s:?} is not a valid CIDR")))
 }
 
 /// "ip:port", "[v6]:port", or a bare IP (which takes `default_port`).
@@ -117,19 +109,17 @@ pub(super) fn resolve(
     let detect_local_mode = detect_local(&mut raw, d)?;
     let (nodeport_addresses, nodeport_primary) = nodeport_addresses(&raw, mode)?;
     let sync = sync_and_masquerade(&mut raw, mode, d)?;
-    let ipvs = ipvs(&mut raw, &sync, d)?;
-    let conntrack = conntrack(&mut raw, d)?;
-    let config_sync_period = duration_field(raw.config_sync_period, d.config_sync_period);
-    raw.config_sync_period = Some(GoDuration(config_sync_period));
-    let oom_score_adj = raw.oom_score_adj.unwrap_or(d.oom_score_adj);
-    if !(-1000..=1000).contains(&oom_score_adj) {
-        return Err(invalid(
-            "oomScoreAdj",
-            format!("{oom_score_adj} is not in -1000..=1000"),
-        ));
-    }
-    raw.oom_score_adj = Some(oom_score_adj);
-    let (client, kubeconfig) = client_connection(&mut raw, d)?;
+    // The tables' defaults and checks (file.rs), section by section.
+    raw.ipvs.apply_defaults(d)?;
+    let ipvs = raw.ipvs.settings()?;
+    raw.conntrack.apply_defaults(d)?;
+    let conntrack = raw.conntrack.settings()?;
+    raw.apply_defaults(d)?;
+    raw.client_connection.apply_defaults(d)?;
+    let client = raw.client_connection.settings()?;
+    let kubeconfig = Some(&client.kubeconfig)
+        .filter(|k| !k.is_empty())
+        .map(PathBuf::from);
     let (log_json, verbosity) = logging(&raw)?;
     let hostname = if raw.hostname_override.trim().is_empty() {
         machine_hostname()?
@@ -150,8 +140,7 @@ pub(super) fn resolve(
         metrics_bind_address: Some(metrics),
         cluster_cidrs,
         detect_local_mode,
-        pod_bridge_interface: raw.detect_local.bridge_interface.clone(),
-        pod_interface_name_prefix: raw.detect_local.interface_name_prefix.clone(),
+        detect_local: raw.detect_local.settings()?,
         nodeport_addresses,
         nodeport_primary,
         node_primary_ips: Vec::new(),
@@ -160,7 +149,7 @@ pub(super) fn resolve(
         sync_period: sync.sync_period,
         min_sync_period: sync.min_sync_period,
         localhost_nodeports: sync.localhost_nodeports,
-        config_sync_period,
+        config_sync_period: raw.config_sync_period.get(false).unwrap_or_default(),
         kubeconfig,
         master: cli.master.clone().filter(|m| !m.is_empty()),
         client,
@@ -177,7 +166,7 @@ pub(super) fn resolve(
         socket_lb,
         ipvs,
         conntrack,
-        oom_score_adj,
+        oom_score_adj: raw.oom_score_adj.get(false).unwrap_or_default(),
         feature_gates: raw.feature_gates.clone(),
         config_file: cli.config.clone(),
         config_file_digest: None,
@@ -277,6 +266,7 @@ fn detect_local(raw: &mut KubeProxyConfiguration, d: &Cli) -> Result<DetectLocal
             .map_err(|e| invalid("detectLocalMode", e))?
     };
     raw.detect_local_mode = detect_local_mode.as_str().to_string();
+    raw.detect_local.apply_defaults(d)?;
     match detect_local_mode {
         DetectLocalMode::BridgeInterface if raw.detect_local.bridge_interface.is_empty() => {
             Err(invalid(
@@ -339,8 +329,6 @@ struct SyncSettings {
     masquerade_all: bool,
     masquerade_bit: u8,
     localhost_nodeports: bool,
-    ipvs_sync: Duration,
-    ipvs_min: Duration,
 }
 
 /// Masquerading and sync periods: the running mode's section wins; an unset
@@ -369,13 +357,11 @@ fn sync_and_masquerade(
     // Unset is zero here, though --ipvs-min-sync-period shows 1s: what an
     // unset field has always meant (docs/architecture.md "The periods").
     let ipvs_min = duration_field_keep_zero(raw.ipvs.min_sync_period);
-    let localhost_nodeports = ipt
-        .localhost_node_ports
-        .unwrap_or(d.iptables_localhost_nodeports);
+    raw.iptables.apply_defaults(d)?;
+    let localhost_nodeports = raw.iptables.localhost_node_ports.unwrap_or_default();
     raw.iptables.masquerade_bit = Some(i32::from(ipt_bit));
     raw.iptables.sync_period = Some(GoDuration(ipt_sync));
     raw.iptables.min_sync_period = Some(GoDuration(ipt_min));
-    raw.iptables.localhost_node_ports = Some(localhost_nodeports);
     raw.nftables.masquerade_bit = Some(i32::from(nft_bit));
     raw.nftables.sync_period = Some(GoDuration(nft_sync));
     raw.nftables.min_sync_period = Some(GoDuration(nft_min));
@@ -414,121 +400,7 @@ fn sync_and_masquerade(
         masquerade_all,
         masquerade_bit,
         localhost_nodeports,
-        ipvs_sync,
-        ipvs_min,
     })
-}
-
-/// The ipvs section (its sync periods resolved with the others).
-fn ipvs(
-    raw: &mut KubeProxyConfiguration,
-    sync: &SyncSettings,
-    d: &Cli,
-) -> Result<IpvsSettings, ConfigError> {
-    let mut exclude_cidrs = Vec::new();
-    for (i, c) in raw.ipvs.exclude_cidrs.iter().flatten().enumerate() {
-        exclude_cidrs.push(parse_cidr(&format!("ipvs.excludeCIDRs[{i}]"), c)?);
-    }
-    let ipvs = IpvsSettings {
-        scheduler: raw.ipvs.scheduler.clone(),
-        sync_period: sync.ipvs_sync,
-        min_sync_period: sync.ipvs_min,
-        exclude_cidrs,
-        strict_arp: raw.ipvs.strict_arp,
-        tcp_timeout: duration_field_unset_default(raw.ipvs.tcp_timeout, d.ipvs_tcp_timeout),
-        tcp_fin_timeout: duration_field_unset_default(
-            raw.ipvs.tcp_fin_timeout,
-            d.ipvs_tcpfin_timeout,
-        ),
-        udp_timeout: duration_field_unset_default(raw.ipvs.udp_timeout, d.ipvs_udp_timeout),
-    };
-    raw.ipvs.tcp_timeout = Some(GoDuration(ipvs.tcp_timeout));
-    raw.ipvs.tcp_fin_timeout = Some(GoDuration(ipvs.tcp_fin_timeout));
-    raw.ipvs.udp_timeout = Some(GoDuration(ipvs.udp_timeout));
-    Ok(ipvs)
-}
-
-/// The conntrack section, for `--init-only`'s sysctls.
-fn conntrack(raw: &mut KubeProxyConfiguration, d: &Cli) -> Result<ConntrackSettings, ConfigError> {
-    let ct = &raw.conntrack;
-    let conntrack = ConntrackSettings {
-        max_per_core: ct.max_per_core.unwrap_or(d.conntrack_max_per_core),
-        min: ct.min.unwrap_or(d.conntrack_min),
-        tcp_established_timeout: duration_field_unset_default(
-            ct.tcp_established_timeout,
-            d.conntrack_tcp_timeout_established,
-        ),
-        tcp_close_wait_timeout: duration_field_unset_default(
-            ct.tcp_close_wait_timeout,
-            d.conntrack_tcp_timeout_close_wait,
-        ),
-        tcp_be_liberal: ct.tcp_be_liberal,
-        udp_timeout: duration_field_unset_default(ct.udp_timeout, d.conntrack_udp_timeout),
-        udp_stream_timeout: duration_field_unset_default(
-            ct.udp_stream_timeout,
-            d.conntrack_udp_timeout_stream,
-        ),
-    };
-    if conntrack.max_per_core < 0 {
-        return Err(invalid(
-            "conntrack.maxPerCore",
-            format!("{} must be >= 0", conntrack.max_per_core),
-        ));
-    }
-    if conntrack.min < 0 {
-        return Err(invalid(
-            "conntrack.min",
-            format!("{} must be >= 0", conntrack.min),
-        ));
-    }
-    raw.conntrack.max_per_core = Some(conntrack.max_per_core);
-    raw.conntrack.min = Some(conntrack.min);
-    raw.conntrack.tcp_established_timeout = Some(GoDuration(conntrack.tcp_established_timeout));
-    raw.conntrack.tcp_close_wait_timeout = Some(GoDuration(conntrack.tcp_close_wait_timeout));
-    raw.conntrack.udp_timeout = Some(GoDuration(conntrack.udp_timeout));
-    raw.conntrack.udp_stream_timeout = Some(GoDuration(conntrack.udp_stream_timeout));
-    Ok(conntrack)
-}
-
-/// clientConnection, with upstream's defaults.
-fn client_connection(
-    raw: &mut KubeProxyConfiguration,
-    d: &Cli,
-) -> Result<(ClientSettings, Option<PathBuf>), ConfigError> {
-    let cc = &mut raw.client_connection;
-    if cc.content_type.is_empty() {
-        cc.content_type = d.kube_api_content_type.clone();
-    }
-    if cc.qps == 0.0 {
-        cc.qps = d.kube_api_qps;
-    }
-    if cc.burst == 0 {
-        cc.burst = d.kube_api_burst;
-    }
-    if cc.qps < 0.0 {
-        return Err(invalid(
-            "clientConnection.qps",
-            format!("{} must be >= 0", cc.qps),
-        ));
-    }
-    if cc.burst < 0 {
-        return Err(invalid(
-            "clientConnection.burst",
-            format!("{} must be >= 0", cc.burst),
-        ));
-    }
-    let client = ClientSettings {
-        qps: cc.qps,
-        burst: cc.burst,
-        content_type: cc.content_type.clone(),
-        accept_content_types: cc.accept_content_types.clone(),
-    };
-    let kubeconfig = if cc.kubeconfig.is_empty() {
-        None
-    } else {
-        Some(PathBuf::from(&cc.kubeconfig))
-    };
-    Ok((client, kubeconfig))
 }
 
 /// logging: JSON or text, and the verbosity.

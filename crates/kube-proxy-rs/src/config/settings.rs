@@ -1,5 +1,10 @@
 //! The effective settings: everything the binary needs, validated, in plain
-//! Rust types, and what they mean for one IP family's dataplane.
+//! Rust types, and what they mean for one IP family's dataplane. A file
+//! section's plain fields reach the proxy as the struct its table generates
+//! (`file.rs`: [`ConntrackSettings`], [`IpvsSettings`], [`ClientSettings`],
+//! [`DetectLocalSettings`]); the fields here are what resolving decides
+//! (the mode's periods, parsed addresses) and the flags without a file
+//! field.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -9,46 +14,12 @@ use std::time::Duration;
 use ipnet::IpNet;
 use kp_model::{IpFamily, LocalDetector, ProxierConfig};
 
-use super::file::KubeProxyConfiguration;
+use super::file::{
+    ClientSettings, ConntrackSettings, DetectLocalSettings, IpvsSettings, KubeProxyConfiguration,
+};
 use super::flags::DetectLocalMode;
 use super::ConfigError;
 use kp_model::ProxyMode;
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct IpvsSettings {
-    pub scheduler: String,
-    pub sync_period: Duration,
-    pub min_sync_period: Duration,
-    pub exclude_cidrs: Vec<IpNet>,
-    pub strict_arp: bool,
-    /// Zero leaves the system's value.
-    pub tcp_timeout: Duration,
-    pub tcp_fin_timeout: Duration,
-    pub udp_timeout: Duration,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct ConntrackSettings {
-    /// 0 leaves nf_conntrack_max as is.
-    pub max_per_core: i32,
-    pub min: i32,
-    /// Zero leaves the sysctl as is (as do the other timeouts).
-    pub tcp_established_timeout: Duration,
-    pub tcp_close_wait_timeout: Duration,
-    pub tcp_be_liberal: bool,
-    pub udp_timeout: Duration,
-    pub udp_stream_timeout: Duration,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct ClientSettings {
-    pub qps: f32,
-    pub burst: i32,
-    pub content_type: String,
-    /// clientConnection.acceptContentTypes (no flag; empty: the content
-    /// type, then anything).
-    pub accept_content_types: String,
-}
 
 /// Everything the binary needs, validated, in plain Rust types.
 #[derive(Clone, Debug, PartialEq)]
@@ -57,6 +28,10 @@ pub struct ProxyConfig {
     /// Node name: --hostname-override, else this machine's hostname; lowercased.
     pub hostname: String,
     pub bind_address: IpAddr,
+    /// This, config_sync_period, oom_score_adj and feature_gates are the
+    /// top-level file fields read here as they are in `configuration`
+    /// (defaulted by their lines in `file.rs`); callers and tests read them
+    /// as fields of ProxyConfig.
     pub bind_address_hard_fail: bool,
     /// None when disabled (`--healthz-bind-address=""`).
     pub healthz_bind_address: Option<SocketAddr>,
@@ -64,8 +39,7 @@ pub struct ProxyConfig {
     /// At most one per IP family.
     pub cluster_cidrs: Vec<IpNet>,
     pub detect_local_mode: DetectLocalMode,
-    pub pod_bridge_interface: String,
-    pub pod_interface_name_prefix: String,
+    pub detect_local: DetectLocalSettings,
     /// NodePort CIDRs (the `all` keyword gives 0.0.0.0/0 and ::/0, `localhost`
     /// 127.0.0.0/8 and ::1/128). Empty with `nodeport_primary` false: every
     /// local address.
@@ -156,10 +130,10 @@ impl ProxyConfig {
                 }
             }
             DetectLocalMode::BridgeInterface => {
-                LocalDetector::BridgeInterface(self.pod_bridge_interface.clone())
+                LocalDetector::BridgeInterface(self.detect_local.bridge_interface.clone())
             }
             DetectLocalMode::InterfaceNamePrefix => {
-                LocalDetector::InterfaceNamePrefix(self.pod_interface_name_prefix.clone())
+                LocalDetector::InterfaceNamePrefix(self.detect_local.interface_name_prefix.clone())
             }
         }
     }
