@@ -23,12 +23,20 @@
 //!    own node (internalTrafficPolicy Local): failed requests and nf_tables
 //!    rules written per node in the window.
 //! 4. `--fit`: K stepped up (`--fit-steps`) for each; a step fits when all
-//!    K serve and MemAvailable stays above `--fit-reserve-mib`.
+//!    K serve and MemAvailable stays above `--fit-reserve-mib` (a step is
+//!    given up when it falls below half of that, before the OOM killer).
+//!
+//! `--repeat-start R` runs the start R more times, alternating which kind
+//! goes first, for the control plane's CPU as a median. Each start prints
+//! on stderr the API requests and etcd requests it caused.
 //!
 //! Run as root: `sudo target/release/kp-bench cluster --nodes 10 --services 2000`
 //! (build first: `cargo build --release -p kube-proxy-rs -p kp-bench`;
 //! UPSTREAM_KUBE_PROXY_BIN, KUBE_APISERVER_BIN, KUBECTL_BIN, ETCD_BIN as
-//! for the tests). Ctrl-C stops it and removes every namespace and process.
+//! for the tests: ETCD_BIN an etcd 3.5, as test.sh unpacks into
+//! target/etcd-3.5; over Debian's 3.4 kube-apiserver v1.36 cannot stream
+//! lists and both proxies list instead). Ctrl-C stops it and removes every
+//! namespace and process.
 
 mod monitor;
 mod nodes;
