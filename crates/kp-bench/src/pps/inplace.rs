@@ -397,7 +397,7 @@ fn measure_size(o: &Opts, n: u32, deadline: Instant) -> Result<Vec<Row>> {
         // The clock drops here: the tracepoint programs detach.
     }
     let mut rows = Vec::new();
-    for ((l, s), cfg) in live.iter().zip(steps).zip(&o.configs) {
+    for (l, s) in live.iter().zip(steps) {
         if let Some(why) = &l.failed {
             rows.push(Row::NotAvailable(why.clone()));
             continue;
@@ -413,7 +413,6 @@ fn measure_size(o: &Opts, n: u32, deadline: Instant) -> Result<Vec<Row>> {
         if let Some(t) = &l.null_tc {
             note = format!("null tc program on {}", t.interfaces.join(", "));
         }
-        let _ = cfg;
         rows.push(Row::Measured {
             ready: l.ready.unwrap_or_default(),
             steps: s,
@@ -437,7 +436,7 @@ fn q(mut xs: Vec<f64>) -> Option<(f64, f64, f64, f64, f64)> {
     Some((at(0.5), at(0.25), at(0.75), xs[0], xs[xs.len() - 1]))
 }
 
-fn table(o: &Opts, rate: f64, results: &[(u32, Vec<Row>)]) -> String {
+fn table(o: &Opts, results: &[(u32, Vec<Row>)]) -> String {
     let mut t = String::new();
     for (n, rows) in results {
         t.push_str(&format!(
@@ -502,61 +501,13 @@ fn table(o: &Opts, rate: f64, results: &[(u32, Vec<Row>)]) -> String {
                 }
             }
         }
-        // Paired differences against each baseline that ran.
-        let idx = |name: &str| o.configs.iter().position(|c| c.name == name);
-        let per_round = |i: usize| -> Vec<Option<f64>> {
-            let Some(Row::Measured { steps, .. }) = rows.get(i) else {
-                return Vec::new();
-            };
-            let mut v = vec![None; o.rounds];
-            for s in steps.iter().filter(|s| s.kept()) {
-                if let Some(slot) = v.get_mut(s.round) {
-                    *slot = Some(s.ns_per_request(&[NODE_CPU]));
-                }
-            }
-            v
-        };
-        let bases: Vec<(usize, &str)> = BASELINES
-            .iter()
-            .filter_map(|b| idx(b).map(|i| (i, *b)))
-            .filter(|(i, _)| matches!(rows.get(*i), Some(Row::Measured { .. })))
-            .collect();
-        if !bases.is_empty() {
-            t.push_str("\nPaired differences, row less column, CPU 1 NET_RX ns per request + echo over the rounds where both steps were kept: median (IQR; min-max, pairs):\n\n| row |");
-            for (_, b) in &bases {
-                t.push_str(&format!(" − {b} |"));
-            }
-            t.push_str("\n|---|");
-            t.push_str(&"---|".repeat(bases.len()));
-            t.push('\n');
-            for (i, cfg) in o.configs.iter().enumerate() {
-                if !matches!(rows.get(i), Some(Row::Measured { .. })) {
-                    continue;
-                }
-                let a = per_round(i);
-                t.push_str(&format!("| {} |", cfg.name));
-                for (j, _) in &bases {
-                    if *j == i {
-                        t.push_str(" |");
-                        continue;
-                    }
-                    let b = per_round(*j);
-                    let d: Vec<f64> = a
-                        .iter()
-                        .zip(&b)
-                        .filter_map(|(x, y)| Some((*x)? - (*y)?))
-                        .collect();
-                    let k = d.len();
-                    t.push_str(&match q(d) {
-                        Some((m, lo, hi, mn, mx)) => {
-                            format!(" {m:+.0} ({lo:+.0} to {hi:+.0}; {mn:+.0} to {mx:+.0}, {k}) |")
-                        }
-                        None => " no kept pair |".into(),
-                    });
-                }
-                t.push('\n');
-            }
-        }
+        t.push_str(&paired(o, rows, &[NODE_CPU], "CPU 1 (the node's)"));
+        t.push_str(&paired(
+            o,
+            rows,
+            &[CLIENT_CPU, NODE_CPU],
+            "CPUs 0+1 (the node's, and the client's, LAN bridge's and pods', alike in every row)",
+        ));
         if !notes.is_empty() {
             t.push('\n');
             for s in notes {
@@ -564,7 +515,68 @@ fn table(o: &Opts, rate: f64, results: &[(u32, Vec<Row>)]) -> String {
             }
         }
     }
-    let _ = rate;
+    t
+}
+
+/// The paired differences, row less baseline, of `cpus`' NET_RX time per
+/// request + echo, over the rounds where both steps were kept.
+fn paired(o: &Opts, rows: &[Row], cpus: &[usize], what: &str) -> String {
+    let mut t = String::new();
+    let idx = |name: &str| o.configs.iter().position(|c| c.name == name);
+    let per_round = |i: usize| -> Vec<Option<f64>> {
+        let Some(Row::Measured { steps, .. }) = rows.get(i) else {
+            return Vec::new();
+        };
+        let mut v = vec![None; o.rounds];
+        for s in steps.iter().filter(|s| s.kept()) {
+            if let Some(slot) = v.get_mut(s.round) {
+                *slot = Some(s.ns_per_request(cpus));
+            }
+        }
+        v
+    };
+    let bases: Vec<(usize, &str)> = BASELINES
+        .iter()
+        .filter_map(|b| idx(b).map(|i| (i, *b)))
+        .filter(|(i, _)| matches!(rows.get(*i), Some(Row::Measured { .. })))
+        .collect();
+    if bases.is_empty() {
+        return t;
+    }
+    t.push_str(&format!("\nPaired differences, row less column, {what} NET_RX ns per request + echo, over the rounds where both steps were kept: median (IQR; min-max, pairs):\n\n| row |"));
+    for (_, b) in &bases {
+        t.push_str(&format!(" − {b} |"));
+    }
+    t.push_str("\n|---|");
+    t.push_str(&"---|".repeat(bases.len()));
+    t.push('\n');
+    for (i, cfg) in o.configs.iter().enumerate() {
+        if !matches!(rows.get(i), Some(Row::Measured { .. })) {
+            continue;
+        }
+        let a = per_round(i);
+        t.push_str(&format!("| {} |", cfg.name));
+        for (j, _) in &bases {
+            if *j == i {
+                t.push_str(" |");
+                continue;
+            }
+            let b = per_round(*j);
+            let d: Vec<f64> = a
+                .iter()
+                .zip(&b)
+                .filter_map(|(x, y)| Some((*x)? - (*y)?))
+                .collect();
+            let k = d.len();
+            t.push_str(&match q(d) {
+                Some((m, lo, hi, mn, mx)) => {
+                    format!(" {m:+.0} ({lo:+.0} to {hi:+.0}; {mn:+.0} to {mx:+.0}, {k}) |")
+                }
+                None => " no kept pair |".into(),
+            });
+        }
+        t.push('\n');
+    }
     t
 }
 
@@ -619,7 +631,7 @@ pub(super) fn run(o: &Opts) -> Result<()> {
         o.flows,
         o.duration.as_secs_f64(),
         o.rounds,
-        table(o, rate, &results),
+        table(o, &results),
     );
     println!("{text}");
     if let Some(path) = &o.write {
