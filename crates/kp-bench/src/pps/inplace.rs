@@ -61,11 +61,14 @@ struct Step {
     steal: u64,
     drops: u64,
     squeezes: u64,
+    /// The sender fell more than 10% short of the step's count (CPU 0 taken
+    /// by others): fewer packets a softirq pass, a figure of another rate.
+    short: bool,
 }
 
 impl Step {
     fn kept(&self) -> bool {
-        self.steal == 0 && self.drops == 0 && self.squeezes == 0
+        self.steal == 0 && self.drops == 0 && self.squeezes == 0 && !self.short
     }
     fn ns_per_request(&self, cpus: &[usize]) -> f64 {
         let ns: u64 = cpus
@@ -293,6 +296,7 @@ fn step(o: &Opts, clock: &NetRxClock, l: &Live<'_>, round: usize, rate: f64) -> 
         steal: cpus.iter().map(|&c| cpu0.steal_ticks(&cpu1, c)).sum(),
         drops: stall(|x| x.0),
         squeezes: stall(|x| x.1),
+        short: (sent.packets as f64) < 0.9 * rate * o.duration.as_secs_f64(),
     })
 }
 
@@ -389,7 +393,11 @@ fn measure_size(o: &Opts, n: u32, deadline: Instant) -> Result<Vec<Row>> {
                     s.steal,
                     s.drops,
                     s.squeezes,
-                    if s.kept() { "" } else { " (dropped)" }
+                    match (s.kept(), s.short) {
+                        (true, _) => "",
+                        (false, true) => " (dropped; sender short)",
+                        (false, false) => " (dropped)",
+                    }
                 );
                 steps[i].push(s);
             }
@@ -445,7 +453,7 @@ fn table(o: &Opts, results: &[(u32, Vec<Row>)]) -> String {
             o.configs.len(),
             n.saturating_sub(o.configs.len() as u32)
         ));
-        t.push_str("| row | steps kept / run (dropped: steal, backlog) | most lost in a step: requests / echoes | CPU 1 NET_RX ns per request + echo, median (IQR; min-max) | CPUs 0+1 NET_RX ns, median | NET_RX passes per request, CPU 1 (tracepoint / /proc/softirqs) |\n");
+        t.push_str("| row | steps kept / run (dropped: steal, backlog, sender short) | most lost in a step: requests / echoes | CPU 1 NET_RX ns per request + echo, median (IQR; min-max) | CPUs 0+1 NET_RX ns, median | NET_RX passes per request, CPU 1, every step (tracepoints / /proc/softirqs) |\n");
         t.push_str("|---|---|---|---|---|---|\n");
         let mut notes = Vec::new();
         for (cfg, row) in o.configs.iter().zip(rows) {
@@ -462,6 +470,10 @@ fn table(o: &Opts, results: &[(u32, Vec<Row>)]) -> String {
                         .iter()
                         .filter(|s| s.steal == 0 && (s.drops > 0 || s.squeezes > 0))
                         .count();
+                    let short = steps
+                        .iter()
+                        .filter(|s| s.short && s.steal == 0 && s.drops == 0 && s.squeezes == 0)
+                        .count();
                     let lost = steps
                         .iter()
                         .map(Step::loss)
@@ -471,12 +483,14 @@ fn table(o: &Opts, results: &[(u32, Vec<Row>)]) -> String {
                         .iter()
                         .map(|s| s.ns_per_request(&[CLIENT_CPU, NODE_CPU]))
                         .collect());
-                    let sum = |f: &dyn Fn(&Step) -> u64| kept.iter().map(|s| f(s)).sum::<u64>();
+                    // Every step, kept or not: the tracepoints against the
+                    // kernel's own count.
+                    let sum = |f: &dyn Fn(&Step) -> u64| steps.iter().map(f).sum::<u64>();
                     let sent = sum(&|s| s.sent.packets).max(1) as f64;
                     let passes = sum(&|s| s.net_rx.passes.get(NODE_CPU).copied().unwrap_or(0));
                     let raised = sum(&|s| s.raised.get(NODE_CPU).copied().unwrap_or(0));
                     t.push_str(&format!(
-                        "| {} | {} / {} ({steal}, {backlog}) | {:.2}% / {:.2}% | {} | {} | {:.3} / {:.3} |\n",
+                        "| {} | {} / {} ({steal}, {backlog}, {short}) | {:.2}% / {:.2}% | {} | {} | {:.3} / {:.3} |\n",
                         cfg.name,
                         kept.len(),
                         steps.len(),
@@ -604,6 +618,9 @@ pub(super) fn run(o: &Opts) -> Result<()> {
             break;
         }
         results.push((n, measure_size(o, n, deadline)?));
+        // Each size's table as soon as it is measured: a run stopped later
+        // keeps it.
+        eprintln!("{}", table(o, &results[results.len() - 1..]));
     }
     let cpus = std::thread::available_parallelism().map_or(0, |c| c.get());
     let xdp = if o.configs.iter().any(|c| {
@@ -621,7 +638,7 @@ pub(super) fn run(o: &Opts) -> Result<()> {
          {} pps of 64-byte UDP datagrams from {} flows for {:.0} s a step, one row at a time, rows in order then reversed, {} rounds; the pods echo every datagram, so a request crosses the node twice. \
          NET_RX time is summed exactly per CPU between the softirq_entry and softirq_exit tracepoints (vec NET_RX_SOFTIRQ; the bench's raw tracepoint programs, attached only while the steps ran) and divided by the requests sent. \
          Client, LAN bridge and pods on CPU 0, the nodes' receive processing (RPS) and the proxies on CPU 1. \
-         A step is dropped when /proc/stat shows steal on CPU 0 or 1, or softnet_stat a backlog drop or time squeeze there.{xdp}\n{}",
+         A step is dropped when /proc/stat shows steal on CPU 0 or 1, or softnet_stat a backlog drop or time squeeze there, or the sender fell more than 10% short of the step's count.{xdp}\n{}",
         o.command,
         started.elapsed().as_secs_f64() / 60.0,
         kernel(),
