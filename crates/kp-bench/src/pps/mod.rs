@@ -70,6 +70,15 @@
 //! time per packet (medians and the softirq's range: the ticks are
 //! sampled at HZ), and what each row adds to the `floor` row's.
 //!
+//! `--in-place` (inplace.rs, issue 64 item 3(b)): no climb and no TCP;
+//! every row alive at once on its own node with its own NodePort Service,
+//! the pods echoing each datagram, the node CPU's NET_RX time summed
+//! exactly from the softirq_entry/exit tracepoints (bpf.rs `NetRxClock`,
+//! attached only while the steps run), rows alternated in order then
+//! reversed for `--rounds`, steps with steal, backlog stalls or a short
+//! sender dropped and counted, and paired differences per round against
+//! upstream-nftables, ours-nftables, null-tc and floor.
+//!
 //! Configurations (parts.rs, `builtin_configs`): upstream-nftables,
 //! upstream-iptables (the host's iptables: iptables-nft here),
 //! upstream-iptables-legacy, ours-nftables, ours-iptables,
@@ -78,7 +87,9 @@
 //! the client sending to the pods' own addresses through the node (a route
 //! of the client's via that node while the row runs), so that the node
 //! forwards with no NAT and no conntrack: what the veths, the bridge and
-//! routing cost every row, and where the client's CPU ends the climb. Its
+//! routing cost every row, and where the client's CPU ends the climb;
+//! `null-tc` is the floor with a tc program that returns TC_ACT_OK at once
+//! on every interface of the node but lo (bpf.rs `NullTc`). Its
 //! TCP requests go to one pod, and with `--endpoints remote` the pod's
 //! answers go to the client straight from the endpoints' node (no SNAT
 //! brings them back through the measured node). `--extra-args
