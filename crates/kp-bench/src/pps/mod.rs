@@ -70,6 +70,15 @@
 //! time per packet (medians and the softirq's range: the ticks are
 //! sampled at HZ), and what each row adds to the `floor` row's.
 //!
+//! `--in-place` (inplace.rs, issue 64 item 3(b)): no climb and no TCP;
+//! every row alive at once on its own node with its own NodePort Service,
+//! the pods echoing each datagram, the node CPU's NET_RX time summed
+//! exactly from the softirq_entry/exit tracepoints (bpf.rs `NetRxClock`,
+//! attached only while the steps run), rows alternated in order then
+//! reversed for `--rounds`, steps with steal, backlog stalls or a short
+//! sender dropped and counted, and paired differences per round against
+//! upstream-nftables, ours-nftables, null-tc and floor.
+//!
 //! Configurations (parts.rs, `builtin_configs`): upstream-nftables,
 //! upstream-iptables (the host's iptables: iptables-nft here),
 //! upstream-iptables-legacy, ours-nftables, ours-iptables,
@@ -78,7 +87,9 @@
 //! the client sending to the pods' own addresses through the node (a route
 //! of the client's via that node while the row runs), so that the node
 //! forwards with no NAT and no conntrack: what the veths, the bridge and
-//! routing cost every row, and where the client's CPU ends the climb. Its
+//! routing cost every row, and where the client's CPU ends the climb;
+//! `null-tc` is the floor with a tc program that returns TC_ACT_OK at once
+//! on every interface of the node but lo (bpf.rs `NullTc`). Its
 //! TCP requests go to one pod, and with `--endpoints remote` the pod's
 //! answers go to the client straight from the endpoints' node (no SNAT
 //! brings them back through the measured node). `--extra-args
@@ -117,6 +128,8 @@ use parts::{
 };
 use serde_json::json;
 
+pub mod bpf;
+mod inplace;
 pub mod parts;
 
 const CLIENT_CPU: usize = 0;
@@ -158,6 +171,10 @@ struct Opts {
     /// row.
     fixed_rate: Option<f64>,
     repeats: usize,
+    /// `--in-place`: every row alive at once, echoes, NET_RX from the
+    /// softirq tracepoints, rows alternated `rounds` times (inplace.rs).
+    in_place: bool,
+    rounds: usize,
 }
 
 /// A positive, finite number.
@@ -204,13 +221,13 @@ pub struct PpsArgs {
     /// The configurations to measure, comma-separated, one after the other:
     /// upstream-nftables, upstream-iptables, upstream-iptables-legacy,
     /// ours-nftables, ours-iptables, ours-iptables-legacy, ours-tc, ours-xdp,
-    /// floor (no proxy: forwarding alone), or one --define names.
-    #[arg(
-        long,
-        value_name = "NAMES",
-        default_value = "upstream-nftables,upstream-iptables-legacy,ours-nftables"
-    )]
-    proxies: String,
+    /// floor (no proxy: forwarding alone), null-tc (the floor with a tc
+    /// program that returns TC_ACT_OK at once where ours attaches), or one
+    /// --define names [default: upstream-nftables,upstream-iptables-legacy,
+    /// ours-nftables; with --in-place:
+    /// ours-tc,ours-xdp,ours-nftables,upstream-nftables,null-tc,floor].
+    #[arg(long, value_name = "NAMES")]
+    proxies: Option<String>,
     /// NAME=FLAGS: appends flags to configuration NAME (e.g.
     /// 'ours-xdp=--bpf-lb-algorithm maglev'); repeatable.
     #[arg(long, value_name = "NAME=FLAGS")]
@@ -267,6 +284,19 @@ pub struct PpsArgs {
     /// Steps at --fixed-rate (1 to 100).
     #[arg(long, default_value = "8", value_parser = positive)]
     repeats: f64,
+    /// The in-place measurement (issue 64 item 3(b)): every configuration
+    /// alive at once on its own node, the pods echoing every datagram, the
+    /// node CPU's NET_RX time summed from the softirq_entry/exit tracepoints
+    /// (BPF programs attached only while measuring), the rows alternated
+    /// (in order, then reversed) for --rounds rounds of one --duration step
+    /// each at --fixed-rate (default 30000), steps with steal or backlog
+    /// stalls dropped and counted, and the paired differences against
+    /// upstream-nftables, ours-nftables, null-tc and floor. No climb, no TCP.
+    #[arg(long)]
+    in_place: bool,
+    /// Rounds of --in-place (1 to 100).
+    #[arg(long, default_value = "8", value_parser = positive)]
+    rounds: f64,
     /// Replaces the text between the `kp-pps` markers of FILE (`kp-pps
     /// remote` with --endpoints remote, `kp-pps NAME` with --section NAME).
     #[arg(long, value_name = "FILE")]
@@ -307,9 +337,20 @@ fn parse_opts(a: PpsArgs) -> Result<Opts> {
         command: String::new(),
         fixed_rate: a.fixed_rate.map(|r| r.min(20e6)),
         repeats: (a.repeats as usize).clamp(1, 100),
+        in_place: a.in_place,
+        rounds: (a.rounds as usize).clamp(1, 100),
     };
+    if o.in_place && o.remote {
+        bail!("--in-place puts the endpoints on each row's node: no --endpoints remote");
+    }
     let mut known = parts::builtin_configs();
-    let wanted = a.proxies;
+    let wanted = a.proxies.unwrap_or_else(|| {
+        if a.in_place {
+            "ours-tc,ours-xdp,ours-nftables,upstream-nftables,null-tc,floor".into()
+        } else {
+            "upstream-nftables,upstream-iptables-legacy,ours-nftables".into()
+        }
+    });
     for v in &a.define {
         let c = parts::parse_define(v)?;
         known.retain(|k| k.name != c.name);
@@ -597,7 +638,12 @@ fn measure_config(
     // The floor row has no proxy: the client sends to the pods' own
     // addresses through this node (its routes to them taken out again
     // when the row ends).
-    let floor = cfg.binary == Binary::NoProxy;
+    let floor = cfg.binary.proxyless();
+    let _null_tc = if cfg.binary == Binary::NullTc {
+        Some(bpf::NullTc::attach(lab.cluster.node_ns(node))?)
+    } else {
+        None
+    };
     let (proxy, _routes, udp_targets, tcp_target) = if floor {
         let routes = ClientRoutes::via(lab, pods, node)?;
         (
@@ -1279,6 +1325,9 @@ pub fn run(a: PpsArgs) -> Result<()> {
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     if cpus < 2 {
         bail!("kp-bench pps needs CPUs 0 and 1 (this process may use {cpus})");
+    }
+    if o.in_place {
+        return inplace::run(&o);
     }
     let started = Instant::now();
     let deadline = started + o.time_limit;

@@ -29,6 +29,10 @@ pub enum Binary {
     /// routed through the node (the `floor` row: what forwarding alone
     /// costs, on the same veths and bridge as every other row).
     NoProxy,
+    /// No proxy, as `none`, and a tc program that returns TC_ACT_OK at
+    /// once on the ingress of every interface of the node but lo (where
+    /// ours attaches): what a tc hook costs at all (`null-tc`).
+    NullTc,
 }
 
 impl Binary {
@@ -38,12 +42,18 @@ impl Binary {
             "upstream" => Binary::Upstream,
             "upstream-legacy" => Binary::UpstreamLegacy,
             "none" => Binary::NoProxy,
-            other => bail!("binary {other:?}: ours, upstream, upstream-legacy or none"),
+            "null-tc" => Binary::NullTc,
+            other => bail!("binary {other:?}: ours, upstream, upstream-legacy, none or null-tc"),
         })
     }
 
     pub fn upstream(self) -> bool {
         matches!(self, Binary::Upstream | Binary::UpstreamLegacy)
+    }
+
+    /// No proxy runs: the client sends to the pods' own addresses.
+    pub fn proxyless(self) -> bool {
+        matches!(self, Binary::NoProxy | Binary::NullTc)
     }
 }
 
@@ -66,6 +76,8 @@ const CONFIGS: &[(&str, Binary, &str, &[&str])] = &[
     // No proxy: plain forwarding to the pods' addresses, no NAT, and no
     // conntrack (a namespace without rules registers no hooks).
     ("floor", Binary::NoProxy, "none", &[]),
+    // The floor with a null tc program where ours attaches.
+    ("null-tc", Binary::NullTc, "none", &[]),
     ("upstream-nftables", Binary::Upstream, "nftables", &[]),
     // The host's `iptables`: iptables-nft on this machine kind. Its first
     // sync takes ~95 minutes at 10k Services (BENCHMARKS.md, `kp-bench compare`).
@@ -312,6 +324,11 @@ impl CpuTimes {
         get(later).saturating_sub(get(self))
     }
 
+    /// Ticks the hypervisor stole from `cpu` from `self` to `later`.
+    pub fn steal_ticks(&self, later: &CpuTimes, cpu: usize) -> u64 {
+        self.delta(later, cpu, 7)
+    }
+
     /// Softirq nanoseconds of `cpu` from `self` to `later`.
     pub fn softirq_ns(&self, later: &CpuTimes, cpu: usize) -> f64 {
         self.delta(later, cpu, 6) as f64 * TICK_NS
@@ -356,6 +373,25 @@ pub fn backlog_drops_per_cpu() -> Vec<u64> {
                 .nth(1)
                 .and_then(|x| u64::from_str_radix(x, 16).ok())
                 .unwrap_or(0)
+        })
+        .collect()
+}
+
+/// Per CPU so far, from softnet_stat: packets its backlog dropped and
+/// times net_rx_action ran out of budget or time with work left
+/// (time_squeeze): both mean a stalled backlog.
+pub fn softnet_stalls_per_cpu() -> Vec<(u64, u64)> {
+    std::fs::read_to_string("/proc/net/softnet_stat")
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let col = |i: usize| {
+                l.split_whitespace()
+                    .nth(i)
+                    .and_then(|x| u64::from_str_radix(x, 16).ok())
+                    .unwrap_or(0)
+            };
+            (col(1), col(2))
         })
         .collect()
 }
@@ -545,6 +581,26 @@ const RECV_BATCH: usize = 64;
 
 impl UdpSinks {
     pub fn start(pods: &[Pod], port: u16, cpu: usize) -> Result<UdpSinks> {
+        UdpSinks::start_with(pods, port, cpu, false)
+    }
+
+    /// [`UdpSinks::start`] whose pods answer every datagram with itself, to
+    /// its sender (the `--in-place` echo: the replies cross the node too).
+    pub fn start_echo(pods: &[Pod], port: u16, cpu: usize) -> Result<UdpSinks> {
+        UdpSinks::start_with(pods, port, cpu, true)
+    }
+
+    /// Counts what arrives on sockets of the caller's (the client's flows,
+    /// cloned: the echoes coming back), one count per socket.
+    pub fn count_on(socks: Vec<UdpSocket>, cpu: usize) -> Result<UdpSinks> {
+        for s in &socks {
+            s.set_nonblocking(true)?;
+            set_int_opt(s.as_raw_fd(), libc::SO_RCVBUFFORCE, 4 << 20).context("SO_RCVBUFFORCE")?;
+        }
+        UdpSinks::spawn(socks, cpu, false)
+    }
+
+    fn start_with(pods: &[Pod], port: u16, cpu: usize, echo: bool) -> Result<UdpSinks> {
         let mut socks = Vec::new();
         for p in pods {
             let addr = p.addr(port);
@@ -556,16 +612,20 @@ impl UdpSinks {
             set_int_opt(s.as_raw_fd(), libc::SO_RCVBUFFORCE, 32 << 20).context("SO_RCVBUFFORCE")?;
             socks.push(s);
         }
+        UdpSinks::spawn(socks, cpu, echo)
+    }
+
+    fn spawn(socks: Vec<UdpSocket>, cpu: usize, echo: bool) -> Result<UdpSinks> {
         let fds = socks.iter().map(|s| s.as_raw_fd()).collect();
         let counts: Arc<Vec<AtomicU64>> =
-            Arc::new(pods.iter().map(|_| AtomicU64::new(0)).collect());
+            Arc::new(socks.iter().map(|_| AtomicU64::new(0)).collect());
         let stop = Arc::new(AtomicBool::new(false));
         let (c, st) = (counts.clone(), stop.clone());
         let thread = std::thread::Builder::new()
             .name("pps-sink".into())
             .spawn(move || {
                 let _ = pin_current_thread(cpu);
-                sink_loop(&socks, &c, &st);
+                sink_loop(&socks, &c, &st, echo);
             })
             .context("starting the UDP sink thread")?;
         Ok(UdpSinks {
@@ -620,8 +680,12 @@ impl UdpSinks {
     }
 }
 
-fn sink_loop(socks: &[UdpSocket], counts: &[AtomicU64], stop: &AtomicBool) {
+fn sink_loop(socks: &[UdpSocket], counts: &[AtomicU64], stop: &AtomicBool, echo: bool) {
     let mut bufs = vec![[0u8; 128]; RECV_BATCH];
+    // SAFETY: sockaddr_storage is plain data.
+    let mut names: Vec<libc::sockaddr_storage> = (0..RECV_BATCH)
+        .map(|_| unsafe { std::mem::zeroed() })
+        .collect();
     let mut iovs: Vec<libc::iovec> = bufs
         .iter_mut()
         .map(|b| libc::iovec {
@@ -633,10 +697,14 @@ fn sink_loop(socks: &[UdpSocket], counts: &[AtomicU64], stop: &AtomicBool) {
     let mut msgs: Vec<libc::mmsghdr> = (0..RECV_BATCH)
         .map(|_| unsafe { std::mem::zeroed() })
         .collect();
-    for (m, iov) in msgs.iter_mut().zip(iovs.iter_mut()) {
+    for ((m, iov), name) in msgs.iter_mut().zip(iovs.iter_mut()).zip(names.iter_mut()) {
         m.msg_hdr.msg_iov = iov;
         m.msg_hdr.msg_iovlen = 1;
+        if echo {
+            m.msg_hdr.msg_name = (name as *mut libc::sockaddr_storage).cast();
+        }
     }
+    let name_len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
     let mut pfds: Vec<libc::pollfd> = socks
         .iter()
         .map(|s| libc::pollfd {
@@ -649,6 +717,11 @@ fn sink_loop(socks: &[UdpSocket], counts: &[AtomicU64], stop: &AtomicBool) {
         let mut got = 0;
         for (s, count) in socks.iter().zip(counts) {
             loop {
+                if echo {
+                    for m in msgs.iter_mut() {
+                        m.msg_hdr.msg_namelen = name_len;
+                    }
+                }
                 // SAFETY: msgs and their iovecs point into `bufs`, alive and
                 // unmoved for the call; the socket is ours.
                 let n = unsafe {
@@ -665,6 +738,9 @@ fn sink_loop(socks: &[UdpSocket], counts: &[AtomicU64], stop: &AtomicBool) {
                 }
                 count.fetch_add(n as u64, Ordering::Relaxed);
                 got += n;
+                if echo {
+                    echo_back(s.as_raw_fd(), &mut msgs[..n as usize], &mut iovs);
+                }
                 if (n as usize) < RECV_BATCH {
                     break;
                 }
@@ -680,6 +756,35 @@ fn sink_loop(socks: &[UdpSocket], counts: &[AtomicU64], stop: &AtomicBool) {
             // the sender needs.
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+}
+
+/// Sends each datagram `msgs` received back to its sender, as it came (a
+/// full socket buffer on the way back loses the rest: the client counts
+/// the echoes it gets).
+fn echo_back(fd: RawFd, msgs: &mut [libc::mmsghdr], iovs: &mut [libc::iovec]) {
+    for (m, iov) in msgs.iter_mut().zip(iovs.iter_mut()) {
+        iov.iov_len = m.msg_len as usize;
+    }
+    let mut off = 0;
+    while off < msgs.len() {
+        // SAFETY: the headers point at the iovecs, buffers and names
+        // recvmmsg filled, alive for the call.
+        let sent = unsafe {
+            libc::sendmmsg(
+                fd,
+                msgs[off..].as_mut_ptr(),
+                (msgs.len() - off) as libc::c_uint,
+                0,
+            )
+        };
+        if sent <= 0 {
+            break;
+        }
+        off += sent as usize;
+    }
+    for iov in iovs.iter_mut() {
+        iov.iov_len = 128;
     }
 }
 

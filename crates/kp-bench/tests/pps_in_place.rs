@@ -1,0 +1,156 @@
+//! `kp-bench pps --in-place` run tiny (1 Service per row, two rounds of
+//! short steps, ours-tc, null-tc and floor) against the real control plane:
+//! its table has every row measured and the paired differences, the NET_RX
+//! time is not zero, and it comes from the softirq tracepoints (the passes
+//! the bench's programs counted are the NET_RX softirqs the kernel counted
+//! in /proc/softirqs); the programs are gone afterwards.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use kp_testkit::{K8sBinaries, REQUIRE_ENV};
+
+const BIN: &str = env!("CARGO_BIN_EXE_kp-bench");
+
+/// kube-proxy-rs: `KUBE_PROXY_RS_BIN`, else the workspace's release or
+/// debug build.
+fn ours() -> Option<PathBuf> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let found = std::env::var_os("KUBE_PROXY_RS_BIN")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain(["release", "debug"].map(|p| root.join("target").join(p).join("kube-proxy-rs")))
+        .find(|p| p.is_file());
+    if found.is_none() {
+        let why = "no kube-proxy-rs binary (KUBE_PROXY_RS_BIN, target/release or target/debug): \
+                   cargo build -p kube-proxy-rs";
+        assert!(
+            std::env::var(REQUIRE_ENV).as_deref() != Ok("1"),
+            "pps --in-place test: {REQUIRE_ENV}=1 and {why}"
+        );
+        eprintln!("\n!!! SKIPPED the pps --in-place test: {why}\n");
+    }
+    found
+}
+
+fn bench_programs() -> Vec<String> {
+    let out = Command::new("bpftool")
+        .args(["prog", "show"])
+        .output()
+        .expect("bpftool prog show");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains("kpb_sirq") || l.contains("kpb_null_tc"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The cells of the table row that starts with `| name |`.
+fn row<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(&format!("| {name} |")))
+        .unwrap_or_else(|| panic!("no row {name}:\n{text}"));
+    line.trim_matches('|').split('|').map(str::trim).collect()
+}
+
+#[test]
+fn a_tiny_in_place_run_times_net_rx_from_the_tracepoints() {
+    if K8sBinaries::for_test("pps --in-place").is_none() {
+        return;
+    }
+    let Some(ours) = ours() else { return };
+    assert!(
+        bench_programs().is_empty(),
+        "bench programs loaded before the run"
+    );
+    let out = Command::new(BIN)
+        .args([
+            "pps",
+            "--in-place",
+            "--services",
+            "1",
+            "--proxies",
+            "ours-tc,null-tc,floor",
+            "--rounds",
+            "2",
+            "--duration",
+            "1",
+            "--fixed-rate",
+            "5000",
+            "--flows",
+            "8",
+            "--pods",
+            "2",
+            "--first-sync-within",
+            "120",
+            "--binary",
+        ])
+        .arg(&ours)
+        .output()
+        .expect("running kp-bench pps --in-place");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}\n{text}\n{err}", out.status);
+    let mut medians = 0;
+    for name in ["ours-tc", "null-tc", "floor"] {
+        let cells = row(&text, name);
+        assert!(
+            !cells[1].starts_with("not "),
+            "{name} not measured: {cells:?}"
+        );
+        // steps kept / run: two rounds ran.
+        let run: u32 = cells[1]
+            .split(" / ")
+            .nth(1)
+            .and_then(|x| x.split_whitespace().next())
+            .and_then(|x| x.parse().ok())
+            .unwrap_or_else(|| panic!("{name}: steps cell {:?}", cells[1]));
+        assert_eq!(run, 2, "{name}: {cells:?}");
+        // passes per request over every step: the tracepoints' /
+        // /proc/softirqs'.
+        let (tp, raised) = cells[5]
+            .split_once(" / ")
+            .unwrap_or_else(|| panic!("{name}: passes cell {:?}", cells[5]));
+        let (tp, raised): (f64, f64) =
+            (tp.parse().expect("passes"), raised.parse().expect("raised"));
+        assert!(
+            tp > 0.0,
+            "{name}: the tracepoints counted no pass: {cells:?}"
+        );
+        assert!(
+            (tp - raised).abs() <= 0.1 * raised + 0.002,
+            "{name}: the tracepoints' passes {tp} are not /proc/softirqs' {raised}"
+        );
+        if cells[3] == "-" {
+            // Both steps dropped (steal, backlog or a starved sender on a
+            // shared machine): counted, no median to check.
+            continue;
+        }
+        let median: f64 = cells[3]
+            .split_whitespace()
+            .next()
+            .and_then(|x| x.parse().ok())
+            .unwrap_or_else(|| panic!("{name}: NET_RX cell {:?}", cells[3]));
+        assert!(median > 0.0, "{name}: no NET_RX time: {cells:?}");
+        medians += 1;
+    }
+    assert!(
+        medians > 0,
+        "every step of every row dropped:\n{text}\n{err}"
+    );
+    assert!(text.contains("Paired differences"), "{text}");
+    assert!(
+        text.contains("− null-tc |") && text.contains("− floor |"),
+        "{text}"
+    );
+    assert!(
+        text.contains("null tc program on eth0"),
+        "the null tc program's interfaces: {text}"
+    );
+    assert!(
+        bench_programs().is_empty(),
+        "the bench's programs are still loaded: {:?}",
+        bench_programs()
+    );
+}
