@@ -115,6 +115,12 @@ impl SliceBuilder {
         }
         self
     }
+    /// Labels besides the Service's name (the EndpointSlice controller
+    /// copies the Service's own).
+    pub fn labels(mut self, labels: Value) -> Self {
+        merge(&mut self.0["metadata"]["labels"], labels);
+        self
+    }
     /// "IPv4", "IPv6" or "FQDN".
     pub fn address_type(mut self, t: &str) -> Self {
         self.0["addressType"] = json!(t);
@@ -153,6 +159,15 @@ impl NodeBuilder {
         merge(&mut self.0["spec"], fields);
         self
     }
+    /// An InternalIP in `status.addresses`.
+    pub fn internal_ip(mut self, ip: &str) -> Self {
+        let addr = json!({"type": "InternalIP", "address": ip});
+        match self.0["status"]["addresses"].as_array_mut() {
+            Some(a) => a.push(addr),
+            None => self.0["status"]["addresses"] = json!([addr]),
+        }
+        self
+    }
     pub fn json(self) -> Value {
         self.0
     }
@@ -186,6 +201,14 @@ mod tests {
             "web".to_string()
         );
         assert_eq!(sl.endpoints[0].node_name.as_deref(), Some("n1"));
+        let labelled = slice("ns1", "web-1", "web")
+            .labels(json!({"a": "b"}))
+            .build();
+        let labels = labelled.metadata.labels.unwrap();
+        assert_eq!((labels["a"].as_str(), labels[SERVICE_NAME_LABEL].as_str()), ("b", "web"));
+        let with_ip = node("n1").internal_ip("10.0.0.1").internal_ip("fd00::1").build();
+        let addrs = with_ip.status.unwrap().addresses.unwrap();
+        assert_eq!((addrs[0].address.as_str(), addrs[1].type_.as_str()), ("10.0.0.1", "InternalIP"));
         let n = node("n1")
             .zone("z")
             .spec(json!({"podCIDRs": ["10.244.1.0/24"]}))

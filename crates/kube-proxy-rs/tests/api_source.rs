@@ -12,32 +12,27 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kp_netlab::wait_until;
-use kp_testkit::{ApiServer, NetnsApiServer};
+use kp_testkit::{objects, ApiServer, NetnsApiServer};
 use serde_json::json;
 
 mod scratch;
 use scratch::{ruleset, Ns, Proc, TempFile};
 
 fn service(ip: &str) -> Service {
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"namespace": "default", "name": "web"},
-        "spec": {"clusterIP": ip, "clusterIPs": [ip], "type": "ClusterIP",
-                 "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
-    }))
-    .unwrap()
+    objects::service("default", "web")
+        .cluster_ips(&[ip])
+        .spec(json!({"type": "ClusterIP"}))
+        .port("http", 80, "TCP")
+        .build()
 }
 
 fn slice(ips: &[&str]) -> EndpointSlice {
-    serde_json::from_value(json!({
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"namespace": "default", "name": "web-1",
-                     "labels": {"kubernetes.io/service-name": "web"}},
-        "addressType": "IPv4",
-        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-        "endpoints": ips.iter().map(|ip| json!({"addresses": [ip], "conditions": {"ready": true}})).collect::<Vec<_>>()
-    }))
-    .unwrap()
+    ips.iter()
+        .fold(objects::slice("default", "web-1", "web"), |b, ip| {
+            b.endpoint(ip)
+        })
+        .port("http", 8080, "TCP")
+        .build()
 }
 
 fn http_get(ns: &str, addr: &str, path: &str) -> Option<(u16, String)> {
@@ -71,13 +66,7 @@ fn binary_follows_the_api_server() {
     srv.apply_service(service("10.96.7.7"));
     srv.apply_endpoint_slice(slice(&["10.244.1.2"]));
     // nftables mode's NodePorts wait for this node's primary IP, as upstream's.
-    srv.apply_node(
-        serde_json::from_value(json!({
-            "metadata": {"name": "node1"},
-            "status": {"addresses": [{"type": "InternalIP", "address": "10.100.0.11"}]}
-        }))
-        .unwrap(),
-    );
+    srv.apply_node(objects::node("node1").internal_ip("10.100.0.11").build());
     let kubeconfig: PathBuf = std::env::temp_dir().join(format!("{ns}-kubeconfig"));
     srv.write_kubeconfig(&kubeconfig).unwrap();
     let log = std::env::temp_dir().join(format!("{ns}.log"));
@@ -213,22 +202,19 @@ fn service_proxy_name_selects_the_services_from_the_api() {
     let srv = rt.block_on(ApiServer::start());
     const CLAIM: &str = "service.kubernetes.io/service-proxy-name";
     let svc = |name: &str, ip: &str, labels: serde_json::Value| -> Service {
-        serde_json::from_value(json!({
-            "metadata": {"namespace": "default", "name": name, "labels": labels},
-            "spec": {"clusterIP": ip, "clusterIPs": [ip], "type": "ClusterIP",
-                     "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
-        }))
-        .unwrap()
+        objects::service("default", name)
+            .cluster_ips(&[ip])
+            .spec(json!({"type": "ClusterIP"}))
+            .port("http", 80, "TCP")
+            .labels(labels)
+            .build()
     };
-    let slice = |svc: &str, ip: &str, mut labels: serde_json::Value| -> EndpointSlice {
-        labels["kubernetes.io/service-name"] = json!(svc);
-        serde_json::from_value(json!({
-            "metadata": {"namespace": "default", "name": format!("{svc}-1"), "labels": labels},
-            "addressType": "IPv4",
-            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-            "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}]
-        }))
-        .unwrap()
+    let slice = |svc: &str, ip: &str, labels: serde_json::Value| -> EndpointSlice {
+        objects::slice("default", &format!("{svc}-1"), svc)
+            .labels(labels)
+            .endpoint(ip)
+            .port("http", 8080, "TCP")
+            .build()
     };
     srv.apply_service(svc("plain", "10.96.9.9", json!({})));
     srv.apply_endpoint_slice(slice("plain", "10.244.9.9", json!({})));
