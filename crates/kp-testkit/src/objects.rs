@@ -205,10 +205,19 @@ mod tests {
             .labels(json!({"a": "b"}))
             .build();
         let labels = labelled.metadata.labels.unwrap();
-        assert_eq!((labels["a"].as_str(), labels[SERVICE_NAME_LABEL].as_str()), ("b", "web"));
-        let with_ip = node("n1").internal_ip("10.0.0.1").internal_ip("fd00::1").build();
+        assert_eq!(
+            (labels["a"].as_str(), labels[SERVICE_NAME_LABEL].as_str()),
+            ("b", "web")
+        );
+        let with_ip = node("n1")
+            .internal_ip("10.0.0.1")
+            .internal_ip("fd00::1")
+            .build();
         let addrs = with_ip.status.unwrap().addresses.unwrap();
-        assert_eq!((addrs[0].address.as_str(), addrs[1].type_.as_str()), ("10.0.0.1", "InternalIP"));
+        assert_eq!(
+            (addrs[0].address.as_str(), addrs[1].type_.as_str()),
+            ("10.0.0.1", "InternalIP")
+        );
         let n = node("n1")
             .zone("z")
             .spec(json!({"podCIDRs": ["10.244.1.0/24"]}))
