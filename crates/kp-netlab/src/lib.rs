@@ -31,7 +31,11 @@
 //!
 //! * Node `i` (1-based) has LAN address 10.100.0.(10+i) / fd00:100::(0x10+i),
 //!   pod CIDR 10.244.i.0/24 / fd00:244:i::/64 and a /32 + /128 route per
-//!   local pod through its veth (`src` = the node's LAN address).
+//!   local pod through its veth (`src` = the node's LAN address). A lab of
+//!   more than 89 nodes (up to 1,000) widens the LAN to 10.100.0.0/16:
+//!   nodes 90.. are 10.100.1.1.. / fd00:100::1:i, pods past node 255 are in
+//!   10.245.x.0/24, and LAN hosts and nodes know each other as permanent
+//!   neighbours.
 //! * ClusterIPs ([`SERVICE_CIDR_V4`] 10.96.0.0/16, [`SERVICE_CIDR_V6`]
 //!   fd00:96::/108) are routable everywhere: pods send everything to their
 //!   node, and nodes have a default route out of `eth0`, so the proxy's
