@@ -2,37 +2,16 @@
 //! real control plane, both proxies: its figures are what a run measured,
 //! not zeros, and the latency of every change was seen on every node.
 
-use std::path::PathBuf;
-
 use clap::Parser;
 use kp_bench::cluster::{measure, ClusterArgs, Side};
-use kp_testkit::{K8sBinaries, REQUIRE_ENV};
+use kp_testkit::K8sBinaries;
+
+mod common;
 
 #[derive(Parser)]
 struct Cli {
     #[command(flatten)]
     args: ClusterArgs,
-}
-
-/// kube-proxy-rs: `KUBE_PROXY_RS_BIN`, else the workspace's release or
-/// debug build.
-fn ours() -> Option<PathBuf> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let found = std::env::var_os("KUBE_PROXY_RS_BIN")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain(["release", "debug"].map(|p| root.join("target").join(p).join("kube-proxy-rs")))
-        .find(|p| p.is_file());
-    if found.is_none() {
-        let why = "no kube-proxy-rs binary (KUBE_PROXY_RS_BIN, target/release or target/debug): \
-                   cargo build -p kube-proxy-rs";
-        assert!(
-            std::env::var(REQUIRE_ENV).as_deref() != Ok("1"),
-            "cluster bench: {REQUIRE_ENV}=1 and {why}"
-        );
-        eprintln!("\n!!! SKIPPED the cluster bench test: {why}\n");
-    }
-    found
 }
 
 fn check_side(who: &str, s: &Side, k: usize, changes: usize, burst: usize) {
@@ -82,7 +61,9 @@ fn a_tiny_cluster_bench_measures_both_proxies_on_every_node() {
     if K8sBinaries::for_test_with_upstream("cluster bench").is_none() {
         return;
     }
-    let Some(ours) = ours() else { return };
+    let Some(ours) = common::ours("cluster bench test") else {
+        return;
+    };
     let (k, changes, burst) = (2, 5, 10);
     let cli = Cli::parse_from([
         "kp-cluster",

@@ -5,33 +5,13 @@
 //! the bench's programs counted are the NET_RX softirqs the kernel counted
 //! in /proc/softirqs); the programs are gone afterwards.
 
-use std::path::PathBuf;
 use std::process::Command;
 
-use kp_testkit::{K8sBinaries, REQUIRE_ENV};
+use kp_testkit::K8sBinaries;
+
+mod common;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kp-bench");
-
-/// kube-proxy-rs: `KUBE_PROXY_RS_BIN`, else the workspace's release or
-/// debug build.
-fn ours() -> Option<PathBuf> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let found = std::env::var_os("KUBE_PROXY_RS_BIN")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain(["release", "debug"].map(|p| root.join("target").join(p).join("kube-proxy-rs")))
-        .find(|p| p.is_file());
-    if found.is_none() {
-        let why = "no kube-proxy-rs binary (KUBE_PROXY_RS_BIN, target/release or target/debug): \
-                   cargo build -p kube-proxy-rs";
-        assert!(
-            std::env::var(REQUIRE_ENV).as_deref() != Ok("1"),
-            "pps --in-place test: {REQUIRE_ENV}=1 and {why}"
-        );
-        eprintln!("\n!!! SKIPPED the pps --in-place test: {why}\n");
-    }
-    found
-}
 
 fn bench_programs() -> Vec<String> {
     let out = Command::new("bpftool")
@@ -59,7 +39,9 @@ fn a_tiny_in_place_run_times_net_rx_from_the_tracepoints() {
     if K8sBinaries::for_test("pps --in-place").is_none() {
         return;
     }
-    let Some(ours) = ours() else { return };
+    let Some(ours) = common::ours("pps --in-place test") else {
+        return;
+    };
     assert!(
         bench_programs().is_empty(),
         "bench programs loaded before the run"

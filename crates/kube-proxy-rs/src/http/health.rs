@@ -10,8 +10,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use axum::extract::State;
-use axum::http::{header, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::Response;
 use axum::Router;
 use kp_model::ServiceName;
 use tokio::runtime::Handle;
@@ -90,17 +90,8 @@ async fn answer(State(st): State<HandlerState>) -> Response {
         "localEndpoints": count,
         "serviceProxyHealthy": proxy_healthy,
     });
-    let mut resp = (status, body.to_string()).into_response();
-    let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    h.insert(
+    let mut resp = super::server::json_response(status, body);
+    resp.headers_mut().insert(
         "X-Load-Balancing-Endpoint-Weight",
         HeaderValue::from(count as u64),
     );

@@ -231,7 +231,8 @@ impl kp_sync::SyncHealth for HealthState {
     }
 }
 
-fn json_response(status: StatusCode, body: serde_json::Value) -> Response {
+/// JSON with nosniff, as upstream's health servers answer.
+pub(crate) fn json_response(status: StatusCode, body: serde_json::Value) -> Response {
     let mut resp = (status, body.to_string()).into_response();
     let h = resp.headers_mut();
     h.insert(
