@@ -149,8 +149,12 @@ impl<'a> Fleet<'a> {
                 return Ok(served.into_iter().flatten().collect());
             }
             self.check_running()?;
-            let avail = super::scenarios::mem_available();
-            if floor_mib > 0.0 && avail < floor_mib {
+            let avail = if floor_mib > 0.0 {
+                super::scenarios::mem_available()
+            } else {
+                f64::INFINITY
+            };
+            if avail < floor_mib {
                 let done = served.iter().filter(|s| s.is_some()).count();
                 bail!(
                     "MemAvailable fell to {avail:.0} MiB (floor {floor_mib:.0}) with {done} of {} served",
