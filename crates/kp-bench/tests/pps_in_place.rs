@@ -3,7 +3,9 @@
 //! its table has every row measured and the paired differences, the NET_RX
 //! time is not zero, and it comes from the softirq tracepoints (the passes
 //! the bench's programs counted are the NET_RX softirqs the kernel counted
-//! in /proc/softirqs); the programs are gone afterwards.
+//! in /proc/softirqs); a statistics round names each row's packet
+//! programs with their runs per request and time per run; the programs are
+//! gone afterwards.
 
 use std::process::Command;
 
@@ -56,6 +58,8 @@ fn a_tiny_in_place_run_times_net_rx_from_the_tracepoints() {
             "ours-tc,null-tc,floor",
             "--rounds",
             "2",
+            "--stats-rounds",
+            "1",
             "--duration",
             "1",
             "--fixed-rate",
@@ -125,6 +129,51 @@ fn a_tiny_in_place_run_times_net_rx_from_the_tracepoints() {
     assert!(
         text.contains("− null-tc |") && text.contains("− floor |"),
         "{text}"
+    );
+    // The statistics round: each row's packet programs, by name, with
+    // their runs per request (ours: one on the way in, one for the echo;
+    // the null program: both, on eth0 and on the pod's veth) and a time.
+    let prog_row = |row: &str, prog: &str| -> (f64, String) {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("| {row} | {prog} |")))
+            .unwrap_or_else(|| panic!("no program row {row} {prog}:\n{text}"));
+        let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
+        (
+            cells[3]
+                .parse()
+                .unwrap_or_else(|_| panic!("runs per request in {line}")),
+            cells[4].to_string(),
+        )
+    };
+    for (row_name, prog, runs) in [
+        ("ours-tc", "kp_np_external", 1.0),
+        ("ours-tc", "kp_np_from_pod", 1.0),
+        ("null-tc", "kpb_null_tc", 2.0),
+    ] {
+        let (per_req, ns) = prog_row(row_name, prog);
+        if ns == "-" {
+            continue; // its one step dropped (steal, a starved sender)
+        }
+        assert!(
+            (per_req - runs).abs() < 0.2,
+            "{row_name} {prog}: {per_req} runs per request, not {runs}"
+        );
+        let ns: f64 = ns
+            .split_whitespace()
+            .next()
+            .and_then(|x| x.parse().ok())
+            .unwrap_or_else(|| panic!("{row_name} {prog}: ns cell {ns:?}"));
+        assert!(ns > 0.0, "{row_name} {prog}: no run time");
+    }
+    let programs = text
+        .split("Programs in place")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no programs table:\n{text}"));
+    let programs = programs.split("\n\n*").next().unwrap_or(programs);
+    assert!(
+        !programs.contains("| floor |"),
+        "the floor has no program and no statistics row:\n{programs}"
     );
     assert!(
         text.contains("null tc program on eth0"),

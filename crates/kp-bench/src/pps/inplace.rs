@@ -20,7 +20,14 @@
 //! squeezed there (/proc/net/softnet_stat), is dropped and counted. Paired
 //! differences: for each round, a row's figure less the baseline's of the
 //! same round (both kept), over the rounds: median, quartiles, range.
+//!
+//! Then `--stats-rounds` more rounds of the rows with BPF programs, with
+//! the kernel's run-time statistics on (BPF_ENABLE_STATS, a descriptor
+//! held only for them): each packet program's runs per request and ns per
+//! run in place, warm or cold as the traffic leaves it, where
+//! BPF_PROG_TEST_RUN (`kp-bench prog`) runs one frame in a hot loop.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
@@ -30,8 +37,9 @@ use serde_json::json;
 
 use super::bpf::{NetRx, NetRxClock, NullTc};
 use super::parts::{
-    check_interrupted, error_line, net_rx_per_cpu, pin_process, send_paced, set_rps, sleep_checked,
-    softnet_stalls_per_cpu, thousands, udp_flows, Binary, CpuTimes, ProxyConfig, Sent, UdpSinks,
+    bpf_programs, check_interrupted, error_line, net_rx_per_cpu, pin_process, send_paced, set_rps,
+    sleep_checked, softnet_stalls_per_cpu, thousands, udp_flows, wants_bpf, Binary, BpfStats,
+    CpuTimes, ProgInfo, ProxyConfig, Sent, UdpSinks,
 };
 use super::{
     endpoints, kernel, settled_counts, wide_ranges, ClientRoutes, Opts, CLIENT_CPU, NODE_CPU,
@@ -88,10 +96,61 @@ impl Step {
     }
 }
 
+/// One step with the BPF run-time statistics on: what each packet program
+/// that ran for it did.
+struct ProgStep {
+    sent: u64,
+    kept: bool,
+    /// Program name, runs and run time (ns) over the step.
+    runs: Vec<(String, u64, u64)>,
+}
+
+/// The packet programs (tc, XDP) that ran for a step of `sent` requests,
+/// from the statistics `before` and `after` it, summed by name: those that
+/// ran at least once per 100 requests (the row's own; another row's
+/// program passing a stray frame is not its traffic), held by `owner`
+/// where bpftool names the processes holding a program, and not among
+/// `older` (loaded before the lab: another lab's on a shared machine).
+fn packet_runs(
+    before: &BTreeMap<u64, ProgInfo>,
+    after: &BTreeMap<u64, ProgInfo>,
+    sent: u64,
+    older: &BTreeSet<u64>,
+    owner: u64,
+) -> Vec<(String, u64, u64)> {
+    let mut by_name: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for (id, p) in after {
+        if !matches!(p.kind.as_str(), "sched_cls" | "sched_act" | "xdp")
+            || older.contains(id)
+            || !(p.pids.is_empty() || p.pids.contains(&owner))
+        {
+            continue;
+        }
+        let Some(b) = before.get(id) else { continue };
+        let runs = p.run_cnt.saturating_sub(b.run_cnt);
+        if runs == 0 || runs * 100 < sent {
+            continue;
+        }
+        let e = by_name.entry(p.name.clone()).or_default();
+        e.0 += runs;
+        e.1 += p.run_time_ns.saturating_sub(b.run_time_ns);
+    }
+    by_name
+        .into_iter()
+        .map(|(name, (runs, ns))| (name, runs, ns))
+        .collect()
+}
+
+/// Whether a row puts BPF programs on the packets' path.
+fn has_programs(cfg: &ProxyConfig) -> bool {
+    cfg.binary == Binary::NullTc || (!cfg.binary.upstream() && wants_bpf(&cfg.args))
+}
+
 enum Row {
     Measured {
         ready: Duration,
         steps: Vec<Step>,
+        prog_steps: Vec<ProgStep>,
         note: String,
     },
     NotAvailable(String),
@@ -302,6 +361,8 @@ fn step(o: &Opts, clock: &NetRxClock, l: &Live<'_>, round: usize, rate: f64) -> 
 
 fn measure_size(o: &Opts, n: u32, deadline: Instant) -> Result<Vec<Row>> {
     let k = o.configs.len();
+    // Programs loaded before the lab are not its rows'.
+    let older: BTreeSet<u64> = bpf_programs().into_keys().collect();
     eprintln!("{n} Services: starting the lab ({k} nodes, every row at once)");
     let mut lab = Lab::start_nodes("ppsip", false, k, wide_ranges)?;
     if let Some(up) = &o.upstream {
@@ -404,8 +465,68 @@ fn measure_size(o: &Opts, n: u32, deadline: Instant) -> Result<Vec<Row>> {
         }
         // The clock drops here: the tracepoint programs detach.
     }
+    let mut prog_steps: Vec<Vec<ProgStep>> = (0..k).map(|_| Vec::new()).collect();
+    let with_programs: Vec<usize> = ready
+        .iter()
+        .copied()
+        .filter(|&i| has_programs(&o.configs[i]))
+        .collect();
+    if o.stats_rounds > 0 && !with_programs.is_empty() {
+        let _stats = BpfStats::enable()?;
+        eprintln!(
+            "  BPF run-time statistics on (BPF_ENABLE_STATS) for {} rounds of the rows with programs",
+            o.stats_rounds
+        );
+        for r in 0..o.stats_rounds {
+            check_interrupted()?;
+            if Instant::now() > deadline {
+                eprintln!("  --time-limit: {r} statistics rounds");
+                break;
+            }
+            let mut order = with_programs.clone();
+            if r % 2 == 1 {
+                order.reverse();
+            }
+            for i in order {
+                let l = &live[i];
+                let (before, cpu0) = (bpf_programs(), CpuTimes::read()?);
+                let sent = send_paced(&l.flows, rate, o.duration, CLIENT_CPU)?;
+                settled_counts(&l.echoes);
+                let (after, cpu1) = (bpf_programs(), CpuTimes::read()?);
+                let steal: u64 = [CLIENT_CPU, NODE_CPU]
+                    .iter()
+                    .map(|&c| cpu0.steal_ticks(&cpu1, c))
+                    .sum();
+                let owner = l
+                    .proxy
+                    .as_ref()
+                    .map_or(u64::from(std::process::id()), |p| u64::from(p.guard.pid()));
+                let s = ProgStep {
+                    sent: sent.packets,
+                    kept: steal == 0
+                        && (sent.packets as f64) >= 0.9 * rate * o.duration.as_secs_f64(),
+                    runs: packet_runs(&before, &after, sent.packets, &older, owner),
+                };
+                eprintln!(
+                    "    statistics round {r} {:<18} {}{}",
+                    o.configs[i].name,
+                    s.runs
+                        .iter()
+                        .map(|(n, runs, ns)| format!(
+                            "{n} {:.2} runs/req {:.0} ns/run",
+                            *runs as f64 / s.sent.max(1) as f64,
+                            *ns as f64 / (*runs).max(1) as f64
+                        ))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    if s.kept { "" } else { " (dropped)" }
+                );
+                prog_steps[i].push(s);
+            }
+        }
+    }
     let mut rows = Vec::new();
-    for (l, s) in live.iter().zip(steps) {
+    for ((l, s), ps) in live.iter().zip(steps).zip(prog_steps) {
         if let Some(why) = &l.failed {
             rows.push(Row::NotAvailable(why.clone()));
             continue;
@@ -424,6 +545,7 @@ fn measure_size(o: &Opts, n: u32, deadline: Instant) -> Result<Vec<Row>> {
         rows.push(Row::Measured {
             ready: l.ready.unwrap_or_default(),
             steps: s,
+            prog_steps: ps,
             note,
         });
     }
@@ -453,17 +575,19 @@ fn table(o: &Opts, results: &[(u32, Vec<Row>)]) -> String {
             o.configs.len(),
             n.saturating_sub(o.configs.len() as u32)
         ));
-        t.push_str("| row | steps kept / run (dropped: steal, backlog, sender short) | most lost in a step: requests / echoes | CPU 1 NET_RX ns per request + echo, median (IQR; min-max) | CPUs 0+1 NET_RX ns, median | NET_RX passes per request, CPU 1, every step (tracepoints / /proc/softirqs) |\n");
-        t.push_str("|---|---|---|---|---|---|\n");
+        t.push_str("| row | steps kept / run (dropped: steal, backlog, sender short) | most lost in a step: requests / echoes | CPU 1 NET_RX ns per request + echo, median (IQR; min-max) | CPUs 0+1 NET_RX ns, median | NET_RX passes per request, CPU 1, every step (tracepoints / /proc/softirqs) | CPU 0 NET_RX ns per request + echo, median; passes per request |\n");
+        t.push_str("|---|---|---|---|---|---|---|\n");
         let mut notes = Vec::new();
         for (cfg, row) in o.configs.iter().zip(rows) {
             match row {
                 Row::NotAvailable(why) => t.push_str(&format!(
-                    "| {} | not available: {} | | | | |\n",
+                    "| {} | not available: {} | | | | | |\n",
                     cfg.name,
                     super::cell(why)
                 )),
-                Row::Measured { ready, steps, note } => {
+                Row::Measured {
+                    ready, steps, note, ..
+                } => {
                     let kept: Vec<&Step> = steps.iter().filter(|s| s.kept()).collect();
                     let steal = steps.iter().filter(|s| s.steal > 0).count();
                     let backlog = steps
@@ -488,9 +612,15 @@ fn table(o: &Opts, results: &[(u32, Vec<Row>)]) -> String {
                     let sum = |f: &dyn Fn(&Step) -> u64| steps.iter().map(f).sum::<u64>();
                     let sent = sum(&|s| s.sent.packets).max(1) as f64;
                     let passes = sum(&|s| s.net_rx.passes.get(NODE_CPU).copied().unwrap_or(0));
+                    let zero = q(kept
+                        .iter()
+                        .map(|s| s.ns_per_request(&[CLIENT_CPU]))
+                        .collect());
+                    let zero_passes =
+                        sum(&|s| s.net_rx.passes.get(CLIENT_CPU).copied().unwrap_or(0));
                     let raised = sum(&|s| s.raised.get(NODE_CPU).copied().unwrap_or(0));
                     t.push_str(&format!(
-                        "| {} | {} / {} ({steal}, {backlog}, {short}) | {:.2}% / {:.2}% | {} | {} | {:.3} / {:.3} |\n",
+                        "| {} | {} / {} ({steal}, {backlog}, {short}) | {:.2}% / {:.2}% | {} | {} | {:.3} / {:.3} | {}; {:.3} |\n",
                         cfg.name,
                         kept.len(),
                         steps.len(),
@@ -502,6 +632,8 @@ fn table(o: &Opts, results: &[(u32, Vec<Row>)]) -> String {
                         both.map_or("-".into(), |x| format!("{:.0}", x.0)),
                         passes as f64 / sent,
                         raised as f64 / sent,
+                        zero.map_or("-".into(), |x| format!("{:.0}", x.0)),
+                        zero_passes as f64 / sent,
                     ));
                     let mut s = format!(
                         "{}: echoes back {:.1} s after its start",
@@ -522,11 +654,69 @@ fn table(o: &Opts, results: &[(u32, Vec<Row>)]) -> String {
             &[CLIENT_CPU, NODE_CPU],
             "CPUs 0+1 (the node's, and the client's, LAN bridge's and pods', alike in every row)",
         ));
+        t.push_str(&prog_table(o, rows));
         if !notes.is_empty() {
             t.push('\n');
             for s in notes {
                 t.push_str(&format!("* {s}\n"));
             }
+        }
+    }
+    t
+}
+
+/// Each packet program's runs per request and ns per run in place, from
+/// the statistics rounds.
+fn prog_table(o: &Opts, rows: &[Row]) -> String {
+    let mut t = String::new();
+    for (cfg, row) in o.configs.iter().zip(rows) {
+        let Row::Measured { prog_steps, .. } = row else {
+            continue;
+        };
+        if prog_steps.is_empty() {
+            continue;
+        }
+        if t.is_empty() {
+            t.push_str(&format!(
+                "\nPrograms in place: {} more rounds of the rows with BPF programs, the kernel's run-time statistics on (BPF_ENABLE_STATS; a run's time includes the statistics' two clock reads, as the null tc program's shows); every packet program that ran at least once per 100 requests, by name: runs per request (median), ns per run, median of the kept steps (min-max):\n\n| row | program | steps kept / run | runs per request | ns per run |\n|---|---|---|---|---|\n",
+                o.stats_rounds
+            ));
+        }
+        let kept: Vec<&ProgStep> = prog_steps.iter().filter(|s| s.kept).collect();
+        let mut names: Vec<&str> = prog_steps
+            .iter()
+            .flat_map(|s| s.runs.iter().map(|r| r.0.as_str()))
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        if names.is_empty() {
+            t.push_str(&format!(
+                "| {} | none ran | {} / {} | | |\n",
+                cfg.name,
+                kept.len(),
+                prog_steps.len()
+            ));
+        }
+        for name in names {
+            let of = |s: &ProgStep| s.runs.iter().find(|r| r.0 == name).map(|r| (r.1, r.2));
+            let per_req = q(kept
+                .iter()
+                .filter_map(|s| of(s).map(|(runs, _)| runs as f64 / s.sent.max(1) as f64))
+                .collect());
+            let ns = q(kept
+                .iter()
+                .filter_map(|s| of(s).map(|(runs, ns)| ns as f64 / runs.max(1) as f64))
+                .collect());
+            t.push_str(&format!(
+                "| {} | {name} | {} / {} | {} | {} |\n",
+                cfg.name,
+                kept.len(),
+                prog_steps.len(),
+                per_req.map_or("-".into(), |x| format!("{:.2}", x.0)),
+                ns.map_or("-".into(), |(m, _, _, lo, hi)| format!(
+                    "{m:.0} ({lo:.0}-{hi:.0})"
+                )),
+            ));
         }
     }
     t
@@ -657,4 +847,77 @@ pub(super) fn run(o: &Opts) -> Result<()> {
         eprintln!("wrote the table into {}", path.display());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prog(id: u64, kind: &str, name: &str, ns: u64, runs: u64) -> (u64, ProgInfo) {
+        (
+            id,
+            ProgInfo {
+                id,
+                kind: kind.into(),
+                name: name.into(),
+                run_time_ns: ns,
+                run_cnt: runs,
+                pids: Vec::new(),
+            },
+        )
+    }
+
+    #[test]
+    fn a_steps_programs_are_the_packet_programs_that_ran_for_it_summed_by_name() {
+        let before: BTreeMap<u64, ProgInfo> = [
+            prog(1, "sched_cls", "kp_np_external", 1_000, 10),
+            prog(2, "sched_cls", "kp_np_from_pod", 0, 0),
+            prog(3, "sched_cls", "kp_np_from_pod", 500, 5),
+            prog(4, "raw_tracepoint", "kpb_sirq_exit", 0, 0),
+            prog(5, "sched_cls", "kp_np_external", 0, 0),
+        ]
+        .into_iter()
+        .collect();
+        let after: BTreeMap<u64, ProgInfo> = [
+            // 1,000 requests: 1,000 runs at 150 ns.
+            prog(1, "sched_cls", "kp_np_external", 151_000, 1_010),
+            // Two pods' veths share the echoes.
+            prog(2, "sched_cls", "kp_np_from_pod", 60_000, 600),
+            prog(3, "sched_cls", "kp_np_from_pod", 40_500, 405),
+            // Not a packet program.
+            prog(4, "raw_tracepoint", "kpb_sirq_exit", 9_000, 900),
+            // Another row's program passing a stray frame.
+            prog(5, "sched_cls", "kp_np_external", 400, 2),
+            // Loaded during the step: no figure before it.
+            prog(6, "xdp", "kp_np_xdp", 100, 1_000),
+        ]
+        .into_iter()
+        .collect();
+        let none = BTreeSet::new();
+        assert_eq!(
+            packet_runs(&before, &after, 1_000, &none, 7),
+            vec![
+                ("kp_np_external".to_string(), 1_000, 150_000),
+                ("kp_np_from_pod".to_string(), 1_000, 100_000),
+            ]
+        );
+        assert!(packet_runs(&before, &before, 1_000, &none, 7).is_empty());
+        // Loaded before the lab, or held by another process: not the row's.
+        let older: BTreeSet<u64> = [1].into_iter().collect();
+        assert_eq!(
+            packet_runs(&before, &after, 1_000, &older, 7),
+            vec![("kp_np_from_pod".to_string(), 1_000, 100_000)]
+        );
+        let mut held = after.clone();
+        if let Some(p) = held.get_mut(&2) {
+            p.pids = vec![8];
+        }
+        assert_eq!(
+            packet_runs(&before, &held, 1_000, &none, 7),
+            vec![
+                ("kp_np_external".to_string(), 1_000, 150_000),
+                ("kp_np_from_pod".to_string(), 400, 40_000),
+            ]
+        );
+    }
 }

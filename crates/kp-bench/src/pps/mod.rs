@@ -175,6 +175,9 @@ struct Opts {
     /// softirq tracepoints, rows alternated `rounds` times (inplace.rs).
     in_place: bool,
     rounds: usize,
+    /// `--in-place`: rounds more, BPF run-time statistics on, for the
+    /// programs' own time per run in place.
+    stats_rounds: usize,
 }
 
 /// A positive, finite number.
@@ -297,6 +300,13 @@ pub struct PpsArgs {
     /// Rounds of --in-place (1 to 100).
     #[arg(long, default_value = "8", value_parser = positive)]
     rounds: f64,
+    /// --in-place: rounds after --rounds, of the rows with BPF programs only,
+    /// with the kernel's BPF run-time statistics on (BPF_ENABLE_STATS, only
+    /// for them: the statistics' clock reads would be in the NET_RX time):
+    /// each packet program's runs per request and ns per run in place
+    /// (0 to 100; 0: none).
+    #[arg(long, default_value = "4", value_parser = clap::value_parser!(u8).range(0..=100))]
+    stats_rounds: u8,
     /// Replaces the text between the `kp-pps` markers of FILE (`kp-pps
     /// remote` with --endpoints remote, `kp-pps NAME` with --section NAME).
     #[arg(long, value_name = "FILE")]
@@ -339,6 +349,7 @@ fn parse_opts(a: PpsArgs) -> Result<Opts> {
         repeats: (a.repeats as usize).clamp(1, 100),
         in_place: a.in_place,
         rounds: (a.rounds as usize).clamp(1, 100),
+        stats_rounds: usize::from(a.stats_rounds),
     };
     if o.in_place && o.remote {
         bail!("--in-place puts the endpoints on each row's node: no --endpoints remote");
