@@ -392,7 +392,7 @@ fn measure_size(o: &Opts, n: u32, deadline: Instant) -> Result<Vec<Row>> {
             .map(|j| cl.add_pod(node, &format!("n{node}e{j}")))
             .collect::<Result<_, _>>()?;
         for p in &mine {
-            set_rps(cl, p.ns(), "*", "1")?;
+            set_rps(cl, p.ns(), "*", if o.pod_rx_on_node { "2" } else { "1" })?;
         }
         set_rps(cl, cl.node_ns(node), "*", "2")?;
         lab.create_service(
@@ -652,7 +652,11 @@ fn table(o: &Opts, results: &[(u32, Vec<Row>)]) -> String {
             o,
             rows,
             &[CLIENT_CPU, NODE_CPU],
-            "CPUs 0+1 (the node's, and the client's, LAN bridge's and pods', alike in every row)",
+            if o.pod_rx_on_node {
+                "CPUs 0+1 (the node's and its pods', and the client's and LAN bridge's, alike in every row)"
+            } else {
+                "CPUs 0+1 (the node's, and the client's, LAN bridge's and pods', alike in every row)"
+            },
         ));
         t.push_str(&prog_table(o, rows));
         if !notes.is_empty() {
@@ -827,7 +831,7 @@ pub(super) fn run(o: &Opts) -> Result<()> {
          Every row alive at once, each on a node namespace of its own with its own NodePort Service and pods (on the node); \
          {} pps of 64-byte UDP datagrams from {} flows for {:.0} s a step, one row at a time, rows in order then reversed, {} rounds; the pods echo every datagram, so a request crosses the node twice. \
          NET_RX time is summed exactly per CPU between the softirq_entry and softirq_exit tracepoints (vec NET_RX_SOFTIRQ; the bench's raw tracepoint programs, attached only while the steps ran) and divided by the requests sent. \
-         Client, LAN bridge and pods on CPU 0, the nodes' receive processing (RPS) and the proxies on CPU 1. \
+         {} \
          A step is dropped when /proc/stat shows steal on CPU 0 or 1, or softnet_stat a backlog drop or time squeeze there, or the sender fell more than 10% short of the step's count.{xdp}\n{}",
         o.command,
         started.elapsed().as_secs_f64() / 60.0,
@@ -838,6 +842,11 @@ pub(super) fn run(o: &Opts) -> Result<()> {
         o.flows,
         o.duration.as_secs_f64(),
         o.rounds,
+        if o.pod_rx_on_node {
+            "Client, LAN bridge and the pods' echo threads on CPU 0; the nodes' and their pods' receive processing (RPS) and the proxies on CPU 1."
+        } else {
+            "Client, LAN bridge and pods on CPU 0, the nodes' receive processing (RPS) and the proxies on CPU 1."
+        },
         table(o, &results),
     );
     println!("{text}");

@@ -178,6 +178,9 @@ struct Opts {
     /// `--in-place`: rounds more, BPF run-time statistics on, for the
     /// programs' own time per run in place.
     stats_rounds: usize,
+    /// `--in-place --pod-rx-on-node`: the pods' receive processing on the
+    /// node's CPU (RPS), not the client's.
+    pod_rx_on_node: bool,
 }
 
 /// A positive, finite number.
@@ -307,6 +310,12 @@ pub struct PpsArgs {
     /// (0 to 100; 0: none).
     #[arg(long, default_value = "4", value_parser = clap::value_parser!(u8).range(0..=100))]
     stats_rounds: u8,
+    /// --in-place: the pods' receive processing (RPS on their eth0) on CPU
+    /// 1 with the node's, so that CPU 1 is all the node does for a request
+    /// and its echo but the echo's user-space copy, and CPU 0 the client's
+    /// and the LAN bridge's alone [default: the pods' on CPU 0].
+    #[arg(long, requires = "in_place")]
+    pod_rx_on_node: bool,
     /// Replaces the text between the `kp-pps` markers of FILE (`kp-pps
     /// remote` with --endpoints remote, `kp-pps NAME` with --section NAME).
     #[arg(long, value_name = "FILE")]
@@ -350,6 +359,7 @@ fn parse_opts(a: PpsArgs) -> Result<Opts> {
         in_place: a.in_place,
         rounds: (a.rounds as usize).clamp(1, 100),
         stats_rounds: usize::from(a.stats_rounds),
+        pod_rx_on_node: a.pod_rx_on_node,
     };
     if o.in_place && o.remote {
         bail!("--in-place puts the endpoints on each row's node: no --endpoints remote");
