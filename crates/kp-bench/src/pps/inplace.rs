@@ -42,10 +42,9 @@ use super::parts::{
     CpuTimes, ProgInfo, ProxyConfig, Sent, UdpSinks,
 };
 use super::{
-    endpoints, kernel, settled_counts, wide_ranges, ClientRoutes, Opts, CLIENT_CPU, NODE_CPU,
-    UDP_PORT,
+    endpoints, kernel, settled_counts, ClientRoutes, Opts, CLIENT_CPU, NODE_CPU, UDP_PORT,
 };
-use crate::lab::{date_utc, load_average, write_into, Lab, Populated, ProxyCommand};
+use crate::lab::{date_utc, load_average, write_into, Lab, ProxyCommand};
 
 /// Default datagrams a second of a step.
 pub const DEFAULT_RATE: f64 = 30_000.0;
@@ -364,25 +363,7 @@ fn measure_size(o: &Opts, n: u32, deadline: Instant) -> Result<Vec<Row>> {
     // Programs loaded before the lab are not its rows'.
     let older: BTreeSet<u64> = bpf_programs().into_keys().collect();
     eprintln!("{n} Services: starting the lab ({k} nodes, every row at once)");
-    let mut lab = Lab::start_nodes("ppsip", false, k, wide_ranges)?;
-    if let Some(up) = &o.upstream {
-        lab.bins.kube_proxy = Some(up.clone());
-    }
-    if o.configs.iter().any(|c| c.binary.upstream()) && lab.bins.kube_proxy.is_none() {
-        bail!("upstream kube-proxy not found: pass --upstream PATH (or put ../shared/k8s beside the checkout)");
-    }
-    if n > k as u32 {
-        let t = Instant::now();
-        let tally = Populated::default();
-        lab.populate_etcd(n - k as u32, &tally)?;
-        eprintln!(
-            "  {} objects of {} Services written into etcd in {:.1} s",
-            tally.ok.load(std::sync::atomic::Ordering::Relaxed),
-            n - k as u32,
-            t.elapsed().as_secs_f64()
-        );
-    }
-    check_interrupted()?;
+    let lab = super::start_lab(o, "ppsip", k, n.saturating_sub(k as u32))?;
     let cl = &lab.cluster;
     set_rps(cl, cl.lan_ns(), "*", "1")?;
     set_rps(cl, cl.client_ns(), "*", "1")?;

@@ -303,14 +303,14 @@ pub struct PpsArgs {
     /// Rounds of --in-place (1 to 100).
     #[arg(long, default_value = "8", value_parser = positive)]
     rounds: f64,
-    /// --in-place: rounds after --rounds, of the rows with BPF programs only,
+    /// With --in-place: rounds after --rounds, of the rows with BPF programs only,
     /// with the kernel's BPF run-time statistics on (BPF_ENABLE_STATS, only
     /// for them: the statistics' clock reads would be in the NET_RX time):
     /// each packet program's runs per request and ns per run in place
     /// (0 to 100; 0: none).
     #[arg(long, default_value = "4", value_parser = clap::value_parser!(u8).range(0..=100))]
     stats_rounds: u8,
-    /// --in-place: the pods' receive processing (RPS on their eth0) on CPU
+    /// With --in-place: the pods' receive processing (RPS on their eth0) on CPU
     /// 1 with the node's, so that CPU 1 is all the node does for a request
     /// and its echo but the echo's user-space copy, and CPU 0 the client's
     /// and the LAN bridge's alone [default: the pods' on CPU 0].
@@ -953,10 +953,10 @@ fn measure_config(
     })))
 }
 
-fn measure_size(o: &Opts, n: u32, reverse: bool, deadline: Instant) -> Result<Vec<Outcome>> {
-    let nodes = o.configs.len() + usize::from(o.remote);
-    eprintln!("{n} Services: starting the lab ({nodes} nodes)");
-    let mut lab = Lab::start_nodes("pps", false, nodes, wide_ranges)?;
+/// A size's lab: `nodes` node namespaces, upstream's binary when a row
+/// runs it, and `extra` Services of kp-bench's mix written into etcd.
+fn start_lab(o: &Opts, prefix: &str, nodes: usize, extra: u32) -> Result<Lab> {
+    let mut lab = Lab::start_nodes(prefix, false, nodes, wide_ranges)?;
     if let Some(up) = &o.upstream {
         lab.bins.kube_proxy = Some(up.clone());
     }
@@ -964,18 +964,24 @@ fn measure_size(o: &Opts, n: u32, reverse: bool, deadline: Instant) -> Result<Ve
         bail!("upstream kube-proxy not found: pass --upstream PATH (or put ../shared/k8s beside the checkout)");
     }
     check_interrupted()?;
-    if n > 1 {
+    if extra > 0 {
         let t = Instant::now();
         let tally = Populated::default();
-        lab.populate_etcd(n - 1, &tally)?;
+        lab.populate_etcd(extra, &tally)?;
         eprintln!(
-            "  {} objects of {} Services written into etcd in {:.1} s",
+            "  {} objects of {extra} Services written into etcd in {:.1} s",
             tally.ok.load(Ordering::Relaxed),
-            n - 1,
             t.elapsed().as_secs_f64()
         );
     }
     check_interrupted()?;
+    Ok(lab)
+}
+
+fn measure_size(o: &Opts, n: u32, reverse: bool, deadline: Instant) -> Result<Vec<Outcome>> {
+    let nodes = o.configs.len() + usize::from(o.remote);
+    eprintln!("{n} Services: starting the lab ({nodes} nodes)");
+    let lab = start_lab(o, "pps", nodes, n - 1)?;
     let cl = &lab.cluster;
     // Everything but the nodes on CPU 0: the client, the LAN bridge's
     // ports, the pods (added below).
