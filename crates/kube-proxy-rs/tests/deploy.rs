@@ -586,25 +586,24 @@ shift 4; exec "$@""#;
     });
     let (code, body) = http_get(&ns, live_addr, &live_path).unwrap();
     assert_eq!(code, 200, "{body}");
-    // The mode from the ConfigMap (nftables) programmed the Service.
-    let rules = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &ns,
-            "nft",
-            "list",
-            "table",
-            "ip",
-            "kube-proxy-rs",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        String::from_utf8_lossy(&rules.stdout).contains("10.96.8.8"),
-        "{}",
-        logs()
-    );
+    // The mode from the ConfigMap (nftables) programmed the Service. Waited
+    // for: /healthz, the readiness probe, answers 200 before the first sync
+    // as upstream's does (nothing queued is late yet).
+    wait("the Service's rules in nftables", &mut || {
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &ns,
+                "nft",
+                "list",
+                "table",
+                "ip",
+                "kube-proxy-rs",
+            ])
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("10.96.8.8"))
+    });
 
     // The start Event, on our Node, as upstream's.
     wait("the Starting event", &mut || !srv.events().is_empty());
