@@ -20,6 +20,8 @@ use kp_netlab::{ScratchDir, ScratchNs};
 use kp_testkit::NetnsApiServer;
 use serde_json::{json, Value};
 
+mod scratch;
+
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -590,19 +592,7 @@ shift 4; exec "$@""#;
     // for: /healthz, the readiness probe, answers 200 before the first sync
     // as upstream's does (nothing queued is late yet).
     wait("the Service's rules in nftables", &mut || {
-        Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &ns,
-                "nft",
-                "list",
-                "table",
-                "ip",
-                "kube-proxy-rs",
-            ])
-            .output()
-            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("10.96.8.8"))
+        scratch::ruleset(&ns).contains("10.96.8.8")
     });
 
     // The start Event, on our Node, as upstream's.
