@@ -318,6 +318,46 @@ fn wait_ready(o: &Opts, live: &mut [Live<'_>]) -> Result<()> {
     }
 }
 
+/// Ticks the hypervisor stole from CPU 0 or 1 between two readings.
+fn stolen(before: &CpuTimes, after: &CpuTimes) -> u64 {
+    [CLIENT_CPU, NODE_CPU]
+        .iter()
+        .map(|&c| before.steal_ticks(after, c))
+        .sum()
+}
+
+/// The sender fell more than 10% short of a step's count.
+fn short(o: &Opts, rate: f64, sent: &Sent) -> bool {
+    (sent.packets as f64) < 0.9 * rate * o.duration.as_secs_f64()
+}
+
+/// Calls `each(round, row)` for `rounds` rounds over `rows`, in order,
+/// then reversed, and so on, until the deadline (`what` names the rounds
+/// in the message that says so).
+fn alternated(
+    rows: &[usize],
+    rounds: usize,
+    deadline: Instant,
+    what: &str,
+    mut each: impl FnMut(usize, usize) -> Result<()>,
+) -> Result<()> {
+    for r in 0..rounds {
+        check_interrupted()?;
+        if Instant::now() > deadline {
+            eprintln!("  --time-limit: {r} {what}");
+            break;
+        }
+        let mut order = rows.to_vec();
+        if r % 2 == 1 {
+            order.reverse();
+        }
+        for i in order {
+            each(r, i)?;
+        }
+    }
+    Ok(())
+}
+
 fn step(o: &Opts, clock: &NetRxClock, l: &Live<'_>, round: usize, rate: f64) -> Result<Step> {
     let (rx0, raised0, cpu0, st0) = (
         clock.read()?,
@@ -351,10 +391,10 @@ fn step(o: &Opts, clock: &NetRxClock, l: &Live<'_>, round: usize, rate: f64) -> 
         echoes: l.echoes.total().saturating_sub(e0),
         net_rx: rx0.until(&rx1),
         raised: super::parts::deltas(&raised0, &raised1),
-        steal: cpus.iter().map(|&c| cpu0.steal_ticks(&cpu1, c)).sum(),
+        steal: stolen(&cpu0, &cpu1),
         drops: stall(|x| x.0),
         squeezes: stall(|x| x.1),
-        short: (sent.packets as f64) < 0.9 * rate * o.duration.as_secs_f64(),
+        short: short(o, rate, &sent),
     })
 }
 
@@ -411,19 +451,9 @@ fn measure_size(o: &Opts, n: u32, deadline: Instant) -> Result<Vec<Row>> {
             send_paced(&live[i].flows, rate, Duration::from_millis(500), CLIENT_CPU)?;
             settled_counts(&live[i].echoes);
         }
-        for r in 0..o.rounds {
-            check_interrupted()?;
-            if Instant::now() > deadline {
-                eprintln!("  --time-limit: {r} rounds");
-                break;
-            }
-            let mut order = ready.clone();
-            if r % 2 == 1 {
-                order.reverse();
-            }
-            for i in order {
-                let s = step(o, &clock, &live[i], r, rate)?;
-                eprintln!(
+        alternated(&ready, o.rounds, deadline, "rounds", |r, i| {
+            let s = step(o, &clock, &live[i], r, rate)?;
+            eprintln!(
                     "    round {r} {:<18} sent {:>7} echoes {:>7} | CPU1 NET_RX {:>5.0} ns/req ({} passes, {} raised) CPU0 {:>5.0} | steal {} drops {} squeezes {}{}",
                     o.configs[i].name,
                     thousands(s.sent.packets),
@@ -441,9 +471,9 @@ fn measure_size(o: &Opts, n: u32, deadline: Instant) -> Result<Vec<Row>> {
                         (false, false) => " (dropped)",
                     }
                 );
-                steps[i].push(s);
-            }
-        }
+            steps[i].push(s);
+            Ok(())
+        })?;
         // The clock drops here: the tracepoint programs detach.
     }
     let mut prog_steps: Vec<Vec<ProgStep>> = (0..k).map(|_| Vec::new()).collect();
@@ -458,34 +488,24 @@ fn measure_size(o: &Opts, n: u32, deadline: Instant) -> Result<Vec<Row>> {
             "  BPF run-time statistics on (BPF_ENABLE_STATS) for {} rounds of the rows with programs",
             o.stats_rounds
         );
-        for r in 0..o.stats_rounds {
-            check_interrupted()?;
-            if Instant::now() > deadline {
-                eprintln!("  --time-limit: {r} statistics rounds");
-                break;
-            }
-            let mut order = with_programs.clone();
-            if r % 2 == 1 {
-                order.reverse();
-            }
-            for i in order {
+        alternated(
+            &with_programs,
+            o.stats_rounds,
+            deadline,
+            "statistics rounds",
+            |r, i| {
                 let l = &live[i];
                 let (before, cpu0) = (bpf_programs(), CpuTimes::read()?);
                 let sent = send_paced(&l.flows, rate, o.duration, CLIENT_CPU)?;
                 settled_counts(&l.echoes);
                 let (after, cpu1) = (bpf_programs(), CpuTimes::read()?);
-                let steal: u64 = [CLIENT_CPU, NODE_CPU]
-                    .iter()
-                    .map(|&c| cpu0.steal_ticks(&cpu1, c))
-                    .sum();
                 let owner = l
                     .proxy
                     .as_ref()
                     .map_or(u64::from(std::process::id()), |p| u64::from(p.guard.pid()));
                 let s = ProgStep {
                     sent: sent.packets,
-                    kept: steal == 0
-                        && (sent.packets as f64) >= 0.9 * rate * o.duration.as_secs_f64(),
+                    kept: stolen(&cpu0, &cpu1) == 0 && !short(o, rate, &sent),
                     runs: packet_runs(&before, &after, sent.packets, &older, owner),
                 };
                 eprintln!(
@@ -503,8 +523,9 @@ fn measure_size(o: &Opts, n: u32, deadline: Instant) -> Result<Vec<Row>> {
                     if s.kept { "" } else { " (dropped)" }
                 );
                 prog_steps[i].push(s);
-            }
-        }
+                Ok(())
+            },
+        )?;
     }
     let mut rows = Vec::new();
     for ((l, s), ps) in live.iter().zip(steps).zip(prog_steps) {
